@@ -131,9 +131,22 @@ def head_moments(conv, root: FsdpUnit, before: float, prefetch: float, absent: f
     if not root.head:
         return []
     acts = before + root.head
-    copy = (conv.unsharded_param_bytes + conv.prefetched_bytes) * root.params if conv.output_resharded_at_loss else None
-    out = [] if copy is None else [StepMoment(f"{root.name} gathered again", acts, copy, absent)]
+    out = [StepMoment(f"{root.name} gathered again", acts, copy_out(conv, root.params), absent)
+           ] if conv.output_resharded_at_loss else []
     return out + [StepMoment(f"{root.name} head backward", acts, root_held(conv, root) + prefetch, absent)]
+
+
+def copy_out(conv, params: float) -> float:
+    """A unit gathered in its pre_backward without a prefetch, at its copy-out (torch 2.13 _fsdp_param_group.py
+    wait_for_unshard -> foreach_all_gather_copy_out): the all-gather output (`prefetched_bytes` per parameter) beside
+    the unsharded parameters it is copied into, until it is freed."""
+    return (conv.unsharded_param_bytes + conv.prefetched_bytes) * params
+
+
+def loss_left(conv, out_acts: float, logits: float, per_logit: float) -> float:
+    """The output layer's and the loss's activations once the loss's peak has passed, with `per_logit` bytes of its
+    logits_bytes_per_element still alive (at a chunk's reduce-scatter, at the head's backward)."""
+    return out_acts - (conv.logits_bytes_per_element - per_logit) * logits
 
 
 def root_held(conv, root: FsdpUnit) -> float:
@@ -221,7 +234,7 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
             if u.loss and u.head and conv.output_resharded_at_loss and not all_gathered:
                 # its copy-out when gathered again for the head's backward (head_moments): its all-gather output
                 # beside its unsharded parameters, the loss's peak passed
-                copy = gathered - prefetch + conv.prefetched_bytes * u.params
+                copy = gathered - prefetch - conv.unsharded_param_bytes * u.params + copy_out(conv, u.params)
                 out.append(StepMoment(f"{u.name} gathered again (a middle micro-batch{when})", before + u.head, copy,
                                       absent, every))
             # its post_backward: the bf16 unsharded gradient autograd wrote, added into the held one, then freed
@@ -350,13 +363,13 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
         units.append(FsdpUnit(f"layer {i}", dense + experts, stored, working, grads(dense, experts)))
     if params.last:
         head = params.output_layer + terms.norm_width
-        kept = 0.0
-        if conv.output_reduce_in_loss:  # the chunk's loss tensors are freed but for its logits (and their gradient)
-            logits = loss_logits(conv, terms.tokens, terms.vocab, plan.tp)
-            kept = stage.out_acts - (conv.logits_bytes_per_element - conv.loss_reduce_bytes_per_element) * logits
+        logits = loss_logits(conv, terms.tokens, terms.vocab, plan.tp)
+        # a chunk's loss tensors are freed at its reduce-scatter but for its logits (and their gradient)
+        kept = loss_left(conv, stage.out_acts, logits, conv.loss_reduce_bytes_per_element) \
+            if conv.output_reduce_in_loss else 0.0
         # what the head's backward sees of the loss, where the root output unit is gathered again (head_moments)
-        at_head = stage.out_acts - (conv.logits_bytes_per_element - conv.head_backward_bytes_per_element) * loss_logits(
-            conv, terms.tokens, terms.vocab, plan.tp) if conv.head_backward_bytes_per_element else 0.0
+        at_head = loss_left(conv, stage.out_acts, logits, conv.head_backward_bytes_per_element) \
+            if conv.head_backward_bytes_per_element else 0.0
         if in_root:
             units.append(FsdpUnit("embedding, output layer and loss", emb + head, stage.out_acts,
                                   grads=grads(emb + head), kept=kept, loss=True, grads_last=emb, head=at_head))
