@@ -398,6 +398,18 @@ async def test_unknown_tool_is_an_error(client):
     assert result.is_error and "Unknown tool" in result.content[0].text
 
 
+async def test_unknown_tool_names_the_closest_and_every_tool(client):
+    listed = [t.name for t in (await client.list_tools()).tools]
+    result = await client.call_tool("recomend_parallelism", {"model": "llama-3.1-8b"})
+    text = result.content[0].text
+    assert result.is_error
+    assert "did you mean 'recommend_parallelism'?" in text
+    assert all(name in text for name in listed)
+    nothing_alike = await client.call_tool("zzzz", {})
+    assert nothing_alike.is_error and "did you mean" not in nothing_alike.content[0].text
+    assert all(name in nothing_alike.content[0].text for name in listed)
+
+
 # --------------------------------------------------------------------------- resources
 
 

@@ -15,13 +15,15 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 
 from meshplan import __version__
-from meshplan.core.errors import MeshplanError
+from meshplan.core.errors import MeshplanError, closest
 
 from .deferred import deferred_tools
 from .http_edges import InvalidIdGuard
@@ -58,8 +60,25 @@ KEEP_ALIVE_S = 75
 WILDCARD = ("0.0.0.0", "::", "")
 
 
+class MeshplanServer(MCPServer):
+    """The SDK's server, but a call to a tool it does not have names the closest tools and lists them all (the SDK
+    says only "Unknown tool: NAME"), as a misspelt argument is answered with the closest field."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        if self._tool_manager.get_tool(name) is None:
+            raise ToolError(unknown_tool_message(name, [t.name for t in self._tool_manager.list_tools()]))
+        return await super().call_tool(name, arguments, context)
+
+
+def unknown_tool_message(name: str, tools: list[str]) -> str:
+    """What a call to a tool the server does not have is told: the closest names, then every tool."""
+    hints = closest(name, tools, n=2)
+    hint = f" (did you mean {' or '.join(repr(h) for h in hints)}?)" if hints else ""
+    return f"Unknown tool: {name!r}{hint}. meshplan's tools are: {', '.join(tools)}."
+
+
 def build_server() -> MCPServer:
-    server = MCPServer(
+    server = MeshplanServer(
         "meshplan",
         title="meshplan: LLM training parallelism planner",
         instructions=INSTRUCTIONS,
