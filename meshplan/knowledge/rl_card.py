@@ -118,7 +118,8 @@ class RLCard(_Card):
     trainer_memory_source: str
     packed_micro_batches: bool = Field(
         False, description="The update's micro-batches are packed to the token budget by a balanced partition with "
-                           "no cap, so the largest exceeds it (rl/packing.py): verl's use_dynamic_bsz")
+                           "no cap, so the largest exceeds it, the count the MAX over the DP ranks rounded up to "
+                           "the virtual-pipeline group where vpp > 1 (rl/packing.py): verl's use_dynamic_bsz")
     packed_micro_batches_source: str = ""
     rules_source: str
 

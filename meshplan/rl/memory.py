@@ -43,14 +43,16 @@ def packed_tokens(job, plan: Plan) -> int:
     """The update's largest micro-batch, tokens: the planned micro_batch_size sequences of prompt + response, or where
     the framework packs to a token budget with no cap (the card's rl.packed_micro_batches: verl's use_dynamic_bsz,
     the budget read into micro_batch_size x seq_length) the largest its packing makes of one rank's mini-batch at the
-    request's lengths (rl/packing.py)."""
+    request's lengths (rl/packing.py), the count the MAX over the DP ranks and, where virtual stages interleave, rounded
+    up to a multiple of microbatch_group_size_per_vp_stage (Megatron's default: the pipeline size)."""
     rl, planned = job.rl, plan.micro_batch_size * job.seq_length
     if not job.rl_card.packed_micro_batches or rl.token_share >= 1:
         return planned
     mini = rl.prompts_per_mini_batch or rl.prompts_per_step
     sequences = max(1, mini * rl.samples_per_prompt // plan.dp)
     return max(planned, largest_micro_batch_tokens(planned, sequences, rl.prompt_length, rl.response_length,
-                                                   rl.mean_prompt, rl.mean_response))
+                                                   rl.mean_prompt, rl.mean_response, plan.dp,
+                                                   plan.pp if plan.vpp > 1 else 1))
 
 
 def _packed_job(job, plan: Plan):

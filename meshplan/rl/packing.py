@@ -8,7 +8,15 @@ tokens allows up to budget + s_max + s_max (s_max + budget) / 24576, near three 
 What the update holds is the expected largest micro-batch at the request's lengths: sequences drawn from the
 maximum-entropy length shapes (rl/lengths.py) for the prompts and responses, partitioned as verl does, the largest
 micro-batch's tokens averaged over a few seeded draws (deterministic). Every length at its maximum packs at most the
-budget (equal items: ceil(n / ceil(n / m)) <= m per micro-batch), so a request without means is unchanged.
+budget where the budget is a multiple of the sequence (equal items split into k bins hold ceil(n / k) each).
+
+The count is then synced as rearrange_micro_batches syncs it (verl b178a3cd5): same_micro_num_in_dp all_reduces it
+with MAX (the legacy Megatron actor and FSDP's prepare_dynamic_batch over the world group, whose model-parallel peers
+hold their data-parallel rank's batch; the Megatron engine over the DP group: both are the MAX over the DP ranks),
+and where virtual pipeline stages interleave (vpp > 1) num_batches_divided_by = microbatch_group_size_per_vp_stage
+(Megatron's default: the pipeline size) rounds it up to a multiple (workers/actor/megatron_actor.py update_policy /
+compute_log_prob, workers/engine/megatron/transformer_impl.py). Every rank packs to the larger count, so its largest
+micro-batch shrinks. The expected MAX is drawn: each draw packs min(dp, MOST_RANKS) ranks' lengths independently.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from meshplan.rl.lengths import quantile, rate
 WORKLOAD_PER_TOKEN = 24576  # verl calculate_workload: 24576 * seqlen + seqlen**2 (a 7B model's 12 h^2 / 2 h)
 DRAWS = 16  # seeded draws averaged
 MOST_SEQUENCES = 256  # sequences simulated per draw at most (the micro-batch count scaled with them)
+MOST_RANKS = 8  # data-parallel ranks whose counts are drawn for the MAX at most (past it the max grows slowly)
 
 
 def workload(tokens: int) -> int:
@@ -33,6 +42,12 @@ def workload(tokens: int) -> int:
 def micro_batch_count(tokens: int, sequences: int, budget: int) -> int:
     """rearrange_micro_batches' count: min(sequences, ceil(tokens / budget)), at least one."""
     return max(1, min(sequences, -(-tokens // budget)))
+
+
+def synced_count(counts: list[int], sequences: int, divisor: int = 1) -> int:
+    """The count every rank runs: the MAX of the DP ranks' counts (same_micro_num_in_dp), rounded up to a multiple of
+    num_batches_divided_by (verl roundup_divisible), at most the rank's sequences (verl asserts it)."""
+    return min(sequences, -(-max(counts) // divisor) * divisor)
 
 
 def karmarkar_karp_largest(lengths: list[int], k: int) -> int:
@@ -60,11 +75,11 @@ def _draw(rng: random.Random, u: float | None, top: int) -> int:
 
 @cache
 def largest_micro_batch_tokens(budget: int, sequences: int, prompt: int, response: int,
-                               mean_prompt: int, mean_response: int) -> int:
+                               mean_prompt: int, mean_response: int, dp: int = 1, divisor: int = 1) -> int:
     """The expected largest micro-batch's tokens when one rank's `sequences` (prompt + response, each at most
     prompt / response tokens, means mean_prompt / mean_response) are packed to `budget` tokens as verl's
-    rearrange_micro_batches packs them; at least budget's share the planned sequences fill. Raises ValueError where
-    the budget is below the longest sequence (verl asserts max_token_len >= max_seq_len)."""
+    rearrange_micro_batches packs them, the count the MAX over `dp` ranks rounded up to a multiple of `divisor`.
+    Raises ValueError where the budget is below the longest sequence (verl asserts max_token_len >= max_seq_len)."""
     if budget < prompt + response:
         raise ValueError(f"a token budget of {budget} per micro-batch is below the longest sequence "
                          f"({prompt} + {response} tokens): verl's rearrange_micro_batches asserts max_token_len >= "
@@ -72,14 +87,19 @@ def largest_micro_batch_tokens(budget: int, sequences: int, prompt: int, respons
     up = None if mean_prompt >= prompt else rate(mean_prompt / prompt)
     ur = None if mean_response >= response else rate(mean_response / response)
     if up is None and ur is None:
-        return (budget // (prompt + response)) * (prompt + response)
+        seq = prompt + response
+        k = synced_count([micro_batch_count(sequences * seq, sequences, budget)], sequences, divisor)
+        return -(-sequences // k) * seq
     n = min(sequences, MOST_SEQUENCES)
-    rng = random.Random(f"{budget}/{sequences}/{prompt}/{response}/{mean_prompt}/{mean_response}")
+    rng = random.Random(f"{budget}/{sequences}/{prompt}/{response}/{mean_prompt}/{mean_response}"
+                        + ("" if dp == 1 and divisor == 1 else f"/{dp}/{divisor}"))
     total = 0
     for _ in range(DRAWS):
-        lengths = [_draw(rng, up, prompt) + _draw(rng, ur, response) for _ in range(n)]
-        # the whole rank's count, scaled to the sequences simulated
-        k = micro_batch_count(math.ceil(sum(lengths) * sequences / n), sequences, budget)
+        ranks = [[_draw(rng, up, prompt) + _draw(rng, ur, response) for _ in range(n)]
+                 for _ in range(min(dp, MOST_RANKS))]
+        # each rank's whole count, synced, then scaled to the sequences simulated
+        k = synced_count([micro_batch_count(math.ceil(sum(r) * sequences / n), sequences, budget) for r in ranks],
+                         sequences, divisor)
         k = max(1, min(n, round(k * n / sequences)))
-        total += karmarkar_karp_largest(lengths, k)
+        total += karmarkar_karp_largest(ranks[0], k)
     return math.ceil(total / DRAWS)

@@ -258,7 +258,8 @@ def dynamic_batch(reading: Reading) -> None:
     """verl's actor.use_dynamic_bsz: micro-batches packed to ppo_max_token_len_per_gpu tokens (times cp), the
     micro-batch size ignored; at the script's maximum sequence length (prompt + response) that is budget * cp // length
     sequences per micro-batch; a budget below one sequence is unresolved (verl asserts it holds the longest).
-    The micro-batches it packs exceed the budget: rl/packing.py sizes the update at the largest."""
+    The micro-batches it packs exceed the budget, their count the MAX over the DP ranks (rounded up to the
+    virtual-pipeline group where vpp > 1): rl/packing.py sizes the update at the largest."""
     switch, budget = reading.extra.get("dynamic_batch"), reading.extra.get("token_budget")
     if switch is None or not (switch[0] is True or as_bool(switch[0])):
         return
