@@ -693,6 +693,11 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
     if shape.kinds:  # a hybrid (M, *, -, E layers): arithmetic/mamba.least_kind_activations
         return least_kind_activations(shape, act._replace(mamba=memory_card().mamba2_layer.terms()), recompute)
     mode = activation_mode(recompute, job.card.recompute.selective)  # what this framework's "selective" saves
-    frozen = activations.frozen_norm_bytes(shape, act) if job.lora is not None else 0.0  # frozen norms: LoRA
-    return tuple(sum(layer_activations(shape, act, moe, m).values()) - (0.0 if m == "full" else frozen)
+    if job.lora is None:
+        return tuple(sum(layer_activations(shape, act, moe, m).values()) for m in (mode, "none") for moe in (True, False))
+    # a LoRA job: less what the frozen norms and the linears without an adapter do not keep, as the estimate takes
+    # them off (memory_terms.adapter_kind_bytes)
+    norms, targets = activations.frozen_norm_bytes(shape, act), frozenset(job.lora.targets)
+    return tuple(sum(layer_activations(shape, act, moe, m).values())
+                 - (0.0 if m == "full" else norms + activations.frozen_linear_bytes(shape, act, targets, moe, m))
                  for m in (mode, "none") for moe in (True, False))
