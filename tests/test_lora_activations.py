@@ -134,12 +134,12 @@ def test_peft_linears_without_an_adapter_keep_no_input(targets, per_layer):
 
 
 @pytest.mark.parametrize("tp, per_layer", [
-    (1, 2 * 2 * T * R - 2 * T * F),
-    (2, 2 * 2 * T * R + 2 * T * H - 2 * T * F / 2),  # linear_qkv's adapter keeps its gathered input under SP
+    (1, 2 * 2 * T * R - 2 * T * H - 2 * T * F),
+    (2, 2 * 2 * T * R + 2 * T * H - 2 * T * H / 2 - 2 * T * F / 2),  # linear_qkv's adapter keeps its gathered input
 ])
-def test_megatron_bridge_attention_only_lora_drops_the_fc2_input(tp, per_layer):
-    """Transformer Engine's frozen linear_fc2 keeps no input; the layernorm-fused linear_fc1's ln_out is left as
-    counted, and linear_proj's input is flash's own output."""
+def test_megatron_bridge_attention_only_lora_drops_the_mlp_inputs(tp, per_layer):
+    """Transformer Engine's frozen linear_fc2 keeps no input and the frozen layernorm-fused linear_fc1 frees its ln_out
+    (no adapter turned return_layernorm_output on); linear_proj's input is flash's own output."""
     plan = dict(framework="megatron-bridge", tp=tp, sequence_parallel=tp > 1)
     full = layer_acts(Request(**L8B, **plan, job="sft"))
     lora = layer_acts(Request(**L8B, **plan, lora_rank=R, lora_targets=["linear_qkv", "linear_proj"]))

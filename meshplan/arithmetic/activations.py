@@ -264,15 +264,18 @@ def frozen_linear_bytes(shape: Shape, lay: Layout, targets: frozenset[str], moe_
                         modules: tuple[str, ...] = ("core_attn",)) -> float:
     """What one layer's activations (layer_activations, under `recompute`) count for the inputs of linears a LoRA job
     leaves without an adapter (not in `targets`) and that nothing else keeps: a frozen linear saves no input, whose
-    only use is its weight's gradient (torch's mm keeps mat1 only when mat2 requires grad; Transformer Engine's
-    _Linear saves inputmat only if weight.requires_grad), while an adapted one's lora_A keeps it. Taken off:
+    only use is its weight's gradient, while an adapted one's lora_A (or Megatron-Bridge's linear_in) keeps it.
+    Sources: torch's mm keeps mat1 only when mat2 requires grad (PEFT's and AutoModel's nn.Linear bases); Transformer
+    Engine (d0067d0) module/linear.py saves inputmat only if backward_needs_input (weight.requires_grad), and
+    module/layernorm_linear.py frees ln_out when the weight needs no gradient and return_layernorm_output is off,
+    which Megatron-Bridge (peft/utils.py get_adapter_attributes_from_linear) turns on only for the
+    TELayerNormColumnParallelLinear it adapts. Taken off:
 
+    - the QKV input (linear_qkv) and the dense MLP's fc1 input (linear_fc1): the norm's output (a frozen Hugging Face
+      RMSNorm's weight multiply keeps nothing, frozen_norm_bytes; a fused layernorm-linear keeps its own input);
     - the out-projection input (linear_proj), unless flash attention keeps that very tensor as its output (no
-      Ulysses all-to-all between them): eager attention's output is a new tensor only o_proj reads;
-    - the dense MLP's fc2 input (linear_fc2), the activation product down_proj alone reads;
-    - the QKV and fc1 inputs (linear_qkv, linear_fc1), where the norm before them is a module of its own
-      (fp32_composite: Hugging Face's RMSNorm, whose frozen weight's multiply keeps nothing, frozen_norm_bytes);
-      Transformer Engine's LayerNormLinear (the input convention) is not read here, so its ln_out stays counted.
+      Ulysses all-to-all or selective core_attn recompute between them);
+    - the dense MLP's fc2 input (linear_fc2), the activation product down_proj alone reads.
     MLA attention, MoE blocks (router and experts), a hybrid's layers and op-level SAC's layer (_op_sac) are left as
     counted. Measured against PEFT on a small Llama with target subsets (bench/peft_lora_saved_harness.py,
     tests/test_lora_activations.py)."""
@@ -281,16 +284,15 @@ def frozen_linear_bytes(shape: Shape, lay: Layout, targets: frozenset[str], moe_
     sel = set(modules) if recompute == "selective" else set()
     t, ts = lay.tokens, lay.tp if lay.sp else 1
     lin = 1 if lay.fp8 else BF16
-    split = lay.attn.norms == "fp32_composite"  # the norm is a module of its own: its output only the linears keep
     out = 0.0
     if not shape.mla:
-        if "linear_qkv" not in targets and split and "layernorm" not in sel:
+        if "linear_qkv" not in targets and "layernorm" not in sel:
             out += lin * t * shape.h / ts
         if "linear_proj" not in targets and (not lay.flash or lay.ulysses > 1 or "core_attn" in sel):
             out += BF16 * t * shape.a * shape.d / lay.tp
     if moe_layer and shape.experts or "mlp" in sel:
         return out
-    if "linear_fc1" not in targets and split and "layernorm" not in sel:
+    if "linear_fc1" not in targets and "layernorm" not in sel:
         out += lin * t * shape.h / ts
     if "linear_fc2" not in targets:
         out += lin * t * shape.f / lay.tp
