@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from framework_packages import PEFT_VENV, venv_python
 
+from meshplan.arithmetic.activations import Layout, frozen_linear_bytes, routed_rows, shape_of
 from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, lora_engine
 from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
@@ -168,6 +170,46 @@ def test_peft_target_subsets_save_what_the_hand_count_says(targets, adapters, ke
     qkv, fc1, fc2 = kept
     assert per_layer == adapters * 2 * t * r - 2 * 2 * t * h - (1 - qkv) * 2 * t * h - (1 - fc1) * 2 * t * h \
         - (1 - fc2) * 2 * t * f
+
+
+def test_frozen_routed_experts_keep_no_input():
+    """activations.frozen_linear_bytes on an MoE layer: the routed experts' fc1 input (the dispatched copies) and fc2
+    input when they have no adapter (the targets or the engine), none when they do; a ParamWrapper'd weight keeps its
+    input."""
+    shape = shape_of(resolve_model("qwen3-30b-a3b"))
+    lay = Layout(tokens=T, seq_kv=T, tp=1, sp=False, etp=1, flash=True, dropout=False, swiglu_unfused=False, fp8=False)
+    rows = routed_rows(shape, lay)
+    attention = frozenset({"linear_qkv", "linear_proj"})
+    every = attention | {"linear_fc1", "linear_fc2"}
+    routed = 2 * rows * shape.h + 2 * rows * shape.f_expert
+    assert frozen_linear_bytes(shape, lay, every, True, "none") == 0
+    assert frozen_linear_bytes(shape, lay, attention, True, "none") == routed
+    assert frozen_linear_bytes(shape, lay, every, True, "none", experts_adapted=False) == routed
+    wrapped = lay._replace(param_wrapper=("gate_up_proj",))
+    assert frozen_linear_bytes(shape, wrapped, attention, True, "none") == 2 * rows * shape.f_expert
+    assert frozen_linear_bytes(shape, lay, attention, True, "selective", ("moe",)) == 0
+
+
+def test_peft_frozen_moe_block_saves_what_the_hand_count_says():
+    """PEFT on a small transformers Qwen3-MoE, attention adapted only: the frozen routed experts keep neither their
+    gathered input nor the activation product (as frozen_linear_bytes takes off), and the frozen router keeps no
+    input either, the one tensor meshplan still counts (t x h bf16)."""
+    h, t, r, heads, kv, d, k, fe = 64, 32, 8, 4, 2, 16, 2, 48
+    ask = {"config": {"model_type": "qwen3_moe", "hidden_size": h, "intermediate_size": 160, "moe_intermediate_size": fe,
+                      "num_experts": 8, "num_experts_per_tok": k, "num_attention_heads": heads,
+                      "num_key_value_heads": kv, "head_dim": d, "vocab_size": 128, "decoder_sparse_step": 1,
+                      "mlp_only_layers": []},
+           "tokens": t, "rank": r, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_saved_harness.py"
+    python = venv_python("peft", PEFT_VENV, python_version="3.11")
+    out = subprocess.run([str(python), str(harness)], input=json.dumps(ask), capture_output=True, text=True,
+                         timeout=900, check=True).stdout
+    got = json.loads(out.split("RESULT ", 1)[1])
+    per_layer = (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
+    norms = 2 * 2 * t * h + 2 * t * (heads + kv) * d  # the block norms' and Q/K head norms' normalised tensors
+    experts = 2 * t * k * h + 2 * t * k * fe  # routed fc1 input (t x top_k copies) and fc2 input
+    router = 2 * t * h
+    assert per_layer == 4 * 2 * t * r - norms - experts - router
 
 
 @pytest.mark.parametrize("framework, targets", [("verl", None), ("megatron-bridge", None),

@@ -392,7 +392,8 @@ def adapter_kind_bytes(shape: Shape, lay: Layout, key: tuple, modules: tuple[str
         return 0.0
     frozen = frozen_norm_bytes(shape, lay)  # the frozen norms' weight multiplies keep less (a PEFT engine's)
     if targets and not shape.kinds:  # a hybrid's kind keys are letters, not whether the layer is MoE
-        frozen += frozen_linear_bytes(shape, lay, targets, bool(kind), activation_mode(mode, selective), modules)
+        frozen += frozen_linear_bytes(shape, lay, targets, bool(kind), activation_mode(mode, selective), modules,
+                                      experts_adapted=any(a.expert for a in saves))
     if mode == "selective" and {"mlp", "moe"} & set(modules):
         saves = tuple(a for a in saves if not a.mlp)
     return adapter_activation_bytes(saves, rank, style, tokens=lay.tokens, routed_rows=routed_rows(shape, lay),
