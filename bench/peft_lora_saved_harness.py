@@ -1,13 +1,18 @@
 """The activations a small transformers model keeps for its backward, trained in full and under Hugging Face PEFT's
-LoRA (all-linear), one decoder layer and two, so the difference of the two counts is one layer's.
+LoRA (all-linear, or the target_modules asked), two decoder layers and three, so the difference of the two counts is
+one layer's. Not one and two: with the embedding frozen, the first layer's frozen linears before its first adapter
+see no gradient and autograd records nothing there, so tensors every layer shares (the RoPE cos/sin tables) would
+enter the count at the second layer, not the first.
 
 Runs inside the PEFT venv of tests/framework_packages.py (torch 2.13.0, transformers 5.9.0, peft 0.18.1); meshplan
-never imports it, and it never imports meshplan. Reads {"config": {...}, "tokens": t, "rank": r} as JSON on stdin and
-prints `RESULT {"full": [one layer, two layers], "lora": [...]}`: the bytes of the distinct storages autograd saves
+never imports it, and it never imports meshplan. Reads {"config": {...}, "tokens": t, "rank": r, "targets": [...] (optional, default "all-linear")} as JSON on stdin and
+prints `RESULT {"full": [two layers, three layers], "lora": [...]}`: the bytes of the distinct storages autograd saves
 in one forward (torch.autograd.graph.saved_tensors_hooks), parameters and buffers left out. The model is bf16 and the
 adapters are cast to bf16 after get_peft_model, as verl's and SkyRL's FSDP engines run them (FSDP2's MixedPrecision
 param_dtype bf16; PEFT alone would keep the adapters in fp32 and cast the input up). The CPU's eager attention keeps
-its s x s weights, the same in both counts, so it cancels in the difference tests/test_lora_activations.py reads.
+its s x s weights, the same in both counts, so it cancels in the difference tests/test_lora_activations.py reads; its
+output is a new tensor (transpose + reshape) that only o_proj reads, as it is under sdpa, where under
+flash_attention_2 (verl's default) o_proj reads flash's own saved output.
 """
 
 import json
@@ -38,11 +43,11 @@ def main() -> None:
     ask = json.load(sys.stdin)
     torch.manual_seed(0)
     result: dict[str, list[int]] = {"full": [], "lora": []}
-    for layers in (1, 2):
+    for layers in (2, 3):
         config = AutoConfig.for_model(**{**ask["config"], "num_hidden_layers": layers})
         model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
         result["full"].append(saved_bytes(model, ask["tokens"]))
-        lora = get_peft_model(model, LoraConfig(r=ask["rank"], target_modules="all-linear")).to(torch.bfloat16)
+        lora = get_peft_model(model, LoraConfig(r=ask["rank"], target_modules=ask.get("targets", "all-linear"))).to(torch.bfloat16)
         result["lora"].append(saved_bytes(lora, ask["tokens"]))
     print("RESULT " + json.dumps(result))
 

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from framework_packages import PEFT_VENV, venv_python
 
+from meshplan.arithmetic.activations import Layout, frozen_linear_bytes, routed_rows, shape_of
 from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, lora_engine
 from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
@@ -114,10 +116,112 @@ def test_peft_lora_saves_what_the_hand_count_says():
     assert per_layer == 7 * 2 * t * r - 2 * 2 * t * h
 
 
-@pytest.mark.parametrize("framework", ["verl", "megatron-bridge"])
-def test_the_searchs_floor_stays_under_a_lora_estimate(framework):
-    """The frozen norms make a PEFT LoRA layer keep less than full training's: the search's floor must follow."""
-    job = search_job(Request(model="llama-3.1-8b", num_gpus=8, framework=framework, lora_rank=R))[0]
+F = 14336  # Llama-3.1-8B's ffn width
+
+
+@pytest.mark.parametrize("targets, per_layer", [
+    # q, k, v adapted: the MLP's frozen gate/up and down keep neither the post-attention norm's output nor the SwiGLU
+    # product; o_proj's input stays, flash's own output
+    (["linear_qkv"], 3 * 2 * T * R - 2 * 2 * T * H - 2 * T * H - 2 * T * F),
+    (["linear_qkv", "linear_proj"], 4 * 2 * T * R - 2 * 2 * T * H - 2 * T * H - 2 * T * F),
+    # the MLP adapted: the frozen q/k/v keep no norm output
+    (["linear_fc1", "linear_fc2"], 3 * 2 * T * R - 2 * 2 * T * H - 2 * T * H),
+    (["linear_proj", "linear_fc2"], 2 * 2 * T * R - 2 * 2 * T * H - 2 * T * H - 2 * T * H),
+])
+def test_peft_linears_without_an_adapter_keep_no_input(targets, per_layer):
+    """activations.frozen_linear_bytes in verl's FSDP estimate: only an adapted linear keeps its input."""
+    plan = dict(framework="verl", zero_stage=3)
+    full = layer_acts(Request(**L8B, **plan, job="sft"))
+    assert layer_acts(Request(**L8B, **plan, lora_rank=R, lora_targets=targets)) - full == LAYERS * per_layer
+
+
+@pytest.mark.parametrize("tp, per_layer", [
+    (1, 2 * 2 * T * R - 2 * T * H - 2 * T * F),
+    (2, 2 * 2 * T * R + 2 * T * H - 2 * T * H / 2 - 2 * T * F / 2),  # linear_qkv's adapter keeps its gathered input
+])
+def test_megatron_bridge_attention_only_lora_drops_the_mlp_inputs(tp, per_layer):
+    """Transformer Engine's frozen linear_fc2 keeps no input and the frozen layernorm-fused linear_fc1 frees its ln_out
+    (no adapter turned return_layernorm_output on); linear_proj's input is flash's own output."""
+    plan = dict(framework="megatron-bridge", tp=tp, sequence_parallel=tp > 1)
+    full = layer_acts(Request(**L8B, **plan, job="sft"))
+    lora = layer_acts(Request(**L8B, **plan, lora_rank=R, lora_targets=["linear_qkv", "linear_proj"]))
+    assert lora - full == LAYERS * per_layer
+
+
+@pytest.mark.parametrize("targets, adapters, kept", [
+    # kept: of the QKV input, the fc1 input and the fc2 input (t x f), what an adapted linear keeps
+    (["q_proj", "k_proj", "v_proj"], 3, (1, 0, 0)),
+    (["q_proj", "k_proj", "v_proj", "o_proj"], 4, (1, 0, 0)),
+    (["gate_proj", "up_proj", "down_proj"], 3, (0, 1, 1)),
+    (["o_proj", "down_proj"], 2, (0, 0, 1)),
+])
+def test_peft_target_subsets_save_what_the_hand_count_says(targets, adapters, kept):
+    """PEFT on transformers' Llama with target subsets: the frozen linears without an adapter keep no input (o_proj's
+    is sdpa's own output, kept either way), bench/peft_lora_saved_harness.py."""
+    h, f, t, r = 64, 160, 32, 8
+    ask = {"config": {"model_type": "llama", "hidden_size": h, "intermediate_size": f, "num_attention_heads": 4,
+                      "num_key_value_heads": 2, "vocab_size": 128}, "tokens": t, "rank": r, "targets": targets}
+    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_saved_harness.py"
+    python = venv_python("peft", PEFT_VENV, python_version="3.11")
+    out = subprocess.run([str(python), str(harness)], input=json.dumps(ask), capture_output=True, text=True,
+                         timeout=900, check=True).stdout
+    got = json.loads(out.split("RESULT ", 1)[1])
+    per_layer = (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
+    qkv, fc1, fc2 = kept
+    assert per_layer == adapters * 2 * t * r - 2 * 2 * t * h - (1 - qkv) * 2 * t * h - (1 - fc1) * 2 * t * h \
+        - (1 - fc2) * 2 * t * f
+
+
+def test_frozen_routed_experts_keep_no_input():
+    """activations.frozen_linear_bytes on an MoE layer: the routed experts' fc1 input (the dispatched copies) and fc2
+    input when they have no adapter (the targets or the engine), none when they do; a ParamWrapper'd weight keeps its
+    input."""
+    shape = shape_of(resolve_model("qwen3-30b-a3b"))
+    lay = Layout(tokens=T, seq_kv=T, tp=1, sp=False, etp=1, flash=True, dropout=False, swiglu_unfused=False, fp8=False)
+    rows = routed_rows(shape, lay)
+    attention = frozenset({"linear_qkv", "linear_proj"})
+    every = attention | {"linear_fc1", "linear_fc2"}
+    routed = 2 * rows * shape.h + 2 * rows * shape.f_expert
+    assert frozen_linear_bytes(shape, lay, every, True, "none") == 0
+    assert frozen_linear_bytes(shape, lay, attention, True, "none") == routed
+    assert frozen_linear_bytes(shape, lay, every, True, "none", experts_adapted=False) == routed
+    wrapped = lay._replace(param_wrapper=("gate_up_proj",))
+    assert frozen_linear_bytes(shape, wrapped, attention, True, "none") == 2 * rows * shape.f_expert
+    assert frozen_linear_bytes(shape, lay, attention, True, "selective", ("moe",)) == 0
+
+
+def test_peft_frozen_moe_block_saves_what_the_hand_count_says():
+    """PEFT on a small transformers Qwen3-MoE, attention adapted only: the frozen routed experts keep neither their
+    gathered input nor the activation product (as frozen_linear_bytes takes off), and the frozen router keeps no
+    input either, the one tensor meshplan still counts (t x h bf16)."""
+    h, t, r, heads, kv, d, k, fe = 64, 32, 8, 4, 2, 16, 2, 48
+    ask = {"config": {"model_type": "qwen3_moe", "hidden_size": h, "intermediate_size": 160, "moe_intermediate_size": fe,
+                      "num_experts": 8, "num_experts_per_tok": k, "num_attention_heads": heads,
+                      "num_key_value_heads": kv, "head_dim": d, "vocab_size": 128, "decoder_sparse_step": 1,
+                      "mlp_only_layers": []},
+           "tokens": t, "rank": r, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_saved_harness.py"
+    python = venv_python("peft", PEFT_VENV, python_version="3.11")
+    out = subprocess.run([str(python), str(harness)], input=json.dumps(ask), capture_output=True, text=True,
+                         timeout=900, check=True).stdout
+    got = json.loads(out.split("RESULT ", 1)[1])
+    per_layer = (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
+    norms = 2 * 2 * t * h + 2 * t * (heads + kv) * d  # the block norms' and Q/K head norms' normalised tensors
+    experts = 2 * t * k * h + 2 * t * k * fe  # routed fc1 input (t x top_k copies) and fc2 input
+    router = 2 * t * h
+    assert per_layer == 4 * 2 * t * r - norms - experts - router
+
+
+@pytest.mark.parametrize("model, framework, targets", [
+    ("llama-3.1-8b", "verl", None), ("llama-3.1-8b", "megatron-bridge", None),
+    ("llama-3.1-8b", "verl", ["linear_qkv", "linear_proj"]),
+    ("llama-3.1-8b", "megatron-bridge", ["linear_qkv", "linear_proj"]),
+    ("qwen3-30b-a3b", "verl", None),  # the FSDP engine adapts no routed expert, its Megatron engine does
+    ("qwen3-30b-a3b", "megatron-bridge", ["linear_qkv", "linear_proj"])])
+def test_the_searchs_floor_stays_under_a_lora_estimate(model, framework, targets):
+    """The frozen norms and the linears without an adapter make a PEFT LoRA layer keep less than full training's: the
+    search's floor must follow."""
+    job = search_job(Request(model=model, num_gpus=8, framework=framework, lora_rank=R, lora_targets=targets))[0]
     layouts, _ = enumerate_layouts(job, Fixed())
     checked = 0
     for lay in layouts[:40]:

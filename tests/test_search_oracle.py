@@ -297,6 +297,25 @@ def test_the_search_finds_the_oracles_top_k_on_nemotron_3_super(fields):
 
 
 @pytest.mark.parametrize("fields", [
+    dict(framework="verl", model="llama-3.1-8b", gpu="h100", num_gpus=2, seq_length=16384, global_batch_size=16,
+         lora_rank=16, lora_targets=["linear_qkv", "linear_proj"], headroom=0.0),
+    dict(framework="megatron-bridge", model="llama-3.1-8b", gpu="h100", num_gpus=4, seq_length=16384,
+         global_batch_size=16, lora_rank=16, lora_targets=["linear_fc1", "linear_fc2"], headroom=0.0),
+    dict(framework="megatron-bridge", model="qwen3-30b-a3b", gpu="h100", num_gpus=8, seq_length=8192,
+         global_batch_size=32, lora_rank=16, lora_targets=["linear_qkv", "linear_proj"]),
+])
+def test_the_search_finds_the_oracles_top_k_on_lora_target_subsets(fields):
+    """A LoRA job whose targets leave linears without an adapter: those keep no input (activations.frozen_linear_bytes),
+    which the estimate and the search's first-stage floor both take off, so the search's top 3 are the oracle's."""
+    req = Request(**fields)
+    rec = recommend(req, top_k=3)
+    oracle = exhaustive_top_k(req, 100)
+    assert rec.candidates
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle[:3]], rel=1e-12)
+
+
+@pytest.mark.parametrize("fields", [
     dict(model="nemotron-3-nano-30b-a3b", gpu="h100", num_gpus=8, seq_length=4096, global_batch_size=64, lora_rank=16),
     dict(model="nemotron-h-8b", gpu="h200", num_gpus=4, seq_length=8192, global_batch_size=16, lora_rank=32),
     dict(model="nemotron-h-8b", gpu="h100", num_gpus=8, seq_length=4096, global_batch_size=32, lora_rank=8,

@@ -260,6 +260,69 @@ def frozen_norm_bytes(shape: Shape, lay: Layout) -> float:
     return BF16 * t * rows
 
 
+def frozen_linear_bytes(shape: Shape, lay: Layout, targets: frozenset[str], moe_layer: bool, recompute: str,
+                        modules: tuple[str, ...] = ("core_attn",), experts_adapted: bool = True) -> float:
+    """What one layer's activations (layer_activations, under `recompute`) count for the inputs of linears a LoRA job
+    leaves without an adapter (not in `targets`) and that nothing else keeps: a frozen linear saves no input, whose
+    only use is its weight's gradient, while an adapted one's lora_A (or Megatron-Bridge's linear_in) keeps it.
+    Sources: torch's mm keeps mat1 only when mat2 requires grad (PEFT's and AutoModel's nn.Linear bases); Transformer
+    Engine (d0067d0) module/linear.py saves inputmat only if backward_needs_input (weight.requires_grad), and
+    module/layernorm_linear.py frees ln_out when the weight needs no gradient and return_layernorm_output is off,
+    which Megatron-Bridge (peft/utils.py get_adapter_attributes_from_linear) turns on only for the
+    TELayerNormColumnParallelLinear it adapts. Taken off:
+
+    - the QKV input (linear_qkv) and the dense MLP's fc1 input (linear_fc1): the norm's output (a frozen Hugging Face
+      RMSNorm's weight multiply keeps nothing, frozen_norm_bytes; a fused layernorm-linear keeps its own input);
+    - the out-projection input (linear_proj), unless flash attention keeps that very tensor as its output (no
+      Ulysses all-to-all or selective core_attn recompute between them);
+    - the dense MLP's fc2 input (linear_fc2), the activation product down_proj alone reads;
+    - in an MoE layer, the routed experts' fc1 input (the dispatched copies) and fc2 input where they have no adapter
+      (the targets lack it, or `experts_adapted` is False: the engine adapts no routed expert) and PEFT's ParamWrapper
+      does not wrap that weight (lay.param_wrapper: its delta needs a gradient), and the shared experts' fc2 input:
+      TE GroupedLinear (grouped_linear.py) saves inputmats only if weights[0].requires_grad, and torch's grouped_mm
+      keeps none for a frozen weight (a small Qwen3-MoE under PEFT, saved_tensors_hooks).
+    MLA attention, the router's input, a hybrid's layers and op-level SAC's layer (_op_sac) are left as counted.
+    Measured against PEFT on a small Llama with target subsets (bench/peft_lora_saved_harness.py,
+    tests/test_lora_activations.py)."""
+    if recompute in ("full", "op_sac") or shape.kinds:
+        return 0.0
+    sel = set(modules) if recompute == "selective" else set()
+    t, ts = lay.tokens, lay.tp if lay.sp else 1
+    lin = 1 if lay.fp8 else BF16
+    out = 0.0
+    if not shape.mla:
+        if "linear_qkv" not in targets and "layernorm" not in sel:
+            out += lin * t * shape.h / ts
+        if "linear_proj" not in targets and (not lay.flash or lay.ulysses > 1 or "core_attn" in sel):
+            out += BF16 * t * shape.a * shape.d / lay.tp
+    if moe_layer and shape.experts:
+        return out + _frozen_expert_bytes(shape, lay.moe_view(), targets, sel, experts_adapted)
+    if "mlp" in sel:
+        return out
+    if "linear_fc1" not in targets and "layernorm" not in sel:
+        out += lin * t * shape.h / ts
+    if "linear_fc2" not in targets:
+        out += lin * t * shape.f / lay.tp
+    return out
+
+
+def _frozen_expert_bytes(shape: Shape, lay: Layout, targets: frozenset[str], sel: set[str],
+                         experts_adapted: bool) -> float:
+    """frozen_linear_bytes' MoE block: what _moe_layer counts for the inputs of its expert linears without an
+    adapter."""
+    if "moe" in sel:
+        return 0.0
+    lin, rows, out = 1 if lay.fp8 else BF16, routed_rows(shape, lay), 0.0
+    if not ("linear_fc1" in targets and experts_adapted) and "gate_up_proj" not in lay.param_wrapper:
+        out += lin * rows * shape.expert_h
+    if not ("linear_fc2" in targets and experts_adapted) and "down_proj" not in lay.param_wrapper \
+            and "moe_act" not in sel:
+        out += lin * rows * shape.f_expert / lay.etp
+    if shape.f_shared and "linear_fc2" not in targets and "shared_experts" not in sel:
+        out += lin * lay.tokens * shape.f_shared / lay.tp
+    return out
+
+
 class Layout(NamedTuple):
     """What of the plan and conventions changes a layer's activations."""
 

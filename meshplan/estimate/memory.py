@@ -368,7 +368,8 @@ def _per_kind(job: Job, lay: Layout, selective: str, modules: tuple[str, ...],
         return per_kind_activations(shape, lay, selective, modules)
     engine = lora_engine(job.card, zero_stage)
     return lora_per_kind(shape, lay, selective, modules, kind_adapters(job.model, job.lora, engine), job.lora.rank,
-                         engine.adapter_saves if engine is not None else "parallel_adapter")
+                         engine.adapter_saves if engine is not None else "parallel_adapter",
+                         frozenset(job.lora.targets))
 
 
 architecture_shape = per_architecture(shape_of)  # one Shape per model object
@@ -390,9 +391,9 @@ def per_kind_activations(shape: Shape, lay: Layout, selective: str,
 
 @lru_cache(maxsize=1024)
 def lora_per_kind(shape: Shape, lay: Layout, selective: str, modules: tuple[str, ...], adapters: tuple, rank: int,
-                  style: str) -> dict[tuple[bool, str], float]:
+                  style: str, targets: frozenset[str] = frozenset()) -> dict[tuple[bool, str], float]:
     """per_kind_activations with each key's adapters (memory_terms.adapter_kind_bytes), one dict per value."""
-    return {key: v + adapter_kind_bytes(shape, lay, key, modules, adapters, rank, style)
+    return {key: v + adapter_kind_bytes(shape, lay, key, modules, adapters, rank, style, targets, selective)
             for key, v in per_kind_activations(shape, lay, selective, modules).items()}
 
 

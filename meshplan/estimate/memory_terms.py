@@ -10,7 +10,14 @@ from functools import partial
 from itertools import chain
 from typing import NamedTuple
 
-from meshplan.arithmetic.activations import Layout, Shape, frozen_norm_bytes, routed_rows
+from meshplan.arithmetic.activations import (
+    Layout,
+    Shape,
+    activation_mode,
+    frozen_linear_bytes,
+    frozen_norm_bytes,
+    routed_rows,
+)
 from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, vision_adapters
 from meshplan.arithmetic.memory_states import (
     Convention,
@@ -372,16 +379,21 @@ def kind_adapters(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None)
 
 
 def adapter_kind_bytes(shape: Shape, lay: Layout, key: tuple, modules: tuple[str, ...],
-                       adapters: tuple[tuple, ...], rank: int, style: str) -> float:
+                       adapters: tuple[tuple, ...], rank: int, style: str, targets: frozenset[str] = frozenset(),
+                       selective: str = "core_attention") -> float:
     """What the adapters of one per-kind key (kind, recompute mode) keep per micro-batch (arithmetic/lora.py
-    adapter_activation_bytes), less what the frozen norms do not keep (activations.frozen_norm_bytes): nothing under
-    full recompute (the layer keeps its input only), an MLP's or MoE block's
+    adapter_activation_bytes), less what the frozen norms do not keep (activations.frozen_norm_bytes) and what the
+    linears without an adapter (not in `targets`) do not keep (activations.frozen_linear_bytes, under the framework's
+    `selective`): nothing under full recompute (the layer keeps its input only), an MLP's or MoE block's
     adapters nothing under selective recompute of that module (mlp, moe), which re-runs them with the block."""
     kind, mode = key
     saves = dict(adapters).get(kind, ())
     if mode == "full":
         return 0.0
     frozen = frozen_norm_bytes(shape, lay)  # the frozen norms' weight multiplies keep less (a PEFT engine's)
+    if targets and not shape.kinds:  # a hybrid's kind keys are letters, not whether the layer is MoE
+        frozen += frozen_linear_bytes(shape, lay, targets, bool(kind), activation_mode(mode, selective), modules,
+                                      experts_adapted=any(a.expert for a in saves))
     if mode == "selective" and {"mlp", "moe"} & set(modules):
         saves = tuple(a for a in saves if not a.mlp)
     return adapter_activation_bytes(saves, rank, style, tokens=lay.tokens, routed_rows=routed_rows(shape, lay),

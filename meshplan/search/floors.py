@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from meshplan.arithmetic import activations, mesh
 from meshplan.arithmetic.activations import Layout as ActLayout
 from meshplan.arithmetic.activations import activation_mode, attention_saves, layer_activations, moe_bytes, shape_of
+from meshplan.arithmetic.lora import lora_engines
 from meshplan.arithmetic.mamba import least_kind_activations
 from meshplan.arithmetic.memory_states import (
     Convention,
@@ -693,6 +694,14 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
     if shape.kinds:  # a hybrid (M, *, -, E layers): arithmetic/mamba.least_kind_activations
         return least_kind_activations(shape, act._replace(mamba=memory_card().mamba2_layer.terms()), recompute)
     mode = activation_mode(recompute, job.card.recompute.selective)  # what this framework's "selective" saves
-    frozen = activations.frozen_norm_bytes(shape, act) if job.lora is not None else 0.0  # frozen norms: LoRA
-    return tuple(sum(layer_activations(shape, act, moe, m).values()) - (0.0 if m == "full" else frozen)
+    if job.lora is None:
+        return tuple(sum(layer_activations(shape, act, moe, m).values()) for m in (mode, "none") for moe in (True, False))
+    # a LoRA job: less what the frozen norms and the linears without an adapter do not keep, as the estimate takes
+    # them off (memory_terms.adapter_kind_bytes); the routed experts counted adapted only where every LoRA engine of
+    # the card adapts them (the floor takes off at least what the estimate does)
+    norms, targets = activations.frozen_norm_bytes(shape, act), frozenset(job.lora.targets)
+    experts = all(e.experts != "none" for e in lora_engines(job.card).values())
+    return tuple(sum(layer_activations(shape, act, moe, m).values())
+                 - (0.0 if m == "full" else norms + activations.frozen_linear_bytes(shape, act, targets, moe, m,
+                                                                                   experts_adapted=experts))
                  for m in (mode, "none") for moe in (True, False))
