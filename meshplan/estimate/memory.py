@@ -482,13 +482,19 @@ def lora_assumption(job: Job, plan: Plan) -> str:
     assert job.lora is not None
     engine = lora_engine(job.card, plan.zero_stage)
     how = engine.adapters if engine else "fused"
+    peft = engine is not None and engine.adapter_saves == "peft"
+    shards = ("as Hugging Face PEFT's lora.Linear wraps each targeted nn.Linear" if peft else
+              "sharded over TP as Megatron-Bridge's ParallelLinearAdapter shards them")
+    keeps = ("lora_A's input, the base linear's own tensor, and its rank-r output" if peft else
+             "each A's rank-r output; under sequence parallelism the column-parallel adapters keep their input "
+             "all-gathered")
     return (f"LoRA rank {job.lora.rank} on {', '.join(job.lora.targets)} ({how} adapters): base weights frozen "
-            "(weight bytes only, no gradients or optimizer state); adapters A (in x r) and B (r x out) sharded over "
-            "TP as Megatron-Bridge's ParallelLinearAdapter shards them, with the full training states. Activations "
-            "are full training's plus what the adapters keep (each A's rank-r output; under sequence parallelism "
-            "Megatron-Bridge's column-parallel adapters keep their input all-gathered), less the bf16 normalised "
-            "tensor Hugging Face's RMSNorms keep only for their (frozen) weight's gradient; a frozen linear without an "
-            "adapter need not save its input: an overestimate when not every linear is adapted.")
+            f"(weight bytes only, no gradients or optimizer state); adapters A (in x r) and B (r x out) {shards}, "
+            f"with the full training states. Activations are full training's plus what the adapters keep ({keeps}), "
+            "less what a frozen norm keeps only for its weight's gradient (Hugging Face's RMSNorm: its bf16 "
+            "normalised tensor; a fused norm kernel keeps its input whatever its weight) and the inputs of the "
+            "frozen linears without an adapter, which keep none "
+            "(arithmetic/activations.frozen_linear_bytes; MLA's projections and the router's input still counted).")
 
 
 def _assumptions(terms: MemoryTerms) -> list[str]:
