@@ -18,10 +18,11 @@ from collections.abc import Sequence
 
 import anyio
 from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 
 from meshplan import __version__
-from meshplan.core.errors import MeshplanError
+from meshplan.core.errors import MeshplanError, closest
 
 from .deferred import deferred_tools
 from .http_edges import InvalidIdGuard
@@ -58,8 +59,25 @@ KEEP_ALIVE_S = 75
 WILDCARD = ("0.0.0.0", "::", "")
 
 
+def unknown_tool_message(name: str, known: Sequence[str]) -> str:
+    """What a call to a tool the server does not have hears: the name, the closest ones, every tool."""
+    hints = closest(name, known, n=2)
+    hint = f" (did you mean {' or '.join(hints)}?)" if hints else ""
+    return f"Unknown tool {name!r}{hint}; the tools are: {', '.join(known)}."
+
+
+class MeshplanServer(MCPServer):
+    """The SDK's server, but an unknown tool's error names the closest tools and lists them all (the SDK says only
+    'Unknown tool: NAME'). It stays a tool error (isError), the SDK's path, so the model reads it and can retry."""
+
+    async def call_tool(self, name: str, arguments: dict, context=None):  # type: ignore[no-untyped-def]
+        if self._tool_manager.get_tool(name) is None:
+            raise ToolError(unknown_tool_message(name, [t.name for t in self._tool_manager.list_tools()]))
+        return await super().call_tool(name, arguments, context)
+
+
 def build_server() -> MCPServer:
-    server = MCPServer(
+    server = MeshplanServer(
         "meshplan",
         title="meshplan: LLM training parallelism planner",
         instructions=INSTRUCTIONS,
