@@ -103,15 +103,23 @@ def likely_names(name: str, choices: Iterable[str]) -> list[str]:
     return [c for c in pool if min(len(c), len(name)) >= SUBSTRING_MIN and (name in c or c in name)][:1]
 
 
-def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
-    """An unknown argument, with the valid field it most likely means (by framework key, synonym or spelling)."""
-    allowed = sorted(set(allowed))
+def likely_field(name: str, allowed: Iterable[str]) -> str | None:
+    """The allowed field an unknown name most likely means: a framework key or synonym of it first, then the
+    closest spelling; None when nothing is close. The CLI's unknown-flag hint asks the same question."""
+    allowed = list(allowed)
     aliases = {alias: field for alias, field in field_aliases().items() if field in allowed}
     lowered = str(name).lower().replace("-", "_")
     guess = aliases.get(lowered)
     if guess is None:
         hits = likely_names(lowered, [*allowed, *aliases])
         guess = aliases.get(hits[0], hits[0]) if hits else None
+    return guess
+
+
+def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
+    """An unknown argument, with the valid field it most likely means (by framework key, synonym or spelling)."""
+    allowed = sorted(set(allowed))
+    guess = likely_field(name, allowed)
     shown = str(name)[:80]
     hint = f"Did you mean {guess!r}? " if guess else ""
     return MeshplanError(f"Unknown field {shown!r}.", fix=f"{hint}Valid fields: {', '.join(allowed)}.")
