@@ -44,3 +44,38 @@ def test_unknown_field_before_a_bad_value_on_cli_and_mcp_alike(capsys):
                                                "tpp": 2})
     assert said.is_error and "Unknown field 'tpp'. Fix: Did you mean 'tp'?" in said.content[0].text
     assert "'--tpp' (did you mean '--tp'?)" in cli_error(capsys, "--tp", "x", "--tpp", "2")
+
+
+TOML = tuple(open("tests/configs/torchtitan_llama3_8b.toml", encoding="utf-8").read().splitlines())
+TP_LINE = TOML.index("tensor_parallel_degree = 1") + 1
+
+
+def toml_with(old: str, new: str) -> str:
+    return "\n".join(new if line == old else line for line in TOML) + "\n"
+
+
+@pytest.mark.parametrize(("old", "new", "said"), [
+    ("tensor_parallel_degree = 1", "tensor_parallel_degree = 0",
+     f":{TP_LINE} parallelism.tensor_parallel_degree: 0 is not a valid tp (Input should be greater than or equal to 1)"),
+    ("tensor_parallel_degree = 1", 'tensor_parallel_degree = "x"',
+     f":{TP_LINE} parallelism.tensor_parallel_degree: 'x' is not a valid tp"),
+])
+def test_a_bad_value_in_a_pasted_config_cites_key_and_line_on_mcp_and_cli(tmp_path, capsys, old, new, said):
+    text = toml_with(old, new)
+    answer = call_tool("estimate_memory", {"config_text": text, "gpu": "h100", "num_gpus": 8})
+    assert answer.is_error and f"<config_text>{said}" in answer.content[0].text
+    path = tmp_path / "job.toml"
+    path.write_text(text, encoding="utf-8")
+    assert cli.main(["memory", "--config", str(path), "--gpu", "h100", "--num-gpus", "8"]) == cli.EXIT_USAGE
+    assert f"{path}{said}" in capsys.readouterr().err
+
+
+def test_a_misspelt_key_in_a_config_is_named_with_the_key_meshplan_reads():
+    """A key one slip from a key meshplan reads is said at its line with that key, on check's config_unread (the
+    CLI's check and import print the same lines), not dropped unsaid; a key far from any is left as it was."""
+    text = toml_with("tensor_parallel_degree = 1", "tensor_paralel_degree = 2")
+    answer = call_tool("check_config", {"config_text": text, "gpu": "h100", "num_gpus": 8})
+    unread = answer.structured_content["config_unread"]
+    assert (f"<config_text>:{TP_LINE} parallelism.tensor_paralel_degree = 2: no meshplan field (did you mean "
+            "tensor_parallel_degree? meshplan reads that one; this one it leaves out)") in unread
+    assert not [u for u in unread if "did you mean" in u and "tensor_paralel" not in u]
