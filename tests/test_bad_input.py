@@ -79,3 +79,16 @@ def test_a_misspelt_key_in_a_config_is_named_with_the_key_meshplan_reads():
     assert (f"<config_text>:{TP_LINE} parallelism.tensor_paralel_degree = 2: no meshplan field (did you mean "
             "tensor_parallel_degree? meshplan reads that one; this one it leaves out)") in unread
     assert not [u for u in unread if "did you mean" in u and "tensor_paralel" not in u]
+
+
+def test_a_framework_config_given_as_the_model_says_where_it_goes(capsys):
+    """A TOML passed where a model's config.json goes: the error says what a model path is and where a framework's
+    config is read instead, the same on the CLI and MCP (before: only 'not valid JSON')."""
+    path = "tests/configs/torchtitan_llama3_8b.toml"
+    fix = ("Fix: A model path is a Hugging Face config.json; a framework's config or launch script (TOML, YAML, "
+           "shell) is read as --config FILE on the CLI, config_text on MCP.")
+    assert cli.main(["memory", path, "--gpu", "h100", "--num-gpus", "8"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"'{path}' is not valid JSON" in err and fix in err and "Traceback" not in err
+    answer = call_tool("estimate_memory", {"model": path, "gpu": "h100", "num_gpus": 8})
+    assert answer.is_error and fix in answer.content[0].text
