@@ -92,3 +92,33 @@ def test_a_framework_config_given_as_the_model_says_where_it_goes(capsys):
     assert f"'{path}' is not valid JSON" in err and fix in err and "Traceback" not in err
     answer = call_tool("estimate_memory", {"model": path, "gpu": "h100", "num_gpus": 8})
     assert answer.is_error and fix in answer.content[0].text
+
+
+@pytest.mark.parametrize(("field", "given", "hint"), [
+    ("framework", "VERL", "Did you mean framework='verl'?"),
+    ("framework", "verl ", "Did you mean framework='verl'?"),
+    ("framework", "megatron_bridge", "Did you mean framework='megatron-bridge'?"),
+    ("recompute", "Full", "Did you mean recompute='full'?"),
+    ("job", "rlhf", "Did you mean job='rl'?"),
+    ("pipeline_schedule", "1F1B", "'1F1B' is megatron-bridge's name for pipeline_schedule='1f1b'; pass that."),
+])
+def test_a_misspelt_choice_names_the_value_meant_on_the_api_and_mcp_alike(field, given, hint):
+    from meshplan.core.errors import MeshplanError
+    from meshplan.request.parse import parse_request
+
+    args = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8, field: given}
+    with pytest.raises(MeshplanError) as exc:
+        parse_request(args)
+    said = str(exc.value)
+    assert said.startswith(f"Invalid request: {field}: Input should be ") and said.endswith(f"Fix: {hint}")
+    answer = call_tool("estimate_memory", args)
+    assert answer.is_error and answer.content[0].text.endswith(said)
+
+
+def test_a_choice_nothing_resembles_gets_no_guess():
+    from meshplan.core.errors import MeshplanError
+    from meshplan.request.parse import parse_request
+
+    with pytest.raises(MeshplanError) as exc:
+        parse_request({"model": "llama-3.1-8b", "framework": "zzz"})
+    assert exc.value.fix is None and "(got 'zzz')" in str(exc.value)

@@ -22,7 +22,7 @@ from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import plural
 from meshplan.faces.mcp import start_up
-from meshplan.request.parse import ascii_float, ascii_int, likely_field, parse_request, validation_message
+from meshplan.request.parse import ascii_float, ascii_int, likely_field, parse_request, request_error
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
 
@@ -654,7 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except ValidationError as exc:
-        print(f"meshplan: {validation_message(exc)}", file=sys.stderr)
+        print(f"meshplan: {request_error(exc)}", file=sys.stderr)
     except MeshplanError as exc:
         print(f"meshplan: {exc}", file=sys.stderr)
     except OSError as exc:

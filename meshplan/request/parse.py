@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
-from meshplan.core.errors import MeshplanError
+from meshplan.core.errors import MeshplanError, closest
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
@@ -172,7 +172,31 @@ def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Req
     try:
         return Request.model_validate(fields)
     except ValidationError as exc:
-        raise MeshplanError(validation_message(exc), fix=_schedule_hint(fields.get("pipeline_schedule"))) from exc
+        raise request_error(exc) from exc
+
+
+def request_error(exc: ValidationError) -> MeshplanError:
+    """A request's pydantic error as every face words it (parse_request, the MCP tools' argument check, the CLI):
+    one sentence per field, and a fix naming the value a misspelt choice most likely means."""
+    return MeshplanError(validation_message(exc), fix=_choice_hint(exc))
+
+
+def _choice_hint(exc: ValidationError) -> str | None:
+    """'Did you mean ...?' for the first text field outside its choices ('VERL', 'verl ', 'megatron_bridge'): the
+    closest allowed value, as the CLI's choices and an unknown field's name already get; a framework's own name for a
+    pipeline schedule gets meshplan's (_schedule_hint)."""
+    for err in exc.errors(include_url=False):
+        given, expected = err.get("input"), (err.get("ctx") or {}).get("expected")
+        if err["loc"] == ("pipeline_schedule",) and (said := _schedule_hint(given)):
+            return said
+        if err["type"] != "literal_error" or not isinstance(given, str) or not isinstance(expected, str):
+            continue
+        allowed = re.findall(r"'([^']*)'", expected)
+        hits = closest(given.strip().replace("_", "-"), allowed, n=1) or closest(given.strip(), allowed, n=1)
+        if hits:
+            where = ".".join(str(part) for part in err["loc"])
+            return f"Did you mean {where}={hits[0]!r}?"
+    return None
 
 
 def _schedule_hint(value: Any) -> str | None:

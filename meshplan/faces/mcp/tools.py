@@ -25,7 +25,7 @@ from meshplan import api
 from meshplan.core.card_files import frameworks_with_section
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib, percent, plural
-from meshplan.request.parse import parse_request, unknown_field_error, validation_message
+from meshplan.request.parse import parse_request, request_error, unknown_field_error
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.reports import ErrorBand, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
@@ -117,7 +117,7 @@ def tool_errors() -> Iterator[None]:
     except MeshplanError as exc:
         raise ToolError(str(exc)) from exc
     except ValidationError as exc:
-        raise ToolError(validation_message(exc)) from exc
+        raise ToolError(str(request_error(exc))) from exc
 
 
 def to_request(args: dict[str, Any], config: ImportedConfig | None = None, scan_gpus: bool = False) -> Request:
