@@ -122,3 +122,22 @@ def test_a_choice_nothing_resembles_gets_no_guess():
     with pytest.raises(MeshplanError) as exc:
         parse_request({"model": "llama-3.1-8b", "framework": "zzz"})
     assert exc.value.fix is None and "(got 'zzz')" in str(exc.value)
+
+
+@pytest.mark.parametrize(("field", "given", "hint"), [
+    ("num_gpus", "8", "Send num_gpus as a JSON number, num_gpus=8, not the string '8'."),
+    ("sequence_parallel", "true", "Send sequence_parallel as a JSON boolean, sequence_parallel=true, not the string "
+                                  "'true'."),
+    ("headroom", "0.1", "Send headroom as a JSON number, headroom=0.1, not the string '0.1'."),
+    ("tp", "x", None),  # nothing to convert: no hint
+])
+def test_a_number_sent_as_text_says_what_to_send_on_the_api_and_mcp(field, given, hint):
+    from meshplan.core.errors import MeshplanError
+    from meshplan.request.parse import parse_request
+
+    args = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8, field: given}
+    with pytest.raises(MeshplanError) as exc:
+        parse_request(args)
+    assert exc.value.fix == hint
+    answer = call_tool("estimate_memory", args)
+    assert answer.is_error and answer.content[0].text.endswith(str(exc.value))

@@ -6,6 +6,7 @@ synonym or the spelling); a value out of bounds is one readable sentence per fie
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -181,6 +182,24 @@ def request_error(exc: ValidationError) -> MeshplanError:
     return MeshplanError(validation_message(exc), fix=_choice_hint(exc))
 
 
+def _as_json(kind: str, given: Any) -> tuple[str, str] | None:
+    """A number or switch sent as text ("8", "true") where the field takes the JSON value (fields are strict on every
+    face): the JSON type and the value to send; None for anything else."""
+    if not isinstance(given, str):
+        return None
+    text = given.strip()
+    if kind == "int_type" and text.isascii() and text.isdigit():
+        return "number", str(int(text))
+    if kind == "bool_type" and text.lower() in ("true", "false"):
+        return "boolean", text.lower()
+    if kind == "float_type":
+        try:
+            return "number", repr(float(text)) if math.isfinite(float(text)) else None
+        except ValueError:
+            return None
+    return None
+
+
 def _choice_hint(exc: ValidationError) -> str | None:
     """'Did you mean ...?' for the first text field outside its choices ('VERL', 'verl ', 'megatron_bridge'): the
     closest allowed value, as the CLI's choices and an unknown field's name already get; a framework's own name for a
@@ -189,6 +208,9 @@ def _choice_hint(exc: ValidationError) -> str | None:
         given, expected = err.get("input"), (err.get("ctx") or {}).get("expected")
         if err["loc"] == ("pipeline_schedule",) and (said := _schedule_hint(given)):
             return said
+        if (typed := _as_json(err["type"], given)) is not None:
+            where = ".".join(str(part) for part in err["loc"])
+            return f"Send {where} as a JSON {typed[0]}, {where}={typed[1]}, not the string {given!r}."
         if err["type"] != "literal_error" or not isinstance(given, str) or not isinstance(expected, str):
             continue
         allowed = re.findall(r"'([^']*)'", expected)
