@@ -141,3 +141,13 @@ def test_a_number_sent_as_text_says_what_to_send_on_the_api_and_mcp(field, given
     assert exc.value.fix == hint
     answer = call_tool("estimate_memory", args)
     assert answer.is_error and answer.content[0].text.endswith(str(exc.value))
+
+
+def test_a_missing_argument_and_an_argument_to_a_tool_that_takes_none_are_said_plainly():
+    """Before: 'framework: Field required (got {...the whole request...})' and 'Valid fields: .'"""
+    base = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8}
+    render = call_tool("render_config", base)
+    assert render.is_error and render.content[0].text.endswith("Invalid request: framework: required, and not given.")
+    listed = call_tool("list_models", {"x": 1})
+    assert listed.is_error and listed.content[0].text.endswith("Unknown field 'x'. Fix: This takes no arguments: "
+                                                               "send none.")

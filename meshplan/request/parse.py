@@ -123,6 +123,8 @@ def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
     guess = likely_field(name, allowed)
     shown = str(name)[:80]
     hint = f"Did you mean {guess!r}? " if guess else ""
+    if not allowed:
+        return MeshplanError(f"Unknown field {shown!r}.", fix="This takes no arguments: send none.")
     return MeshplanError(f"Unknown field {shown!r}.", fix=f"{hint}Valid fields: {', '.join(allowed)}.")
 
 
@@ -139,9 +141,13 @@ def validation_message(exc: ValidationError, *, what: str = "request") -> str:
         if not err["loc"]:  # a whole-object check: the input is the whole request
             parts.append(message)
             continue
+        where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "missing":  # the input is the whole object the field is missing from: not worth showing
+            parts.append(f"{where}: required, and not given")
+            continue
         given = repr(err.get("input"))
         given = given if len(given) <= 80 else given[:77] + "..."
-        parts.append(f"{'.'.join(str(p) for p in err['loc'])}: {message} (got {given})")
+        parts.append(f"{where}: {message} (got {given})")
     return f"Invalid {what}: " + "; ".join(parts) + "."
 
 
