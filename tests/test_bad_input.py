@@ -151,3 +151,21 @@ def test_a_missing_argument_and_an_argument_to_a_tool_that_takes_none_are_said_p
     listed = call_tool("list_models", {"x": 1})
     assert listed.is_error and listed.content[0].text.endswith("Unknown field 'x'. Fix: This takes no arguments: "
                                                                "send none.")
+
+
+def test_the_page_refuses_a_field_its_form_does_not_have():
+    """A hand-made URL (?tp=3) was answered as if tp were left to the search: the page now names the field, the
+    closest form field and where the other fields are set."""
+    from meshplan.faces.report.page import FORM_FIELDS, answer
+
+    base = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": "8"}
+    assert answer({**base, "tp": "3"})[2].startswith(f"The page has no field 'tp'; it takes {', '.join(FORM_FIELDS)}. "
+                                                     "Fix: Set the layout's other fields")
+    assert "(did you mean 'num_gpus'?)" in answer({**base, "num_gpu": "8"})[2]
+
+
+def test_a_config_json_with_a_slip_is_told_to_fix_its_json_not_to_use_config():
+    from meshplan.faces.report.page import PASTED, answer
+
+    error = answer({"config": '{"hidden_size": 4096,}', "num_gpus": "8", "gpu": "h100"})[2]
+    assert error.startswith(f"'{PASTED}' is not valid JSON") and error.endswith("Fix: Fix the JSON there.")
