@@ -169,3 +169,19 @@ def test_a_config_json_with_a_slip_is_told_to_fix_its_json_not_to_use_config():
 
     error = answer({"config": '{"hidden_size": 4096,}', "num_gpus": "8", "gpu": "h100"})[2]
     assert error.startswith(f"'{PASTED}' is not valid JSON") and error.endswith("Fix: Fix the JSON there.")
+
+
+def test_a_missing_model_beside_a_bad_value_names_the_value_first_on_every_face(capsys):
+    """MCP's argument check refuses num_gpus=0 before anything asks for the model; the api and the CLI said 'A model
+    is required' first. Now every face names the bad value first, and the model once the values are right."""
+    from meshplan.core.errors import MeshplanError
+    from meshplan.request.parse import parse_request
+
+    said = "Invalid request: num_gpus: Input should be greater than or equal to 1 (got 0)."
+    with pytest.raises(MeshplanError, match=r"^Invalid request: num_gpus: Input should be greater than or equal to 1"):
+        parse_request({"gpu": "h100", "num_gpus": 0})
+    assert call_tool("estimate_memory", {"gpu": "h100", "num_gpus": 0}).content[0].text.endswith(said)
+    assert cli.main(["memory", "--gpu", "h100", "--num-gpus", "0"]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.strip() == f"meshplan: {said}"
+    with pytest.raises(MeshplanError, match=r"^A model is required"):
+        parse_request({"gpu": "h100", "num_gpus": 8})

@@ -173,10 +173,11 @@ def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Req
         if name not in allowed:
             raise unknown_field_error(name, allowed)
     fields = {name: value for name, value in values.items() if name in Request.model_fields and value is not None}
-    if "model" not in fields:
-        raise MeshplanError("A model is required.", fix="Pass model: a catalog key (see list_models), a Hugging Face "
-                                                         "id, a config.json path, or a size such as '70B'.")
     try:
+        if "model" not in fields:  # the other values are checked first, as MCP's argument check does before this
+            Request.model_validate({**fields, "model": "unnamed"})
+            raise MeshplanError("A model is required.", fix="Pass model: a catalog key (see list_models), a Hugging "
+                                                             "Face id, a config.json path, or a size such as '70B'.")
         return Request.model_validate(fields)
     except ValidationError as exc:
         raise request_error(exc) from exc
