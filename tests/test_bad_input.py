@@ -185,3 +185,10 @@ def test_a_missing_model_beside_a_bad_value_names_the_value_first_on_every_face(
     assert capsys.readouterr().err.strip() == f"meshplan: {said}"
     with pytest.raises(MeshplanError, match=r"^A model is required"):
         parse_request({"gpu": "h100", "num_gpus": 8})
+
+
+def test_an_empty_name_gets_no_guess():
+    """closest('') matched every name (the empty string is in each) and offered the first five as 'did you mean'."""
+    from meshplan.core.errors import closest
+
+    assert closest("", ["h100", "h200"]) == [] and closest("  ", ["h100"]) == [] and closest("h10", ["h100"]) == ["h100"]
