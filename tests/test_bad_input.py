@@ -192,3 +192,16 @@ def test_an_empty_name_gets_no_guess():
     from meshplan.core.errors import closest
 
     assert closest("", ["h100", "h200"]) == [] and closest("  ", ["h100"]) == [] and closest("h10", ["h100"]) == ["h100"]
+
+
+def test_a_framework_with_no_reader_is_said_so_not_an_empty_list_of_formats():
+    """Was: 'meshplan reads nanotron from  files ... Fix: Pass nanotron's  file'."""
+    from meshplan import api
+    from meshplan.core.errors import MeshplanError
+
+    text = "\n".join(TOML) + "\n"
+    with pytest.raises(MeshplanError) as exc:
+        api.import_config(text, path="job.toml", framework="nanotron")
+    said = str(exc.value)
+    assert said.startswith("job.toml: meshplan reads no nanotron file. Fix: Pass the framework this toml file is for "
+                           "(torchtitan or kempnerforge)") and "  " not in said

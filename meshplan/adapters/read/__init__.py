@@ -195,6 +195,10 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
         if framework is not None:  # told the framework: passing it again cannot help, another format or framework can
             kinds = " or ".join(k for f, k in READERS if f == framework)
             readers = " or ".join(f for f, k in READERS if k == fmt)
+            if not kinds:  # no reader for the framework at all (nanotron): no format to suggest
+                raise MeshplanError(f"{path}: meshplan reads no {framework} file.",
+                                    fix=f"Pass the framework this {fmt} file is for ({readers}), or pass the "
+                                        f"{framework} job's fields as arguments. meshplan reads: {readable}.")
             raise MeshplanError(f"{path}: meshplan reads {framework} from {kinds} files, not from a {fmt} file.",
                                 fix=f"Pass {framework}'s {kinds} file, or the framework this {fmt} file is for "
                                     f"({readers}), or the file's format if it is not {fmt}.")
