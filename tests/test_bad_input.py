@@ -205,3 +205,18 @@ def test_a_framework_with_no_reader_is_said_so_not_an_empty_list_of_formats():
     said = str(exc.value)
     assert said.startswith("job.toml: meshplan reads no nanotron file. Fix: Pass the framework this toml file is for "
                            "(torchtitan or kempnerforge)") and "  " not in said
+
+
+def test_a_bad_model_beside_a_bad_gpu_names_the_model_first_on_every_face(capsys):
+    from meshplan import api
+    from meshplan.core.errors import MeshplanError
+    from meshplan.request.parse import parse_request
+
+    args = {"model": "llama-3.1-8", "gpu": "h1000", "num_gpus": 8}
+    with pytest.raises(MeshplanError) as exc:
+        api.recommend(parse_request(args))
+    said = str(exc.value)
+    assert said.startswith("Unknown model 'llama-3.1-8'. Fix: Did you mean: llama-3.1-8b")
+    assert call_tool("recommend_parallelism", args).content[0].text.endswith(said)
+    assert cli.main(["recommend", "llama-3.1-8", "--gpu", "h1000", "--num-gpus", "8"]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.strip() == f"meshplan: {said}"
