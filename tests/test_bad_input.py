@@ -220,3 +220,22 @@ def test_a_bad_model_beside_a_bad_gpu_names_the_model_first_on_every_face(capsys
     assert call_tool("recommend_parallelism", args).content[0].text.endswith(said)
     assert cli.main(["recommend", "llama-3.1-8", "--gpu", "h1000", "--num-gpus", "8"]) == cli.EXIT_USAGE
     assert capsys.readouterr().err.strip() == f"meshplan: {said}"
+
+
+def test_estimates_from_a_config_warn_first_of_its_misspelt_key_on_mcp_and_cli(tmp_path, capsys):
+    """A misspelt key changed the estimate unsaid (TP1 instead of the TP2 the file meant): memory and throughput from
+    the file now lead their warnings with it, its line and the key meant; a clean file adds no warning."""
+    text = toml_with("tensor_parallel_degree = 1", "tensor_paralel_degree = 2")
+    line = (f":{TP_LINE} parallelism.tensor_paralel_degree = 2: no meshplan field (did you mean tensor_parallel_degree?"
+            " meshplan reads that one; this one it leaves out): the estimate runs without it")
+    for tool in ("estimate_memory", "estimate_throughput"):
+        answer = call_tool(tool, {"config_text": text, "gpu": "h100", "num_gpus": 8})
+        assert answer.structured_content["warnings"][0] == f"<config_text>{line}"
+        clean = call_tool(tool, {"config_text": toml_with("", ""), "gpu": "h100", "num_gpus": 8})
+        assert not [w for w in clean.structured_content["warnings"] if "did you mean" in w]
+    path = tmp_path / "job.toml"
+    path.write_text(text, encoding="utf-8")
+    assert cli.main(["memory", "--config", str(path), "--gpu", "h100", "--num-gpus", "8", "--json"]) == cli.EXIT_OK
+    import json
+
+    assert json.loads(capsys.readouterr().out)["warnings"][0] == f"{path}{line}"

@@ -326,10 +326,9 @@ def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Names
         run = getattr(api, run_name)
         if getattr(args, "batch", None) is not None:
             return _batch(args, run)
-        if run_name == "check_config" and getattr(args, "config", None):  # its fixes also in the file's own keys
+        if getattr(args, "config", None):  # check's fixes also in the file's keys; its misspelt keys warned of
             framework = args.framework or None
-            result = api.check_config(request_from_args(args),
-                                      config=api.import_file(args.config, framework=framework))
+            result = run(request_from_args(args), config=api.import_file(args.config, framework=framework))
         else:
             result = run(request_from_args(args))
         _emit(result, args.json, getattr(display, table_name))

@@ -219,6 +219,7 @@ class Reading:
     extra: dict[str, tuple[Any, Setting]] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     unsupported: list[str] = field(default_factory=list)
+    misspelt: list[str] = field(default_factory=list)  # ImportedConfig.misspelt
     unresolved: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     assumed: list[str] = field(default_factory=list)  # ImportedConfig.assumed
@@ -295,8 +296,10 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
             elif said := section.said.get(normalize(s.key)):
                 reading.notes.append(f"{s.where(reading.path)} = {s.value}: {said}")
             elif not IRRELEVANT.search(normalize(s.key).lstrip("-")):
-                reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: no meshplan field"
-                                           f"{misspelt_hint(s.key, table)}")
+                said = f"{s.where(reading.path)} = {s.value}: no meshplan field{misspelt_hint(s.key, table)}"
+                reading.unsupported.append(said)
+                if said.endswith(")"):  # a hint: the key is one slip from one meshplan reads
+                    reading.misspelt.append(said)
             continue
         if s.value == "" or s.value is None:
             reading.unresolved.append(f"{s.where(reading.path)}: no value (an unset variable?)")
