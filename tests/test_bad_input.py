@@ -56,7 +56,8 @@ def toml_with(old: str, new: str) -> str:
 
 @pytest.mark.parametrize(("old", "new", "said"), [
     ("tensor_parallel_degree = 1", "tensor_parallel_degree = 0",
-     f":{TP_LINE} parallelism.tensor_parallel_degree: 0 is not a valid tp (Input should be greater than or equal to 1)"),
+     f":{TP_LINE} parallelism.tensor_parallel_degree: 0 is not a valid tp "
+     "(Input should be greater than or equal to 1)"),
     ("tensor_parallel_degree = 1", 'tensor_parallel_degree = "x"',
      f":{TP_LINE} parallelism.tensor_parallel_degree: 'x' is not a valid tp"),
 ])
@@ -191,7 +192,8 @@ def test_an_empty_name_gets_no_guess():
     """closest('') matched every name (the empty string is in each) and offered the first five as 'did you mean'."""
     from meshplan.core.errors import closest
 
-    assert closest("", ["h100", "h200"]) == [] and closest("  ", ["h100"]) == [] and closest("h10", ["h100"]) == ["h100"]
+    assert closest("", ["h100", "h200"]) == [] and closest("  ", ["h100"]) == []
+    assert closest("h10", ["h100"]) == ["h100"]
 
 
 def test_a_framework_with_no_reader_is_said_so_not_an_empty_list_of_formats():

@@ -77,7 +77,8 @@ class Parser(argparse.ArgumentParser):
             if token == "--":
                 return
             name = token.split("=", 1)[0]
-            if not name.startswith("--") or name in known or (sub.allow_abbrev and any(o.startswith(name) for o in known)):
+            abbreviates = sub.allow_abbrev and any(o.startswith(name) for o in known)  # argparse takes a unique prefix
+            if not name.startswith("--") or name in known or abbreviates:
                 continue
             field = likely_field(name[2:], [o[2:].replace("-", "_") for o in known])
             hint = f" (did you mean {_flag(field)!r}?)" if field else ""

@@ -227,7 +227,8 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     target_parameters_read(reading)  # PEFT's target_parameters, once the file's LoRA rank is read
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
-                          misspelt=reading.misspelt, unresolved=reading.unresolved, notes=reading.notes, assumed=reading.assumed,
+                          misspelt=reading.misspelt, unresolved=reading.unresolved, notes=reading.notes,
+                          assumed=reading.assumed,
                           config_format=fmt, batch_per_dp=reading.batch_per_dp)
 
 
