@@ -61,23 +61,33 @@ def list_models() -> list[ModelSummary]:
     return model_summaries()
 
 
-def estimate_memory(req: Request) -> MemoryReport:
+def estimate_memory(req: Request, *, config: ImportedConfig | None = None) -> MemoryReport:
+    """Per-GPU memory per stage; from a config file (`config`), its misspelt keys lead the warnings."""
     from meshplan.estimate.accuracy import with_band
     from meshplan.request.resolve import resolve
     from meshplan.rl.memory import job_memory as estimate  # an RL job: the peak over its phases
 
     job, plan = resolve(script_request(req))
-    return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)
+    return _warn_misspelt(with_band(estimate(job, plan), job, plan), config)  # the band: cards/accuracy.yaml
 
 
-def estimate_throughput(req: Request) -> ThroughputReport:
+def _warn_misspelt(report: Any, config: ImportedConfig | None) -> Any:
+    """The report with the file's misspelt keys first in its warnings: a key the file means but meshplan (and, for a
+    key the framework does not know, the framework) does not read would otherwise change the answer unsaid."""
+    if config is None or not config.misspelt:
+        return report
+    said = [f"{line}: the estimate runs without it" for line in config.misspelt]
+    return report.model_copy(update={"warnings": [*said, *report.warnings]})
+
+
+def estimate_throughput(req: Request, *, config: ImportedConfig | None = None) -> ThroughputReport:
     """The step time; with a cluster factor the user stored (meshplan compare --calibrate), scaled by it and said so
-    (ThroughputReport.calibration, first assumption)."""
+    (ThroughputReport.calibration, first assumption); from a config file, its misspelt keys lead the warnings."""
     from meshplan.knowledge.cluster_calibration import calibrated, stored_factor
     from meshplan.request.resolve import resolve
 
     job, plan = resolve(script_request(req))
-    report = _model_throughput(job, plan)
+    report = _warn_misspelt(_model_throughput(job, plan), config)
     factor = stored_factor(job.gpu.key, job.framework)
     return calibrated(report, factor) if factor is not None else report
 

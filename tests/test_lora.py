@@ -12,6 +12,7 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import (
     adapter_params,
     all_linear_targets,
+    default_rank,
     lora_engine,
     lora_flops_per_token,
     total_adapter_params,
@@ -266,6 +267,28 @@ def test_lora_steps_and_reduces_only_the_adapters():
     assert lora.breakdown.compute_s < full.breakdown.compute_s
     assert lora.breakdown.other_s < full.breakdown.other_s / 50  # the optimizer steps 0.4% of the parameters
     assert lora.breakdown.dp_comm_s <= full.breakdown.dp_comm_s
+
+
+@pytest.mark.parametrize(("framework", "zero_stage", "home", "engine", "whose"), [
+    ("megatron-bridge", None, "megatron-bridge", "megatron", "Megatron-Bridge's default on its megatron engine"),
+    ("verl", 3, "verl", "fsdp", "verl's default on its fsdp engine"),
+    ("nemo-automodel", None, "nemo-automodel", "fsdp", "NeMo AutoModel's default on its fsdp engine"),
+    ("torchtitan", None, "megatron-bridge", "megatron",
+     "Megatron-Bridge's default, as torchtitan has no LoRA on its fsdp engine"),
+])
+def test_default_rank_note_names_the_default_its_card_entry_and_source(framework, zero_stage, home, engine, whose):
+    """A LoRA job that leaves lora_rank out is told which default it got, the card entry it is read from and that
+    entry's source, in one sentence every face prints as it is (Job.notes)."""
+    card = framework_card(framework)
+    entry = framework_card(home).lora[engine]
+    rank, said = default_rank(card, zero_stage or 0)
+    assert rank == entry.default_rank
+    assert said == (f"{rank}, {whose} (cards/frameworks/{home}.yaml lora.{engine}.default_rank; "
+                    f"source: {entry.default_rank_why}).")
+    if framework != "torchtitan":  # torchtitan's LoRA job is refused (LORA001), its rank still the one said here
+        job, _ = resolve(Request(model="llama-3.1-8b", framework=framework, num_gpus=8, job="lora",
+                                 zero_stage=zero_stage))
+        assert f"lora_rank not given: {said}" in job.notes and job.lora.rank == rank
 
 
 def test_request_defaults_and_job_kinds():

@@ -106,9 +106,8 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
     engine = lora_engine(card, zero_stage)
     rank = req.lora_rank
     if rank is None:
-        rank = engine.default_rank if engine else BRIDGE_DEFAULT_RANK
-        why = engine.default_rank_why if engine else "Megatron-Bridge's LoRA dim"
-        notes.append(f"lora_rank not given: {rank} ({why}).")
+        rank, said = default_rank(card, zero_stage)
+        notes.append(f"lora_rank not given: {said}")
     has, peft = model_targets(arch), engine is not None and engine.all_linear
     # the engine's default: Megatron-Bridge's four (those the model has), or on a PEFT engine all-linear, every linear
     # the model has, its other linears named (every_linear)
@@ -142,9 +141,24 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
     return spec
 
 
-# Megatron-Bridge src/megatron/bridge/peft/lora.py: LoRA.dim = 32 (alpha 32), the default of every framework whose
-# card has no LoRA engine (what rule LORA001 then names the nearest of).
-BRIDGE_DEFAULT_RANK = 32
+BRIDGE = "megatron-bridge"
+"""The framework whose LoRA defaults stand in where a card has no LoRA engine (what rule LORA001 then refuses)."""
+
+
+def default_rank(card: FrameworkCard, zero_stage: int) -> tuple[int, str]:
+    """The rank a LoRA job runs when lora_rank is left out, and a sentence saying which default it is and where it is
+    read: the card entry (cards/frameworks/<name>.yaml lora.<engine>.default_rank) and its source. A framework with
+    no LoRA on this engine takes Megatron-Bridge's (its card's megatron engine), said so; rule LORA001 refuses it."""
+    engine_name = card.engine_at(zero_stage)
+    engine, home = lora_engines(card).get(engine_name), card
+    if engine is None:
+        home = framework_card(BRIDGE)
+        engine_name, engine = next(iter(lora_engines(home).items()))
+    where = f"cards/frameworks/{home.name}.yaml lora.{engine_name}.default_rank"
+    whose = (f"{card.display_name}'s default on its {engine_name} engine" if home is card else
+             f"{home.display_name}'s default, as {card.display_name} has no LoRA on its {card.engine_at(zero_stage)} "
+             "engine")
+    return engine.default_rank, f"{engine.default_rank}, {whose} ({where}; source: {engine.default_rank_why})."
 BRIDGE_TARGETS_WHY = "Megatron-Bridge's LoRA target_modules default"
 """Where the default targets come from on an engine whose card names no other (LoraEngine.default_targets_why)."""
 

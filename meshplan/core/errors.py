@@ -31,6 +31,8 @@ class MeshplanError(ValueError):
 
 def closest(name: str, choices: Iterable[str], n: int = 5) -> list[str]:
     """Closest known names to a misspelt one, for 'did you mean' hints."""
+    if not str(name).strip():
+        return []  # an empty name is in every name: no guess is better than the first five
     pool = list(choices)
     lowered = {c.lower(): c for c in pool}
     hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)

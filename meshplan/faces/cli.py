@@ -22,7 +22,7 @@ from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import plural
 from meshplan.faces.mcp import start_up
-from meshplan.request.parse import ascii_float, ascii_int, parse_request, validation_message
+from meshplan.request.parse import ascii_float, ascii_int, likely_field, parse_request, request_error
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
 
@@ -57,6 +57,32 @@ class Parser(argparse.ArgumentParser):
             hint = f"did you mean {hints[0]!r}? " if hints else ""
             raise argparse.ArgumentError(
                 action, f"invalid choice {str(value)[:80]!r}; {hint}choose from {', '.join(allowed)}")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """Refuse an unknown flag before reading any value, as the api and MCP refuse an unknown field before
+        checking values: the first error is the same on every face (argparse reads values first and names
+        unknown flags last, without the subcommand or a hint)."""
+        argv = list(sys.argv[1:] if args is None else args)
+        self._refuse_unknown_flags(argv)
+        return super().parse_args(argv, namespace)
+
+    def _refuse_unknown_flags(self, argv: list[str]) -> None:
+        commands = next((a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
+        at = next((i for i, token in enumerate(argv) if commands and token in commands), None)
+        if at is None:
+            return  # no subcommand yet: argparse says what is missing
+        sub = commands[argv[at]]
+        known = [o for o in sub._option_string_actions if o.startswith("--")]
+        for token in argv[at + 1:]:
+            if token == "--":
+                return
+            name = token.split("=", 1)[0]
+            abbreviates = sub.allow_abbrev and any(o.startswith(name) for o in known)  # argparse takes a unique prefix
+            if not name.startswith("--") or name in known or abbreviates:
+                continue
+            field = likely_field(name[2:], [o[2:].replace("-", "_") for o in known])
+            hint = f" (did you mean {_flag(field)!r}?)" if field else ""
+            sub.error(f"unknown flag {name!r}{hint}")
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see '{self.prog} --help')\n")
@@ -301,10 +327,9 @@ def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Names
         run = getattr(api, run_name)
         if getattr(args, "batch", None) is not None:
             return _batch(args, run)
-        if run_name == "check_config" and getattr(args, "config", None):  # its fixes also in the file's own keys
+        if getattr(args, "config", None):  # check's fixes also in the file's keys; its misspelt keys warned of
             framework = args.framework or None
-            result = api.check_config(request_from_args(args),
-                                      config=api.import_file(args.config, framework=framework))
+            result = run(request_from_args(args), config=api.import_file(args.config, framework=framework))
         else:
             result = run(request_from_args(args))
         _emit(result, args.json, getattr(display, table_name))
@@ -629,7 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except ValidationError as exc:
-        print(f"meshplan: {validation_message(exc)}", file=sys.stderr)
+        print(f"meshplan: {request_error(exc)}", file=sys.stderr)
     except MeshplanError as exc:
         print(f"meshplan: {exc}", file=sys.stderr)
     except OSError as exc:

@@ -662,11 +662,17 @@ def _config_bytes(path: Path) -> bytes:
     return raw
 
 
+NOT_A_MODEL_CONFIG = ("A model path is a Hugging Face config.json; a framework's config or launch script (TOML, YAML, "
+                      "shell) is read as --config FILE on the CLI, config_text on MCP.")
+
+
 def _parse_config(raw: bytes, path: Path) -> dict[str, Any]:
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: also ints over 4300 digits
-        raise MeshplanError(f"{str(path)!r} is not valid JSON: {str(exc)[:200]}.") from None
+        meant_json = raw.lstrip()[:1] == b"{"  # a config.json with a slip, else another kind of file
+        raise MeshplanError(f"{str(path)!r} is not valid JSON: {str(exc)[:200]}.",
+                            fix="Fix the JSON there." if meant_json else NOT_A_MODEL_CONFIG) from None
     if not isinstance(data, dict):
         raise MeshplanError(f"{str(path)!r} must hold a JSON object, not {type(data).__name__}.")
     return data

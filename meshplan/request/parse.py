@@ -6,6 +6,7 @@ synonym or the spelling); a value out of bounds is one readable sentence per fie
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -14,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
-from meshplan.core.errors import MeshplanError
+from meshplan.core.errors import MeshplanError, closest
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
@@ -103,17 +104,27 @@ def likely_names(name: str, choices: Iterable[str]) -> list[str]:
     return [c for c in pool if min(len(c), len(name)) >= SUBSTRING_MIN and (name in c or c in name)][:1]
 
 
-def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
-    """An unknown argument, with the valid field it most likely means (by framework key, synonym or spelling)."""
-    allowed = sorted(set(allowed))
+def likely_field(name: str, allowed: Iterable[str]) -> str | None:
+    """The allowed field an unknown name most likely means: a framework key or synonym of it first, then the
+    closest spelling; None when nothing is close. The CLI's unknown-flag hint asks the same question."""
+    allowed = list(allowed)
     aliases = {alias: field for alias, field in field_aliases().items() if field in allowed}
     lowered = str(name).lower().replace("-", "_")
     guess = aliases.get(lowered)
     if guess is None:
         hits = likely_names(lowered, [*allowed, *aliases])
         guess = aliases.get(hits[0], hits[0]) if hits else None
+    return guess
+
+
+def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
+    """An unknown argument, with the valid field it most likely means (by framework key, synonym or spelling)."""
+    allowed = sorted(set(allowed))
+    guess = likely_field(name, allowed)
     shown = str(name)[:80]
     hint = f"Did you mean {guess!r}? " if guess else ""
+    if not allowed:
+        return MeshplanError(f"Unknown field {shown!r}.", fix="This takes no arguments: send none.")
     return MeshplanError(f"Unknown field {shown!r}.", fix=f"{hint}Valid fields: {', '.join(allowed)}.")
 
 
@@ -130,9 +141,13 @@ def validation_message(exc: ValidationError, *, what: str = "request") -> str:
         if not err["loc"]:  # a whole-object check: the input is the whole request
             parts.append(message)
             continue
+        where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "missing":  # the input is the whole object the field is missing from: not worth showing
+            parts.append(f"{where}: required, and not given")
+            continue
         given = repr(err.get("input"))
         given = given if len(given) <= 80 else given[:77] + "..."
-        parts.append(f"{'.'.join(str(p) for p in err['loc'])}: {message} (got {given})")
+        parts.append(f"{where}: {message} (got {given})")
     return f"Invalid {what}: " + "; ".join(parts) + "."
 
 
@@ -158,13 +173,59 @@ def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Req
         if name not in allowed:
             raise unknown_field_error(name, allowed)
     fields = {name: value for name, value in values.items() if name in Request.model_fields and value is not None}
-    if "model" not in fields:
-        raise MeshplanError("A model is required.", fix="Pass model: a catalog key (see list_models), a Hugging Face "
-                                                         "id, a config.json path, or a size such as '70B'.")
     try:
+        if "model" not in fields:  # the other values are checked first, as MCP's argument check does before this
+            Request.model_validate({**fields, "model": "unnamed"})
+            raise MeshplanError("A model is required.", fix="Pass model: a catalog key (see list_models), a Hugging "
+                                                             "Face id, a config.json path, or a size such as '70B'.")
         return Request.model_validate(fields)
     except ValidationError as exc:
-        raise MeshplanError(validation_message(exc), fix=_schedule_hint(fields.get("pipeline_schedule"))) from exc
+        raise request_error(exc) from exc
+
+
+def request_error(exc: ValidationError) -> MeshplanError:
+    """A request's pydantic error as every face words it (parse_request, the MCP tools' argument check, the CLI):
+    one sentence per field, and a fix naming the value a misspelt choice most likely means."""
+    return MeshplanError(validation_message(exc), fix=_choice_hint(exc))
+
+
+def _as_json(kind: str, given: Any) -> tuple[str, str] | None:
+    """A number or switch sent as text ("8", "true") where the field takes the JSON value (fields are strict on every
+    face): the JSON type and the value to send; None for anything else."""
+    if not isinstance(given, str):
+        return None
+    text = given.strip()
+    if kind == "int_type" and text.isascii() and text.isdigit():
+        return "number", str(int(text))
+    if kind == "bool_type" and text.lower() in ("true", "false"):
+        return "boolean", text.lower()
+    if kind == "float_type":
+        try:
+            return "number", repr(float(text)) if math.isfinite(float(text)) else None
+        except ValueError:
+            return None
+    return None
+
+
+def _choice_hint(exc: ValidationError) -> str | None:
+    """'Did you mean ...?' for the first text field outside its choices ('VERL', 'verl ', 'megatron_bridge'): the
+    closest allowed value, as the CLI's choices and an unknown field's name already get; a framework's own name for a
+    pipeline schedule gets meshplan's (_schedule_hint)."""
+    for err in exc.errors(include_url=False):
+        given, expected = err.get("input"), (err.get("ctx") or {}).get("expected")
+        if err["loc"] == ("pipeline_schedule",) and (said := _schedule_hint(given)):
+            return said
+        if (typed := _as_json(err["type"], given)) is not None:
+            where = ".".join(str(part) for part in err["loc"])
+            return f"Send {where} as a JSON {typed[0]}, {where}={typed[1]}, not the string {given!r}."
+        if err["type"] != "literal_error" or not isinstance(given, str) or not isinstance(expected, str):
+            continue
+        allowed = re.findall(r"'([^']*)'", expected)
+        hits = closest(given.strip().replace("_", "-"), allowed, n=1) or closest(given.strip(), allowed, n=1)
+        if hits:
+            where = ".".join(str(part) for part in err["loc"])
+            return f"Did you mean {where}={hits[0]!r}?"
+    return None
 
 
 def _schedule_hint(value: Any) -> str | None:

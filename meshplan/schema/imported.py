@@ -21,6 +21,9 @@ class ImportedConfig(StrictModel):
         default_factory=dict, description="Fields the file leaves to the framework's default, and that default")
     unsupported: list[str] = Field(default_factory=list,
                                    description="Settings the file makes that meshplan cannot express")
+    misspelt: list[str] = Field(default_factory=list,
+                                description="Of the unsupported settings, the keys one slip from a key meshplan reads "
+                                            "(with the key meant): the estimates from the file warn of them")
     unresolved: list[str] = Field(default_factory=list,
                                   description="What could not be read: unset variables, unevaluated branches, a "
                                               "missing model or GPU count (pass them as fields)")

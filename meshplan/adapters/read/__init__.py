@@ -195,6 +195,10 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
         if framework is not None:  # told the framework: passing it again cannot help, another format or framework can
             kinds = " or ".join(k for f, k in READERS if f == framework)
             readers = " or ".join(f for f, k in READERS if k == fmt)
+            if not kinds:  # no reader for the framework at all (nanotron): no format to suggest
+                raise MeshplanError(f"{path}: meshplan reads no {framework} file.",
+                                    fix=f"Pass the framework this {fmt} file is for ({readers}), or pass the "
+                                        f"{framework} job's fields as arguments. meshplan reads: {readable}.")
             raise MeshplanError(f"{path}: meshplan reads {framework} from {kinds} files, not from a {fmt} file.",
                                 fix=f"Pass {framework}'s {kinds} file, or the framework this {fmt} file is for "
                                     f"({readers}), or the file's format if it is not {fmt}.")
@@ -223,7 +227,8 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     target_parameters_read(reading)  # PEFT's target_parameters, once the file's LoRA rank is read
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
-                          unresolved=reading.unresolved, notes=reading.notes, assumed=reading.assumed,
+                          misspelt=reading.misspelt, unresolved=reading.unresolved, notes=reading.notes,
+                          assumed=reading.assumed,
                           config_format=fmt, batch_per_dp=reading.batch_per_dp)
 
 

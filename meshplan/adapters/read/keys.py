@@ -7,6 +7,7 @@ model path). A `Reading` collects what one file states, field by field, with the
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import types
@@ -148,6 +149,15 @@ def lookup(table: dict[str, list[Meaning]], key: str) -> list[Meaning]:
     return []
 
 
+def misspelt_hint(key: str, table: dict[str, list[Meaning]]) -> str:
+    """' (did you mean K?)' when a key no table entry reads is one spelling slip from one it reads (its last dotted
+    part against theirs: `tensor_paralel_degree`), so a typo in a file is said where the key is, not dropped."""
+    last = normalize(key).split(".")[-1]
+    known = {k.split(".")[-1] for k in table}
+    hits = difflib.get_close_matches(last, known, n=1, cutoff=0.9) if last not in known else []
+    return f" (did you mean {hits[0]}? meshplan reads that one; this one it leaves out)" if hits else ""
+
+
 def _field_type(name: str) -> Any:
     annotation = Request.model_fields[name].annotation
     if get_origin(annotation) in (Union, types.UnionType):
@@ -209,6 +219,7 @@ class Reading:
     extra: dict[str, tuple[Any, Setting]] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     unsupported: list[str] = field(default_factory=list)
+    misspelt: list[str] = field(default_factory=list)  # ImportedConfig.misspelt
     unresolved: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     assumed: list[str] = field(default_factory=list)  # ImportedConfig.assumed
@@ -285,7 +296,10 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
             elif said := section.said.get(normalize(s.key)):
                 reading.notes.append(f"{s.where(reading.path)} = {s.value}: {said}")
             elif not IRRELEVANT.search(normalize(s.key).lstrip("-")):
-                reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: no meshplan field")
+                said = f"{s.where(reading.path)} = {s.value}: no meshplan field{misspelt_hint(s.key, table)}"
+                reading.unsupported.append(said)
+                if said.endswith(")"):  # a hint: the key is one slip from one meshplan reads
+                    reading.misspelt.append(said)
             continue
         if s.value == "" or s.value is None:
             reading.unresolved.append(f"{s.where(reading.path)}: no value (an unset variable?)")

@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 from mcp.server import MCPServer
@@ -60,21 +59,21 @@ KEEP_ALIVE_S = 75
 WILDCARD = ("0.0.0.0", "::", "")
 
 
-class MeshplanServer(MCPServer):
-    """The SDK's server, but a call to a tool it does not have names the closest tools and lists them all (the SDK
-    says only "Unknown tool: NAME"), as a misspelt argument is answered with the closest field."""
+def unknown_tool_message(name: str, known: Sequence[str]) -> str:
+    """What a call to a tool the server does not have hears: the name, the closest ones, every tool."""
+    hints = closest(name, known, n=2)
+    hint = f" (did you mean {' or '.join(hints)}?)" if hints else ""
+    return f"Unknown tool {name!r}{hint}; the tools are: {', '.join(known)}."
 
-    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+
+class MeshplanServer(MCPServer):
+    """The SDK's server, but an unknown tool's error names the closest tools and lists them all (the SDK says only
+    'Unknown tool: NAME'). It stays a tool error (isError), the SDK's path, so the model reads it and can retry."""
+
+    async def call_tool(self, name: str, arguments: dict, context=None):  # type: ignore[no-untyped-def]
         if self._tool_manager.get_tool(name) is None:
             raise ToolError(unknown_tool_message(name, [t.name for t in self._tool_manager.list_tools()]))
         return await super().call_tool(name, arguments, context)
-
-
-def unknown_tool_message(name: str, tools: list[str]) -> str:
-    """What a call to a tool the server does not have is told: the closest names, then every tool."""
-    hints = closest(name, tools, n=2)
-    hint = f" (did you mean {' or '.join(repr(h) for h in hints)}?)" if hints else ""
-    return f"Unknown tool: {name!r}{hint}. meshplan's tools are: {', '.join(tools)}."
 
 
 def build_server() -> MCPServer:

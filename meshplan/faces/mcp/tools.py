@@ -25,7 +25,7 @@ from meshplan import api
 from meshplan.core.card_files import frameworks_with_section
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib, percent, plural
-from meshplan.request.parse import parse_request, unknown_field_error, validation_message
+from meshplan.request.parse import parse_request, request_error, unknown_field_error
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.reports import ErrorBand, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
@@ -117,7 +117,7 @@ def tool_errors() -> Iterator[None]:
     except MeshplanError as exc:
         raise ToolError(str(exc)) from exc
     except ValidationError as exc:
-        raise ToolError(validation_message(exc)) from exc
+        raise ToolError(str(request_error(exc))) from exc
 
 
 def to_request(args: dict[str, Any], config: ImportedConfig | None = None, scan_gpus: bool = False) -> Request:
@@ -255,7 +255,8 @@ def _band_words(band: ErrorBand | None) -> str:
 @with_signature(REQUEST_PARAMETERS, MemoryAnswer)
 def estimate_memory(**args: Any) -> MemoryAnswer:
     with tool_errors():
-        report = api.estimate_memory(to_request(args))
+        config = read_config(args)
+        report = api.estimate_memory(to_request(args, config), config=config)
     verdict = (
         f"fits with {gib(report.headroom_bytes)} headroom" if report.fits
         else f"does NOT fit: {gib(report.fit_bytes - report.capacity_bytes)} over"
@@ -295,7 +296,8 @@ _OVERHEADS = ("tp_comm_s", "cp_comm_s", "ep_comm_s", "dp_comm_s", "pp_comm_s", "
 @with_signature(REQUEST_PARAMETERS, ThroughputAnswer)
 def estimate_throughput(**args: Any) -> ThroughputAnswer:
     with tool_errors():
-        report = api.estimate_throughput(to_request(args))
+        config = read_config(args)
+        report = api.estimate_throughput(to_request(args, config), config=config)
     summary = (
         f"{report.model} with {report.plan.short()} on {report.framework}: {report.step_time_s:.3g} s per step, "
         f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {report.mfu:.1%}"

@@ -23,11 +23,11 @@ from starlette.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshplan import __version__, api
-from meshplan.core.errors import MeshplanError
+from meshplan.core.errors import MeshplanError, closest
 from meshplan.faces.report.gather import gather
 from meshplan.faces.report.render import environment, render_html
 from meshplan.knowledge.hardware import gpu_catalog
-from meshplan.request.parse import parse_request, validation_message
+from meshplan.request.parse import parse_request, request_error
 from meshplan.schema.choices import FRAMEWORKS
 
 PAGE_PATHS = ("/", "/index.html")
@@ -54,8 +54,18 @@ def _control_characters(values: dict[str, str]) -> str:
             "form again.") if found else ""
 
 
+FORM_FIELDS = ("model", "config", "gpu", "num_gpus", "framework")
+"""The page form's inputs (page.html.j2); the page answers recommend for these alone."""
+
+
 def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
     """The form as request fields; a pasted config.json is written to a file the resolver reads as a path."""
+    unknown = [k for k in values if k not in FORM_FIELDS]
+    if unknown:  # a hand-made URL (?tp=2) would otherwise be answered as if tp were searched
+        hint = "".join(f" (did you mean {h!r}?)" for h in closest(unknown[0], FORM_FIELDS, n=1))
+        raise MeshplanError(f"The page has no field {unknown[0][:40]!r}{hint}; it takes {', '.join(FORM_FIELDS)}.",
+                            fix="Set the layout's other fields (tp, pp, seq_length ...) with the CLI (meshplan report) "
+                                "or the MCP tools.")
     fields: dict[str, Any] = {k: values[k] for k in ("model", "gpu", "num_gpus", "framework") if k in values}
     if re.fullmatch(r"[+-]?\d+", fields.get("num_gpus", "")):  # a form sends text; a signed whole number is one
         fields["num_gpus"] = int(fields["num_gpus"])  # (-8 is below 1, not 'no integer'); the parser names the rest
@@ -83,7 +93,7 @@ def answer(values: dict[str, str]) -> tuple[str, str, str]:
             req = parse_request(_request_fields(values, Path(tmp)))
             report = gather(req, recommend=True)
         except ValidationError as exc:
-            return "", "", named(validation_message(exc))
+            return "", "", named(str(request_error(exc)))
         except MeshplanError as exc:
             return "", "", named(str(exc))
         rec = report.recommendation
