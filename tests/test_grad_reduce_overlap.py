@@ -66,3 +66,65 @@ def test_verl_is_unchanged_by_the_switch():
     on = estimate_throughput(*qwen30b(32, "verl"))
     off = estimate_throughput(*qwen30b(32, "verl", grad_reduce_overlap=False))
     assert on.step_time_s == off.step_time_s
+
+
+# --------------------------------------------------------------------------- readers and renderers
+CORE_SCRIPT = """torchrun --nproc-per-node 8 --nnodes 2 pretrain_gpt.py \\
+    --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --expert-model-parallel-size 8 \\
+    --use-distributed-optimizer --micro-batch-size 1 --global-batch-size 256 --seq-length 4096 --bf16 \\
+    --num-layers 48 --hidden-size 2048 --ffn-hidden-size 6144 --num-attention-heads 32 --num-query-groups 4 \\
+    --num-experts 128 --moe-ffn-hidden-size 768 --moe-router-topk 8 --kv-channels 128 --swiglu{extra}
+"""
+
+
+@pytest.mark.parametrize("extra,on", [("", False), (" --overlap-grad-reduce", True),
+                                      (" --overlap-grad-reduce --overlap-param-gather", True)])
+def test_megatron_lm_script_reads_overlap_grad_reduce_and_its_default_off(extra, on):
+    from meshplan import api
+    imported = api.import_config(CORE_SCRIPT.format(extra=extra), path="train.sh", framework="megatron-core")
+    assert imported.request["grad_reduce_overlap"] is on
+    assert not imported.unsupported
+    if not on:  # Megatron-Core's DistributedDataParallelConfig default
+        assert imported.defaults["grad_reduce_overlap"] is False
+
+
+@pytest.mark.parametrize("on", [True, False])
+@pytest.mark.parametrize("zero", [0, 1])
+def test_megatron_lm_render_writes_the_switch_and_reads_it_back(on, zero):
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+    rendered = api.render_config("megatron-core", parse_request(dict(
+        model="llama-3.1-8b", num_gpus=16, framework="megatron-core", zero_stage=zero, tp=4,
+        grad_reduce_overlap=on)))
+    assert ("--overlap-grad-reduce" in rendered.text) is on
+    assert ("--overlap-param-gather" in rendered.text) is (on and zero > 0)  # arguments.py: distributed optimizer
+    imported = api.import_config(rendered.text, path="train.sh", framework="megatron-core")
+    assert imported.request["grad_reduce_overlap"] is on
+
+
+@pytest.mark.parametrize("stage,default", [(1, False), (2, False), (3, None)])
+def test_deepspeed_config_without_overlap_comm_takes_deepspeed_default(stage, default):
+    """DeepSpeedZeroConfig.overlap_comm None means stage == 3: off at ZeRO-1/2; at ZeRO-3 on, meshplan's default."""
+    import json
+
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+    rendered = api.render_config("deepspeed", parse_request(dict(model="llama-3.1-8b", num_gpus=8, zero_stage=stage,
+                                                                 framework="deepspeed")))
+    config = json.loads(rendered.text)
+    assert config["zero_optimization"]["overlap_comm"] is True  # render writes it as the plan times it
+    del config["zero_optimization"]["overlap_comm"]
+    imported = api.import_config(json.dumps(config), path="ds_config.json", framework="deepspeed")
+    assert imported.request.get("grad_reduce_overlap") is default
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_bridge_render_writes_both_ddp_switches_and_reads_them_back(on):
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+    rendered = api.render_config("megatron-bridge", parse_request(dict(
+        model="llama-3.1-8b", num_gpus=16, framework="megatron-bridge", tp=4, grad_reduce_overlap=on)))
+    assert f"cfg.ddp.overlap_grad_reduce = {on}" in rendered.text
+    assert f"cfg.ddp.overlap_param_gather = {on}" in rendered.text  # the plan's zero_stage 1: distributed optimizer
+    imported = api.import_config(rendered.text, path="cfg.py", framework="megatron-bridge")
+    assert imported.request["grad_reduce_overlap"] is on and not imported.unsupported
