@@ -61,11 +61,12 @@ def test_off_adds_exactly_the_hidden_share_to_the_step():
     assert "reduce-scattered with 0% of the last backward hiding it" in dp and "0% of the next forward" in dp
 
 
-def test_verl_is_unchanged_by_the_switch():
-    """verl's calibration already hides nothing: the switch cannot expose more."""
-    on = estimate_throughput(*qwen30b(32, "verl"))
-    off = estimate_throughput(*qwen30b(32, "verl", grad_reduce_overlap=False))
-    assert on.step_time_s == off.step_time_s
+@pytest.mark.parametrize("framework", ["verl", "torchtitan", "nanotron"])
+def test_off_is_refused_where_the_framework_has_no_such_setting(framework):
+    from meshplan.core.errors import MeshplanError
+    with pytest.raises(MeshplanError, match="grad_reduce_overlap=false: .* has no setting") as err:
+        resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework=framework, grad_reduce_overlap=False))
+    assert err.value.fix == "Leave grad_reduce_overlap out for this framework."
 
 
 # --------------------------------------------------------------------------- readers and renderers

@@ -380,7 +380,7 @@ def carried_fields(req: Request) -> dict[str, object]:
     fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, []),
               "expandable_segments": _expandable_segments(req, card, [], is_rl_request(req)),
               "defer_fsdp_grad_sync": _defer_grad_sync(req, card, []),
-              "grad_reduce_overlap": _grad_reduce_overlap(req, []),
+              "grad_reduce_overlap": _grad_reduce_overlap(req, card, []),
               "attention_backend": req.attention_backend or "auto", "dropout": req.dropout,
               **_offload_fields(req, card.offload_at(zero), [], is_rl_request(req))}
     given = {k: getattr(req, k) for k in GIVEN_ONLY_FIELDS if getattr(req, k) is not None}
