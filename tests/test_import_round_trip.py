@@ -1,8 +1,9 @@
 """A config meshplan renders, imported back: none of the keys meshplan itself wrote is 'meshplan cannot express'.
 
-The DeepSpeed render writes zero_optimization.overlap_comm / contiguous_gradients (ZeRO-3) and the
-activation_checkpointing section (recompute); importing that very JSON listed them under 'no meshplan field'. They
-are what the estimate assumes (cards/frameworks/deepspeed.yaml read.said), and the import now says so."""
+The DeepSpeed render writes zero_optimization.contiguous_gradients (ZeRO-3) and the activation_checkpointing section
+(recompute); importing that very JSON listed them under 'no meshplan field'. They are what the estimate assumes
+(cards/frameworks/deepspeed.yaml read.said), and the import now says so. zero_optimization.overlap_comm (written at
+ZeRO 1-3) is read into grad_reduce_overlap."""
 
 from __future__ import annotations
 
@@ -32,18 +33,20 @@ def test_a_deepspeed_render_imports_with_nothing_meshplan_wrote_left_unexpressed
     imported = api.import_config(rendered.text, path="ds_config.json", framework="deepspeed")
     assert not imported.unsupported, imported.unsupported
     notes = " ".join(imported.notes)
-    if fields["zero_stage"] == 3:  # render writes overlap_comm true there: the note says the estimate assumes it
-        assert "zero_optimization.overlap_comm = True" in notes and "meshplan's time model assumes it" in notes
+    if fields["zero_stage"] == 3:  # the note says the estimate assumes the contiguous buffer
+        assert "zero_optimization.contiguous_gradients = True" in notes
+    assert imported.request["grad_reduce_overlap"] is True  # render writes overlap_comm as the plan times it
     assert imported.request["zero_stage"] == fields["zero_stage"]
 
 
-def test_overlap_comm_false_says_the_estimate_assumes_it_on_and_what_false_changes():
-    rendered = api.render_config("deepspeed", parse_request(dict(DEEPSPEED[0], framework="deepspeed")))
+@pytest.mark.parametrize("stage", [2, 3])
+def test_overlap_comm_false_is_read_into_grad_reduce_overlap(stage):
+    rendered = api.render_config("deepspeed", parse_request(dict(DEEPSPEED[0], zero_stage=stage,
+                                                                 framework="deepspeed")))
     text = rendered.text.replace('"overlap_comm": true', '"overlap_comm": false')
     assert text != rendered.text
     imported = api.import_config(text, path="ds_config.json", framework="deepspeed")
-    (note,) = [n for n in imported.notes if "overlap_comm = False" in n]
-    assert "meshplan's time model assumes it" in note and "a longer step than meshplan predicts" in note
+    assert imported.request["grad_reduce_overlap"] is False
     assert not imported.unsupported
 
 

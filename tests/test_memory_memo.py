@@ -246,7 +246,7 @@ def test_stage_states_shared_across_layouts_of_other_depths_are_each_stages_own(
 # a value other than the resolved one for every field the states' key leaves out (memory_terms.STATES_UNREAD_FIELDS)
 UNREAD_VARIANTS = {"cp_comm_type": "a2a", "moe_token_dispatcher": "flex", "moe_a2a_overlap": True,
                    "tp_comm_overlap": True, "attention_backend": "unfused", "dropout": True,
-                   "expandable_segments": True}
+                   "expandable_segments": True, "grad_reduce_overlap": False}
 # layouts of the same dp*cp (the sizes the states' key holds instead of cp and dp: STATES_BY_SIZE_FIELDS)
 SIZE_VARIANTS = ({"cp": 2, "dp": 1}, {"cp": 1, "dp": 2})
 

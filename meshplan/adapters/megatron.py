@@ -135,6 +135,10 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
                      "--ckpt-format fsdp_dtensor and CUDA_DEVICE_MAX_CONNECTIONS other than 1.")
     if plan.dp_replicate > 1:  # hybrid sharding: states over dp*cp / N, N replicas (outer strategy no_shard)
         flags.append(("--num-distributed-optimizer-instances", plan.dp_replicate))
+    if plan.grad_reduce_overlap:  # the DP reduction bucketed behind the backward (Megatron-Core's default: off)
+        flags.append(("--overlap-grad-reduce", None))
+        if plan.zero_stage > 0:  # arguments.py: only with the distributed optimizer or Megatron-FSDP
+            flags.append(("--overlap-param-gather", None))
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size)]
     rec = megatron_recompute(plan)
     if rec["recompute_granularity"]:
@@ -266,6 +270,10 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
           ("optimizer.use_distributed_optimizer", plan.zero_stage >= 1)]
     if plan.dp_replicate > 1:  # hybrid sharding (DistributedDataParallelConfig)
         s.append(("ddp.num_distributed_optimizer_instances", plan.dp_replicate))
+    # the DP reduction (and the distributed optimizer's parameter gather) overlapped as the plan times it: Bridge's
+    # pretrain recipes set both on (recipes/common.py _pretrain_common), its SFT/PEFT recipes leave Megatron-Core's off
+    s += [("ddp.overlap_grad_reduce", plan.grad_reduce_overlap),
+          ("ddp.overlap_param_gather", plan.grad_reduce_overlap and plan.zero_stage > 0)]
     if fsdp:
         s += [("dist.use_megatron_fsdp", True), ("ddp.use_megatron_fsdp", True),
               ("ddp.data_parallel_sharding_strategy", _sharding(plan)), ("checkpoint.ckpt_format", "fsdp_dtensor")]
@@ -414,8 +422,10 @@ def ds_config(job: Job, plan: Plan) -> dict[str, Any]:
         "zero_optimization": {"stage": plan.zero_stage},
         "gradient_clipping": 1.0,
     }
+    if plan.zero_stage > 0:  # DeepSpeed's default is on at stage 3 only: written as the plan times it
+        config["zero_optimization"]["overlap_comm"] = plan.grad_reduce_overlap
     if plan.zero_stage == 3:
-        config["zero_optimization"].update({"overlap_comm": True, "contiguous_gradients": True})
+        config["zero_optimization"]["contiguous_gradients"] = True
     if plan.recompute != "none":
         config["activation_checkpointing"] = {"partition_activations": plan.tp > 1,
                                               "contiguous_memory_optimization": False}

@@ -220,7 +220,8 @@ one search with the same dp*cp, e.g. cp=2 dp=8 and cp=1 dp=16, share their stage
 holds them to it."""
 
 STATES_UNREAD_FIELDS = frozenset({"cp_comm_type", "moe_token_dispatcher", "moe_a2a_overlap", "tp_comm_overlap",
-                                  "attention_backend", "dropout", "expandable_segments"})
+                                  "attention_backend", "dropout", "expandable_segments",
+                                  "grad_reduce_overlap"})
 """Plan fields no term of a stage's model states reads (they change its activations, its step time or the fit
 figure, not its parameters, their states, the optimizer step or the gathered units): left out of the states' memo
 key; tests/test_memory_memo.py holds them to it."""

@@ -46,7 +46,7 @@ from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth
 from meshplan.estimate.memory_terms import time_rank_parts
 from meshplan.estimate.moe_time import a2a_steady_share, moe_host_syncs
 from meshplan.estimate.mtp_time import head_with_mtp
-from meshplan.estimate.sharding_traffic import DpTraffic, grad_reduce_bytes, sharding_schedule
+from meshplan.estimate.sharding_traffic import DpTraffic, dp_hidden_share, grad_reduce_bytes, sharding_schedule
 from meshplan.estimate.stage_time import (
     Recompute,
     StageInputs,
@@ -657,8 +657,10 @@ def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraf
         # ZeRO-1/2: the buckets' reduce-scatter, then (hybrid sharding) the shard's all-reduce across the replicas
         sync = StepSync(traffic(dense, expert, grad_bytes) + traffic.replica_allreduce(dense, expert, grad_bytes),
                         cal.zero_grad_overlap)
+    sync = sync._replace(reduce_hidden=dp_hidden_share(plan, sync.reduce_hidden))  # 0 with grad_reduce_overlap off
     if sharded_opt:
-        return sync._replace(gather=traffic(dense, expert, BF16), gather_hidden=cal.param_gather_overlap)
+        return sync._replace(gather=traffic(dense, expert, BF16),
+                             gather_hidden=dp_hidden_share(plan, cal.param_gather_overlap))
     return sync
 
 

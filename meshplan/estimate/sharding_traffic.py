@@ -49,6 +49,16 @@ def grad_reduce_bytes(plan: Plan, cal: Calibration) -> float:
     return 2.0 * BF16 if plan.grad_reduce_in_fp32 else BF16
 
 
+def dp_hidden_share(plan: Plan, share: float) -> float:
+    """The share of a once-per-step data-parallel collective the neighbouring compute hides: the calibrated `share`
+    (dp_overlap, zero_grad_overlap, param_gather_overlap) where the plan overlaps it (grad_reduce_overlap, as
+    meshplan's render runs it), 0 where it does not: Megatron-Core without --overlap-grad-reduce waits for every
+    bucket in finalize_model_grads after the last backward and, without --overlap-param-gather (which needs it),
+    gathers the parameters inside the optimizer step; DeepSpeed ZeRO-1/2 without overlap_comm reduces the
+    buckets on the compute stream (cards/frameworks/megatron-core.yaml, deepspeed.yaml read sections)."""
+    return share if plan.grad_reduce_overlap else 0.0
+
+
 def param_gather_bytes(job: Job, plan: Plan) -> float:
     """Bytes per element of a decoder layer's weights the ZeRO-3 / FSDP all-gather moves: one under an FP8 recipe
     with fp8_param_gather (Megatron-Core's fp8_param_gather, torchtitan's enable_fsdp_float8_all_gather: the weights

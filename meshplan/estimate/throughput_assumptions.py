@@ -11,7 +11,7 @@ from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption
 from meshplan.estimate.moe_time import moe_host_syncs
-from meshplan.estimate.sharding_traffic import grad_reduce_bytes, sharding_schedule
+from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, sharding_schedule
 from meshplan.estimate.tp_overlap import tp_ring_passes
 from meshplan.knowledge.calibration import Calibration, calibration_summary
 from meshplan.schema.plan import Job, Plan
@@ -69,10 +69,12 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     nbytes = grad_reduce_bytes(plan, cal)  # the plan's grad_reduce_in_fp32, else the framework's default
     if not sched.per_step:
         return (f"DP: gradients reduced in {nbytes:.0f}-byte elements over dp x cp once per step, "
-                + (f"overlapped with {cal.dp_overlap:.0%} of the last backward." if plan.zero_stage == 0
+                + (f"overlapped with {dp_hidden_share(plan, cal.dp_overlap):.0%} of the last backward."
+                   if plan.zero_stage == 0
                    else ("all-reduced" if cal.zero_grad_allreduce >= 0.5 else "reduce-scattered")
-                   + f" with {cal.zero_grad_overlap:.0%} of the last backward hiding it; then the bf16 parameters "
-                   "are all-gathered."))
+                   + f" with {dp_hidden_share(plan, cal.zero_grad_overlap):.0%} of the last backward hiding it; then "
+                   f"the bf16 parameters are all-gathered, {dp_hidden_share(plan, cal.param_gather_overlap):.0%} of "
+                   "the next forward hiding it."))
     params = ("bf16 parameters all-gathered layer by layer, forward and again backward, every micro-batch"
               if sched.gather_each_microbatch else
               "bf16 parameters all-gathered layer by layer once per step (kept gathered across micro-batches)"

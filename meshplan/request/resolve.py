@@ -181,6 +181,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
         expandable_segments=_expandable_segments(req, card, notes, rl is not None),
         defer_fsdp_grad_sync=_defer_grad_sync(req, card, notes),
+        grad_reduce_overlap=_grad_reduce_overlap(req, card, notes),
         # attention backend, dropout (None: the framework's)
         **_attention_fields(req, card, gpu, version, zero, notes, mla=arch.mla is not None),
         **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
@@ -473,6 +474,24 @@ def _switch(asked: bool | None, default: bool, note: str, notes: list[str]) -> b
     if default:
         notes.append(note)
     return default
+
+
+def _grad_reduce_overlap(req: Request, card, notes: list[str]) -> bool:
+    """The request's data-parallel overlap switch, else on (what meshplan's render writes); off is noted, since the
+    step then waits for the whole reduction after the backward, and refused where the framework has no such setting
+    (no key of its card's read section sets grad_reduce_overlap: FSDP2's hooks always overlap, and verl's and
+    nanotron's calibration already hides nothing)."""
+    if req.grad_reduce_overlap is False:
+        if card.read is None or "grad_reduce_overlap" not in card.read.keys.values():
+            raise MeshplanError(f"grad_reduce_overlap=false: {card.display_name} has no setting that turns the "
+                                "data-parallel overlap off (cards/frameworks/*.yaml read.keys: Megatron-Core "
+                                "--overlap-grad-reduce, Megatron-Bridge ddp.overlap_grad_reduce, DeepSpeed "
+                                "zero_optimization.overlap_comm).",
+                                fix="Leave grad_reduce_overlap out for this framework.")
+        notes.append("grad_reduce_overlap=false: the data-parallel gradient reduction (and ZeRO-1/2's gather of the "
+                     "updated parameters) runs after the backward, none of it hidden (cards/calibration.yaml "
+                     "dp_overlap, zero_grad_overlap, param_gather_overlap apply only with it on).")
+    return req.grad_reduce_overlap is not False
 
 
 def _tp_comm_overlap(req: Request, card, tp: int, notes: list[str]) -> bool:

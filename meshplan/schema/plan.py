@@ -206,6 +206,11 @@ class Plan(StrictModel):
     # (torchtitan: local_batch_size / pipeline_parallel_microbatch_size); None: every micro-batch of the step in one run
     pipeline_microbatches: int | None = Field(None, ge=1)
     tp_comm_overlap: bool = False  # TP/SP collectives pipelined with their GEMMs (the framework card's tp_overlap)
+    # the data-parallel gradient reduction (and ZeRO-1/2's gather of the updated parameters) hidden behind the compute
+    # by the calibrated share (cards/calibration.yaml dp_overlap, zero_grad_overlap, param_gather_overlap), as
+    # meshplan's render runs it; false: run after the backward, exposed (Megatron-Core without
+    # --overlap-grad-reduce, DeepSpeed ZeRO-1/2 without zero_optimization.overlap_comm)
+    grad_reduce_overlap: bool = True
     torch_compile: bool = False  # torch.compile on (what it compiles: the framework card's compile section)
     expandable_segments: bool = False  # PyTorch allocator's expandable segments: the allocated peak decides the fit
     # every FSDP unit's gradient sync deferred to the step's last micro-batch, which holds its unsharded gradient until

@@ -200,6 +200,14 @@ class Request(StrictModel):
                           "job fits when its allocated peak does (the reserved peak is still reported) (default: "
                           "how the framework's own launcher sets it, its card's allocator section)",
     )
+    grad_reduce_overlap: bool | None = Field(
+        None, description="Overlap the data-parallel gradient reduction with the backward (and ZeRO-1/2's gather of "
+                          "the updated parameters with the next forward): Megatron-Core --overlap-grad-reduce / "
+                          "--overlap-param-gather (Megatron-Bridge ddp.overlap_grad_reduce), DeepSpeed "
+                          "zero_optimization.overlap_comm (only these frameworks can turn it off); false leaves it "
+                          "exposed after the backward (default: on, as meshplan's render writes it; the frameworks' "
+                          "own defaults are off: Megatron-Core's, and DeepSpeed's below ZeRO-3)",
+    )
     defer_fsdp_grad_sync: bool | None = Field(
         None, description="NeMo AutoModel's distributed.defer_fsdp_grad_sync (FSDP2Config): FSDP2's gradient "
                           "reduce-scatter only in the step's last micro-batch, each unit holding its unsharded fp32 "

@@ -10,7 +10,8 @@ cat > ds_config.json <<'DS_CONFIG'
     "enabled": true
   },
   "zero_optimization": {
-    "stage": 1
+    "stage": 1,
+    "overlap_comm": true
   },
   "gradient_clipping": 1.0,
   "activation_checkpointing": {

@@ -49,6 +49,8 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --attention-dropout 0.0 \
   --hidden-dropout 0.0 \
   --use-distributed-optimizer \
+  --overlap-grad-reduce \
+  --overlap-param-gather \
   --micro-batch-size 1 \
   --global-batch-size 4096 \
   --recompute-granularity full \

@@ -31,6 +31,8 @@ torchrun --nnodes 8 --nproc-per-node 8 \
   --attention-dropout 0.0 \
   --hidden-dropout 0.0 \
   --use-distributed-optimizer \
+  --overlap-grad-reduce \
+  --overlap-param-gather \
   --micro-batch-size 1 \
   --global-batch-size 512 \
   --recompute-granularity selective \

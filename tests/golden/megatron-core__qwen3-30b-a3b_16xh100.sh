@@ -34,6 +34,8 @@ torchrun --nnodes 2 --nproc-per-node 8 \
   --attention-dropout 0.0 \
   --hidden-dropout 0.0 \
   --use-distributed-optimizer \
+  --overlap-grad-reduce \
+  --overlap-param-gather \
   --micro-batch-size 1 \
   --global-batch-size 256 \
   --bf16

@@ -416,6 +416,12 @@ def read_deepspeed_settings(reading: Reading, settings: list[Setting]) -> Readin
                     "buffers, and the transfers run at the drive's bandwidth), which meshplan does not model: "
                     f"estimated as {m.target}=true to the CPU, its host memory over and its step time under the "
                     "NVMe run's")
+    stage = reading.request.get("zero_stage")
+    if "grad_reduce_overlap" not in reading.request and stage in (1, 2):
+        # DeepSpeedZeroConfig.overlap_comm None -> stage == 3 (deepspeed/runtime/zero/config.py overlap_comm_valid)
+        reading.state("grad_reduce_overlap", False, f"{reading.path} (no zero_optimization.overlap_comm: DeepSpeed's "
+                                                    "default below ZeRO-3)")
+        reading.defaults["grad_reduce_overlap"] = False
     if reading.value("fp16") is True or as_bool(reading.value("fp16")):
         reading.unsupported.append(f"{reading.extra['fp16'][1].where(reading.path)}: fp16 training (meshplan "
                                    "estimates bf16 or fp8)")

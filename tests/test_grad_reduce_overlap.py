@@ -1,0 +1,131 @@
+"""The data-parallel gradient reduction's overlap as the plan sets it (grad_reduce_overlap).
+
+Megatron-Core's DistributedDataParallelConfig overlap_grad_reduce / overlap_param_gather default to False, and
+DeepSpeed's zero_optimization.overlap_comm to False below ZeRO-3: a run that leaves them off waits for the whole
+reduction after the backward. With grad_reduce_overlap=false the time model hides none of it (the calibrated
+dp_overlap / zero_grad_overlap / param_gather_overlap apply only with it on, the default, as render writes it).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.arithmetic.comm import links, ring_time
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.model_counts import total_params
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+EXPERT_PARAMS = 48 * 128 * 3 * 2048 * 768  # Qwen3-30B-A3B's routed experts
+
+
+def qwen30b(gpus: int, framework: str = "megatron-core", **kw):
+    return resolve(Request(model="qwen3-30b-a3b", gpu="h20", num_gpus=gpus, framework=framework, tp=1, pp=1, ep=8,
+                           etp=1, seq_length=10240, micro_batch_size=1, global_batch_size=256, zero_stage=1, **kw))
+
+
+def test_default_is_on_and_off_is_noted():
+    job, plan = qwen30b(16)
+    assert plan.grad_reduce_overlap is True
+    assert not any("grad_reduce_overlap" in n for n in job.notes)
+    job, plan = qwen30b(16, grad_reduce_overlap=False)
+    assert plan.grad_reduce_overlap is False
+    assert any(n.startswith("grad_reduce_overlap=false") for n in job.notes)
+
+
+@pytest.mark.parametrize("gpus", [16, 32])
+def test_off_exposes_the_whole_zero1_sync_by_hand(gpus):
+    job, plan = qwen30b(gpus, grad_reduce_overlap=False)
+    lk = links(job.gpu, job.gpus_per_node, calibration("megatron-core"))
+    dense = total_params(job.model) - EXPERT_PARAMS
+    expert_dp = gpus // 8
+    # fp32 gradients reduce-scattered, bf16 parameters all-gathered: dense over dp, experts over the expert-DP group
+    hand = sum(ring_time(dense * nbytes, gpus, 1, lk) + ring_time(EXPERT_PARAMS / 8 * nbytes, expert_dp, 8, lk)
+               for nbytes in (4, 2))
+    off = estimate_throughput(job, plan)
+    assert off.breakdown.dp_comm_s == pytest.approx(hand, rel=1e-12)
+    # the same exposure verl's Megatron engine runs (its calibration overrides the three overlaps with 0)
+    assert off.breakdown.dp_comm_s == pytest.approx(estimate_throughput(*qwen30b(gpus, "verl")).breakdown.dp_comm_s,
+                                                    rel=1e-12)
+
+
+def test_off_adds_exactly_the_hidden_share_to_the_step():
+    on = estimate_throughput(*qwen30b(32))
+    off = estimate_throughput(*qwen30b(32, grad_reduce_overlap=False))
+    assert on.breakdown.dp_comm_s < off.breakdown.dp_comm_s
+    # nothing but the once-per-step sync changes: the step grows by exactly what the overlap had hidden
+    assert off.step_time_s - on.step_time_s == pytest.approx(off.breakdown.dp_comm_s - on.breakdown.dp_comm_s,
+                                                             rel=1e-9)
+    dp = next(a for a in off.assumptions if a.startswith("DP:"))
+    assert "reduce-scattered with 0% of the last backward hiding it" in dp and "0% of the next forward" in dp
+
+
+@pytest.mark.parametrize("framework", ["verl", "torchtitan", "nanotron"])
+def test_off_is_refused_where_the_framework_has_no_such_setting(framework):
+    from meshplan.core.errors import MeshplanError
+    with pytest.raises(MeshplanError, match="grad_reduce_overlap=false: .* has no setting") as err:
+        resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework=framework, grad_reduce_overlap=False))
+    assert err.value.fix == "Leave grad_reduce_overlap out for this framework."
+
+
+# --------------------------------------------------------------------------- readers and renderers
+CORE_SCRIPT = """torchrun --nproc-per-node 8 --nnodes 2 pretrain_gpt.py \\
+    --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --expert-model-parallel-size 8 \\
+    --use-distributed-optimizer --micro-batch-size 1 --global-batch-size 256 --seq-length 4096 --bf16 \\
+    --num-layers 48 --hidden-size 2048 --ffn-hidden-size 6144 --num-attention-heads 32 --num-query-groups 4 \\
+    --num-experts 128 --moe-ffn-hidden-size 768 --moe-router-topk 8 --kv-channels 128 --swiglu{extra}
+"""
+
+
+@pytest.mark.parametrize("extra,on", [("", False), (" --overlap-grad-reduce", True),
+                                      (" --overlap-grad-reduce --overlap-param-gather", True)])
+def test_megatron_lm_script_reads_overlap_grad_reduce_and_its_default_off(extra, on):
+    from meshplan import api
+    imported = api.import_config(CORE_SCRIPT.format(extra=extra), path="train.sh", framework="megatron-core")
+    assert imported.request["grad_reduce_overlap"] is on
+    assert not imported.unsupported
+    if not on:  # Megatron-Core's DistributedDataParallelConfig default
+        assert imported.defaults["grad_reduce_overlap"] is False
+
+
+@pytest.mark.parametrize("on", [True, False])
+@pytest.mark.parametrize("zero", [0, 1])
+def test_megatron_lm_render_writes_the_switch_and_reads_it_back(on, zero):
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+    rendered = api.render_config("megatron-core", parse_request(dict(
+        model="llama-3.1-8b", num_gpus=16, framework="megatron-core", zero_stage=zero, tp=4,
+        grad_reduce_overlap=on)))
+    assert ("--overlap-grad-reduce" in rendered.text) is on
+    assert ("--overlap-param-gather" in rendered.text) is (on and zero > 0)  # arguments.py: distributed optimizer
+    imported = api.import_config(rendered.text, path="train.sh", framework="megatron-core")
+    assert imported.request["grad_reduce_overlap"] is on
+
+
+@pytest.mark.parametrize("stage,default", [(1, False), (2, False), (3, None)])
+def test_deepspeed_config_without_overlap_comm_takes_deepspeed_default(stage, default):
+    """DeepSpeedZeroConfig.overlap_comm None means stage == 3: off at ZeRO-1/2; at ZeRO-3 on, meshplan's default."""
+    import json
+
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+    rendered = api.render_config("deepspeed", parse_request(dict(model="llama-3.1-8b", num_gpus=8, zero_stage=stage,
+                                                                 framework="deepspeed")))
+    config = json.loads(rendered.text)
+    assert config["zero_optimization"]["overlap_comm"] is True  # render writes it as the plan times it
+    del config["zero_optimization"]["overlap_comm"]
+    imported = api.import_config(json.dumps(config), path="ds_config.json", framework="deepspeed")
+    assert imported.request.get("grad_reduce_overlap") is default
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_bridge_render_writes_both_ddp_switches_and_reads_them_back(on):
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+    rendered = api.render_config("megatron-bridge", parse_request(dict(
+        model="llama-3.1-8b", num_gpus=16, framework="megatron-bridge", tp=4, grad_reduce_overlap=on)))
+    assert f"cfg.ddp.overlap_grad_reduce = {on}" in rendered.text
+    assert f"cfg.ddp.overlap_param_gather = {on}" in rendered.text  # the plan's zero_stage 1: distributed optimizer
+    imported = api.import_config(rendered.text, path="cfg.py", framework="megatron-bridge")
+    assert imported.request["grad_reduce_overlap"] is on and not imported.unsupported
