@@ -141,18 +141,15 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
     return spec
 
 
-BRIDGE = "megatron-bridge"
-"""The framework whose LoRA defaults stand in where a card has no LoRA engine (what rule LORA001 then refuses)."""
-
-
 def default_rank(card: FrameworkCard, zero_stage: int) -> tuple[int, str]:
     """The rank a LoRA job runs when lora_rank is left out, and a sentence saying which default it is and where it is
     read: the card entry (cards/frameworks/<name>.yaml lora.<engine>.default_rank) and its source. A framework with
-    no LoRA on this engine takes Megatron-Bridge's (its card's megatron engine), said so; rule LORA001 refuses it."""
+    no LoRA on this engine takes the default of the first framework, in FRAMEWORKS' order, that runs LoRA (the one
+    rule LORA001's fix names first: Megatron-Bridge's today), said so; LORA001 refuses the job."""
     engine_name = card.engine_at(zero_stage)
     engine, home = lora_engines(card).get(engine_name), card
     if engine is None:
-        home = framework_card(BRIDGE)
+        home = next(c for c in (framework_card(f) for f in FRAMEWORKS) if lora_engines(c))
         engine_name, engine = next(iter(lora_engines(home).items()))
     where = f"cards/frameworks/{home.name}.yaml lora.{engine_name}.default_rank"
     whose = (f"{card.display_name}'s default on its {engine_name} engine" if home is card else
