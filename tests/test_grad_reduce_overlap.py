@@ -129,3 +129,18 @@ def test_bridge_render_writes_both_ddp_switches_and_reads_them_back(on):
     assert f"cfg.ddp.overlap_param_gather = {on}" in rendered.text  # the plan's zero_stage 1: distributed optimizer
     imported = api.import_config(rendered.text, path="cfg.py", framework="megatron-bridge")
     assert imported.request["grad_reduce_overlap"] is on and not imported.unsupported
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_zero3_says_its_layer_transfers_are_still_timed_overlapped(on):
+    """Under ZeRO-3 the switch does not move the per-layer schedule's time (not modelled there): the step is the same
+    and the DP assumption says so where it is off, rather than a silent figure."""
+    job, plan = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework="deepspeed", zero_stage=3,
+                                grad_reduce_overlap=on))
+    report = estimate_throughput(job, plan)
+    base = estimate_throughput(*resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework="deepspeed",
+                                                zero_stage=3)))
+    assert report.step_time_s == base.step_time_s
+    dp = [a for a in report.assumptions if a.startswith("DP (ZeRO-3")]
+    assert len(dp) == 1
+    assert ("grad_reduce_overlap=false is not modelled on this schedule" in dp[0]) is (not on)

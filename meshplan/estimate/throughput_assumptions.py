@@ -85,7 +85,11 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
             + (" (routed experts over expert-DP)" if job.model.moe is not None and plan.ep > 1 else "")
             + ". Each transfer runs on its own stream and hides behind the neighbouring layer's compute and its "
             "TP / CP / EP collectives over the other kind of link (NVLink against network; exposed: what exceeds "
-            "them, plus the first layer's all-gather and the last one's reduce-scatter).")
+            "them, plus the first layer's all-gather and the last one's reduce-scatter)."
+            + ("" if plan.grad_reduce_overlap else
+               " grad_reduce_overlap=false is not modelled on this schedule: its layer-by-layer transfers are timed as "
+               "overlapped as above, where an engine that runs them on the compute stream (DeepSpeed ZeRO-3 with "
+               "overlap_comm false) takes longer than this estimate."))
 
 
 def hybrid_sharding_assumption(plan: Plan) -> str:

@@ -490,7 +490,8 @@ def _grad_reduce_overlap(req: Request, card, notes: list[str]) -> bool:
                                 fix="Leave grad_reduce_overlap out for this framework.")
         notes.append("grad_reduce_overlap=false: the data-parallel gradient reduction (and ZeRO-1/2's gather of the "
                      "updated parameters) runs after the backward, none of it hidden (cards/calibration.yaml "
-                     "dp_overlap, zero_grad_overlap, param_gather_overlap apply only with it on).")
+                     "dp_overlap, zero_grad_overlap, param_gather_overlap apply only with it on); under ZeRO-3 / "
+                     "FSDP the layer-by-layer transfers are still timed as overlapped (the DP assumption says so).")
     return req.grad_reduce_overlap is not False
 
 
