@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,10 +31,16 @@ from meshplan.schema.request import Request  # noqa: E402
 def requests() -> list[tuple[str, Callable[[], object]]]:
     """(file name, the call) of each request, in a fixed order."""
     calls: list[tuple[str, Callable[[], object]]] = [(f"case{i}", call) for i, (_, call, _) in enumerate(CASES)]
-    calls += [(f"sampled{seed}", lambda req=sampled_request(seed)[0]: api.recommend(req)) for seed in range(12)]
-    calls += [(f"fixed{seed}", lambda fields=sampled_fixed_request(seed)[0]: api.recommend(Request(**fields)))
-              for seed in range(8)]
+    sampled = [sampled_request(seed)[0] for seed in range(12)]
+    fixed = [sampled_fixed_request(seed)[0] for seed in range(8)]
+    calls += [(f"sampled{seed}", partial(api.recommend, req)) for seed, req in enumerate(sampled)]
+    calls += [(f"fixed{seed}", partial(recommend_fields, fields)) for seed, fields in enumerate(fixed)]
     return calls
+
+
+def recommend_fields(fields: dict) -> object:
+    """recommend for a request given as its fields (the fixed-knob sampler's), built when asked."""
+    return api.recommend(Request(**fields))
 
 
 def answer(call: Callable[[], object]) -> str:

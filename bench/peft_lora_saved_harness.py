@@ -5,9 +5,10 @@ see no gradient and autograd records nothing there, so tensors every layer share
 enter the count at the second layer, not the first.
 
 Runs inside the PEFT venv of tests/framework_packages.py (torch 2.13.0, transformers 5.9.0, peft 0.18.1); meshplan
-never imports it, and it never imports meshplan. Reads {"config": {...}, "tokens": t, "rank": r, "targets": [...] (optional, default "all-linear")} as JSON on stdin and
-prints `RESULT {"full": [two layers, three layers], "lora": [...]}`: the bytes of the distinct storages autograd saves
-in one forward (torch.autograd.graph.saved_tensors_hooks), parameters and buffers left out. The model is bf16 and the
+never imports it, and it never imports meshplan. Reads {"config": {...}, "tokens": t, "rank": r, "targets": [...]}
+as JSON on stdin ("targets" optional, default "all-linear") and prints
+`RESULT {"full": [two layers, three layers], "lora": [...]}`: the bytes of the distinct storages autograd saves in one
+forward (torch.autograd.graph.saved_tensors_hooks), parameters and buffers left out. The model is bf16 and the
 adapters are cast to bf16 after get_peft_model, as verl's and SkyRL's FSDP engines run them (FSDP2's MixedPrecision
 param_dtype bf16; PEFT alone would keep the adapters in fp32 and cast the input up). The CPU's eager attention keeps
 its s x s weights, the same in both counts, so it cancels in the difference tests/test_lora_activations.py reads; its
@@ -47,7 +48,8 @@ def main() -> None:
         config = AutoConfig.for_model(**{**ask["config"], "num_hidden_layers": layers})
         model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
         result["full"].append(saved_bytes(model, ask["tokens"]))
-        lora = get_peft_model(model, LoraConfig(r=ask["rank"], target_modules=ask.get("targets", "all-linear"))).to(torch.bfloat16)
+        targets = ask.get("targets", "all-linear")
+        lora = get_peft_model(model, LoraConfig(r=ask["rank"], target_modules=targets)).to(torch.bfloat16)
         result["lora"].append(saved_bytes(lora, ask["tokens"]))
     print("RESULT " + json.dumps(result))
 

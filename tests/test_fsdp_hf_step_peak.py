@@ -81,7 +81,8 @@ def test_root_gathered_again_for_the_heads_backward_by_hand():
     assert got["output gathered again"] == (401 + 10, (2 + 2) * 5, 103.5)
     assert got["output head backward"] == (401 + 10, 4 * 5 + 2 * 1000, 103.5)
     # the other moments are the walk's without them; a unit with nothing said of its head (head 0) lists neither
-    plain = {m.name: (m.activations, m.transient, m.absent_grads) for m in fsdp_backward_moments(conv(), UNITS, 0, True)}
+    plain = {m.name: (m.activations, m.transient, m.absent_grads)
+             for m in fsdp_backward_moments(conv(), UNITS, 0, True)}
     assert {k: v for k, v in got.items() if k not in ("output gathered again", "output head backward")} == plain
     # a root that holds the embedding (KempnerForge's) has no embedding gradient yet at its head's backward
     kf = [*UNITS[1:3], FsdpUnit("root", 15, 40, grads=1.5, loss=True, head=10, grads_last=10)]
@@ -110,8 +111,8 @@ def test_the_gathered_root_decides_when_what_the_head_sees_outweighs_twice_the_r
 
 
 def test_kempnerforge_pp1_peaks_with_its_root_gathered_again():
-    """KempnerForge, Llama-3.1-8B cut to 2 layers at 6,144 tokens, dp 8, full recompute: the root (embedding, final norm,
-    output head) gathered again after the loss's peak decides, its all-gather output beside its unsharded copy
+    """KempnerForge, Llama-3.1-8B cut to 2 layers at 6,144 tokens, dp 8, full recompute: the root (embedding, final
+    norm, output head) gathered again after the loss's peak decides, its all-gather output beside its unsharded copy
     (4 B per param) and 4 B per logit (train.py's logits and their gradient) beside the layers' kept inputs."""
     arch = resolve(Request(model="llama-3.1-8b", framework="kempnerforge"))[0].model
     arch = arch.model_copy(update={"num_layers": 2})

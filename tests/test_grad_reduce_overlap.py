@@ -64,7 +64,7 @@ def test_off_adds_exactly_the_hidden_share_to_the_step():
 @pytest.mark.parametrize("framework", ["verl", "torchtitan", "nanotron"])
 def test_off_is_refused_where_the_framework_has_no_such_setting(framework):
     from meshplan.core.errors import MeshplanError
-    with pytest.raises(MeshplanError, match="grad_reduce_overlap=false: .* has no setting") as err:
+    with pytest.raises(MeshplanError, match=r"grad_reduce_overlap=false: .* has no setting") as err:
         resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework=framework, grad_reduce_overlap=False))
     assert err.value.fix == "Leave grad_reduce_overlap out for this framework."
 

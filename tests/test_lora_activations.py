@@ -102,17 +102,23 @@ def test_peft_frozen_norms_keep_less_than_the_adapters_add():
     assert layer_acts(Request(**L8B, **plan, lora_rank=R)) - full == LAYERS * (7 * 2 * T * R - 2 * 2 * T * H)
 
 
-def test_peft_lora_saves_what_the_hand_count_says():
-    """The hand count above, held to what PEFT on transformers' Llama keeps (bench/peft_lora_saved_harness.py)."""
-    h, t, r = 64, 32, 8
-    ask = {"config": {"model_type": "llama", "hidden_size": h, "intermediate_size": 160, "num_attention_heads": 4,
-                      "num_key_value_heads": 2, "vocab_size": 128}, "tokens": t, "rank": r}
+def peft_saved_per_layer(ask: dict) -> int:
+    """One decoder layer's saved bytes under PEFT's LoRA less in full training, as bench/peft_lora_saved_harness.py
+    counts them (three layers less two) in the PEFT venv for the config, tokens, rank and targets asked."""
     harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_saved_harness.py"
     python = venv_python("peft", PEFT_VENV, python_version="3.11")
     out = subprocess.run([str(python), str(harness)], input=json.dumps(ask), capture_output=True, text=True,
                          timeout=900, check=True).stdout
     got = json.loads(out.split("RESULT ", 1)[1])
-    per_layer = (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
+    return (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
+
+
+def test_peft_lora_saves_what_the_hand_count_says():
+    """The hand count above, held to what PEFT on transformers' Llama keeps (bench/peft_lora_saved_harness.py)."""
+    h, t, r = 64, 32, 8
+    ask = {"config": {"model_type": "llama", "hidden_size": h, "intermediate_size": 160, "num_attention_heads": 4,
+                      "num_key_value_heads": 2, "vocab_size": 128}, "tokens": t, "rank": r}
+    per_layer = peft_saved_per_layer(ask)
     assert per_layer == 7 * 2 * t * r - 2 * 2 * t * h
 
 
@@ -161,12 +167,7 @@ def test_peft_target_subsets_save_what_the_hand_count_says(targets, adapters, ke
     h, f, t, r = 64, 160, 32, 8
     ask = {"config": {"model_type": "llama", "hidden_size": h, "intermediate_size": f, "num_attention_heads": 4,
                       "num_key_value_heads": 2, "vocab_size": 128}, "tokens": t, "rank": r, "targets": targets}
-    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_saved_harness.py"
-    python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    out = subprocess.run([str(python), str(harness)], input=json.dumps(ask), capture_output=True, text=True,
-                         timeout=900, check=True).stdout
-    got = json.loads(out.split("RESULT ", 1)[1])
-    per_layer = (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
+    per_layer = peft_saved_per_layer(ask)
     qkv, fc1, fc2 = kept
     assert per_layer == adapters * 2 * t * r - 2 * 2 * t * h - (1 - qkv) * 2 * t * h - (1 - fc1) * 2 * t * h \
         - (1 - fc2) * 2 * t * f
@@ -195,17 +196,12 @@ def test_peft_frozen_moe_block_saves_what_the_hand_count_says():
     gathered input nor the activation product (as frozen_linear_bytes takes off), and the frozen router keeps no
     input either, the one tensor meshplan still counts (t x h bf16)."""
     h, t, r, heads, kv, d, k, fe = 64, 32, 8, 4, 2, 16, 2, 48
-    ask = {"config": {"model_type": "qwen3_moe", "hidden_size": h, "intermediate_size": 160, "moe_intermediate_size": fe,
-                      "num_experts": 8, "num_experts_per_tok": k, "num_attention_heads": heads,
-                      "num_key_value_heads": kv, "head_dim": d, "vocab_size": 128, "decoder_sparse_step": 1,
-                      "mlp_only_layers": []},
+    ask = {"config": {"model_type": "qwen3_moe", "hidden_size": h, "intermediate_size": 160,
+                      "moe_intermediate_size": fe, "num_experts": 8, "num_experts_per_tok": k,
+                      "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d, "vocab_size": 128,
+                      "decoder_sparse_step": 1, "mlp_only_layers": []},
            "tokens": t, "rank": r, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_saved_harness.py"
-    python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    out = subprocess.run([str(python), str(harness)], input=json.dumps(ask), capture_output=True, text=True,
-                         timeout=900, check=True).stdout
-    got = json.loads(out.split("RESULT ", 1)[1])
-    per_layer = (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
+    per_layer = peft_saved_per_layer(ask)
     norms = 2 * 2 * t * h + 2 * t * (heads + kv) * d  # the block norms' and Q/K head norms' normalised tensors
     experts = 2 * t * k * h + 2 * t * k * fe  # routed fc1 input (t x top_k copies) and fc2 input
     router = 2 * t * h

@@ -131,9 +131,9 @@ def head_moments(conv, root: FsdpUnit, before: float, prefetch: float, absent: f
     if not root.head:
         return []
     acts = before + root.head
-    out = [StepMoment(f"{root.name} gathered again", acts, copy_out(conv, root.params), absent)
-           ] if conv.output_resharded_at_loss else []
-    return out + [StepMoment(f"{root.name} head backward", acts, root_held(conv, root) + prefetch, absent)]
+    gathered_again = ([StepMoment(f"{root.name} gathered again", acts, copy_out(conv, root.params), absent)]
+                      if conv.output_resharded_at_loss else [])
+    return [*gathered_again, StepMoment(f"{root.name} head backward", acts, root_held(conv, root) + prefetch, absent)]
 
 
 def copy_out(conv, params: float) -> float:

@@ -64,7 +64,7 @@ class LoraEngine(BaseModel):
                     "the all-gathered input (return_layernorm_output_gathered; sequence_parallel_input_regather "
                     "off by default), a copy beside the base's local shard; peft: Hugging Face PEFT's lora.Linear "
                     "(and AutoModel's LinearLoRA), lora_B(lora_A(dropout(x))) with dropout 0.0, where each "
-                    "projection's lora_B keeps its A's rank-r output and lora_A keeps x itself. On either, a linear without "
-                    "an adapter keeps no input (activations.frozen_linear_bytes: torch's mm, TE's Linear, "
+                    "projection's lora_B keeps its A's rank-r output and lora_A keeps x itself. On either, a linear "
+                    "without an adapter keeps no input (activations.frozen_linear_bytes: torch's mm, TE's Linear, "
                     "LayerNormLinear and GroupedLinear save it only for a weight that needs a gradient)")
     source: str

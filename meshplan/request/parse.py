@@ -201,9 +201,10 @@ def _as_json(kind: str, given: Any) -> tuple[str, str] | None:
         return "boolean", text.lower()
     if kind == "float_type":
         try:
-            return "number", repr(float(text)) if math.isfinite(float(text)) else None
+            number = float(text)
         except ValueError:
             return None
+        return "number", repr(number) if math.isfinite(number) else None
     return None
 
 
@@ -213,17 +214,16 @@ def _choice_hint(exc: ValidationError) -> str | None:
     pipeline schedule gets meshplan's (_schedule_hint)."""
     for err in exc.errors(include_url=False):
         given, expected = err.get("input"), (err.get("ctx") or {}).get("expected")
+        where = ".".join(str(part) for part in err["loc"])
         if err["loc"] == ("pipeline_schedule",) and (said := _schedule_hint(given)):
             return said
         if (typed := _as_json(err["type"], given)) is not None:
-            where = ".".join(str(part) for part in err["loc"])
             return f"Send {where} as a JSON {typed[0]}, {where}={typed[1]}, not the string {given!r}."
         if err["type"] != "literal_error" or not isinstance(given, str) or not isinstance(expected, str):
             continue
         allowed = re.findall(r"'([^']*)'", expected)
         hits = closest(given.strip().replace("_", "-"), allowed, n=1) or closest(given.strip(), allowed, n=1)
         if hits:
-            where = ".".join(str(part) for part in err["loc"])
             return f"Did you mean {where}={hits[0]!r}?"
     return None
 

@@ -22,6 +22,7 @@ from meshplan.knowledge.hybrid_config import PATTERN_KINDS
 from meshplan.knowledge.releases import resolve_release
 from meshplan.request.mtp_depth import mtp_asked, trained_mtp, writable_mtp
 from meshplan.rl.job import is_rl_request, resolve_rl
+from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -482,17 +483,22 @@ def _grad_reduce_overlap(req: Request, card, notes: list[str]) -> bool:
     (no key of its card's read section sets grad_reduce_overlap: FSDP2's hooks always overlap, and verl's and
     nanotron's calibration already hides nothing)."""
     if req.grad_reduce_overlap is False:
-        if card.read is None or "grad_reduce_overlap" not in card.read.keys.values():
+        if not _keys_setting(card, "grad_reduce_overlap"):
+            settings = ", ".join(f"{other.display_name} {key}" for other in map(framework_card, FRAMEWORKS)
+                                 for key in _keys_setting(other, "grad_reduce_overlap"))
             raise MeshplanError(f"grad_reduce_overlap=false: {card.display_name} has no setting that turns the "
-                                "data-parallel overlap off (cards/frameworks/*.yaml read.keys: Megatron-Core "
-                                "--overlap-grad-reduce, Megatron-Bridge ddp.overlap_grad_reduce, DeepSpeed "
-                                "zero_optimization.overlap_comm).",
+                                f"data-parallel overlap off (cards/frameworks/*.yaml read.keys: {settings}).",
                                 fix="Leave grad_reduce_overlap out for this framework.")
         notes.append("grad_reduce_overlap=false: the data-parallel gradient reduction (and ZeRO-1/2's gather of the "
                      "updated parameters) runs after the backward, none of it hidden (cards/calibration.yaml "
                      "dp_overlap, zero_grad_overlap, param_gather_overlap apply only with it on); under ZeRO-3 / "
                      "FSDP the layer-by-layer transfers are still timed as overlapped (the DP assumption says so).")
     return req.grad_reduce_overlap is not False
+
+
+def _keys_setting(card, field: str) -> list[str]:
+    """The keys of a framework's own files that set a request field (its card's read.keys), none without a reader."""
+    return [] if card.read is None else [key for key, name in card.read.keys.items() if name == field]
 
 
 def _tp_comm_overlap(req: Request, card, tp: int, notes: list[str]) -> bool:

@@ -695,7 +695,8 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
         return least_kind_activations(shape, act._replace(mamba=memory_card().mamba2_layer.terms()), recompute)
     mode = activation_mode(recompute, job.card.recompute.selective)  # what this framework's "selective" saves
     if job.lora is None:
-        return tuple(sum(layer_activations(shape, act, moe, m).values()) for m in (mode, "none") for moe in (True, False))
+        return tuple(sum(layer_activations(shape, act, moe, m).values())
+                     for m in (mode, "none") for moe in (True, False))
     # a LoRA job: less what the frozen norms and the linears without an adapter do not keep, as the estimate takes
     # them off (memory_terms.adapter_kind_bytes); the routed experts counted adapted only where every LoRA engine of
     # the card adapts them (the floor takes off at least what the estimate does)

@@ -51,8 +51,8 @@ from meshplan.knowledge.defaults_card import SearchKnobs
 from meshplan.knowledge.model_counts import layer_params
 from meshplan.request.resolve import (
     _defer_grad_sync,
-    _grad_reduce_overlap,
     _expandable_segments,
+    _grad_reduce_overlap,
     _offload_fields,
     _precision_fields,
     _torch_compile,
@@ -325,8 +325,8 @@ OFFLOAD_FIELDS = ("activation_offload", "param_offload", "grad_offload", "optimi
 each ZeRO stage's engine is the card's offload section; a stage whose engine lacks one is refused by rule OF001."""
 
 CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
-                  "torch_compile", "expandable_segments", "defer_fsdp_grad_sync", "grad_reduce_overlap", "attention_backend",
-                  "dropout", *OFFLOAD_FIELDS)
+                  "torch_compile", "expandable_segments", "defer_fsdp_grad_sync", "grad_reduce_overlap",
+                  "attention_backend", "dropout", *OFFLOAD_FIELDS)
 """Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
 framework's default, as `meshplan memory` and `throughput` take it). The optimizer is a training decision, not a
 layout (Muon's memory and Newton-Schulz time are estimated for the optimizer asked for)."""
