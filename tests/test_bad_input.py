@@ -131,6 +131,7 @@ def test_a_choice_nothing_resembles_gets_no_guess():
                                   "'true'."),
     ("headroom", "0.1", "Send headroom as a JSON number, headroom=0.1, not the string '0.1'."),
     ("tp", "x", None),  # nothing to convert: no hint
+    ("headroom", "inf", None),  # text that reads as a number JSON cannot send: no hint (it said 'headroom=None')
 ])
 def test_a_number_sent_as_text_says_what_to_send_on_the_api_and_mcp(field, given, hint):
     from meshplan.core.errors import MeshplanError

@@ -204,7 +204,7 @@ def _as_json(kind: str, given: Any) -> tuple[str, str] | None:
             number = float(text)
         except ValueError:
             return None
-        return "number", repr(number) if math.isfinite(number) else None
+        return ("number", repr(number)) if math.isfinite(number) else None
     return None
 
 
