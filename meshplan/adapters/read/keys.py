@@ -296,9 +296,10 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
             elif said := section.said.get(normalize(s.key)):
                 reading.notes.append(f"{s.where(reading.path)} = {s.value}: {said}")
             elif not IRRELEVANT.search(normalize(s.key).lstrip("-")):
-                said = f"{s.where(reading.path)} = {s.value}: no meshplan field{misspelt_hint(s.key, table)}"
+                hint = misspelt_hint(s.key, table)
+                said = f"{s.where(reading.path)} = {s.value}: no meshplan field{hint}"
                 reading.unsupported.append(said)
-                if said.endswith(")"):  # a hint: the key is one slip from one meshplan reads
+                if hint:  # the key is one slip from one meshplan reads
                     reading.misspelt.append(said)
             continue
         if s.value == "" or s.value is None:
