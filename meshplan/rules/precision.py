@@ -183,21 +183,3 @@ def muon_the_framework_cannot_run(ctx: Context) -> Values:
                 "fix": "Leave optimizer_state_dtype and the optimizer offload out (fp32 momentum on the GPU), or "
                        "use optimizer=adam."}
     return None
-    card = ctx.card
-    values = {"framework": card.display_name, "zero": p.zero_stage}
-    instead = _lacks(ctx.card, "optimizer")
-    if instead:
-        return {**values, "why": f"{card.display_name} has no Muon meshplan can write", "fix": instead}
-    if p.zero_stage >= 2:  # the fix also names what the branch below would refuse at zero_stage 1
-        also = "".join(f" and {c}" for c, on in (("optimizer_state_dtype=fp32", p.optimizer_state_dtype not in
-                                                  (None, "fp32")), ("optimizer_offload=false", _offloads_optimizer(p)))
-                       if on)
-        return {**values, "why": "Megatron-Core's Muon supports neither torch FSDP2 nor Megatron-FSDP",
-                "fix": f"Use zero_stage=1{also} (Muon's layer-wise distributed optimizer) or 0, or leave optimizer "
-                       "out."}
-    if p.optimizer_state_dtype not in (None, "fp32") or _offloads_optimizer(p):
-        return {**values, "why": "the precision-aware and CPU-offloaded optimizers need Megatron's distributed "
-                                 "optimizer, which Muon replaces by its layer-wise one",
-                "fix": "Leave optimizer_state_dtype and the optimizer offload out (fp32 momentum on the GPU), or "
-                       "use optimizer=adam."}
-    return None
