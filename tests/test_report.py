@@ -75,6 +75,19 @@ def test_report_draws_the_api_numbers(name):
     assert dom.having("line", "headroom-line") and dom.having("line", "capacity")
 
 
+def test_the_limit_labels_are_drawn_over_the_bars_with_a_halo():
+    """A stage bar reaching the right edge hid the headroom line's label (DeepSeek-V3 PP16: the last bars end under
+    it): the capacity and headroom labels come after every bar in the picture's order, with svg.css's halo."""
+    report = report_for("dense_pp_vpp")
+    memory = next(f for f in figures(report) if f.id == "memory")
+    kinds = [(shape.kind, shape.css) for shape in memory.shapes]
+    labels = [i for i, (kind, css) in enumerate(kinds) if kind == "text" and "limit-label" in css.split()]
+    bars = [i for i, (kind, css) in enumerate(kinds) if kind == "rect" and "stage-bar" in css.split()]
+    assert len(labels) == 2 and bars and min(labels) > max(bars)
+    assert [memory.shapes[i].text.split()[0] for i in labels] == ["capacity", "headroom"]
+    assert "text.limit-label { paint-order: stroke;" in render_html(report)
+
+
 @pytest.mark.parametrize("name", [n for n in CASES if n != "nothing_fits"])
 def test_mesh_draws_every_group(name):
     report = report_for(name)

@@ -56,14 +56,18 @@ def _axis(top: float, width: float) -> list[Shape]:
     return shapes
 
 
-def _limits(report: MemoryReport, budget: int, headroom: float, top: float, width: float) -> list[Shape]:
+def _limits(report: MemoryReport, budget: int, headroom: float, top: float, width: float
+            ) -> tuple[list[Shape], list[Shape]]:
+    """The capacity and headroom lines, and their labels: drawn after the bars, with a halo (svg.css limit-label),
+    so a bar reaching the right edge does not hide them."""
     cap_y, budget_y = _y(report.capacity_bytes, top), _y(budget, top)
-    return [
-        line(LEFT, cap_y, width - 10, cap_y, "#000", "capacity"),
-        text(width - 12, cap_y - 4, f"capacity {gib_text(report.capacity_bytes)}", "label", anchor="end"),
-        line(LEFT, budget_y, width - 10, budget_y, NETWORK, "headroom-line", dash=True),
-        text(width - 12, budget_y + 13, f"headroom line: {headroom:.0%} free", "label", anchor="end"),
-    ]
+    lines = [line(LEFT, cap_y, width - 10, cap_y, "#000", "capacity"),
+             line(LEFT, budget_y, width - 10, budget_y, NETWORK, "headroom-line", dash=True)]
+    labels = [text(width - 12, cap_y - 4, f"capacity {gib_text(report.capacity_bytes)}", "label limit-label",
+                   anchor="end"),
+              text(width - 12, budget_y + 13, f"headroom line: {headroom:.0%} free", "label limit-label",
+                   anchor="end")]
+    return lines, labels
 
 
 def _stage_bar(stage: StageMemory, x: float, w: float, top: float, peak: bool) -> list[Shape]:
@@ -105,9 +109,11 @@ def memory_figure(report: MemoryReport, budget: int, headroom: float) -> Figure:
     bar = min(60.0, slot * 0.6)
     tallest = max([s.total_bytes for s in report.stages] + [s.host_bytes for s in report.stages])
     top = max(report.capacity_bytes, tallest) * 1.08
-    shapes = [*_axis(top, width), *_limits(report, budget, headroom, top, width)]
+    limit_lines, limit_labels = _limits(report, budget, headroom, top, width)
+    shapes = [*_axis(top, width), *limit_lines]
     for i, stage in enumerate(report.stages):
         shapes += _stage_bar(stage, LEFT + 10 + i * slot, bar, top, stage.stage == report.peak_stage)
+    shapes += limit_labels
     shapes.append(text(LEFT + (width - LEFT) / 2, TOP + PLOT_H + 34, "pipeline stage", "label", anchor="middle"))
     shapes += _legend(LEFT, TOP + PLOT_H + 46)
     rows = [[str(s.stage), str(s.layers), *(gib_text(b) for _, b in stage_parts(s)), gib_text(s.total_bytes),
