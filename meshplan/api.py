@@ -112,9 +112,17 @@ def check_config(req: Request, *, config: ImportedConfig | None = None) -> Check
     from meshplan.adapters.read.fixes import config_fixes
 
     return report.model_copy(update={"config_fixes": config_fixes(config, report.findings, report.plan.model_dump()),
-                                     "config_unread": config.unsupported + config.unresolved,
+                                     "config_unread": config.unsupported + [
+                                         line for line in config.unresolved if not _settled_beside(line, req, config)],
                                      "config_assumed": [line for line in config.assumed
                                                         if not _given_beside(line.split(" = ", 1)[0], req, config)]})
+
+
+def _settled_beside(line: str, req: Request, config: ImportedConfig) -> bool:
+    """Whether what the file leaves unread (an `unresolved` line naming request fields, 'num_gpus: the file does not
+    say how many GPUs (pass --num-gpus)') was given beside it: the check ran with the flag, so the line is not said."""
+    names = [name.strip() for name in line.split(":", 1)[0].split(",")]
+    return all(name in Request.model_fields and _given_beside(name, req, config) for name in names)
 
 
 def _given_beside(name: str, req: Request, config: ImportedConfig) -> bool:

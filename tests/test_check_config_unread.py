@@ -30,3 +30,33 @@ def test_check_from_a_file_says_what_the_file_states_that_meshplan_cannot_expres
     with redirect_stdout(out):
         cli.main(["check", "--config", str(path), "--gpu", "h100", "--num-gpus", "64"])
     assert "meshplan cannot express" in out.getvalue() and "Llama4Router" in out.getvalue()
+
+
+TORCHTITAN = """[model]
+name = "llama3"
+flavor = "8B"
+
+[training]
+local_batch_size = 1
+seq_len = 8192
+
+[parallelism]
+data_parallel_shard_degree = -1
+"""
+
+
+def test_a_field_the_file_leaves_unread_is_not_said_once_given_beside_it(tmp_path):
+    """torchtitan's TOML states no GPU count: import says 'num_gpus: ... (pass --num-gpus)'; a check run with
+    --num-gpus beside the file said it again as what the check does not cover, though it ran at the flag's count."""
+    imported = api.import_config(TORCHTITAN, path="llama3_8b.toml")
+    assert [u for u in imported.unresolved if u.startswith("num_gpus:")]
+    req = api.request_from_config(imported, {"gpu": "h100", "num_gpus": 8})
+    assert not [u for u in api.check_config(req, config=imported).config_unread if u.startswith("num_gpus:")]
+    answer = tools.check_config(config_text=TORCHTITAN, gpu="h100", num_gpus=8)
+    assert answer.ok and not [u for u in answer.config_unread if u.startswith("num_gpus:")]
+    path = tmp_path / "llama3_8b.toml"
+    path.write_text(TORCHTITAN, encoding="utf-8")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        cli.main(["check", "--config", str(path), "--gpu", "h100", "--num-gpus", "8"])
+    assert "the file does not say how many GPUs" not in out.getvalue() and ": ok" in out.getvalue()
