@@ -216,6 +216,18 @@ def test_rl_phases_are_drawn_with_their_memory():
     assert {"rollout", "log_prob", "actor_update"} <= set(drawn)
 
 
+def test_each_candidate_s_bars_carry_their_values():
+    """The candidates picture had two unlabelled bars per layout (its numbers only in the table beside it): each
+    bar now shows its tokens/s per GPU and its peak GiB, the candidate's own figures."""
+    report = report_for("recommend")
+    picture = next(f for f in figures(report) if f.id == "candidates")
+    values = [shape.text for shape in picture.shapes if shape.kind == "text" and "bar-value" in shape.css.split()]
+    expected = []
+    for c in report.recommendation.candidates:
+        expected += [f"{c.throughput.tokens_per_s_per_gpu:,.0f}", f"{c.memory.peak_bytes / 2**30:,.1f} GiB"]
+    assert values == expected
+
+
 def test_recommend_draws_the_candidates_and_the_first_one_in_full():
     report = report_for("recommend")
     rec = report.recommendation

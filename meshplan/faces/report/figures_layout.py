@@ -10,7 +10,7 @@ from meshplan.arithmetic.mesh import MeshAxis
 from meshplan.arithmetic.pipeline_timeline import Shape as TimelineShape
 from meshplan.arithmetic.pipeline_timeline import rank_actions, timed_actions
 from meshplan.arithmetic.schedule import plan_shape
-from meshplan.core.units import plural
+from meshplan.core.units import GIB, plural
 from meshplan.faces.report.gather import PlanReport
 from meshplan.faces.report.shapes import (
     GROUP_COLOURS,
@@ -208,12 +208,16 @@ def _column(x: float, label: str, speed: float, fastest: float, peak: int, capac
         sh = h * speed / fastest
         shapes.append(rect(x, top + h - sh, 34, sh, "#0072B2", f"{css} speed", f"{label}: {speed:,.0f} tokens/s/GPU",
                            tokens_per_s_per_gpu=speed))
+        if speed > 0:  # the value on the bar: the picture reads without its table
+            shapes.append(text(x + 17, top + h - sh - 3, f"{speed:,.0f}", "tick bar-value", anchor="middle"))
     mh = h * min(peak / capacity, 1.2) / 1.2
     shapes += [rect(x + 40, top + h - mh, 34, mh, NETWORK if peak > capacity else "#009E73", f"{css} peak",
                     f"{label}: peak {gib_text(peak)}", peak_bytes=peak),
                line(x + 38, top + h - h / 1.2, x + 78, top + h - h / 1.2, "#000", "capacity")]
     if peak > 1.2 * capacity:  # the bar stops at 1.2 x capacity: its top says how far over it goes
         shapes.append(text(x + 57, top - 4, f"{peak / capacity:.1f}× capacity", "tick clipped", anchor="middle"))
+    else:
+        shapes.append(text(x + 57, top + h - mh - 3, f"{peak / GIB:,.1f} GiB", "tick bar-value", anchor="middle"))
     return shapes
 
 
