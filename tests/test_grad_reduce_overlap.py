@@ -131,16 +131,54 @@ def test_bridge_render_writes_both_ddp_switches_and_reads_them_back(on):
     assert imported.request["grad_reduce_overlap"] is on and not imported.unsupported
 
 
-@pytest.mark.parametrize("on", [True, False])
-def test_zero3_says_its_layer_transfers_are_still_timed_overlapped(on):
-    """Under ZeRO-3 the switch does not move the per-layer schedule's time (not modelled there): the step is the same
-    and the DP assumption says so where it is off, rather than a silent figure."""
-    job, plan = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework="deepspeed", zero_stage=3,
+def _zero3(framework: str, on: bool):
+    job, plan = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework=framework, zero_stage=3,
                                 grad_reduce_overlap=on))
-    report = estimate_throughput(job, plan)
-    base = estimate_throughput(*resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework="deepspeed",
-                                                zero_stage=3)))
+    return job, plan, estimate_throughput(job, plan)
+
+
+def test_in_line_sharding_waits_for_every_transfer_whole():
+    """ShardingSchedule.overlapped false: each unit's all-gathers (forward and, resharded, backward) and
+    reduce-scatter are summed whole, where exposed_sharding hides them behind the neighbouring units' compute."""
+    from meshplan.estimate.sharding_traffic import (
+        ShardingSchedule,
+        ShardUnit,
+        exposed_by_schedule,
+        exposed_sharding,
+    )
+    units = (ShardUnit(1, 0.5, 0.0, 0.2, 0.4), ShardUnit(30, 0.3, 0.6, 1.0, 2.0),
+             ShardUnit(1, 0.7, 1.1, 0.5, 1.0, resharded=False))
+    moved = 2 * 0.5 + 30 * (2 * 0.3 + 0.6) + (0.7 + 1.1)  # the last unit kept gathered: no backward all-gather
+    hidden = exposed_by_schedule(units, ShardingSchedule(True, True, True, True))
+    in_line = exposed_by_schedule(units, ShardingSchedule(True, True, True, True, overlapped=False))
+    assert in_line.micro == pytest.approx(moved)
+    assert hidden.micro == pytest.approx(exposed_sharding(units, True, True, True)) and hidden.micro < moved
+    assert in_line.step_gather == in_line.step_reduce == 0.0
+
+
+def test_deepspeed_zero3_with_overlap_comm_false_runs_its_transfers_in_line():
+    """DeepSpeed's ZeRO-3 puts its all-gathers (partitioned_param_coordinator's __allgather_stream) and reduce-scatters
+    (stage3's reduce_and_partition_stream) on the default stream when overlap_comm is false (the card's
+    zero3_prefetch.compute_stream_without_overlap): the step waits for every transfer, and the DP assumption says so."""
+    job, _, off = _zero3("deepspeed", False)
+    _, _, on = _zero3("deepspeed", True)
+    assert job.card.zero3_prefetch.compute_stream_without_overlap
+    assert off.breakdown.dp_comm_s > on.breakdown.dp_comm_s and off.step_time_s > on.step_time_s
+    # only the sharding traffic moves: compute, recompute and the other collectives are the same
+    for part in ("compute_s", "recompute_s", "tp_comm_s", "ep_comm_s", "pp_comm_s"):
+        assert getattr(off.breakdown, part) == getattr(on.breakdown, part)
+    [dp] = [a for a in off.assumptions if a.startswith("DP (ZeRO-3")]
+    assert "runs on the compute stream" in dp and "waits whole" in dp
+    [dp_on] = [a for a in on.assumptions if a.startswith("DP (ZeRO-3")]
+    assert "hides behind the neighbouring layer" in dp_on
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_megatron_fsdp_says_its_layer_transfers_are_still_timed_overlapped(on):
+    """Megatron-FSDP's card states no stream for its transfers with the switch off: the step is the same either way
+    and the DP assumption says it is not modelled, rather than a silent figure."""
+    _, _, report = _zero3("megatron-core", on)
+    _, _, base = _zero3("megatron-core", True)
     assert report.step_time_s == base.step_time_s
-    dp = [a for a in report.assumptions if a.startswith("DP (ZeRO-3")]
-    assert len(dp) == 1
-    assert ("grad_reduce_overlap=false is not modelled on this schedule" in dp[0]) is (not on)
+    [dp] = [a for a in report.assumptions if a.startswith("DP (ZeRO-3")]
+    assert ("grad_reduce_overlap=false is not modelled on this schedule" in dp) is (not on)

@@ -204,6 +204,10 @@ NAMED = [
     # tries every stage the request leaves open: it ranks 2.040 s (ZeRO 3, full recompute) first.
     dict(model="moonlight-16b-a3b", num_gpus=8, gpu="h100", framework="skyrl", seq_length=8192, global_batch_size=32,
          expandable_segments=True),
+    # DeepSpeed ZeRO-3 with overlap_comm false runs every all-gather and reduce-scatter in line with the compute
+    # (ShardingSchedule.overlapped): its plans' steps rise above the sharding floor the bounds read, never under it.
+    dict(model="llama-3.1-8b", num_gpus=8, gpu="a100-80gb", framework="deepspeed", grad_reduce_overlap=False,
+         zero_stage=3, seq_length=8192, global_batch_size=16),
 ]
 
 

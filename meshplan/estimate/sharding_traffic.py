@@ -260,6 +260,9 @@ class ShardingSchedule:
     grads_sharded: bool  # ZeRO-2/3 / FSDP: gradients reduce-scattered into shards
     gather_each_microbatch: bool  # freed after forward, gathered forward and backward in every micro-batch
     reduce_each_microbatch: bool  # every backward reduce-scatters (else only the last micro-batch's)
+    # False where the engine runs each unit's transfers on the compute stream (the card's zero3_prefetch
+    # compute_stream_without_overlap, with the plan's grad_reduce_overlap off): nothing hides them
+    overlapped: bool = True
 
     @property
     def per_step(self) -> bool:
@@ -275,7 +278,10 @@ def sharding_schedule(job: Job, plan: Plan) -> ShardingSchedule:
     keep = params and keeps_gathered(job.card, plan.pp)
     defer = grads and holds_grads(job.card, plan.pp, plan.num_microbatches(job.global_batch_size),
                                   plan.defer_fsdp_grad_sync)
-    return ShardingSchedule(params, grads, params and not keep, grads and not defer)
+    prefetch = job.card.zero3_prefetch
+    in_line = (params and not plan.grad_reduce_overlap and prefetch is not None
+               and prefetch.compute_stream_without_overlap)
+    return ShardingSchedule(params, grads, params and not keep, grads and not defer, not in_line)
 
 
 class ShardingExposed(NamedTuple):
@@ -287,10 +293,17 @@ class ShardingExposed(NamedTuple):
     step_reduce: float = 0.0
 
 
+def in_line_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, reduce: bool) -> float:
+    """exposed_sharding's pass where every transfer runs on the compute stream (ShardingSchedule.overlapped false):
+    each all-gather and reduce-scatter waits whole, the same transfers exposed_sharding moves."""
+    return sum(u.count * ((u.gather if gather_fwd else 0.0) + (u.gather if gather_bwd and u.resharded else 0.0)
+                          + (u.reduce if reduce else 0.0)) for u in units)
+
+
 def exposed_by_schedule(units: Sequence[ShardUnit], sched: ShardingSchedule) -> ShardingExposed:
     """The units' exposed traffic split as the schedule runs it: per micro-batch or once per step."""
+    exposed = exposed_sharding if sched.overlapped else in_line_sharding
     return ShardingExposed(
-        exposed_sharding(units, sched.gather_each_microbatch, sched.gather_each_microbatch,
-                         sched.reduce_each_microbatch),
-        exposed_sharding(units, sched.params_sharded and not sched.gather_each_microbatch, False, False),
-        exposed_sharding(units, False, False, sched.grads_sharded and not sched.reduce_each_microbatch))
+        exposed(units, sched.gather_each_microbatch, sched.gather_each_microbatch, sched.reduce_each_microbatch),
+        exposed(units, sched.params_sharded and not sched.gather_each_microbatch, False, False),
+        exposed(units, False, False, sched.grads_sharded and not sched.reduce_each_microbatch))

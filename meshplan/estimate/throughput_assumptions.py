@@ -80,16 +80,20 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
               "bf16 parameters all-gathered layer by layer once per step (kept gathered across micro-batches)"
               if sched.params_sharded else "bf16 parameters all-gathered once per step after the optimizer")
     grads = "every micro-batch" if sched.reduce_each_microbatch else "in the last micro-batch only"
-    return (f"DP (ZeRO-{plan.zero_stage} / FSDP schedule of {job.framework}): {params}; gradients reduce-scattered "
+    head = (f"DP (ZeRO-{plan.zero_stage} / FSDP schedule of {job.framework}): {params}; gradients reduce-scattered "
             f"layer by layer in {nbytes:.0f}-byte elements over dp x cp {grads}"
-            + (" (routed experts over expert-DP)" if job.model.moe is not None and plan.ep > 1 else "")
-            + ". Each transfer runs on its own stream and hides behind the neighbouring layer's compute and its "
+            + (" (routed experts over expert-DP)" if job.model.moe is not None and plan.ep > 1 else ""))
+    if not sched.overlapped:  # the card's zero3_prefetch.compute_stream_without_overlap, the switch off
+        return (head + ". grad_reduce_overlap=false (DeepSpeed's zero_optimization.overlap_comm false): every "
+                "all-gather and reduce-scatter runs on the compute stream (cards/frameworks/deepspeed.yaml "
+                "zero3_prefetch), so each waits whole and none hides behind a layer's compute.")
+    return (head + ". Each transfer runs on its own stream and hides behind the neighbouring layer's compute and its "
             "TP / CP / EP collectives over the other kind of link (NVLink against network; exposed: what exceeds "
             "them, plus the first layer's all-gather and the last one's reduce-scatter)."
             + ("" if plan.grad_reduce_overlap else
                " grad_reduce_overlap=false is not modelled on this schedule: its layer-by-layer transfers are timed as "
-               "overlapped as above, where an engine that runs them on the compute stream (DeepSpeed ZeRO-3 with "
-               "overlap_comm false) takes longer than this estimate."))
+               "overlapped as above (whether this engine then runs them on the compute stream, as DeepSpeed ZeRO-3 "
+               "does, is not in its card)."))
 
 
 def hybrid_sharding_assumption(plan: Plan) -> str:

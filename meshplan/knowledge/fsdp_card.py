@@ -53,4 +53,8 @@ class Zero3Prefetch(_Card):
 
     max_live_parameters: float = Field(gt=0, description="stage3_max_live_parameters default, elements")
     prefetch_bucket_size: float = Field(ge=0, description="stage3_prefetch_bucket_size default, elements")
+    compute_stream_without_overlap: bool = Field(
+        default=False, description="Whether the engine runs its per-unit all-gathers and reduce-scatters on the "
+                                   "compute stream when the plan's grad_reduce_overlap is off (DeepSpeed's "
+                                   "overlap_comm false): every transfer then waits whole, none hidden")
     source: str
