@@ -492,7 +492,9 @@ def _grad_reduce_overlap(req: Request, card, notes: list[str]) -> bool:
         notes.append("grad_reduce_overlap=false: the data-parallel gradient reduction (and ZeRO-1/2's gather of the "
                      "updated parameters) runs after the backward, none of it hidden (cards/calibration.yaml "
                      "dp_overlap, zero_grad_overlap, param_gather_overlap apply only with it on); under ZeRO-3 / "
-                     "FSDP the layer-by-layer transfers are still timed as overlapped (the DP assumption says so).")
+                     "FSDP the layer-by-layer transfers wait whole where the framework then runs them on the "
+                     "compute stream (DeepSpeed: card zero3_prefetch), else they are still timed as overlapped (the "
+                     "DP assumption says which).")
     return req.grad_reduce_overlap is not False
 
 
