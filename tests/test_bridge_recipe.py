@@ -159,3 +159,35 @@ def test_a_recipe_whose_model_a_provider_function_builds_maps_to_the_catalog_mod
     vocab = [u for u in result.unsupported if "vocab_size" in u]
     assert bool(vocab) == ("peft" in recipe) and all("163842" in u and "163840" in u for u in vocab)
     api.check_config(api.request_from_config(result), config=result)
+
+
+@pytest.mark.parametrize(("body", "overlap"), [
+    ("", False),  # _sft_common's ddp: overlap_grad_reduce left at Megatron-Core's False
+    ("    cfg.ddp.overlap_grad_reduce = True\n", True),  # the file's own key wins
+    ("    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)\n", None),  # may turn it on: left to the default
+])
+def test_an_sft_recipe_runs_its_base_recipe_s_dp_overlap(tmp_path, body, overlap):
+    """Megatron-Bridge's recipes/common.py _sft_common and _peft_common build their DistributedDataParallelConfig without
+    overlap_grad_reduce / overlap_param_gather (Megatron-Core's default False) and comm_overlap=None, where
+    _pretrain_common sets both True; an SFT or PEFT recipe that sets neither was read as meshplan's default, on."""
+    text = ("def llama3_8b_sft_8gpu_h100_bf16_config() -> ConfigContainer:\n    cfg = _sft_common()\n"
+            f"    cfg.model.tensor_model_parallel_size = 2\n{body}    return cfg\n")
+    _, result = _imported(tmp_path / "llama3_sft.py", text, "llama3_8b_sft_8gpu_h100_bf16_config")
+    assert result.request.get("grad_reduce_overlap") is overlap
+    if overlap is False:
+        assert "recipe name llama3_8b_sft_8gpu_h100_bf16_config" in result.sources["grad_reduce_overlap"]
+        req = api.request_from_config(result)
+        assert req.grad_reduce_overlap is False
+    pretrain = text.replace("_sft_", "_pretrain_").replace("_sft_common", "_pretrain_common")
+    _, trained = _imported(tmp_path / "llama3_pretrain.py", pretrain, "llama3_8b_pretrain_8gpu_h100_bf16_config")
+    assert trained.request.get("grad_reduce_overlap") is (True if overlap else None)
+
+
+def test_a_run_recipe_script_of_a_peft_recipe_reads_its_dp_overlap_off():
+    text = ("torchrun --nproc_per_node=8 examples/recipes/run_recipe.py "
+            "--recipe llama3_8b_peft_8gpu_h100_bf16_config\n")
+    result = api.import_config(text, path="peft.sh", framework="megatron-bridge")
+    assert result.request["job"] == "lora" and result.request["grad_reduce_overlap"] is False
+    overridden = api.import_config(text.rstrip("\n") + " ddp.overlap_grad_reduce=true\n", path="peft.sh",
+                                   framework="megatron-bridge")
+    assert overridden.request["grad_reduce_overlap"] is True

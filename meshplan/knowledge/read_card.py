@@ -53,6 +53,10 @@ class RecipeNames(_Card):
 
     jobs: dict[str, JobKind]
     precisions: dict[str, RecipePrecision]
+    grad_reduce_overlap: dict[str, bool] = Field(
+        default_factory=dict, description="Per job word, the DP overlap its recipes run with where the file sets "
+                                          "neither ddp.overlap_grad_reduce nor cfg.comm_overlap (a job not listed: "
+                                          "meshplan's default, on)")
     source: str
 
 

@@ -52,6 +52,8 @@ def name_facts(name: str) -> tuple[dict[str, Any], list[str]]:
         raise CardError("cards/frameworks/megatron-bridge.yaml: read.recipe_names is missing; a recipe's name is read "
                         "with it.")
     fields: dict[str, Any] = {"job": spec.jobs[found.group("job")]}
+    if found.group("job") in spec.grad_reduce_overlap:  # its base recipe's ddp (card read.recipe_names)
+        fields["grad_reduce_overlap"] = spec.grad_reduce_overlap[found.group("job")]
     left: list[str] = []
     models = recipe_models(found.group("model"))
     if models:
@@ -120,6 +122,11 @@ def _assignments(node: ast.FunctionDef, functions: dict[str, ast.FunctionDef], c
             while isinstance(at, ast.Attribute):
                 parts.insert(0, at.attr)
                 at = at.value
+            if isinstance(at, ast.Name) and at.id == "cfg" and parts == ["comm_overlap"]:
+                # the comm-overlap helper object: kept (not read) only so that state_name_facts knows it is set
+                if not (isinstance(value, ast.Constant) and value.value is None):
+                    settings.append(Setting("comm_overlap", Computed(ast.unparse(value)), stmt.lineno))
+                continue
             if isinstance(at, ast.Name) and at.id == "cfg" and len(parts) >= 2:
                 try:
                     literal = _literal(value, constants)
@@ -219,7 +226,8 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
     say_computed(reading, list(last.values()))
     layout_helpers(reading, functions[name])
     state_hf_model(reading, functions[name], functions, constants)
-    state_name_facts(reading, name, functions[name].lineno)
+    state_name_facts(reading, name, functions[name].lineno, any(key == "comm_overlap" or key.startswith("comm_overlap.")
+                                                                for key in last))
     recipe_overrides(reading, list(latest.values()), section)
     restated_architecture(reading, list(latest.values()), section)
     reading.notes.append(f"read recipe {name}()" + (f"; its base recipes {', '.join(elsewhere)} are in other "
@@ -303,11 +311,17 @@ def state_hf_model(reading: Reading, node: ast.FunctionDef, functions: dict[str,
     reading.state("model", key, f"{reading.path}:{found[1]} AutoBridge.from_hf_pretrained({found[0]!r})")
 
 
-def state_name_facts(reading: Reading, name: str, line: int | None) -> None:
-    """The fields a recipe's name states, where the file does not state them itself."""
+def state_name_facts(reading: Reading, name: str, line: int | None, comm_overlap: bool = False) -> None:
+    """The fields a recipe's name states, where the file does not state them itself. `comm_overlap`: the file sets
+    cfg.comm_overlap, which turns the DP overlap on where data_parallel_size > 1 unless it sets it (Bridge's
+    training/comm_overlap.py): the job's base recipe's DP overlap is then not stated (meshplan's default, on)."""
     fields, left = name_facts(name)
     where = f"{reading.path}" + (f":{line}" if line else "") + f" recipe name {name}"
+    if comm_overlap:
+        fields.pop("grad_reduce_overlap", None)
     for field, value in fields.items():
         if field not in reading.request:
-            reading.state(field, value, where)
+            reading.state(field, value, where + (" (its job's base recipe leaves ddp.overlap_grad_reduce at "
+                                                 "Megatron-Core's default, off)" if field == "grad_reduce_overlap"
+                                                 else ""))
     reading.unresolved += [x for x in left if not (x.startswith("model ") and "model" in reading.request)]

@@ -497,7 +497,8 @@ def read_bridge(text: str, path: str) -> Reading:
     world(reading)
     recipe = reading.value("recipe")
     if recipe is not None:
-        state_name_facts(reading, str(recipe), reading.extra["recipe"][1].line)
+        state_name_facts(reading, str(recipe), reading.extra["recipe"][1].line,
+                         any(s.key == "comm_overlap" or s.key.startswith("comm_overlap.") for s in settings))
         recipe_overrides(reading, settings, section)  # before restated_architecture: it may change the model
         reading.notes.append(f"recipe {recipe}: the fields it sets and the file does not override are the "
                              "recipe's (its name's model, GPUs and precision are read; its body is read from its "
