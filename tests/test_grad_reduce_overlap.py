@@ -182,3 +182,20 @@ def test_megatron_fsdp_says_its_layer_transfers_are_still_timed_overlapped(on):
     assert report.step_time_s == base.step_time_s
     [dp] = [a for a in report.assumptions if a.startswith("DP (ZeRO-3")]
     assert ("grad_reduce_overlap=false is not modelled on this schedule" in dp) is (not on)
+
+
+def test_deepspeed_zero0_all_reduces_after_the_backward_whatever_the_switch():
+    """Without ZeRO, DeepSpeedEngine.backward all-reduces the gradients only once the loss's backward has returned
+    (allreduce_gradients, buffered_allreduce_fallback): cards/calibration.yaml frameworks.deepspeed dp_overlap 0, where
+    Megatron-Core's --overlap-grad-reduce hides dp_overlap of the same all-reduce behind the backward."""
+    def zero0(framework: str, on: bool):
+        return estimate_throughput(*resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=64, framework=framework,
+                                                    zero_stage=0, tp=1, pp=1, grad_reduce_overlap=on)))
+    assert calibration("deepspeed").dp_overlap == 0.0 and calibration("megatron-core").dp_overlap > 0.0
+    on, off = zero0("deepspeed", True), zero0("deepspeed", False)
+    assert on.step_time_s == off.step_time_s and on.breakdown.dp_comm_s == off.breakdown.dp_comm_s
+    megatron_on, megatron_off = zero0("megatron-core", True), zero0("megatron-core", False)
+    assert megatron_on.breakdown.dp_comm_s < megatron_off.breakdown.dp_comm_s
+    assert on.breakdown.dp_comm_s == pytest.approx(megatron_off.breakdown.dp_comm_s)  # the same all-reduce, exposed
+    [dp] = [a for a in on.assumptions if a.startswith("DP:")]
+    assert "all-reduced after the last backward, none of it hidden" in dp

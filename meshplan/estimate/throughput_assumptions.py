@@ -69,7 +69,8 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     nbytes = grad_reduce_bytes(plan, cal)  # the plan's grad_reduce_in_fp32, else the framework's default
     if not sched.per_step:
         return (f"DP: gradients reduced in {nbytes:.0f}-byte elements over dp x cp once per step, "
-                + (f"overlapped with {dp_hidden_share(plan, cal.dp_overlap):.0%} of the last backward."
+                + ((f"overlapped with {hidden:.0%} of the last backward." if (hidden := dp_hidden_share(
+                    plan, cal.dp_overlap)) else "all-reduced after the last backward, none of it hidden.")
                    if plan.zero_stage == 0
                    else ("all-reduced" if cal.zero_grad_allreduce >= 0.5 else "reduce-scattered")
                    + f" with {dp_hidden_share(plan, cal.zero_grad_overlap):.0%} of the last backward hiding it; then "
