@@ -36,8 +36,7 @@ class ShardUnit(NamedTuple):
     def moved(self, gathered: bool, reduced: bool) -> float:
         """Seconds of all its traffic in one forward and backward, hidden or not: each unit's all-gather forward
         and, resharded, again backward (`gathered`), and its reduce-scatter (`reduced`)."""
-        gathers = (2 if self.resharded else 1) * self.gather if gathered else 0.0
-        return self.count * (gathers + (self.reduce if reduced else 0.0))
+        return in_line_sharding((self,), gathered, gathered, reduced)
 
 
 def grad_reduce_bytes(plan: Plan, cal: Calibration) -> float:
