@@ -138,6 +138,9 @@ class OptimizerStepBytes(_Card):
     # when the optimizer's per-parameter state is first allocated: inside the first step(), or at construction
     # (cards/memory.yaml optimizer_state_allocation_source)
     state_allocated: Literal["first_step", "init"] = "first_step"
+    # the step's HBM traffic per fp32 parameter where its kernels make more passes than one fused read-modify-write
+    # (the step time reads it; None: cards/calibration.yaml optimizer_bytes_per_param, the fused step's)
+    hbm_bytes_per_param: float | None = Field(None, gt=0)
     source: str
 
 
@@ -381,6 +384,13 @@ def optimizer_implementation(job: Job, plan: Plan) -> OptimizerImplementation:
     facts = card.optimizer_step
     engine = card.engine.by_zero_stage[plan.zero_stage]
     return facts.by_engine.get(engine, "fused") if facts is not None else "fused"
+
+
+def optimizer_step_bytes(job: Job, plan: Plan) -> float | None:
+    """HBM bytes per parameter of the job's Adam step where its implementation (optimizer_implementation) makes more
+    passes than one fused read-modify-write (cards/memory.yaml optimizer_steps hbm_bytes_per_param: torch's foreach
+    and per-tensor steps); None for a fused step (the time reads cards/calibration.yaml optimizer_bytes_per_param)."""
+    return memory_card().optimizer_steps[optimizer_implementation(job, plan)].hbm_bytes_per_param
 
 
 def optimizer_step_temporaries(step: OptimizerStepBytes, tensors: list[StateTensor], *, stepped: float,

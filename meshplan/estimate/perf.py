@@ -29,7 +29,7 @@ from meshplan.arithmetic.comm import Links, allreduce_time, job_links, p2p_time,
 from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token, weight_gradient_share
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
-from meshplan.arithmetic.memory_states import built_vocab, convention, uses_fsdp
+from meshplan.arithmetic.memory_states import built_vocab, convention, optimizer_step_bytes, uses_fsdp
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.arithmetic.param_wrapper import param_wrapper_step_flops
 from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
@@ -674,7 +674,8 @@ def _optimizer_seconds(row: StageTime, inp: StageInputs, m: int) -> float:
     expert_local = row.expert_params / (shard_group or expert_group)
     muon_local = (row.muon.dense / (shard_group or dense_group)
                   + row.muon.expert / (shard_group or expert_group))
-    opt = ((dense_local + expert_local - muon_local) * cal.optimizer_bytes_per_param
+    adam_bytes = optimizer_step_bytes(inp.job, inp.plan) or cal.optimizer_bytes_per_param  # foreach: more passes
+    opt = ((dense_local + expert_local - muon_local) * adam_bytes
            + muon_local * cal.muon_bytes_per_param) / ctx.hbm + row.muon.seconds
     opt += m * (row.dense_params + row.expert_params) * cal.grad_accum_bytes_per_param / ctx.hbm
     return opt
