@@ -12,6 +12,7 @@ import pytest
 
 from meshplan.arithmetic.comm import links, ring_time
 from meshplan.estimate.perf import estimate_throughput
+from meshplan.estimate.sharding_traffic import ShardingSchedule, ShardUnit, exposed_by_schedule, exposed_sharding
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.model_counts import total_params
 from meshplan.request.resolve import resolve
@@ -140,12 +141,6 @@ def _zero3(framework: str, on: bool):
 def test_in_line_sharding_waits_for_every_transfer_whole():
     """ShardingSchedule.overlapped false: each unit's all-gathers (forward and, resharded, backward) and
     reduce-scatter are summed whole, where exposed_sharding hides them behind the neighbouring units' compute."""
-    from meshplan.estimate.sharding_traffic import (
-        ShardingSchedule,
-        ShardUnit,
-        exposed_by_schedule,
-        exposed_sharding,
-    )
     units = (ShardUnit(1, 0.5, 0.0, 0.2, 0.4), ShardUnit(30, 0.3, 0.6, 1.0, 2.0),
              ShardUnit(1, 0.7, 1.1, 0.5, 1.0, resharded=False))
     moved = 2 * 0.5 + 30 * (2 * 0.3 + 0.6) + (0.7 + 1.1)  # the last unit kept gathered: no backward all-gather

@@ -128,7 +128,8 @@ class OptimizerStepBytes(_Card):
     """What one optimizer implementation allocates inside optimizer.step() beyond the model states (cards/memory.yaml
     optimizer_steps, with its source): `moment_copies` tensors in the moments' dtype plus `bytes` per parameter of
     what it steps at once (`at_once`: every parameter the GPU steps, its largest tensor, or DeepSpeed ZeRO-3's sub
-    group); with `when_grads_16bit`, only when the main grads are kept in 16 bits."""
+    group); with `when_grads_16bit`, only when the main grads are kept in 16 bits. And, for the step time, its HBM
+    traffic per parameter where it makes more passes than a fused step (`hbm_bytes_per_param`)."""
 
     moment_copies: float = Field(0, ge=0)
     bytes: float = Field(0, ge=0)

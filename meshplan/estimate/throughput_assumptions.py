@@ -68,14 +68,15 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     sched = sharding_schedule(job, plan)
     nbytes = grad_reduce_bytes(plan, cal)  # the plan's grad_reduce_in_fp32, else the framework's default
     if not sched.per_step:
-        return (f"DP: gradients reduced in {nbytes:.0f}-byte elements over dp x cp once per step, "
-                + ((f"overlapped with {hidden:.0%} of the last backward." if (hidden := dp_hidden_share(
-                    plan, cal.dp_overlap)) else "all-reduced after the last backward, none of it hidden.")
-                   if plan.zero_stage == 0
-                   else ("all-reduced" if cal.zero_grad_allreduce >= 0.5 else "reduce-scattered")
-                   + f" with {dp_hidden_share(plan, cal.zero_grad_overlap):.0%} of the last backward hiding it; then "
-                   f"the bf16 parameters are all-gathered, {dp_hidden_share(plan, cal.param_gather_overlap):.0%} of "
-                   "the next forward hiding it."))
+        said = f"DP: gradients reduced in {nbytes:.0f}-byte elements over dp x cp once per step, "
+        if plan.zero_stage == 0:
+            hidden = dp_hidden_share(plan, cal.dp_overlap)  # 0: DeepSpeed's all-reduce after the backward
+            return said + (f"overlapped with {hidden:.0%} of the last backward." if hidden else
+                           "all-reduced after the last backward, none of it hidden.")
+        return (said + ("all-reduced" if cal.zero_grad_allreduce >= 0.5 else "reduce-scattered")
+                + f" with {dp_hidden_share(plan, cal.zero_grad_overlap):.0%} of the last backward hiding it; then "
+                f"the bf16 parameters are all-gathered, {dp_hidden_share(plan, cal.param_gather_overlap):.0%} of "
+                "the next forward hiding it.")
     params = ("bf16 parameters all-gathered layer by layer, forward and again backward, every micro-batch"
               if sched.gather_each_microbatch else
               "bf16 parameters all-gathered layer by layer once per step (kept gathered across micro-batches)"

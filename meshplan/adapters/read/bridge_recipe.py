@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, key_table, lookup, read_section
@@ -226,8 +227,7 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
     say_computed(reading, list(last.values()))
     layout_helpers(reading, functions[name])
     state_hf_model(reading, functions[name], functions, constants)
-    state_name_facts(reading, name, functions[name].lineno, any(key == "comm_overlap" or key.startswith("comm_overlap.")
-                                                                for key in last))
+    state_name_facts(reading, name, functions[name].lineno, sets_comm_overlap(last))
     recipe_overrides(reading, list(latest.values()), section)
     restated_architecture(reading, list(latest.values()), section)
     reading.notes.append(f"read recipe {name}()" + (f"; its base recipes {', '.join(elsewhere)} are in other "
@@ -309,6 +309,12 @@ def state_hf_model(reading: Reading, node: ast.FunctionDef, functions: dict[str,
                              "meshplan's catalog")
         return
     reading.state("model", key, f"{reading.path}:{found[1]} AutoBridge.from_hf_pretrained({found[0]!r})")
+
+
+def sets_comm_overlap(keys: Iterable[str]) -> bool:
+    """Whether a file's cfg keys set cfg.comm_overlap (the helper object, or a field of it): what state_name_facts'
+    `comm_overlap` asks, of a recipe module's assignments and of run_recipe.py's overrides alike."""
+    return any(key == "comm_overlap" or key.startswith("comm_overlap.") for key in keys)
 
 
 def state_name_facts(reading: Reading, name: str, line: int | None, comm_overlap: bool = False) -> None:

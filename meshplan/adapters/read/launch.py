@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from meshplan.adapters.architecture import core_restated
 from meshplan.adapters.common import PRESET_CALL, bridge_presets
-from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
+from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, sets_comm_overlap, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, lookup, read_section
 from meshplan.adapters.read.model_match import (
     Stated,
@@ -498,7 +498,7 @@ def read_bridge(text: str, path: str) -> Reading:
     recipe = reading.value("recipe")
     if recipe is not None:
         state_name_facts(reading, str(recipe), reading.extra["recipe"][1].line,
-                         any(s.key == "comm_overlap" or s.key.startswith("comm_overlap.") for s in settings))
+                         sets_comm_overlap(s.key for s in settings))
         recipe_overrides(reading, settings, section)  # before restated_architecture: it may change the model
         reading.notes.append(f"recipe {recipe}: the fields it sets and the file does not override are the "
                              "recipe's (its name's model, GPUs and precision are read; its body is read from its "
