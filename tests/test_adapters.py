@@ -144,6 +144,15 @@ CASES: list[tuple[str, str | None, dict]] = [
                         optimizer_offload_fraction=1.0)),
     ("verl", "fsdp", dict(model="qwen2.5-7b", num_gpus=8, zero_stage=3, global_batch_size=64, param_offload=True,
                           optimizer_offload=True, activation_offload=True)),
+    # verl's precision-aware optimizer: bf16 Adam moments and gradient buffer (RL trainer and SFT Megatron engine)
+    ("verl", "megatron", dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=256, job="rl",
+                              samples_per_prompt=8, algorithm="ppo", optimizer_state_dtype="bf16",
+                              grad_reduce_in_fp32=False)),
+    ("verl", None, dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=256, optimizer_state_dtype="bf16")),
+    ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=320, job="rl",
+                         samples_per_prompt=8, optimizer_state_dtype="fp8", grad_reduce_in_fp32=False)),
+    ("skyrl", "sft", dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=128, optimizer_state_dtype="bf16",
+                          optimizer_offload_fraction=0.5)),
     ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=320, optimizer_offload=False)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, param_offload=True)),
     # torch.compile (torchtitan --compile.enable / [compile] enable, KempnerForge train.compile_model)

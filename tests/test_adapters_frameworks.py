@@ -166,6 +166,15 @@ print(json.dumps(out))
 
 
 VERL_DISPATCHER = "critic.megatron.override_transformer_config.moe_token_dispatcher_type"
+VERL_OPTIM = ("use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype")
+
+
+def verl_optim_expected(plan) -> list:
+    """What verl's McoreOptimizerConfig holds after composition for a plan: the precision-aware switch on with bf16
+    moments or gradients (render's verl_precision_aware), else its packaged defaults (optim/megatron.yaml)."""
+    moments = plan.optimizer_state_dtype or "fp32"
+    grads = "bf16" if plan.grad_reduce_in_fp32 is False else "fp32"
+    return [moments != "fp32" or grads != "fp32", moments, moments, grads]
 
 
 def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
@@ -180,12 +189,14 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
         if sft:
             probes = ["engine._target_", "optim._target_", "engine.tensor_model_parallel_size",
                       "engine.pipeline_model_parallel_size", "engine.ulysses_sequence_parallel_size",
-                      "engine.context_parallel_size", "data.micro_batch_size_per_gpu"]
+                      "engine.context_parallel_size", "data.micro_batch_size_per_gpu",
+                      *(f"optim.{k}" for k in VERL_OPTIM)]
         elif result.variant == "megatron":
             probes = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
                       "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size",
                       "critic.megatron.expert_model_parallel_size", "actor_rollout_ref.actor.strategy",
-                      VERL_DISPATCHER]
+                      VERL_DISPATCHER, *(f"{role}.optim.{k}" for role in ("actor_rollout_ref.actor", "critic")
+                                         for k in VERL_OPTIM)]
         else:
             probes = ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
                       "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
@@ -207,6 +218,7 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
             assert (values["engine.tensor_model_parallel_size"], values["engine.pipeline_model_parallel_size"],
                     values["engine.context_parallel_size"]) == (result.plan.tp, result.plan.pp, result.plan.cp)
             assert values["data.micro_batch_size_per_gpu"] == result.plan.micro_batch_size
+            assert [values[f"optim.{k}"] for k in VERL_OPTIM] == verl_optim_expected(result.plan)
         elif result.variant == "sft-fsdp":
             assert values["engine.ulysses_sequence_parallel_size"] == result.plan.cp
         elif result.variant == "megatron":
@@ -216,6 +228,8 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
             assert values["actor_rollout_ref.actor.strategy"] == "megatron"
             moe = "moe_token_dispatcher" in parse_plan("verl", result.variant, result.text, 0)
             assert values[VERL_DISPATCHER] == (result.plan.moe_token_dispatcher if moe else None)
+            for role in ("actor_rollout_ref.actor", "critic"):  # each trained model's optimizer (the critic rendered)
+                assert [values[f"{role}.optim.{k}"] for k in VERL_OPTIM] == verl_optim_expected(result.plan), role
         else:  # the keys each engine reads (verl 0.9.1: actor/ref fsdp_config, critic.fsdp; the critic is rendered
             # for a job that is no RL job or is PPO)
             for key in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"):
@@ -254,7 +268,8 @@ def test_override_values_read_back_unchanged_by_hydra_and_omegaconf():
 # --------------------------------------------------------------------------- SkyRL (dataclass walk)
 
 
-def _walk(tree: SourceTree, module: str, cls: str, key: str, transformer_fields: set[str]) -> None:
+def _walk(tree: SourceTree, module: str, cls: str, key: str, transformer_fields: set[str],
+          optimizer_fields: set[str] = frozenset()) -> None:
     head, _, rest = key.partition(".")
     fields = tree.fields(module, cls)
     assert head in fields, f"{key}: no field {head!r} in {cls}"
@@ -266,13 +281,18 @@ def _walk(tree: SourceTree, module: str, cls: str, key: str, transformer_fields:
     if head == "transformer_config_kwargs":
         assert rest in transformer_fields, f"{key}: {rest!r} is not a Megatron-Core TransformerConfig field"
         return
+    if head == "optimizer_config_kwargs":  # passed to Megatron-Core's OptimizerConfig (init_megatron_optim_config)
+        assert rest in optimizer_fields, f"{key}: {rest!r} is not a Megatron-Core OptimizerConfig field"
+        return
     assert isinstance(type_name, str) and tree.resolve(module, type_name), f"{key}: {head} is not a config class"
-    _walk(tree, *tree.resolve(module, type_name)[0:1], type_name, rest, transformer_fields)
+    _walk(tree, *tree.resolve(module, type_name)[0:1], type_name, rest, transformer_fields, optimizer_fields)
 
 
 def test_skyrl_keys_exist_in_its_config_dataclasses(megatron_tree):
     tree = SourceTree(wheel_tree("skyrl"))
     transformer = set(megatron_tree.fields("megatron.core.transformer.transformer_config", "TransformerConfig"))
+    optimizer = set(megatron_tree.fields("megatron.core.optimizer.optimizer_config", "OptimizerConfig"))
+    assert {"exp_avg_dtype", "use_precision_aware_optimizer", "optimizer_offload_fraction"} <= optimizer
     assert "virtual_pipeline_model_parallel_size" not in tree.fields("skyrl.train.config.config", "MegatronConfig")
     for result in rendered("skyrl"):
         root = ("skyrl.train.config.sft_config", "SFTConfig") if result.variant in ("sft", "sft-fsdp") else (
@@ -280,7 +300,7 @@ def test_skyrl_keys_exist_in_its_config_dataclasses(megatron_tree):
         keys = overrides(shell_tokens(result.text))
         assert keys and not any(k.startswith("+") for k in keys)
         for key in keys:
-            _walk(tree, *root, key, transformer)
+            _walk(tree, *root, key, transformer, optimizer)
     with pytest.raises(AssertionError):
         _walk(tree, "skyrl.train.config.config", "SkyRLTrainConfig",
               "trainer.policy.megatron_config.sequence_parallel", transformer)

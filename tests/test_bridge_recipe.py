@@ -167,8 +167,8 @@ def test_a_recipe_whose_model_a_provider_function_builds_maps_to_the_catalog_mod
     ("    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)\n", None),  # may turn it on: left to the default
 ])
 def test_an_sft_recipe_runs_its_base_recipe_s_dp_overlap(tmp_path, body, overlap):
-    """Megatron-Bridge's recipes/common.py _sft_common and _peft_common build their DistributedDataParallelConfig without
-    overlap_grad_reduce / overlap_param_gather (Megatron-Core's default False) and comm_overlap=None, where
+    """Megatron-Bridge's recipes/common.py _sft_common and _peft_common build their DistributedDataParallelConfig
+    without overlap_grad_reduce / overlap_param_gather (Megatron-Core's default False) and comm_overlap=None, where
     _pretrain_common sets both True; an SFT or PEFT recipe that sets neither was read as meshplan's default, on."""
     text = ("def llama3_8b_sft_8gpu_h100_bf16_config() -> ConfigContainer:\n    cfg = _sft_common()\n"
             f"    cfg.model.tensor_model_parallel_size = 2\n{body}    return cfg\n")

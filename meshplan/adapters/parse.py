@@ -278,7 +278,11 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["cp_comm_type"] = o[t + "cp_comm_type"]
     if t + "moe_token_dispatcher_type" in o:
         out["moe_token_dispatcher"] = o[t + "moe_token_dispatcher_type"]
-    optim = ("optim." if sft else "actor_rollout_ref.actor.optim.") + "override_optimizer_config."
+    aware = "optim." if sft else "actor_rollout_ref.actor.optim."
+    grads = o.get(aware + "main_grads_dtype")
+    out.update(_precision(o.get(aware + "use_precision_aware_optimizer"), o.get(aware + "exp_avg_dtype"), None, None,
+                          None if grads is None else DTYPE_NAMES[str(grads)] == "fp32"))
+    optim = aware + "override_optimizer_config."
     cpu = read_offload({**{k[len(t):]: v for k, v in o.items() if k.startswith(t)},
                         **{k[len(optim):]: v for k, v in o.items() if k.startswith(optim)}})
     out.update(cpu, param_offload=bool(m.get("param_offload")), optimizer_offload=bool(m.get("optimizer_offload")))
@@ -325,6 +329,9 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["cp_comm_type"] = kw["cp_comm_type"]
     if "moe_token_dispatcher_type" in m:
         out["moe_token_dispatcher"] = m["moe_token_dispatcher_type"]
+    opt = "optimizer_config_kwargs."
+    out.update(_precision(m.get(opt + "use_precision_aware_optimizer"), m.get(opt + "exp_avg_dtype"), None, None,
+                          m.get("ddp_config.grad_reduce_in_fp32")))
     return out
 
 

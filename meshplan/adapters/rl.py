@@ -178,6 +178,8 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
                 o.append((f"{role}.megatron.use_distributed_optimizer", plan.zero_stage >= 1))
             o += [(f"++{role}.megatron.override_transformer_config.{k}", v)
                   for k, v in [*_transformer_overrides(job, plan), *megatron_dispatcher(job, plan)]]
+        o += [(f"{role}.optim.{k}", v) for role in ("actor_rollout_ref.actor", "critic")[:2 if _has_critic(job) else 1]
+              for k, v in verl_precision_aware(plan).items()]
         o += _verl_megatron_offload(job, plan)
         notes.append("override_transformer_config keys use '++' (add or override): the packaged YAML lacks most "
                      "of them, and Hydra's '+' fails on a key that already has a value.")
@@ -204,6 +206,28 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
         notes.append("FSDP backend: context parallelism is Ulysses sequence parallelism (cp -> "
                      "ulysses_sequence_parallel_size), which needs use_remove_padding=True; FSDP shards over all GPUs.")
     return o + verl_rl_overrides(job, plan, notes), notes
+
+
+def megatron_precision_aware(plan: Plan) -> dict[str, object]:
+    """Megatron-Core OptimizerConfig fields of low-precision Adam moments as SkyRL 0.4.0 passes them through
+    optimizer_config_kwargs (its coerce_optimizer_dtype_kwargs turns the names into torch dtypes); {} for fp32."""
+    if plan.optimizer_state_dtype in (None, "fp32"):
+        return {}
+    return {"use_precision_aware_optimizer": True, "exp_avg_dtype": plan.optimizer_state_dtype,
+            "exp_avg_sq_dtype": plan.optimizer_state_dtype}
+
+
+def verl_precision_aware(plan: Plan) -> dict[str, object]:
+    """verl 0.9.1's McoreOptimizerConfig fields for bf16 Adam moments and a bf16 gradient buffer: its precision-aware
+    optimizer switch with exp_avg_dtype / exp_avg_sq_dtype and main_grads_dtype, which it hands to Megatron-Core's
+    OptimizerConfig (utils/megatron/optimizer.py) and, for the gradients, the DDP config
+    (engine/megatron/transformer_impl.py _resolve_override_ddp_config); {} for fp32 moments and gradients."""
+    out: dict[str, object] = {}
+    if plan.optimizer_state_dtype not in (None, "fp32"):
+        out |= {"exp_avg_dtype": plan.optimizer_state_dtype, "exp_avg_sq_dtype": plan.optimizer_state_dtype}
+    if plan.grad_reduce_in_fp32 is False:
+        out["main_grads_dtype"] = "bf16"
+    return {"use_precision_aware_optimizer": True, **out} if out else {}
 
 
 def _verl_megatron_offload(job: Job, plan: Plan) -> list[Override]:
@@ -290,6 +314,7 @@ def verl_sft_megatron_overrides(job: Job, plan: Plan) -> tuple[list[Override], l
           for k, v in [*_transformer_overrides(job, plan), *megatron_dispatcher(job, plan)]]
     o += [(e + knob, True) for knob, on in (("param_offload", plan.param_offload),
                                             ("optimizer_offload", plan.optimizer_offload)) if on]
+    o += [(f"optim.{k}", v) for k, v in verl_precision_aware(plan).items()]
     o += [(f"++optim.override_optimizer_config.{k}", v)
           for k, v in megatron_cpu_optimizer(plan).items() if plan.optimizer_offload_fraction > 0]
     if plan.activation_offload:
@@ -424,8 +449,10 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
         o.append(("remove_microbatch_padding" if variant == "sft" else "trainer.remove_microbatch_padding", True))
     if variant != "sft" and not plan.optimizer_offload:  # SkyRL's default is on
         o.append(("trainer.policy.optimizer_config.offload_after_step", False))
-    if plan.optimizer_offload_fraction > 0:
-        o += [(f"{prefix}.optimizer_config_kwargs.{k}", v) for k, v in megatron_cpu_optimizer(plan).items()]
+    optimizer = {**megatron_cpu_optimizer(plan), **megatron_precision_aware(plan)}  # one switch for both
+    o += [(f"{prefix}.optimizer_config_kwargs.{k}", v) for k, v in optimizer.items()]
+    if plan.grad_reduce_in_fp32 is False:  # MegatronDDPConfig's default is True
+        o.append((f"{prefix}.ddp_config.grad_reduce_in_fp32", False))
     notes.append("SkyRL turns sequence parallelism on whenever TP > 1 (no key of its own); VPP, recompute and "
                  "uneven PP are TransformerConfig fields under transformer_config_kwargs, which SkyRL does not "
                  "check itself (Megatron-Core does, on the workers).")

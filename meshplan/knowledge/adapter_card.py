@@ -36,13 +36,17 @@ class AdapterKnob(_Card):
         None, description="A knob with a vocabulary (attention_backend, pipeline_schedule): the framework's value for "
                           "each of meshplan's; "
                           "null where the framework has none (refused with 'instead')")
+    zero_stages: list[int] | None = Field(
+        None, description="The ZeRO stages at which the key takes effect, where not all (verl's bf16 gradient buffer: "
+                          "through Megatron's precision-aware optimizer, inside the distributed optimizer only); "
+                          "'instead' says what to do at the others")
     reason: str | None = Field(None, description="A missing knob a request gets when it leaves the field out "
                                                  "(REASON_KNOBS): what the run does instead, the words of the note "
                                                  "that says so (no final period)")
 
     @model_validator(mode="after")
     def _missing_says_instead(self) -> AdapterKnob:
-        if (self.key is None or None in (self.values or {}).values()) and not self.instead:
+        if (self.key is None or None in (self.values or {}).values() or self.zero_stages) and not self.instead:
             raise ValueError("a missing knob (key: null) or value (null) needs 'instead'")
         if self.reason is not None and (self.key is not None or self.reason.endswith(".")):
             raise ValueError("'reason' belongs to a missing knob (key: null) and ends without a period")

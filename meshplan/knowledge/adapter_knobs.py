@@ -205,7 +205,8 @@ def missing_knob(card: FrameworkCard, version: str, variant: str, job: Job, plan
         if only is not None and name not in only:
             continue
         knob = table[name]
-        chosen = {"pipeline_schedule": plan.pipeline_schedule, "optimizer": plan.optimizer}.get(
+        chosen = {"pipeline_schedule": plan.pipeline_schedule, "optimizer": plan.optimizer,
+                  "optimizer_state_dtype": plan.optimizer_state_dtype}.get(
             name, plan.attention_backend)  # the knobs with a vocabulary (AdapterKnob.values)
         if knob.values is not None and knob.key is not None and knob.values.get(str(chosen)) is None:
             takes = ", ".join(k for k, v in knob.values.items() if v is not None)

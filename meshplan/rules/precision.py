@@ -32,6 +32,19 @@ def _lacks(card: FrameworkCard, name: str) -> str | None:
 
 
 
+def _default_knob(card: FrameworkCard, name: str):
+    """The knob as the framework's default version writes it (render refuses another version's own way)."""
+    return card.adapter.versions[card.adapter.default_version].knobs[name]  # type: ignore[union-attr]
+
+
+def _takes(card: FrameworkCard, name: str) -> list[str] | None:
+    """The values of a knob with a vocabulary that the framework's default version writes (AdapterKnob.values), or
+    None where the knob takes any value meshplan has."""
+    values = _default_knob(card, name).values if card.adapter is not None else None
+    return None if values is None else [k for k, v in values.items() if v is not None]
+
+
+
 @rule("PR001", reads=("zero_stage", "optimizer_state_dtype"))
 def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
     p = ctx.plan
@@ -42,6 +55,10 @@ def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
     instead = _lacks(ctx.card, "optimizer_state_dtype")
     if instead:
         return {**values, "why": f"{card.display_name} has no low-precision Adam moments", "fix": instead}
+    takes = _takes(ctx.card, "optimizer_state_dtype")
+    if takes is not None and p.optimizer_state_dtype not in takes:
+        return {**values, "why": f"{card.display_name}'s optimizer takes {' or '.join(takes)} Adam moments",
+                "fix": _default_knob(ctx.card, "optimizer_state_dtype").instead}
     if p.zero_stage != 1:
         return {**values, "why": "Megatron's precision-aware optimizer runs inside the distributed optimizer only",
                 "fix": "Use zero_stage=1 (the distributed optimizer), or leave optimizer_state_dtype out (fp32)."}
@@ -134,19 +151,23 @@ def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
 
 
 
-@rule("PR004", reads=("grad_reduce_in_fp32",))
+@rule("PR004", reads=("zero_stage", "grad_reduce_in_fp32"))
 def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
     p = ctx.plan
     if p.grad_reduce_in_fp32 is None:
         return None
     knob = "grad_reduce_fp32" if p.grad_reduce_in_fp32 else "grad_reduce_bf16"
-    instead = _lacks(ctx.card, knob)
+    card, dtype = ctx.card, "fp32" if p.grad_reduce_in_fp32 else "bf16"
+    instead = _lacks(card, knob)
     if instead is None:
-        return None
-    card = ctx.card
+        stages = _default_knob(card, knob).zero_stages if card.adapter is not None else None
+        if stages is None or p.zero_stage in stages:
+            return None
+        return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": f"{card.display_name} (zero_stage="
+                f"{p.zero_stage})", "why": f"{card.display_name} sets a {dtype} gradient buffer at zero_stage "
+                f"{' or '.join(map(str, stages))} only", "fix": _default_knob(card, knob).instead}
     return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": card.display_name,
-            "why": f"{card.display_name} cannot reduce gradients in {'fp32' if p.grad_reduce_in_fp32 else 'bf16'}",
-            "fix": instead}
+            "why": f"{card.display_name} cannot reduce gradients in {dtype}", "fix": instead}
 
 
 

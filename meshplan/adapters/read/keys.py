@@ -625,9 +625,10 @@ def precision_aware_optimizer(reading: Reading) -> None:
     moment's own dtype (exp_avg_sq_dtype, which render writes beside the first) is read too: the same, nothing to say
     (it was "no meshplan field"); another, said, since the one field holds both."""
     switch, dtype = reading.extra.get("precision_aware_optimizer"), reading.extra.get("exp_avg_dtype")
+    on = switch is not None and (switch[0] is True or bool(as_bool(switch[0])))
+    _main_grads(reading, on)
     if (switch is None and dtype is None) or "optimizer_state_dtype" in reading.request:
         return
-    on = switch is not None and (switch[0] is True or bool(as_bool(switch[0])))
     second = reading.extra.get("exp_avg_sq_dtype")  # Adam's second moment, its own setting
     if dtype is None:
         if on and second is not None and MOMENT_DTYPES.get(_torch_dtype(second[0])) != "fp32":
@@ -651,6 +652,26 @@ def precision_aware_optimizer(reading: Reading) -> None:
         reading.unsupported.append(f"{second[1].where(reading.path)} = {second[0]}: the second moment in another "
                                    f"dtype than the first ({dtype[0]}); meshplan's optimizer_state_dtype holds both "
                                    f"in one, and the estimate takes {name} for both")
+
+
+def _main_grads(reading: Reading, on: bool) -> None:
+    """grad_reduce_in_fp32 from verl's optim.main_grads_dtype: the DDP gradient buffer's dtype, and so its reduction's,
+    under the precision-aware switch only (verl 0.9.1 workers/engine/megatron/transformer_impl.py
+    _resolve_override_ddp_config; utils/megatron/optimizer.py passes it to the optimizer under the same switch)."""
+    grads = reading.extra.get("main_grads_dtype")
+    if grads is None or "grad_reduce_in_fp32" in reading.request:
+        return
+    name = MOMENT_DTYPES.get(_torch_dtype(grads[0]))
+    if name == "fp32":
+        return  # verl's default: nothing to say
+    if not on:
+        reading.notes.append(f"{grads[1].where(reading.path)} = {grads[0]}: the gradient buffer's dtype applies only "
+                             "with the precision-aware optimizer, which the file leaves off (fp32 gradients)")
+    elif name == "bf16":
+        reading.state("grad_reduce_in_fp32", False, grads[1])
+    else:
+        reading.unsupported.append(f"{grads[1].where(reading.path)} = {grads[0]}: verl takes fp32 or bf16 gradients "
+                                   "(McoreOptimizerConfig); no meshplan grad_reduce_in_fp32")
 
 
 def _torch_dtype(value: Any) -> str:
