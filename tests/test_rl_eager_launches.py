@@ -74,3 +74,20 @@ def test_graphs_launch_nothing():
     job, plan = rl_job("qwen2.5-7b")
     graphed = plan.model_copy(update={"rollout_enforce_eager": False})
     assert eager_launches(job.model, graphed) == (0, 0.0, "")
+
+
+def test_every_kernel_is_one_whole_name():
+    """A comma inside a flow list's item splits it in two and adds a launch: every named kernel closes what it
+    opens."""
+    for engine in rollout_kernels().engines.values():
+        for name in type(engine.parts).model_fields:
+            for kernel in getattr(engine.parts, name).kernels:
+                assert kernel.count("(") == kernel.count(")"), (name, kernel)
+
+
+def test_an_sglang_rollout_reads_sglangs_own_counts():
+    """SGLang's FlashInfer decode writes K and V with two index copies and copies the strided q first: a Qwen2
+    layer launches 13 kernels there, 11 in vLLM."""
+    job, plan = rl_job("qwen2.5-7b", rollout_engine="sglang")
+    assert plan.rollout_engine == "sglang"
+    assert eager_launches(job.model, plan).kernels == 28 * (2 + 7 + 1 + 3)
