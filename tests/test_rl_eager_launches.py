@@ -86,7 +86,7 @@ def test_every_kernel_is_one_whole_name():
 
 
 def test_an_sglang_rollout_reads_sglangs_own_counts():
-    """SGLang's FlashInfer decode writes K and V with two index copies and copies the strided q first: a Qwen2
+    """SGLang's decode (verl's FA3 backend) writes K and V with two index copies and copies the strided q: a Qwen2
     layer launches 13 kernels there, 11 in vLLM."""
     job, plan = rl_job("qwen2.5-7b", rollout_engine="sglang")
     assert plan.rollout_engine == "sglang"
