@@ -57,6 +57,8 @@ def test_deepseek_v3_layers_count_mla_the_moe_block_and_the_first_dense_layers()
     moe = 2 + mla + PARTS.routed_experts.count + PARTS.shared_experts.count + 2
     assert layer_kernels(arch, 3, plan, PARTS) == moe == 28
     assert eager_launches(arch, plan).kernels == 3 * 20 + 58 * 28
+    # one layer of each kind counted stands for every layer: the same as the sum over all of them
+    assert eager_launches(arch, plan).kernels == sum(layer_kernels(arch, i, plan, PARTS) for i in range(61))
 
 
 def test_mla_without_q_lora_and_expert_parallel_dispatch():
@@ -68,6 +70,8 @@ def test_mla_without_q_lora_and_expert_parallel_dispatch():
     no_ep = plan.model_copy(update={"rollout_ep": 1})
     assert layer_kernels(arch, 1, plan, PARTS) == layer_kernels(arch, 1, no_ep, PARTS) + 1
     assert layer_kernels(arch, 0, plan, PARTS) == layer_kernels(arch, 0, no_ep, PARTS)  # layer 0 is dense
+    every = sum(layer_kernels(arch, i, plan, PARTS) for i in range(arch.num_layers))
+    assert eager_launches(arch, plan).kernels == every
 
 
 def test_graphs_launch_nothing():

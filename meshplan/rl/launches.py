@@ -75,10 +75,13 @@ def eager_launches(arch, plan: Plan) -> EagerLaunches:
         raise CardError(f"cards/rollout_kernels.yaml counts no kernels for the {plan.rollout_engine} engine.",
                         fix=f"Counted engines: {', '.join(rollout_kernels().engines)}.")
     parts = engine.parts
-    per_layer = [layer_kernels(arch, i, plan, parts) for i in range(arch.num_layers)]
-    kernels = sum(per_layer)
+    # a layer's parts depend on its index only through whether it is an MoE layer: one of each kind is counted
+    moe = set(arch.moe.moe_layers) & set(range(arch.num_layers)) if arch.moe is not None else set()
+    dense = next((i for i in range(arch.num_layers) if i not in moe), None)
+    per_kind = {i: layer_kernels(arch, i, plan, parts) for i in (dense, min(moe, default=None)) if i is not None}
+    kernels = per_kind.get(dense, 0) * (arch.num_layers - len(moe)) + (per_kind[min(moe)] * len(moe) if moe else 0)
     s_per_kernel = calibration_card().rl.eager_launch_s_per_kernel.value
-    kinds = sorted(set(per_layer))
+    kinds = sorted(set(per_kind.values()))
     spread = (f"{kinds[0]}" if len(kinds) == 1 else f"{kinds[0]}-{kinds[-1]}")
     words = (f"{kernels * s_per_kernel * 1e3:.1f} ms of eager kernel launches ({kernels:,} kernels: {spread} per "
              f"layer x {arch.num_layers} layers at {s_per_kernel * 1e6:.0f} us)")
