@@ -95,3 +95,23 @@ def test_an_sglang_rollout_reads_sglangs_own_counts():
     job, plan = rl_job("qwen2.5-7b", rollout_engine="sglang")
     assert plan.rollout_engine == "sglang"
     assert eager_launches(job.model, plan).kernels == 28 * (2 + 7 + 1 + 3)
+
+
+def test_the_bench_scores_the_fit_in_and_out_of_sample():
+    """bench/eager_launches.py: the card's constant gives back its own source, and each vLLM source held out is
+    scored with the constant the other gives (one fitted figure, in and out of sample)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import eager_launches as bench
+
+    rows = {r["id"]: r for r in bench.run()["rows"]}
+    fitted = [r for r in rows.values() if r["fitted"]]
+    assert len(fitted) == 2 and {r["engine"] for r in fitted} == {"vllm"}
+    omni = next(r for r in fitted if r["model"] == "qwen2.5-7b")
+    assert omni["kernels"] == 308 and omni["card_error"] == pytest.approx(0, abs=0.01)
+    gpt2 = next(r for r in fitted if r["model"] == "gpt2")
+    assert gpt2["kernels"] == 12 * (2 + 2 + 5 + 3)  # LayerNorm's residual adds, no rotary
+    assert omni["held_out_us"] == pytest.approx(gpt2["us_per_kernel"])  # held out: the other source's fit
+    assert gpt2["held_out_us"] == pytest.approx(omni["us_per_kernel"])
