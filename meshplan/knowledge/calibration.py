@@ -53,7 +53,7 @@ class RLConstants(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cuda_graph_bytes: Constant
-    eager_launch_s_per_layer: Constant
+    eager_launch_s_per_kernel: Constant
     response_drain_segments: Constant
 
 

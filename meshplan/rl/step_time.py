@@ -15,6 +15,7 @@ from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration, calibration_card
 from meshplan.knowledge.model_counts import expert_params, total_params
 from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, ep_words, kv_bytes_per_token
+from meshplan.rl.launches import eager_launches
 from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
 from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
 from meshplan.schema.plan import Plan
@@ -58,7 +59,8 @@ def decode_collectives(job, plan: Plan, batch: float, cal) -> float:
 def decode_step_seconds(job, plan: Plan, batch: int, context: float) -> tuple[float, str]:
     """One decode step of `batch` sequences at `context` tokens on one engine GPU: the larger of reading its weights
     (every dense weight, and the routed experts the batch's tokens reach) plus the batch's KV cache from HBM, and
-    the step's FLOPs; plus the layers' collectives on the batch's activations (`decode_collectives`)."""
+    the step's FLOPs; plus the layers' collectives on the batch's activations (`decode_collectives`) and, run eager,
+    the host's kernel launches (rl/launches.eager_launches)."""
     cal = calibration(job.framework)
     arch, gpu = job.model, job.gpu
     fixed, per_expert, experts_here = _engine_param_split(arch, plan)
@@ -73,14 +75,12 @@ def decode_step_seconds(job, plan: Plan, batch: int, context: float) -> tuple[fl
     flops = model_flops_per_token(arch, int(context), mtp_layers=0) / 3 * batch / plan.rollout_tp
     compute_s = flops / (gpu.bf16_flops * cal.gemm_peak_fraction)
     comm_s = decode_collectives(job, plan, batch, cal)
-    # without CUDA graphs the host launches every layer's kernels each step (calibration.yaml rl)
-    launch = calibration_card().rl.eager_launch_s_per_layer.value
-    eager_s = arch.num_layers * launch if plan.rollout_enforce_eager else 0.0
+    eager = eager_launches(arch, plan)  # without CUDA graphs the host launches every layer's kernels each step
     bound = "HBM" if memory_s >= compute_s else "compute"
     words = (f"{bound}-bound: {(fixed + touched) / GIB:.1f} GiB of weights and {kv / GIB:.1f} GiB of KV read "
              f"({memory_s * 1e3:.1f} ms), {compute_s * 1e3:.1f} ms of FLOPs, {comm_s * 1e3:.2f} ms of all-reduces"
-             + (f", {eager_s * 1e3:.1f} ms of eager kernel launches" if eager_s else ""))
-    return max(memory_s, compute_s) + comm_s + eager_s, words
+             + (f", {eager.words}" if eager.kernels else ""))
+    return max(memory_s, compute_s) + comm_s + eager.seconds, words
 
 
 class Decode(NamedTuple):
