@@ -69,7 +69,7 @@ class ShardingOverlapOff(_Card):
     units: Literal["compute_stream", "overlapped"] = Field(
         description="compute_stream: every unit's transfer waits whole, none hidden; overlapped: timed as with the "
                     "switch on")
-    zero_stages: list[int] = Field(min_length=1, description="The plan's ZeRO stages this holds for (the engine the "
-                                                             "card runs them on); another stage's units are timed as "
-                                                             "overlapped and the DP assumption says it is not read")
+    zero_stages: list[Literal[0, 1, 2, 3]] = Field(
+        min_length=1, description="The plan's ZeRO stages this holds for (the engine the card runs them on); another "
+                                  "stage's units are timed as overlapped and the DP assumption says it is not read")
     source: str
