@@ -11,9 +11,17 @@ from __future__ import annotations
 import pytest
 
 from meshplan.arithmetic.comm import links, ring_time
-from meshplan.estimate.perf import estimate_throughput
-from meshplan.estimate.sharding_traffic import ShardingSchedule, ShardUnit, exposed_by_schedule, exposed_sharding
+from meshplan.arithmetic.mesh import mesh_groups
+from meshplan.estimate.perf import dp_traffic, estimate_throughput, step_sync
+from meshplan.estimate.sharding_traffic import (
+    ShardingSchedule,
+    ShardUnit,
+    exposed_by_schedule,
+    exposed_sharding,
+    sharding_schedule,
+)
 from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_counts import total_params
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
@@ -154,10 +162,11 @@ def test_in_line_sharding_waits_for_every_transfer_whole():
 def test_deepspeed_zero3_with_overlap_comm_false_runs_its_transfers_in_line():
     """DeepSpeed's ZeRO-3 puts its all-gathers (partitioned_param_coordinator's __allgather_stream) and reduce-scatters
     (stage3's reduce_and_partition_stream) on the default stream when overlap_comm is false (the card's
-    zero3_prefetch.compute_stream_without_overlap): the step waits for every transfer, and the DP assumption says so."""
+    sharding_overlap_off, units compute_stream at ZeRO-3): the step waits for every transfer, and the DP assumption
+    says so."""
     job, _, off = _zero3("deepspeed", False)
     _, _, on = _zero3("deepspeed", True)
-    assert job.card.zero3_prefetch.compute_stream_without_overlap
+    assert job.card.sharding_overlap_off.units == "compute_stream" and job.card.sharding_overlap_off.zero_stages == [3]
     assert off.breakdown.dp_comm_s > on.breakdown.dp_comm_s and off.step_time_s > on.step_time_s
     # only the sharding traffic moves: compute, recompute and the other collectives are the same
     for part in ("compute_s", "recompute_s", "tp_comm_s", "ep_comm_s", "pp_comm_s"):
@@ -168,15 +177,74 @@ def test_deepspeed_zero3_with_overlap_comm_false_runs_its_transfers_in_line():
     assert "hides behind the neighbouring layer" in dp_on
 
 
-@pytest.mark.parametrize("on", [True, False])
-def test_megatron_fsdp_says_its_layer_transfers_are_still_timed_overlapped(on):
-    """Megatron-FSDP's card states no stream for its transfers with the switch off: the step is the same either way
-    and the DP assumption says it is not modelled, rather than a silent figure."""
-    _, _, report = _zero3("megatron-core", on)
-    _, _, base = _zero3("megatron-core", True)
-    assert report.step_time_s == base.step_time_s
-    [dp] = [a for a in report.assumptions if a.startswith("DP (ZeRO-3")]
-    assert ("grad_reduce_overlap=false is not modelled on this schedule" in dp) is (not on)
+def _mfsdp(framework: str, zero: int, replicas: int, on: bool, card=None, **kw):
+    job, plan = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=32, framework=framework, zero_stage=zero,
+                                tp=1, pp=1, dp_replicate=replicas, grad_reduce_overlap=on, **kw))
+    if card is not None:  # the same job on another card (the resolver attaches the framework's own)
+        job = job.model_copy().attach_cards(card)
+    return job, plan, estimate_throughput(job, plan)
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
+def test_megatron_fsdp_cards_say_it_turns_its_overlap_back_on(framework):
+    """MegatronFSDP.__init__ sets overlap_grad_reduce (optim_grads, optim_grads_params) and overlap_param_gather
+    (optim_grads_params) back to True on the ddp config Megatron-Core's adapter passes it, whichever the flags."""
+    off = framework_card(framework).sharding_overlap_off
+    assert off.units == "overlapped" and off.zero_stages == [2, 3]
+    assert "MegatronFSDP.__init__" in off.source
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_megatron_fsdp_zero3_is_the_same_step_with_the_switch_off(framework, replicas):
+    """At ZeRO-3 every transfer is a unit's (its all-gathers prefetched, its reduce-scatter, and with replicas the
+    outer all-reduce the same reduce_gradients call issues): none moves in line, the step is the switch-on step."""
+    job, plan, off = _mfsdp(framework, 3, replicas, False)
+    _, _, on = _mfsdp(framework, 3, replicas, True)
+    assert sharding_schedule(job, plan).overlapped
+    assert off.step_time_s == on.step_time_s and off.breakdown == on.breakdown
+    [dp] = [a for a in off.assumptions if a.startswith("DP (ZeRO-3")]
+    assert "changes none of that" in dp and "sharding_overlap_off" in dp and "not modelled" not in dp
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_megatron_fsdp_zero2_exposes_only_the_gather_after_the_optimizer(replicas):
+    """At optim_grads (ZeRO-2) overlap_param_gather is left as set: the updated parameters' all-gather after the
+    optimizer (start_param_sync, synchronous) waits whole, while the units' reduce-scatters and the replicas'
+    all-reduce stay hidden. The step grows by exactly the gather's hidden share of the first rank's forward."""
+    batch = dict(seq_length=8192, micro_batch_size=4, global_batch_size=128)  # one micro-batch, a long forward
+    job, plan, off = _mfsdp("megatron-core", 2, replicas, False, **batch)
+    _, plan_on, on = _mfsdp("megatron-core", 2, replicas, True, **batch)
+    cal = calibration("megatron-core")
+    lk = links(job.gpu, job.gpus_per_node, cal)
+    traffic = dp_traffic(plan, lk, mesh_groups(plan, law=job.card.world_size_law), cal)
+    dense = total_params(job.model)
+    sync_off = step_sync(job, plan, cal, lk, traffic, dense, 0.0, True)
+    sync_on = step_sync(job, plan_on, cal, lk, traffic, dense, 0.0, True)
+    assert sync_off.reduce_hidden == sync_on.reduce_hidden == cal.dp_overlap  # the replicas' all-reduce: kept
+    assert (sync_on.reduce > 0) is (replicas > 1)
+    assert sync_off.gather == sync_on.gather > 0 and sync_off.gather_hidden == 0.0
+    assert sync_on.gather_hidden == cal.param_gather_overlap
+    assert plan.num_microbatches(job.global_batch_size) == 1
+    # switch on, the forward hides param_gather_overlap of it, here all of it; off, it is all exposed
+    assert off.breakdown.dp_comm_s - on.breakdown.dp_comm_s == pytest.approx(sync_off.gather, rel=1e-9)
+    assert off.step_time_s - on.step_time_s == pytest.approx(sync_off.gather, rel=1e-9)
+    [dp] = [a for a in off.assumptions if a.startswith("DP (ZeRO-2")]
+    assert "changes none of that" in dp and "after the optimizer follows the switch and waits whole" in dp
+
+
+def test_the_schedule_reads_the_card_not_the_framework():
+    """The same plan on Megatron-Core's engine with DeepSpeed's fact (units on the compute stream) moves every unit's
+    transfer in line, and without any fact its replicas' all-reduce is no longer kept hidden: the card decides."""
+    card = framework_card("megatron-core")
+    ds = framework_card("deepspeed").sharding_overlap_off.model_copy(update={"zero_stages": [2, 3]})
+    job, plan, in_line = _mfsdp("megatron-core", 3, 2, False, card.model_copy(update={"sharding_overlap_off": ds}))
+    _, _, kept = _mfsdp("megatron-core", 3, 2, False)
+    _, _, unread = _mfsdp("megatron-core", 3, 2, False, card.model_copy(update={"sharding_overlap_off": None}))
+    assert not sharding_schedule(job, plan).overlapped
+    assert in_line.step_time_s > unread.step_time_s > kept.step_time_s
+    [dp] = [a for a in unread.assumptions if a.startswith("DP (ZeRO-3")]
+    assert "grad_reduce_overlap=false is not modelled on this schedule" in dp
 
 
 def test_deepspeed_zero0_all_reduces_after_the_backward_whatever_the_switch():

@@ -208,6 +208,12 @@ NAMED = [
     # (ShardingSchedule.overlapped): its plans' steps rise above the sharding floor the bounds read, never under it.
     dict(model="llama-3.1-8b", num_gpus=8, gpu="a100-80gb", framework="deepspeed", grad_reduce_overlap=False,
          zero_stage=3, seq_length=8192, global_batch_size=16),
+    # Megatron-FSDP with --overlap-grad-reduce off turns its overlap back on (MegatronFSDP.__init__, card
+    # sharding_overlap_off units overlapped at ZeRO-2/3): its units and the replicas' all-reduce stay hidden
+    # (sharding_traffic.units_kept_overlapped, read by step_sync, which the sync floor reads too), while ZeRO-1's
+    # sync is exposed: the oracle ranks ZeRO-3 first (0.7037 s, mbs 2) and the bounds must hold on both sides.
+    dict(model="llama-3.1-8b", num_gpus=16, gpu="h100", framework="megatron-core", grad_reduce_overlap=False,
+         dp_replicate=2, seq_length=4096, global_batch_size=32),
 ]
 
 

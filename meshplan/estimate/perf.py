@@ -46,7 +46,13 @@ from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth
 from meshplan.estimate.memory_terms import time_rank_parts
 from meshplan.estimate.moe_time import a2a_steady_share, moe_host_syncs
 from meshplan.estimate.mtp_time import head_with_mtp
-from meshplan.estimate.sharding_traffic import DpTraffic, dp_hidden_share, grad_reduce_bytes, sharding_schedule
+from meshplan.estimate.sharding_traffic import (
+    DpTraffic,
+    dp_hidden_share,
+    grad_reduce_bytes,
+    sharding_schedule,
+    units_kept_overlapped,
+)
 from meshplan.estimate.stage_time import (
     Recompute,
     StageInputs,
@@ -639,8 +645,9 @@ def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraf
               per_step: bool) -> StepSync:
     """The once-per-step collectives of a rank holding `dense` and `expert` parameters (`per_step`: the sharding
     schedule's units move the gradients, so only hybrid sharding's all-reduce across the replicas is left here, where
-    it runs once in the last micro-batch, its backward hiding dp_overlap of it: Megatron-FSDP; with each unit's
-    reduction, DpTraffic.reduce, it is the units' own)."""
+    it runs once in the last micro-batch, its backward hiding dp_overlap of it: Megatron-FSDP, whose own overlap holds
+    with the plan's grad_reduce_overlap off too, sharding_traffic.units_kept_overlapped; with each unit's reduction,
+    DpTraffic.reduce, it is the units' own)."""
     grad_bytes = grad_reduce_bytes(plan, cal)  # the plan's grad_reduce_in_fp32, else the framework's default
     # ZeRO-1/2 (not FSDP) may still all-reduce the whole gradient (nanotron without DDP) and may
     # run it after the backward instead of bucket by bucket inside it (zero_grad_* in the card).
@@ -657,7 +664,8 @@ def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraf
         # ZeRO-1/2: the buckets' reduce-scatter, then (hybrid sharding) the shard's all-reduce across the replicas
         sync = StepSync(traffic(dense, expert, grad_bytes) + traffic.replica_allreduce(dense, expert, grad_bytes),
                         cal.zero_grad_overlap)
-    sync = sync._replace(reduce_hidden=dp_hidden_share(plan, sync.reduce_hidden))  # 0 with grad_reduce_overlap off
+    if not (per_step and units_kept_overlapped(job, plan)):  # Megatron-FSDP's replica all-reduce stays hidden
+        sync = sync._replace(reduce_hidden=dp_hidden_share(plan, sync.reduce_hidden))  # 0 with grad_reduce_overlap off
     if sharded_opt:
         return sync._replace(gather=traffic(dense, expert, BF16),
                              gather_hidden=dp_hidden_share(plan, cal.param_gather_overlap))

@@ -16,6 +16,7 @@ from meshplan.arithmetic.mesh import Group
 from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.memory_terms import RankParts
 from meshplan.knowledge.calibration import Calibration
+from meshplan.knowledge.fsdp_card import ShardingOverlapOff
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 
@@ -259,8 +260,8 @@ class ShardingSchedule:
     grads_sharded: bool  # ZeRO-2/3 / FSDP: gradients reduce-scattered into shards
     gather_each_microbatch: bool  # freed after forward, gathered forward and backward in every micro-batch
     reduce_each_microbatch: bool  # every backward reduce-scatters (else only the last micro-batch's)
-    # False where the engine runs each unit's transfers on the compute stream (the card's zero3_prefetch
-    # compute_stream_without_overlap, with the plan's grad_reduce_overlap off): nothing hides them
+    # False where the engine runs each unit's transfers on the compute stream with the plan's grad_reduce_overlap off
+    # (the card's sharding_overlap_off units compute_stream, overlap_off): nothing hides them
     overlapped: bool = True
 
     @property
@@ -277,10 +278,27 @@ def sharding_schedule(job: Job, plan: Plan) -> ShardingSchedule:
     keep = params and keeps_gathered(job.card, plan.pp)
     defer = grads and holds_grads(job.card, plan.pp, plan.num_microbatches(job.global_batch_size),
                                   plan.defer_fsdp_grad_sync)
-    prefetch = job.card.zero3_prefetch
-    in_line = (params and not plan.grad_reduce_overlap and prefetch is not None
-               and prefetch.compute_stream_without_overlap)
+    off = overlap_off(job, plan)
+    in_line = params and off is not None and off.units == "compute_stream"
     return ShardingSchedule(params, grads, params and not keep, grads and not defer, not in_line)
+
+
+def overlap_off(job: Job, plan: Plan) -> ShardingOverlapOff | None:
+    """Where the plan's sharding units run their transfers with its grad_reduce_overlap off: the framework card's
+    sharding_overlap_off at the plan's ZeRO stage (DeepSpeed ZeRO-3 on the compute stream; Megatron-FSDP turns its
+    overlap back on). None with the switch on, or where the card does not say (timed as overlapped, and said)."""
+    off = job.card.sharding_overlap_off
+    if plan.grad_reduce_overlap or off is None or plan.zero_stage not in off.zero_stages:
+        return None
+    return off
+
+
+def units_kept_overlapped(job: Job, plan: Plan) -> bool:
+    """The switch is off but the engine keeps its units' transfers overlapped (sharding_overlap_off units
+    overlapped: Megatron-FSDP's MegatronFSDP.__init__ sets overlap_grad_reduce back on), so the hybrid-sharding
+    all-reduce its per-unit reduction issues is hidden as with the switch on."""
+    off = overlap_off(job, plan)
+    return off is not None and off.units == "overlapped"
 
 
 class ShardingExposed(NamedTuple):

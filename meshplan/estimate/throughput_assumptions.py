@@ -11,7 +11,7 @@ from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption
 from meshplan.estimate.moe_time import moe_host_syncs
-from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, sharding_schedule
+from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, overlap_off, sharding_schedule
 from meshplan.estimate.tp_overlap import tp_ring_passes
 from meshplan.knowledge.calibration import Calibration, calibration_summary
 from meshplan.schema.plan import Job, Plan
@@ -85,17 +85,27 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     head = (f"DP (ZeRO-{plan.zero_stage} / FSDP schedule of {job.framework}): {params}; gradients reduce-scattered "
             f"layer by layer in {nbytes:.0f}-byte elements over dp x cp {grads}"
             + (" (routed experts over expert-DP)" if job.model.moe is not None and plan.ep > 1 else ""))
-    if not sched.overlapped:  # the card's zero3_prefetch.compute_stream_without_overlap, the switch off
-        return (head + ". grad_reduce_overlap=false (DeepSpeed's zero_optimization.overlap_comm false): every "
-                "all-gather and reduce-scatter runs on the compute stream (cards/frameworks/deepspeed.yaml "
-                "zero3_prefetch), so each waits whole and none hides behind a layer's compute.")
-    return (head + ". Each transfer runs on its own stream and hides behind the neighbouring layer's compute and its "
+    off = overlap_off(job, plan)  # the card's sharding_overlap_off at this ZeRO stage, the switch off
+    switch = " / ".join(job.card.keys_setting("grad_reduce_overlap"))  # the framework's own name for it
+    if not sched.overlapped:  # its units on the compute stream
+        return (head + f". grad_reduce_overlap=false ({switch} false): every "
+                f"all-gather and reduce-scatter runs on the compute stream (cards/frameworks/{job.framework}.yaml "
+                "sharding_overlap_off), so each waits whole and none hides behind a layer's compute.")
+    said = (head + ". Each transfer runs on its own stream and hides behind the neighbouring layer's compute and its "
             "TP / CP / EP collectives over the other kind of link (NVLink against network; exposed: what exceeds "
-            "them, plus the first layer's all-gather and the last one's reduce-scatter)."
-            + ("" if plan.grad_reduce_overlap else
-               " grad_reduce_overlap=false is not modelled on this schedule: its layer-by-layer transfers are timed as "
-               "overlapped as above (whether this engine then runs them on the compute stream, as DeepSpeed ZeRO-3 "
-               "does, is not in its card)."))
+            "them, plus the first layer's all-gather and the last one's reduce-scatter).")
+    if plan.grad_reduce_overlap:
+        return said
+    if off is not None:  # units overlapped: the engine turns its overlap back on
+        return (said + f" grad_reduce_overlap=false ({switch} false) changes none of that: at ZeRO-{plan.zero_stage} "
+                f"{job.card.display_name}'s engine turns its overlap back on itself (cards/frameworks/"
+                f"{job.framework}.yaml sharding_overlap_off), so these transfers, and any replicas' all-reduce, stay "
+                "overlapped" + ("." if sched.params_sharded else
+                                "; the updated parameters' all-gather after the optimizer follows the switch and "
+                                "waits whole."))
+    return (said + " grad_reduce_overlap=false is not modelled on this schedule: its layer-by-layer transfers are "
+            "timed as overlapped as above (where this engine then runs them is not in its card's "
+            "sharding_overlap_off).")
 
 
 def hybrid_sharding_assumption(plan: Plan) -> str:

@@ -21,7 +21,7 @@ from meshplan.knowledge.allocator_card import AllocatorFacts, AllocatorSetting
 from meshplan.knowledge.compute_card import AttentionSemantics, CompileSemantics, RecomputeSemantics
 from meshplan.knowledge.defaults_card import FrameworkDefaults, FrameworkLimits, MemoryFix, SearchKnobs
 from meshplan.knowledge.engine_card import EngineFacts, MemoryConvention, OptimizerStepFacts, VisionTowerEngines
-from meshplan.knowledge.fsdp_card import GradAccumulationFacts, Zero3Prefetch
+from meshplan.knowledge.fsdp_card import GradAccumulationFacts, ShardingOverlapOff, Zero3Prefetch
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.moe_card import (
     FlexDispatcherEngines,
@@ -246,6 +246,9 @@ class FrameworkCard(_Card):
     zero3_prefetch: Zero3Prefetch | None = Field(
         None, description="Absent: a ZeRO-3 / FSDP unit's all-gather is prefetched behind the unit before it whatever "
                           "its size (FSDP2, Megatron-FSDP)")
+    sharding_overlap_off: ShardingOverlapOff | None = Field(
+        None, description="Absent: the framework has no overlap switch, or where its per-unit transfers run with it "
+                          "off was not read (timed as overlapped, said in the DP assumption)")
     pipeline: PipelineFacts = Field(MEGATRON_PIPELINE, description="Absent: Megatron-Core's schedules")
     mixed_precision_presets: MixedPrecisionPresets | None = Field(
         None, description="Absent: the framework registers no named mixed-precision presets")
@@ -289,6 +292,10 @@ class FrameworkCard(_Card):
             if missing:
                 raise ValueError(f"rl.colocated_offload_states lacks the engines {sorted(missing)}")
         return self
+
+    def keys_setting(self, field: str) -> list[str]:
+        """The keys of the framework's own files that set a request field (its read.keys), none without a reader."""
+        return [] if self.read is None else [key for key, name in self.read.keys.items() if name == field]
 
     @property
     def renderable(self) -> bool:

@@ -1,5 +1,7 @@
 """The framework card's facts about its FSDP gradient accumulation (cards/frameworks/*.yaml `grad_accumulation`):
-what each FSDP unit holds between the micro-batches of a step. Apart from cards.py, which holds the card."""
+what each FSDP unit holds between the micro-batches of a step; how its ZeRO-3 engine prefetches (`zero3_prefetch`)
+and where its per-unit transfers run with the overlap switch off (`sharding_overlap_off`). Apart from cards.py, which
+holds the card."""
 
 from __future__ import annotations
 
@@ -53,8 +55,21 @@ class Zero3Prefetch(_Card):
 
     max_live_parameters: float = Field(gt=0, description="stage3_max_live_parameters default, elements")
     prefetch_bucket_size: float = Field(ge=0, description="stage3_prefetch_bucket_size default, elements")
-    compute_stream_without_overlap: bool = Field(
-        default=False, description="Whether the engine runs its per-unit all-gathers and reduce-scatters on the "
-                                   "compute stream when the plan's grad_reduce_overlap is off (DeepSpeed's "
-                                   "overlap_comm false): every transfer then waits whole, none hidden")
+    source: str
+
+
+class ShardingOverlapOff(_Card):
+    """What a sharding engine does with its per-unit all-gathers and reduce-scatters (ShardingSchedule's units, and
+    hybrid sharding's all-reduce across the replicas where the same reduction issues it) when the framework's
+    data-parallel overlap switch is off (the plan's grad_reduce_overlap false): runs them on the compute stream, each
+    waiting whole (DeepSpeed ZeRO-3 without overlap_comm), or turns the overlap back on itself, so they stay beside
+    the compute as with the switch on (Megatron-FSDP). The once-per-step gather after the optimizer of a stage that
+    does not shard parameters is not a unit's: it follows the switch (sharding_traffic.dp_hidden_share)."""
+
+    units: Literal["compute_stream", "overlapped"] = Field(
+        description="compute_stream: every unit's transfer waits whole, none hidden; overlapped: timed as with the "
+                    "switch on")
+    zero_stages: list[Literal[0, 1, 2, 3]] = Field(
+        min_length=1, description="The plan's ZeRO stages this holds for (the engine the card runs them on); another "
+                                  "stage's units are timed as overlapped and the DP assumption says it is not read")
     source: str

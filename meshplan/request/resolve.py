@@ -483,9 +483,9 @@ def _grad_reduce_overlap(req: Request, card, notes: list[str]) -> bool:
     (no key of its card's read section sets grad_reduce_overlap: FSDP2's hooks always overlap, and verl's and
     nanotron's calibration already hides nothing)."""
     if req.grad_reduce_overlap is False:
-        if not _keys_setting(card, "grad_reduce_overlap"):
+        if not card.keys_setting("grad_reduce_overlap"):
             settings = ", ".join(f"{other.display_name} {key}" for other in map(framework_card, FRAMEWORKS)
-                                 for key in _keys_setting(other, "grad_reduce_overlap"))
+                                 for key in other.keys_setting("grad_reduce_overlap"))
             raise MeshplanError(f"grad_reduce_overlap=false: {card.display_name} has no setting that turns the "
                                 f"data-parallel overlap off (cards/frameworks/*.yaml read.keys: {settings}).",
                                 fix="Leave grad_reduce_overlap out for this framework.")
@@ -493,14 +493,10 @@ def _grad_reduce_overlap(req: Request, card, notes: list[str]) -> bool:
                      "updated parameters) runs after the backward, none of it hidden (cards/calibration.yaml "
                      "dp_overlap, zero_grad_overlap, param_gather_overlap apply only with it on); under ZeRO-3 / "
                      "FSDP the layer-by-layer transfers wait whole where the framework then runs them on the "
-                     "compute stream (DeepSpeed: card zero3_prefetch), else they are still timed as overlapped (the "
-                     "DP assumption says which).")
+                     "compute stream, and stay overlapped where it turns its overlap back on (the card's "
+                     "sharding_overlap_off: DeepSpeed ZeRO-3 the first, Megatron-FSDP the second; the DP assumption "
+                     "says which).")
     return req.grad_reduce_overlap is not False
-
-
-def _keys_setting(card, field: str) -> list[str]:
-    """The keys of a framework's own files that set a request field (its card's read.keys), none without a reader."""
-    return [] if card.read is None else [key for key, name in card.read.keys.items() if name == field]
 
 
 def _tp_comm_overlap(req: Request, card, tp: int, notes: list[str]) -> bool:
