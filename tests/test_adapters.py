@@ -153,6 +153,8 @@ CASES: list[tuple[str, str | None, dict]] = [
                          samples_per_prompt=8, optimizer_state_dtype="fp8", grad_reduce_in_fp32=False)),
     ("skyrl", "sft", dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=128, optimizer_state_dtype="bf16",
                           optimizer_offload_fraction=0.5)),
+    ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, pp=2, global_batch_size=320, job="rl",
+                         samples_per_prompt=8, precision="fp8", fp8_recipe="tensorwise")),
     ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=320, optimizer_offload=False)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, param_offload=True)),
     # torch.compile (torchtitan --compile.enable / [compile] enable, KempnerForge train.compile_model)

@@ -277,7 +277,8 @@ def test_enforce_eager_drops_the_graphs_and_pays_the_launches():
     # and 2 all-reduces (cards/rollout_kernels.yaml), each at calibration.yaml's seconds per launch
     assert plan.rollout_tp == 2 and job.model.moe is not None and job.model.qk_norm != "none"
     per_layer = 2 + 5 + 1 + 2 + 7 + 2
-    assert without - with_graphs == pytest.approx(48 * per_layer * calibration_card().rl.eager_launch_s_per_kernel.value)
+    per_kernel = calibration_card().rl.eager_launch_s_per_kernel.value
+    assert without - with_graphs == pytest.approx(48 * per_layer * per_kernel)
     assert f"{48 * per_layer:,} kernels" in words and "eager kernel launches" in words
 
 

@@ -330,8 +330,8 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     if "moe_token_dispatcher_type" in m:
         out["moe_token_dispatcher"] = m["moe_token_dispatcher_type"]
     opt = "optimizer_config_kwargs."
-    out.update(_precision(m.get(opt + "use_precision_aware_optimizer"), m.get(opt + "exp_avg_dtype"), None, None,
-                          m.get("ddp_config.grad_reduce_in_fp32")))
+    out.update(_precision(m.get(opt + "use_precision_aware_optimizer"), m.get(opt + "exp_avg_dtype"),
+                          m.get("fp8_recipe"), None, m.get("ddp_config.grad_reduce_in_fp32")))
     return out
 
 

@@ -25,6 +25,7 @@ from meshplan.adapters.common import (
     split_fields,
 )
 from meshplan.adapters.lora import skyrl_lora, verl_lora
+from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.plan import Job, Plan
 
@@ -449,6 +450,8 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
         o.append(("remove_microbatch_padding" if variant == "sft" else "trainer.remove_microbatch_padding", True))
     if variant != "sft" and not plan.optimizer_offload:  # SkyRL's default is on
         o.append(("trainer.policy.optimizer_config.offload_after_step", False))
+    if job.precision == "fp8":  # MegatronConfig.fp8 / fp8_recipe, folded into its TransformerConfig kwargs
+        o += [(f"{prefix}.fp8", "hybrid"), (f"{prefix}.fp8_recipe", fp8_recipe(job, plan))]
     optimizer = {**megatron_cpu_optimizer(plan), **megatron_precision_aware(plan)}  # one switch for both
     o += [(f"{prefix}.optimizer_config_kwargs.{k}", v) for k, v in optimizer.items()]
     if plan.grad_reduce_in_fp32 is False:  # MegatronDDPConfig's default is True

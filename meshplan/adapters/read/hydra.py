@@ -296,10 +296,12 @@ def read_skyrl(text: str, path: str) -> Reading:
         settings = _sft_keys(settings)
     left = apply(reading, settings, key_table("skyrl", variant=reading.variant),
                  frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "global_batch_size", "recompute_full",
-                            "algorithm"}))
+                            "algorithm", "fp8"}))
     for s, m in left:
         if m.target == "global_batch_size" and sft:  # SFTConfig.batch_size: sequences, not prompts
             reading.state("global_batch_size", s.value, s)
+        elif m.target == "fp8" and str(s.value).strip("'\"") not in ("null", "None", ""):  # MegatronConfig.fp8's format
+            reading.state("precision", "fp8", s)
         elif m.target == "recompute_full" and reading.variant == "fsdp":
             reading.state("recompute", "full" if as_bool(s.value) else "none", s)
         elif m.target == "recompute_full":

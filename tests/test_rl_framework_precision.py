@@ -124,3 +124,23 @@ def test_skyrl_fsdp_refuses_them_with_its_reason():
     with pytest.raises(MeshplanError) as err:
         render("skyrl", job, plan)
     assert "megatron strategy" in err.value.fix
+
+
+@pytest.mark.parametrize("variant,prefix", [("rl", "trainer.policy.megatron_config."), ("sft", "megatron_config.")])
+def test_skyrl_fp8_is_written_not_left_to_bf16(variant, prefix):
+    """SkyRL's render left precision=fp8 out of the command (its MegatronConfig.fp8 / fp8_recipe were never written):
+    the plan was timed in fp8 and the run would train in bf16. Now the format and the recipe are written, read back
+    and imported; rowwise, which Megatron-Core has no recipe for, is refused (PR003) with the nearest it runs."""
+    fields = dict(model="qwen3-30b-a3b", framework="skyrl", num_gpus=16, ep=8, pp=2, global_batch_size=128,
+                  precision="fp8", fp8_recipe="blockwise")
+    if variant == "rl":
+        fields |= {"job": "rl", "samples_per_prompt": 8}
+    job, plan = resolve(Request(**fields))
+    result = render("skyrl", job, plan, variant=variant)
+    assert f"{prefix}fp8=hybrid" in result.text and f"{prefix}fp8_recipe=blockwise" in result.text, result.text
+    assert parse_plan("skyrl", result.variant, result.text, job.model.num_layers)["fp8_recipe"] == "blockwise"
+    imported = import_config(result.text, "run.sh")
+    assert (imported.request["precision"], imported.request["fp8_recipe"]) == ("fp8", "blockwise")
+    rowwise = resolve(Request(**{**fields, "fp8_recipe": "rowwise"}))
+    assert "fp8_recipe=blockwise" in {f.id: f.fix for f in check_config(*rowwise, include_memory=False).findings}[
+        "PR003"]
