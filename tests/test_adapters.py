@@ -127,6 +127,10 @@ CASES: list[tuple[str, str | None, dict]] = [
                                            global_batch_size=4096, pipeline_layout="Et*4|(t*4|)*14tL")),
     ("megatron-bridge", None, dict(model="llama-3.1-8b", num_gpus=8, pp=2, global_batch_size=64,
                                    account_for_embedding=True, account_for_loss=True)),
+    *[(f, None, dict(model="llama-3.1-8b", num_gpus=8, pp=2, global_batch_size=64, account_for_embedding=True,
+                     account_for_loss=True)) for f in ("verl", "skyrl")],
+    ("verl", "megatron", dict(model="qwen3-235b-a22b", num_gpus=256, tp=4, pp=8, ep=4, global_batch_size=256,
+                              account_for_embedding=True, account_for_loss=True)),
     # Megatron's uniform full recompute in chunks of N layers (recompute_method / recompute_num_layers).
     ("megatron-core", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, global_batch_size=512,
                                  recompute="full", recompute_method="uniform", recompute_layers=4)),

@@ -29,6 +29,8 @@ USES = {  # knob -> request fields that use it
     dict(moe_token_dispatcher="flex"), "dropout": dict(dropout=True), "uneven_pp": dict(pp=2, first_stage_layers=23,
                                                                                         last_stage_layers=25),
     "vpp": dict(pp=2, vpp=2),
+    **{f"account_for_{part}": dict(pp=2, account_for_embedding=True, account_for_loss=True)
+       for part in ("embedding", "loss")},  # 48 layers + 2 over pp 2
 }
 WRITTEN_ELSEWHERE = {
     ("megatron-bridge", "run_recipe", "fp8_"): "run_recipe.py names the registered preset (mixed_precision=<preset>)",

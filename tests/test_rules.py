@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan import api
 from meshplan.arithmetic.schedule import uneven_split
 from meshplan.check.config import check_config
 from meshplan.core.units import gib
@@ -907,6 +908,24 @@ def test_a_rollout_fraction_holding_no_sequence_is_rl006_with_fixes_that_clear_i
                 fixed = check_config(*make(**base, **{"rollout_memory_fraction": fraction, **change}))
                 assert "RL006" not in {x.id for x in fixed.findings}, change
 
+
+
+def test_rl006_names_the_rollout_tp_that_holds_the_weights_and_render_says_why_in_its_headline():
+    """Qwen3-235B-A22B GRPO on 256 H100 at verl's defaults (rollout TP 2, fraction 0.5): 219 GiB of engine weights per
+    GPU. The fix tried rollout_tp 4 alone and fell back to 'GPUs with more memory'; it now doubles rollout_tp within
+    the NVLink domain to the least that holds a sequence, with the fraction that then holds one (8 at 0.7). Render's
+    headline said 'breaks 1 rule (RL006): .' (the step fits, so no reason was given); it names the rule's title."""
+    from meshplan.adapters.render import RefusedLayout
+
+    base = dict(model="qwen3-235b-a22b", framework="verl", gpu="h100", num_gpus=256, tp=4, pp=8, ep=4, job="rl",
+                account_for_embedding=True, account_for_loss=True)
+    f = finding_of("RL006", *make(**base), include_memory=True)
+    assert "rollout_tp=8 with rollout_memory_fraction=0.7 or more" in f.fix, f.fix
+    fixed = check_config(*make(**base, rollout_tp=8, rollout_memory_fraction=0.7))
+    assert "RL006" not in {x.id for x in fixed.findings}
+    with pytest.raises(RefusedLayout) as refused:
+        api.render_config("verl", Request(**base))
+    assert "(RL006): the rollout engine's budget holds no sequence." in refused.value.reason
 
 
 def test_the_rl_recommend_counts_a_fraction_holding_no_sequence_under_rl006():

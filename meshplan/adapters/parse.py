@@ -271,6 +271,8 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                zero_stage=1 if m["use_distributed_optimizer"] else 0,  # verl's zero_stage 3: its FSDP engine
                first_stage_layers=o.get(t + "num_layers_in_first_pipeline_stage"),
                last_stage_layers=o.get(t + "num_layers_in_last_pipeline_stage"),
+               account_for_embedding=bool(o.get(t + "account_for_embedding_in_pipeline_split")),
+               account_for_loss=bool(o.get(t + "account_for_loss_in_pipeline_split")),
                **plan_recompute(o.get(t + "recompute_granularity"), o.get(t + "recompute_method"),
                                 o.get(t + "recompute_num_layers"), o.get(t + "recompute_modules")))
     out.update(_attention("verl", "megatron", o.get(t + "attention_backend"), o.get(t + "attention_dropout")))
@@ -322,6 +324,8 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     out.update(sequence_parallel=kw.get("sequence_parallel", out["tp"] > 1), micro_batch_size=mbs, zero_stage=1,
                first_stage_layers=kw.get("num_layers_in_first_pipeline_stage"),
                last_stage_layers=kw.get("num_layers_in_last_pipeline_stage"),
+               account_for_embedding=bool(kw.get("account_for_embedding_in_pipeline_split")),
+               account_for_loss=bool(kw.get("account_for_loss_in_pipeline_split")),
                **plan_recompute(kw.get("recompute_granularity"), kw.get("recompute_method"),
                                 kw.get("recompute_num_layers"), kw.get("recompute_modules")))
     out.update(_attention("skyrl", variant, kw.get("attention_backend"), kw.get("attention_dropout")))

@@ -53,6 +53,8 @@ def _transformer_overrides(job: Job, plan: Plan) -> list[Override]:
         out.append(("num_layers_in_first_pipeline_stage", split.first))
     if split.last is not None:
         out.append(("num_layers_in_last_pipeline_stage", split.last))
+    out += [(f"account_for_{part}_in_pipeline_split", True)  # the embedding / loss counted as a layer of the split
+            for part, on in (("embedding", plan.account_for_embedding), ("loss", plan.account_for_loss)) if on]
     if plan.cp > 1:
         out.append(("cp_comm_type", plan.cp_comm_type))
         if plan.cp_comm_type == "a2a+p2p":

@@ -182,11 +182,18 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
     fixes = []
     if budget > 0 and (fraction := math.ceil(100 * plan.rollout_memory_fraction * need / budget) / 100) <= 1:
         fixes.append(f"rollout_memory_fraction={fraction:g} or more")
-    wider = plan.model_copy(update={"rollout_tp": 2 * plan.rollout_tp})
-    gpus = plan.rollout_gpus or ctx.world
-    if gpus % (2 * plan.rollout_tp * plan.rollout_dp) == 0 and wider.rollout_tp <= ctx.fast_domain and \
-            _engine_needs(job, wider, length)[0] <= budget:  # whole replicas (RL002) in the NVLink domain (RL004)
-        fixes.append(f"rollout_tp={wider.rollout_tp} (the engine's weights and KV cache split over twice the GPUs)")
+    gpus, tp = plan.rollout_gpus or ctx.world, 2 * plan.rollout_tp
+    # the least doubling of rollout_tp whose engine holds a sequence: whole replicas (RL002) in the NVLink domain
+    # (RL004), with the least fraction that then holds one where the request's does not
+    while budget > 0 and gpus % (tp * plan.rollout_dp) == 0 and tp <= ctx.fast_domain:
+        need_tp = _engine_needs(job, plan.model_copy(update={"rollout_tp": tp}), length)[0]
+        at = math.ceil(100 * plan.rollout_memory_fraction * need_tp / budget) / 100
+        if at <= 1:
+            also = f" with rollout_memory_fraction={at:g} or more" if need_tp > budget else ""
+            fixes.append(f"rollout_tp={tp}{also} (the engine's weights and KV cache split over "
+                         f"{tp // plan.rollout_tp} times the GPUs)")
+            break
+        tp *= 2
     knobs = [k for k in phase_knobs(ctx.card, plan) if not getattr(plan, k)]
     if of_free and knobs and rollout.pool == "trainer":  # its fraction is of the memory the trainer leaves free
         fixes.append(f"{' and '.join(f'{k}=true' for k in knobs)} (the trainer's states leave the GPUs for the "
