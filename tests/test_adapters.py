@@ -229,6 +229,8 @@ CASES: list[tuple[str, str | None, dict]] = [
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=32, zero_stage=3, dp_replicate=4, global_batch_size=128)),
     ("nemo-automodel", None, dict(model="llama-3.1-8b", num_gpus=32, dp_replicate=4, global_batch_size=128)),
     ("verl", "fsdp", dict(model="llama-3.1-8b", num_gpus=32, zero_stage=3, dp_replicate=4, global_batch_size=128)),
+    *[("skyrl", v, dict(model="llama-3.1-8b", num_gpus=32, zero_stage=3, dp_replicate=4, global_batch_size=160,
+                        **rl)) for v, rl in (("fsdp", {"job": "rl"}), ("sft-fsdp", {}))],
     # LoRA leaving Llama 4's vision tower out (lora_vision false): PEFT's exclude_modules, read back
     *[(f, v, dict(model="llama-4-scout", num_gpus=64, zero_stage=3, job="lora", lora_vision=False,
                   global_batch_size=256)) for f, v in (("verl", "fsdp"), ("skyrl", "fsdp"))],

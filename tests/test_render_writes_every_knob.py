@@ -28,7 +28,7 @@ USES = {  # knob -> request fields that use it
     "optimizer_offload_fraction": dict(optimizer_offload_fraction=0.5), "moe_flex_dispatcher":
     dict(moe_token_dispatcher="flex"), "dropout": dict(dropout=True), "uneven_pp": dict(pp=2, first_stage_layers=23,
                                                                                         last_stage_layers=25),
-    "vpp": dict(pp=2, vpp=2),
+    "vpp": dict(pp=2, vpp=2), "dp_replicate": dict(dp_replicate=2),
     **{f"account_for_{part}": dict(pp=2, account_for_embedding=True, account_for_loss=True)
        for part in ("embedding", "loss")},  # 48 layers + 2 over pp 2
 }

@@ -222,17 +222,22 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
 def _verl_sft(o: dict[str, Any], text: str) -> dict[str, Any]:
     """verl's SFT trainer (variant sft-fsdp): torchrun's world, sft_trainer_engine.yaml's engine, model, data keys."""
     world, cp = _torchrun_world(text), int(o["engine.ulysses_sequence_parallel_size"])
-    shard = int(o.get("engine.fsdp_size", -1))
     return {**parsed_lora(o.get("model.lora_rank"), o.get("model.target_modules"), hf=True,
                           exclude=o.get("model.exclude_modules"), wrapped=o.get("model.target_parameters")),
             "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3,
             "micro_batch_size": int(o["data.micro_batch_size_per_gpu"]),
-            "dp_replicate": world // shard if 0 < shard < world else 1,
+            "dp_replicate": _replicas(world, o.get("engine.fsdp_size", -1)),
             **_attention("verl", "fsdp", o.get("model.override_config.attn_implementation")),
             "recompute": "full" if o["model.enable_gradient_checkpointing"] else "none",
             "activation_offload": bool(o.get("model.enable_activation_offload")),
             "param_offload": bool(o.get("engine.param_offload")),
             "optimizer_offload": bool(o.get("engine.optimizer_offload"))}
+
+
+def _replicas(world: int, fsdp_size: Any) -> int:
+    """dp_replicate from verl's / SkyRL's fsdp_config.fsdp_size: world / the shard group, 1 for every rank (-1)."""
+    shard = int(fsdp_size)
+    return world // shard if 0 < shard < world else 1
 
 
 def _torchrun_world(text: str) -> int:
@@ -254,9 +259,8 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         else parsed_lora(o.get(model + "lora.rank"), o.get(model + "lora.target_modules"))
     if variant == "fsdp":
         cp = int(o["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"])
-        shard = int(o.get("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1))  # -1: every rank
         return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
-                "dp_replicate": world // shard if 0 < shard < world else 1,
+                "dp_replicate": _replicas(world, o.get("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1)),
                 **_attention("verl", "fsdp", o.get("actor_rollout_ref.model.override_config.attn_implementation")),
                 "recompute": "full" if o["actor_rollout_ref.model.enable_gradient_checkpointing"] else "none",
                 "activation_offload": bool(o.get("actor_rollout_ref.model.enable_activation_offload")),
@@ -303,6 +307,7 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         cp, world = int(o["sequence_parallel_size"]), _world(o["placement.num_nodes"], o["placement.num_gpus_per_node"])
         return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "recompute": "full",
                 "micro_batch_size": int(o["micro_train_batch_size_per_gpu"]),
+                "dp_replicate": _replicas(world, o.get("fsdp_config.fsdp_size", -1)),
                 "param_offload": bool(o.get("fsdp_config.cpu_offload", False))}
     if variant == "sft":
         world, p = _world(o["placement.num_nodes"], o["placement.num_gpus_per_node"]), "megatron_config."
@@ -314,6 +319,7 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         cp = int(o["trainer.policy.sequence_parallel_size"])
         flash = o.get("trainer.flash_attn")
         return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
+                "dp_replicate": _replicas(world, o.get("trainer.policy.fsdp_config.fsdp_size", -1)),
                 **_attention("skyrl", "fsdp", None if flash is None else str(flash)),
                 "recompute": "full" if o["trainer.gradient_checkpointing"] else "none"}
     m = {k[len(p):]: v for k, v in o.items() if k.startswith(p)}

@@ -194,9 +194,7 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
             o += [("critic.strategy", "fsdp2"), ("critic.fsdp.ulysses_sequence_parallel_size", plan.cp)]
         o += [("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
               ("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
-              # the shard group: all ranks (-1), or one replica's dp*cp / dp_replicate (HSDP)
-              ("actor_rollout_ref.actor.fsdp_config.fsdp_size",
-               -1 if plan.dp_replicate == 1 else plan.dp * plan.cp // plan.dp_replicate),
+              ("actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp_group(plan)),
               ("actor_rollout_ref.model.enable_gradient_checkpointing", plan.recompute == "full"),
               ("actor_rollout_ref.model.use_remove_padding", True)]
         backend = attention_value("verl", "fsdp", plan.attention_backend)
@@ -231,6 +229,12 @@ def verl_precision_aware(plan: Plan) -> dict[str, object]:
     if plan.grad_reduce_in_fp32 is False:
         out["main_grads_dtype"] = "bf16"
     return {"use_precision_aware_optimizer": True, **out} if out else {}
+
+
+def fsdp_group(plan: Plan) -> int:
+    """verl's and SkyRL's fsdp_config.fsdp_size: the shard group, all ranks (-1), or one replica's dp*cp /
+    dp_replicate (hybrid sharding: both build the (ddp, fsdp) mesh as (world / fsdp_size, fsdp_size))."""
+    return -1 if plan.dp_replicate == 1 else plan.dp * plan.cp // plan.dp_replicate
 
 
 def _verl_megatron_offload(job: Job, plan: Plan) -> list[Override]:
@@ -368,7 +372,7 @@ def skyrl_sft_fsdp(job: Job, plan: Plan) -> list[Override]:
         ("strategy", "fsdp"), ("model.path", _model_path(job)), ("placement.num_nodes", n.nnodes),
         ("placement.num_gpus_per_node", n.per_node), ("batch_size", job.global_batch_size),
         ("micro_train_batch_size_per_gpu", plan.micro_batch_size), ("max_length", job.seq_length),
-        ("sequence_parallel_size", plan.cp), ("fsdp_config.fsdp_size", -1)]
+        ("sequence_parallel_size", plan.cp), ("fsdp_config.fsdp_size", fsdp_group(plan))]
     if plan.param_offload:
         o.append(("fsdp_config.cpu_offload", True))
     return o
@@ -429,7 +433,7 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
                      " on the same GPUs (colocate_all needs num_engines x TP x DP = policy GPUs).")]
     if not megatron:
         o += [("trainer.policy.sequence_parallel_size", plan.cp), ("trainer.ref.sequence_parallel_size", plan.cp),
-              ("trainer.policy.fsdp_config.fsdp_size", -1),
+              ("trainer.policy.fsdp_config.fsdp_size", fsdp_group(plan)),
               ("trainer.gradient_checkpointing", plan.recompute == "full")]
         if plan.param_offload:
             o.append(("trainer.policy.fsdp_config.cpu_offload", True))
