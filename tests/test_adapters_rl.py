@@ -110,11 +110,12 @@ def test_skyrl_rl_keys_exist_in_its_config_dataclasses():
     tree = SourceTree(wheel_tree("skyrl"))
     megatron = SourceTree(wheel_tree("megatron-core"), wheel_tree("megatron-bridge"))
     transformer = set(megatron.fields("megatron.core.transformer.transformer_config", "TransformerConfig"))
+    optimizer = set(megatron.fields("megatron.core.optimizer.optimizer_config", "OptimizerConfig"))
     for _, _, result in renderings("skyrl"):
         keys = overrides(shell_tokens(result.text))
         assert keys and not any(k.startswith("+") for k in keys)
         for key in keys:
-            _walk(tree, "skyrl.train.config.config", "SkyRLTrainConfig", key, transformer)
+            _walk(tree, "skyrl.train.config.config", "SkyRLTrainConfig", key, transformer, optimizer)
 
 
 def _dataclass_defaults(path, cls: str) -> dict:
