@@ -32,7 +32,7 @@ def test_a_dense_7b_layer_is_eleven_kernels_and_the_fit_gives_back_the_measured_
     slower eager than with CUDA graphs (vllm-omni #7960); its layer launches 11 kernels."""
     job, plan = rl_job("qwen2.5-7b")
     arch = job.model
-    assert layer_parts(arch, 0, plan, PARTS) == ["norms", "gqa_attention", "rotary", "dense_mlp"]
+    assert layer_parts(arch, 0, plan) == ["norms", "gqa_attention", "rotary", "dense_mlp"]
     assert layer_kernels(arch, 0, plan, PARTS) == 2 + 5 + 1 + 3
     eager = eager_launches(arch, plan)
     assert eager.kernels == 28 * 11
@@ -66,7 +66,7 @@ def test_mla_without_q_lora_and_expert_parallel_dispatch():
     all-gather and the combine's reduce-scatter, attention's all-reduce stays."""
     job, plan = rl_job("deepseek-v2-lite", rollout_tp=2, rollout_dp=4, rollout_ep=8)
     arch = job.model
-    assert "mla_q_direct" in layer_parts(arch, 1, plan, PARTS)
+    assert "mla_q_direct" in layer_parts(arch, 1, plan)
     no_ep = plan.model_copy(update={"rollout_ep": 1})
     assert layer_kernels(arch, 1, plan, PARTS) == layer_kernels(arch, 1, no_ep, PARTS) + 1
     assert layer_kernels(arch, 0, plan, PARTS) == layer_kernels(arch, 0, no_ep, PARTS)  # layer 0 is dense

@@ -11,10 +11,11 @@ from typing import NamedTuple
 from meshplan.knowledge.calibration import calibration_card
 from meshplan.knowledge.cards import CardError
 from meshplan.knowledge.rollout_kernels_card import LayerParts, rollout_kernels
+from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Plan
 
 
-def layer_parts(arch, index: int, plan: Plan, parts: LayerParts) -> list[str]:
+def layer_parts(arch: Architecture, index: int, plan: Plan) -> list[str]:
     """The names of the card's parts decoder layer `index` launches per decode step: its norms (and a LayerNorm
     model's residual adds), its attention (MLA with its q path, else multi-head/grouped-query with its rotary and
     q/k norms where it has them), its dense MLP or MoE block (routed experts, shared experts and their gate where
@@ -47,10 +48,10 @@ def layer_parts(arch, index: int, plan: Plan, parts: LayerParts) -> list[str]:
     return names
 
 
-def layer_kernels(arch, index: int, plan: Plan, parts: LayerParts) -> int:
+def layer_kernels(arch: Architecture, index: int, plan: Plan, parts: LayerParts) -> int:
     """Kernels decoder layer `index` launches per decode step: the sum of its parts' counts, less the MoE layer's
     all-reduce that EP's dispatch and combine replace."""
-    names = layer_parts(arch, index, plan, parts)
+    names = layer_parts(arch, index, plan)
     total = sum(getattr(parts, n).count for n in names)
     if "tp_collectives" in names and "ep_dispatch" in names:
         total -= 1  # the MoE layer reduces through the combine, not an all-reduce of its own
@@ -65,7 +66,7 @@ class EagerLaunches(NamedTuple):
     words: str
 
 
-def eager_launches(arch, plan: Plan) -> EagerLaunches:
+def eager_launches(arch: Architecture, plan: Plan) -> EagerLaunches:
     """The launches of one eager decode step: every decoder layer's kernels (`layer_kernels`) at
     calibration.yaml rl.eager_launch_s_per_kernel each; none where the engine runs its CUDA graphs."""
     if not plan.rollout_enforce_eager:
