@@ -38,7 +38,7 @@ def script_model(model: str) -> str:
     imported = import_file(model.strip(), config_format="shell")
     if "model" in imported.request:
         return imported.request["model"]
-    said = " ".join(u for u in imported.unresolved if u.startswith("model:"))
+    said = " ".join(left.said for left in imported.left_to_request if "model" in left.fields)
     raise MeshplanError(f"model {model.strip()[:200]}: the launch script's model is not read. "
                         + (said or "The script states no architecture flags."),
                         fix="Pass a catalog key or the model's config.json as model.")
@@ -111,18 +111,19 @@ def check_config(req: Request, *, config: ImportedConfig | None = None) -> Check
         return report
     from meshplan.adapters.read.fixes import config_fixes
 
+    settled = _settled_beside(req, config)
     return report.model_copy(update={"config_fixes": config_fixes(config, report.findings, report.plan.model_dump()),
                                      "config_unread": config.unsupported + [
-                                         line for line in config.unresolved if not _settled_beside(line, req, config)],
+                                         line for line in config.unresolved if line not in settled],
                                      "config_assumed": [line for line in config.assumed
                                                         if not _given_beside(line.split(" = ", 1)[0], req, config)]})
 
 
-def _settled_beside(line: str, req: Request, config: ImportedConfig) -> bool:
-    """Whether what the file leaves unread (an `unresolved` line naming request fields, 'num_gpus: the file does not
-    say how many GPUs (pass --num-gpus)') was given beside it: the check ran with the flag, so the line is not said."""
-    names = [name.strip() for name in line.split(":", 1)[0].split(",")]
-    return all(name in Request.model_fields and _given_beside(name, req, config) for name in names)
+def _settled_beside(req: Request, config: ImportedConfig) -> set[str]:
+    """The unresolved lines the request fields given beside the file settle (ImportedConfig.left_to_request: 'num_gpus:
+    the file does not say how many GPUs (pass --num-gpus)' with --num-gpus): the check ran with them, so not said."""
+    return {left.said for left in config.left_to_request
+            if all(_given_beside(name, req, config) for name in left.fields)}
 
 
 def _given_beside(name: str, req: Request, config: ImportedConfig) -> bool:

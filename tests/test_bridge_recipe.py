@@ -32,7 +32,8 @@ def test_recipe_name_facts(name, fields):
 def test_recipe_name_facts_meshplan_cannot_use_are_said():
     found, left = name_facts("deepseek_v3_pretrain_128gpu_vr200_nvfp4_config")
     assert found["num_gpus"] == 128 and "gpu" not in found and "precision" not in found
-    assert any("vr200" in x for x in left) and any("nvfp4" in x for x in left)
+    assert any("vr200" in said and fields == ("gpu",) for fields, said in left)
+    assert any("nvfp4" in said and fields == ("precision",) for fields, said in left)
 
 
 def test_perf_recipe_read_through_its_body():

@@ -50,6 +50,11 @@ def test_a_field_the_file_leaves_unread_is_not_said_once_given_beside_it(tmp_pat
     --num-gpus beside the file said it again as what the check does not cover, though it ran at the flag's count."""
     imported = api.import_config(TORCHTITAN, path="llama3_8b.toml")
     assert [u for u in imported.unresolved if u.startswith("num_gpus:")]
+    # the line with the request field that settles it, a typed record (it was parsed off the line's front)
+    assert [left.fields for left in imported.left_to_request] == [["num_gpus"]]
+    assert imported.left_to_request[0].said in imported.unresolved
+    kept = api.check_config(api.request_from_config(imported, {"gpu": "h100", "dp": 8}), config=imported)
+    assert [u for u in kept.config_unread if u.startswith("num_gpus:")]  # dp given, not num_gpus: still said
     req = api.request_from_config(imported, {"gpu": "h100", "num_gpus": 8})
     assert not [u for u in api.check_config(req, config=imported).config_unread if u.startswith("num_gpus:")]
     answer = tools.check_config(config_text=TORCHTITAN, gpu="h100", num_gpus=8)

@@ -9,6 +9,14 @@ from pydantic import Field
 from meshplan.schema.choices import Framework, StrictModel
 
 
+class LeftToRequest(StrictModel):
+    """An unresolved line that request fields given beside the file settle (a model or GPU count the file does not
+    state), with those fields: what check --config drops when they are given, and what an estimate refuses without."""
+
+    fields: list[str] = Field(description="The request fields that settle it (model, num_gpus, gpu ...)")
+    said: str = Field(description="The line, as ImportedConfig.unresolved says it")
+
+
 class ImportedConfig(StrictModel):
     """A framework config or launch script read into request fields, each with the file's line and key."""
 
@@ -27,6 +35,9 @@ class ImportedConfig(StrictModel):
     unresolved: list[str] = Field(default_factory=list,
                                   description="What could not be read: unset variables, unevaluated branches, a "
                                               "missing model or GPU count (pass them as fields)")
+    left_to_request: list[LeftToRequest] = Field(
+        default_factory=list, description="Of the unresolved lines, those request fields given beside the file settle, "
+                                          "with their fields")
     notes: list[str] = Field(default_factory=list, description="How composed values were derived")
     assumed: list[str] = Field(
         default_factory=list, description="Values meshplan runs at that the file implies but cannot settle (a "

@@ -227,7 +227,8 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     target_parameters_read(reading)  # PEFT's target_parameters, once the file's LoRA rank is read
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
-                          misspelt=reading.misspelt, unresolved=reading.unresolved, notes=reading.notes,
+                          misspelt=reading.misspelt, unresolved=reading.unresolved,
+                          left_to_request=reading.left_to_request, notes=reading.notes,
                           assumed=reading.assumed,
                           config_format=fmt, batch_per_dp=reading.batch_per_dp)
 
@@ -245,14 +246,13 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
     if imported.batch_per_dp and "global_batch_size" not in values and dp:  # the file's step, dp = the GPUs left over
         values["global_batch_size"] = imported.batch_per_dp * dp
     if "model" not in values:  # said with the file and why, not as a request that forgot its model
-        unread = [line for line in imported.unresolved if line.startswith(("model: ", "model ")) or ": model: " in line
-                  or "not in meshplan's catalog" in line]
+        unread = [left.said for left in imported.left_to_request if "model" in left.fields]
         said = f"the file's model is not read. {unread[0]}" if unread and "names no model" not in unread[0] \
             else "the file names no model"
         raise MeshplanError(f"{imported.path}: {said}.", fix="Pass the model beside the file (--model, or the "
                                                              "tool's model argument): a catalog key or the model's "
                                                              "config.json.")
-    unread_gpus = [line for line in imported.unresolved if line.startswith("num_gpus: ")]
+    unread_gpus = [left.said for left in imported.left_to_request if left.fields == ["num_gpus"]]
     if unread_gpus and not scan_gpus and not {"num_gpus", "dp"} & set(values):  # else the layout's product: dp 1
         said = unread_gpus[0].removeprefix("num_gpus: ").removesuffix(" (pass --num-gpus)")
         raise MeshplanError(f"{imported.path}: the GPU count is not read ({said}), and the file leaves dp to be the "

@@ -145,13 +145,13 @@ def _stage_parts(reading: Reading, s: Setting) -> None:
 def _model(reading: Reading) -> int | None:
     """The catalog model the file names (its Hugging Face id); its layer count, for vpp."""
     if "model" not in reading.request:
-        reading.unresolved.append("model: the file names no model (pass --model)")
+        reading.leave(("model",), "model: the file names no model (pass --model)")
         return None
     try:
         return resolve_model(reading.request["model"]).num_layers
     except MeshplanError:
         where = reading.sources.pop("model")
-        reading.unresolved.append(f"{where}: {reading.request.pop('model')} is not in meshplan's catalog (pass "
+        reading.leave(("model",), f"{where}: {reading.request.pop('model')} is not in meshplan's catalog (pass "
                                   "--model with a catalog key or a config.json)")
         return None
 

@@ -43,11 +43,12 @@ def recipe_models(name: str) -> list[str]:
                     if any(_plain(alias.rsplit("/", 1)[-1]) == plain for alias in model_card(key).aliases)]
 
 
-def name_facts(name: str) -> tuple[dict[str, Any], list[str]]:
-    """(request fields, what the name states that meshplan cannot use) from a recipe function's name."""
+def name_facts(name: str) -> tuple[dict[str, Any], list[tuple[tuple[str, ...], str]]]:
+    """(request fields, what the name states that meshplan cannot use, each with the request fields that settle it)
+    from a recipe function's name."""
     found = NAME.match(name)
     if found is None:
-        return {}, [f"recipe {name}: not a <model>_<job>[_<N>gpu_<gpu>_<precision>]_config name"]
+        return {}, [((), f"recipe {name}: not a <model>_<job>[_<N>gpu_<gpu>_<precision>]_config name")]
     spec = read_section("megatron-bridge").recipe_names
     if spec is None:
         raise CardError("cards/frameworks/megatron-bridge.yaml: read.recipe_names is missing; a recipe's name is read "
@@ -55,23 +56,24 @@ def name_facts(name: str) -> tuple[dict[str, Any], list[str]]:
     fields: dict[str, Any] = {"job": spec.jobs[found.group("job")]}
     if found.group("job") in spec.grad_reduce_overlap:  # its base recipe's ddp (card read.recipe_names)
         fields["grad_reduce_overlap"] = spec.grad_reduce_overlap[found.group("job")]
-    left: list[str] = []
+    left: list[tuple[tuple[str, ...], str]] = []
     models = recipe_models(found.group("model"))
     if models:
         fields["model"] = models[0]
     else:
-        left.append(f"model {found.group('model')}: not in meshplan's catalog (pass --model)")
+        left.append((("model",), f"model {found.group('model')}: not in meshplan's catalog (pass --model)"))
     if found.group("gpus"):
         fields["num_gpus"] = int(found.group("gpus"))
         gpu, precision = found.group("gpu"), found.group("precision")
         if gpu in gpu_catalog():
             fields["gpu"] = gpu
         else:
-            left.append(f"GPU {gpu}: not in meshplan's GPU catalog (pass --gpu)")
+            left.append((("gpu",), f"GPU {gpu}: not in meshplan's GPU catalog (pass --gpu)"))
         if precision in spec.precisions:
             fields.update(spec.precisions[precision].model_dump(exclude_none=True))
         else:
-            left.append(f"precision {precision}: meshplan models bf16 and FP8 (tensorwise, blockwise, mxfp8)")
+            left.append((("precision",), f"precision {precision}: meshplan models bf16 and FP8 (tensorwise, "
+                                          "blockwise, mxfp8)"))
     return fields, left
 
 
@@ -330,4 +332,9 @@ def state_name_facts(reading: Reading, name: str, line: int | None, comm_overlap
             reading.state(field, value, where + (" (its job's base recipe leaves ddp.overlap_grad_reduce at "
                                                  "Megatron-Core's default, off)" if field == "grad_reduce_overlap"
                                                  else ""))
-    reading.unresolved += [x for x in left if not (x.startswith("model ") and "model" in reading.request)]
+    for settled_by, said in left:
+        if not (settled_by and all(f in reading.request for f in settled_by)):  # the file states it elsewhere
+            if settled_by:
+                reading.leave(settled_by, said)
+            else:
+                reading.unresolved.append(said)

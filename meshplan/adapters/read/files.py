@@ -231,7 +231,7 @@ def _torchtitan_model(reading: Reading) -> None:
     name, flavor, config = reading.value("model_name"), reading.value("model_flavor"), reading.value("model_config")
     wanted = str(config) if config else f"{name}_{flavor}".lower() if name and flavor else None
     if wanted is None:
-        reading.unresolved.append("model: the file names no model (pass --model)")
+        reading.leave(("model",), "model: the file names no model (pass --model)")
         return
     registry = framework_card("torchtitan").registry
     hits = [key for key, entry in registry.items() if entry.config.lower() == wanted.lower()]
@@ -239,8 +239,8 @@ def _torchtitan_model(reading: Reading) -> None:
     if hits:
         reading.state("model", hits[0], source)
     else:
-        reading.unresolved.append(f"{source.where(reading.path)}: torchtitan's {wanted} is not in meshplan's catalog "
-                                  "(pass --model)")
+        reading.leave(("model",), f"{source.where(reading.path)}: torchtitan's {wanted} is not in meshplan's "
+                                  "catalog (pass --model)")
 
 
 def read_torchtitan_toml(text: str, path: str) -> Reading:

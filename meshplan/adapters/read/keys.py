@@ -28,6 +28,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.read_card import NO_READ, QuantizedBase, ReadSection, TargetParameterKeys
 from meshplan.schema.choices import MoeDispatcher, Recompute
+from meshplan.schema.imported import LeftToRequest
 from meshplan.schema.request import Request
 
 # Knobs whose value is the request field's value as it stands (the knob is named after the field).
@@ -221,12 +222,18 @@ class Reading:
     unsupported: list[str] = field(default_factory=list)
     misspelt: list[str] = field(default_factory=list)  # ImportedConfig.misspelt
     unresolved: list[str] = field(default_factory=list)
+    left_to_request: list[LeftToRequest] = field(default_factory=list)  # ImportedConfig.left_to_request (leave)
     notes: list[str] = field(default_factory=list)
     assumed: list[str] = field(default_factory=list)  # ImportedConfig.assumed
     unread: set[str] = field(default_factory=set)  # targets a key names with no value (`--nnodes=$NODES`, unset)
     batch_per_dp: int | None = None  # ImportedConfig.batch_per_dp
     allocator_env: list[Setting] = field(default_factory=list)  # PYTORCH_(CUDA_)ALLOC_CONF the launch sets (launch.py)
     launch_line: str | None = None  # `path:line launcher` of the training command a launch script runs (launch.py)
+
+    def leave(self, fields: tuple[str, ...], said: str) -> None:
+        """An unresolved line that these request fields, given beside the file, settle."""
+        self.unresolved.append(said)
+        self.left_to_request.append(LeftToRequest(fields=list(fields), said=said))
 
     def state(self, name: str, value: Any, source: Setting | str) -> None:
         """Sets request field `name` from the file; a value the field cannot take is an error naming the line."""

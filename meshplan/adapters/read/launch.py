@@ -244,14 +244,14 @@ def world(reading: Reading) -> None:
     """num_gpus = nodes x GPUs per node, where the file gives them (one node when only GPUs per node)."""
     nodes, per_node = reading.value("nodes"), reading.request.get("gpus_per_node", reading.value("gpus_per_node"))
     if per_node is None:
-        reading.unresolved.append("num_gpus: the file does not say how many GPUs (pass --num-gpus)")
+        reading.leave(("num_gpus",), "num_gpus: the file does not say how many GPUs (pass --num-gpus)")
         return
     unread = [(name, value) for name, value in (("nodes", nodes), ("gpus_per_node", per_node))
               if name in reading.unread or (value is not None and _count(value) is None)]
     if unread:  # `--nnodes $NODES` set at launch, torchrun's elastic `1:4`, `--nproc_per_node gpu`: not one node
         said = ", ".join(f"{name} {'has no value' if value in (None, True) else repr(value) + ' is not a count'}"
                          for name, value in unread)
-        reading.unresolved.append(f"num_gpus: the file's {said} (pass --num-gpus)")
+        reading.leave(("num_gpus",), f"num_gpus: the file's {said} (pass --num-gpus)")
         return
     count = _count(nodes or 1) * _count(per_node)
     where = [reading.extra[k][1].where(reading.path) for k in ("nodes",) if k in reading.extra]
@@ -390,6 +390,7 @@ def _deepspeed_script(reading: Reading, script: Script, flags: dict[str, Setting
             reading.request[field_name] = value
             reading.sources[field_name] = from_json.sources[field_name]
     reading.unresolved += from_json.unresolved
+    reading.left_to_request += from_json.left_to_request
     reading.unsupported += from_json.unsupported
     if "recompute" not in reading.request and "--checkpoint-activations" in flags:
         reading.state("recompute", "full", flags["--checkpoint-activations"])
@@ -440,8 +441,8 @@ def read_bridge_python(text: str, path: str) -> Reading:
     section = read_section("megatron-bridge")
     _bridge_settings(reading, layout_settings(settings, section))
     restated_architecture(reading, settings, section)
-    reading.unresolved.append("model, num_gpus: cfg assignments apply to a recipe's config (pass --model and "
-                              "--num-gpus)")
+    reading.leave(("model", "num_gpus"), "model, num_gpus: cfg assignments apply to a recipe's config (pass --model "
+                                         "and --num-gpus)")
     return reading
 
 

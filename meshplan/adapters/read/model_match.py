@@ -187,7 +187,7 @@ def stated_fields(reading: Reading, section: ReadSection, shape: dict[str, Any],
             raw[name] = (flags[flag].value, f"{flag} {flags[flag].value}" if name not in SWITCHES else flag)
             values = _flag_values(words, flag)
             if name == "num_experts" and len(set(values)) > 1:
-                reading.unresolved.append(f"model: {flags[flag].where(reading.path)} {' '.join(values)}: a "
+                reading.leave(("model",), f"model: {flags[flag].where(reading.path)} {' '.join(values)}: a "
                                           "different expert count per MoE layer is no model meshplan builds (pass "
                                           "--model with the model's config.json)")
                 return None
@@ -200,7 +200,7 @@ def stated_fields(reading: Reading, section: ReadSection, shape: dict[str, Any],
         try:
             out[name] = Stated(name, _convert(name, value), said)
         except ValueError:  # an unset variable: the script's model cannot be told from the catalog's
-            reading.unresolved.append(f"model: {said}: {value!r} is not a whole number, so the script's model is "
+            reading.leave(("model",), f"model: {said}: {value!r} is not a whole number, so the script's model is "
                                       "not read (pass --model)")
             return None
     return out if _derived(reading, out, raw) else None
@@ -229,14 +229,14 @@ def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> b
         return True
     deepest = shapes_card().bounds["num_hidden_layers"].max
     if not 1 <= out["num_layers"].value <= deepest:  # moe_layers lists every layer: 10**20 of them filled the memory
-        reading.unresolved.append(f"model: {out['num_layers'].said} is outside 1 to {deepest:,} layers "
+        reading.leave(("model",), f"model: {out['num_layers'].said} is outside 1 to {deepest:,} layers "
                                   "(cards/model_shapes.yaml), so the script's model is not read (pass --model)")
         return False
     try:
         layers = moe_layers(*(raw.get(k, (None, ""))[0] for k in ("moe_layer_freq", "expert_interval")),
                              out["num_layers"].value)
     except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as exc:
-        reading.unresolved.append(f"model: {source[1]}: not a MoE layer pattern meshplan can read ({exc}), so the "
+        reading.leave(("model",), f"model: {source[1]}: not a MoE layer pattern meshplan can read ({exc}), so the "
                                   "script's model is not read (pass --model)")
         return False
     out["moe_layers"] = Stated("moe_layers", layers, f"{source[1]} (MoE layers {_layers(layers)})")
@@ -259,7 +259,7 @@ def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple
     if stated is None:
         return False
     if len([f for f in SHAPE_FIELDS if f in stated]) < 3:
-        reading.unresolved.append("model: the file names no model (pass --model)")
+        reading.leave(("model",), "model: the file names no model (pass --model)")
         return False
     misses: dict[str, list[str]] = {}
     for key in catalog_keys():  # a hybrid's pattern is a stated field: a GPT script never matches one, nor the reverse
@@ -288,8 +288,8 @@ def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple
         arch = catalog_architecture(key)
         return key != named, arch.is_moe != moe, len(misses[key]), _distance(arch, stated), key
     nearest = sorted(misses, key=nearness)[:2]
-    reading.unresolved.append(
-        f"model: no catalog model has this {kind}architecture ({said}); nearest: "
+    reading.leave(
+        ("model",), f"model: no catalog model has this {kind}architecture ({said}); nearest: "
         + "; ".join(f"{key} differs in {', '.join(misses[key])}" for key in nearest)
         + ". Pass --model with the model's config.json")
     return True
@@ -307,7 +307,7 @@ def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
     pattern = [flag for flag, name in framework_card(reading.framework).read.model_flags.items()
                if name == "layer_pattern" and flag in flags]
     if pattern:
-        reading.unresolved.append(f"model: not built from the file's flags either: {pattern[0]} states a hybrid "
+        reading.leave(("model",), f"model: not built from the file's flags either: {pattern[0]} states a hybrid "
                                   "model's layers, which meshplan builds from a config.json (model_type nemotron_h) "
                                   "only. Pass --model with the model's config.json, or a catalog key.")
         return
@@ -315,9 +315,10 @@ def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
     try:
         built = build_from_flags(reading.framework, {k: s.value for k, s in flags.items() if k in known})
     except MeshplanError as exc:
-        reading.unresolved.append(f"model: not built from the file's flags either: {exc.reason} {exc.fix}")
+        reading.leave(("model",), f"model: not built from the file's flags either: {exc.reason} {exc.fix}")
         return
     reading.unresolved = [u for u in reading.unresolved if not u.startswith(MISSED)]
+    reading.left_to_request = [u for u in reading.left_to_request if not u.said.startswith(MISSED)]
     reading.state("model", built.arch.origin, f"{reading.path} (built from its flags: no catalog model has this "
                                               "architecture)")
     said = [f"{f.name} {_show(f.value)} ({flags[f.flag].where(reading.path) if f.given else f.flag + ' not given'})"
@@ -352,7 +353,7 @@ def recipe_overrides(reading: Reading, settings: list[Setting], section: ReadSec
             stated[name] = Stated(name, _convert(name, s.value), f"{s.key}={s.value}")
         except ValueError:
             stated = None
-            reading.unresolved.append(f"model: {s.where(reading.path)} = {s.value!r} is not a whole number, so the "
+            reading.leave(("model",), f"model: {s.where(reading.path)} = {s.value!r} is not a whole number, so the "
                                       f"recipe's {model} with it is not read (pass --model)")
             break
     if stated is not None and {"num_layers", "moe_layer_freq", "num_experts"} & set(given):
