@@ -4,6 +4,8 @@ card."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -36,7 +38,7 @@ class AdapterKnob(_Card):
         None, description="A knob with a vocabulary (attention_backend, pipeline_schedule): the framework's value for "
                           "each of meshplan's; "
                           "null where the framework has none (refused with 'instead')")
-    zero_stages: list[int] | None = Field(
+    zero_stages: list[Literal[0, 1, 2, 3]] | None = Field(
         None, description="The ZeRO stages at which the key takes effect, where not all (verl's bf16 gradient buffer: "
                           "through Megatron's precision-aware optimizer, inside the distributed optimizer only); "
                           "'instead' says what to do at the others")
@@ -47,7 +49,7 @@ class AdapterKnob(_Card):
     @model_validator(mode="after")
     def _missing_says_instead(self) -> AdapterKnob:
         if (self.key is None or None in (self.values or {}).values() or self.zero_stages) and not self.instead:
-            raise ValueError("a missing knob (key: null) or value (null) needs 'instead'")
+            raise ValueError("a missing knob (key: null), value (null) or ZeRO stage (zero_stages) needs 'instead'")
         if self.reason is not None and (self.key is not None or self.reason.endswith(".")):
             raise ValueError("'reason' belongs to a missing knob (key: null) and ends without a period")
         return self

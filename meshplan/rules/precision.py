@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.offload import optimizer_share
+from meshplan.knowledge.adapter_card import AdapterKnob
 from meshplan.knowledge.cards import FrameworkCard
 from meshplan.rules.engine import Context, Values, rule
 
@@ -32,7 +33,7 @@ def _lacks(card: FrameworkCard, name: str) -> str | None:
 
 
 
-def _default_knob(card: FrameworkCard, name: str):
+def _default_knob(card: FrameworkCard, name: str) -> AdapterKnob:
     """The knob as the framework's default version writes it (render refuses another version's own way)."""
     return card.adapter.versions[card.adapter.default_version].knobs[name]  # type: ignore[union-attr]
 
