@@ -144,3 +144,23 @@ def test_skyrl_fp8_is_written_not_left_to_bf16(variant, prefix):
     rowwise = resolve(Request(**{**fields, "fp8_recipe": "rowwise"}))
     assert "fp8_recipe=blockwise" in {f.id: f.fix for f in check_config(*rowwise, include_memory=False).findings}[
         "PR003"]
+
+
+def test_verl_cpu_optimizer_and_deepep_switches_are_said_not_unknown():
+    """verl's run_qwen3moe-30b_megatron_96gb.sh sets the CPU optimizer's switches through override_optimizer_config
+    and the flex dispatcher's older DeepEP switch: import said 'no meshplan field' for each, though render writes the
+    first two and the third is the flex dispatcher meshplan reads from moe_token_dispatcher_type."""
+    opt = "+actor_rollout_ref.actor.optim.override_optimizer_config."
+    text = ("python3 -m verl.trainer.main_ppo model_engine=megatron trainer.nnodes=1 trainer.n_gpus_per_node=8 "
+            "actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B "
+            "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8"
+            f" {opt}optimizer_offload_fraction=1.0 {opt}optimizer_cpu_offload=True"
+            f" {opt}overlap_cpu_optimizer_d2h_h2d=True"
+            " +actor_rollout_ref.actor.megatron.override_transformer_config.moe_token_dispatcher_type=flex"
+            " +actor_rollout_ref.actor.megatron.override_transformer_config.moe_enable_deepep=True\n")
+    imported = import_config(text, "run.sh")
+    assert not any(k in u for u in imported.unsupported for k in ("optimizer_cpu_offload", "d2h_h2d", "deepep")), \
+        imported.unsupported
+    assert sum(any(k in n for k in ("optimizer_cpu_offload =", "d2h_h2d =", "moe_enable_deepep =")) for n in
+               imported.notes) == 3, imported.notes
+    assert imported.request["moe_token_dispatcher"] == "flex" and imported.request["optimizer_offload_fraction"] == 1.0
