@@ -39,12 +39,13 @@ def test_bf16_moments_and_gradients_pass_at_zero_1_and_are_refused_where_verl_ca
     assert "PR001" in _errors(zero_stage=3, optimizer_state_dtype="bf16")  # verl's zero_stage 3: its FSDP engine
 
 
-def test_fsdp_engine_render_refuses_a_bf16_gradient_buffer_with_its_reason():
-    job, plan = resolve(Request(model="qwen3-8b", framework="verl", num_gpus=8, zero_stage=3,
+@pytest.mark.parametrize("framework,said", [("verl", "mixed_precision.reduce_dtype"), ("skyrl", "megatron strategy")])
+def test_fsdp_engine_render_refuses_a_bf16_gradient_buffer_with_its_reason(framework, said):
+    job, plan = resolve(Request(model="qwen3-8b", framework=framework, num_gpus=8, zero_stage=3,
                                 grad_reduce_in_fp32=False))
     with pytest.raises(MeshplanError) as err:
-        render("verl", job, plan)
-    assert "mixed_precision.reduce_dtype" in err.value.fix
+        render(framework, job, plan)
+    assert said in err.value.fix
 
 
 @pytest.mark.parametrize("variant,prefix", [("megatron", "actor_rollout_ref.actor.optim."), (None, "optim.")])
@@ -116,14 +117,6 @@ def test_skyrl_writes_megatrons_kwargs_and_reads_them_back(variant, prefix):
     assert (parsed["optimizer_state_dtype"], parsed["grad_reduce_in_fp32"]) == ("fp8", False)
     imported = import_config(result.text, "run.sh")
     assert imported.request["optimizer_state_dtype"] == "fp8" and imported.request["grad_reduce_in_fp32"] is False
-
-
-def test_skyrl_fsdp_refuses_them_with_its_reason():
-    job, plan = resolve(Request(model="qwen3-8b", framework="skyrl", num_gpus=8, zero_stage=3,
-                                grad_reduce_in_fp32=False))
-    with pytest.raises(MeshplanError) as err:
-        render("skyrl", job, plan)
-    assert "megatron strategy" in err.value.fix
 
 
 @pytest.mark.parametrize("variant,prefix", [("rl", "trainer.policy.megatron_config."), ("sft", "megatron_config.")])

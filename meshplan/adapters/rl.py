@@ -222,13 +222,12 @@ def verl_precision_aware(plan: Plan) -> dict[str, object]:
     """verl 0.9.1's McoreOptimizerConfig fields for bf16 Adam moments and a bf16 gradient buffer: its precision-aware
     optimizer switch with exp_avg_dtype / exp_avg_sq_dtype and main_grads_dtype, which it hands to Megatron-Core's
     OptimizerConfig (utils/megatron/optimizer.py) and, for the gradients, the DDP config
-    (engine/megatron/transformer_impl.py _resolve_override_ddp_config); {} for fp32 moments and gradients."""
-    out: dict[str, object] = {}
-    if plan.optimizer_state_dtype not in (None, "fp32"):
-        out |= {"exp_avg_dtype": plan.optimizer_state_dtype, "exp_avg_sq_dtype": plan.optimizer_state_dtype}
+    (engine/megatron/transformer_impl.py _resolve_override_ddp_config); {} for fp32 moments and gradients. The
+    moments' fields are Megatron-Core's own (megatron_precision_aware)."""
+    out = megatron_precision_aware(plan)
     if plan.grad_reduce_in_fp32 is False:
-        out["main_grads_dtype"] = "bf16"
-    return {"use_precision_aware_optimizer": True, **out} if out else {}
+        out |= {"use_precision_aware_optimizer": True, "main_grads_dtype": "bf16"}
+    return out
 
 
 def fsdp_group(plan: Plan) -> int:

@@ -22,6 +22,11 @@ def fp8_needs_hardware(ctx: Context) -> Values:
 
 
 
+def _default_knob(card: FrameworkCard, name: str) -> AdapterKnob:
+    """The knob as the framework's default version writes it (render refuses another version's own way)."""
+    return card.adapter.versions[card.adapter.default_version].knobs[name]  # type: ignore[union-attr]
+
+
 def _lacks(card: FrameworkCard, name: str) -> str | None:
     """Why no version of the framework can set this knob (the default version's `instead`), or None when one can
     (render refuses a version that lacks it with that version's `instead`)."""
@@ -29,13 +34,8 @@ def _lacks(card: FrameworkCard, name: str) -> str | None:
         return f"meshplan models no such knob for {card.display_name}; leave it out."
     if any(v.knobs[name].key is not None for v in card.adapter.versions.values()):
         return None
-    return card.adapter.versions[card.adapter.default_version].knobs[name].instead
+    return _default_knob(card, name).instead
 
-
-
-def _default_knob(card: FrameworkCard, name: str) -> AdapterKnob:
-    """The knob as the framework's default version writes it (render refuses another version's own way)."""
-    return card.adapter.versions[card.adapter.default_version].knobs[name]  # type: ignore[union-attr]
 
 
 def _takes(card: FrameworkCard, name: str) -> list[str] | None:
@@ -160,13 +160,13 @@ def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
     knob = "grad_reduce_fp32" if p.grad_reduce_in_fp32 else "grad_reduce_bf16"
     card, dtype = ctx.card, "fp32" if p.grad_reduce_in_fp32 else "bf16"
     instead = _lacks(card, knob)
-    if instead is None:
-        stages = _default_knob(card, knob).zero_stages if card.adapter is not None else None
-        if stages is None or p.zero_stage in stages:
+    if instead is None:  # (so the card has an adapter section)
+        spec = _default_knob(card, knob)
+        if spec.zero_stages is None or p.zero_stage in spec.zero_stages:
             return None
         return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": f"{card.display_name} (zero_stage="
                 f"{p.zero_stage})", "why": f"{card.display_name} sets a {dtype} gradient buffer at zero_stage "
-                f"{' or '.join(map(str, stages))} only", "fix": _default_knob(card, knob).instead}
+                f"{' or '.join(map(str, spec.zero_stages))} only", "fix": spec.instead}
     return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": card.display_name,
             "why": f"{card.display_name} cannot reduce gradients in {dtype}", "fix": instead}
 

@@ -333,8 +333,7 @@ def state_name_facts(reading: Reading, name: str, line: int | None, comm_overlap
                                                  "Megatron-Core's default, off)" if field == "grad_reduce_overlap"
                                                  else ""))
     for settled_by, said in left:
-        if not (settled_by and all(f in reading.request for f in settled_by)):  # the file states it elsewhere
-            if settled_by:
-                reading.leave(settled_by, said)
-            else:
-                reading.unresolved.append(said)
+        if not settled_by:
+            reading.unresolved.append(said)
+        elif not all(f in reading.request for f in settled_by):  # else the file states them elsewhere
+            reading.leave(settled_by, said)
