@@ -23,8 +23,7 @@ import yaml
 
 from meshplan.knowledge.calibration import calibration_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.rollout_kernels_card import rollout_kernels
-from meshplan.rl.launches import layer_kernels
+from meshplan.rl.launches import eager_launches
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Plan
 
@@ -40,8 +39,7 @@ def kernels(source: dict) -> int:
     model = source["model"]
     arch = Architecture(**model) if isinstance(model, dict) else resolve_model(model)
     plan = Plan(rollout_engine=source["engine"], rollout_tp=1, rollout_dp=1, rollout_ep=1, rollout_enforce_eager=True)
-    parts = rollout_kernels().engines[source["engine"]].parts
-    return sum(layer_kernels(arch, i, plan, parts) for i in range(arch.num_layers))
+    return eager_launches(arch, plan).kernels
 
 
 def run() -> dict:
