@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan import api
+from meshplan.adapters.render import RefusedLayout
 from meshplan.arithmetic.schedule import uneven_split
 from meshplan.check.config import check_config
 from meshplan.core.units import gib
@@ -915,8 +916,6 @@ def test_rl006_names_the_rollout_tp_that_holds_the_weights_and_render_says_why_i
     GPU. The fix tried rollout_tp 4 alone and fell back to 'GPUs with more memory'; it now doubles rollout_tp within
     the NVLink domain to the least that holds a sequence, with the fraction that then holds one (8 at 0.7). Render's
     headline said 'breaks 1 rule (RL006): .' (the step fits, so no reason was given); it names the rule's title."""
-    from meshplan.adapters.render import RefusedLayout
-
     base = dict(model="qwen3-235b-a22b", framework="verl", gpu="h100", num_gpus=256, tp=4, pp=8, ep=4, job="rl",
                 account_for_embedding=True, account_for_loss=True)
     f = finding_of("RL006", *make(**base), include_memory=True)
