@@ -65,7 +65,21 @@ def low_headroom(ctx: Context) -> Values:
     peak = gib(report.fit_bytes) if report.fit_basis == "reserved" else (
         f"{gib(report.fit_bytes)} allocated (expandable segments; {gib(report.peak_bytes)} reserved)")
     return {"headroom": gib(report.headroom_bytes), "share": f"{report.headroom_bytes / report.capacity_bytes:.1%}",
-            "stage": report.peak_stage, "minimum": f"{minimum:.0%}", "peak": peak, "changes": _lighter_changes(ctx)}
+            "stage": report.peak_stage, "minimum": f"{minimum:.0%}", "peak": peak,
+            "changes": _rollout_changes(ctx, report, minimum * report.capacity_bytes - report.headroom_bytes)
+            or _lighter_changes(ctx)}
+
+
+def _rollout_changes(ctx: Context, report: MemoryReport, short: float) -> str:
+    """Where an RL job peaks in its rollout, what frees `short` bytes there: the phase offloads the plan has not
+    made, or a lower rollout_memory_fraction (_engine_fixes); a micro-batch, recompute or ZeRO stage changes only the
+    update's peak. Empty for any other job or phase."""
+    if not report.phases or report.peak_phase != "rollout":
+        return ""
+    top = next(p for p in report.phases if p.phase == "rollout")
+    knobs = [k for k in phase_knobs(ctx.card, ctx.plan) if not getattr(ctx.plan, k)]
+    changes = [f"{' and '.join(f'{k}=true' for k in knobs)}"] if knobs and top.pool == "trainer" else []
+    return " or ".join([*changes, *_engine_fixes(ctx, top.engine, short)])
 
 
 def _lighter_changes(ctx: Context) -> str:
@@ -139,19 +153,16 @@ def rl_phase_fits(ctx: Context) -> Values:
         fixes = []
         knobs = phase_knobs(ctx.card, plan)
         if d.get("trainer_resident", 0) and not phase_off and knobs:
-            fixes.append(f"{' and '.join(knobs)} move the trainer's {d['trainer_resident'] / GIB:.1f} GiB to the "
-                         "host during the rollout")
+            fixes.append(f"{' and '.join(f'{k}=true' for k in knobs)} (move the trainer's "
+                         f"{d['trainer_resident'] / GIB:.1f} GiB to the host during the rollout)")
         if d.get("reference_resident", 0):
-            fixes.append(f"param_offload also moves the reference model's {d['reference_resident'] / GIB:.1f} GiB")
-        fraction = plan.rollout_memory_fraction - over / capacity
-        if fraction * capacity > d.get("engine_weights", 0):
-            fixes.append(f"rollout_memory_fraction {fraction:.2f} (the KV cache shrinks to "
-                         f"{max(0, d.get('kv_cache', 0) - over) / GIB:.1f} GiB)")
-        fixes.append(f"rollout_tp {plan.rollout_tp * 2} halves the engine's weights")
+            fixes.append(f"param_offload=true (also moves the reference model's "
+                         f"{d['reference_resident'] / GIB:.1f} GiB)")
+        fixes.extend(_engine_fixes(ctx, top.engine, over))
         fix = "; or ".join(fixes) + "."
     elif top.phase == "rollout":
-        fix = (f"rollout_tp {plan.rollout_tp * 2} (the engine's weights {d.get('engine_weights', 0) / GIB:.1f} GiB "
-               "halve), or a lower rollout_memory_fraction.")
+        fix = "; or ".join(_engine_fixes(ctx, top.engine, over)
+                           or ["GPUs with more memory: no rollout_memory_fraction holds one sequence under it"]) + "."
     elif top.phase == "log_prob":
         fix = ("param_offload (the reference and the actor take turns on the GPU), or a smaller micro_batch_size for "
                "the forward passes.")
@@ -163,6 +174,33 @@ def rl_phase_fits(ctx: Context) -> Values:
             "pool": top.pool, "parts": parts, "over": f"{over / GIB:.1f} GiB", "fix": fix}
 
 
+
+
+def _engine_fixes(ctx: Context, engine, over: float) -> list[str]:
+    """The rollout engine's settings that take `over` bytes off the rollout phase and still hold one sequence (RL006):
+    the largest rollout_memory_fraction, in hundredths, that does; where none does at this rollout_tp, the least
+    doubling of rollout_tp (whole replicas in the NVLink domain, as RL006's fix) whose engine holds one at that
+    fraction. The engine's budget is the fraction times its basis (the GPU's memory, or what the trainer leaves
+    free: the engine card's memory_fraction_of), read from the estimate per unit of fraction; rollout_tp splits the
+    weights and KV cache but not that budget, so a larger rollout_tp alone lowers no peak."""
+    plan, job = ctx.plan, ctx.job
+    if engine is None or engine.budget_bytes <= 0 or plan.rollout_memory_fraction <= 0:
+        return []
+    per_fraction = engine.budget_bytes / plan.rollout_memory_fraction
+    fraction = math.floor(100 * (plan.rollout_memory_fraction - over / per_fraction)) / 100
+    if fraction <= 0:
+        return []
+    length = job.rl.prompt_length + job.rl.response_length
+    if fraction * per_fraction >= _engine_needs(job, plan, length)[0]:
+        kv = engine.kv_bytes - (plan.rollout_memory_fraction - fraction) * per_fraction
+        return [f"rollout_memory_fraction={fraction:g} (the KV cache shrinks to {gib(kv)})"]
+    gpus, tp = plan.rollout_gpus or ctx.world, 2 * plan.rollout_tp
+    while gpus % (tp * plan.rollout_dp) == 0 and tp <= ctx.fast_domain:
+        if fraction * per_fraction >= _engine_needs(job, plan.model_copy(update={"rollout_tp": tp}), length)[0]:
+            return [f"rollout_tp={tp} with rollout_memory_fraction={fraction:g} (the engine's weights split over "
+                    f"{tp // plan.rollout_tp} times the GPUs, so that fraction still holds a sequence)"]
+        tp *= 2
+    return []
 
 
 @rule("RL006")
