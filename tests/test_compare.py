@@ -567,3 +567,20 @@ def test_the_logged_tflops_per_gpu_is_shown_beside_the_estimate_s_own(tmp_path, 
                      "--log", str(tmp_path / "run.log")]) == 0
     row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("model TFLOP/s per GPU"))
     assert f"{tflops.predicted:.3g}" in row and "241" in row
+
+
+MEGATRON_STEP = ("[2026-11-02 10:00:01] iteration      100/   10000 | consumed samples:   102400 | elapsed time per "
+                 "iteration (ms): {ms} | throughput per GPU (TFLOP/s/GPU): {tflops} | global batch size:  1024 | "
+                 "lm loss: 2.345E+00 |\n")
+
+
+def test_a_log_the_request_s_job_cannot_have_run_is_said():
+    """A step 12x faster than the request's 70B job at 8K could run (565% of peak) and a TFLOP/s the step time does not
+    imply: the request's shape is not the run's, said in the notes; a log that matches it gets neither note."""
+    req = parse_request({"model": "llama-3.1-70b", "num_gpus": 64, "gpu": "h100", "framework": "megatron-core",
+                         "tp": 8, "pp": 2, "seq_length": 8192, "global_batch_size": 1024})
+    notes = api.compare_run(req, MEGATRON_STEP.format(ms=10532.1, tflops=412.3)).notes
+    assert any("which no run reaches" in n and "seq_length (8,192)" in n for n in notes), notes
+    assert any("13.6x" in n for n in notes), notes
+    ok = api.compare_run(req, MEGATRON_STEP.format(ms=130532.1, tflops=440.3)).notes
+    assert not any("no run reaches" in n or "not the request's" in n for n in ok), ok

@@ -115,9 +115,42 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
     if measured.global_batch_size is not None and measured.global_batch_size != job.global_batch_size:
         notes.append(f"the log's global batch size {measured.global_batch_size:,} is not the request's "
                      f"{job.global_batch_size:,}: is the log this config's run? (its tokens per step are the log's)")
+    notes += shape_mismatch(job, throughput, measured, step, per_gpu)
     return RunComparison(model=throughput.model, framework=throughput.framework, num_gpus=job.num_gpus,
                          plan=throughput.plan, measured=measured, figures=figures, memory_band=mband,
                          throughput_band=tband, calibration=factor, notes=notes, summary=summary_line(figures))
+
+
+SHAPE_MISMATCH = 2.0
+"""How far apart the log's own FLOP rate and the one its step rate implies at the request's tokens per step may be
+before the comparison says they describe different jobs: the frameworks' FLOP counts differ from meshplan's by tens
+of percent at most (attention counted causal or not, the head, recompute), never by a factor of two."""
+
+
+def shape_mismatch(job: Job, throughput: ThroughputReport, measured: MeasuredRun, step: float | None,
+                   per_gpu: float | None) -> list[str]:
+    """A log whose rate the request's job cannot have run at: an MFU over 100% of the GPU's peak, or a step time
+    and a logged TFLOP/s that disagree by SHAPE_MISMATCH or more at the request's tokens per step. Both mean the
+    request's sequence length, global batch or GPU count are not the run's, so every rate compared is off by that."""
+    if throughput.rl is not None or not per_gpu:
+        return []
+    notes = []
+    mfu = throughput.mfu_at(per_gpu)
+    tokens = (measured.global_batch_size or job.global_batch_size) * job.seq_length
+    if mfu > 1.0:
+        notes.append(f"the log's rate is {per_gpu:,.0f} tokens/s per GPU at the request's {tokens:,} tokens per step, "
+                     f"{mfu:.0%} of the GPU's peak in meshplan's model FLOPs, which no run reaches: the request's "
+                     f"seq_length ({job.seq_length:,}), global batch or GPU count ({job.num_gpus:,}) are not the run's")
+    if measured.tflops_per_gpu and step:
+        implied = throughput.model_flops_per_step * tokens / (job.global_batch_size * job.seq_length) \
+            / (step * job.num_gpus) / TERA
+        ratio = implied / measured.tflops_per_gpu
+        if ratio >= SHAPE_MISMATCH or ratio <= 1 / SHAPE_MISMATCH:
+            notes.append(f"the log's step time implies {implied:,.0f} model TFLOP/s per GPU at the request's "
+                         f"{tokens:,} tokens per step, where the log itself states {measured.tflops_per_gpu:,.0f} "
+                         f"({ratio:.1f}x): FLOP counts differ by tens of percent, not that much, so the run's sequence "
+                         "length or batch is likely not the request's")
+    return notes
 
 
 def measured_mfu(job: Job, throughput: ThroughputReport, measured: MeasuredRun, per_gpu: float | None, how: str,
