@@ -156,13 +156,14 @@ def test_a_missing_argument_and_an_argument_to_a_tool_that_takes_none_are_said_p
 
 
 def test_the_page_refuses_a_field_its_form_does_not_have():
-    """A hand-made URL (?tp=3) was answered as if tp were left to the search: the page now names the field, the
+    """A hand-made URL (?vpp=3) was answered as if vpp were left to the search: the page now names the field, the
     closest form field and where the other fields are set."""
     from meshplan.faces.report.page import FORM_FIELDS, answer
 
     base = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": "8"}
-    assert answer({**base, "tp": "3"})[2].startswith(f"The page has no field 'tp'; it takes {', '.join(FORM_FIELDS)}. "
-                                                     "Fix: Set the layout's other fields")
+    said = answer({**base, "vpp": "3"})[2]
+    assert said.startswith(f"The page has no field 'vpp' (did you mean 'pp'?); it takes {', '.join(FORM_FIELDS)}. "
+                           "Fix: Set the request's other fields")
     assert "(did you mean 'num_gpus'?)" in answer({**base, "num_gpu": "8"})[2]
 
 

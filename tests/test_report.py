@@ -424,3 +424,26 @@ def test_the_page_refuses_control_characters_and_echoes_none(query):
     error = unescape(re.search(r'<p class="error" id="error">(.*?)</p>', html, re.S).group(1))
     assert re.search(r"The form's (num_gpus|config|gpu) holds U\+00(00|1B|7F) at character \d+: a field is text "
                      r"without control characters", error), error
+
+
+@pytest.mark.parametrize("form, request_fields", [
+    ({"seq_length": "8192", "global_batch_size": "64", "tp": "2", "precision": "fp8"},
+     {"seq_length": 8192, "global_batch_size": 64, "tp": 2, "precision": "fp8"}),
+    ({"pp": "2", "cp": "2", "job": "sft"}, {"pp": 2, "cp": 2, "job": "sft"}),
+])
+def test_the_page_s_other_fields_ask_what_the_api_answers(form, request_fields):
+    """The page took model, GPU, count and framework only, so a browser could not ask at another sequence length or
+    batch, in fp8, or with a degree held: its other fields are the request's, and its answer recommend's for them."""
+    import json
+
+    from meshplan import api
+    from meshplan.faces.report.page import answer
+    from meshplan.schema.request import Request
+
+    base = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": "16"}
+    _, shown, error = answer({**base, **form})
+    assert not error
+    expected = api.recommend(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, **request_fields))
+    assert json.loads(shown) == json.loads(expected.model_dump_json())
+    plan = expected.candidates[0].plan
+    assert all(getattr(plan, k) == v for k, v in request_fields.items() if k in ("tp", "pp", "cp"))

@@ -70,15 +70,17 @@ def test_the_page_end_to_end_gives_the_cli_numbers(browser, served, tmp_path):
     fill = ("document.querySelector('#model').value = 'llama-3.1-8b';"
             "document.querySelector('#gpu').value = 'h100';"
             "document.querySelector('#num_gpus').value = '16';"
-            "document.querySelector('#framework').value = 'megatron-core';")
+            "document.querySelector('#framework').value = 'megatron-core';"
+            "document.querySelector('#seq_length').value = '8192';"
+            "document.querySelector('#tp').value = '2';")
     browser.evaluate(fill)
     loaded = len(browser.events)
     browser.evaluate("document.querySelector('#go').click(); true")
     browser.wait_for("Page.loadEventFired", loaded)
     shown = json.loads(browser.evaluate("document.querySelector('#answer-json').textContent"))
     cli = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "recommend", "llama-3.1-8b", "--gpu", "h100",
-                          "--num-gpus", "16", "--framework", "megatron-core", "--json"], capture_output=True, text=True,
-                         env=tree_env())
+                          "--num-gpus", "16", "--framework", "megatron-core", "--seq-length", "8192", "--tp", "2",
+                          "--json"], capture_output=True, text=True, env=tree_env())
     assert shown == json.loads(cli.stdout)
     best = shown["candidates"][0]
     totals = browser.evaluate("[...document.querySelectorAll('rect.stage-bar')].map(r => +r.dataset.totalBytes)")

@@ -1,5 +1,6 @@
 """The page `meshplan serve --transport http` serves at `/`: a form (a catalog model or a pasted config.json, GPU,
-count, framework) whose answer is recommend's, drawn as the report.
+count, framework, sequence length, global batch, precision, job, and any of tp, pp, cp, ep to hold fixed) whose
+answer is recommend's, drawn as the report.
 
 It holds no arithmetic: the answer is `report.gather(..., recommend=True)`, the same api call as `meshplan report
 --recommend` and `meshplan recommend --json` (whose JSON the page prints under the pictures). It binds where the
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import parse_qs
 
 import anyio.to_thread
@@ -28,11 +29,16 @@ from meshplan.faces.report.gather import gather
 from meshplan.faces.report.render import environment, render_html
 from meshplan.knowledge.hardware import gpu_catalog
 from meshplan.request.parse import parse_request, request_error
-from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.choices import FRAMEWORKS, JobKind, Precision
 
 PAGE_PATHS = ("/", "/index.html")
 MAX_FORM_BYTES = 1 << 20  # a config.json is a few kilobytes; a larger form is refused before it is read whole
-FORM_FIELDS = ("model", "config", "gpu", "num_gpus", "framework")
+FORM_FIELDS = ("model", "config", "gpu", "num_gpus", "framework", "seq_length", "global_batch_size", "precision", "job",
+               "tp", "pp", "cp", "ep")
+"""The page form's inputs (page.html.j2); the page answers recommend for these alone, a degree left empty searched
+(the request fields of the same names: an empty field is not sent, so the request's default or the search holds)."""
+WHOLE_NUMBERS = ("num_gpus", "seq_length", "global_batch_size", "tp", "pp", "cp", "ep")
+CHOICES = {"precision": get_args(Precision), "job": get_args(JobKind)}  # the form's selects: the request's literals
 
 
 # C0 and C1 control characters and DEL, but the tab and line breaks a pasted config.json holds: a NUL or a terminal
@@ -54,8 +60,6 @@ def _control_characters(values: dict[str, str]) -> str:
             "form again.") if found else ""
 
 
-FORM_FIELDS = ("model", "config", "gpu", "num_gpus", "framework")
-"""The page form's inputs (page.html.j2); the page answers recommend for these alone."""
 
 
 def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
@@ -64,11 +68,12 @@ def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
     if unknown:  # a hand-made URL (?tp=2) would otherwise be answered as if tp were searched
         hint = "".join(f" (did you mean {h!r}?)" for h in closest(unknown[0], FORM_FIELDS, n=1))
         raise MeshplanError(f"The page has no field {unknown[0][:40]!r}{hint}; it takes {', '.join(FORM_FIELDS)}.",
-                            fix="Set the layout's other fields (tp, pp, seq_length ...) with the CLI (meshplan report) "
-                                "or the MCP tools.")
-    fields: dict[str, Any] = {k: values[k] for k in ("model", "gpu", "num_gpus", "framework") if k in values}
-    if re.fullmatch(r"[+-]?\d+", fields.get("num_gpus", "")):  # a form sends text; a signed whole number is one
-        fields["num_gpus"] = int(fields["num_gpus"])  # (-8 is below 1, not 'no integer'); the parser names the rest
+                            fix="Set the request's other fields (vpp, micro_batch_size, recompute ...) with the CLI "
+                                "(meshplan report) or the MCP tools.")
+    fields: dict[str, Any] = {k: v for k, v in values.items() if k != "config"}
+    for name in WHOLE_NUMBERS:  # a form sends text; a signed whole number is one
+        if re.fullmatch(r"[+-]?\d+", fields.get(name, "")):
+            fields[name] = int(fields[name])  # (-8 is below 1, not 'no integer'); the parser names the rest
     if "config" in values:
         path = config_dir / "config.json"
         path.write_text(values["config"], encoding="utf-8")
@@ -109,7 +114,8 @@ def page(values: dict[str, str]) -> str:
         body, answer_json, error = answer(values) if values else ("", "", "")
     models = [m.key for m in api.list_models()]
     return environment().get_template("page.html.j2").render(
-        values=values, models=models, gpus=sorted(gpu_catalog()), frameworks=list(FRAMEWORKS), body=body,
+        values=values, models=models, gpus=sorted(gpu_catalog()), frameworks=list(FRAMEWORKS), choices=CHOICES,
+        body=body,
         answer_json=answer_json, error=error, version=__version__)
 
 
