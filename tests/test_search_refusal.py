@@ -211,6 +211,19 @@ def test_min_gpus_stops_on_a_rule_no_gpu_count_passes_instead_of_scanning_to_its
     assert answer.num_gpus is not None and answer.num_gpus % 2 == 0
 
 
+def test_rl_min_gpus_stops_on_a_rule_no_gpu_count_passes():
+    """fp8 on an A100 (FP001) for a GRPO job with verl: the RL scan settled no count (each one's lightest variant broke
+    the rule) and ran to its bound of 512 counts, about 3 minutes; it now stops at the first count as a training
+    job's scan does, naming the rule and its fix, on the API and the CLI."""
+    fields = dict(model="gemma-2-27b", gpu="a100-80gb", framework="verl", seq_length=2048, job="rl", precision="fp8")
+    answer = api.minimum_gpus(Request(**fields))
+    assert answer.num_gpus is None and answer.stopped_by == "rules" and answer.counts_checked == 1
+    assert "FP001" in answer.rationale and "precision=bf16" in answer.rationale
+    _, out, err = run_cli(["min-gpus", "gemma-2-27b", "--gpu", "a100-80gb", "--framework", "verl", "--job", "rl",
+                           "--precision", "fp8"])
+    assert "FP001" in out + err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("fields", [dict(model="qwen3-30b-a3b"), dict(model="llama-3.1-8b", framework="torchtitan"),
                                     dict(model="mixtral-8x7b", framework="deepspeed"),
                                     dict(model="deepseek-v2-lite", framework="megatron-bridge", recompute="full")])

@@ -223,14 +223,15 @@ def rules_forbid(job: Job, fixed: Fixed, engine: Engine) -> str:
     return ""
 
 
-def count_free_refusal(job: Job, fixed: Fixed, limit: int, user_gbs: bool) -> str:
-    """A rule that refuses every plan whatever the GPU count (LoRA on a framework without it), in words ("" when
-    none): probed at the first, second and last multiple of the scan's step, for rules that do not read the count."""
+def count_free_refusal(job: Job, fixed: Fixed, limit: int, at: Callable[[int], Job]) -> str:
+    """A rule that refuses every plan whatever the GPU count (LoRA on a framework without it, fp8 on a GPU without
+    it), in words ("" when none): probed at the first, second and last multiple of the scan's step (`at`: the job
+    there, as the scan has it), for rules that do not read the count."""
     step = lcm(job.gpus_per_node, count_unit(job, fixed))
     if step > limit:
         return ""
     last = limit - limit % step
-    found = rule_blocking_every_count(job, fixed, sorted({step, min(2 * step, last), last}), user_gbs)
+    found = rule_blocking_every_count(fixed, sorted({step, min(2 * step, last), last}), at)
     return (f"every layout breaks {found.id} at any GPU count: {found.message} Fix: {found.fix}" if found else "")
 
 
@@ -242,7 +243,6 @@ def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_g
     (default: the ranked search itself, top 1)."""
     limits = search_limits()
     budget = memory_budget(job, headroom)
-    default_at = at is None
     at = at or (lambda world: job_at(job, world, user_gbs))
     ranks = ranks or (lambda _, there: bool(
         run_search(there, fixed, engine, 1, [], budget, counted=False, tallied=False)[0].found))
@@ -256,7 +256,7 @@ def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_g
             return Scan(None, first, last, checked, stepping, "counts", floor, limit, searched=searched)
         there = at(world)
         if not checked and (reason := rules_forbid(there, fixed, engine) or
-                            (count_free_refusal(job, fixed, limit, user_gbs) if default_at else "")):
+                            count_free_refusal(job, fixed, limit, at)):
             return Scan(None, world, world, 1, stepping, "rules", floor, limit, reason)
         first = first or world
         last = world

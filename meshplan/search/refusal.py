@@ -12,7 +12,7 @@ for a few structural checks only.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from meshplan.arithmetic.mesh import ranks_per_node
@@ -23,7 +23,6 @@ from meshplan.core.units import GIB, either_or, plural
 from meshplan.rules.engine import Context, backend_of, finding, load_rules, reads_of, rule_specs
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Finding
-from meshplan.search.job import job_at
 from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,
@@ -284,15 +283,16 @@ def reads_no_count(rule_id: str) -> bool:
     return reads is not None and not COUNT_READ_FIELDS.intersection(reads) and not rule_id.startswith(COUNT_DEPENDENT)
 
 
-def rule_blocking_every_count(job: Job, fixed: Fixed, counts: list[int], user_gbs: bool) -> Finding | None:
+def rule_blocking_every_count(fixed: Fixed, counts: list[int], at: Callable[[int], Job]) -> Finding | None:
     """A framework rule that refuses every plan at each of `counts` GPUs (the min-gpus scan probes the first, second
     and last count it would visit) and does not read the count (LoRA on a framework without it): the scan stops on
     it at once instead of running to its work bound. A rule reading no field a count changes (reads_no_count) that
     blocks every plan of a count whose space holds layouts blocks them at every count: the other counts are not
-    probed (the last count's space can hold millions of plans)."""
+    probed (the last count's space can hold millions of plans). `at`: the job at a count (search/job.job_at, with the
+    batch as the scan re-derives it: an RL job's is the request's at every count)."""
     first: Finding | None = None
     for world in counts:
-        space = Space.of(job_at(job, world, user_gbs), fixed)
+        space = Space.of(at(world), fixed)
         blocked = blocking_rule(space)
         if blocked is None or blocked[0].id.startswith(COUNT_DEPENDENT) or (first and blocked[0].id != first.id):
             return None
