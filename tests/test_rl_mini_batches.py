@@ -159,6 +159,8 @@ def test_a_stage_holds_one_mini_batch_s_micro_batches_not_the_step_s():
     assert whole == [4, 3, 2, 1]
     assert update_stages(SHALLOW)[0].activations_bytes < update_stages({**SHALLOW, "prompts_per_mini_batch": 16})[
         0].activations_bytes
+    said = api.estimate_memory(parse_request(SHALLOW)).assumptions
+    assert any("one mini-batch at a time" in a and "min(2, pp - r)" in a for a in said)
 
 
 def test_packed_micro_batches_bound_the_pipeline_at_the_stated_lengths():

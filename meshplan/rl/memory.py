@@ -396,6 +396,11 @@ def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host: in
                            f"a balanced partition with no cap: the largest holds {tokens} at the stated mean lengths "
                            "(expected over seeded draws, rl/packing.py), and the update and log-prob passes are "
                            "sized at it.")
+    runs = update_micro_batches(job, plan)
+    if plan.pp > 1 and runs != plan.num_microbatches(job.global_batch_size):
+        assumptions.append(f"The update's pipeline runs one mini-batch at a time ({job.framework} steps the optimizer "
+                           f"after each): {runs} micro-batches a rank, so a stage holds min({runs}, pp - r); the "
+                           "micro-batches in flight below are counted per mini-batch.")
     if setting.freed:
         assumptions.append(f"Between phases the {', '.join(sorted(setting.freed))} are released (on neither the GPU "
                            "nor the host) and allocated again in the update.")
