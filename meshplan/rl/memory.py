@@ -70,10 +70,11 @@ def packed_tokens(job, plan: Plan) -> int:
 def update_micro_batches(job, plan: Plan) -> int:
     """Micro-batches one run of the update's pipeline schedule takes on a rank: one mini-batch's, since the trainer
     steps the optimizer after each (verl's megatron_actor.update_policy calls forward_backward_batch per mini-batch,
-    which hands Megatron-Core's forward_backward_func num_microbatches = its micro-batches; the step time's
-    mini_batch_update likewise): the mini-batch's sequences over micro_batch_size, or where the framework packs to a
-    token budget the count its packing makes (rl/packing.py packed_micro_batch_count). A stage holds min(this, pp - r)
-    of them (1F1B), so a mini-batch of fewer micro-batches than stages fills no pipeline."""
+    which hands Megatron-Core's forward_backward_func num_microbatches = its micro-batches; SkyRL's training batch is
+    its policy_mini_batch_size, the card's global_batch_size key; the step time's mini_batch_update likewise): the
+    mini-batch's sequences over micro_batch_size, or where the framework packs to a token budget the count its packing
+    makes (rl/packing.py packed_micro_batch_count). A stage holds min(this, pp - r) of them (1F1B), so a mini-batch of
+    fewer micro-batches than stages fills no pipeline."""
     packing = _packing(job, plan)
     if packing is None:
         return max(1, rank_mini_batch(job, plan) // plan.micro_batch_size)
