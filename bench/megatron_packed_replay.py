@@ -32,6 +32,8 @@ quantile: the truncated exponential of that mean on [0, maximum]), prompts unifo
 prompts; an assumption, said). Nothing here is fitted and no estimate reads it.
 
 Run: python bench/megatron_packed_replay.py [MEAN ...]   (default 1000 2000 4000; about 1-3 minutes each)
+     MEAN `max`: the workload bench/rl_jobs.py scores the rows at (no mean stated): every prompt and response at the
+     request's maximum, 2,048 + 8,192, so every micro-batch is one sequence of the 10,240-token budget.
 """
 
 from __future__ import annotations
@@ -180,10 +182,11 @@ def micro_batch(tr: Trace, s: Shapes, t: int) -> None:
     tr.free(grad)
 
 
-def packed(rng: random.Random, sequences: int, budget: int, maximum: int, mean: int | None) -> list[int]:
+def packed(rng: random.Random, sequences: int, budget: int, maximum: int, mean: int | None,
+           prompts: tuple[int, int] = PROMPTS) -> list[int]:
     """One rank's mini-batch in verl's dynamic micro-batches: their token counts, heaviest first."""
     u = rate(mean / maximum) if mean else None
-    lengths = [rng.randint(*PROMPTS) + (maximum if u is None else max(1, round(maximum * quantile(u, rng.random()))))
+    lengths = [rng.randint(*prompts) + (maximum if u is None else max(1, round(maximum * quantile(u, rng.random()))))
                for _ in range(sequences)]
     bins: list[list[int]] = [[] for _ in range(-(-sum(lengths) // budget))]
     for n in sorted(lengths, reverse=True):
@@ -215,7 +218,9 @@ def least_capacity(events: list, allocated: int, reserved: int, step: int = 2 * 
     return high * step
 
 
-def run(mean: int | None, mini_batches: int = 2, seed: int = 0) -> dict:
+def run(mean: int | None, mini_batches: int = 2, seed: int = 0, at_maximum: bool = False) -> dict:
+    """The replay at a mean response (None: every response at the maximum, prompts drawn from PROMPTS), or
+    `at_maximum`: every prompt and response at the request's maximum, the rows' workload in bench/rl_jobs.py."""
     job, plan = resolve(parse_request(REQUEST))
     s = shapes(job, plan)
     rl = job.rl
@@ -226,7 +231,8 @@ def run(mean: int | None, mini_batches: int = 2, seed: int = 0) -> dict:
     rng = random.Random(seed)
     sizes: list[int] = []
     for _ in range(mini_batches):
-        batch = packed(rng, sequences, budget, rl.response_length, mean)
+        batch = packed(rng, sequences, budget, rl.response_length, None if at_maximum else mean,
+                       (rl.prompt_length, rl.prompt_length) if at_maximum else PROMPTS)
         sizes += batch
         for t in batch:
             micro_batch(tr, s, t)
@@ -254,13 +260,13 @@ def check_sum() -> tuple[float, float]:
 
 
 def main(argv: list[str]) -> int:
-    means = [int(a) for a in argv] if argv else [1000, 2000, 4000]
+    means = [a if a == "max" else int(a) for a in argv] if argv else [1000, 2000, 4000]
     ours, meshplan = check_sum()
     print(f"one layer kept at 10,240 tokens: trace {ours / 1e6:.1f} MB, meshplan {meshplan / 1e6:.1f} MB")
     print("verl Qwen3-30B-A3B, 8 H20 (EP8), 2 mini-batches of 256 sequences; one stream, default allocator")
     for mean in means:
-        r = run(mean)
-        print(f"  mean response {r['mean']}: {r['micro_batches']} micro-batches of "
+        r = run(None, at_maximum=True) if mean == "max" else run(mean)
+        print(f"  mean response {mean}: {r['micro_batches']} micro-batches of "
               f"{r['tokens'][0]:,}-{r['tokens'][1]:,} tokens ({r['over_budget']} over the budget); allocated "
               f"{r['allocated_gb']:.2f} GB, reserved "
               f"{r['reserved_gb']:.2f} GB (+{r['reserve_share']:.1%} of the transient), runs on {r['runs_on_gb']:.2f} "

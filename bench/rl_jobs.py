@@ -27,6 +27,7 @@ from production_sources import stage_layers
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import stage_allocated
 from meshplan.request.parse import parse_request
 
 GB = 10**9
@@ -84,7 +85,9 @@ def score_row(row: dict, work: dict) -> dict:
     res = {"script": work["script"], "num_gpus": hw["num_gpus"],
            "phases_gb": {p.phase: round(p.peak_bytes / GB, 1) for p in mem.phases}, "peak_phase": mem.peak_phase,
            "peak_gb": round(mem.peak_bytes / GB, 1), "peak_measured_gb": out.get("peak_memory_gb_per_gpu"),
-           "fits": mem.fits, "host_tb_per_node": round(mem.host_bytes_per_node / 1e12, 2),
+           "fits": mem.fits, "fit_basis": mem.fit_basis,
+           "update_allocated_gb": round(max(stage_allocated(st) for st in mem.stages) / GB, 1),
+           "host_tb_per_node": round(mem.host_bytes_per_node / 1e12, 2),
            "host_measured_tb": (lambda x: x and x / 1e3)(noted(row, "CPU memory", "GB")),
            "mean_response": mean, "step_s": round(step.step_time_s), "step_measured_s": out.get("step_time_s"),
            "generation_s": round(step.rl.generation_s), "generation_measured_s": noted(row, "rollout", "s"),
@@ -139,7 +142,8 @@ def report(res: dict) -> None:
         line = f"{rid} ({d['script']}, {d['num_gpus']} GPUs): peak {d['peak_gb']} GB in {d['peak_phase']}"
         if d["peak_measured_gb"]:
             line += f" vs {d['peak_measured_gb']} measured ({err(d['peak_gb'], d['peak_measured_gb'])})"
-        line += f", fits {d['fits']}; update MFU {d['update_mfu']}"
+        line += (f", fits {d['fits']} ({d['fit_basis']} basis; the update's allocated peak "
+                 f"{d['update_allocated_gb']} GB); update MFU {d['update_mfu']}")
         if d["mfu_measured"]:
             line += f" vs {d['mfu_measured']} ({err(d['update_mfu'], d['mfu_measured'])})"
         print(line)

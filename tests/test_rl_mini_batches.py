@@ -132,3 +132,57 @@ def test_a_mini_batch_over_the_step_is_refused_by_the_mcp_tools():
     assert over.is_error and ERROR in over.content[0].text and "from 1 to 512" in over.content[0].text
     assert not ok.is_error
     assert ok.structured_content["rl"] == step(DAPO, prompts_per_mini_batch=32).rl.model_dump(mode="json")
+
+
+# a pipeline deeper than one rank's mini-batch: 16 prompts x 2 in mini-batches of 4 prompts on dp 4 = 2 sequences a
+# rank per optimizer step, 8 a rank in the whole step, pp 4
+SHALLOW = {"model": "qwen2.5-7b", "gpu": "h100", "framework": "verl", "num_gpus": 16, "tp": 1, "pp": 4, "job": "rl",
+           "algorithm": "dapo", "prompts_per_step": 16, "prompts_per_mini_batch": 4, "samples_per_prompt": 2,
+           "prompt_length": 1024, "response_length": 3072, "micro_batch_size": 1}
+
+
+def update_stages(fields: dict) -> list:
+    """The actor update's stages of an RL memory report (its stage table)."""
+    return api.estimate_memory(parse_request(fields)).stages
+
+
+def test_a_stage_holds_one_mini_batch_s_micro_batches_not_the_step_s():
+    """verl steps the optimizer after each mini-batch (forward_backward_batch per mini-batch, num_microbatches its
+    micro-batches): the 1F1B pipeline flushes there, so stage r holds min(mini-batch micro-batches, pp - r)."""
+    from meshplan.rl.memory import update_micro_batches
+
+    job, plan = resolve(parse_request(SHALLOW))
+    assert update_micro_batches(job, plan) == 4 * 2 // 4 == 2
+    held = [s.detail["microbatches_in_flight"] for s in update_stages(SHALLOW)]
+    assert held == [2, 2, 2, 1]  # min(2, pp - r); the whole step's 8 a rank would fill the pipeline: 4, 3, 2, 1
+    whole = [s.detail["microbatches_in_flight"] for s in update_stages({**SHALLOW, "prompts_per_mini_batch": 16})]
+    assert whole == [4, 3, 2, 1]
+    assert update_stages(SHALLOW)[0].activations_bytes < update_stages({**SHALLOW, "prompts_per_mini_batch": 16})[
+        0].activations_bytes
+    said = api.estimate_memory(parse_request(SHALLOW)).assumptions
+    assert any("one mini-batch at a time" in a and "min(2, pp - r)" in a for a in said)
+
+
+def test_packed_micro_batches_bound_the_pipeline_at_the_stated_lengths():
+    """Under verl's use_dynamic_bsz the mini-batch's micro-batch count is its packing's (ceil(tokens / budget), the
+    MAX over DP): at short mean lengths a rank's mini-batch packs into fewer micro-batches than stages."""
+    from meshplan.rl.memory import update_micro_batches
+    from meshplan.rl.packing import packed_micro_batch_count
+
+    fields = {**SHALLOW, "prompts_per_mini_batch": 16, "mean_response_length": 500, "mean_prompt_length": 200}
+    job, plan = resolve(parse_request(fields))
+    count = update_micro_batches(job, plan)
+    assert count == packed_micro_batch_count(4096, 8, 1024, 3072, 200, 500, 4)
+    assert 1 <= count < 4  # 8 sequences of ~700 tokens in 4,096-token micro-batches
+    held = [s.detail["microbatches_in_flight"] for s in update_stages(fields)]
+    assert held == [min(count, 4 - r) for r in range(4)]
+
+
+def test_the_packed_count_is_the_token_count_over_the_budget():
+    """packed_micro_batch_count: every sequence at its maximum packs budget // sequence of them per micro-batch
+    (ceil(50 x 10,240 / 30,720) = 17); at stated means the count is the tokens over the budget, never below it."""
+    from meshplan.rl.packing import packed_micro_batch_count
+
+    assert packed_micro_batch_count(3 * 10240, 50, 2048, 8192, 2048, 8192) == 17
+    count = packed_micro_batch_count(10240, 256, 2048, 8192, 300, 2000)
+    assert 256 * 2300 / 10240 * 0.8 < count < 256 * 2300 / 10240 * 1.25

@@ -23,7 +23,7 @@ from meshplan.estimate.memory import (
     stage_allocated,
 )
 from meshplan.rl.engine import ENGINE_BYTES, engine_memory, graph_bytes
-from meshplan.rl.packing import largest_micro_batch_tokens
+from meshplan.rl.packing import largest_micro_batch_tokens, packed_micro_batch_count
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import EngineMemory, PhaseMemory
 
@@ -39,28 +39,57 @@ def _forward_only(plan: Plan) -> Plan:
                                    "recompute_modules": None, "selective_ac_option": None})
 
 
+def _packing(job, plan: Plan) -> tuple | None:
+    """packed_tokens' and update_micro_batches' arguments to rl/packing.py (budget, one rank's mini-batch sequences,
+    lengths, dp, vpp divisor), or None where the framework does not pack to a token budget (the card's
+    rl.packed_micro_batches) or every sequence is at its longest."""
+    rl = job.rl
+    if not job.rl_card.packed_micro_batches or rl.token_share >= 1:
+        return None
+    return (plan.micro_batch_size * job.seq_length, rank_mini_batch(job, plan), rl.prompt_length, rl.response_length,
+            rl.mean_prompt, rl.mean_response, plan.dp, plan.pp if plan.vpp > 1 else 1)
+
+
+def rank_mini_batch(job, plan: Plan) -> int:
+    """One data-parallel rank's sequences of one mini-batch (prompts_per_mini_batch x samples / dp; the whole step's
+    where the request names no mini-batch): what one optimizer step of the update runs on that rank."""
+    rl = job.rl
+    return max(1, (rl.prompts_per_mini_batch or rl.prompts_per_step) * rl.samples_per_prompt // plan.dp)
+
+
 def packed_tokens(job, plan: Plan) -> int:
     """The update's largest micro-batch, tokens: the planned micro_batch_size sequences of prompt + response, or where
     the framework packs to a token budget with no cap (the card's rl.packed_micro_batches: verl's use_dynamic_bsz,
     the budget read into micro_batch_size x seq_length) the largest its packing makes of one rank's mini-batch at the
     request's lengths (rl/packing.py), the count the MAX over the DP ranks and, where virtual stages interleave, rounded
     up to a multiple of microbatch_group_size_per_vp_stage (Megatron's default: the pipeline size)."""
-    rl, planned = job.rl, plan.micro_batch_size * job.seq_length
-    if not job.rl_card.packed_micro_batches or rl.token_share >= 1:
-        return planned
-    mini = rl.prompts_per_mini_batch or rl.prompts_per_step
-    sequences = max(1, mini * rl.samples_per_prompt // plan.dp)
-    return max(planned, largest_micro_batch_tokens(planned, sequences, rl.prompt_length, rl.response_length,
-                                                   rl.mean_prompt, rl.mean_response, plan.dp,
-                                                   plan.pp if plan.vpp > 1 else 1))
+    planned, packing = plan.micro_batch_size * job.seq_length, _packing(job, plan)
+    return planned if packing is None else max(planned, largest_micro_batch_tokens(*packing))
+
+
+def update_micro_batches(job, plan: Plan) -> int:
+    """Micro-batches one run of the update's pipeline schedule takes on a rank: one mini-batch's, since the trainer
+    steps the optimizer after each (verl's megatron_actor.update_policy calls forward_backward_batch per mini-batch,
+    which hands Megatron-Core's forward_backward_func num_microbatches = its micro-batches; SkyRL's training batch is
+    its policy_mini_batch_size, the card's global_batch_size key; the step time's mini_batch_update likewise): the
+    mini-batch's sequences over micro_batch_size, or where the framework packs to a token budget the count its packing
+    makes (rl/packing.py packed_micro_batch_count). A stage holds min(this, pp - r) of them (1F1B), so a mini-batch of
+    fewer micro-batches than stages fills no pipeline."""
+    packing = _packing(job, plan)
+    if packing is None:
+        return max(1, rank_mini_batch(job, plan) // plan.micro_batch_size)
+    return packed_micro_batch_count(*packing)
 
 
 def _packed_job(job, plan: Plan):
-    """The job as the update's largest micro-batch sees it: seq_length its tokens over micro_batch_size."""
+    """The job as the update's schedule sees it: one mini-batch of update_micro_batches micro-batches on each rank
+    (global_batch_size, which the memory estimate reads its micro-batches per schedule run from), each at the largest
+    micro-batch's tokens (seq_length its tokens over micro_batch_size)."""
     tokens = packed_tokens(job, plan)
-    if tokens == plan.micro_batch_size * job.seq_length:
-        return job
-    return job.model_copy(update={"seq_length": -(-tokens // plan.micro_batch_size)})
+    update = {"global_batch_size": update_micro_batches(job, plan) * plan.micro_batch_size * plan.dp}
+    if tokens != plan.micro_batch_size * job.seq_length:
+        update["seq_length"] = -(-tokens // plan.micro_batch_size)
+    return job.model_copy(update=update)
 
 
 def trainer_reports(job, plan: Plan) -> tuple:
@@ -368,6 +397,11 @@ def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host: in
                            f"a balanced partition with no cap: the largest holds {tokens} at the stated mean lengths "
                            "(expected over seeded draws, rl/packing.py), and the update and log-prob passes are "
                            "sized at it.")
+    runs = update_micro_batches(job, plan)
+    if plan.pp > 1 and runs != plan.num_microbatches(job.global_batch_size):
+        assumptions.append(f"The update's pipeline runs one mini-batch at a time ({job.framework} steps the optimizer "
+                           f"after each): {runs} micro-batches a rank, so a stage holds min({runs}, pp - r); the "
+                           "micro-batches in flight below are counted per mini-batch.")
     if setting.freed:
         assumptions.append(f"Between phases the {', '.join(sorted(setting.freed))} are released (on neither the GPU "
                            "nor the host) and allocated again in the update.")

@@ -73,13 +73,28 @@ def _draw(rng: random.Random, u: float | None, top: int) -> int:
     return top if u is None else max(1, round(top * quantile(u, rng.random())))
 
 
-@cache
 def largest_micro_batch_tokens(budget: int, sequences: int, prompt: int, response: int,
                                mean_prompt: int, mean_response: int, dp: int = 1, divisor: int = 1) -> int:
     """The expected largest micro-batch's tokens when one rank's `sequences` (prompt + response, each at most
     prompt / response tokens, means mean_prompt / mean_response) are packed to `budget` tokens as verl's
     rearrange_micro_batches packs them, the count the MAX over `dp` ranks rounded up to a multiple of `divisor`.
     Raises ValueError where the budget is below the longest sequence (verl asserts max_token_len >= max_seq_len)."""
+    return packed_micro_batches(budget, sequences, prompt, response, mean_prompt, mean_response, dp, divisor)[0]
+
+
+def packed_micro_batch_count(budget: int, sequences: int, prompt: int, response: int,
+                             mean_prompt: int, mean_response: int, dp: int = 1, divisor: int = 1) -> int:
+    """How many micro-batches one rank's `sequences` are packed into (the synced count, expected over the same draws,
+    rounded up): what verl hands Megatron-Core's forward_backward_func as num_microbatches for the mini-batch, so what
+    bounds the micro-batches a pipeline stage holds (1F1B: min(m, pp - r))."""
+    return packed_micro_batches(budget, sequences, prompt, response, mean_prompt, mean_response, dp, divisor)[1]
+
+
+@cache
+def packed_micro_batches(budget: int, sequences: int, prompt: int, response: int,
+                         mean_prompt: int, mean_response: int, dp: int = 1, divisor: int = 1) -> tuple[int, int]:
+    """(largest micro-batch tokens, micro-batch count) of one rank's mini-batch packed as rearrange_micro_batches
+    packs it (largest_micro_batch_tokens, packed_micro_batch_count): both expected over the same seeded draws."""
     if budget < prompt + response:
         raise ValueError(f"a token budget of {budget} per micro-batch is below the longest sequence "
                          f"({prompt} + {response} tokens): verl's rearrange_micro_batches asserts max_token_len >= "
@@ -89,17 +104,18 @@ def largest_micro_batch_tokens(budget: int, sequences: int, prompt: int, respons
     if up is None and ur is None:
         seq = prompt + response
         k = synced_count([micro_batch_count(sequences * seq, sequences, budget)], sequences, divisor)
-        return -(-sequences // k) * seq
+        return -(-sequences // k) * seq, k
     n = min(sequences, MOST_SEQUENCES)
     rng = random.Random(f"{budget}/{sequences}/{prompt}/{response}/{mean_prompt}/{mean_response}"
                         + ("" if dp == 1 and divisor == 1 else f"/{dp}/{divisor}"))
-    total = 0
+    total = counts = 0
     for _ in range(DRAWS):
         ranks = [[_draw(rng, up, prompt) + _draw(rng, ur, response) for _ in range(n)]
                  for _ in range(min(dp, MOST_RANKS))]
         # each rank's whole count, synced, then scaled to the sequences simulated
-        k = synced_count([micro_batch_count(math.ceil(sum(r) * sequences / n), sequences, budget) for r in ranks],
-                         sequences, divisor)
-        k = max(1, min(n, round(k * n / sequences)))
+        whole = synced_count([micro_batch_count(math.ceil(sum(r) * sequences / n), sequences, budget) for r in ranks],
+                             sequences, divisor)
+        counts += whole
+        k = max(1, min(n, round(whole * n / sequences)))
         total += karmarkar_karp_largest(ranks[0], k)
-    return math.ceil(total / DRAWS)
+    return math.ceil(total / DRAWS), math.ceil(counts / DRAWS)
