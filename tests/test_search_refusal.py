@@ -323,3 +323,28 @@ def test_min_gpus_says_a_rule_stopped_it_at_the_first_count_on_every_face():
     assert mcp.stepping == answer.stepping
     _, out, _ = run_cli(["min-gpus", "llama-3.1-70b", "--lora-rank", "16"])
     assert f"checked {said}" in out and "checked 1 count from" not in out
+
+
+def test_the_scan_settles_a_stage_a_micro_batch_free_rule_refuses_without_an_estimate(monkeypatch):
+    """SkyRL's FSDP engine (zero_stage 3) has no tp, pp or ep (FS001, which reads only those): the min-gpus scan's
+    lightest-variant check estimated each such stage's memory and asked the rules at every micro-batch (557,000 checks
+    for Kimi-K2 SFT on H200, 18 s); the rules at the smallest micro-batch now settle it, with no estimate. A rule
+    reading the micro-batch (BS001) is asked at each."""
+    from meshplan.search.engine import BestFirstSearch
+    from meshplan.search.estimators import default_engine
+    from meshplan.search.gpu_count import lightest_passes
+    from meshplan.search.refusal import reads_no_micro_batch
+    from meshplan.search.space import Layout, micro_batches
+
+    assert reads_no_micro_batch("FS001") and not reads_no_micro_batch("BS001")
+    job, _ = search_job(Request(model="qwen3-30b-a3b", gpu="h100", num_gpus=16, framework="skyrl", job="sft"))
+    search = BestFirstSearch.for_job(job, Fixed(), default_engine(job.framework), 1, budget_bytes=10**15)
+    assert 3 in search.zeros
+    estimated = []
+    monkeypatch.setattr(search, "fits", lambda *a: estimated.append(a) or True)
+    lay = Layout(tp=2, pp=1, cp=1, ep=1, etp=2, dp=8)
+    sizes = micro_batches(job, lay, Fixed())
+    assert not lightest_passes(search, lay, 3, search.recomputes[-1], sizes) and not estimated
+    assert set(search.check_errors(lay, 3, sizes[0])) == {"FS001"}
+    plain = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=16)  # FSDP's own: estimated, and it passes
+    assert lightest_passes(search, plain, 3, search.recomputes[-1], micro_batches(job, plain, Fixed())) and estimated

@@ -24,7 +24,7 @@ from meshplan.search.engine import BestFirstSearch, run_search
 from meshplan.search.estimators import Engine
 from meshplan.search.job import job_at
 from meshplan.search.policy import memory_budget, search_limits
-from meshplan.search.refusal import rule_blocking_every_count
+from meshplan.search.refusal import reads_no_micro_batch, rule_blocking_every_count
 from meshplan.search.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches
 from meshplan.search.zero_stages import least_state_bytes
 
@@ -93,14 +93,20 @@ def lightest_passes(search: BestFirstSearch, lay: Layout, zero: int, recompute: 
     recompute: some read it, engine.apply_rules): the first stage's memory floor (a cached sum), then the estimate,
     then the rules (three checks per micro-batch, where most stages that fit fail on every micro-batch of an
     interleaved or combined-1F1B split). An estimate the rules block proves nothing of the stage's other plans (EP009
-    refuses the EP overlap with full recompute only): it counts as a fit, and recommend settles the count."""
+    refuses the EP overlap with full recompute only): it counts as a fit, and recommend settles the count. The rules
+    at the smallest micro-batch come before the estimate: where each recompute's first error is a rule no micro-batch
+    moves (refusal.reads_no_micro_batch: FS001 on SkyRL's FSDP engine with tp, pp or ep), every plan of the stage is
+    refused, with no estimate and no other micro-batch asked (Kimi-K2 SFT on SkyRL asked 557,000 such checks)."""
     if not search.floor_fits(lay, zero, recompute, sizes[0]):
+        return False
+    first = search.check_errors(lay, zero, sizes[0])
+    if None not in first and all(reads_no_micro_batch(error) for error in first):  # type: ignore[arg-type]
         return False
     try:
         fits = search.fits(lay, zero, recompute, sizes[0])
     except MeshplanError:
         fits = True
-    return fits and any(None in search.check_errors(lay, zero, mbs) for mbs in sizes)
+    return fits and (None in first or any(None in search.check_errors(lay, zero, mbs) for mbs in sizes[1:]))
 
 
 def count_unit(job: Job, fixed: Fixed) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import cache
 
 from meshplan.arithmetic.mesh import ranks_per_node
 from meshplan.arithmetic.offload import offload_card, offload_plan
@@ -274,6 +275,15 @@ def layouts_told_apart(space: Space, rule_id: str) -> list[Layout]:
     for lay in space.layouts:
         first.setdefault(tuple(space.sizes(lay) if a == "sizes" else getattr(lay, a) for a in attrs), lay)
     return list(first.values())
+
+
+@cache
+def reads_no_micro_batch(rule_id: str) -> bool:
+    """Whether the rule declares what it reads and none of it takes the micro-batch sizes Space tries for a layout
+    (LAYOUT_READS): its verdict on a layout's plan at one micro-batch is its verdict at every micro-batch (FS001 on
+    the tp, pp and ep of verl's and SkyRL's FSDP engine)."""
+    reads = reads_of(load_rules()[rule_id])
+    return reads is not None and not any("sizes" in LAYOUT_READS.get(name, ()) for name in reads)
 
 
 def reads_no_count(rule_id: str) -> bool:
