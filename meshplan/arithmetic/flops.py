@@ -53,8 +53,9 @@ def model_flops_per_token(arch: Architecture, seq_length: int, mtp_layers: int |
     Source: NVIDIA/Megatron-LM megatron/training/training.py `num_floating_point_operations`
     (causal halving since 2025-03). A DSA model (DeepSeek-V3.2) counts as its MLA: that function has no DSA term
     (d98e8a6: DSA is no linear-attention variant, so it takes the multi_latent_attention branch, dense causal, no
-    indexer), so its MFU divides by DeepSeek-V3's model FLOPs while the step runs the sparse core. MTP blocks (default: the architecture's) repeat the last
-    layer's type and add their norms and 2h->h projection. Vocabulary is used unpadded.
+    indexer), so its MFU divides by DeepSeek-V3's model FLOPs while the step runs the sparse core. MTP blocks
+    (default: the architecture's) repeat the last layer's type and add their norms and 2h->h projection. Vocabulary
+    is used unpadded.
     """
     if arch.layer_pattern is not None:  # a hybrid: Megatron-LM's hybrid_flops
         return hybrid_flops_per_token(arch, seq_length, arch.num_mtp_layers if mtp_layers is None else mtp_layers)

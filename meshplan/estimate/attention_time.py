@@ -12,10 +12,11 @@ from meshplan.schema.plan import Job
 # Flash attention's backward recomputes the scores: five matmuls (S, dV, dP, dQ, dK) to the forward's two, 2.5x
 # the forward FLOPs, so forward + backward = 3.5x (Dao-AILab/flash-attention benchmark_flash_attention.py flops()).
 FLASH_ATTENTION_PASSES_PER_FORWARD = 3.5
-# The indexer's scores with its KL loss on: the forward, and a backward that recomputes them (FusedDSAIndexerLoss saves
-# q, weights and k, not the s x s scores) and takes the gradients of q and k, one pass each: 4x the forward (Megatron-Core
-# d98e8a6 experimental_attention_variant/dsa.py FusedDSAIndexerLoss, bwd_fused_indexer_loss_naive). The loss's target
-# (the main attention's scores over the attended keys) runs in the forward and again in that backward: 2x.
+# The indexer's scores with its KL loss on: the forward, and a backward that recomputes them (FusedDSAIndexerLoss
+# saves q, weights and k, not the s x s scores) and takes the gradients of q and k, one pass each: 4x the forward
+# (Megatron-Core d98e8a6 experimental_attention_variant/dsa.py FusedDSAIndexerLoss, bwd_fused_indexer_loss_naive).
+# The loss's target (the main attention's scores over the attended keys) runs in the forward and again in that
+# backward: 2x.
 INDEXER_PASSES_PER_FORWARD = 4.0
 DSA_TARGET_PASSES = 2.0
 
