@@ -198,6 +198,12 @@ class Architecture(StrictModel):
     def is_moe_layer(self, index: int) -> bool:
         return self.moe is not None and index in set(self.moe.moe_layers)
 
+    @property
+    def cp_comm_type_default(self) -> str:
+        """The CP communication a request that leaves cp_comm_type out gets: all-gather for a DSA model, the only
+        one Megatron-Core's DSAttention runs (rule DSA003), else the p2p ring."""
+        return "allgather" if self.dsa is not None else "p2p"
+
     def layer_kind(self, index: int) -> str:
         """'M' (Mamba-2), '*' (attention), '-' (MLP) or 'E' (MoE) for a hybrid model's layer; 'block' for every
         layer of a model that has no pattern (attention and an MLP or MoE in one layer)."""
