@@ -160,3 +160,30 @@ def test_megatron_core_render_builds_dsa():
                  "--dsa-indexer-topk 2048", "--dsa-indexer-use-sparse-loss", "--no-rope-fusion",
                  "--multi-latent-attention"):
         assert flag in text
+
+
+def test_megatron_core_script_reads_back_as_deepseek_v32():
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+
+    req = parse_request({"model": "deepseek-v3.2", "framework": "megatron-core", "num_gpus": 64, "tp": 2, "pp": 2})
+    read = api.import_config(api.render_config("megatron-core", req, force=True).text)
+    assert read.request["model"] == "deepseek-v3.2" and read.unsupported == []
+    dense = parse_request({"model": "deepseek-v3", "framework": "megatron-core", "num_gpus": 64, "tp": 2, "pp": 2})
+    assert api.import_config(api.render_config("megatron-core", dense, force=True).text).request["model"] == \
+        "deepseek-v3"
+
+
+FLAGS = ("megatron-core flags: --num-layers 4 --hidden-size 512 --num-attention-heads 8 --max-position-embeddings "
+         "4096 --vocab-size 32000 --swiglu --normalization RMSNorm --position-embedding-type rope "
+         "--disable-bias-linear ")
+MLA_FLAGS = "--multi-latent-attention --q-lora-rank 192 --kv-lora-rank 64 --qk-head-dim 16 --qk-pos-emb-head-dim 8 " \
+            "--v-head-dim 16 "
+
+
+def test_a_dsa_model_built_from_launch_flags():
+    arch = resolve_model(FLAGS + MLA_FLAGS + "--dsa-indexer-n-heads 4 --dsa-indexer-head-dim 32 --dsa-indexer-topk 256")
+    assert (arch.dsa.index_n_heads, arch.dsa.index_head_dim, arch.dsa.index_topk) == (4, 32, 256)
+    assert indexer_params(arch) == 192 * 4 * 32 + 512 * 32 + 2 * 32 + 512 * 4
+    with pytest.raises(MeshplanError, match="without --multi-latent-attention"):
+        resolve_model(FLAGS + "--dsa-indexer-n-heads 4 --dsa-indexer-head-dim 32 --dsa-indexer-topk 256")

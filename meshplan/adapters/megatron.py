@@ -40,17 +40,15 @@ def _sharding(plan: Plan) -> str | None:
     return {2: "optim_grads", 3: "optim_grads_params"}.get(plan.zero_stage)
 
 
-def _dsa_flags(dsa: DSASpec, flags: list[Flag]) -> tuple[list[Flag], list[str]]:
+def _dsa_flags(dsa: DSASpec) -> tuple[list[Flag], list[str]]:
     """DeepSeek Sparse Attention as Megatron-LM takes it (NVIDIA/Megatron-LM d98e8a6: TransformerConfig's
     experimental_attention_variant and dsa_indexer_* fields as flags, tests/functional_tests/test_cases/gpt/
     gpt3_mcore_te_tp2_pp2_dsa/model_config.yaml): the indexer's shapes, its KL loss over the selected keys (the
-    paper's sparse stage, which the estimate times), and RoPE fusion off (transformer_config.py asserts it for
-    DSAttention); the loss coefficient is the user's, said in a note."""
+    paper's sparse stage, which the estimate times; RoPE fusion off is architecture.py's _rope); the loss
+    coefficient is the user's, said in a note."""
     out: list[Flag] = [("--experimental-attention-variant", "dsa"), ("--dsa-indexer-n-heads", dsa.index_n_heads),
                        ("--dsa-indexer-head-dim", dsa.index_head_dim), ("--dsa-indexer-topk", dsa.index_topk),
                        ("--dsa-indexer-use-sparse-loss", None)]
-    if ("--no-rope-fusion", None) not in flags:
-        out.append(("--no-rope-fusion", None))
     return out, ["The estimate times DSA's indexer trained by its KL loss over the selected keys (the DeepSeek-V3.2 "
                  "paper's sparse stage): add --dsa-indexer-loss-coeff with the weight you train with (Megatron-Core's "
                  "default None trains no indexer; Megatron's DSA functional test uses 0.01, Megatron-Bridge's GLM-5 "
@@ -85,7 +83,7 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
         if m.mla.q_lora_rank:
             flags.append(("--q-lora-rank", m.mla.q_lora_rank))
     if m.dsa is not None:
-        dsa_flags, dsa_notes = _dsa_flags(m.dsa, flags)
+        dsa_flags, dsa_notes = _dsa_flags(m.dsa)
         flags += dsa_flags
         notes += dsa_notes
     if m.moe is not None:
