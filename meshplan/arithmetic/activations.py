@@ -360,6 +360,10 @@ class Layout(NamedTuple):
     # and V at ulysses_heads and its output before the all-to-all that gives the out-projection its input; 1, the
     # smaller count, so a layout built without it stays a floor
     ulysses: int = 1
+    # the CP degree over which a DSA model gathers its latent key and its indexer's key, each kept whole for the
+    # backward (Megatron-Core DSAttention, CP all-gather only); 1, the smaller count, so a layout built without it
+    # stays a floor
+    dsa_cp: int = 1
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -483,15 +487,15 @@ def absorbed_mla_bytes(shape: Shape, lay: Layout, sel: set[str]) -> float:
     """What DSA's absorbed MLA keeps per layer in place of MLA's per-head Q, K, V (Megatron-Core
     AbsorbedMLASelfAttention, NVIDIA/Megatron-LM d98e8a6 experimental_attention_variant/absorbed_mla.py): the per-head
     q-nope the W_UK einsum reads, the absorbed query (kv_lora + rope per head) the sparse kernel reads, the one latent
-    key (kv_lora + rope, gathered over SP: whole on every TP rank) and the core's latent output (kv_lora per head) the
-    W_UV einsum reads. Recomputing mla_up_proj (its qkv_up_checkpoint) drops the first two and the key; recomputing
-    core_attn the latent output."""
+    key (kv_lora + rope, gathered over SP: whole on every TP rank, and over CP: Layout.dsa_cp times the rows) and the
+    core's latent output (kv_lora per head) the W_UV einsum reads. Recomputing mla_up_proj (its qkv_up_checkpoint) drops
+    the first two and the key; recomputing core_attn the latent output."""
     assert shape.mla is not None
     _, kv_lora, d_nope, d_rope, _ = shape.mla
     t, tp = lay.tokens, lay.tp
     out = 0.0
-    if "mla_up_proj" not in sel:
-        out += BF16 * t * (shape.a * (d_nope + kv_lora + d_rope) / tp + kv_lora + d_rope)
+    if "mla_up_proj" not in sel:  # the latent key gathered over CP: the whole sequence's rows
+        out += BF16 * t * (shape.a * (d_nope + kv_lora + d_rope) / tp + lay.dsa_cp * (kv_lora + d_rope))
     if "core_attn" not in sel:
         out += BF16 * t * shape.a * kv_lora / tp
     return out
@@ -499,15 +503,17 @@ def absorbed_mla_bytes(shape: Shape, lay: Layout, sel: set[str]) -> float:
 
 def indexer_bytes(shape: Shape, lay: Layout) -> float:
     """What DSA's lightning indexer keeps per layer for its KL loss's backward, on every TP rank over the rows gathered
-    over SP (its linears are duplicated): FusedDSAIndexerLoss's saved q (heads x head_dim), weights (a bf16 per
-    head), k (head_dim) and top-k indices (index_topk, TOPK_INDEX_BYTES each), k_norm's LayerNorm input (head_dim)
-    and its fp32 mean and rstd; and, under sequence parallelism with tp > 1, the indexer's own gathered copies of the
-    layer input and the q latent that its wk, weights_proj and wq_b keep (DSAIndexer.forward_before_topk
-    gather_from_sequence_parallel_region). Megatron-Core d98e8a6 experimental_attention_variant/dsa.py."""
+    over SP (its linears are duplicated): FusedDSAIndexerLoss's saved q (heads x head_dim), weights (a bf16 per head), k
+    (head_dim, gathered over CP: Layout.dsa_cp times the rows) and top-k indices (index_topk, TOPK_INDEX_BYTES each),
+    k_norm's LayerNorm input (head_dim) and its fp32 mean and rstd; and, under sequence parallelism with tp > 1, the
+    indexer's own gathered copies of the layer input and the q latent that its wk, weights_proj and wq_b keep
+    (DSAIndexer.forward_before_topk gather_from_sequence_parallel_region). Megatron-Core d98e8a6
+    experimental_attention_variant/dsa.py."""
     assert shape.dsa is not None and shape.mla is not None
     heads, head_dim, topk = shape.dsa
     t = lay.tokens
-    out = BF16 * t * (heads * head_dim + heads + 2 * head_dim) + 8 * t + TOPK_INDEX_BYTES * t * topk
+    out = (BF16 * t * (heads * head_dim + heads + (1 + lay.dsa_cp) * head_dim) + 8 * t
+           + TOPK_INDEX_BYTES * t * topk)  # k saved as gathered over CP
     if lay.sp and lay.tp > 1:
         out += BF16 * t * (shape.h + (shape.mla[0] or shape.h))
     return out
