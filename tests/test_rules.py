@@ -66,6 +66,8 @@ KIMI = {"model": "kimi-k2"}              # 61 layers
 DSV3_VERL = {"model": "deepseek-v3", "gpu": "h20", "framework": "verl", "num_gpus": 96, "tp": 8, "pp": 12, "ep": 8,
              "etp": 1, "last_stage_layers": 6, "recompute": "full", "seq_length": 3072, "global_batch_size": 96,
              "param_offload": True, "optimizer_offload_fraction": 1.0}
+DSV32 = {"model": "deepseek-v3.2", "num_gpus": 256, "pp": 8, "ep": 32, "first_stage_layers": 7,
+         "last_stage_layers": 6, "seq_length": 8192}
 RL = {"framework": "verl", "num_gpus": 16, "ep": 8, "job": "rl", "samples_per_prompt": 8}  # GRPO on 16 H100
 
 # For every rule: (failing case, passing case). A case is make() keyword arguments; "report" gives the
@@ -103,6 +105,10 @@ CASES: dict[str, tuple[dict, dict]] = {
               {"model": "nemotron-h-8b", "num_gpus": 8, "framework": "megatron-bridge"}),
     "HY002": ({"model": "nemotron-h-8b", "num_gpus": 8, "framework": "verl"},
               {"model": "nemotron-h-8b", "num_gpus": 8, "framework": "megatron-core"}),
+    # DeepSeek Sparse Attention (DeepSeek-V3.2): Megatron-Core builds it, CP by all-gather only
+    "DSA001": ({**DSV32, "framework": "torchtitan"}, {**DSV32, "framework": "megatron-core"}),
+    "DSA002": ({**DSV32, "framework": "nemo-automodel"}, {**DSV32, "framework": "megatron-core"}),
+    "DSA003": ({**DSV32, "cp": 2, "cp_comm_type": "p2p"}, {**DSV32, "cp": 2}),
     "PP016": ({"model": "nemotron-h-8b", "num_gpus": 8, "pp": 2, "vpp": 2},
               {"model": "nemotron-h-8b", "num_gpus": 8, "pp": 4}),
     "TP006": ({"model": "nemotron-h-8b", "num_gpus": 16, "tp": 16},

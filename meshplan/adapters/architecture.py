@@ -90,7 +90,9 @@ def _rope(m: Architecture, rope: RopeSpec) -> tuple[list[Setting], list[str]]:
     if mla:
         out.append(Setting("rope_type", "yarn" if kind == "yarn" else "rope",
                            ("--rope-type", "yarn" if kind == "yarn" else "rope")))
-        if kind != "yarn":  # MLATransformerConfig.__post_init__: "apply_rope_fusion for MLA only works with YARN"
+        # MLATransformerConfig.__post_init__: "apply_rope_fusion for MLA only works with YARN"; DSA asserts it off
+        # ("RoPE fusion is not supported for DSAttention", transformer_config.py d98e8a6)
+        if kind != "yarn" or m.dsa is not None:
             out.append(Setting("apply_rope_fusion", False, ("--no-rope-fusion", None)))
     if kind is None:
         return out, notes

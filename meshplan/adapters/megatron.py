@@ -29,6 +29,7 @@ from meshplan.adapters.common import (
 from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
 from meshplan.arithmetic.memory_states import fp8_param_gather, fp8_recipe, precision_aware
 from meshplan.core.errors import MeshplanError
+from meshplan.schema.model import DSASpec
 from meshplan.schema.plan import Job, Plan
 
 Flag = tuple[str, Any]  # (flag, value); value None = a switch, a list = several values
@@ -37,6 +38,22 @@ Flag = tuple[str, Any]  # (flag, value); value None = a switch, a list = several
 def _sharding(plan: Plan) -> str | None:
     """Megatron-FSDP's --data-parallel-sharding-strategy for ZeRO-2/3 (optim_grads / optim_grads_params)."""
     return {2: "optim_grads", 3: "optim_grads_params"}.get(plan.zero_stage)
+
+
+def _dsa_flags(dsa: DSASpec) -> tuple[list[Flag], list[str]]:
+    """DeepSeek Sparse Attention as Megatron-LM takes it (NVIDIA/Megatron-LM d98e8a6: TransformerConfig's
+    experimental_attention_variant and dsa_indexer_* fields as flags, tests/functional_tests/test_cases/gpt/
+    gpt3_mcore_te_tp2_pp2_dsa/model_config.yaml): the indexer's shapes, its KL loss over the selected keys (the
+    paper's sparse stage, which the estimate times; RoPE fusion off is architecture.py's _rope); the loss
+    coefficient is the user's, said in a note."""
+    out: list[Flag] = [("--experimental-attention-variant", "dsa"), ("--dsa-indexer-n-heads", dsa.index_n_heads),
+                       ("--dsa-indexer-head-dim", dsa.index_head_dim), ("--dsa-indexer-topk", dsa.index_topk),
+                       ("--dsa-indexer-use-sparse-loss", None)]
+    return out, ["The estimate times DSA's indexer trained by its KL loss over the selected keys (the DeepSeek-V3.2 "
+                 "paper's sparse stage): add --dsa-indexer-loss-coeff with the weight you train with (Megatron-Core's "
+                 "default None trains no indexer; Megatron's DSA functional test uses 0.01, Megatron-Bridge's GLM-5 "
+                 "bridge 0.001), and --dsa-kernel-backend tilelang or cudnn for the fused kernels the estimate "
+                 "assumes (the default none runs a PyTorch path that holds the s x s index scores in fp32)."]
 
 
 def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
@@ -65,6 +82,10 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
                   ("--v-head-dim", m.mla.v_head_dim)]
         if m.mla.q_lora_rank:
             flags.append(("--q-lora-rank", m.mla.q_lora_rank))
+    if m.dsa is not None:
+        dsa_flags, dsa_notes = _dsa_flags(m.dsa)
+        flags += dsa_flags
+        notes += dsa_notes
     if m.moe is not None:
         flags += [("--num-experts", m.moe.num_experts), ("--moe-router-topk", m.moe.top_k),
                   ("--moe-ffn-hidden-size", m.moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", None)]

@@ -69,6 +69,7 @@ class Shape(NamedTuple):
     mamba: tuple[int, int, int, int] | None = None
     kinds: str = ""  # a hybrid model's layer kinds (of M, *, -, E, in that order); "" for every other model
     latent: int = 0  # a latent MoE's moe_latent_size: its routed experts' width (MoESpec.expert_width); 0: none
+    dsa: tuple[int, int, int] | None = None  # DSA's indexer: (index_n_heads, index_head_dim, index_topk); None: none
 
     @property
     def expert_h(self) -> int:
@@ -94,6 +95,7 @@ def shape_of(arch: Architecture) -> Shape:
                + arch.mamba.num_heads, arch.mamba.d_inner, arch.mamba.n_groups) if arch.mamba else None,
         kinds="".join(k for k in "M*-E" if k in (arch.layer_pattern or "")),
         latent=(moe.latent_size or 0) if moe else 0,
+        dsa=(arch.dsa.index_n_heads, arch.dsa.index_head_dim, arch.dsa.index_topk) if arch.dsa else None,
     )
 
 
@@ -358,6 +360,10 @@ class Layout(NamedTuple):
     # and V at ulysses_heads and its output before the all-to-all that gives the out-projection its input; 1, the
     # smaller count, so a layout built without it stays a floor
     ulysses: int = 1
+    # the CP degree over which a DSA model gathers its latent key and its indexer's key, each kept whole for the
+    # backward (Megatron-Core DSAttention, CP all-gather only); 1, the smaller count, so a layout built without it
+    # stays a floor
+    dsa_cp: int = 1
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -436,11 +442,13 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
             latent = 2 * BF16 * t * (q_lora + kv_lora) + BF16 * t * d_rope  # norm input + up-projection input
         attn += latent / ts
         q_dim, v_dim = shape.a * (d_nope + d_rope), shape.a * d_v
-        if "mla_up_proj" not in sel:
+        if shape.dsa is not None:
+            attn += absorbed_mla_bytes(shape, lay, sel) + indexer_bytes(shape, lay)
+        elif "mla_up_proj" not in sel:
             attn += BF16 * t * (2 * q_dim + v_dim) / tp  # per-head Q, K, V
             if lay.attn.mla_v_view:
                 attn += BF16 * t * shape.a * d_nope / tp  # the K-nope half of the up-projection output V views
-        padded = lay.flash and lay.attn.mla_v_pad and d_v < d_nope + d_rope
+        padded = lay.flash and lay.attn.mla_v_pad and d_v < d_nope + d_rope and shape.dsa is None
         if padded and "core_attn" not in sel:
             # V padded to the QK head width for flash, and flash's output at that width, sliced into a new tensor
             attn += BF16 * t * (q_dim - v_dim + q_dim) / tp
@@ -468,6 +476,47 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
     if lay.dropout:
         attn += t * h / ts  # output dropout mask
     return attn
+
+
+# torch.topk's indices are int64, and Megatron-Core's indexer keeps them so (dsa.py fused_qk_topk_naive:
+# index_scores.topk(...) then masked_fill(-1)); FusedDSAIndexerLoss saves them for the backward beside q, weights, k
+TOPK_INDEX_BYTES = 8
+
+
+def absorbed_mla_bytes(shape: Shape, lay: Layout, sel: set[str]) -> float:
+    """What DSA's absorbed MLA keeps per layer in place of MLA's per-head Q, K, V (Megatron-Core
+    AbsorbedMLASelfAttention, NVIDIA/Megatron-LM d98e8a6 experimental_attention_variant/absorbed_mla.py): the per-head
+    q-nope the W_UK einsum reads, the absorbed query (kv_lora + rope per head) the sparse kernel reads, the one latent
+    key (kv_lora + rope, gathered over SP: whole on every TP rank, and over CP: Layout.dsa_cp times the rows) and the
+    core's latent output (kv_lora per head) the W_UV einsum reads. Recomputing mla_up_proj (its qkv_up_checkpoint) drops
+    the first two and the key; recomputing core_attn the latent output."""
+    assert shape.mla is not None
+    _, kv_lora, d_nope, d_rope, _ = shape.mla
+    t, tp = lay.tokens, lay.tp
+    out = 0.0
+    if "mla_up_proj" not in sel:  # the latent key gathered over CP: the whole sequence's rows
+        out += BF16 * t * (shape.a * (d_nope + kv_lora + d_rope) / tp + lay.dsa_cp * (kv_lora + d_rope))
+    if "core_attn" not in sel:
+        out += BF16 * t * shape.a * kv_lora / tp
+    return out
+
+
+def indexer_bytes(shape: Shape, lay: Layout) -> float:
+    """What DSA's lightning indexer keeps per layer for its KL loss's backward, on every TP rank over the rows gathered
+    over SP (its linears are duplicated): FusedDSAIndexerLoss's saved q (heads x head_dim), weights (a bf16 per head), k
+    (head_dim, gathered over CP: Layout.dsa_cp times the rows) and top-k indices (index_topk, TOPK_INDEX_BYTES each),
+    k_norm's LayerNorm input (head_dim) and its fp32 mean and rstd; and, under sequence parallelism with tp > 1, the
+    indexer's own gathered copies of the layer input and the q latent that its wk, weights_proj and wq_b keep
+    (DSAIndexer.forward_before_topk gather_from_sequence_parallel_region). Megatron-Core d98e8a6
+    experimental_attention_variant/dsa.py."""
+    assert shape.dsa is not None and shape.mla is not None
+    heads, head_dim, topk = shape.dsa
+    t = lay.tokens
+    out = (BF16 * t * (heads * head_dim + heads + (1 + lay.dsa_cp) * head_dim) + 8 * t
+           + TOPK_INDEX_BYTES * t * topk)  # k saved as gathered over CP
+    if lay.sp and lay.tp > 1:
+        out += BF16 * t * (shape.h + (shape.mla[0] or shape.h))
+    return out
 
 
 def routed_rows(shape: Shape, lay: Layout) -> float:

@@ -51,8 +51,11 @@ def model_flops_per_token(arch: Architecture, seq_length: int, mtp_layers: int |
     """Model FLOPs of one training token (forward + backward), Megatron-LM's current formula.
 
     Source: NVIDIA/Megatron-LM megatron/training/training.py `num_floating_point_operations`
-    (causal halving since 2025-03). MTP blocks (default: the architecture's) repeat the last
-    layer's type and add their norms and 2h->h projection. Vocabulary is used unpadded.
+    (causal halving since 2025-03). A DSA model (DeepSeek-V3.2) counts as its MLA: that function has no DSA term
+    (d98e8a6: DSA is no linear-attention variant, so it takes the multi_latent_attention branch, dense causal, no
+    indexer), so its MFU divides by DeepSeek-V3's model FLOPs while the step runs the sparse core. MTP blocks
+    (default: the architecture's) repeat the last layer's type and add their norms and 2h->h projection. Vocabulary
+    is used unpadded.
     """
     if arch.layer_pattern is not None:  # a hybrid: Megatron-LM's hybrid_flops
         return hybrid_flops_per_token(arch, seq_length, arch.num_mtp_layers if mtp_layers is None else mtp_layers)
@@ -202,7 +205,8 @@ def attention_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
             Gemm("kv_up", T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
             Gemm("attn_out", T, h, heads * m.v_head_dim),
         ]
-        return out
+        # DSA's absorbed MLA folds kv_up into the query and the output (W_UK, W_UV per head): the same FLOPs per token
+        return out + indexer_gemms(arch, sh)
     d = arch.head_dim
     kv_local = _ceil_div(arch.num_kv_heads, t) * d  # KV heads are replicated when there are fewer than TP ranks
     return [
@@ -211,8 +215,66 @@ def attention_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
     ]
 
 
+def dsa_attended_keys(seq_length: int, topk: int) -> float:
+    """Keys a query attends to on average under DeepSeek Sparse Attention: min(position, index_topk), the position
+    uniform over the causal sequence. s/2 while s <= topk (the causal half, as Megatron counts dense attention: no
+    speed-up), topk - topk^2 / 2s beyond (topk itself as s grows: the paper's O(Lk) core)."""
+    s, k = float(seq_length), float(topk)
+    return s / 2 if s <= k else k - k * k / (2 * s)
+
+
+def dsa_core_flops(arch: Architecture, sh: Shard, seq_length: int) -> float:
+    """Forward FLOPs of DSA's sparse attention core on one rank. Megatron-Core runs DSA on MLA absorbed
+    (AbsorbedMLASelfAttention: W_UK folded into the query, MQA over the latent, W_UV after the core; NVIDIA/Megatron-LM
+    d98e8a6 experimental_attention_variant/absorbed_mla.py, the paper's 'MQA mode of MLA'): each query head scores
+    kv_lora + rope dims and sums kv_lora value dims per attended key (dsa_attended_keys)."""
+    m, d = arch.mla, arch.dsa
+    assert m is not None and d is not None
+    heads = arch.num_attention_heads / sh.tp
+    width = 2 * m.kv_lora_rank + m.qk_rope_head_dim
+    return 2.0 * sh.tokens * dsa_attended_keys(seq_length, d.index_topk) * heads * width
+
+
+def indexer_score_flops(arch: Architecture, sh: Shard, seq_length: int) -> float:
+    """Forward FLOPs of the lightning indexer's scores on one rank: every query against every preceding key (causal,
+    s/2 on average) over index_n_heads heads of index_head_dim, then the ReLU'd scores weighted and summed over the
+    heads (one FMA per head and pair). Every TP rank computes all heads on the sequence gathered over SP: the
+    indexer's linears are duplicated (Megatron-Core DSAIndexer, parallel_mode "duplicated"), so no 1/tp."""
+    d = arch.dsa
+    assert d is not None
+    return 2.0 * sh.tokens * (seq_length / 2) * d.index_n_heads * (d.index_head_dim + 1)
+
+
+def dsa_loss_target_flops(arch: Architecture, sh: Shard, seq_length: int) -> float:
+    """Forward FLOPs of the indexer loss's target on one rank: the main attention's scores (absorbed query against
+    the latent key, kv_lora + rope dims per head) over the attended keys, summed over this rank's heads into the
+    distribution the indexer's KL is taken against (the paper's sparse stage: the selected keys only; Megatron-Core
+    dsa_indexer_use_sparse_loss)."""
+    m, d = arch.mla, arch.dsa
+    assert m is not None and d is not None
+    heads = arch.num_attention_heads / sh.tp
+    return 2.0 * sh.tokens * dsa_attended_keys(seq_length, d.index_topk) * heads * (m.kv_lora_rank
+                                                                                      + m.qk_rope_head_dim)
+
+
+def indexer_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
+    """The indexer's three linears on one rank, whole on every TP rank over the tokens gathered over SP (Megatron-Core
+    DSAIndexer: linear_wq_b q latent -> heads x head_dim, linear_wk hidden -> head_dim, linear_weights_proj hidden ->
+    heads, all parallel_mode "duplicated"); none without DSA."""
+    d, m = arch.dsa, arch.mla
+    if d is None or m is None:
+        return []
+    q_in = m.q_lora_rank or arch.hidden_size
+    return [Gemm("indexer_wq_b", sh.tokens, d.index_n_heads * d.index_head_dim, q_in),
+            Gemm("indexer_wk", sh.tokens, d.index_head_dim, arch.hidden_size),
+            Gemm("indexer_weights_proj", sh.tokens, d.index_n_heads, arch.hidden_size, fp8=False)]
+
+
 def attention_core_flops(arch: Architecture, sh: Shard, seq_length: int) -> float:
-    """Forward FLOPs of causal softmax(QK^T)V on one rank: each query sees s/2 keys on average."""
+    """Forward FLOPs of causal softmax(QK^T)V on one rank: each query sees s/2 keys on average; DSA's sparse core
+    where the model has it (dsa_core_flops; the indexer is indexer_score_flops)."""
+    if arch.dsa is not None and arch.mla is not None:
+        return dsa_core_flops(arch, sh, seq_length)
     heads = arch.num_attention_heads / sh.tp
     if arch.mla is not None:
         m = arch.mla

@@ -3,7 +3,7 @@ unfused attention's batched GEMMs and memory-bound passes over the full scores."
 
 from __future__ import annotations
 
-from meshplan.arithmetic.flops import Gemm, attention_core_flops
+from meshplan.arithmetic.flops import Gemm, attention_core_flops, dsa_loss_target_flops, indexer_score_flops
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.knowledge.calibration import Calibration, attention_fraction
@@ -12,6 +12,13 @@ from meshplan.schema.plan import Job
 # Flash attention's backward recomputes the scores: five matmuls (S, dV, dP, dQ, dK) to the forward's two, 2.5x
 # the forward FLOPs, so forward + backward = 3.5x (Dao-AILab/flash-attention benchmark_flash_attention.py flops()).
 FLASH_ATTENTION_PASSES_PER_FORWARD = 3.5
+# The indexer's scores with its KL loss on: the forward, and a backward that recomputes them (FusedDSAIndexerLoss
+# saves q, weights and k, not the s x s scores) and takes the gradients of q and k, one pass each: 4x the forward
+# (Megatron-Core d98e8a6 experimental_attention_variant/dsa.py FusedDSAIndexerLoss, bwd_fused_indexer_loss_naive).
+# The loss's target (the main attention's scores over the attended keys) runs in the forward and again in that
+# backward: 2x.
+INDEXER_PASSES_PER_FORWARD = 4.0
+DSA_TARGET_PASSES = 2.0
 
 
 def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
@@ -61,9 +68,28 @@ def unfused_attention_seconds(ctx: LayerContext) -> tuple[float, float]:
     return forward, gemm + elements * (fwd_bytes + bwd_bytes) / ctx.hbm
 
 
+def dsa_indexer_seconds(ctx: LayerContext) -> tuple[float, float]:
+    """(forward, forward + backward) of one layer's lightning indexer scores and its KL loss's target on one rank, at
+    the attention kernel's fraction of BF16 peak: Megatron-Core's indexer kernels run in BF16 (dsa.py
+    _compute_index_scores 'a BF16 implementation of the fp8_index logic'; ops/tilelang_indexer_fwd.py T.bfloat16), not
+    the FP8 of DeepSeek's own kernels. (0, 0) without DSA."""
+    arch = ctx.arch
+    if arch.dsa is None:
+        return 0.0, 0.0
+    rate = ctx.bf16_peak * ctx.attention_fraction
+    scores = indexer_score_flops(arch, ctx.shard, ctx.seq)
+    target = dsa_loss_target_flops(arch, ctx.shard, ctx.seq)
+    return (scores + target) / rate, (INDEXER_PASSES_PER_FORWARD * scores + DSA_TARGET_PASSES * target) / rate
+
+
 def attention_seconds(ctx: LayerContext) -> tuple[float, float]:
     """(forward, forward + backward) of one layer's attention core: flash attention's FLOPs at the kernel's
-    fraction of BF16 peak with a 2.5x backward, or unfused attention."""
+    fraction of BF16 peak with a 2.5x backward, or unfused attention; a DSA model's sparse core (its own kernels
+    whatever the backend) with its indexer (dsa_indexer_seconds)."""
+    if ctx.arch.dsa is not None:
+        forward = attention_core_flops(ctx.arch, ctx.shard, ctx.seq) / (ctx.bf16_peak * ctx.attention_fraction)
+        index_fwd, index = dsa_indexer_seconds(ctx)
+        return forward + index_fwd, FLASH_ATTENTION_PASSES_PER_FORWARD * forward + index
     if ctx.flash:
         forward = attention_core_flops(ctx.arch, ctx.shard, ctx.seq) / (ctx.bf16_peak * ctx.attention_fraction)
         return forward, FLASH_ATTENTION_PASSES_PER_FORWARD * forward

@@ -21,6 +21,12 @@ def kv_width(arch: Architecture, tp: int) -> float:
     """K plus V elements per token held by one TP rank (what CP exchanges). MLA sends its up-projected per-head K
     (nope + rope) and V, not the compressed latent: Megatron-Core's MLASelfAttention hands the expanded key and value
     to TE's DotProductAttention, whose CP ring concatenates k and v into one send buffer."""
+    if arch.mla is not None and arch.dsa is not None:
+        # DSA on absorbed MLA (Megatron-Core DSAttention, cp_comm_type allgather only) gathers the one latent key,
+        # kv_lora + rope wide, whose first kv_lora dims are the value (core_attention(value=None)), and the indexer's
+        # key: whole on every TP rank
+        m = arch.mla
+        return m.kv_lora_rank + m.qk_rope_head_dim + arch.dsa.index_head_dim
     if arch.mla is not None:
         m = arch.mla
         return arch.num_attention_heads / tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)

@@ -356,6 +356,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         param_wrapper=tuple(job.lora.target_parameters) if job.lora is not None else (),
         mamba=memory_card().mamba2_layer.terms() if job.model.mamba else (),
         ulysses=plan.cp if runs_ulysses(job.card, plan.zero_stage) else 1,
+        dsa_cp=plan.cp if job.model.dsa is not None else 1,
     )
 
 

@@ -33,6 +33,7 @@ from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.model_counts import (
+    indexer_params,
     layer_params,
     mamba_linear_params,
     mtp_block_layers,
@@ -69,12 +70,15 @@ class ParamTable:
             # a Mamba-2 mixer is split over TP whole (heads and groups: in_proj, conv1d, A_log, D, dt_bias, its norm,
             # out_proj); its in_proj and out_proj are its linear layers
             mamba = p.get("mamba", 0)
-            sharded = p["attention"] + p["dense_mlp"] + p["shared_experts"] - whole + mamba
+            # DSA's indexer: its linears duplicated on every TP rank (Megatron-Core DSAIndexer parallel_mode
+            # "duplicated"), held whole as a latent MoE's projections are
+            index = indexer_params(arch) if p["attention"] else 0
+            sharded = p["attention"] - index + p["dense_mlp"] + p["shared_experts"] - whole + mamba
             self.tp_sharded.append(sharded)
-            self.replicated.append(p["norms"] + p["router"] + p["latent_proj"] + whole)
+            self.replicated.append(p["norms"] + p["router"] + p["latent_proj"] + whole + index)
             self.experts.append(p["routed_experts"])
             self.linear_dense.append(sharded - mamba + (mamba_linear_params(arch) if mamba else 0))
-            self.linear_whole.append(whole + p["latent_proj"])  # a latent MoE's projections: TELinear, duplicated
+            self.linear_whole.append(whole + p["latent_proj"] + index)  # TELinear, duplicated
             self.moe.append(arch.is_moe_layer(i))
             self.kind.append(arch.layer_kind(i) if arch.layer_pattern is not None else arch.is_moe_layer(i))
         self.mtp = (0, 0, 0)

@@ -30,6 +30,18 @@ TP_OVERLAP_TEXT = {
 }
 
 
+def dsa_assumption(job: Job) -> str:
+    """What a DeepSeek Sparse Attention model's attention time is made of; empty for every other model."""
+    d = job.model.dsa
+    if d is None:
+        return ""
+    return (f" DSA (Megatron-Core DSAttention): the sparse core on absorbed MLA over min(position, {d.index_topk}) "
+            f"keys per query, the lightning indexer's {d.index_n_heads} heads of {d.index_head_dim} over every "
+            f"preceding key in BF16 (forward and a 3-pass backward, its KL loss over the selected keys), its linears "
+            f"whole on every TP rank, at the same fraction of peak; MFU divides by Megatron-LM's model FLOPs, which "
+            f"count DSA as dense MLA.")
+
+
 def batch_warnings(job: Job, plan: Plan) -> list[str]:
     """What the estimate assumed about the batch (the framework's batch rule has already held or, for verl's
     FSDP engine and SkyRL, divides by another unit: `meshplan check` words it)."""
@@ -173,7 +185,8 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
            f"peak with a "
            f"{FLASH_ATTENTION_PASSES_PER_FORWARD - 1:g}x backward." if flash else
            "unfused attention: Q.K^T and P.V as batched GEMMs over the full s x s scores, plus "
-           "memory-bound softmax" + (" and dropout" if ctx.dropout else "") + " passes over the scores."),
+           "memory-bound softmax" + (" and dropout" if ctx.dropout else "") + " passes over the scores.")
+        + dsa_assumption(job),
         tp_collectives_text(ctx, plan) + TP_OVERLAP_TEXT[ctx.tp_overlap_mode].format(share=cal.tp_overlap),
         f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
         "to issue its kernels; GPU work shorter than that is launch-bound (counted in other_s with the optimizer).",

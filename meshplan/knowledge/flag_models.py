@@ -21,7 +21,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_config import shapes_card
 from meshplan.knowledge.read_card import NO_READ, SHAPE_FIELDS, ReadSection
-from meshplan.schema.model import Architecture, MLASpec, MoESpec, RopeSpec
+from meshplan.schema.model import Architecture, DSASpec, MLASpec, MoESpec, RopeSpec
 
 BUILDERS = ("megatron-core", "deepspeed")  # the frameworks whose launch scripts' models are built from their flags
 NAME = re.compile(r"^\s*([a-z][a-z0-9-]*) flags:(.*)$", re.S)
@@ -35,7 +35,8 @@ BOUNDS = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "ffn_
           "expert_ffn_hidden_size": "intermediate_size", "shared_expert_ffn_hidden_size": "intermediate_size",
           "max_position_embeddings": "max_position_embeddings", "num_mtp_layers": "num_nextn_predict_layers",
           "q_lora_rank": "lora_rank", "kv_lora_rank": "lora_rank", "qk_nope_head_dim": "head_dim",
-          "qk_rope_head_dim": "head_dim", "v_head_dim": "head_dim"}
+          "qk_rope_head_dim": "head_dim", "v_head_dim": "head_dim", "index_n_heads": "num_attention_heads",
+          "index_head_dim": "head_dim", "index_topk": "max_position_embeddings"}
 
 
 class FlagField(NamedTuple):
@@ -313,6 +314,20 @@ def _moe(f: _Flags, layers: int, ffn: int, bias: bool) -> MoESpec | None:
                    num_groups=groups, group_topk=group_topk)
 
 
+def _dsa(f: _Flags, mla: MLASpec | None) -> DSASpec | None:
+    """DSA's indexer where the script shapes one (--dsa-indexer-n-heads, -head-dim, -topk; Megatron-Core's DSAttention
+    runs on MLA, and its DSAIndexer reads the q latent, hidden_size without one); None without."""
+    heads = f.int("index_n_heads")
+    if heads is None:
+        return None
+    if mla is None:
+        raise MeshplanError(f"{f.flag_of['index_n_heads']} {heads} without --multi-latent-attention: Megatron-Core's "
+                            "DSA attention runs on MLA (AbsorbedMLASelfAttention).", fix=FIX)
+    need = "DSA's indexer needs it beside --dsa-indexer-n-heads."
+    return DSASpec(index_n_heads=heads, index_head_dim=f.int("index_head_dim", need=need),
+                   index_topk=f.int("index_topk", need=need))
+
+
 def _mla(f: _Flags, bias: bool) -> MLASpec | None:
     if not f.switch("mla"):
         return None
@@ -382,6 +397,7 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
     if mla is None and hidden % heads and f.raw("head_dim")[0] is None:
         raise MeshplanError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}, and "
                             "--kv-channels is not given.", fix=FIX)
+    dsa = _dsa(f, mla)
     head_dim = (mla.qk_nope_head_dim + mla.qk_rope_head_dim) if mla else f.int("head_dim", default=hidden // heads)
     qk_norm = f.switch("qk_layernorm") and mla is None
     if qk_norm and not rms:
@@ -403,5 +419,5 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
         activation="silu" if swiglu else "quick_gelu" if quick_geglu else "relu2" if squared_relu else "gelu",
         qkv_bias=qkv_bias, o_bias=bias, mlp_bias=bias, qk_norm="head" if qk_norm else "none",
         norm_type="rmsnorm" if rms else "layernorm", learned_position_embeddings=learned, rope=rope,
-        norm_eps=eps, moe=moe, mla=mla, num_mtp_layers=mtp, origin=flags_name(framework, given))
+        norm_eps=eps, moe=moe, mla=mla, dsa=dsa, num_mtp_layers=mtp, origin=flags_name(framework, given))
     return FlagModel(arch, f.fields)

@@ -19,7 +19,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import _Card, load_card
 from meshplan.knowledge.hybrid_config import hybrid_architecture, read_hybrid_names
 from meshplan.knowledge.vision_config import llama4_vision_tower
-from meshplan.schema.model import Architecture, MLASpec, MoESpec, RopeSpec
+from meshplan.schema.model import Architecture, DSASpec, MLASpec, MoESpec, RopeSpec
 
 _MISSING = object()
 
@@ -49,6 +49,7 @@ SUPPORTED_MODEL_TYPES = {
     "glm4_moe": "moe",
     "deepseek_v2": "mla",
     "deepseek_v3": "mla",
+    "deepseek_v32": "mla",  # DeepSeek-V3's layers with DSA's indexer beside MLA (_dsa_spec)
     "kimi_k2": "mla",
     "nemotron_h": "hybrid",  # knowledge/hybrid_config.py
 }
@@ -342,7 +343,7 @@ def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields)
         # (transformers 5.9.0 models/llama4/modeling_llama4.py)
         return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, num_shared_experts=1,
                        shared_expert_ffn_hidden_size=width, moe_layers=layers, router_returns_tuple=True)
-    if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"):
+    if model_type in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe"):
         _require(cfg, ["n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"], model_type)
         first_dense = f.int("first_k_dense_replace", default=0, lo=0, hi=num_layers, why="at most num_hidden_layers")
         freq = f.int("moe_layer_freq", default=1, lo=1, hi=num_layers, why="at most num_hidden_layers")
@@ -351,7 +352,7 @@ def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields)
         if "topk_method" in cfg:
             noaux = cfg["topk_method"] == "noaux_tc"
         else:  # transformers' DeepseekV3/Glm4Moe classes always carry e_score_correction_bias
-            noaux = model_type in ("deepseek_v3", "kimi_k2", "glm4_moe")
+            noaux = model_type in ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe")
         return MoESpec(
             num_experts=experts,
             top_k=top_k,
@@ -459,6 +460,20 @@ def _mla_spec(cfg: dict[str, Any], model_type: str, f: _Fields) -> MLASpec | Non
     )
 
 
+def _dsa_spec(cfg: dict[str, Any], model_type: str, f: _Fields, mla: MLASpec | None) -> DSASpec | None:
+    """DeepSeek-V3.2's indexer shapes (index_n_heads, index_head_dim, index_topk); None for every other model. Its
+    wq_b reads MLA's q latent (DeepSeek's Indexer: Linear(q_lora_rank, n_heads * head_dim)), so a q_lora_rank is
+    required, and its head carries the rotary dims (qk_rope_head_dim of it rotate)."""
+    if model_type != "deepseek_v32":
+        return None
+    _require(cfg, ["index_n_heads", "index_head_dim", "index_topk", "q_lora_rank"], model_type)
+    assert mla is not None
+    head = f.int("index_head_dim", "head_dim", lo=mla.qk_rope_head_dim,
+                 why=f"the indexer head carries the qk_rope_head_dim = {mla.qk_rope_head_dim} rotary dims")
+    return DSASpec(index_n_heads=f.int("index_n_heads", "num_attention_heads"), index_head_dim=head,
+                   index_topk=f.int("index_topk", "max_position_embeddings"))
+
+
 def _head_dim(cfg: dict[str, Any], f: _Fields, *, hidden: int, heads: int, mla: MLASpec | None) -> int:
     """The query/key head width: MLA's nope + rope dims, else head_dim as given, else hidden_size / heads."""
     if mla is not None:
@@ -518,7 +533,8 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
            or f.text("activation_function") or ("gelu" if classic else "silu"))
     gated = not classic and model_type != "nemotron"
     tied = f.flag("tie_word_embeddings", _TIED_DEFAULT.get(model_type, False))
-    mtp = f.int("num_nextn_predict_layers", default=0) if model_type in ("deepseek_v3", "glm4_moe") else 0
+    mtp = f.int("num_nextn_predict_layers", default=0) if model_type in ("deepseek_v3", "deepseek_v32",
+                                                                          "glm4_moe") else 0
     return _BlockOptions(qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, activation=act, gated_mlp=gated,
                          tie_word_embeddings=tied, num_mtp_layers=mtp,
                          mlp_bias=classic or (model_type not in ("phi3", "glm4") and f.flag("mlp_bias", False)))
@@ -597,6 +613,7 @@ def architecture_from_config(
     sliding = _sliding_window(model_type, f)
     moe = _moe_spec(cfg, model_type, layers, f)
     mla = _mla_spec(cfg, model_type, f)
+    dsa = _dsa_spec(cfg, model_type, f, mla)
     head_dim = _head_dim(cfg, f, hidden=hidden, heads=heads, mla=mla)
     options = _block_options(model_type, f)
     arch = Architecture(
@@ -627,6 +644,7 @@ def architecture_from_config(
         norm_eps=_norm_eps(cfg, f),
         moe=moe,
         mla=mla,
+        dsa=dsa,
         origin=origin,
         vision=llama4_vision_tower(config, lambda c, w: _Fields(c, f"{f.where} {w}")),
     )

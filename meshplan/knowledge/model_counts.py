@@ -29,7 +29,7 @@ def attention_params(arch: Architecture) -> int:
             q = h * a * qk
         kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank  # kv_a_proj_with_mqa, kv_a_layernorm
         kv += m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)  # kv_b_proj
-        return q + kv + a * m.v_head_dim * h
+        return q + kv + a * m.v_head_dim * h + indexer_params(arch)
     params = h * a * d + 2 * h * g * d + a * d * h
     if arch.qkv_bias:
         params += a * d + 2 * g * d
@@ -42,6 +42,19 @@ def attention_params(arch: Architecture) -> int:
     if arch.attention_sinks:
         params += a
     return params
+
+
+def indexer_params(arch: Architecture) -> int:
+    """One layer's DSA lightning indexer (DeepSeek-V3.2-Exp inference/model.py Indexer; transformers'
+    DeepseekV32Indexer and Megatron-Core's DSAIndexer build the same): wq_b q_lora_rank -> heads x head_dim, wk
+    hidden -> head_dim, k_norm a LayerNorm over head_dim (weight and bias), weights_proj hidden -> heads; no biases.
+    0 without DSA."""
+    d = arch.dsa
+    if d is None or arch.mla is None:
+        return 0
+    q_in = arch.mla.q_lora_rank or arch.hidden_size  # Megatron-Core's DSAIndexer: hidden_size without a q latent
+    return (q_in * d.index_n_heads * d.index_head_dim + arch.hidden_size * d.index_head_dim
+            + 2 * d.index_head_dim + arch.hidden_size * d.index_n_heads)
 
 
 def mlp_params(arch: Architecture, width: int, bias: bool | None = None, hidden: int | None = None) -> int:
@@ -215,7 +228,8 @@ def count_components(arch: Architecture) -> list[ComponentCount]:
         comps.append(ComponentCount(name="position_embedding", params=n, active_params=n, note="learned positions"))
     comps.append(
         ComponentCount(name="attention", params=sums["attention"], active_params=sums["attention"],
-                       note=f"{kinds.count('*') if kinds else arch.num_layers} layers" + (", MLA" if arch.mla else ""))
+                       note=f"{kinds.count('*') if kinds else arch.num_layers} layers" + (", MLA" if arch.mla else "")
+                       + (f", each with a DSA indexer of {indexer_params(arch):,}" if arch.dsa else ""))
     )
     if sums.get("mamba"):
         comps.append(ComponentCount(name="mamba", params=sums["mamba"], active_params=sums["mamba"],

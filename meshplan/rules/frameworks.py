@@ -1,5 +1,6 @@
-"""The rules one framework adds (HY001, HY002, TT001, DS*, KF*, AM*, SK002, VL002): no hybrid Mamba-2 model where
-its model code builds none or meshplan does not model it; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline
+"""The rules one framework adds (HY001, HY002, DSA001-DSA003, TT001, DS*, KF*, AM*, SK002, VL002): no hybrid Mamba-2
+model (nor DeepSeek Sparse Attention) where its model code builds none or meshplan does not model it, DSA's CP
+all-gather; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline
 micro-batches and dispatcher of NeMo AutoModel, and the padding its sequence splits need; and AD001, a setting the
 framework's adapter cannot write."""
 
@@ -43,6 +44,35 @@ def no_hybrid_model(ctx: Context) -> Values:
 def hybrid_through_transformers(ctx: Context) -> Values:
     """A hybrid Mamba-2 model on a framework that trains it through transformers' code (the card lists them)."""
     return no_hybrid_model(ctx)
+
+
+@rule("DSA001", reads=())
+def no_dsa_model(ctx: Context) -> Values:
+    """A DeepSeek Sparse Attention model (deepseek_v32) on a framework whose model code builds no indexer (the card
+    lists them); the fix names the frameworks neither DSA001 nor DSA002 refuses."""
+    dsa = ctx.arch.dsa
+    if dsa is None:
+        return None
+    refused = {f for rid in ("DSA001", "DSA002") for f in rule_specs()[rid].frameworks}
+    return {"model": ctx.arch.name, "framework": ctx.job.framework, "heads": dsa.index_n_heads,
+            "topk": dsa.index_topk, "layers": ctx.arch.num_layers,
+            "builders": either_or([f for f in FRAMEWORKS if f not in refused]),
+            "job": "LoRA job" if ctx.job.lora is not None else "job"}
+
+
+@rule("DSA002", reads=())
+def dsa_through_dense_mask(ctx: Context) -> Values:
+    """A DeepSeek Sparse Attention model on a framework that runs it as dense attention under a top-k mask."""
+    return no_dsa_model(ctx)
+
+
+@rule("DSA003", reads=("cp", "cp_comm_type"))
+def dsa_cp_allgather(ctx: Context) -> Values:
+    """Megatron-Core's DSAttention asserts cp_comm_type allgather under context parallelism."""
+    p = ctx.plan
+    if ctx.arch.dsa is None or p.cp == 1 or p.cp_comm_type == "allgather":
+        return None
+    return {"cp": p.cp, "comm": p.cp_comm_type}
 
 
 @rule("TT001", reads=("etp",))

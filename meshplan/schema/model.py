@@ -62,6 +62,17 @@ class MLASpec(StrictModel):
     v_head_dim: int
 
 
+class DSASpec(StrictModel):
+    """DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer per layer scores every preceding key for each
+    query with index_n_heads heads of index_head_dim (its q from MLA's q latent, one shared k from the hidden state,
+    per-head weights), and MLA attends only to the index_topk best-scored keys (DeepSeek's inference/model.py
+    Indexer; Megatron-Core's DSAIndexer / DSAttention)."""
+
+    index_n_heads: int = Field(ge=1, description="index_n_heads: the indexer's query heads")
+    index_head_dim: int = Field(ge=1, description="index_head_dim: the width of an indexer head and its shared key")
+    index_topk: int = Field(ge=1, description="index_topk: keys each query attends to (at most its position)")
+
+
 class MambaSpec(StrictModel):
     """A Mamba-2 mixer's shapes as config.json states them (transformers' NemotronHMamba2Mixer, Megatron-Core's
     MambaMixer): the inner width is heads x head_dim, and B and C carry n_groups x ssm_state_size channels each."""
@@ -160,6 +171,8 @@ class Architecture(StrictModel):
     norm_eps: float | None = Field(None, gt=0, lt=1, description="Norm epsilon; None when the config omits it")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    dsa: DSASpec | None = Field(None, description="DeepSeek Sparse Attention's indexer beside MLA (deepseek_v32); "
+                                                  "None: dense attention")
     layer_pattern: str | None = Field(None, description="A hybrid model's layers, one character each "
                                                         "(hybrid_override_pattern: M Mamba-2, * attention, - MLP, "
                                                         "E MoE); None: every layer is attention and an MLP or MoE")
@@ -184,6 +197,12 @@ class Architecture(StrictModel):
 
     def is_moe_layer(self, index: int) -> bool:
         return self.moe is not None and index in set(self.moe.moe_layers)
+
+    @property
+    def cp_comm_type_default(self) -> str:
+        """The CP communication a request that leaves cp_comm_type out gets: all-gather for a DSA model, the only
+        one Megatron-Core's DSAttention runs (rule DSA003), else the p2p ring."""
+        return "allgather" if self.dsa is not None else "p2p"
 
     def layer_kind(self, index: int) -> str:
         """'M' (Mamba-2), '*' (attention), '-' (MLP) or 'E' (MoE) for a hybrid model's layer; 'block' for every

@@ -99,7 +99,7 @@ class BestFirstSearch(StepTimeBounds, Seeding):
         sp = card.defaults.sequence_parallel_with_tp(job.model)
         if "sequence_parallel" in fixed:
             sp = bool(fixed.values["sequence_parallel"])
-        cp_comm = str(fixed.values.get("cp_comm_type", "p2p"))
+        cp_comm = str(fixed.values.get("cp_comm_type", job.model.cp_comm_type_default))
         # TP communication overlap: the request's switch (else the framework's default), not searched: the cost model
         # credits it beyond what the runs measured (tp_overlap.tp_hidden; bench/README.md, Throughput)
         tp_overlap = bool(fixed.values.get("tp_comm_overlap", card.tp_overlap.default))

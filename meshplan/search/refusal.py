@@ -64,7 +64,7 @@ class Space:
         sp = bool(fixed.values.get("sequence_parallel", default_sp))
         layouts, dropped = enumerate_layouts(job, fixed)
         return cls(job, fixed, tuple(layouts), tuple(dropped), zeros, recomputes, sp,
-                   str(fixed.values.get("cp_comm_type", "p2p")))
+                   str(fixed.values.get("cp_comm_type", job.model.cp_comm_type_default)))
 
     def plan(self, lay: Layout, zero: int, recompute: str, mbs: int) -> Plan:
         """The plan as the search builds it (the per-plan dispatcher and overlaps at the request's values, else off:

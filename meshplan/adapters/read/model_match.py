@@ -66,6 +66,9 @@ class ArchValues(NamedTuple):
     mamba_head_dim: int | None = None
     mamba_num_groups: int | None = None
     mamba_state_dim: int | None = None
+    index_n_heads: int | None = None  # DSA's indexer (DeepSeek-V3.2); None: dense attention
+    index_head_dim: int | None = None
+    index_topk: int | None = None
 
 
 def arch_values(arch: Architecture) -> ArchValues:
@@ -84,7 +87,10 @@ def arch_values(arch: Architecture) -> ArchValues:
         qk_layernorm=arch.qk_norm != "none", layer_pattern=arch.layer_pattern,
         **({} if arch.mamba is None else dict(
             mamba_num_heads=arch.mamba.num_heads, mamba_head_dim=arch.mamba.head_dim,
-            mamba_num_groups=arch.mamba.n_groups, mamba_state_dim=arch.mamba.state_size)))
+            mamba_num_groups=arch.mamba.n_groups, mamba_state_dim=arch.mamba.state_size)),
+        **({} if arch.dsa is None else dict(
+            index_n_heads=arch.dsa.index_n_heads, index_head_dim=arch.dsa.index_head_dim,
+            index_topk=arch.dsa.index_topk)))
 
 
 @dataclass(frozen=True)
