@@ -314,7 +314,7 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     # the MTP blocks' activations and, where the root unit holds the embedding, its saved input: alive to the end
     held = held_other + stage.mtp_acts + (stage.emb_acts if embedding_in_root(stage) else 0)
     held_bytes = accumulated_grad_bytes(card, terms.m, True, pp, terms.plan.defer_fsdp_grad_sync,
-                                        terms.job.lora is not None)
+                                        terms.job.lora is not None, terms.plan.grad_reduce_in_fp32)
     accumulation = Accumulation(held_bytes, terms.m)
     if pipeline_held(card, pp):
         one_batch = stage.layer_acts - held_other  # held_other: the layers' other micro-batches in flight
@@ -385,8 +385,10 @@ def embedding_in_root(stage: WalkStage) -> bool:
     return stage.terms.conv.embedding_in_root and stage.params.first and stage.params.last
 
 
-def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: bool = False) -> str:
-    """What the backward walk found on the peak stage (`pipeline`: memory_states.pipeline_held)."""
+def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: bool = False,
+                    reduce_dtype: str = "fp32") -> str:
+    """What the backward walk found on the peak stage (`pipeline`: memory_states.pipeline_held; `reduce_dtype`: the
+    dtype the held gradients accumulate in, the plan's)."""
     held = stage.detail.get("unsharded_accumulated_gradients", 0)
     absent = stage.detail.get("gradients_absent_at_peak", 0)
     grads = ("the trainer sets the gradients to None each step, so a unit's sharded gradients exist only after its "
@@ -398,11 +400,13 @@ def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: boo
                                                    if conv.grads_set_to_none else " (zeroed in place, not freed)"))
     if held and pipeline:
         grads += ("; torch's pipeline stage defers gradient sync and resharding to the schedule's post-backward, so "
-                  f"the units stay gathered and hold {held / GIB:.2f} GiB of unsharded gradients accumulated in fp32 "
+                  f"the units stay gathered and hold {held / GIB:.2f} GiB of unsharded gradients accumulated in "
+                  f"{reduce_dtype} "
                   "(the card's grad_accumulation)")
     elif held:
         grads += (f"; gradient sync waits for the last of the {m} micro-batches, so the units hold "
-                  f"{held / GIB:.2f} GiB of unsharded gradients accumulated in fp32 (the card's grad_accumulation)")
+                  f"{held / GIB:.2f} GiB of unsharded gradients accumulated in {reduce_dtype} (the card's "
+                   "grad_accumulation)")
     return (f"FSDP2 step peak walked unit by unit through the backward (cards/memory.yaml step_peak): stage "
             f"{stage.stage} peaks at the {moment} moment, {stage.activations_bytes / GIB:.2f} GiB of activations "
             f"and {stage.detail.get('gathered_layers', 0) / GIB:.2f} GiB of gathered parameters, unsharded gradients "
