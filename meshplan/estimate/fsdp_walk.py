@@ -96,6 +96,12 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         # the last reduce-scatter input still held: this unit's previous chunk, or the unit reduced just before
         last = u if u.in_loss else units[k + 1] if k + 1 < len(units) and not units[k + 1].in_loss else None
         retained = conv.retained_reduce_bytes * last.params if last and last is not root else 0.0
+        if not u.loss and not u.in_loss and k + 1 < len(units):
+            # its pre_backward's copy-out: prefetched by the unit after it, its all-gather output is copied into the
+            # unsharded parameters before it is freed, then the unit before it is prefetched (copy_out)
+            out.append(StepMoment(f"{u.name} gathered", before + u.stored,
+                                  copy_out(conv, u.params) + retained + held, absent))
+            at.append(k)
         out.append(StepMoment(f"{u.name} backward", before + u.stored + u.working,
                               gathered + (0.0 if u.loss else prefetch) + retained + held, absent))
         at.append(k)
