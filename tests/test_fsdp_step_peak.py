@@ -38,13 +38,17 @@ def test_every_moment_by_hand():
         "layer 1 gathered": (1 + 100 + 300, 4 * 1000 + 4 * 5, 0),
         # layer 1 gathered, layer 0 prefetched, the output unit's reduce-scatter input still held (4 x 5)
         "layer 1 backward": (1 + 100 + 300, 2 * 1000 + 2 * 20 + 4 * 5, 0),
+        # the end of layer 1's backward: its bf16 grads written beside its params (2 + 2 x 1000), its activations used
+        "layer 1 gradients": (101, 4 * 1000 + 2 * 20 + 4 * 5, 0),
         # layer 1's 300 of activations are freed before its own reduce
         "layer 1 reduce-scatter": (101, 6 * 1000 + 2 * 20, 0),
         "layer 0 gathered": (101, 4 * 20 + 4 * 1000, 0),
         "layer 0 backward": (101, 2 * 20 + 2 * 10 + 4 * 1000, 0),
+        "layer 0 gradients": (1, 4 * 20 + 2 * 10 + 4 * 1000, 0),
         "layer 0 reduce-scatter": (1, 6 * 20 + 2 * 10, 0),
         "embedding gathered": (1, 4 * 10 + 4 * 20, 0),
         "embedding backward": (1, 2 * 10 + 4 * 20, 0),
+        "embedding gradients": (0, 4 * 10 + 4 * 20, 0),
         "embedding reduce-scatter": (0, 6 * 10, 0),
     }
 

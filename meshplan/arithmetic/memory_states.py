@@ -311,8 +311,14 @@ def reduce_input_in(conv: Convention, dtype_bytes: float) -> dict[str, float]:
     reduce_dtype equal to param_dtype to None) and copies the unsharded gradients (param_dtype, bf16) into it, so of a
     unit's `gathered_bytes` (unsharded gradients + input) and the input the next unit's backward still holds
     (`retained_reduce_bytes`, the input's own bytes) the input moves to `dtype_bytes`; the gradients do not."""
-    grads = conv.gathered_bytes - conv.retained_reduce_bytes
-    return {"gathered_bytes": grads + dtype_bytes, "retained_reduce_bytes": dtype_bytes}
+    return {"gathered_bytes": unsharded_grad_bytes(conv) + dtype_bytes, "retained_reduce_bytes": dtype_bytes}
+
+
+def unsharded_grad_bytes(conv: Convention) -> float:
+    """Bytes per parameter of a unit's unsharded gradients as its backward writes them (param_dtype, bf16): of the
+    unit's `gathered_bytes` at its reduce (those gradients + the reduce-scatter input), what the input
+    (`retained_reduce_bytes`) leaves."""
+    return conv.gathered_bytes - conv.retained_reduce_bytes
 
 
 def cuda_graphs_off(plan: Plan) -> bool:

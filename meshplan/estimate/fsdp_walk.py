@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from meshplan.arithmetic.memory_states import accumulated_grad_bytes, loss_logits, pipeline_held, state_bytes
+from meshplan.arithmetic.memory_states import (
+    accumulated_grad_bytes,
+    loss_logits,
+    pipeline_held,
+    state_bytes,
+    unsharded_grad_bytes,
+)
 from meshplan.core.units import GIB
 from meshplan.estimate.memory_terms import MemoryTerms, StageParams
 from meshplan.schema.reports import StageMemory
@@ -105,6 +111,13 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         out.append(StepMoment(f"{u.name} backward", before + u.stored + u.working,
                               gathered + (0.0 if u.loss else prefetch) + retained + held, absent))
         at.append(k)
+        if not u.loss and not u.in_loss:
+            # the end of its backward, before its post_backward hook: every unsharded gradient written beside its
+            # gathered params, its activations used up
+            out.append(StepMoment(f"{u.name} gradients", before,
+                                  gathered + unsharded_grad_bytes(conv) * u.params + prefetch + retained + held,
+                                  absent))
+            at.append(k)
         if u is root:
             head = head_moments(conv, root, before, prefetch, absent)
             out += head
