@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_search_bounds_hold import check_bounds
 
 from meshplan import api
 from meshplan.adapters.parse import parse_plan
@@ -24,6 +25,7 @@ from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.cards import framework_card
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
+from meshplan.search import exhaustive_top_k, recommend
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -153,3 +155,25 @@ def test_the_harness_moves_as_meshplan_does():
         else:
             assert theirs > 0.5 * GIB and ours == pytest.approx(theirs, rel=0.03), (case, policy)
         assert all(abs(r["diff_pct"]) < 3 for r in (fp32, bf16)), (case, policy)
+
+
+@pytest.mark.parametrize("framework", ["verl", "nemo-automodel"])
+def test_the_search_bounds_stay_under_the_estimate_with_a_bf16_reduce(framework):
+    """The step-time bounds (a ZeRO-3 stage's traffic per micro-batch, the DP sync) read the request's reduce dtype as
+    the estimate does: none over any plan's estimate (tests/test_search_bounds_hold.py's check)."""
+    req = Request(model="qwen3-8b", num_gpus=16, gpu="h100", framework=framework, zero_stage=3,
+                  grad_reduce_in_fp32=False)
+    assert check_bounds(req, stride=1) >= 40
+
+
+@pytest.mark.parametrize("framework", ["verl", "nemo-automodel"])
+def test_recommend_matches_the_oracle_with_a_bf16_reduce(framework):
+    """The memory floors (search/floors.py) never exceed an estimate the reduce dtype lowered: the search's top
+    layouts are the exhaustive oracle's."""
+    req = Request(model="llama-3.1-8b", num_gpus=8, gpu="h100", framework=framework, zero_stage=3, seq_length=8192,
+                  global_batch_size=64, grad_reduce_in_fp32=False)
+    oracle = exhaustive_top_k(req, 3)
+    rec = recommend(req, top_k=3)
+    assert oracle and [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle], rel=1e-12)
+    assert {c.memory.peak_bytes for c in rec.candidates} <= {r.peak_bytes for r in oracle}
