@@ -205,6 +205,8 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
             ("actor_rollout_ref.actor.fsdp_config.param_offload", plan.param_offload),
             ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", plan.optimizer_offload)) if on]
         o += fsdp_reduce_dtype("++actor_rollout_ref.actor.fsdp_config.mixed_precision", plan)
+        if _has_critic(job):  # as the Megatron engine's optim fields, the critic's too (its engine: critic.fsdp)
+            o += fsdp_reduce_dtype("++critic.fsdp.mixed_precision", plan)
         notes.append("FSDP backend: context parallelism is Ulysses sequence parallelism (cp -> "
                      "ulysses_sequence_parallel_size), which needs use_remove_padding=True; FSDP shards over all GPUs.")
     return o + verl_rl_overrides(job, plan, notes), notes
