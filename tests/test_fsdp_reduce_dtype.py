@@ -117,6 +117,18 @@ def test_render_writes_the_reduce_dtype_and_reads_it_back(framework, variant, ex
     assert "grad_reduce_in_fp32" not in parse_plan(framework, variant, default.text, job.model.num_layers)
 
 
+def test_verls_ppo_critic_reduces_as_the_actor():
+    """verl's FSDP render writes the critic's engine config too (critic.fsdp), as its Megatron render the critic's
+    optim fields; GRPO trains no critic and writes none."""
+    def text(algorithm: str) -> str:
+        job, plan = resolve(Request(model="qwen3-8b", framework="verl", num_gpus=8, zero_stage=3, global_batch_size=64,
+                                    grad_reduce_in_fp32=False, **{**RL, "algorithm": algorithm}))
+        return render("verl", job, plan).text
+
+    assert "++critic.fsdp.mixed_precision.reduce_dtype=bf16" in text("ppo")
+    assert "critic.fsdp.mixed_precision" not in text("grpo")
+
+
 @pytest.mark.parametrize("framework,said", [
     ("torchtitan", "Literal['float32']"),
     ("kempnerforge", "reduce-dtype knob"),
