@@ -111,7 +111,9 @@ def test_render_writes_the_reduce_dtype_and_reads_it_back(framework, variant, ex
     result = render(framework, job, plan, variant=variant)
     assert result.variant == variant and written in result.text, result.text
     assert parse_plan(framework, variant, result.text, job.model.num_layers)["grad_reduce_in_fp32"] is False
-    assert import_config(result.text, name).request["grad_reduce_in_fp32"] is False
+    imported = import_config(result.text, name)
+    assert imported.request["grad_reduce_in_fp32"] is False
+    assert not [u for u in imported.unsupported if "mp_policy" in u or "mixed_precision" in u], imported.unsupported
     default = render(framework, *resolve(Request(**fields)), variant=variant)
     assert "reduce_dtype" not in default.text  # fp32: the framework's default, nothing written
     assert "grad_reduce_in_fp32" not in parse_plan(framework, variant, default.text, job.model.num_layers)
