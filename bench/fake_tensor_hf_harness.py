@@ -328,6 +328,39 @@ def head_probe(case: dict) -> dict:
             "hidden": int(model.config.hidden_size), "vocab": int(model.config.vocab_size)}
 
 
+def accumulation_probe(case: dict) -> dict:
+    """What one micro-batch with gradient sync off leaves held (FSDP2 set_requires_gradient_sync(False), as NeMo
+    AutoModel's and KempnerForge's trainers run every micro-batch but the last): verl's wrap with the case's `reduce`
+    dtype, one forward, loss and backward after a full step (its optimizer state built), the live bytes by category
+    before it (`before`) and after it (`after`): the held unsharded gradients are FSDPParam's accumulated gradient in
+    reduce_dtype (to_accumulated_grad_if_needed), or, with reduce_dtype equal to param_dtype, the bf16 gradient
+    autograd wrote."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    world, tokens = case["world"], case["tokens"]
+    mesh = fake_fsdp_mesh(world)
+    with FakeTensorMode():
+        model = build(case, dtype=torch.float32)
+        verl_fsdp2_wrap(model, mesh, REDUCE_DTYPES[case.get("reduce", "fp32")])
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, foreach=True)
+        ids = torch.randint(0, 1000, (1, tokens))
+        positions = torch.arange(tokens).unsqueeze(0)
+        labels = torch.roll(ids, shifts=-1, dims=1).squeeze(0)
+        tracker = tracker_class(fsdp=True)(model, optimizer)
+        tracker.track_external(model, optimizer)
+        with tracker:
+            verl_loss(model, ids, positions, labels, case, _FlashCrossEntropyStandIn).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            tracker.reset_mod_stats()
+            before = _live(tracker)
+            model.set_requires_gradient_sync(False)
+            verl_loss(model, ids, positions, labels, case, _FlashCrossEntropyStandIn).backward()
+            after = _live(tracker)
+    return {"before": before, "after": after, "world": world, "reduce": case.get("reduce", "fp32"),
+            "params": int(sum(p.numel() for p in model.parameters()))}
+
+
 def main() -> None:
     import transformers
 
@@ -338,7 +371,8 @@ def main() -> None:
         start = time.perf_counter()
         try:
             kind = case.get("kind")
-            out = step_peak(case) if kind == "step" else head_probe(case) if kind == "head" else layer_bytes(case)
+            out = (step_peak(case) if kind == "step" else head_probe(case) if kind == "head"
+                   else accumulation_probe(case) if kind == "accumulate" else layer_bytes(case))
             out["ok"] = True
         except Exception as exc:  # reported per case, so one failing model does not hide the others
             out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}

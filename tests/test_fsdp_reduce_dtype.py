@@ -8,6 +8,7 @@ reduce-scatter moves 2 bytes an element; render writes the key and import reads 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,23 @@ def test_recommend_matches_the_oracle_with_a_bf16_reduce(framework):
     assert oracle and [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
         [r.step_time_s for r in oracle], rel=1e-12)
     assert {c.memory.peak_bytes for c in rec.candidates} <= {r.peak_bytes for r in oracle}
+
+
+@pytest.mark.slow
+def test_fsdp2_holds_the_unsharded_gradient_in_the_reduce_dtype():
+    """Under FakeTensorMode (bench/fake_tensor_hf_harness.py accumulation_probe: verl's wrap of a 2-layer
+    Llama-3.1-8B cut, 8 ranks, one micro-batch with gradient sync off after a full step), what the backward leaves
+    held is every parameter's unsharded gradient, at accumulated_grad_bytes's bytes to the byte: 4 with reduce_dtype
+    fp32 (FSDPParam's fp32 accumulated gradient), 2 with bf16 (the gradient autograd wrote)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fake_tensor_hf as bench
+
+    spec = {"kind": "accumulate", "model": "llama-3.1-8b", "config": bench.card_config("llama-3.1-8b"),
+            "num_layers": 2, "tokens": 512, "world": 8, "policy": "full", "override": {}}
+    result = bench.run_harness([{**spec, "reduce": r} for r in ("fp32", "bf16")], timeout=900)
+    card = framework_card("nemo-automodel")
+    for res in result["results"]:
+        assert res["ok"], res
+        held = res["after"]["Total"] - res["before"]["Total"]
+        per = accumulated_grad_bytes(card, 2, True, reduce_fp32=False if res["reduce"] == "bf16" else None)
+        assert held == per * res["params"], res
