@@ -420,12 +420,11 @@ def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: boo
     if held and pipeline:
         grads += ("; torch's pipeline stage defers gradient sync and resharding to the schedule's post-backward, so "
                   f"the units stay gathered and hold {held / GIB:.2f} GiB of unsharded gradients accumulated in "
-                  f"{reduce_dtype} "
-                  "(the card's grad_accumulation)")
+                  f"{reduce_dtype} (the card's grad_accumulation)")
     elif held:
         grads += (f"; gradient sync waits for the last of the {m} micro-batches, so the units hold "
                   f"{held / GIB:.2f} GiB of unsharded gradients accumulated in {reduce_dtype} (the card's "
-                   "grad_accumulation)")
+                  "grad_accumulation)")
     return (f"FSDP2 step peak walked unit by unit through the backward (cards/memory.yaml step_peak): stage "
             f"{stage.stage} peaks at the {moment} moment, {stage.activations_bytes / GIB:.2f} GiB of activations "
             f"and {stage.detail.get('gathered_layers', 0) / GIB:.2f} GiB of gathered parameters, unsharded gradients "
