@@ -71,6 +71,16 @@ STEP_MODELS = {
     "llama-3.1-8b@2k": {"model": "llama-3.1-8b", "layers": 8, "tokens": 2048, "override": {}},
     "qwen3-30b-a3b": {"layers": 4, "tokens": 8192, "override": {"norm_topk_prob": True}},
 }
+# the same step with FSDP2 reducing in fp32 (verl's default) and in bf16 (fsdp_config.mixed_precision.reduce_dtype=bf16,
+# meshplan's grad_reduce_in_fp32=false): the 8k cut above, where the loss's moment decides either way, and cuts of
+# 2k tokens, whose activations are small beside a unit's unsharded gradients and reduce-scatter input, so a
+# reduce-scatter's moment decides (the output unit's at the end of the backward, an MoE layer's)
+REDUCE_STEP_MODELS = {
+    "llama-3.1-8b": STEP_MODELS["llama-3.1-8b"],
+    "llama-3.1-8b@2k4": {"model": "llama-3.1-8b", "layers": 4, "tokens": 2048, "override": {}},
+    "qwen3-30b-a3b@2k": {"model": "qwen3-30b-a3b", "layers": 4, "tokens": 2048, "override": {"norm_topk_prob": True}},
+}
+REDUCES = ("fp32", "bf16")
 # the same step on one GPU (world 1: nothing sharded), where the optimizer step's own moment decides: every fp32
 # gradient allocated beside the params, both moments and the foreach step's temporaries
 SINGLE_GPU_STEP_MODELS = {
@@ -95,12 +105,13 @@ def cases(models: dict | None = None, policies: list[str] | None = None) -> list
             for model, spec in models.items() for policy in (policies or list(POLICIES))]
 
 
-def step_cases(models: dict | None = None, world: int = WORLD, foreach: bool | None = FOREACH) -> list[dict]:
+def step_cases(models: dict | None = None, world: int = WORLD, foreach: bool | None = FOREACH,
+               reduces: tuple[str, ...] = ("fp32",)) -> list[dict]:
     return [{"kind": "step", "case": name, "model": spec.get("model", name),
              "config": card_config(spec.get("model", name)), "num_layers": spec["layers"],
              "tokens": spec["tokens"], "override": spec["override"], "policy": policy, "world": world,
-             "foreach": foreach}
-            for name, spec in (models or STEP_MODELS).items() for policy in POLICIES]
+             "foreach": foreach, "reduce": reduce}
+            for name, spec in (models or STEP_MODELS).items() for policy in POLICIES for reduce in reduces]
 
 
 def run_harness(request_cases: list[dict], timeout: int = 1800) -> dict:
@@ -148,15 +159,18 @@ def layer_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
-def meshplan_step(model: str, layers: int, tokens: int, recompute: str, world: int = WORLD) -> int:
+def meshplan_step(model: str, layers: int, tokens: int, recompute: str, world: int = WORLD,
+                  reduce: str = "fp32") -> int:
     """estimate_memory's allocated peak (at its own moment of the step: memory.stage_allocated) for verl's FSDP engine
     on the cut model as torch's allocator counts it: less the CUDA context and the fixed overhead, which a tracker of
-    tensor storages does not see."""
+    tensor storages does not see. `reduce` bf16: grad_reduce_in_fp32=false (fp32: left out, verl's default)."""
     arch = catalog(model)
     job = carry_cards(Job(model=cut(arch, [arch.is_moe_layer(i) for i in range(layers)]), gpu=get_gpu("h100"),
                           num_gpus=world, gpus_per_node=8, seq_length=tokens, global_batch_size=world,
                           framework=FRAMEWORK))
-    stage = estimate_memory(job, Plan(dp=world, zero_stage=3, micro_batch_size=1, recompute=recompute)).stages[0]
+    plan = Plan(dp=world, zero_stage=3, micro_batch_size=1, recompute=recompute,
+                grad_reduce_in_fp32=False if reduce == "bf16" else None)
+    stage = estimate_memory(job, plan).stages[0]
     card = memory_card()
     return stage_allocated(stage) - card.cuda_context_bytes - card.fixed_overhead_bytes
 
@@ -168,13 +182,22 @@ def step_rows(results: list[dict]) -> list[dict]:
             rows.append({"case": res["case"], "policy": res["policy"], "error": res["error"]})
             continue
         framework = res["peak"]["Total"]
-        ours = meshplan_step(res["model"], res["num_layers"], res["tokens"], POLICIES[res["policy"]], res["world"])
+        reduce = res.get("reduce", "fp32")
+        ours = meshplan_step(res["model"], res["num_layers"], res["tokens"], POLICIES[res["policy"]], res["world"],
+                             reduce)
         rows.append({"case": res["case"], "model": res["model"], "policy": res["policy"], "layers": res["num_layers"],
-                     "tokens": res["tokens"], "world": res["world"], "foreach": res.get("foreach"),
+                     "tokens": res["tokens"], "world": res["world"], "foreach": res.get("foreach"), "reduce": reduce,
                      "framework_peak_bytes": framework,
                      "framework_peak_by_kind": res["peak"], "meshplan_allocated_bytes": ours,
                      "diff_pct": pct(ours, framework)})
     return rows
+
+
+def reduce_rows() -> list[dict]:
+    """The REDUCE_STEP_MODELS steps with each of REDUCES, named `<case> reduce`: one harness run of their own (a fake
+    process group per run)."""
+    rows = step_rows(run_harness(step_cases(REDUCE_STEP_MODELS, reduces=REDUCES))["results"])
+    return [{**r, "case": f"{r['case']} reduce"} for r in rows]
 
 
 def print_table(rows: list[dict]) -> None:
@@ -199,6 +222,7 @@ def main() -> None:
     rows = layer_rows([r for r in result["results"] if r.get("kind") != "step"])
     print_table(rows)
     steps = step_rows(result["results"])
+    steps += reduce_rows()
     # one fake process group per harness run: the single-GPU steps run in a second one
     steps += step_rows(run_harness(step_cases(SINGLE_GPU_STEP_MODELS, world=1))["results"])
     print(f"\nPeak through one training step (rank 0 of {WORLD}, or of 1 for the @1gpu cases; verl's FSDP2 wrap on a "
@@ -208,7 +232,7 @@ def main() -> None:
         if "error" in r:
             print(f"{r['case']:18} {r['policy']:6} ERROR {r['error'][:120]}")
             continue
-        print(f"{r['case']:18} {r['policy']:6} {r['framework_peak_bytes'] / GIB_:8.2f} GiB "
+        print(f"{r['case']:18} {r['policy']:6} {r['reduce']:5} {r['framework_peak_bytes'] / GIB_:8.2f} GiB "
               f"{r['meshplan_allocated_bytes'] / GIB_:8.2f} GiB {r['diff_pct']:+6.1f}%")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({

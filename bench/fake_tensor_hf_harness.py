@@ -170,13 +170,17 @@ class _FlashCrossEntropyStandIn(torch.autograd.Function):
         return logits, None
 
 
-def verl_fsdp2_wrap(model, mesh) -> None:
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": BF16}  # fsdp_config.mixed_precision.reduce_dtype (verl: fp32)
+
+
+def verl_fsdp2_wrap(model, mesh, reduce_dtype: torch.dtype = torch.float32) -> None:
     """fully_shard as verl/utils/fsdp_utils.py apply_fsdp2: each `_no_split_modules` layer, the embedding when untied,
-    then the root; MixedPrecisionPolicy bf16 params / fp32 reduce."""
+    then the root; MixedPrecisionPolicy bf16 params / `reduce_dtype` reduce (verl's engine: its
+    fsdp_config.mixed_precision.reduce_dtype, fp32 by default)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs = {"mesh": mesh, "reshard_after_forward": True,
-              "mp_policy": MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32, cast_forward_inputs=True)}
+              "mp_policy": MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=reduce_dtype, cast_forward_inputs=True)}
     names = set(model._no_split_modules)
     for module in [m for m in model.modules() if type(m).__name__ in names or (
             isinstance(m, torch.nn.Embedding) and not model.config.tie_word_embeddings)]:
@@ -199,7 +203,8 @@ def step_peak(case: dict) -> dict:
     """One training step as verl's FSDP engine runs it, the peak of rank 0 of a fake process group of `world`
     ranks by category (FSDPMemTracker, over the second step: the first creates the optimizer state). fully_shard
     as verl/utils/fsdp_utils.py apply_fsdp2 (each `_no_split_modules` layer, the embedding when untied, then the
-    root, MixedPrecisionPolicy bf16 params / fp32 reduce), the packed row's logits divided in place by the
+    root, MixedPrecisionPolicy bf16 params / the case's `reduce` dtype, fp32 by default), the packed row's logits
+    divided in place by the
     temperature and fed to the flash cross-entropy (log-probs of the next tokens), a per-token policy loss, AdamW,
     and zero_grad() (set_to_none, torch's default) after the step. `foreach`: AdamW's foreach argument (None: torch's
     default, the per-tensor loop on the CPU; True: the foreach step torch runs on CUDA)."""
@@ -210,7 +215,7 @@ def step_peak(case: dict) -> dict:
     tokens = case["tokens"]
     with FakeTensorMode():
         model = build(case, dtype=torch.float32)
-        verl_fsdp2_wrap(model, mesh)
+        verl_fsdp2_wrap(model, mesh, REDUCE_DTYPES[case.get("reduce", "fp32")])
         # verl builds AdamW with neither foreach nor fused, which torch runs as the foreach step on CUDA and as the
         # per-tensor loop on the CPU (torch/optim/adam.py _default_to_fused_or_foreach); `foreach: true` forces the
         # CUDA path here (its fp32 temporaries: cards/memory.yaml optimizer_steps)
@@ -230,6 +235,7 @@ def step_peak(case: dict) -> dict:
                     reset_peak(tracker)
         by_kind = peak_by_category(tracker)
     return {"peak": by_kind, "world": world, "set_to_none": case.get("set_to_none", True),
+            "reduce": case.get("reduce", "fp32"),
             "foreach": case.get("foreach"),
             "hidden": int(model.config.hidden_size), "vocab": int(model.config.vocab_size),
             "tied": bool(model.config.tie_word_embeddings)}
@@ -322,6 +328,39 @@ def head_probe(case: dict) -> dict:
             "hidden": int(model.config.hidden_size), "vocab": int(model.config.vocab_size)}
 
 
+def accumulation_probe(case: dict) -> dict:
+    """What one micro-batch with gradient sync off leaves held (FSDP2 set_requires_gradient_sync(False), as NeMo
+    AutoModel's and KempnerForge's trainers run every micro-batch but the last): verl's wrap with the case's `reduce`
+    dtype, one forward, loss and backward after a full step (its optimizer state built), the live bytes by category
+    before it (`before`) and after it (`after`): the held unsharded gradients are FSDPParam's accumulated gradient in
+    reduce_dtype (to_accumulated_grad_if_needed), or, with reduce_dtype equal to param_dtype, the bf16 gradient
+    autograd wrote."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    world, tokens = case["world"], case["tokens"]
+    mesh = fake_fsdp_mesh(world)
+    with FakeTensorMode():
+        model = build(case, dtype=torch.float32)
+        verl_fsdp2_wrap(model, mesh, REDUCE_DTYPES[case.get("reduce", "fp32")])
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, foreach=True)
+        ids = torch.randint(0, 1000, (1, tokens))
+        positions = torch.arange(tokens).unsqueeze(0)
+        labels = torch.roll(ids, shifts=-1, dims=1).squeeze(0)
+        tracker = tracker_class(fsdp=True)(model, optimizer)
+        tracker.track_external(model, optimizer)
+        with tracker:
+            verl_loss(model, ids, positions, labels, case, _FlashCrossEntropyStandIn).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            tracker.reset_mod_stats()
+            before = _live(tracker)
+            model.set_requires_gradient_sync(False)
+            verl_loss(model, ids, positions, labels, case, _FlashCrossEntropyStandIn).backward()
+            after = _live(tracker)
+    return {"before": before, "after": after, "world": world, "reduce": case.get("reduce", "fp32"),
+            "params": int(sum(p.numel() for p in model.parameters()))}
+
+
 def main() -> None:
     import transformers
 
@@ -332,7 +371,8 @@ def main() -> None:
         start = time.perf_counter()
         try:
             kind = case.get("kind")
-            out = step_peak(case) if kind == "step" else head_probe(case) if kind == "head" else layer_bytes(case)
+            out = (step_peak(case) if kind == "step" else head_probe(case) if kind == "head"
+                   else accumulation_probe(case) if kind == "accumulate" else layer_bytes(case))
             out["ok"] = True
         except Exception as exc:  # reported per case, so one failing model does not hide the others
             out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}

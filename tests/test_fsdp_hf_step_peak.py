@@ -31,12 +31,19 @@ def test_every_moment_by_hand():
     assert got == {
         # resharded after the forward: nothing gathered at the loss; every grad absent
         "output backward": (1 + 100 + 300 + 40, 0, 103.5),
-        # no reduce-scatter of the root here, so nothing retained into layer 1
+        # no reduce-scatter of the root here, so nothing retained into layer 1; each unit's pre_backward copy-out
+        # (its all-gather output beside its unsharded params, 2 + 2) before it prefetches the unit before it
+        "layer 1 gathered": (401, 4 * 1000 + held, 103.5),
         "layer 1 backward": (401, 2 * 1000 + 2 * 20 + held, 103.5),
+        "layer 1 gradients": (101, 4 * 1000 + 2 * 20 + held, 103.5),
         "layer 1 reduce-scatter": (101, 6 * 1000 + 2 * 20 + held, 103.5),
+        "layer 0 gathered": (101, 4 * 20 + 4 * 1000 + held, 3.5),
         "layer 0 backward": (101, 2 * 20 + 2 * 10 + 4 * 1000 + held, 3.5),
+        "layer 0 gradients": (1, 4 * 20 + 2 * 10 + 4 * 1000 + held, 3.5),
         "layer 0 reduce-scatter": (1, 6 * 20 + 2 * 10 + held, 3.5),
+        "embedding gathered": (1, 4 * 10 + 4 * 20 + held, 1.5),
         "embedding backward": (1, 2 * 10 + 4 * 20 + held, 1.5),
+        "embedding gradients": (0, 4 * 10 + 4 * 20 + held, 1.5),
         "embedding reduce-scatter": (0, 6 * 10 + held, 1.5),
         # the end-of-backward callback: the root's grads into their fp32 input, the embedding's input still held
         "output reduce-scatter (end of backward)": (0, 6 * 5 + 4 * 10, 0.5),

@@ -33,13 +33,22 @@ def test_every_moment_by_hand():
         "output backward": (1 + 100 + 300 + 40, 2 * 5, 0),
         # its reduce: the loss is gone; bf16 grads + fp32 input (6 x 5) and layer 1 prefetched (2 x 1000)
         "output reduce-scatter": (401, 6 * 5 + 2 * 1000, 0),
+        # layer 1's pre_backward copy-out: its all-gather output beside its unsharded params (2 + 2 x 1000), before
+        # layer 0 is prefetched, the output unit's reduce-scatter input still held (4 x 5)
+        "layer 1 gathered": (1 + 100 + 300, 4 * 1000 + 4 * 5, 0),
         # layer 1 gathered, layer 0 prefetched, the output unit's reduce-scatter input still held (4 x 5)
         "layer 1 backward": (1 + 100 + 300, 2 * 1000 + 2 * 20 + 4 * 5, 0),
+        # the end of layer 1's backward: its bf16 grads written beside its params (2 + 2 x 1000), its activations used
+        "layer 1 gradients": (101, 4 * 1000 + 2 * 20 + 4 * 5, 0),
         # layer 1's 300 of activations are freed before its own reduce
         "layer 1 reduce-scatter": (101, 6 * 1000 + 2 * 20, 0),
+        "layer 0 gathered": (101, 4 * 20 + 4 * 1000, 0),
         "layer 0 backward": (101, 2 * 20 + 2 * 10 + 4 * 1000, 0),
+        "layer 0 gradients": (1, 4 * 20 + 2 * 10 + 4 * 1000, 0),
         "layer 0 reduce-scatter": (1, 6 * 20 + 2 * 10, 0),
+        "embedding gathered": (1, 4 * 10 + 4 * 20, 0),
         "embedding backward": (1, 2 * 10 + 4 * 20, 0),
+        "embedding gradients": (0, 4 * 10 + 4 * 20, 0),
         "embedding reduce-scatter": (0, 6 * 10, 0),
     }
 

@@ -4,8 +4,8 @@ optimizer (optim.use_precision_aware_optimizer with exp_avg_dtype / exp_avg_sq_d
 utils/megatron/optimizer.py init_megatron_optim_config, workers/engine/megatron/transformer_impl.py
 _resolve_override_ddp_config). The rules (PR001, PR004) used to refuse both as 'verl has no low-precision Adam
 moments' / 'cannot reduce gradients in bf16'; now they pass where verl runs them, are rendered and read back, and
-are refused with verl's own reason where it does not (fp16 / fp8 moments, outside the distributed optimizer, the
-FSDP engine)."""
+are refused with verl's own reason where it does not (fp16 / fp8 moments, outside the distributed optimizer). The FSDP
+engines' bf16 gradient reduction is their MixedPrecisionPolicy's reduce_dtype: tests/test_fsdp_reduce_dtype.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.read import import_config
 from meshplan.adapters.render import render
 from meshplan.check.config import check_config
-from meshplan.core.errors import MeshplanError
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
@@ -37,15 +36,6 @@ def test_bf16_moments_and_gradients_pass_at_zero_1_and_are_refused_where_verl_ca
     grads = _errors(zero_stage=0, grad_reduce_in_fp32=False)["PR004"]
     assert "zero_stage 1 only" in grads and "distributed optimizer" in grads
     assert "PR001" in _errors(zero_stage=3, optimizer_state_dtype="bf16")  # verl's zero_stage 3: its FSDP engine
-
-
-@pytest.mark.parametrize("framework,said", [("verl", "mixed_precision.reduce_dtype"), ("skyrl", "megatron strategy")])
-def test_fsdp_engine_render_refuses_a_bf16_gradient_buffer_with_its_reason(framework, said):
-    job, plan = resolve(Request(model="qwen3-8b", framework=framework, num_gpus=8, zero_stage=3,
-                                grad_reduce_in_fp32=False))
-    with pytest.raises(MeshplanError) as err:
-        render(framework, job, plan)
-    assert said in err.value.fix
 
 
 @pytest.mark.parametrize("variant,prefix", [("megatron", "actor_rollout_ref.actor.optim."), (None, "optim.")])

@@ -83,6 +83,12 @@ def distributed_section(job: Job, plan: Plan, version: str) -> tuple[Section, li
         section.append(("defer_fsdp_grad_sync", plan.defer_fsdp_grad_sync))
     if plan.tp_comm_overlap:  # FSDP2Config.enable_async_tensor_parallel: an Inductor pass (rule TP005: compile)
         section.append(("enable_async_tensor_parallel", True))
+    if plan.zero_stage != 0 and plan.grad_reduce_in_fp32 is False:
+        # FSDP2Config.mp_policy (36044ad components/distributed/config.py): a _target_ block replaces the default
+        # policy whole, so it restates the default's other fields (bf16 compute and output, inputs cast)
+        section.append(("mp_policy", [("_target_", "torch.distributed.fsdp.MixedPrecisionPolicy"),
+                                      ("param_dtype", "bfloat16"), ("reduce_dtype", "bfloat16"),
+                                      ("output_dtype", "bfloat16"), ("cast_forward_inputs", True)]))
     if plan.param_offload:  # torch CPUOffloadPolicy: shards, gradients and the optimizer step on the CPU
         section.append(("offload_policy", [("_target_", "torch.distributed.fsdp.CPUOffloadPolicy")]))
     if plan.pp > 1:

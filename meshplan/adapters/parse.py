@@ -83,7 +83,14 @@ def python_assignments(text: str) -> dict[str, Any]:
 
 
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.uint8": "fp8",
-               "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+               "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "float32": "fp32", "bfloat16": "bf16",
+               "float16": "fp16"}
+
+
+def _reduce_fp32(dtype: Any) -> dict[str, Any]:
+    """grad_reduce_in_fp32 from the FSDP2 reduce_dtype a snippet names; nothing where it names none (the framework's
+    default, fp32, which a plan leaves as None)."""
+    return {} if dtype is None else {"grad_reduce_in_fp32": DTYPE_NAMES[str(dtype)] == "fp32"}
 
 
 def _precision(aware: Any, dtype: Any, recipe: Any, gather: Any, reduce_fp32: Any) -> dict[str, Any]:
@@ -231,7 +238,8 @@ def _verl_sft(o: dict[str, Any], text: str) -> dict[str, Any]:
             "recompute": "full" if o["model.enable_gradient_checkpointing"] else "none",
             "activation_offload": bool(o.get("model.enable_activation_offload")),
             "param_offload": bool(o.get("engine.param_offload")),
-            "optimizer_offload": bool(o.get("engine.optimizer_offload"))}
+            "optimizer_offload": bool(o.get("engine.optimizer_offload")),
+            **_reduce_fp32(o.get("engine.mixed_precision.reduce_dtype"))}
 
 
 def _replicas(world: int, fsdp_size: Any) -> int:
@@ -265,7 +273,8 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                 "recompute": "full" if o["actor_rollout_ref.model.enable_gradient_checkpointing"] else "none",
                 "activation_offload": bool(o.get("actor_rollout_ref.model.enable_activation_offload")),
                 "param_offload": bool(o.get("actor_rollout_ref.actor.fsdp_config.param_offload")),
-                "optimizer_offload": bool(o.get("actor_rollout_ref.actor.fsdp_config.optimizer_offload"))}
+                "optimizer_offload": bool(o.get("actor_rollout_ref.actor.fsdp_config.optimizer_offload")),
+                **_reduce_fp32(o.get("actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype"))}
     p = "engine." if sft else "actor_rollout_ref.actor.megatron."
     t = p + "override_transformer_config."
     m = {k[len(p):]: v for k, v in o.items() if k.startswith(p)}
@@ -308,7 +317,8 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "recompute": "full",
                 "micro_batch_size": int(o["micro_train_batch_size_per_gpu"]),
                 "dp_replicate": _replicas(world, o.get("fsdp_config.fsdp_size", -1)),
-                "param_offload": bool(o.get("fsdp_config.cpu_offload", False))}
+                "param_offload": bool(o.get("fsdp_config.cpu_offload", False)),
+                **_reduce_fp32(o.get("fsdp_config.mixed_precision.reduce_dtype"))}
     if variant == "sft":
         world, p = _world(o["placement.num_nodes"], o["placement.num_gpus_per_node"]), "megatron_config."
         mbs = int(o["micro_train_batch_size_per_gpu"])
@@ -321,7 +331,8 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
                 "dp_replicate": _replicas(world, o.get("trainer.policy.fsdp_config.fsdp_size", -1)),
                 **_attention("skyrl", "fsdp", None if flash is None else str(flash)),
-                "recompute": "full" if o["trainer.gradient_checkpointing"] else "none"}
+                "recompute": "full" if o["trainer.gradient_checkpointing"] else "none",
+                **_reduce_fp32(o.get("trainer.policy.fsdp_config.mixed_precision.reduce_dtype"))}
     m = {k[len(p):]: v for k, v in o.items() if k.startswith(p)}
     kw = {k[len("transformer_config_kwargs."):]: v for k, v in m.items() if k.startswith("transformer_config_kwargs.")}
     get = lambda name: m.get(name, kw.get(name))  # noqa: E731
@@ -485,6 +496,7 @@ def _automodel(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         **_attention("nemo-automodel", variant, backend.get("attn"))}
     if "dispatcher" in backend:
         out["moe_token_dispatcher"] = "flex" if backend["dispatcher"] in ("deepep", "hybridep") else "alltoall"
+    out.update(_reduce_fp32((d.get("mp_policy") or {}).get("reduce_dtype")))  # FSDP2Config.mp_policy's
     fp8 = doc.get("fp8") or {}
     if fp8.get("enabled"):
         out["fp8_recipe"] = fp8["recipe_name"]

@@ -204,9 +204,19 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
             ("actor_rollout_ref.model.enable_activation_offload", plan.activation_offload),
             ("actor_rollout_ref.actor.fsdp_config.param_offload", plan.param_offload),
             ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", plan.optimizer_offload)) if on]
+        o += fsdp_reduce_dtype("++actor_rollout_ref.actor.fsdp_config.mixed_precision", plan)
+        if _has_critic(job):  # as the Megatron engine's optim fields, the critic's too (its engine: critic.fsdp)
+            o += fsdp_reduce_dtype("++critic.fsdp.mixed_precision", plan)
         notes.append("FSDP backend: context parallelism is Ulysses sequence parallelism (cp -> "
                      "ulysses_sequence_parallel_size), which needs use_remove_padding=True; FSDP shards over all GPUs.")
     return o + verl_rl_overrides(job, plan, notes), notes
+
+
+def fsdp_reduce_dtype(section: str, plan: Plan) -> list[Override]:
+    """verl's and SkyRL's FSDP2 MixedPrecisionPolicy reduce_dtype, bf16 where the plan reduces in bf16
+    (grad_reduce_in_fp32 false), under their fsdp_config's mixed_precision `section` (verl's packaged YAML lacks it:
+    '++'; SkyRL's dataclass builds it with its other fields' defaults); nothing otherwise (fp32, their default)."""
+    return [(f"{section}.reduce_dtype", "bf16")] if plan.grad_reduce_in_fp32 is False else []
 
 
 def megatron_precision_aware(plan: Plan) -> dict[str, object]:
@@ -295,6 +305,7 @@ def verl_sft_overrides(job: Job, plan: Plan) -> tuple[list[Override], list[str]]
     o += [(key, True) for key, on in (("model.enable_activation_offload", plan.activation_offload),
                                       ("engine.param_offload", plan.param_offload),
                                       ("engine.optimizer_offload", plan.optimizer_offload)) if on]
+    o += fsdp_reduce_dtype("++engine.mixed_precision", plan)
     return o, ["verl's SFT trainer on the FSDP engine: context parallelism is Ulysses sequence parallelism "
                "(engine.ulysses_sequence_parallel_size, with use_remove_padding); data.train_batch_size is the "
                "global batch in sequences, split over dp = GPUs / Ulysses size.",
@@ -374,7 +385,7 @@ def skyrl_sft_fsdp(job: Job, plan: Plan) -> list[Override]:
         ("sequence_parallel_size", plan.cp), ("fsdp_config.fsdp_size", fsdp_group(plan))]
     if plan.param_offload:
         o.append(("fsdp_config.cpu_offload", True))
-    return o
+    return o + fsdp_reduce_dtype("fsdp_config.mixed_precision", plan)
 
 
 def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], list[str]]:
@@ -436,6 +447,7 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
               ("trainer.gradient_checkpointing", plan.recompute == "full")]
         if plan.param_offload:
             o.append(("trainer.policy.fsdp_config.cpu_offload", True))
+        o += fsdp_reduce_dtype("trainer.policy.fsdp_config.mixed_precision", plan)
         if attention_value("skyrl", "fsdp", plan.attention_backend) == "true":  # flash_attention_2, SkyRL's default
             o.append(("trainer.flash_attn", True))
         if not plan.optimizer_offload:  # SkyRL's default is on (cards/frameworks/skyrl.yaml offload)

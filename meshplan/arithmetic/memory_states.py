@@ -298,8 +298,27 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
         conv_update["prefetched_bytes"] = prec.fp8_all_gather_bytes
     if gather and conv.unsharded_param_bytes and conv.fp8_weights == "fixed":
         conv_update["unsharded_param_bytes"] = prec.fp8_all_gather_bytes
+    if plan.grad_reduce_in_fp32 is False and conv.retained_reduce_bytes:
+        conv_update.update(reduce_input_in(conv, prec.dtype_bytes["bf16"]))
     conv_update.update(compiled(job, plan))
     return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
+
+
+def reduce_input_in(conv: Convention, dtype_bytes: float) -> dict[str, float]:
+    """FSDP2's reduce-scatter input in another reduce_dtype than the convention's (its figures are at fp32, the
+    default MixedPrecisionPolicy of every FSDP2 framework meshplan writes): torch 2.13 _fsdp_collectives.py
+    foreach_reduce allocates the input in reduce_dtype (reduce_dtype or the gradients' dtype, FSDPParam clamping a
+    reduce_dtype equal to param_dtype to None) and copies the unsharded gradients (param_dtype, bf16) into it, so of a
+    unit's `gathered_bytes` (unsharded gradients + input) and the input the next unit's backward still holds
+    (`retained_reduce_bytes`, the input's own bytes) the input moves to `dtype_bytes`; the gradients do not."""
+    return {"gathered_bytes": unsharded_grad_bytes(conv) + dtype_bytes, "retained_reduce_bytes": dtype_bytes}
+
+
+def unsharded_grad_bytes(conv: Convention) -> float:
+    """Bytes per parameter of a unit's unsharded gradients as its backward writes them (param_dtype, bf16): of the
+    unit's `gathered_bytes` at its reduce (those gradients + the reduce-scatter input), what the input
+    (`retained_reduce_bytes`) leaves."""
+    return conv.gathered_bytes - conv.retained_reduce_bytes
 
 
 def cuda_graphs_off(plan: Plan) -> bool:
@@ -489,15 +508,21 @@ def gathered_transient(conv: Convention, units: list[float]) -> float:
 
 
 def accumulated_grad_bytes(card: FrameworkCard, micro_batches: int, sharded: bool, pp: int = 1,
-                           defer: bool | None = None, frozen: bool = False) -> float:
+                           defer: bool | None = None, frozen: bool = False,
+                           reduce_fp32: bool | None = None) -> float:
     """Bytes per parameter of the unsharded gradient an FSDP unit holds between a step's micro-batches (the card's
     grad_accumulation: the trainer turns gradient sync off for all but the last, FSDP2 accumulates in reduce_dtype),
     over the rank's own parameters (its TP shard, its local experts whole), not their data-parallel shard, where
     holds_grads says the step holds them; 0 where the parameters are not sharded (the replicated gradient is itself
     the unsharded one) and for a LoRA job (`frozen`): its base weights take no gradient, and its adapters' unsharded
-    gradients (well under 1% of the parameters) are left out."""
+    gradients (well under 1% of the parameters) are left out. The card's bytes are its reduce_dtype's (fp32); with
+    `reduce_fp32` False (the plan's grad_reduce_in_fp32: reduce_dtype bf16, the compute dtype) torch 2.13
+    FSDPParam.init_dtype_attrs clamps reduce_dtype to None and to_accumulated_grad_if_needed keeps the bf16 gradient
+    autograd accumulates in place: bf16 bytes."""
     if not sharded or frozen or not holds_grads(card, pp, micro_batches, defer):
         return 0.0
+    if reduce_fp32 is False:
+        return memory_card().precision.dtype_bytes["bf16"]
     return card.grad_accumulation.bytes_per_param
 
 

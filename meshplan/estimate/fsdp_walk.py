@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from meshplan.arithmetic.memory_states import accumulated_grad_bytes, loss_logits, pipeline_held, state_bytes
+from meshplan.arithmetic.memory_states import (
+    accumulated_grad_bytes,
+    loss_logits,
+    pipeline_held,
+    state_bytes,
+    unsharded_grad_bytes,
+)
 from meshplan.core.units import GIB
 from meshplan.estimate.memory_terms import MemoryTerms, StageParams
 from meshplan.schema.reports import StageMemory
@@ -96,9 +102,22 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         # the last reduce-scatter input still held: this unit's previous chunk, or the unit reduced just before
         last = u if u.in_loss else units[k + 1] if k + 1 < len(units) and not units[k + 1].in_loss else None
         retained = conv.retained_reduce_bytes * last.params if last and last is not root else 0.0
+        if not u.loss and not u.in_loss and k + 1 < len(units):
+            # its pre_backward's copy-out: prefetched by the unit after it, its all-gather output is copied into the
+            # unsharded parameters before it is freed, then the unit before it is prefetched (copy_out)
+            out.append(StepMoment(f"{u.name} gathered", before + u.stored,
+                                  copy_out(conv, u.params) + retained + held, absent))
+            at.append(k)
         out.append(StepMoment(f"{u.name} backward", before + u.stored + u.working,
                               gathered + (0.0 if u.loss else prefetch) + retained + held, absent))
         at.append(k)
+        if not u.loss and not u.in_loss:
+            # the end of its backward, before its post_backward hook: every unsharded gradient written beside its
+            # gathered params, its activations used up
+            out.append(StepMoment(f"{u.name} gradients", before,
+                                  gathered + unsharded_grad_bytes(conv) * u.params + prefetch + retained + held,
+                                  absent))
+            at.append(k)
         if u is root:
             head = head_moments(conv, root, before, prefetch, absent)
             out += head
@@ -314,7 +333,7 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     # the MTP blocks' activations and, where the root unit holds the embedding, its saved input: alive to the end
     held = held_other + stage.mtp_acts + (stage.emb_acts if embedding_in_root(stage) else 0)
     held_bytes = accumulated_grad_bytes(card, terms.m, True, pp, terms.plan.defer_fsdp_grad_sync,
-                                        terms.job.lora is not None)
+                                        terms.job.lora is not None, terms.plan.grad_reduce_in_fp32)
     accumulation = Accumulation(held_bytes, terms.m)
     if pipeline_held(card, pp):
         one_batch = stage.layer_acts - held_other  # held_other: the layers' other micro-batches in flight
@@ -385,8 +404,10 @@ def embedding_in_root(stage: WalkStage) -> bool:
     return stage.terms.conv.embedding_in_root and stage.params.first and stage.params.last
 
 
-def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: bool = False) -> str:
-    """What the backward walk found on the peak stage (`pipeline`: memory_states.pipeline_held)."""
+def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: bool = False,
+                    reduce_dtype: str = "fp32") -> str:
+    """What the backward walk found on the peak stage (`pipeline`: memory_states.pipeline_held; `reduce_dtype`: the
+    dtype the held gradients accumulate in, the plan's)."""
     held = stage.detail.get("unsharded_accumulated_gradients", 0)
     absent = stage.detail.get("gradients_absent_at_peak", 0)
     grads = ("the trainer sets the gradients to None each step, so a unit's sharded gradients exist only after its "
@@ -398,11 +419,12 @@ def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: boo
                                                    if conv.grads_set_to_none else " (zeroed in place, not freed)"))
     if held and pipeline:
         grads += ("; torch's pipeline stage defers gradient sync and resharding to the schedule's post-backward, so "
-                  f"the units stay gathered and hold {held / GIB:.2f} GiB of unsharded gradients accumulated in fp32 "
-                  "(the card's grad_accumulation)")
+                  f"the units stay gathered and hold {held / GIB:.2f} GiB of unsharded gradients accumulated in "
+                  f"{reduce_dtype} (the card's grad_accumulation)")
     elif held:
         grads += (f"; gradient sync waits for the last of the {m} micro-batches, so the units hold "
-                  f"{held / GIB:.2f} GiB of unsharded gradients accumulated in fp32 (the card's grad_accumulation)")
+                  f"{held / GIB:.2f} GiB of unsharded gradients accumulated in {reduce_dtype} (the card's "
+                  "grad_accumulation)")
     return (f"FSDP2 step peak walked unit by unit through the backward (cards/memory.yaml step_peak): stage "
             f"{stage.stage} peaks at the {moment} moment, {stage.activations_bytes / GIB:.2f} GiB of activations "
             f"and {stage.detail.get('gathered_layers', 0) / GIB:.2f} GiB of gathered parameters, unsharded gradients "

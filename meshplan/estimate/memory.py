@@ -130,7 +130,8 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
         assumptions.append(lora_assumption(job, plan))
     moment = rows[peak.stage].moment
     if moment is not None and moment != STEP_MOMENT:  # the moment the peak stage peaks at, where the backward is walked
-        assumptions.append(walk_assumption(terms.conv, peak, moment, terms.m, pipeline_held(job.card, plan.pp)))
+        assumptions.append(walk_assumption(terms.conv, peak, moment, terms.m, pipeline_held(job.card, plan.pp),
+                                           "bf16" if plan.grad_reduce_in_fp32 is False else "fp32"))
     assumptions.extend(step_assumptions(terms, peak, rows[peak.stage]))
     # a node's GPUs usually share one pipeline stage (TP, EP and DP ranks fill a node first); the worst stage bounds it
     host_per_node = max(s.host_bytes for s in stages) * mesh.ranks_per_node(job)

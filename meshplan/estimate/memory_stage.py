@@ -581,7 +581,8 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
         card, stage_params = terms.job.card, params.dense + params.experts
         plan = terms.plan
         frozen = terms.job.lora is not None
-        held = accumulated_grad_bytes(card, terms.m, True, plan.pp, plan.defer_fsdp_grad_sync, frozen) * stage_params
+        held = accumulated_grad_bytes(card, terms.m, True, plan.pp, plan.defer_fsdp_grad_sync, frozen,
+                                      plan.grad_reduce_in_fp32) * stage_params
         if pipeline_held(card, terms.plan.pp):  # every unit gathered besides the worst one's transient
             gathered += terms.conv.unsharded_param_bytes * stage_params
         return [Overheads(acts, terms.other_fixed + int(gathered), acts + int(gathered) + held, None,

@@ -234,9 +234,9 @@ def missing_layout_knob(card: FrameworkCard, version: str, variant: str, job: Jo
     return MissingKnob(name, describe_knob(name, plan, job), reason, instead)
 
 
-def _default_knob(card: FrameworkCard, job: Job, plan: Plan, name: str) -> AdapterKnob | None:
-    """The knob `name` on the version and variant `render` writes by default for this plan; None where the framework
-    has no adapter."""
+def rendered_knob(card: FrameworkCard, job: Job, plan: Plan, name: str) -> AdapterKnob | None:
+    """The knob `name` on the version and variant `render` writes by default for this plan (verl's and SkyRL's: the
+    engine its ZeRO stage runs, ENGINE_VARIANTS); None where the framework has no adapter."""
     target = default_render(card, job, plan)
     return None if target is None else knob_table(card, *target)[name]
 
@@ -245,7 +245,7 @@ def unwritable_reason(card: FrameworkCard, job: Job, plan: Plan, name: str) -> s
     """What the run does instead of the missing knob `name` (its card `reason`, REASON_KNOBS), on the version and
     variant `render` writes by default; None where that config can write it, or on a card without an adapter (whose
     cannot_run gives no reason: rule RC006 refuses there)."""
-    knob = _default_knob(card, job, plan, name)
+    knob = rendered_knob(card, job, plan, name)
     return knob.reason if knob is not None and knob.key is None else None
 
 
@@ -254,7 +254,7 @@ def unwritable(card: FrameworkCard, job: Job, plan: Plan, name: str) -> str | No
     `render` writes by default, a key null (its `instead`); on a card without an adapter, its `cannot_run` entry.
     None where it can. Rule RC005 asks it (the plan's fields it reads: zero_stage, tp, pp, ep, through
     DEFAULT_VARIANTS)."""
-    knob = _default_knob(card, job, plan, name)
+    knob = rendered_knob(card, job, plan, name)
     if knob is None:
         return card.cannot_run.get(name)
     return knob.instead if knob.key is None else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.offload import optimizer_share
 from meshplan.knowledge.adapter_card import AdapterKnob
+from meshplan.knowledge.adapter_knobs import rendered_knob
 from meshplan.knowledge.cards import FrameworkCard
 from meshplan.rules.engine import Context, Values, rule
 
@@ -161,7 +162,12 @@ def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
     card, dtype = ctx.card, "fp32" if p.grad_reduce_in_fp32 else "bf16"
     instead = _lacks(card, knob)
     if instead is None:  # (so the card has an adapter section)
-        spec = _default_knob(card, knob)
+        # the knob of the engine the plan runs (verl's and SkyRL's FSDP engines set it under their own key)
+        spec = rendered_knob(card, ctx.job, p, knob) or _default_knob(card, knob)
+        if spec.key is None:
+            return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": f"{card.display_name} (zero_stage="
+                    f"{p.zero_stage})", "why": f"{card.display_name} cannot reduce gradients in {dtype} on the "
+                    f"engine zero_stage {p.zero_stage} runs", "fix": spec.instead}
         if spec.zero_stages is None or p.zero_stage in spec.zero_stages:
             return None
         return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": f"{card.display_name} (zero_stage="

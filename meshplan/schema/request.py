@@ -131,8 +131,9 @@ class Request(StrictModel):
     )
     grad_reduce_in_fp32: bool | None = Field(
         None, description="Gradients accumulated and reduced in fp32 (true) or bf16 (false): Megatron "
-                          "grad_reduce_in_fp32, torchtitan mixed_precision_reduce (default: the framework's, fp32 for "
-                          "Megatron and torchtitan)",
+                          "grad_reduce_in_fp32, torchtitan mixed_precision_reduce, FSDP2's MixedPrecisionPolicy "
+                          "reduce_dtype (verl, SkyRL, NeMo AutoModel) (default: the framework's, fp32 for Megatron, "
+                          "torchtitan and FSDP2)",
     )
     fp8_recipe: Fp8Recipe | None = Field(
         None, description="FP8 scaling recipe with precision=fp8: delayed, tensorwise (current scaling), rowwise "

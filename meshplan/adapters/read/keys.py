@@ -382,8 +382,9 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         if str(value).strip("'\"") == m.word:
             reading.state("fp8_recipe", m.word, s)
     elif m.target in ("grad_reduce_bf16", "grad_reduce_fp32"):
-        text = str(value).strip("'\"").lower()
-        if text in ("float32", "fp32", "bfloat16", "bf16"):  # torchtitan's mixed_precision_reduce names a dtype
+        text = str(value).strip("'\"").lower().removeprefix("torch.")
+        # a dtype named: torchtitan's mixed_precision_reduce, an FSDP2 reduce_dtype (verl's, SkyRL's, AutoModel's)
+        if text in ("float32", "fp32", "bfloat16", "bf16"):
             reading.state("grad_reduce_in_fp32", text in ("float32", "fp32"), s)
         elif m.word is not None:  # one key for both knobs, each with the value it takes (Bridge's grad_reduce_in_fp32)
             if as_bool(value) == as_bool(m.word):
