@@ -17,6 +17,7 @@ from pydantic import Field
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import _Card, load_card
+from meshplan.knowledge.gdn_config import gdn_architecture, read_gdn_names
 from meshplan.knowledge.hybrid_config import hybrid_architecture, read_hybrid_names
 from meshplan.knowledge.vision_config import llama4_vision_tower
 from meshplan.schema.model import Architecture, MLASpec, MoESpec, RopeSpec
@@ -51,12 +52,13 @@ SUPPORTED_MODEL_TYPES = {
     "deepseek_v3": "mla",
     "kimi_k2": "mla",
     "nemotron_h": "hybrid",  # knowledge/hybrid_config.py
+    "qwen3_next": "hybrid",  # knowledge/gdn_config.py: Gated DeltaNet and gated attention, each beside an MoE
 }
 
 # Families whose layers meshplan has no mechanism for: refused naming the layer kind, never timed as attention
 _UNMODELLED_LAYERS = {
     "jamba": "Mamba state-space layers",
-    "falcon_h1": "Mamba-2 state-space mixers beside attention", "qwen3_next": "Gated DeltaNet linear-attention layers",
+    "falcon_h1": "Mamba-2 state-space mixers beside attention",
     "kimi_linear": "Kimi Delta Attention linear-attention layers", "minimax": "lightning (linear) attention layers"}
 
 # Defaults of each transformers config class for the keys their config.json may omit.
@@ -585,6 +587,8 @@ def architecture_from_config(
         _read_classic_names(model_type, cfg, f)
     elif model_type == "nemotron_h":
         read_hybrid_names(cfg, f)
+    elif model_type == "qwen3_next":
+        read_gdn_names(cfg)
     _require(cfg, _required_keys(model_type), model_type)
     layers = f.int("num_hidden_layers")
     hidden = f.int("hidden_size")
@@ -630,6 +634,8 @@ def architecture_from_config(
         origin=origin,
         vision=llama4_vision_tower(config, lambda c, w: _Fields(c, f"{f.where} {w}")),
     )
+    if model_type == "qwen3_next":
+        return gdn_architecture(arch, f)
     return hybrid_architecture(arch, f, _groups) if model_type == "nemotron_h" else arch
 
 
