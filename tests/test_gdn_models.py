@@ -14,6 +14,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import published_mismatches
 from meshplan.knowledge.model_config import architecture_from_config
 from meshplan.knowledge.model_counts import gdn_params, layer_params
+from meshplan.request.parse import parse_request
 
 # Qwen/Qwen3-Next-80B-A3B-Instruct config.json (its fields; transformers_version 4.57.0.dev0)
 QWEN3_NEXT_80B = {
@@ -88,3 +89,184 @@ def test_describe_reads_a_qwen3_next_config_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(QWEN3_NEXT_80B))
     assert api.describe_model(str(path)).total_params == 79_674_391_296
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _gdn_layout(tokens: int, tp: int = 1, sp: bool = False):
+    from meshplan.arithmetic.activations import MOE_BYTES, Layout, attention_saves
+    from meshplan.arithmetic.memory_states import memory_card
+
+    conv = memory_card().conventions["megatron"]
+    return Layout(tokens=tokens, seq_kv=tokens, tp=tp, sp=sp, etp=1, flash=True, dropout=False,
+                  swiglu_unfused=conv.swiglu_unfused, fp8=False, moe=MOE_BYTES[conv.moe_activations],
+                  attn=attention_saves(conv), gdn=memory_card().gdn_layer.terms())
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (2, True), (4, False)])
+def test_a_gdn_layer_saves_what_megatron_cores_gated_delta_net_and_fla_keep(tp, sp):
+    """Per token, Qwen3-Next's widths (hidden 2048, in_proj 12352, q and k 2 x 2048 and 2 x 32 x 128 at the value
+    heads, value 4096, 32 value heads, chunk 64): the norm input and in_proj's input (2 + 2 over hidden, over TP
+    under SP only), in_proj's output (2 x 12352, the conv's saved view), l2norm's output (2 x 4096), the kernel's q and
+    k (2 x 8192), v (2 x 4096), g, beta and softplus' input (10 per head), A (2 x 32 x 64), the gated norm's input
+    (2 x 4096), its rstd (4 per head), its output and fp32 gate (10 x 4096) and out_proj's input (2 x 4096). With
+    gdn_norm_out the norm's rstd, output, fp32 gate and out_proj's input go and its checkpoint keeps the bf16 gate."""
+    from meshplan.arithmetic.activations import shape_of
+    from meshplan.arithmetic.mamba import hybrid_layer_activations
+
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    shape, t = shape_of(arch), 4096
+    lay = _gdn_layout(t, tp, sp)
+    hidden = (2 + 2) * 2048 / (tp if sp else 1)
+    mixer = (2 * 12352 + 2 * 4096 + 2 * 8192 + 2 * 4096 + 10 * 32 + 2 * 32 * 64 + 2 * 4096) / tp
+    norm = (4 * 32 + 10 * 4096 + 2 * 4096) / tp
+    assert hybrid_layer_activations(shape, lay, "G", "none") == {"gdn": pytest.approx(t * (hidden + mixer + norm))}
+    kept = hybrid_layer_activations(shape, lay, "G", "selective", ("gdn_norm_out",))
+    assert kept == {"gdn": pytest.approx(t * (hidden + mixer + 2 * 4096 / tp))}
+    assert hybrid_layer_activations(shape, lay, "G", "full") == {"layer_input": pytest.approx(2 * t * 2048 /
+                                                                                              (tp if sp else 1))}
+
+
+def test_gated_attention_keeps_its_gate_and_the_output_it_scales():
+    """Megatron-Core's Attention._apply_output_gate keeps the gate and the core output beside out_proj's input: two
+    query-wide bf16 tensors more than the same attention without the gate."""
+    from meshplan.arithmetic.activations import shape_of
+    from meshplan.arithmetic.mamba import hybrid_layer_activations
+
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    plain = arch.model_copy(update={"attention_output_gate": False})
+    lay, t = _gdn_layout(4096), 4096
+    gated = hybrid_layer_activations(shape_of(arch), lay, "*", "none")["attention"]
+    assert gated - hybrid_layer_activations(shape_of(plain), lay, "*", "none")["attention"] == \
+        pytest.approx(2 * 2 * t * 16 * 256)
+
+
+def test_memory_holds_the_gdn_weights_split_over_tp():
+    """Every parameter is on some GPU once (tp 2, pp 4, ep 8: the stages' params times tp for the TP-split part); the
+    Gated DeltaNet mixers are among the TP-split weights, not left out."""
+    from meshplan.estimate.memory_terms import param_table
+
+    arch = api.describe_model("qwen3-next-80b-a3b").architecture
+    table = param_table(arch)
+    gdn = sum(layer_params(arch, i).get("gdn", 0) for i in range(arch.num_layers))
+    assert gdn == 36 * gdn_params(arch)
+    split = sum(p["attention"] + p["shared_experts"] + p.get("gdn", 0)
+                for p in (layer_params(arch, i) for i in range(arch.num_layers)))
+    assert sum(table.tp_sharded) == split
+    report = api.estimate_memory(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64,
+                                                "tp": 2, "pp": 4, "ep": 8, "framework": "megatron-core"}))
+    assert len(report.stages) == 4 and all(s.weights_bytes > 0 for s in report.stages)
+    assert any("Gated DeltaNet" in a for a in report.assumptions)
+
+
+# --------------------------------------------------------------------------- FLOPs and time
+
+
+def test_model_flops_are_megatron_lms_gdn_layer_flops_and_gated_attention():
+    """megatron/training/training.py (core_v0.19.0): gdn_layer_flops 2 x (h (2 qk + 2 v + 2 heads_v) + kernel (2 qk +
+    v) + 4 heads_v d_v^2 + h v) per G layer; transformer_flops' attention with the gate's projection (q-sized) beside
+    q, k and v; MoE 4 h (f_e top-k + f_shared) x 1.5 (SwiGLU); logits 2 h V; all x3."""
+    from meshplan.arithmetic.flops import gdn_layer_flops, model_flops_per_token
+
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    h, s, q = 2048, 4096, 16 * 256
+    gdn = 2 * (h * (2 * 2048 + 2 * 4096 + 64) + 4 * (2 * 2048 + 4096) + 4 * 32 * 128 ** 2 + h * 4096)
+    assert gdn_layer_flops(arch) == gdn
+    p = q / h
+    attention = 4 * h * p * (h + h * 2 / 16) + 2 * s * h * p + 2 * h * p * h
+    moe = 4 * (h * 512 * 10 + h * 512) * 1.5
+    expected = 3 * (36 * gdn + 12 * attention + 48 * moe + 2 * h * 151936)
+    assert model_flops_per_token(arch, s) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_chunked_rule_is_flas_per_chunk_matmuls():
+    """fla/ops/gated_delta_rule/chunk.py at chunk 64, d_k = d_v = 128, per value head and token: K K^T 2 C d_k, the
+    triangular inverse 2 C^2 / 3, w and u 2 C (d_k + d_v), the state 4 d_k d_v, the output 2 d_k d_v + 2 C (d_k + d_v);
+    the conv 2 x 4 taps over 8192 channels; the backward runs w, u and h again."""
+    from meshplan.arithmetic.flops import Shard
+    from meshplan.arithmetic.gdn import gdn_rule_flops
+
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    c, d = 64, 128
+    per_head = 2 * c * d + 2 * c * c / 3 + 2 * c * 2 * d + 4 * d * d + 2 * d * d + 2 * c * 2 * d
+    for tp in (1, 2):
+        forward, again = gdn_rule_flops(arch, Shard(tokens=1000, tp=tp, ep=1, etp=1, sp=False))
+        assert forward == pytest.approx(1000 * (32 / tp * per_head + 2 * 4 * 8192 / tp))
+        assert again == pytest.approx(1000 * 32 / tp * (2 * c * 2 * d + 4 * d * d))
+
+
+def test_a_gdn_layer_is_its_gemms_its_passes_and_its_rule():
+    """The G layer: in_proj and out_proj through the GEMM model; beside them the card's bf16 passes at HBM speed and
+    the chunked rule's FLOPs x 3 plus what the backward recomputes at the GEMMs' asymptote; under CP two all-to-alls
+    (in_proj's output and the norm's output) each way."""
+    from meshplan.arithmetic.gdn import gdn_gemms, gdn_rule_flops
+    from meshplan.arithmetic.gemm import gemm_seconds
+    from meshplan.estimate.perf import step_terms
+    from meshplan.request.resolve import resolve
+
+    job, plan = resolve(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "tp": 2,
+                                       "pp": 4, "ep": 8, "framework": "megatron-core"}))
+    t = step_terms(job, plan)
+    ctx, cal = t.ctx, t.ctx.cal
+    lt = t.inputs.hybrid["G"]
+    assert set(t.inputs.hybrid) == {"G", "*", "E"}
+    assert lt.gemm == pytest.approx(gemm_seconds(gdn_gemms(ctx.arch, ctx.shard), cal, ctx.bf16_peak, None))
+    tokens = ctx.shard.tokens
+    passes = (32 * 32 * 128 + 37 * 4096 + 7 * 8192 + 8 * 32 * 64 + 6 * 32 * 128 * 128 / 64) * 2
+    forward, again = gdn_rule_flops(ctx.arch, ctx.shard)
+    mixer = tokens * passes / 2 / ctx.hbm + (3 * forward + again) / (ctx.bf16_peak * cal.gemm_peak_fraction)
+    hidden = cal.elementwise_passes * 2 * tokens * 2048 * 0.5 / (2 if ctx.plan.sequence_parallel else 1) / ctx.hbm
+    assert lt.elementwise == pytest.approx(mixer + hidden, rel=1e-12)
+    assert lt.attention == 0 and lt.cp == 0 and lt.ep == 0
+    cp_terms = step_terms(*resolve(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64,
+                                                  "tp": 2, "cp": 2, "pp": 4, "ep": 8,
+                                                  "framework": "megatron-core"})))
+    assert cp_terms.inputs.hybrid["G"].cp > 0
+
+
+# --------------------------------------------------------------------------- rules and search
+
+
+def test_gdn_norm_out_is_a_recompute_module_of_gdn_models_only():
+    """Megatron-Core's TransformerConfig: gdn_norm_out only with experimental_attention_variant gated_delta_net."""
+    ok = api.check_config(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "ep": 8,
+                                         "pp": 4, "recompute": "selective",
+                                         "recompute_modules": ["gdn_norm_out", "moe_act"]}))
+    assert "RC004" not in {f.id for f in ok.findings}
+    bad = api.check_config(parse_request({"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8,
+                                          "recompute": "selective", "recompute_modules": ["gdn_norm_out"]}))
+    assert "RC004" in {f.id for f in bad.findings}
+
+
+def test_tp_times_cp_must_divide_the_gdn_heads():
+    """16 key heads: tp 2 x cp 16 = 32 does not divide them (TP007), tp 2 x cp 8 does."""
+    bad = api.check_config(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 32, "tp": 2,
+                                          "cp": 16}))
+    finding = next(f for f in bad.findings if f.id == "TP007")
+    assert "16 key heads" in finding.message and "32 value heads" in finding.message
+    ok = api.check_config(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 16, "tp": 2,
+                                         "cp": 8}))
+    assert "TP007" not in {f.id for f in ok.findings}
+
+
+@pytest.mark.parametrize("framework, rule_id", [("torchtitan", "HY003"), ("deepspeed", "HY003"),
+                                                ("verl", "HY004"), ("nemo-automodel", "HY004")])
+def test_frameworks_without_megatron_cores_gdn_refuse_it_naming_the_ones_that_run_it(framework, rule_id):
+    report = api.check_config(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64,
+                                             "framework": framework}))
+    finding = next(f for f in report.findings if f.id == rule_id)
+    assert "megatron-bridge or megatron-core" in finding.fix
+    assert "HY001" not in {f.id for f in report.findings}  # the Mamba-2 rules stay Mamba-2's
+
+
+def test_recommend_ranks_qwen3_next_on_64_h100():
+    """`meshplan recommend qwen3-next-80b-a3b --gpu h100 --num-gpus 64` through the api: a ranked answer whose every
+    layout passes the Gated DeltaNet rule (tp x cp divides 16) and fits."""
+    report = api.recommend(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64}))
+    assert len(report.candidates) >= 3
+    speeds = [c.throughput.tokens_per_s_per_gpu for c in report.candidates]
+    assert speeds == sorted(speeds, reverse=True)
+    for c in report.candidates:
+        assert 16 % (c.plan.tp * c.plan.cp) == 0
+        assert c.memory.fits
