@@ -15,6 +15,7 @@ from meshplan.arithmetic.memory_states import uses_fsdp
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_order
 from meshplan.arithmetic.schedule import (
     closest_uneven_split,
+    layers_per_rank,
     compose_layout,
     plan_layout_problem,
     split_problem,
@@ -543,3 +544,21 @@ def hybrid_pattern_split(ctx: Context) -> Values:
         return {"reason": "account_for_embedding / account_for_loss is set",
                 "fix": "Leave them out; give first_stage_layers / last_stage_layers for lighter end stages."}
     return None
+
+
+@rule("PP017", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout"))
+def gdn_decoder_layer_split(ctx: Context) -> Values:
+    """A Gated DeltaNet hybrid on Megatron-Bridge, whose Qwen3NextBridge builds a GPTModel of decoder layers, each two
+    layers of meshplan's pattern (mixer, MoE): a stage of an odd number of pattern layers cuts a decoder layer in two
+    (render's decoder_split refuses it); the fix names the even splits (pp dividing the decoder layers, or first /
+    last stage sizes even)."""
+    p, arch = ctx.plan, ctx.arch
+    if arch.gdn is None or arch.layer_pattern is None or p.pp == 1 or p.vpp > 1 or p.pipeline_layout:
+        return None  # PP016 refuses virtual stages and layouts of a hybrid
+    counts, _ = layers_per_rank(arch.num_layers, p.pp, p.first_stage_layers, p.last_stage_layers)
+    odd = [n for n in counts if n % 2]
+    if not odd:
+        return None
+    decoder = arch.num_layers // 2
+    return {"pp": p.pp, "layers": odd[0], "decoder": decoder,
+            "working": fmt_set([q for q in divisors(decoder) if 1 < q <= MAX_LISTED_PP]) or "none"}
