@@ -270,3 +270,18 @@ def test_recommend_ranks_qwen3_next_on_64_h100():
     for c in report.candidates:
         assert 16 % (c.plan.tp * c.plan.cp) == 0
         assert c.memory.fits
+
+
+def test_bridge_interleaves_a_gdn_hybrid_that_hybridmodel_cannot():
+    """Megatron-Bridge builds Qwen3-Next as a GPTModel, so its measured layout (Megatron-Bridge's MoE perf card:
+    64 GB200, TP1 PP2 VPP4 EP32) is estimated there: 12 decoder layers per virtual chunk; rendered for Megatron-Core's
+    HybridModel the same vpp is refused (PP018), and on Bridge a chunk of an odd number of pattern layers (PP017)."""
+    fields = {"model": "qwen3-next-80b-a3b", "gpu": "gb200", "num_gpus": 64, "pp": 2, "vpp": 4, "ep": 32,
+              "micro_batch_size": 2}
+    bridge = api.check_config(parse_request({**fields, "framework": "megatron-bridge"}))
+    assert not {"PP016", "PP017", "PP018"} & {f.id for f in bridge.findings}
+    assert api.estimate_throughput(parse_request({**fields, "framework": "megatron-bridge"})).step_time_s > 0
+    core = api.check_config(parse_request({**fields, "framework": "megatron-core"}))
+    assert "PP018" in {f.id for f in core.findings}
+    odd = api.check_config(parse_request({**fields, "vpp": 16, "framework": "megatron-bridge"}))
+    assert "PP017" in {f.id for f in odd.findings}  # 48 pattern layers per rank, 3 per chunk: a decoder layer cut

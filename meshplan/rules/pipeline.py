@@ -532,9 +532,13 @@ def combined_1f1b_as_named(ctx: Context) -> Values:
 def hybrid_pattern_split(ctx: Context) -> Values:
     """A hybrid model's pipeline: HybridModel cuts the pattern by layer count (select_pipeline_segment), so no
     virtual stages, explicit layout or embedding/loss accounting without '|' separators in the pattern."""
-    p = ctx.plan
-    if ctx.arch.layer_pattern is None:
+    if ctx.arch.layer_pattern is None or ctx.arch.gdn is not None:  # a Gated DeltaNet hybrid: PP018 (HybridModel)
         return None
+    return _pattern_split_problem(ctx.plan)
+
+
+def _pattern_split_problem(p: Plan) -> Values:
+    """What HybridModel's select_pipeline_segment cannot take from a pattern without '|' separators (PP016, PP018)."""
     if p.vpp > 1:
         return {"reason": f"vpp={p.vpp}", "fix": "Use vpp=1 (one chunk per pipeline stage)."}
     if p.pipeline_layout:
@@ -553,12 +557,23 @@ def gdn_decoder_layer_split(ctx: Context) -> Values:
     (render's decoder_split refuses it); the fix names the even splits (pp dividing the decoder layers, or first /
     last stage sizes even)."""
     p, arch = ctx.plan, ctx.arch
-    if arch.gdn is None or arch.layer_pattern is None or p.pp == 1 or p.vpp > 1 or p.pipeline_layout:
-        return None  # PP016 refuses virtual stages and layouts of a hybrid
+    if arch.gdn is None or arch.layer_pattern is None or p.pp == 1 or p.pipeline_layout:
+        return None  # a layout of pattern layers: render's decoder_split refuses it
     counts, _ = layers_per_rank(arch.num_layers, p.pp, p.first_stage_layers, p.last_stage_layers)
-    odd = [n for n in counts if n % 2]
+    # each rank's layers in vpp chunks (PP002 / PP004 say where vpp does not divide them)
+    odd = [n for n in counts if n % 2 or (n % p.vpp == 0 and (n // p.vpp) % 2)]
     if not odd:
         return None
     decoder = arch.num_layers // 2
     return {"pp": p.pp, "layers": odd[0], "decoder": decoder,
             "working": fmt_set([q for q in divisors(decoder) if 1 < q <= MAX_LISTED_PP]) or "none"}
+
+
+@rule("PP018", reads=("vpp", "pipeline_layout", "account_for_embedding", "account_for_loss"))
+def gdn_hybrid_model_split(ctx: Context) -> Values:
+    """A Gated DeltaNet hybrid rendered for Megatron-Core's HybridModel (pretrain_mamba.py's --hybrid-layer-pattern):
+    the same limits as PP016's (no virtual stages, layout or embedding/loss accounting without '|' separators);
+    Megatron-Bridge builds it as a GPTModel, which interleaves (PP017 holds its stages to whole decoder layers)."""
+    if ctx.arch.gdn is None or ctx.arch.layer_pattern is None:
+        return None
+    return _pattern_split_problem(ctx.plan)
