@@ -285,3 +285,22 @@ def test_bridge_interleaves_a_gdn_hybrid_that_hybridmodel_cannot():
     assert "PP018" in {f.id for f in core.findings}
     odd = api.check_config(parse_request({**fields, "vpp": 16, "framework": "megatron-bridge"}))
     assert "PP017" in {f.id for f in odd.findings}  # 48 pattern layers per rank, 3 per chunk: a decoder layer cut
+
+
+@pytest.mark.parametrize("fields", [
+    dict(gpu="h200", num_gpus=16, seq_length=4096, global_batch_size=64, ep=16, framework="megatron-bridge"),
+    dict(gpu="h200", num_gpus=16, seq_length=4096, global_batch_size=64, ep=8, framework="megatron-core"),
+])
+def test_the_search_finds_the_oracles_top_k_on_qwen3_next(fields):
+    """The hybrid bounds (a stage's least layer of each kind) hold with Gated DeltaNet layers: the search's top 3 are
+    the exhaustive oracle's (search/oracle.py)."""
+    from meshplan.schema.request import Request
+    from meshplan.search import exhaustive_top_k, recommend
+
+    req = Request(model="qwen3-next-80b-a3b", **fields)
+    rec = recommend(req, top_k=3)
+    oracle = exhaustive_top_k(req, 100)
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle[:3]], rel=1e-12)
+    assert len(rec.candidates) == 3
+    assert all(c.plan.pipeline_layout is None for c in rec.candidates)

@@ -550,23 +550,29 @@ def _pattern_split_problem(p: Plan) -> Values:
     return None
 
 
-@rule("PP017", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout"))
+@rule("PP017", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
+                      "account_for_embedding", "account_for_loss"))
 def gdn_decoder_layer_split(ctx: Context) -> Values:
     """A Gated DeltaNet hybrid on Megatron-Bridge, whose Qwen3NextBridge builds a GPTModel of decoder layers, each two
     layers of meshplan's pattern (mixer, MoE): a stage of an odd number of pattern layers cuts a decoder layer in two
-    (render's decoder_split refuses it); the fix names the even splits (pp dividing the decoder layers, or first /
-    last stage sizes even)."""
+    (render's decoder_split refuses it), and a layout or embedding / loss accounting, which meshplan writes in pattern
+    layers, is not translated; the fix names the even splits (pp dividing the decoder layers, or first / last stage
+    sizes even)."""
     p, arch = ctx.plan, ctx.arch
-    if arch.gdn is None or arch.layer_pattern is None or p.pp == 1 or p.pipeline_layout:
-        return None  # a layout of pattern layers: render's decoder_split refuses it
+    if arch.gdn is None or arch.layer_pattern is None or p.pp == 1:
+        return None
+    decoder = arch.num_layers // 2
+    working = fmt_set([q for q in divisors(decoder) if 1 < q <= MAX_LISTED_PP]) or "none"
+    if p.pipeline_layout or p.account_for_embedding or p.account_for_loss:  # counted in pattern layers
+        return {"pp": p.pp, "decoder": decoder, "working": working,
+                "what": "a pipeline layout or embedding / loss accounting counts meshplan's pattern layers"}
     counts, _ = layers_per_rank(arch.num_layers, p.pp, p.first_stage_layers, p.last_stage_layers)
     # each rank's layers in vpp chunks (PP002 / PP004 say where vpp does not divide them)
     odd = [n for n in counts if n % 2 or (n % p.vpp == 0 and (n // p.vpp) % 2)]
     if not odd:
         return None
-    decoder = arch.num_layers // 2
-    return {"pp": p.pp, "layers": odd[0], "decoder": decoder,
-            "working": fmt_set([q for q in divisors(decoder) if 1 < q <= MAX_LISTED_PP]) or "none"}
+    return {"pp": p.pp, "decoder": decoder, "working": working,
+            "what": f"a stage (or virtual chunk) of {odd[0]} pattern layers cuts a decoder layer in two"}
 
 
 @rule("PP018", reads=("vpp", "pipeline_layout", "account_for_embedding", "account_for_loss"))
