@@ -304,3 +304,20 @@ def test_the_search_finds_the_oracles_top_k_on_qwen3_next(fields):
         [r.step_time_s for r in oracle[:3]], rel=1e-12)
     assert len(rec.candidates) == 3
     assert all(c.plan.pipeline_layout is None for c in rec.candidates)
+
+
+def test_an_mtp_block_asked_of_qwen3_next_is_a_full_attention_decoder_layer():
+    """config.json states no MTP depth (the total leaves the checkpoint's mtp.* out); asked (Megatron-Bridge's
+    qwen3_next recipes set mtp_num_layers 1) the block is one gated-attention layer and one MoE layer ('*E'), with
+    its enorm, hnorm, final norm and eh_proj (2h -> h), trained on the last stage."""
+    from meshplan.knowledge.model_counts import mtp_params
+    from meshplan.request.resolve import resolve
+
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    assert arch.num_mtp_layers == 0 and arch.mtp_layer_pattern == "*E" and mtp_params(arch) == 0
+    job, _ = resolve(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 4,
+                                    "ep": 8, "framework": "megatron-bridge", "mtp_num_layers": 1}))
+    h = 2048
+    attention, moe = sum(layer_params(arch, 6).values()), sum(layer_params(arch, 7).values())
+    assert job.model.num_mtp_layers == 1
+    assert mtp_params(job.model) == 3 * h + 2 * h * h + attention + moe

@@ -100,4 +100,8 @@ def gdn_architecture(arch: Architecture, f: Any) -> Architecture:
     pattern = decoder_pattern(f)
     return arch.model_copy(update={
         "num_layers": len(pattern), "layer_pattern": pattern, "gdn": gdn_spec(f) if "G" in pattern else None,
-        "moe": gdn_moe(f, pattern), "norms_per_layer": 1, "qk_norm": "head", "attention_output_gate": True})
+        "moe": gdn_moe(f, pattern), "norms_per_layer": 1, "qk_norm": "head", "attention_output_gate": True,
+        # its MTP block, where a request trains one (config.json states no depth; Megatron-Bridge's qwen3_next recipes
+        # set mtp_num_layers 1): one full-attention decoder layer with the last layer's MLP (the checkpoint's
+        # mtp.layers.0, a Qwen3NextDecoderLayer of layer_type full_attention in vLLM's Qwen3NextMTP)
+        "mtp_layer_pattern": "*" + pattern[-1]})
