@@ -321,3 +321,27 @@ def test_an_mtp_block_asked_of_qwen3_next_is_a_full_attention_decoder_layer():
     attention, moe = sum(layer_params(arch, 6).values()), sum(layer_params(arch, 7).values())
     assert job.model.num_mtp_layers == 1
     assert mtp_params(job.model) == 3 * h + 2 * h * h + attention + moe
+
+
+def test_render_writes_megatron_cores_hybrid_pattern_and_bridges_gpt_fields():
+    """Megatron-Core: pretrain_mamba.py with --hybrid-layer-pattern (core_v0.19.0 HybridModel's G symbol), the
+    --linear-* shapes and --attention-output-gate (Megatron-LM's gpt3_mcore_te_tp2_pp1_gdn test names them);
+    Megatron-Bridge: Qwen3NextBridge's GPTModel fields, no hybrid pattern, its pipeline split in decoder layers."""
+    req = parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 4, "ep": 8,
+                         "first_stage_layers": 22, "last_stage_layers": 26, "mtp_num_layers": 1})
+    core = api.render_config("megatron-core", req, force=True).text
+    assert "pretrain_mamba.py" in core and f"--hybrid-layer-pattern '{'GEGEGE*E' * 12}'" in core
+    for flag in ("--linear-num-key-heads 16", "--linear-num-value-heads 32", "--linear-key-head-dim 128",
+                 "--linear-value-head-dim 128", "--linear-conv-kernel-dim 4", "--attention-output-gate",
+                 "--rotary-percent 0.25", "--apply-layernorm-1p", "--moe-shared-expert-gate",
+                 "--mtp-hybrid-override-pattern '*E'"):
+        assert flag in core, flag
+    bridge = api.render_config("megatron-bridge", req, force=True).text
+    for line in ("cfg.model.experimental_attention_variant = 'gated_delta_net'", "cfg.model.linear_attention_freq = 4",
+                 "cfg.model.attention_output_gate = True", "cfg.model.num_layers_in_first_pipeline_stage = 11",
+                 "cfg.model.num_layers_in_last_pipeline_stage = 13"):
+        assert line in bridge, line
+    assert "hybrid_layer_pattern" not in bridge
+    with pytest.raises(MeshplanError, match="cutting a decoder layer in two"):
+        api.render_config("megatron-bridge", req.model_copy(update={"first_stage_layers": 23,
+                                                                    "last_stage_layers": 25}), force=True)

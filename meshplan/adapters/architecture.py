@@ -266,6 +266,8 @@ def _gdn_hybrid(m: Architecture) -> tuple[list[Setting], list[str]]:
             Setting("linear_num_value_heads", g.num_value_heads, ("--linear-num-value-heads", g.num_value_heads))]
     if m.attention_output_gate:
         out.append(Setting("attention_output_gate", True, ("--attention-output-gate", None)))
+    if m.num_mtp_layers and m.mtp_layer_pattern:  # HybridModel's MTP block; Bridge's GPTModel repeats its last layer
+        out.append(Setting(None, m.mtp_layer_pattern, ("--mtp-hybrid-override-pattern", m.mtp_layer_pattern)))
     return out, notes
 
 
