@@ -109,7 +109,7 @@ def hybrid_flops_per_token(arch: Architecture, seq_length: int, mtp_depths: int 
     p = arch.head_dim * arch.num_attention_heads / h
     attention = 4 * h * p * (h + h * arch.num_kv_heads / arch.num_attention_heads) + 2 * s * h * p
     mlp = 4 * arch.ffn_hidden_size * h * gated
-    if arch.attention_output_gate:  # the gate's share of linear_qkv, as transformer_flops counts it (gate_projection_size)
+    if arch.attention_output_gate:  # the gate's share of linear_qkv (transformer_flops' gate_projection_size)
         attention += 2 * h * p * h
     mamba = 0.0
     if m is not None:

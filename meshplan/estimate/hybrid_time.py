@@ -1,11 +1,12 @@
 """One layer of a hybrid model (model_type nemotron_h, qwen3_next) per micro-batch on one rank, forward + backward, by
-its kind in the pattern: M a Mamba-2 mixer, G a Gated DeltaNet (arithmetic/gdn.py), * attention, - an MLP, E an MoE layer, each one norm and one mixer as
-Megatron-Core's HybridModel builds them (megatron/core/ssm/mamba_block.py). The same parts as a transformer layer's
-(layer_time.py: GEMMs at their shape's fraction of peak, attention core, memory-bound passes, launch overhead,
-exposed TP / CP / EP traffic, recompute's forward shares), each layer holding one of its mixers; a Mamba-2 layer's
-in_proj and out_proj through the GEMM model, its conv1d, SSD chunk states and gated norm as memory-bound passes, its
-SSD scan's matmuls at the GEMMs' asymptote (cards/calibration.yaml mamba_*), and under context parallelism
-MambaContextParallel's all-to-alls.
+its kind in the pattern: M a Mamba-2 mixer, G a Gated DeltaNet (arithmetic/gdn.py), * attention, - an MLP, E an MoE
+layer, each one norm and one mixer as Megatron-Core's HybridModel builds them (megatron/core/ssm/mamba_block.py).
+The same parts as a transformer layer's (layer_time.py: GEMMs at their shape's fraction of peak, attention core,
+memory-bound passes, launch overhead, exposed TP / CP / EP traffic, recompute's forward shares), each layer holding
+one of its mixers; a Mamba-2 layer's in_proj and out_proj through the GEMM model, its conv1d, SSD chunk states and
+gated norm as memory-bound passes, its SSD scan's matmuls at the GEMMs' asymptote (cards/calibration.yaml mamba_*),
+and under context parallelism MambaContextParallel's all-to-alls; a Gated DeltaNet layer the same way from its own
+kernels (gdn_mixer_seconds, gdn_cp; cards/calibration.yaml gdn_*).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The rules one framework adds (HY001-HY004, TT001, DS*, KF*, AM*, SK002, VL002): no hybrid Mamba-2 or Gated
-DeltaNet model where its model code builds none or meshplan does not model it; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline
-micro-batches and dispatcher of NeMo AutoModel, and the padding its sequence splits need; and AD001, a setting the
-framework's adapter cannot write."""
+DeltaNet model where its model code builds none or meshplan does not model it; its own limits on etp, ep, ZeRO with
+pp, the mesh, pipeline micro-batches and dispatcher of NeMo AutoModel, and the padding its sequence splits need; and
+AD001, a setting the framework's adapter cannot write."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from meshplan.arithmetic.memory_states import uses_fsdp
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_order
 from meshplan.arithmetic.schedule import (
     closest_uneven_split,
-    layers_per_rank,
     compose_layout,
+    layers_per_rank,
     plan_layout_problem,
     split_problem,
     uneven_split,

@@ -156,7 +156,8 @@ def gdn_heads_divisible(ctx: Context) -> Values:
         return None
     heads, kv = ctx.arch.num_attention_heads, ctx.arch.num_kv_heads
     good = tiling(ctx, "tp", [t for t in divisors(g.num_key_heads) if g.num_key_heads % (t * cp) == 0
-                              and g.num_value_heads % (t * cp) == 0 and heads % t == 0 and (kv % t == 0 or t % kv == 0)])
+                              and g.num_value_heads % (t * cp) == 0 and heads % t == 0
+                              and (kv % t == 0 or t % kv == 0)])
     inside = [t for t in good if t <= ctx.fix_domain]
     return {"tp": tp, "cp": cp, "keys": g.num_key_heads, "values": g.num_value_heads,
             "working": fmt_set(inside or good) if good else "none (lower cp)"}
