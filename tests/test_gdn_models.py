@@ -219,6 +219,8 @@ def test_a_gdn_layer_is_its_gemms_its_passes_and_its_rule():
     hidden = cal.elementwise_passes * 2 * tokens * 2048 * 0.5 / (2 if ctx.plan.sequence_parallel else 1) / ctx.hbm
     assert lt.elementwise == pytest.approx(mixer + hidden, rel=1e-12)
     assert lt.attention == 0 and lt.cp == 0 and lt.ep == 0
+    # gdn_norm_out runs the gated norm's forward again: reads o and z, writes its output (3 bf16 passes, value width)
+    assert lt.module_fwd["gdn_norm_out"] == pytest.approx(3 * 2 * tokens * 4096 / 2 / ctx.hbm, rel=1e-12)
     cp_terms = step_terms(*resolve(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64,
                                                   "tp": 2, "cp": 2, "pp": 4, "ep": 8,
                                                   "framework": "megatron-core"})))

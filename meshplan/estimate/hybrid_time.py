@@ -79,10 +79,31 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
         else gdn_cp(ctx) if kind == "G" else (0.0, 0.0)
     compute = gemm + attention + elementwise + mixer + overhead
     ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
+    forwards = gdn_recomputed_forwards if kind == "G" else recomputed_forwards
     return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise + mixer, overhead=overhead, tp=tp,
                      tp_fwd=tp * tp_fwd_share, cp=cp, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
                      attention_fwd=attention_fwd,
-                     later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms))
+                     later=partial(forwards, ctx, gemms, load, elementwise, terms))
+
+
+# The gated norm's forward that gdn_norm_out runs again: it reads the rule's output o and the gate z and writes the
+# normalised, gated output, one bf16 pass over the value width each (common.py _apply_gated_norm)
+GATED_NORM_PASSES = 3.0
+
+
+def gdn_recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad, elementwise: float,
+                            terms: list[float] | None = None) -> tuple[dict[str, float], float]:
+    """recomputed_forwards of a Gated DeltaNet layer, with gdn_norm_out's: the gated norm's forward passes at the
+    HBM bandwidth and, under context parallelism, its output's all-to-all back to the sequence's shards
+    (_gated_norm_and_a2a runs inside the checkpoint), run again in the backward."""
+    module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise, terms)
+    g, sh, plan = ctx.arch.gdn, ctx.shard, ctx.plan
+    assert g is not None
+    again = GATED_NORM_PASSES * BF16 * sh.tokens * g.value_dim / sh.tp / ctx.hbm
+    if plan.cp > 1:
+        group = mesh_groups(plan, law=ctx.law).cp
+        again += alltoall_time(sh.tokens * g.value_dim / sh.tp * BF16, group.size, group.stride, ctx.lk)
+    return {**module_fwd, "gdn_norm_out": again}, op_sac_fwd
 
 
 def hybrid_gemms(ctx: LayerContext, kind: str) -> list[Gemm]:
