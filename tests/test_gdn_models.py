@@ -292,6 +292,8 @@ def test_bridge_interleaves_a_gdn_hybrid_that_hybridmodel_cannot():
 @pytest.mark.parametrize("fields", [
     dict(gpu="h200", num_gpus=16, seq_length=4096, global_batch_size=64, ep=16, framework="megatron-bridge"),
     dict(gpu="h200", num_gpus=16, seq_length=4096, global_batch_size=64, ep=8, framework="megatron-core"),
+    # long sequences, where CP is ranked: its share of a rank's CP traffic counts the G layers' all-to-alls
+    dict(gpu="b200", num_gpus=16, seq_length=16384, global_batch_size=32, ep=16, framework="megatron-bridge"),
 ])
 def test_the_search_finds_the_oracles_top_k_on_qwen3_next(fields):
     """The hybrid bounds (a stage's least layer of each kind) hold with Gated DeltaNet layers: the search's top 3 are
