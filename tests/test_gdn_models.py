@@ -349,3 +349,24 @@ def test_render_writes_megatron_cores_hybrid_pattern_and_bridges_gpt_fields():
     with pytest.raises(MeshplanError, match="cutting a decoder layer in two"):
         api.render_config("megatron-bridge", req.model_copy(update={"first_stage_layers": 23,
                                                                     "last_stage_layers": 25}), force=True)
+
+
+@pytest.mark.parametrize("model_type, total, pattern", [
+    ("qwen3_5_moe_text", 34_660_610_688, "GEGEGE*E" * 10),
+    ("qwen3_5_text", 8_953_803_264, "G-G-G-*-" * 8),
+])
+def test_qwen3_5s_language_models_count_what_transformers_builds(model_type, total, pattern):
+    """Qwen3.5's language models (transformers 5.9.0 Qwen3_5MoeTextConfig / Qwen3_5TextConfig at their defaults,
+    built as Qwen3_5MoeForCausalLM / Qwen3_5ForCausalLM on the meta device: sum(p.numel())): the same Gated DeltaNet,
+    gated attention and MoE layers as Qwen3-Next (in_proj split into qkv, z, b, a: the same widths), every layer MoE
+    or every layer a dense SwiGLU MLP."""
+    from meshplan.knowledge.model_counts import total_params
+
+    arch = architecture_from_config({"model_type": model_type})
+    assert total_params(arch) == total
+    assert arch.layer_pattern == pattern and arch.attention_output_gate
+
+
+def test_qwen3_5s_vision_language_config_is_refused_naming_its_text_config():
+    with pytest.raises(MeshplanError, match=r"vision tower.*qwen3_5_moe_text"):
+        architecture_from_config({"model_type": "qwen3_5_moe", "text_config": {}, "vision_config": {}})

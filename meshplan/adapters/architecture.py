@@ -21,9 +21,9 @@ SILU = frozenset({"silu", "swish"})
 TANH_GELU = frozenset({"gelu_pytorch_tanh", "gelu_new", "gelu_fast"})
 # Norms whose weight is applied as (1 + w): Gemma's RMSNorm, Nemotron's LayerNorm1P. Megatron calls it a
 # zero-centred gamma (--apply-layernorm-1p); Megatron-Bridge's gemma2_bridge.py sets it for Gemma 2.
-# Qwen3-Next's Qwen3NextRMSNorm scales by (1 + weight), weight initialised at zero; Megatron-Bridge's Qwen3NextBridge
-# sets layernorm_zero_centered_gamma
-ZERO_CENTERED_NORM = frozenset({"gemma2", "gemma3_text", "nemotron", "qwen3_next"})
+# Qwen3-Next's Qwen3NextRMSNorm (and Qwen3.5's) scales by (1 + weight), weight initialised at zero; Megatron-Bridge's
+# Qwen3NextBridge sets layernorm_zero_centered_gamma
+ZERO_CENTERED_NORM = frozenset({"gemma2", "gemma3_text", "nemotron", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_text"})
 # Megatron-Core's llama3 rope scaling fixes everything but the factor (RotaryEmbedding._apply_scaling,
 # core/models/common/embeddings/rotary_pos_embedding.py): low_freq_factor 1, high_freq_factor 4, context 8192.
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}

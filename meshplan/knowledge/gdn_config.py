@@ -1,5 +1,6 @@
-"""A Gated DeltaNet hybrid's config.json (model_type qwen3_next: Qwen3-Next) read as transformers' Qwen3NextConfig and
-Qwen3NextForCausalLM build it, written as the layer pattern Megatron-Core's hybrid model takes (Symbols in
+"""A Gated DeltaNet hybrid's config.json (model_type qwen3_next: Qwen3-Next; Qwen3.5's language model, qwen3_5_moe_text
+and qwen3_5_text) read as transformers' Qwen3NextConfig and Qwen3NextForCausalLM (Qwen3_5MoeTextConfig,
+Qwen3_5TextConfig) build it, written as the layer pattern Megatron-Core's hybrid model takes (Symbols in
 megatron/core/ssm/mamba_hybrid_layer_allocation.py, core_v0.19.0: G a Gated DeltaNet, * attention, - MLP, E MoE),
 so the hybrid machinery (knowledge/hybrid_config.py's pattern, estimate/hybrid_time.py) plans it. Kept apart from
 model_config.py, which hands it its field reader.
@@ -25,10 +26,24 @@ LAYER_KINDS = {**PATTERN_KINDS, "G": "Gated DeltaNet"}
 
 # Qwen3NextConfig's layer_types names
 _MIXERS = {"linear_attention": "G", "full_attention": "*"}
-# Qwen3NextConfig's defaults for the keys a config.json may omit (transformers 5.9.0 configuration_qwen3_next.py)
-_DEFAULTS = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-             "linear_num_key_heads": 16, "linear_num_value_heads": 32, "head_dim": 256, "decoder_sparse_step": 1,
-             "partial_rotary_factor": 0.25, "full_attention_interval": 4}
+# The config classes' defaults for the keys a config.json may omit (transformers 5.9.0 configuration_qwen3_next.py,
+# qwen3_5_moe/configuration_qwen3_5_moe.py Qwen3_5MoeTextConfig, qwen3_5/configuration_qwen3_5.py Qwen3_5TextConfig).
+# Qwen3.5's decoder layers take no decoder_sparse_step or mlp_only_layers: every layer of the MoE model is
+# Qwen3_5MoeSparseMoeBlock, every layer of the dense one Qwen3_5MLP(intermediate_size)
+_GDN = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "head_dim": 256, "partial_rotary_factor": 0.25,
+        "full_attention_interval": 4}
+_DEFAULTS = {
+    "qwen3_next": {**_GDN, "decoder_sparse_step": 1},
+    "qwen3_5_moe_text": {**_GDN, "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40,
+                         "num_attention_heads": 16, "num_key_value_heads": 2, "moe_intermediate_size": 512,
+                         "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256},
+    "qwen3_5_text": {**_GDN, "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
+                     "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4},
+}
+GDN_MODEL_TYPES = frozenset(_DEFAULTS)
+# Qwen3.5's published checkpoints: a vision-language config whose text_config is the language model
+MULTIMODAL_WRAPPERS = {"qwen3_5_moe": "qwen3_5_moe_text", "qwen3_5": "qwen3_5_text"}
 
 
 def mixer_kinds(f: Any) -> list[str]:
@@ -45,19 +60,20 @@ def mixer_kinds(f: Any) -> list[str]:
 
 
 def decoder_pattern(f: Any) -> str:
-    """The hybrid pattern of a qwen3_next config: per decoder layer its mixer's letter then E (sparse MoE block) or
-    - (dense MLP), Qwen3NextDecoderLayer's rule (mlp_only_layers, decoder_sparse_step, num_experts > 0)."""
+    """The hybrid pattern of a Gated DeltaNet config: per decoder layer its mixer's letter then E (sparse MoE block)
+    or - (dense MLP), Qwen3NextDecoderLayer's rule (mlp_only_layers, decoder_sparse_step, num_experts > 0); Qwen3.5's
+    layers are all one or the other (no step, no mlp_only_layers: their defaults)."""
     layers = f.int("num_hidden_layers")
-    step = f.int("decoder_sparse_step", lo=1, hi=layers, why="at most num_hidden_layers")
+    step = f.int("decoder_sparse_step", lo=1, hi=layers, why="at most num_hidden_layers", default=1)
     dense = set(f.layer_list("mlp_only_layers", layers) or [])
     experts = f.int("num_experts", default=0) or 0
     return "".join(mixer + ("E" if i not in dense and experts > 0 and (i + 1) % step == 0 else "-")
                    for i, mixer in enumerate(mixer_kinds(f)))
 
 
-def read_gdn_names(cfg: dict[str, Any]) -> None:
-    """Qwen3NextConfig's defaults copied under the names the reader asks for."""
-    for key, value in _DEFAULTS.items():
+def read_gdn_names(model_type: str, cfg: dict[str, Any]) -> None:
+    """The config class's defaults copied under the names the reader asks for."""
+    for key, value in _DEFAULTS[model_type].items():
         cfg.setdefault(key, value)
 
 
