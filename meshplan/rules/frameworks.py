@@ -58,6 +58,7 @@ def no_gated_deltanet_model(ctx: Context) -> Values:
     if pattern is None or ctx.arch.gdn is None:
         return None
     return {"model": ctx.arch.name, "framework": ctx.job.framework, "gdn": pattern.count("G"),
+            "model_type": ctx.arch.model_type,
             "builders": _builders(ctx, ("HY003", "HY004")), "job": "LoRA job" if ctx.job.lora is not None else "job"}
 
 
