@@ -137,7 +137,7 @@ def test_catalog_scripts_with_their_cards_hidden_build_the_catalog_model(monkeyp
 
 
 @pytest.mark.parametrize(("extra", "said"), [
-    (" --moe-shared-expert-gate", "--moe-shared-expert-gate: a gate of hidden_size weights"),
+    (" --moe-latent-size 512", "--moe-latent-size: the experts' latent projections"),
     (" --position-embedding-type relative", "--position-embedding-type relative: meshplan builds models with"),
     (" --normalization LayerNorm1P", "--normalization LayerNorm1P"),
     (" --qk-layernorm", "--qk-layernorm with --normalization LayerNorm"),
@@ -217,8 +217,8 @@ def test_a_launch_scripts_path_is_a_model_read_again_when_it_changes(tmp_path):
     assert same == api.estimate_memory(Request(model=_model(path.read_text()), num_gpus=16, tp=4, pp=2))
     path.write_text(LLAMA2_13B.format(tp=1, extra=LLAMA).replace("--num-layers 40", "--num-layers 48"))
     assert api.describe_model(str(path)).architecture.num_layers == 48
-    path.write_text(LLAMA2_13B.format(tp=1, extra=LLAMA + " --moe-shared-expert-gate"))
-    with pytest.raises(MeshplanError, match=r"the launch script's model is not read.*--moe-shared-expert-gate"):
+    path.write_text(LLAMA2_13B.format(tp=1, extra=LLAMA + " --moe-latent-size 512"))
+    with pytest.raises(MeshplanError, match=r"the launch script's model is not read.*--moe-latent-size"):
         api.estimate_memory(Request(model=str(path), num_gpus=16))
     seven = LLAMA2_13B.format(tp=1, extra=LLAMA)
     for was, now in (("layers 40", "layers 32"), ("size 5120", "size 4096"), ("size 13824", "size 11008"),

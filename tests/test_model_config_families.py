@@ -233,7 +233,6 @@ def test_minimax_m2_counts(tmp_path):
 
 @pytest.mark.parametrize("config, kind", [
     ({**MINIMAX_M2, "attn_type_list": [0] * 7 + [1]}, "lightning"),
-    ({"model_type": "qwen3_next"}, "Gated DeltaNet"),
     ({"model_type": "falcon_h1"}, "Mamba-2"),
     ({"model_type": "jamba"}, "Mamba"),
     ({"model_type": "kimi_linear"}, "Kimi Delta Attention"),

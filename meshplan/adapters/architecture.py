@@ -21,7 +21,9 @@ SILU = frozenset({"silu", "swish"})
 TANH_GELU = frozenset({"gelu_pytorch_tanh", "gelu_new", "gelu_fast"})
 # Norms whose weight is applied as (1 + w): Gemma's RMSNorm, Nemotron's LayerNorm1P. Megatron calls it a
 # zero-centred gamma (--apply-layernorm-1p); Megatron-Bridge's gemma2_bridge.py sets it for Gemma 2.
-ZERO_CENTERED_NORM = frozenset({"gemma2", "gemma3_text", "nemotron"})
+# Qwen3-Next's Qwen3NextRMSNorm (and Qwen3.5's) scales by (1 + weight), weight initialised at zero; Megatron-Bridge's
+# Qwen3NextBridge sets layernorm_zero_centered_gamma
+ZERO_CENTERED_NORM = frozenset({"gemma2", "gemma3_text", "nemotron", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_text"})
 # Megatron-Core's llama3 rope scaling fixes everything but the factor (RotaryEmbedding._apply_scaling,
 # core/models/common/embeddings/rotary_pos_embedding.py): low_freq_factor 1, high_freq_factor 4, context 8192.
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -36,7 +38,9 @@ FIELDS = frozenset({
     "apply_rope_fusion", "rope_scaling", "rope_scaling_factor", "qk_layernorm", "moe_router_num_groups",
     "moe_router_group_topk", "yarn_correction_range_round_to_int", "hybrid_layer_pattern", "mamba_num_heads",
     "mamba_head_dim", "mamba_num_groups", "mamba_state_dim", "mamba_chunk_size", "moe_latent_size",
-    "mtp_hybrid_override_pattern",
+    "mtp_hybrid_override_pattern", "attention_output_gate", "experimental_attention_variant", "linear_attention_freq",
+    "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+    "linear_num_value_heads",
     *(p + name for p in ("", "yarn_") for name in ("rotary_scaling_factor", "original_max_position_embeddings",
                                                    "beta_fast", "beta_slow", "mscale", "mscale_all_dim"))})
 """Every TransformerConfig field megatron_architecture may set (Megatron-Bridge's cfg.model.<field>): the keys a
@@ -51,7 +55,8 @@ CORE_FLAGS = frozenset({
     "--mscale", "--mscale-all-dim", "--no-yarn-correction-range-round-to-int", "--qk-layernorm",
     "--moe-router-num-groups", "--moe-router-group-topk", "--disable-bias-linear", "--add-qkv-bias",
     "--hybrid-layer-pattern", "--mamba-num-heads", "--mamba-head-dim", "--mamba-num-groups", "--mamba-state-dim",
-    "--moe-latent-size", "--mtp-hybrid-override-pattern"})
+    "--moe-latent-size", "--mtp-hybrid-override-pattern", "--attention-output-gate", "--linear-conv-kernel-dim",
+    "--linear-key-head-dim", "--linear-value-head-dim", "--linear-num-key-heads", "--linear-num-value-heads"})
 """Every pretrain_gpt.py flag megatron_architecture (Setting.flag) and bias_flags may write: the flags a rendered
 Megatron-Core script restates the model with, which its import reads back as the model's
 (tests/test_import_config.py renders every catalog model and holds the flags to this set)."""
@@ -231,6 +236,43 @@ def _hybrid(m: Architecture) -> tuple[list[Setting], list[str]]:
     return out, notes
 
 
+def linear_attention_freq(pattern: str) -> int | list[int]:
+    """Megatron-Core's linear_attention_freq of a Gated DeltaNet hybrid's pattern (two letters per decoder layer): N
+    where every N-th decoder layer is full attention and the rest Gated DeltaNet (get_linear_attention_pattern's int
+    form), else the per-layer list, 1 linear and 0 full attention."""
+    mixers = pattern[::2]
+    flags = [1 if k == "G" else 0 for k in mixers]
+    for n in range(1, len(flags) + 1):
+        if flags == [0 if (i + 1) % n == 0 else 1 for i in range(len(flags))]:
+            return n
+    return flags
+
+
+def _gdn_hybrid(m: Architecture) -> tuple[list[Setting], list[str]]:
+    """A Gated DeltaNet hybrid (qwen3_next) as Megatron-Core builds it: for pretrain_mamba.py (HybridModel,
+    core_v0.19.0 hybrid_layer_allocation Symbols: G a GatedDeltaNet layer) its pattern as --hybrid-layer-pattern and
+    the GDN shapes as the TransformerConfig's --linear-* flags; for Megatron-Bridge, whose Qwen3NextBridge builds a
+    GPTModel (qwen3_next_bridge.py), experimental_attention_variant gated_delta_net and linear_attention_freq in
+    place of the pattern. Both: gated attention (attention_output_gate) with its rotary share. Megatron-LM's own GDN
+    test (tests/functional_tests/test_cases/gpt/gpt3_mcore_te_tp2_pp1_gdn/model_config.yaml) names the flags."""
+    g, pattern = m.gdn, m.layer_pattern
+    assert g is not None and pattern is not None
+    out, notes = _rope(m, m.rope) if m.rope is not None else ([], [])
+    out += [Setting(None, pattern, ("--hybrid-layer-pattern", pattern)),
+            Setting("experimental_attention_variant", "gated_delta_net", None, explained=True),
+            Setting("linear_attention_freq", linear_attention_freq(pattern), None, explained=True),
+            Setting("linear_conv_kernel_dim", g.conv_kernel, ("--linear-conv-kernel-dim", g.conv_kernel)),
+            Setting("linear_key_head_dim", g.key_head_dim, ("--linear-key-head-dim", g.key_head_dim)),
+            Setting("linear_value_head_dim", g.value_head_dim, ("--linear-value-head-dim", g.value_head_dim)),
+            Setting("linear_num_key_heads", g.num_key_heads, ("--linear-num-key-heads", g.num_key_heads)),
+            Setting("linear_num_value_heads", g.num_value_heads, ("--linear-num-value-heads", g.num_value_heads))]
+    if m.attention_output_gate:
+        out.append(Setting("attention_output_gate", True, ("--attention-output-gate", None)))
+    if m.num_mtp_layers and m.mtp_layer_pattern:  # HybridModel's MTP block; Bridge's GPTModel repeats its last layer
+        out.append(Setting(None, m.mtp_layer_pattern, ("--mtp-hybrid-override-pattern", m.mtp_layer_pattern)))
+    return out, notes
+
+
 def megatron_architecture(m: Architecture, seq_length: int) -> tuple[list[Setting], list[str], list[str]]:
     """(settings, notes, core notes): the architecture facts as Megatron-Core fields and flags; what neither face
     can express; and what only pretrain_gpt.py lacks (Megatron-Bridge's model bridges set activations and
@@ -247,7 +289,11 @@ def megatron_architecture(m: Architecture, seq_length: int) -> tuple[list[Settin
         settings.append(Setting("layernorm_zero_centered_gamma", True, ("--apply-layernorm-1p", None)))
     act, core_notes = _activation(m)
     settings += act
-    if m.layer_pattern is not None:
+    if m.gdn is not None:
+        hybrid, hybrid_notes = _gdn_hybrid(m)
+        settings += hybrid
+        notes += hybrid_notes
+    elif m.layer_pattern is not None:
         hybrid, hybrid_notes = _hybrid(m)
         settings += hybrid
         notes += hybrid_notes

@@ -13,6 +13,7 @@ from meshplan.adapters.architecture import SILU, bias_flags, bridge_fields, core
 from meshplan.adapters.common import (
     DROPOUT_ON,
     Built,
+    Split,
     attention_value,
     bridge_presets,
     flex_notes,
@@ -242,9 +243,31 @@ def bridge_architecture(job: Job) -> tuple[list[tuple[str, Any]], list[str]]:
     return bridge_fields(settings), notes
 
 
+def decoder_split(job: Job, plan: Plan) -> Split:
+    """The plan's split in the layers Megatron-Bridge's model counts: a Gated DeltaNet hybrid's in decoder layers
+    (Qwen3NextBridge builds a GPTModel, one TransformerLayer per mixer and MoE pair: half the pattern's layers), refused
+    where a stage boundary cuts a decoder layer between its mixer and its MoE; every other model's as it is."""
+    split = split_fields(job, plan)
+    if job.model.gdn is None:
+        return split
+    cut = [n for n in (split.first, split.last, split.per_chunk) if n is not None and n % 2]
+    if cut or plan.pipeline_layout is not None:
+        raise MeshplanError(
+            f"Megatron-Bridge builds {job.model.name} as a GPTModel of {job.model.num_layers // 2} decoder layers, "
+            "each a Gated DeltaNet or attention mixer with its MoE (two layers of meshplan's pattern): "
+            + ("a pipeline layout of pattern layers has no counterpart there." if plan.pipeline_layout is not None
+               else f"this split puts {cut[0]} pattern layers on a stage, cutting a decoder layer in two."),
+            fix="Use an even pipeline split (first/last_stage_layers even, pp dividing the decoder layers), or render "
+                "for megatron-core, whose HybridModel (pretrain_mamba.py) takes the pattern layer by layer.")
+    def half(n: int | None) -> int | None:
+        return None if n is None else n // 2
+
+    return Split(split.stages, half(split.first), half(split.last), half(split.per_chunk))
+
+
 def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     """ConfigContainer fields (cfg.<section>.<field>) for the plan."""
-    split = split_fields(job, plan)
+    split = decoder_split(job, plan)
     s: list[tuple[str, Any]] = [
         ("model.tensor_model_parallel_size", plan.tp),
         ("model.pipeline_model_parallel_size", plan.pp),

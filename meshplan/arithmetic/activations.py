@@ -67,7 +67,11 @@ class Shape(NamedTuple):
     qk_norm: bool = False  # a norm over each head of Q and K (Qwen3): counted where the norms save fp32 copies
     # a hybrid model's Mamba-2 mixer: (hidden, in_proj width, d_inner, n_groups), arithmetic/mamba.py reads it
     mamba: tuple[int, int, int, int] | None = None
-    kinds: str = ""  # a hybrid model's layer kinds (of M, *, -, E, in that order); "" for every other model
+    kinds: str = ""  # a hybrid model's layer kinds (of M, G, *, -, E, in that order); "" for every other model
+    # a Gated DeltaNet mixer: (hidden, in_proj width, l2-normed q and k, q and k at the value heads, value width,
+    # value heads, value heads x chunk), arithmetic/gdn.py reads it
+    gdn: tuple[int, int, int, int, int, int, int] | None = None
+    out_gate: bool = False  # attention's output gate (Architecture.attention_output_gate)
     latent: int = 0  # a latent MoE's moe_latent_size: its routed experts' width (MoESpec.expert_width); 0: none
     dsa: tuple[int, int, int] | None = None  # DSA's indexer: (index_n_heads, index_head_dim, index_topk); None: none
 
@@ -75,6 +79,15 @@ class Shape(NamedTuple):
     def expert_h(self) -> int:
         """The width a routed token carries and an expert reads: the latent size of a latent MoE, else h."""
         return self.latent or self.h
+
+
+def gdn_widths(arch: Architecture) -> tuple[int, int, int, int, int, int, int]:
+    """Shape.gdn of a Gated DeltaNet mixer: the widths per token its saved tensors have (before TP), in the order the
+    card's gdn_layer rows name them (arithmetic/gdn.py GDN_WIDTHS)."""
+    g = arch.gdn
+    assert g is not None
+    return (arch.hidden_size, g.in_proj_width, 2 * g.key_dim, 2 * g.num_value_heads * g.key_head_dim, g.value_dim,
+            g.num_value_heads, g.num_value_heads * g.chunk_size)
 
 
 def shape_of(arch: Architecture) -> Shape:
@@ -87,13 +100,15 @@ def shape_of(arch: Architecture) -> Shape:
         f_shared=moe.shared_expert_ffn_hidden_size if moe else 0,
         mla=(mla.q_lora_rank or 0, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim)
         if mla else None,
-        # rotary positions unless learned ones; a hybrid's attention applies none (NemotronHAttention, Megatron-Core's
-        # HybridModel's position_embedding_type default 'none')
-        rope=arch.learned_position_embeddings == 0 and arch.layer_pattern is None,
+        # rotary positions unless learned ones; a Mamba-2 hybrid's attention applies none (NemotronHAttention,
+        # Megatron-Core's HybridModel's position_embedding_type default 'none'), a Gated DeltaNet hybrid's its own
+        rope=arch.learned_position_embeddings == 0 and (arch.layer_pattern is None or arch.gdn is not None),
         qk_norm=arch.qk_norm == "head",
         mamba=(arch.hidden_size, 2 * arch.mamba.d_inner + 2 * arch.mamba.n_groups * arch.mamba.state_size
                + arch.mamba.num_heads, arch.mamba.d_inner, arch.mamba.n_groups) if arch.mamba else None,
-        kinds="".join(k for k in "M*-E" if k in (arch.layer_pattern or "")),
+        kinds="".join(k for k in "MG*-E" if k in (arch.layer_pattern or "")),
+        gdn=gdn_widths(arch) if arch.gdn else None,
+        out_gate=arch.attention_output_gate,
         latent=(moe.latent_size or 0) if moe else 0,
         dsa=(arch.dsa.index_n_heads, arch.dsa.index_head_dim, arch.dsa.index_topk) if arch.dsa else None,
     )
@@ -356,6 +371,8 @@ class Layout(NamedTuple):
     param_wrapper: tuple[str, ...] = ()
     # what a Mamba-2 layer saves (cards/memory.yaml mamba2_layer, Mamba2Layer.terms); empty for a model without one
     mamba: tuple = ()
+    # what a Gated DeltaNet layer saves (cards/memory.yaml gdn_layer, GdnLayer.terms); empty for a model without one
+    gdn: tuple = ()
     # the Ulysses degree where the engine runs cp as Ulysses (rules/context.runs_ulysses): flash attention keeps K
     # and V at ulysses_heads and its output before the all-to-all that gives the out-projection its input; 1, the
     # smaller count, so a layout built without it stays a floor
@@ -469,6 +486,8 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
     if "core_attn" in sel:
         core = 0.0  # core attention is recomputed from Q, K, V
     attn += core + BF16 * t * v_dim / tp  # attention output = out-projection input
+    if shape.out_gate:  # Megatron-Core Attention._apply_output_gate keeps the gate and the core output it scales
+        attn += 2 * BF16 * t * q_dim / tp
     if lay.ulysses > 1 and lay.flash and not padded and "core_attn" not in sel:
         attn += BF16 * t * v_dim / tp  # flash's own output, before the all-to-all (a padded one is counted above)
     if lay.fp8 and lay.fp8_out_proj_copy:

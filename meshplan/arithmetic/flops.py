@@ -44,7 +44,8 @@ def _attention_per_layer(arch: Architecture, seq_length: int) -> float:
         return 6 * per_token
     q = arch.head_dim * a
     g = arch.num_kv_heads
-    return 12 * h * h * ((1 + g / a + s / h / 2) * (q / h))
+    gate = 6 * h * q if arch.attention_output_gate else 0  # transformer_flops' gate_projection_size (x3 x2)
+    return 12 * h * h * ((1 + g / a + s / h / 2) * (q / h)) + gate
 
 
 def model_flops_per_token(arch: Architecture, seq_length: int, mtp_layers: int | None = None) -> float:
@@ -81,6 +82,19 @@ def mamba_scan_flops(arch: Architecture) -> float:
     return 7 * 2 * arch.hidden_size * arch.mamba.state_size if arch.mamba is not None else 0.0
 
 
+def gdn_layer_flops(arch: Architecture) -> float:
+    """Forward FLOPs per token of one Gated DeltaNet layer as Megatron-LM counts them for MFU
+    (megatron/training/training.py gdn_layer_flops, core_v0.19.0): 2 x (in_proj h(2 qk + 2 v + 2 heads_v), conv1d
+    kernel x (2 qk + v), the gated delta rule 4 x heads_v x d_v^2 (KK^T, VK^T, S(a(I - bKK^T)), SQ), out_proj h v);
+    0 without Gated DeltaNet layers."""
+    g = arch.gdn
+    if g is None:
+        return 0.0
+    h = arch.hidden_size
+    return 2.0 * (h * g.in_proj_width + g.conv_kernel * g.conv_dim + 4 * g.num_value_heads * g.value_head_dim ** 2
+                  + h * g.value_dim)
+
+
 def hybrid_flops_per_token(arch: Architecture, seq_length: int, mtp_depths: int = 0) -> float:
     """Model FLOPs of one training token of a hybrid model (forward + backward), as Megatron-LM counts them for MFU:
     megatron/training/training.py num_floating_point_operations -> hybrid_flops (d98e8a6), per token. Per layer kind:
@@ -89,7 +103,8 @@ def hybrid_flops_per_token(arch: Architecture, seq_length: int, mtp_depths: int 
     2dh, with d = 2h as Megatron takes it whatever the heads x head_dim (Nemotron-H's are 2h; Nemotron 3 Nano's are
     not); a latent MoE's routed experts at the latent width L plus its projections 4hL (moe_layer_flops); logits
     2hV for the model and each MTP depth, whose block's layers are counted once per depth as
-    hybrid_layer_allocation.get_hybrid_layer_counts counts them (its eh_proj not); all x3. The vocabulary
+    hybrid_layer_allocation.get_hybrid_layer_counts counts them (its eh_proj not); a Gated DeltaNet layer
+    gdn_layer_flops, gated attention's gate as transformer_flops counts it for a GPTModel; all x3. The vocabulary
     unpadded, as model_flops_per_token takes it."""
     m, h, s = arch.mamba, arch.hidden_size, seq_length
     pattern = arch.layer_pattern or ""
@@ -97,6 +112,8 @@ def hybrid_flops_per_token(arch: Architecture, seq_length: int, mtp_depths: int 
     p = arch.head_dim * arch.num_attention_heads / h
     attention = 4 * h * p * (h + h * arch.num_kv_heads / arch.num_attention_heads) + 2 * s * h * p
     mlp = 4 * arch.ffn_hidden_size * h * gated
+    if arch.attention_output_gate:  # the gate's share of linear_qkv (transformer_flops' gate_projection_size)
+        attention += 2 * h * p * h
     mamba = 0.0
     if m is not None:
         d_in = 2 * h
@@ -109,7 +126,8 @@ def hybrid_flops_per_token(arch: Architecture, seq_length: int, mtp_depths: int 
             * gated + (4 * h * e.latent_size if e.latent_size else 0)
     pattern += (arch.mtp_layer_pattern or "") * mtp_depths
     forward = (pattern.count("*") * attention + pattern.count("-") * mlp + pattern.count("M") * mamba
-               + pattern.count("E") * moe + 2 * h * arch.vocab_size * (1 + mtp_depths))
+               + pattern.count("G") * gdn_layer_flops(arch) + pattern.count("E") * moe
+               + 2 * h * arch.vocab_size * (1 + mtp_depths))
     return 3.0 * forward
 
 
@@ -209,8 +227,9 @@ def attention_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
         return out + indexer_gemms(arch, sh)
     d = arch.head_dim
     kv_local = _ceil_div(arch.num_kv_heads, t) * d  # KV heads are replicated when there are fewer than TP ranks
+    gate = heads * d if arch.attention_output_gate else 0  # linear_qkv also yields the output gate (Qwen3-Next)
     return [
-        Gemm("qkv", T, heads * d + 2 * kv_local, h),
+        Gemm("qkv", T, heads * d + gate + 2 * kv_local, h),
         Gemm("attn_out", T, h, heads * d),
     ]
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.arithmetic.activations import BF16, Layout, Shape, _attention, _norm, layer_activations
 from meshplan.arithmetic.flops import Gemm, Shard
+from meshplan.arithmetic.gdn import gdn_activations
 from meshplan.schema.model import Architecture
 
 
@@ -59,7 +60,8 @@ def mamba_activations(shape: Shape, lay: Layout, sel: set[str]) -> float:
 
 def hybrid_layer_activations(shape: Shape, lay: Layout, kind: str, recompute: str,
                              modules: tuple[str, ...] = ("core_attn",)) -> dict[str, float]:
-    """Bytes per micro-batch of one layer of a hybrid model, by component: kind M (Mamba-2), * (attention), -
+    """Bytes per micro-batch of one layer of a hybrid model, by component: kind M (Mamba-2), G (Gated DeltaNet,
+    arithmetic/gdn.py), * (attention), -
     (MLP) or E (MoE), each one norm and its mixer (Megatron-Core's MambaLayer and TransformerLayer with the other
     submodule an IdentityOp, as mamba_block.py builds them). recompute: none | selective (Megatron's modules: core_attn
     reaches the attention layers, mlp and moe their own, layernorm every layer's norm output) | full (the layer's
@@ -73,6 +75,8 @@ def hybrid_layer_activations(shape: Shape, lay: Layout, kind: str, recompute: st
     sel = set(modules) if recompute == "selective" else set()
     if kind == "M":
         return {"mamba": mamba_activations(shape, lay, sel)}
+    if kind == "G":
+        return {"gdn": gdn_activations(shape, lay, sel)}
     out = {"norm_input": _norm(h, t, lay) / ts}
     if kind == "*":
         out["attention"] = _attention(shape, lay, sel, 1 if lay.fp8 else BF16)
@@ -84,7 +88,7 @@ def hybrid_layer_activations(shape: Shape, lay: Layout, kind: str, recompute: st
 
 # Every Megatron recompute module a hybrid's layers read (hybrid_layer_activations): a selective floor that drops what
 # any of them drops holds whatever modules a plan recomputes.
-HYBRID_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+HYBRID_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "gdn_norm_out")
 
 
 def least_kind_activations(shape: Shape, lay: Layout, recompute: str) -> tuple[float, float, float, float]:

@@ -11,6 +11,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.arithmetic.gdn import GdnLayer
 from meshplan.arithmetic.mamba import Mamba2Layer
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import CardError, FrameworkCard, checked_once, load_card
@@ -180,6 +181,7 @@ class MemoryCard(_Card):
     expandable_segments_slack_bytes: int = Field(ge=0)
     expandable_segments_source: str
     mamba2_layer: Mamba2Layer
+    gdn_layer: GdnLayer
     conventions: dict[str, Convention]
 
 

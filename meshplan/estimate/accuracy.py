@@ -153,8 +153,10 @@ def terms(job: Job, plan: Plan, kind: Kind) -> list[str]:
     domain = job_domain(job)
     if job.precision == "fp8":
         out.append("FP8")
-    if job.model.layer_pattern is not None:  # a hybrid's Mamba-2 layers (arithmetic/mamba.py)
+    if job.model.mamba is not None:  # a hybrid's Mamba-2 layers (arithmetic/mamba.py)
         out.append("Mamba-2 layers")
+    if job.model.gdn is not None:  # a hybrid's Gated DeltaNet layers (arithmetic/gdn.py)
+        out.append("Gated DeltaNet layers")
     if moe and plan.ep > 1:
         out.append("EP > 1")
         if _ep_crosses(job, plan):

@@ -1,11 +1,12 @@
-"""One layer of a hybrid model (model_type nemotron_h) per micro-batch on one rank, forward + backward, by its kind
-in the pattern: M a Mamba-2 mixer, * attention, - an MLP, E an MoE layer, each one norm and one mixer as
-Megatron-Core's HybridModel builds them (megatron/core/ssm/mamba_block.py). The same parts as a transformer layer's
-(layer_time.py: GEMMs at their shape's fraction of peak, attention core, memory-bound passes, launch overhead,
-exposed TP / CP / EP traffic, recompute's forward shares), each layer holding one of its mixers; a Mamba-2 layer's
-in_proj and out_proj through the GEMM model, its conv1d, SSD chunk states and gated norm as memory-bound passes, its
-SSD scan's matmuls at the GEMMs' asymptote (cards/calibration.yaml mamba_*), and under context parallelism
-MambaContextParallel's all-to-alls.
+"""One layer of a hybrid model (model_type nemotron_h, qwen3_next) per micro-batch on one rank, forward + backward, by
+its kind in the pattern: M a Mamba-2 mixer, G a Gated DeltaNet (arithmetic/gdn.py), * attention, - an MLP, E an MoE
+layer, each one norm and one mixer as Megatron-Core's HybridModel builds them (megatron/core/ssm/mamba_block.py).
+The same parts as a transformer layer's (layer_time.py: GEMMs at their shape's fraction of peak, attention core,
+memory-bound passes, launch overhead, exposed TP / CP / EP traffic, recompute's forward shares), each layer holding
+one of its mixers; a Mamba-2 layer's in_proj and out_proj through the GEMM model, its conv1d, SSD chunk states and
+gated norm as memory-bound passes, its SSD scan's matmuls at the GEMMs' asymptote (cards/calibration.yaml mamba_*),
+and under context parallelism MambaContextParallel's all-to-alls; a Gated DeltaNet layer the same way from its own
+kernels (gdn_mixer_seconds, gdn_cp; cards/calibration.yaml gdn_*).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from functools import partial
 
 from meshplan.arithmetic.comm import alltoall_time
 from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
+from meshplan.arithmetic.gdn import gdn_gemms, gdn_rule_flops
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms
 from meshplan.arithmetic.mamba import mamba_gemms, ssd_scan_flops
 from meshplan.arithmetic.mesh import mesh_groups
@@ -33,7 +35,7 @@ from meshplan.estimate.moe_time import busiest_rank_experts, exposed_ep
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
 
-HYBRID_KINDS = ("M", "*", "-", "E")
+HYBRID_KINDS = ("M", "G", "*", "-", "E")
 FP32 = 4  # bytes per element of the SSD chunk states (mamba_ssm's default state_dtype)
 
 
@@ -67,19 +69,41 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
     attention_fwd, attention = attention_seconds(ctx) if kind == "*" else (0.0, 0.0)
     load = hybrid_load(ctx, kind)
     elementwise = elementwise_seconds(ctx, load)
-    mixer = mamba_mixer_seconds(ctx) if kind == "M" else 0.0  # conv, scan and gated norm: a third in the forward
+    # conv, scan or chunked rule and gated norm: a third in the forward
+    mixer = mamba_mixer_seconds(ctx) if kind == "M" else gdn_mixer_seconds(ctx) if kind == "G" else 0.0
     overhead = layer_overhead(ctx, moe)
     copy = load.weight_copy_bytes / ctx.hbm
     fwd_compute = gemm_fwd + attention_fwd + (elementwise + mixer - copy) / TRAINING_PASSES_PER_FORWARD + copy
     tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms, pairs=layer_pairs(ctx, kind))
     cp_fwd, cp = cp_time(ctx, attention_fwd, attention) if kind == "*" else mamba_cp(ctx) if kind == "M" \
-        else (0.0, 0.0)
+        else gdn_cp(ctx) if kind == "G" else (0.0, 0.0)
     compute = gemm + attention + elementwise + mixer + overhead
     ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
+    forwards = gdn_recomputed_forwards if kind == "G" else recomputed_forwards
     return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise + mixer, overhead=overhead, tp=tp,
                      tp_fwd=tp * tp_fwd_share, cp=cp, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
                      attention_fwd=attention_fwd,
-                     later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms))
+                     later=partial(forwards, ctx, gemms, load, elementwise, terms))
+
+
+# The gated norm's forward that gdn_norm_out runs again: it reads the rule's output o and the gate z and writes the
+# normalised, gated output, one bf16 pass over the value width each (common.py _apply_gated_norm)
+GATED_NORM_PASSES = 3.0
+
+
+def gdn_recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad, elementwise: float,
+                            terms: list[float] | None = None) -> tuple[dict[str, float], float]:
+    """recomputed_forwards of a Gated DeltaNet layer, with gdn_norm_out's: the gated norm's forward passes at the
+    HBM bandwidth and, under context parallelism, its output's all-to-all back to the sequence's shards
+    (_gated_norm_and_a2a runs inside the checkpoint), run again in the backward."""
+    module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise, terms)
+    g, sh, plan = ctx.arch.gdn, ctx.shard, ctx.plan
+    assert g is not None
+    again = GATED_NORM_PASSES * BF16 * sh.tokens * g.value_dim / sh.tp / ctx.hbm
+    if plan.cp > 1:
+        group = mesh_groups(plan, law=ctx.law).cp
+        again += alltoall_time(sh.tokens * g.value_dim / sh.tp * BF16, group.size, group.stride, ctx.lk)
+    return {**module_fwd, "gdn_norm_out": again}, op_sac_fwd
 
 
 def hybrid_gemms(ctx: LayerContext, kind: str) -> list[Gemm]:
@@ -87,6 +111,8 @@ def hybrid_gemms(ctx: LayerContext, kind: str) -> list[Gemm]:
     layer's (router, shared experts, the routed experts on the most loaded EP rank)."""
     if kind == "M":
         return mamba_gemms(ctx.arch, ctx.shard)
+    if kind == "G":
+        return gdn_gemms(ctx.arch, ctx.shard)
     if kind == "*":
         return attention_gemms(ctx.arch, ctx.shard)
     if kind == "-":
@@ -100,7 +126,7 @@ def hybrid_load(ctx: LayerContext, kind: str) -> ElementwiseLoad:
     MoE layer."""
     load = elementwise_load(ctx, kind == "E")
     hidden = load.hidden * ctx.cal.hybrid_layer_hidden_share
-    if kind in ("M", "*"):
+    if kind in ("M", "G", "*"):
         return ElementwiseLoad(hidden=hidden)
     return load._replace(hidden=hidden)
 
@@ -121,6 +147,42 @@ def mamba_mixer_seconds(ctx: LayerContext) -> float:
     memory = tokens * passes / tp / ctx.hbm
     scan = cal.mamba_scan_passes * ssd_scan_flops(ctx.arch, sh) / (ctx.bf16_peak * cal.gemm_peak_fraction)
     return memory + scan
+
+
+def gdn_mixer_seconds(ctx: LayerContext) -> float:
+    """Forward + backward seconds of a Gated DeltaNet mixer beside its GEMMs, on one rank: the card's bf16 passes over
+    q and k at the value heads, its value width, its conv width, its chunk matrices A and its chunk states, at the HBM
+    bandwidth memory-bound work gets (cards/calibration.yaml gdn_*, counted from FLA's kernels); and the conv's and
+    chunked rule's FLOPs (gdn_rule_flops): the forward, its data and weight-like gradients (x3, as a GEMM's), and the
+    forward's w, u and h the backward runs again, at the GEMM model's asymptote: FLA's Triton tl.dot tiles taken at
+    the GEMMs' fraction of peak, as the Mamba-2 scan is; uncalibrated, no measured Gated DeltaNet run. Heads split over
+    TP."""
+    g, cal, sh = ctx.arch.gdn, ctx.cal, ctx.shard
+    assert g is not None
+    keys = g.num_value_heads * g.key_head_dim
+    passes = (cal.gdn_key_passes * keys + cal.gdn_value_passes * g.value_dim + cal.gdn_conv_passes * g.conv_dim
+              + cal.gdn_chunk_passes * g.num_value_heads * g.chunk_size
+              + cal.gdn_state_passes * g.num_value_heads * g.key_head_dim * g.value_head_dim / g.chunk_size) * BF16
+    memory = sh.tokens * passes / sh.tp / ctx.hbm
+    forward, again = gdn_rule_flops(ctx.arch, sh)
+    rule = (TRAINING_PASSES_PER_FORWARD * forward + again) / (ctx.bf16_peak * cal.gemm_peak_fraction)
+    return memory + rule
+
+
+def gdn_cp(ctx: LayerContext) -> tuple[float, float]:
+    """(forward, forward + backward) seconds of a Gated DeltaNet layer's context-parallel all-to-alls
+    (megatron/core/ssm/gated_delta_net/gdn.py, core_v0.19.0): tensor_a2a_cp2hp sends in_proj's output (q, k, v, z,
+    beta, alpha) from the sequence's shards to the heads' before the conv, tensor_a2a_hp2cp the gated norm's output
+    back before out_proj; the backward the same in reverse. None is overlapped."""
+    plan = ctx.plan
+    if plan.cp <= 1:
+        return 0.0, 0.0
+    g, tokens, tp = ctx.arch.gdn, ctx.shard.tokens, ctx.shard.tp
+    assert g is not None
+    group = mesh_groups(plan, law=ctx.law).cp
+    fwd = sum(alltoall_time(tokens * w / tp * BF16, group.size, group.stride, ctx.lk)
+              for w in (g.in_proj_width, g.value_dim))
+    return fwd, FORWARD_AND_BACKWARD * fwd
 
 
 def mamba_cp(ctx: LayerContext) -> tuple[float, float]:
@@ -144,7 +206,7 @@ def layer_pairs(ctx: LayerContext, kind: str) -> tuple[int, ...]:
     """The TP pairs (tp_overlap.TP_PAIR_GEMMS indexes) a hybrid layer runs: a Mamba-2 layer's in_proj / out_proj and
     attention's at the first, an MLP's at the second; an MoE layer's shared experts' at the second where it has them
     (routed experts only take the sequence-sharded tokens straight into the dispatcher, none)."""
-    if kind in ("M", "*"):
+    if kind in ("M", "G", "*"):
         return (0,)
     if kind == "-":
         return (1,)

@@ -356,6 +356,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
         param_wrapper=tuple(job.lora.target_parameters) if job.lora is not None else (),
         mamba=memory_card().mamba2_layer.terms() if job.model.mamba else (),
+        gdn=memory_card().gdn_layer.terms() if job.model.gdn else (),
         ulysses=plan.cp if runs_ulysses(job.card, plan.zero_stage) else 1,
         dsa_cp=plan.cp if job.model.dsa is not None else 1,
     )
@@ -579,7 +580,16 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
 
 
 def hybrid_assumption(pattern: str) -> str:
-    """How a hybrid model's layers are counted (arithmetic/mamba.py)."""
+    """How a hybrid model's layers are counted (arithmetic/mamba.py, arithmetic/gdn.py)."""
+    if "G" in pattern:
+        return (f"Hybrid layers ({pattern.count('G')} Gated DeltaNet, {pattern.count('*')} attention, "
+                f"{pattern.count('-')} MLP, {pattern.count('E')} MoE): each one norm and one mixer (a decoder layer "
+                "is two); a Gated DeltaNet layer keeps what Megatron-Core's GatedDeltaNet and FLA's kernels save "
+                "(in_proj's input and output, the l2-normed q and k and their copies at the value heads, v, the decay "
+                "and beta, the chunk matrices A, the gated norm's input, gate and output, out_proj's input: "
+                "cards/memory.yaml gdn_layer; the chunk states are recomputed), its weights split over TP by heads; "
+                "its attention layers keep their output gate. No measured run of a Gated DeltaNet model backs the "
+                "band.")
     return (f"Hybrid layers ({pattern.count('M')} Mamba-2, {pattern.count('*')} attention, {pattern.count('-')} MLP, "
             f"{pattern.count('E')} MoE): each one norm and one mixer; a Mamba-2 layer keeps what Megatron-Core's "
             "memory-efficient path saves (in_proj's input and output zxBCdt, the scan output, the gated norm's input "

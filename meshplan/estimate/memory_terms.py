@@ -33,6 +33,7 @@ from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.model_counts import (
+    gdn_linear_params,
     indexer_params,
     layer_params,
     mamba_linear_params,
@@ -68,17 +69,20 @@ class ParamTable:
             p = layer_params(arch, i)
             whole = p["shared_experts"] if moe_whole and arch.is_moe_layer(i) else 0
             # a Mamba-2 mixer is split over TP whole (heads and groups: in_proj, conv1d, A_log, D, dt_bias, its norm,
-            # out_proj); its in_proj and out_proj are its linear layers
-            mamba = p.get("mamba", 0)
+            # out_proj); its in_proj and out_proj are its linear layers. A Gated DeltaNet mixer too (heads: in_proj,
+            # conv1d, dt_bias, A_log split over TP, megatron/core/ssm/gated_delta_net/common.py; its gated norm's one
+            # value head wide weight replicated, counted with them)
+            mamba, gdn = p.get("mamba", 0), p.get("gdn", 0)
             # DSA's indexer: its linears duplicated on every TP rank (Megatron-Core DSAIndexer parallel_mode
             # "duplicated"), held whole as a latent MoE's projections are
             index = indexer_params(arch) if p["attention"] else 0
-            sharded = p["attention"] - index + p["dense_mlp"] + p["shared_experts"] - whole + mamba
+            sharded = p["attention"] - index + p["dense_mlp"] + p["shared_experts"] - whole + mamba + gdn
             self.tp_sharded.append(sharded)
             self.replicated.append(p["norms"] + p["router"] + p["latent_proj"] + whole + index)
             self.experts.append(p["routed_experts"])
-            self.linear_dense.append(sharded - mamba + (mamba_linear_params(arch) if mamba else 0))
-            self.linear_whole.append(whole + p["latent_proj"] + index)  # TELinear, duplicated
+            self.linear_dense.append(sharded - mamba - gdn + (mamba_linear_params(arch) if mamba else 0)
+                                     + (gdn_linear_params(arch) if gdn else 0))
+            self.linear_whole.append(whole + p["latent_proj"] + index)  # latent MoE projections, DSA indexer: TELinear
             self.moe.append(arch.is_moe_layer(i))
             self.kind.append(arch.layer_kind(i) if arch.layer_pattern is not None else arch.is_moe_layer(i))
         self.mtp = (0, 0, 0)
@@ -88,7 +92,8 @@ class ParamTable:
             experts = mtp_weight_blocks(arch) * sum(p["routed_experts"] for p in block)
             h = arch.hidden_size
             sharded = mtp_weight_blocks(arch) * (2 * h * h + sum(p["attention"] + p["dense_mlp"] + p["shared_experts"]
-                                                                 + p.get("mamba", 0) for p in block))
+                                                                 + p.get("mamba", 0) + p.get("gdn", 0)
+                                                                 for p in block))
             self.mtp = (sharded, total - experts - sharded, experts)
 
 

@@ -201,7 +201,19 @@ def _hybrid_assumption(job: Job, cal: Calibration) -> str:
     """How a hybrid model's layers were timed (estimate/hybrid_time.py)."""
     pattern = job.model.layer_pattern or ""
     counts = ", ".join(f"{pattern.count(k)} {name}" for k, name in
-                       (("M", "Mamba-2"), ("*", "attention"), ("-", "MLP"), ("E", "MoE")) if k in pattern)
+                       (("M", "Mamba-2"), ("G", "Gated DeltaNet"), ("*", "attention"), ("-", "MLP"), ("E", "MoE"))
+                       if k in pattern)
+    if job.model.gdn is not None:
+        return (f"Hybrid layers ({counts}): each one norm and one mixer timed by its kind, so one TP pair per layer "
+                f"and {cal.hybrid_layer_hidden_share:g} of a transformer layer's hidden-sized passes; a Gated "
+                "DeltaNet layer's in_proj and out_proj as GEMMs, its conv1d, q and k, value width, chunk matrices and "
+                f"chunk states as memory-bound passes ({cal.gdn_key_passes:g} over q and k at the value heads, "
+                f"{cal.gdn_value_passes:g} over its value width, {cal.gdn_conv_passes:g} over its conv width, "
+                f"{cal.gdn_chunk_passes:g} over A, {cal.gdn_state_passes:g} over the chunk states), FLA's chunked "
+                "gated delta rule's matmuls (forward x 3, plus the w, u and h the backward recomputes) at the GEMMs' "
+                f"{cal.gemm_peak_fraction:.2f} of peak, its all-to-alls under CP (uncalibrated: counted from FLA's "
+                "and Megatron-Core's code, no measured Gated DeltaNet run). Model FLOPs: Megatron-LM's "
+                "gdn_layer_flops and attention with its output gate.")
     return (f"Hybrid layers ({counts}): each one norm and one mixer timed by its kind, so one TP pair per layer (the "
             "TP line counts a transformer layer's two) and "
             f"{cal.hybrid_layer_hidden_share:g} of a transformer layer's hidden-sized passes; a Mamba-2 layer's "

@@ -156,10 +156,12 @@ def model_report(report: ModelReport) -> None:
         + (", MLA" if arch.mla else "")
     )
     if arch.layer_pattern is not None:  # a hybrid: which kind each layer is, and its Mamba-2 mixer's shape
-        m = arch.mamba
-        console.print(f"layer pattern {arch.layer_pattern} (M Mamba-2, * attention, - MLP, E MoE)" + (
-            f"; Mamba-2 {m.num_heads} heads x {m.head_dim}, state {m.state_size}, {m.n_groups} groups, "
-            f"conv {m.conv_kernel}, chunk {m.chunk_size}" if m else ""))
+        m, g = arch.mamba, arch.gdn
+        console.print(f"layer pattern {arch.layer_pattern} (M Mamba-2, G Gated DeltaNet, * attention, - MLP, E MoE)"
+                      + (f"; Mamba-2 {m.num_heads} heads x {m.head_dim}, state {m.state_size}, {m.n_groups} groups, "
+                         f"conv {m.conv_kernel}, chunk {m.chunk_size}" if m else "")
+                      + (f"; Gated DeltaNet {g.num_key_heads} key heads x {g.key_head_dim}, {g.num_value_heads} value "
+                         f"heads x {g.value_head_dim}, conv {g.conv_kernel}, chunk {g.chunk_size}" if g else ""))
     table = _table("component", _col("params", right=True), _col("active", right=True), _col("note", wrap=True))
     for comp in report.components:
         table.add_row(comp.name, billions(comp.params), billions(comp.active_params), comp.note)

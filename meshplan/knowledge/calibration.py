@@ -90,6 +90,11 @@ class Calibration:
     mamba_state_passes: float
     mamba_group_passes: float
     mamba_scan_passes: float
+    gdn_key_passes: float
+    gdn_value_passes: float
+    gdn_conv_passes: float
+    gdn_chunk_passes: float
+    gdn_state_passes: float
     eager_elementwise_passes: float
     optimizer_bytes_per_param: float
     muon_bytes_per_param: float

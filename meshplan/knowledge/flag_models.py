@@ -38,6 +38,10 @@ BOUNDS = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "ffn_
           "qk_rope_head_dim": "head_dim", "v_head_dim": "head_dim", "index_n_heads": "num_attention_heads",
           "index_head_dim": "head_dim", "index_topk": "max_position_embeddings"}
 
+# The Gated DeltaNet shapes a script may state (read.model_flags): matched against the catalog, never built from
+GDN_FLAGS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+             "linear_conv_kernel_dim")
+
 
 class FlagField(NamedTuple):
     """One field of the built model: its value, the flag that sets it, and whether the script gives that flag."""
@@ -309,9 +313,12 @@ def _moe(f: _Flags, layers: int, ffn: int, bias: bool) -> MoESpec | None:
         raise MeshplanError(f"{f.flag_of['num_groups']} {groups} and {f.flag_of['group_topk']} {group_topk}: the "
                             f"{experts} experts must split into equal groups and a token's {top_k} experts fit in "
                             "the groups it may use (Megatron-Core's TransformerConfig checks).", fix=FIX)
+    # --moe-shared-expert-gate: a hidden x 1 sigmoid gate on the shared experts' output (TransformerConfig
+    # moe_shared_expert_gate), counted as Qwen2-MoE's shared_expert_gate
+    gate = f.switch("shared_expert_gate") and shared > 0
     return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, num_shared_experts=int(shared > 0),
                    shared_expert_ffn_hidden_size=shared, moe_layers=list(layer_list), expert_bias=bias,
-                   num_groups=groups, group_topk=group_topk)
+                   num_groups=groups, group_topk=group_topk, shared_expert_gate=gate)
 
 
 def _dsa(f: _Flags, mla: MLASpec | None) -> DSASpec | None:
@@ -403,6 +410,11 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
     if qk_norm and not rms:
         raise MeshplanError("--qk-layernorm with --normalization LayerNorm: meshplan counts q/k norms of RMSNorm "
                             "only, so the model is not built from the script's flags.", fix=FIX)
+    gdn = [f.flag_of[n] for n in GDN_FLAGS if n in f.flag_of and f.raw(n)[1]]
+    if gdn:
+        raise MeshplanError(f"{', '.join(gdn)}: a Gated DeltaNet hybrid, which meshplan builds from its config.json "
+                            "(model_type qwen3_next) or the catalog, not from a launch script's flags.", fix=FIX)
+    output_gate = f.switch("attention_output_gate") and mla is None
     learned, rope = _positions(f, max_positions)
     moe = _moe(f, layers, ffn, bias)
     mtp = f.int("num_mtp_layers", default=0) or 0
@@ -419,5 +431,6 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
         activation="silu" if swiglu else "quick_gelu" if quick_geglu else "relu2" if squared_relu else "gelu",
         qkv_bias=qkv_bias, o_bias=bias, mlp_bias=bias, qk_norm="head" if qk_norm else "none",
         norm_type="rmsnorm" if rms else "layernorm", learned_position_embeddings=learned, rope=rope,
-        norm_eps=eps, moe=moe, mla=mla, dsa=dsa, num_mtp_layers=mtp, origin=flags_name(framework, given))
+        norm_eps=eps, moe=moe, mla=mla, dsa=dsa, num_mtp_layers=mtp, attention_output_gate=output_gate,
+        origin=flags_name(framework, given))
     return FlagModel(arch, f.fields)

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import _Card, load_card
+from meshplan.knowledge.gdn_config import GDN_MODEL_TYPES, MULTIMODAL_WRAPPERS, gdn_architecture, read_gdn_names
 from meshplan.knowledge.hybrid_config import hybrid_architecture, read_hybrid_names
 from meshplan.knowledge.vision_config import llama4_vision_tower
 from meshplan.schema.model import Architecture, DSASpec, MLASpec, MoESpec, RopeSpec
@@ -52,12 +53,15 @@ SUPPORTED_MODEL_TYPES = {
     "deepseek_v32": "mla",  # DeepSeek-V3's layers with DSA's indexer beside MLA (_dsa_spec)
     "kimi_k2": "mla",
     "nemotron_h": "hybrid",  # knowledge/hybrid_config.py
+    "qwen3_next": "hybrid",  # knowledge/gdn_config.py: Gated DeltaNet and gated attention, each beside an MoE
+    "qwen3_5_moe_text": "hybrid",  # Qwen3.5's language models, the same layers (knowledge/gdn_config.py)
+    "qwen3_5_text": "hybrid",
 }
 
 # Families whose layers meshplan has no mechanism for: refused naming the layer kind, never timed as attention
 _UNMODELLED_LAYERS = {
     "jamba": "Mamba state-space layers",
-    "falcon_h1": "Mamba-2 state-space mixers beside attention", "qwen3_next": "Gated DeltaNet linear-attention layers",
+    "falcon_h1": "Mamba-2 state-space mixers beside attention",
     "kimi_linear": "Kimi Delta Attention linear-attention layers", "minimax": "lightning (linear) attention layers"}
 
 # Defaults of each transformers config class for the keys their config.json may omit.
@@ -384,6 +388,12 @@ def _supported_config(config: Any) -> tuple[str, dict[str, Any]]:
             f"model_type {model_type!r} has {_UNMODELLED_LAYERS['minimax' if kinds else model_type]}, which meshplan "
             "does not model (it times softmax attention, MLA and MLP/MoE layers only).",
             fix="Plan it with a framework's own tools, or pass a softmax-attention model.")
+    if model_type in MULTIMODAL_WRAPPERS:
+        raise MeshplanError(
+            f"model_type {model_type!r} is Qwen3.5's vision-language model: meshplan does not count or time its vision "
+            "tower (vision_config), which the frameworks that load the model hold beside the language model.",
+            fix=f"To plan the language model alone, pass its text_config as the config.json (its model_type "
+                f"{MULTIMODAL_WRAPPERS[model_type]!r}).")
     if model_type is None:  # a hand-written config: the type decides how its fields are read
         raise MeshplanError("The config.json states no model_type, which decides how its fields are read.",
                             fix="Add the model's Hugging Face model_type: one of "
@@ -430,8 +440,8 @@ def _read_classic_names(model_type: str, cfg: dict[str, Any], f: _Fields) -> Non
 def _required_keys(model_type: str) -> list[str]:
     """The fields every config of this model type must give (a MoE family's FFN width may be its experts')."""
     need = ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"]
-    if SUPPORTED_MODEL_TYPES[model_type] != "moe" or model_type in ("qwen3_moe", "qwen2_moe", "llama4_text",
-                                                                     "glm4_moe"):
+    if (SUPPORTED_MODEL_TYPES[model_type] != "moe" and model_type != "qwen3_5_moe_text") or model_type in (
+            "qwen3_moe", "qwen2_moe", "llama4_text", "glm4_moe"):
         need.append("intermediate_size")
     return need
 
@@ -601,6 +611,8 @@ def architecture_from_config(
         _read_classic_names(model_type, cfg, f)
     elif model_type == "nemotron_h":
         read_hybrid_names(cfg, f)
+    elif model_type in GDN_MODEL_TYPES:
+        read_gdn_names(model_type, cfg)
     _require(cfg, _required_keys(model_type), model_type)
     layers = f.int("num_hidden_layers")
     hidden = f.int("hidden_size")
@@ -648,6 +660,8 @@ def architecture_from_config(
         origin=origin,
         vision=llama4_vision_tower(config, lambda c, w: _Fields(c, f"{f.where} {w}")),
     )
+    if model_type in GDN_MODEL_TYPES:
+        return gdn_architecture(arch, f)
     return hybrid_architecture(arch, f, _groups) if model_type == "nemotron_h" else arch
 
 

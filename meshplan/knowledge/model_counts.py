@@ -31,6 +31,8 @@ def attention_params(arch: Architecture) -> int:
         kv += m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)  # kv_b_proj
         return q + kv + a * m.v_head_dim * h + indexer_params(arch)
     params = h * a * d + 2 * h * g * d + a * d * h
+    if arch.attention_output_gate:  # Qwen3NextAttention.q_proj: heads x head_dim x 2, query and gate
+        params += h * a * d + (a * d if arch.qkv_bias else 0)
     if arch.qkv_bias:
         params += a * d + 2 * g * d
     if arch.o_bias:
@@ -109,6 +111,25 @@ def mamba_linear_params(arch: Architecture) -> int:
     return arch.hidden_size * (m.d_inner + m.conv_dim + m.num_heads) + m.d_inner * arch.hidden_size
 
 
+def gdn_params(arch: Architecture) -> int:
+    """One Gated DeltaNet mixer (transformers' Qwen3NextGatedDeltaNet, Megatron-Core's GatedDeltaNet): in_proj_qkvz
+    and in_proj_ba (hidden -> q, k, v, z and beta, alpha per value head; Megatron-Core's one in_proj), the depthwise
+    conv1d over q, k and v without bias, dt_bias and A_log per value head, the gated RMSNorm over one value head's
+    width (shared by every head), out_proj; no biases."""
+    g = arch.gdn
+    assert g is not None
+    return (arch.hidden_size * g.in_proj_width + g.conv_dim * g.conv_kernel + 2 * g.num_value_heads
+            + g.value_head_dim + g.value_dim * arch.hidden_size)
+
+
+def gdn_linear_params(arch: Architecture) -> int:
+    """The weights of a Gated DeltaNet mixer's linear layers, in_proj and out_proj (what fp8 copies and Muon treat as
+    matrices; the conv1d, the per-head vectors and the norm are not)."""
+    g = arch.gdn
+    assert g is not None
+    return arch.hidden_size * (g.in_proj_width + g.value_dim)
+
+
 def layer_params(arch: Architecture, index: int) -> dict[str, int]:
     """Parameters of decoder layer `index`, by component (routed experts counted in full). A hybrid model's layer
     holds its one mixer (arch.layer_pattern) beside its norm."""
@@ -124,6 +145,8 @@ def layer_params(arch: Architecture, index: int) -> dict[str, int]:
     }
     if kind == "M":
         out["mamba"] = mamba_params(arch)
+    elif kind == "G":
+        out["gdn"] = gdn_params(arch)
     elif kind == "*":
         return out
     elif arch.is_moe_layer(index):
@@ -234,6 +257,9 @@ def count_components(arch: Architecture) -> list[ComponentCount]:
     if sums.get("mamba"):
         comps.append(ComponentCount(name="mamba", params=sums["mamba"], active_params=sums["mamba"],
                                     note=f"{kinds.count('M')} Mamba-2 mixers"))
+    if sums.get("gdn"):
+        comps.append(ComponentCount(name="gated_deltanet", params=sums["gdn"], active_params=sums["gdn"],
+                                    note=f"{kinds.count('G')} Gated DeltaNet mixers"))
     if sums["dense_mlp"]:
         n_dense = kinds.count("-") if kinds else arch.num_layers - moe_layers
         comps.append(ComponentCount(name="dense_mlp", params=sums["dense_mlp"], active_params=sums["dense_mlp"],

@@ -29,7 +29,9 @@ ModelField = Literal[
     "qk_rope_head_dim", "v_head_dim", "untied", "swiglu", "qk_layernorm", "num_mtp_layers", "gqa", "normalization",
     "no_bias_linear", "qkv_bias", "position_embedding", "rotary", "no_position_embedding", "max_position_embeddings",
     "squared_relu", "quick_geglu", "rotary_base", "rotary_percent", "norm_eps", "mlp_type", "layer_pattern",
-    "mamba_num_heads", "mamba_head_dim", "mamba_num_groups", "mamba_state_dim", "index_n_heads", "index_head_dim",
+    "mamba_num_heads", "mamba_head_dim", "mamba_num_groups", "mamba_state_dim", "shared_expert_gate",
+    "attention_output_gate", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "index_n_heads", "index_head_dim",
     "index_topk"]
 Default = StrictBool | StrictInt | StrictFloat | StrictStr | None  # as the card writes it: never coerced
 FlagDefault = StrictBool | StrictInt | None  # a matched field's default: a count, or a switch

@@ -17,8 +17,8 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import unwritable_reason
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.gdn_config import LAYER_KINDS
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.knowledge.hybrid_config import PATTERN_KINDS
 from meshplan.knowledge.releases import resolve_release
 from meshplan.request.mtp_depth import mtp_asked, trained_mtp, writable_mtp
 from meshplan.rl.job import is_rl_request, resolve_rl
@@ -131,16 +131,18 @@ def _launchable_words(num_gpus: int, node: int) -> str:
 
 
 def _estimable(arch: Architecture, req: Request) -> Architecture:
-    """The model, unless it is a hybrid (Mamba-2, attention, MLP and MoE layers) asked as an RL job, which meshplan
-    does not model for one: refused rather than priced as if every layer were attention and an MLP. A LoRA job of one
-    is planned as Megatron-Bridge's LoRA adapts it (arithmetic/lora.py kind_targets, mamba_adapters); the frameworks
-    that build no hybrid, train it through transformers' code or run no LoRA are the rules' (HY001, HY002, LORA001)."""
+    """The model, unless it is a hybrid (Mamba-2 or Gated DeltaNet, attention, MLP and MoE layers) asked as an RL job,
+    which meshplan does not model for one: refused rather than priced as if every layer were attention and an MLP. A
+    LoRA job of one is planned as Megatron-Bridge's LoRA adapts it (arithmetic/lora.py kind_targets, mamba_adapters);
+    the frameworks that build no hybrid, train it through transformers' code or run no LoRA are the rules' (HY001-HY004,
+    LORA001; a Gated DeltaNet hybrid's LoRA LORA006)."""
     if arch.layer_pattern is None or not is_rl_request(req):
         return arch
-    kinds = ", ".join(f"{arch.layer_pattern.count(k)} {name}" for k, name in PATTERN_KINDS.items()
+    kinds = ", ".join(f"{arch.layer_pattern.count(k)} {name}" for k, name in LAYER_KINDS.items()
                       if k in arch.layer_pattern)
     raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan does not model an RL job of one.",
-                        fix="Ask for a pretrain, sft or lora job.")
+                        fix="Ask for a pretrain or sft job." if arch.gdn is not None  # LoRA: rule LORA006
+                        else "Ask for a pretrain, sft or lora job.")
 
 
 def resolve(req: Request) -> tuple[Job, Plan]:

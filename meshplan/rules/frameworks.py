@@ -1,8 +1,8 @@
-"""The rules one framework adds (HY001, HY002, DSA001-DSA003, TT001, DS*, KF*, AM*, SK002, VL002): no hybrid Mamba-2
-model (nor DeepSeek Sparse Attention) where its model code builds none or meshplan does not model it, DSA's CP
-all-gather; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline
-micro-batches and dispatcher of NeMo AutoModel, and the padding its sequence splits need; and AD001, a setting the
-framework's adapter cannot write."""
+"""The rules one framework adds (HY001-HY004, DSA001-DSA003, TT001, DS*, KF*, AM*, SK002, VL002): no hybrid
+Mamba-2 or Gated DeltaNet model, nor DeepSeek Sparse Attention, where its model code builds none or meshplan does
+not model it, DSA's CP all-gather; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline micro-batches and
+dispatcher of NeMo AutoModel, and the padding its sequence splits need; and AD001, a setting the framework's
+adapter cannot write."""
 
 from __future__ import annotations
 
@@ -30,20 +30,44 @@ def no_hybrid_model(ctx: Context) -> Values:
     """A hybrid Mamba-2 model (nemotron_h) on a framework whose model code builds none (the card lists them); the fix
     names the frameworks neither HY001 nor HY002 refuses, and of those, for a LoRA job, the ones that run LoRA."""
     pattern = ctx.arch.layer_pattern
-    if pattern is None:
+    if pattern is None or ctx.arch.mamba is None:
         return None
-    refused = {f for rid in ("HY001", "HY002") for f in rule_specs()[rid].frameworks}
+    return {"model": ctx.arch.name, "framework": ctx.job.framework, "mamba": pattern.count("M"),
+            "builders": _builders(ctx, ("HY001", "HY002")), "job": "LoRA job" if ctx.job.lora is not None else "job"}
+
+
+def _builders(ctx: Context, refusing: tuple[str, ...]) -> str:
+    """The frameworks none of the rules `refusing` refuses, and of those, for a LoRA job, the ones that run LoRA."""
+    refused = {f for rid in refusing for f in rule_specs()[rid].frameworks}
     builders = [f for f in FRAMEWORKS if f not in refused]
     if ctx.job.lora is not None:
         builders = [f for f in builders if f in lora_frameworks()]
-    return {"model": ctx.arch.name, "framework": ctx.job.framework, "mamba": pattern.count("M"),
-            "builders": either_or(builders), "job": "LoRA job" if ctx.job.lora is not None else "job"}
+    return either_or(builders)
 
 
 @rule("HY002", reads=())
 def hybrid_through_transformers(ctx: Context) -> Values:
     """A hybrid Mamba-2 model on a framework that trains it through transformers' code (the card lists them)."""
     return no_hybrid_model(ctx)
+
+
+@rule("HY003", reads=())
+def no_gated_deltanet_model(ctx: Context) -> Values:
+    """A Gated DeltaNet hybrid (qwen3_next) on a framework whose model code builds none (the card lists them); the fix
+    names the frameworks neither HY003 nor HY004 refuses."""
+    pattern = ctx.arch.layer_pattern
+    if pattern is None or ctx.arch.gdn is None:
+        return None
+    return {"model": ctx.arch.name, "framework": ctx.job.framework, "gdn": pattern.count("G"),
+            "model_type": ctx.arch.model_type,
+            "builders": _builders(ctx, ("HY003", "HY004")), "job": "LoRA job" if ctx.job.lora is not None else "job"}
+
+
+@rule("HY004", reads=())
+def gated_deltanet_elsewhere(ctx: Context) -> Values:
+    """A Gated DeltaNet hybrid on a framework that trains it through transformers' or its own Gated DeltaNet code
+    (the card lists them)."""
+    return no_gated_deltanet_model(ctx)
 
 
 @rule("DSA001", reads=())

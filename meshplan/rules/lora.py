@@ -94,3 +94,13 @@ def target_parameters_need_routed_experts(ctx: Context) -> Values:
     if spec is None or not spec.target_parameters or ctx.arch.moe is not None:
         return None
     return {"weights": ", ".join(spec.target_parameters), "model": ctx.arch.name}
+
+
+@rule("LORA006", reads=())
+def lora_on_a_gdn_hybrid(ctx: Context) -> Values:
+    """LoRA on a Gated DeltaNet hybrid (qwen3_next): Megatron-Bridge's Qwen3-Next PEFT recipe raises
+    NotImplementedError, so no LoRA plan of it is one the framework runs (the other frameworks build no GDN: HY003,
+    HY004)."""
+    if ctx.job.lora is None or ctx.arch.gdn is None:
+        return None
+    return {"model": ctx.arch.name, "framework": ctx.job.framework}

@@ -16,6 +16,7 @@ from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_or
 from meshplan.arithmetic.schedule import (
     closest_uneven_split,
     compose_layout,
+    layers_per_rank,
     plan_layout_problem,
     split_problem,
     uneven_split,
@@ -531,9 +532,13 @@ def combined_1f1b_as_named(ctx: Context) -> Values:
 def hybrid_pattern_split(ctx: Context) -> Values:
     """A hybrid model's pipeline: HybridModel cuts the pattern by layer count (select_pipeline_segment), so no
     virtual stages, explicit layout or embedding/loss accounting without '|' separators in the pattern."""
-    p = ctx.plan
-    if ctx.arch.layer_pattern is None:
+    if ctx.arch.layer_pattern is None or ctx.arch.gdn is not None:  # a Gated DeltaNet hybrid: PP018 (HybridModel)
         return None
+    return _pattern_split_problem(ctx.plan)
+
+
+def _pattern_split_problem(p: Plan) -> Values:
+    """What HybridModel's select_pipeline_segment cannot take from a pattern without '|' separators (PP016, PP018)."""
     if p.vpp > 1:
         return {"reason": f"vpp={p.vpp}", "fix": "Use vpp=1 (one chunk per pipeline stage)."}
     if p.pipeline_layout:
@@ -543,3 +548,38 @@ def hybrid_pattern_split(ctx: Context) -> Values:
         return {"reason": "account_for_embedding / account_for_loss is set",
                 "fix": "Leave them out; give first_stage_layers / last_stage_layers for lighter end stages."}
     return None
+
+
+@rule("PP017", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
+                      "account_for_embedding", "account_for_loss"))
+def gdn_decoder_layer_split(ctx: Context) -> Values:
+    """A Gated DeltaNet hybrid on Megatron-Bridge, whose Qwen3NextBridge builds a GPTModel of decoder layers, each two
+    layers of meshplan's pattern (mixer, MoE): a stage of an odd number of pattern layers cuts a decoder layer in two
+    (render's decoder_split refuses it), and a layout or embedding / loss accounting, which meshplan writes in pattern
+    layers, is not translated; the fix names the even splits (pp dividing the decoder layers, or first / last stage
+    sizes even)."""
+    p, arch = ctx.plan, ctx.arch
+    if arch.gdn is None or arch.layer_pattern is None or p.pp == 1:
+        return None
+    decoder = arch.num_layers // 2
+    working = fmt_set([q for q in divisors(decoder) if 1 < q <= MAX_LISTED_PP]) or "none"
+    if p.pipeline_layout or p.account_for_embedding or p.account_for_loss:  # counted in pattern layers
+        return {"pp": p.pp, "decoder": decoder, "working": working,
+                "what": "a pipeline layout or embedding / loss accounting counts meshplan's pattern layers"}
+    counts, _ = layers_per_rank(arch.num_layers, p.pp, p.first_stage_layers, p.last_stage_layers)
+    # each rank's layers in vpp chunks (PP002 / PP004 say where vpp does not divide them)
+    odd = [n for n in counts if n % 2 or (n % p.vpp == 0 and (n // p.vpp) % 2)]
+    if not odd:
+        return None
+    return {"pp": p.pp, "decoder": decoder, "working": working,
+            "what": f"a stage (or virtual chunk) of {odd[0]} pattern layers cuts a decoder layer in two"}
+
+
+@rule("PP018", reads=("vpp", "pipeline_layout", "account_for_embedding", "account_for_loss"))
+def gdn_hybrid_model_split(ctx: Context) -> Values:
+    """A Gated DeltaNet hybrid rendered for Megatron-Core's HybridModel (pretrain_mamba.py's --hybrid-layer-pattern):
+    the same limits as PP016's (no virtual stages, layout or embedding/loss accounting without '|' separators);
+    Megatron-Bridge builds it as a GPTModel, which interleaves (PP017 holds its stages to whole decoder layers)."""
+    if ctx.arch.gdn is None or ctx.arch.layer_pattern is None:
+        return None
+    return _pattern_split_problem(ctx.plan)

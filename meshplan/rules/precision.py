@@ -153,7 +153,7 @@ def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
 
 
 
-@rule("PR004", reads=("zero_stage", "grad_reduce_in_fp32"))
+@rule("PR004", reads=("zero_stage", "tp", "pp", "ep", "grad_reduce_in_fp32"))  # tp, pp, ep: the variant render writes
 def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
     p = ctx.plan
     if p.grad_reduce_in_fp32 is None:

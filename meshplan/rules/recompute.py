@@ -96,12 +96,13 @@ def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
         return {**values, "why": "recompute_modules apply to selective recompute only",
                 "fix": "Use recompute=selective with them, or drop recompute_modules."}
     wrong = [m for m in p.recompute_modules if (m == "mla_up_proj" and arch.mla is None)
+             or (m == "gdn_norm_out" and arch.gdn is None)
              or (m in ("moe", "moe_act", "shared_experts") and arch.moe is None)
              or (m == "shared_experts" and arch.moe is not None and not arch.moe.shared_expert_ffn_hidden_size)]
     if wrong:
         keep = [m for m in p.recompute_modules if m not in wrong] or ["core_attn"]
         return {**values, "why": f"{', '.join(wrong)} need{'s' if len(wrong) == 1 else ''} a layer this model lacks "
-                                 "(MLA, MoE or shared experts)",
+                                 "(MLA, MoE, shared experts or Gated DeltaNet)",
                 "fix": f"Use recompute_modules={','.join(keep)}."}
     return None
 

@@ -146,6 +146,23 @@ def skyrl_sets_sp(ctx: Context) -> Values:
     return {"given": ctx.plan.sequence_parallel, "derived": derived, "tp": ctx.plan.tp}
 
 
+@rule("TP007", reads=("tp", "pp", "cp", "ep", "etp"))
+def gdn_heads_divisible(ctx: Context) -> Values:
+    """A Gated DeltaNet mixer: Megatron-Core's TransformerConfig asserts that tp x cp divides its key heads and its
+    value heads (TP splits them, CP's all-to-all hands each rank whole heads); the fix names the tps, at the plan's
+    cp, that also pass the attention layers' head rules (TP001, TP002)."""
+    g, tp, cp = ctx.arch.gdn, ctx.plan.tp, ctx.plan.cp
+    if g is None or (g.num_key_heads % (tp * cp) == 0 and g.num_value_heads % (tp * cp) == 0):
+        return None
+    heads, kv = ctx.arch.num_attention_heads, ctx.arch.num_kv_heads
+    good = tiling(ctx, "tp", [t for t in divisors(g.num_key_heads) if g.num_key_heads % (t * cp) == 0
+                              and g.num_value_heads % (t * cp) == 0 and heads % t == 0
+                              and (kv % t == 0 or t % kv == 0)])
+    inside = [t for t in good if t <= ctx.fix_domain]
+    return {"tp": tp, "cp": cp, "keys": g.num_key_heads, "values": g.num_value_heads,
+            "working": fmt_set(inside or good) if good else "none (lower cp)"}
+
+
 @rule("TP006", reads=("tp", "pp", "cp", "ep", "etp"))
 def mamba_heads_divisible(ctx: Context) -> Values:
     """A hybrid model's Mamba-2 mixer: Megatron-Core's MambaMixer asserts that tp divides its heads and its groups;

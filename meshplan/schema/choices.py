@@ -21,7 +21,8 @@ Framework = Literal[FRAMEWORKS]  # type: ignore[valid-type]
 Precision = Literal["bf16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 # Megatron-Core's selective recompute_modules (transformer_config.py; its default is ["core_attn"])
-RecomputeModule = Literal["core_attn", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj", "layernorm"]
+RecomputeModule = Literal["core_attn", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj", "layernorm",
+                          "gdn_norm_out"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 # Megatron-Core's moe_token_dispatcher_type: "alltoall" sends every routed copy of a token to its expert's
 # rank; "flex" (DeepEP / HybridEP backends) sends a token once per destination node and fans it out there.

@@ -96,6 +96,40 @@ class MambaSpec(StrictModel):
         return self.d_inner + 2 * self.n_groups * self.state_size
 
 
+class GatedDeltaNetSpec(StrictModel):
+    """A Gated DeltaNet mixer's shapes as config.json states them (transformers' Qwen3NextGatedDeltaNet, Megatron-Core's
+    GatedDeltaNet, megatron/core/ssm/gated_delta_net): q and k of key heads, v and the output gate z of value heads,
+    a decay (alpha) and a write strength (beta) per value head, the depthwise causal conv1d over q, k and v."""
+
+    num_key_heads: int = Field(ge=1, description="linear_num_key_heads")
+    num_value_heads: int = Field(ge=1, description="linear_num_value_heads (a multiple of the key heads)")
+    key_head_dim: int = Field(ge=1, description="linear_key_head_dim")
+    value_head_dim: int = Field(ge=1, description="linear_value_head_dim")
+    conv_kernel: int = Field(ge=1, description="linear_conv_kernel_dim: the causal depthwise conv1d's width")
+    chunk_size: int = Field(64, ge=1, description="The chunk length of FLA's chunk_gated_delta_rule (BT = 64 in "
+                                                   "fla/ops/gated_delta_rule/chunk.py), which Megatron-Core and "
+                                                   "transformers call; no config.json field sets it")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels through conv1d: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def in_proj_width(self) -> int:
+        """in_proj's output: q, k, v, z and beta, alpha per value head (in_proj_qkvz and in_proj_ba in transformers,
+        one in_proj in Megatron-Core)."""
+        return 2 * self.key_dim + 2 * self.value_dim + 2 * self.num_value_heads
+
+
 class RopeSpec(StrictModel):
     """Rotary position embedding as config.json states it: rope_theta, rope_scaling (or transformers 5's
     rope_parameters) and partial_rotary_factor. It decides no count; the adapters render it."""
@@ -155,6 +189,9 @@ class Architecture(StrictModel):
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: Literal["none", "head", "full"] = "none"
+    attention_output_gate: bool = Field(False, description="q_proj also yields a sigmoid gate per query channel that "
+                                                           "scales attention's output before o_proj (Qwen3-Next's "
+                                                           "gated attention; Megatron-Core attention_output_gate)")
     norm_type: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     norms_per_layer: int = 2
     learned_position_embeddings: int = Field(0, ge=0, description="Rows of a learned absolute position table")
@@ -174,9 +211,11 @@ class Architecture(StrictModel):
     dsa: DSASpec | None = Field(None, description="DeepSeek Sparse Attention's indexer beside MLA (deepseek_v32); "
                                                   "None: dense attention")
     layer_pattern: str | None = Field(None, description="A hybrid model's layers, one character each "
-                                                        "(hybrid_override_pattern: M Mamba-2, * attention, - MLP, "
-                                                        "E MoE); None: every layer is attention and an MLP or MoE")
+                                                        "(hybrid_override_pattern: M Mamba-2, G Gated DeltaNet, "
+                                                        "* attention, - MLP, E MoE); None: every layer is attention "
+                                                        "and an MLP or MoE")
     mamba: MambaSpec | None = Field(None, description="The Mamba-2 mixer of a hybrid model's M layers")
+    gdn: GatedDeltaNetSpec | None = Field(None, description="The Gated DeltaNet mixer of a hybrid model's G layers")
     num_mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction blocks (not in the total)")
     mtp_layer_pattern: str | None = Field(None, description="A hybrid model's MTP block, one character per layer as "
                                                             "layer_pattern (mtp_hybrid_override_pattern: Nemotron 3 "
@@ -205,7 +244,8 @@ class Architecture(StrictModel):
         return "allgather" if self.dsa is not None else "p2p"
 
     def layer_kind(self, index: int) -> str:
-        """'M' (Mamba-2), '*' (attention), '-' (MLP) or 'E' (MoE) for a hybrid model's layer; 'block' for every
+        """'M' (Mamba-2), 'G' (Gated DeltaNet), '*' (attention), '-' (MLP) or 'E' (MoE) for a hybrid model's layer;
+        'block' for every
         layer of a model that has no pattern (attention and an MLP or MoE in one layer)."""
         return self.layer_pattern[index] if self.layer_pattern is not None else "block"
 

@@ -109,7 +109,8 @@ class Request(StrictModel):
     recompute_modules: list[RecomputeModule] | None = Field(
         None, min_length=1, max_length=len(get_args(RecomputeModule)), json_schema_extra={"uniqueItems": True},
         description="Megatron selective recompute: the modules recomputed (core_attn, mlp, moe, "
-                                        "moe_act, shared_experts, mla_up_proj, layernorm); left out: ['core_attn']",
+                                        "moe_act, shared_experts, mla_up_proj, layernorm, gdn_norm_out); left "
+                                        "out: ['core_attn']",
     )
     selective_ac_option: str | None = Field(
         None, pattern=r"^(op|[1-9][0-9]{0,3})$",

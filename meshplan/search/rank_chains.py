@@ -187,13 +187,13 @@ def hybrid_rank_load(arch: Architecture, pattern: str, kinds: list, head: int) -
     """rank_load of a hybrid model's rank holding the layers of `kinds` (their letters, its MTP blocks' included):
     its MoE layers (E) and the others as 'dense' (whose least layer the references' parts give:
     stage_time.hybrid_one_layer_work), its count of each letter (holds_its_share), and as its share of the CP traffic
-    the least of its shares of the Mamba-2 and of the attention layers, the kinds CP reaches (their traffic per layer
-    differs, so the rank's share of it is a mean of those shares, at least the least)."""
+    the least of its shares of the Mamba-2, Gated DeltaNet and attention layers, the kinds CP reaches (their traffic
+    per layer differs, so the rank's share of it is a mean of those shares, at least the least)."""
     counts = tuple(kinds.count(k) for k in HYBRID_KINDS)
     moe = counts[HYBRID_KINDS.index("E")]
     trained = trained_pattern(arch)
     cp_share = min((c / trained.count(k) for k, c in zip(HYBRID_KINDS, counts, strict=True)
-                    if k in ("M", "*") and k in trained), default=0.0)
+                    if k in ("M", "G", "*") and k in trained), default=0.0)
     moe_total = model_layers(arch)[1]
     return RankLoad(dense=len(kinds) - moe, moe=moe, dense_decoder=len(kinds) - moe, moe_decoder=moe, head=head,
                     layers=cp_share, moe_layers=moe / moe_total if moe_total else 1.0, kinds=counts)

@@ -27,7 +27,7 @@ from meshplan.knowledge.model_config import shapes_card
 from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
 from meshplan.schema.model import Architecture
 
-SWITCHES = frozenset({"mla", "untied", "swiglu", "qk_layernorm"})
+SWITCHES = frozenset({"mla", "untied", "swiglu", "qk_layernorm", "shared_expert_gate", "attention_output_gate"})
 MOE_DETAILS = ("top_k", "expert_ffn_hidden_size", "shared_expert_ffn_hidden_size", "moe_layers", "num_groups",
                "group_topk")
 MLA_DETAILS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -66,6 +66,13 @@ class ArchValues(NamedTuple):
     mamba_head_dim: int | None = None
     mamba_num_groups: int | None = None
     mamba_state_dim: int | None = None
+    shared_expert_gate: bool = False
+    attention_output_gate: bool = False
+    linear_num_key_heads: int | None = None  # a Gated DeltaNet hybrid's (qwen3_next) mixer; None: none
+    linear_num_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel_dim: int | None = None
     index_n_heads: int | None = None  # DSA's indexer (DeepSeek-V3.2); None: dense attention
     index_head_dim: int | None = None
     index_topk: int | None = None
@@ -88,6 +95,11 @@ def arch_values(arch: Architecture) -> ArchValues:
         **({} if arch.mamba is None else dict(
             mamba_num_heads=arch.mamba.num_heads, mamba_head_dim=arch.mamba.head_dim,
             mamba_num_groups=arch.mamba.n_groups, mamba_state_dim=arch.mamba.state_size)),
+        shared_expert_gate=moe.shared_expert_gate if moe else False, attention_output_gate=arch.attention_output_gate,
+        **({} if arch.gdn is None else dict(
+            linear_num_key_heads=arch.gdn.num_key_heads, linear_num_value_heads=arch.gdn.num_value_heads,
+            linear_key_head_dim=arch.gdn.key_head_dim, linear_value_head_dim=arch.gdn.value_head_dim,
+            linear_conv_kernel_dim=arch.gdn.conv_kernel)),
         **({} if arch.dsa is None else dict(
             index_n_heads=arch.dsa.index_n_heads, index_head_dim=arch.dsa.index_head_dim,
             index_topk=arch.dsa.index_topk)))
@@ -115,7 +127,7 @@ def applies(name: str, arch: ArchValues, stated: dict[str, Stated]) -> bool:
     if name in ("head_dim", "qk_layernorm"):
         return not arch.mla
     if name in MAMBA_DETAILS:  # a hybrid's mixer (the pattern itself tells a hybrid from a GPT model)
-        return arch.layer_pattern is not None
+        return arch.layer_pattern is not None and arch.linear_num_key_heads is None
     return True
 
 

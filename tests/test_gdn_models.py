@@ -1,0 +1,372 @@
+"""Gated DeltaNet hybrids (model_type qwen3_next: Qwen3-Next): their config.json read as transformers' Qwen3NextConfig
+reads it, written as Megatron-Core's hybrid pattern (G Gated DeltaNet, * attention, E MoE, - MLP), their exact
+parameter counts against transformers' own model and the published ones, and what a GDN layer saves, costs and
+which frameworks run it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.catalog import published_mismatches
+from meshplan.knowledge.model_config import architecture_from_config
+from meshplan.knowledge.model_counts import gdn_params, layer_params
+from meshplan.request.parse import parse_request
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct config.json (its fields; transformers_version 4.57.0.dev0)
+QWEN3_NEXT_80B = {
+    "architectures": ["Qwen3NextForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "decoder_sparse_step": 1, "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu",
+    "hidden_size": 2048, "intermediate_size": 5120, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_next", "moe_intermediate_size": 512,
+    "norm_topk_prob": True, "num_attention_heads": 16, "num_experts": 512, "num_experts_per_tok": 10,
+    "num_hidden_layers": 48, "num_key_value_heads": 2, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 10000000, "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_qwen3_next_reads_as_megatron_cores_hybrid_pattern():
+    """Qwen3NextConfig.layer_types: every 4th decoder layer full attention; each decoder layer its mixer then its
+    sparse MoE block (decoder_sparse_step 1, no mlp_only_layers)."""
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    assert arch.layer_pattern == "GEGEGE*E" * 12 and arch.num_layers == 96
+    g = arch.gdn
+    assert (g.num_key_heads, g.num_value_heads, g.key_head_dim, g.value_head_dim, g.conv_kernel, g.chunk_size) == \
+        (16, 32, 128, 128, 4, 64)
+    assert (g.key_dim, g.value_dim, g.conv_dim, g.in_proj_width) == (2048, 4096, 8192, 12352)
+    assert arch.attention_output_gate and arch.qk_norm == "head" and arch.norms_per_layer == 1
+    assert arch.rope is not None and arch.rope.fraction == 0.25 and arch.mamba is None
+    assert arch.moe.moe_layers == list(range(1, 96, 2)) and arch.moe.shared_expert_gate
+
+
+def test_layer_types_and_mlp_only_layers_follow_qwen3nextconfig():
+    cfg = {**QWEN3_NEXT_80B, "num_hidden_layers": 4, "mlp_only_layers": [1],
+           "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"]}
+    assert architecture_from_config(cfg).layer_pattern == "*EG-GE*E"
+
+
+def test_a_gdn_layer_counts_what_qwen3nextgateddeltanet_builds():
+    """Worked by hand from Qwen3NextGatedDeltaNet: in_proj_qkvz 2048 x (2 x 2048 + 2 x 4096), in_proj_ba 2048 x 64,
+    conv1d 8192 x 4 (no bias), dt_bias and A_log 32 each, the gated norm over one value head (128), out_proj
+    4096 x 2048; and the layer's input RMSNorm. The gated attention's q_proj is 2048 x 16 x 256 x 2."""
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    mixer = 2048 * 12288 + 2048 * 64 + 8192 * 4 + 2 * 32 + 128 + 4096 * 2048
+    assert gdn_params(arch) == mixer
+    assert layer_params(arch, 0) == {"attention": 0, "norms": 2048, "dense_mlp": 0, "routed_experts": 0,
+                                     "shared_experts": 0, "router": 0, "latent_proj": 0, "gdn": mixer}
+    q, kv, o, qk_norms = 2048 * 8192, 2 * 2048 * 512, 4096 * 2048, 2 * 256
+    assert layer_params(arch, 6)["attention"] == q + kv + o + qk_norms
+
+
+def test_qwen3_next_80b_counts_transformers_model_exactly_and_the_published_figures():
+    """79,674,391,296: sum(p.numel()) of Qwen3NextForCausalLM built by transformers 5.9.0 from this config.json on
+    the meta device. Published (Qwen/Qwen3-Next-80B-A3B-Instruct model card): 80B total, 79B non-embedding, 3B
+    activated (the non-embedding active count, 3.253B)."""
+    report = api.describe_model("qwen3-next-80b-a3b")
+    assert report.total_params == 79_674_391_296
+    assert report.active_params == 3_874_929_408
+    assert report.active_params_non_embedding == 3_252_599_552
+    assert report.non_embedding_params == 79_052_061_440
+    assert published_mismatches(report) == []
+    assert architecture_from_config(QWEN3_NEXT_80B).model_dump(exclude={"key", "name", "hf_id", "origin"}) == \
+        report.architecture.model_dump(exclude={"key", "name", "hf_id", "origin"})
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"linear_num_value_heads": 24}, "multiple of linear_num_key_heads"),
+    ({"layer_types": ["linear_attention"] * 3}, "layer_types must list 48"),
+])
+def test_a_wrong_gdn_config_is_refused_naming_the_field(change, words):
+    with pytest.raises(MeshplanError, match=words):
+        architecture_from_config({**QWEN3_NEXT_80B, **change})
+
+
+def test_describe_reads_a_qwen3_next_config_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_NEXT_80B))
+    assert api.describe_model(str(path)).total_params == 79_674_391_296
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _gdn_layout(tokens: int, tp: int = 1, sp: bool = False):
+    from meshplan.arithmetic.activations import MOE_BYTES, Layout, attention_saves
+    from meshplan.arithmetic.memory_states import memory_card
+
+    conv = memory_card().conventions["megatron"]
+    return Layout(tokens=tokens, seq_kv=tokens, tp=tp, sp=sp, etp=1, flash=True, dropout=False,
+                  swiglu_unfused=conv.swiglu_unfused, fp8=False, moe=MOE_BYTES[conv.moe_activations],
+                  attn=attention_saves(conv), gdn=memory_card().gdn_layer.terms())
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (2, True), (4, False)])
+def test_a_gdn_layer_saves_what_megatron_cores_gated_delta_net_and_fla_keep(tp, sp):
+    """Per token, Qwen3-Next's widths (hidden 2048, in_proj 12352, q and k 2 x 2048 and 2 x 32 x 128 at the value
+    heads, value 4096, 32 value heads, chunk 64): the norm input and in_proj's input (2 + 2 over hidden, over TP
+    under SP only), in_proj's output (2 x 12352, the conv's saved view), l2norm's output (2 x 4096), the kernel's q and
+    k (2 x 8192), v (2 x 4096), g, beta and softplus' input (10 per head), A (2 x 32 x 64), the gated norm's input
+    (2 x 4096), its rstd (4 per head), its output and fp32 gate (10 x 4096) and out_proj's input (2 x 4096). With
+    gdn_norm_out the norm's rstd, output, fp32 gate and out_proj's input go and its checkpoint keeps the bf16 gate."""
+    from meshplan.arithmetic.activations import shape_of
+    from meshplan.arithmetic.mamba import hybrid_layer_activations
+
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    shape, t = shape_of(arch), 4096
+    lay = _gdn_layout(t, tp, sp)
+    hidden = (2 + 2) * 2048 / (tp if sp else 1)
+    mixer = (2 * 12352 + 2 * 4096 + 2 * 8192 + 2 * 4096 + 10 * 32 + 2 * 32 * 64 + 2 * 4096) / tp
+    norm = (4 * 32 + 10 * 4096 + 2 * 4096) / tp
+    assert hybrid_layer_activations(shape, lay, "G", "none") == {"gdn": pytest.approx(t * (hidden + mixer + norm))}
+    kept = hybrid_layer_activations(shape, lay, "G", "selective", ("gdn_norm_out",))
+    assert kept == {"gdn": pytest.approx(t * (hidden + mixer + 2 * 4096 / tp))}
+    assert hybrid_layer_activations(shape, lay, "G", "full") == {"layer_input": pytest.approx(2 * t * 2048 /
+                                                                                              (tp if sp else 1))}
+
+
+def test_gated_attention_keeps_its_gate_and_the_output_it_scales():
+    """Megatron-Core's Attention._apply_output_gate keeps the gate and the core output beside out_proj's input: two
+    query-wide bf16 tensors more than the same attention without the gate."""
+    from meshplan.arithmetic.activations import shape_of
+    from meshplan.arithmetic.mamba import hybrid_layer_activations
+
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    plain = arch.model_copy(update={"attention_output_gate": False})
+    lay, t = _gdn_layout(4096), 4096
+    gated = hybrid_layer_activations(shape_of(arch), lay, "*", "none")["attention"]
+    assert gated - hybrid_layer_activations(shape_of(plain), lay, "*", "none")["attention"] == \
+        pytest.approx(2 * 2 * t * 16 * 256)
+
+
+def test_memory_holds_the_gdn_weights_split_over_tp():
+    """Every parameter is on some GPU once (tp 2, pp 4, ep 8: the stages' params times tp for the TP-split part); the
+    Gated DeltaNet mixers are among the TP-split weights, not left out."""
+    from meshplan.estimate.memory_terms import param_table
+
+    arch = api.describe_model("qwen3-next-80b-a3b").architecture
+    table = param_table(arch)
+    gdn = sum(layer_params(arch, i).get("gdn", 0) for i in range(arch.num_layers))
+    assert gdn == 36 * gdn_params(arch)
+    split = sum(p["attention"] + p["shared_experts"] + p.get("gdn", 0)
+                for p in (layer_params(arch, i) for i in range(arch.num_layers)))
+    assert sum(table.tp_sharded) == split
+    report = api.estimate_memory(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64,
+                                                "tp": 2, "pp": 4, "ep": 8, "framework": "megatron-core"}))
+    assert len(report.stages) == 4 and all(s.weights_bytes > 0 for s in report.stages)
+    assert any("Gated DeltaNet" in a for a in report.assumptions)
+
+
+# --------------------------------------------------------------------------- FLOPs and time
+
+
+def test_model_flops_are_megatron_lms_gdn_layer_flops_and_gated_attention():
+    """megatron/training/training.py (core_v0.19.0): gdn_layer_flops 2 x (h (2 qk + 2 v + 2 heads_v) + kernel (2 qk +
+    v) + 4 heads_v d_v^2 + h v) per G layer; transformer_flops' attention with the gate's projection (q-sized) beside
+    q, k and v; MoE 4 h (f_e top-k + f_shared) x 1.5 (SwiGLU); logits 2 h V; all x3."""
+    from meshplan.arithmetic.flops import gdn_layer_flops, model_flops_per_token
+
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    h, s, q = 2048, 4096, 16 * 256
+    gdn = 2 * (h * (2 * 2048 + 2 * 4096 + 64) + 4 * (2 * 2048 + 4096) + 4 * 32 * 128 ** 2 + h * 4096)
+    assert gdn_layer_flops(arch) == gdn
+    p = q / h
+    attention = 4 * h * p * (h + h * 2 / 16) + 2 * s * h * p + 2 * h * p * h
+    moe = 4 * (h * 512 * 10 + h * 512) * 1.5
+    expected = 3 * (36 * gdn + 12 * attention + 48 * moe + 2 * h * 151936)
+    assert model_flops_per_token(arch, s) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_chunked_rule_is_flas_per_chunk_matmuls():
+    """fla/ops/gated_delta_rule/chunk.py at chunk 64, d_k = d_v = 128, per value head and token: K K^T 2 C d_k, the
+    triangular inverse 2 C^2 / 3, w and u 2 C (d_k + d_v), the state 4 d_k d_v, the output 2 d_k d_v + 2 C (d_k + d_v);
+    the conv 2 x 4 taps over 8192 channels; the backward runs w, u and h again."""
+    from meshplan.arithmetic.flops import Shard
+    from meshplan.arithmetic.gdn import gdn_rule_flops
+
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    c, d = 64, 128
+    per_head = 2 * c * d + 2 * c * c / 3 + 2 * c * 2 * d + 4 * d * d + 2 * d * d + 2 * c * 2 * d
+    for tp in (1, 2):
+        forward, again = gdn_rule_flops(arch, Shard(tokens=1000, tp=tp, ep=1, etp=1, sp=False))
+        assert forward == pytest.approx(1000 * (32 / tp * per_head + 2 * 4 * 8192 / tp))
+        assert again == pytest.approx(1000 * 32 / tp * (2 * c * 2 * d + 4 * d * d))
+
+
+def test_a_gdn_layer_is_its_gemms_its_passes_and_its_rule():
+    """The G layer: in_proj and out_proj through the GEMM model; beside them the card's bf16 passes at HBM speed and
+    the chunked rule's FLOPs x 3 plus what the backward recomputes at the GEMMs' asymptote; under CP two all-to-alls
+    (in_proj's output and the norm's output) each way."""
+    from meshplan.arithmetic.gdn import gdn_gemms, gdn_rule_flops
+    from meshplan.arithmetic.gemm import gemm_seconds
+    from meshplan.estimate.perf import step_terms
+    from meshplan.request.resolve import resolve
+
+    job, plan = resolve(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "tp": 2,
+                                       "pp": 4, "ep": 8, "framework": "megatron-core"}))
+    t = step_terms(job, plan)
+    ctx, cal = t.ctx, t.ctx.cal
+    lt = t.inputs.hybrid["G"]
+    assert set(t.inputs.hybrid) == {"G", "*", "E"}
+    assert lt.gemm == pytest.approx(gemm_seconds(gdn_gemms(ctx.arch, ctx.shard), cal, ctx.bf16_peak, None))
+    tokens = ctx.shard.tokens
+    passes = (32 * 32 * 128 + 37 * 4096 + 7 * 8192 + 8 * 32 * 64 + 6 * 32 * 128 * 128 / 64) * 2
+    forward, again = gdn_rule_flops(ctx.arch, ctx.shard)
+    mixer = tokens * passes / 2 / ctx.hbm + (3 * forward + again) / (ctx.bf16_peak * cal.gemm_peak_fraction)
+    hidden = cal.elementwise_passes * 2 * tokens * 2048 * 0.5 / (2 if ctx.plan.sequence_parallel else 1) / ctx.hbm
+    assert lt.elementwise == pytest.approx(mixer + hidden, rel=1e-12)
+    assert lt.attention == 0 and lt.cp == 0 and lt.ep == 0
+    # gdn_norm_out runs the gated norm's forward again: reads o and z, writes its output (3 bf16 passes, value width)
+    assert lt.module_fwd["gdn_norm_out"] == pytest.approx(3 * 2 * tokens * 4096 / 2 / ctx.hbm, rel=1e-12)
+    cp_terms = step_terms(*resolve(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64,
+                                                  "tp": 2, "cp": 2, "pp": 4, "ep": 8,
+                                                  "framework": "megatron-core"})))
+    assert cp_terms.inputs.hybrid["G"].cp > 0
+
+
+# --------------------------------------------------------------------------- rules and search
+
+
+def test_gdn_norm_out_is_a_recompute_module_of_gdn_models_only():
+    """Megatron-Core's TransformerConfig: gdn_norm_out only with experimental_attention_variant gated_delta_net."""
+    ok = api.check_config(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "ep": 8,
+                                         "pp": 4, "recompute": "selective",
+                                         "recompute_modules": ["gdn_norm_out", "moe_act"]}))
+    assert "RC004" not in {f.id for f in ok.findings}
+    bad = api.check_config(parse_request({"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8,
+                                          "recompute": "selective", "recompute_modules": ["gdn_norm_out"]}))
+    assert "RC004" in {f.id for f in bad.findings}
+
+
+def test_tp_times_cp_must_divide_the_gdn_heads():
+    """16 key heads: tp 2 x cp 16 = 32 does not divide them (TP007), tp 2 x cp 8 does."""
+    bad = api.check_config(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 32, "tp": 2,
+                                          "cp": 16}))
+    finding = next(f for f in bad.findings if f.id == "TP007")
+    assert "16 key heads" in finding.message and "32 value heads" in finding.message
+    ok = api.check_config(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 16, "tp": 2,
+                                         "cp": 8}))
+    assert "TP007" not in {f.id for f in ok.findings}
+
+
+@pytest.mark.parametrize("framework, rule_id", [("torchtitan", "HY003"), ("deepspeed", "HY003"),
+                                                ("verl", "HY004"), ("nemo-automodel", "HY004")])
+def test_frameworks_without_megatron_cores_gdn_refuse_it_naming_the_ones_that_run_it(framework, rule_id):
+    report = api.check_config(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64,
+                                             "framework": framework}))
+    finding = next(f for f in report.findings if f.id == rule_id)
+    assert "megatron-bridge or megatron-core" in finding.fix
+    assert "HY001" not in {f.id for f in report.findings}  # the Mamba-2 rules stay Mamba-2's
+
+
+def test_recommend_ranks_qwen3_next_on_64_h100():
+    """`meshplan recommend qwen3-next-80b-a3b --gpu h100 --num-gpus 64` through the api: a ranked answer whose every
+    layout passes the Gated DeltaNet rule (tp x cp divides 16) and fits."""
+    report = api.recommend(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64}))
+    assert len(report.candidates) >= 3
+    speeds = [c.throughput.tokens_per_s_per_gpu for c in report.candidates]
+    assert speeds == sorted(speeds, reverse=True)
+    for c in report.candidates:
+        assert 16 % (c.plan.tp * c.plan.cp) == 0
+        assert c.memory.fits
+
+
+def test_bridge_interleaves_a_gdn_hybrid_that_hybridmodel_cannot():
+    """Megatron-Bridge builds Qwen3-Next as a GPTModel, so its measured layout (Megatron-Bridge's MoE perf card:
+    64 GB200, TP1 PP2 VPP4 EP32) is estimated there: 12 decoder layers per virtual chunk; rendered for Megatron-Core's
+    HybridModel the same vpp is refused (PP018), and on Bridge a chunk of an odd number of pattern layers (PP017)."""
+    fields = {"model": "qwen3-next-80b-a3b", "gpu": "gb200", "num_gpus": 64, "pp": 2, "vpp": 4, "ep": 32,
+              "micro_batch_size": 2}
+    bridge = api.check_config(parse_request({**fields, "framework": "megatron-bridge"}))
+    assert not {"PP016", "PP017", "PP018"} & {f.id for f in bridge.findings}
+    assert api.estimate_throughput(parse_request({**fields, "framework": "megatron-bridge"})).step_time_s > 0
+    core = api.check_config(parse_request({**fields, "framework": "megatron-core"}))
+    assert "PP018" in {f.id for f in core.findings}
+    odd = api.check_config(parse_request({**fields, "vpp": 16, "framework": "megatron-bridge"}))
+    assert "PP017" in {f.id for f in odd.findings}  # 48 pattern layers per rank, 3 per chunk: a decoder layer cut
+
+
+@pytest.mark.parametrize("fields", [
+    dict(gpu="h200", num_gpus=16, seq_length=4096, global_batch_size=64, ep=16, framework="megatron-bridge"),
+    dict(gpu="h200", num_gpus=16, seq_length=4096, global_batch_size=64, ep=8, framework="megatron-core"),
+    # long sequences, where CP is ranked: its share of a rank's CP traffic counts the G layers' all-to-alls
+    dict(gpu="b200", num_gpus=16, seq_length=16384, global_batch_size=32, ep=16, framework="megatron-bridge"),
+])
+def test_the_search_finds_the_oracles_top_k_on_qwen3_next(fields):
+    """The hybrid bounds (a stage's least layer of each kind) hold with Gated DeltaNet layers: the search's top 3 are
+    the exhaustive oracle's (search/oracle.py)."""
+    from meshplan.schema.request import Request
+    from meshplan.search import exhaustive_top_k, recommend
+
+    req = Request(model="qwen3-next-80b-a3b", **fields)
+    rec = recommend(req, top_k=3)
+    oracle = exhaustive_top_k(req, 100)
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle[:3]], rel=1e-12)
+    assert len(rec.candidates) == 3
+    assert all(c.plan.pipeline_layout is None for c in rec.candidates)
+
+
+def test_an_mtp_block_asked_of_qwen3_next_is_a_full_attention_decoder_layer():
+    """config.json states no MTP depth (the total leaves the checkpoint's mtp.* out); asked (Megatron-Bridge's
+    qwen3_next recipes set mtp_num_layers 1) the block is one gated-attention layer and one MoE layer ('*E'), with
+    its enorm, hnorm, final norm and eh_proj (2h -> h), trained on the last stage."""
+    from meshplan.knowledge.model_counts import mtp_params
+    from meshplan.request.resolve import resolve
+
+    arch = architecture_from_config(QWEN3_NEXT_80B)
+    assert arch.num_mtp_layers == 0 and arch.mtp_layer_pattern == "*E" and mtp_params(arch) == 0
+    job, _ = resolve(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 4,
+                                    "ep": 8, "framework": "megatron-bridge", "mtp_num_layers": 1}))
+    h = 2048
+    attention, moe = sum(layer_params(arch, 6).values()), sum(layer_params(arch, 7).values())
+    assert job.model.num_mtp_layers == 1
+    assert mtp_params(job.model) == 3 * h + 2 * h * h + attention + moe
+
+
+def test_render_writes_megatron_cores_hybrid_pattern_and_bridges_gpt_fields():
+    """Megatron-Core: pretrain_mamba.py with --hybrid-layer-pattern (core_v0.19.0 HybridModel's G symbol), the
+    --linear-* shapes and --attention-output-gate (Megatron-LM's gpt3_mcore_te_tp2_pp1_gdn test names them);
+    Megatron-Bridge: Qwen3NextBridge's GPTModel fields, no hybrid pattern, its pipeline split in decoder layers."""
+    req = parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 4, "ep": 8,
+                         "first_stage_layers": 22, "last_stage_layers": 26, "mtp_num_layers": 1})
+    core = api.render_config("megatron-core", req, force=True).text
+    assert "pretrain_mamba.py" in core and f"--hybrid-layer-pattern '{'GEGEGE*E' * 12}'" in core
+    for flag in ("--linear-num-key-heads 16", "--linear-num-value-heads 32", "--linear-key-head-dim 128",
+                 "--linear-value-head-dim 128", "--linear-conv-kernel-dim 4", "--attention-output-gate",
+                 "--rotary-percent 0.25", "--apply-layernorm-1p", "--moe-shared-expert-gate",
+                 "--mtp-hybrid-override-pattern '*E'"):
+        assert flag in core, flag
+    bridge = api.render_config("megatron-bridge", req, force=True).text
+    for line in ("cfg.model.experimental_attention_variant = 'gated_delta_net'", "cfg.model.linear_attention_freq = 4",
+                 "cfg.model.attention_output_gate = True", "cfg.model.num_layers_in_first_pipeline_stage = 11",
+                 "cfg.model.num_layers_in_last_pipeline_stage = 13"):
+        assert line in bridge, line
+    assert "hybrid_layer_pattern" not in bridge
+    with pytest.raises(MeshplanError, match="cutting a decoder layer in two"):
+        api.render_config("megatron-bridge", req.model_copy(update={"first_stage_layers": 23,
+                                                                    "last_stage_layers": 25}), force=True)
+
+
+@pytest.mark.parametrize("model_type, total, pattern", [
+    ("qwen3_5_moe_text", 34_660_610_688, "GEGEGE*E" * 10),
+    ("qwen3_5_text", 8_953_803_264, "G-G-G-*-" * 8),
+])
+def test_qwen3_5s_language_models_count_what_transformers_builds(model_type, total, pattern):
+    """Qwen3.5's language models (transformers 5.9.0 Qwen3_5MoeTextConfig / Qwen3_5TextConfig at their defaults,
+    built as Qwen3_5MoeForCausalLM / Qwen3_5ForCausalLM on the meta device: sum(p.numel())): the same Gated DeltaNet,
+    gated attention and MoE layers as Qwen3-Next (in_proj split into qkv, z, b, a: the same widths), every layer MoE
+    or every layer a dense SwiGLU MLP."""
+    from meshplan.knowledge.model_counts import total_params
+
+    arch = architecture_from_config({"model_type": model_type})
+    assert total_params(arch) == total
+    assert arch.layer_pattern == pattern and arch.attention_output_gate
+
+
+def test_qwen3_5s_vision_language_config_is_refused_naming_its_text_config():
+    with pytest.raises(MeshplanError, match=r"vision tower.*qwen3_5_moe_text"):
+        architecture_from_config({"model_type": "qwen3_5_moe", "text_config": {}, "vision_config": {}})
