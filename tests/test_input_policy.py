@@ -5,6 +5,7 @@ ignored. Each item goes through meshplan.api, the CLI (flags and --batch) and th
 from __future__ import annotations
 
 import json
+from typing import get_args
 
 import pytest
 from mcp import Client
@@ -14,6 +15,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.faces.cli import main
 from meshplan.faces.mcp.server import app
 from meshplan.request.parse import ascii_float, ascii_int, parse_request
+from meshplan.schema.choices import RecomputeModule
 from meshplan.schema.request import Request
 
 L8B = {"model": "llama-3.1-8b", "num_gpus": 8, "global_batch_size": 64}
@@ -105,7 +107,7 @@ def test_a_model_size_is_ascii_digits():
 
 
 def test_recompute_modules_are_bounded_and_each_given_once():
-    with pytest.raises(MeshplanError, match="at most 7 items"):
+    with pytest.raises(MeshplanError, match=f"at most {len(get_args(RecomputeModule))} items"):  # one of each module
         parse_request({**L8B, "recompute_modules": ["mlp"] * 200_000})
     with pytest.raises(MeshplanError, match=r"each name at most once \('mlp' given more than once\)"):
         parse_request({**L8B, "recompute_modules": ["mlp", "core_attn", "mlp"]})
@@ -121,7 +123,7 @@ async def test_mcp_schema_bounds_recompute_modules():
         tools = {t.name: t for t in (await client.list_tools()).tools}
     schema = tools["estimate_memory"].input_schema["properties"]["recompute_modules"]
     assert schema["uniqueItems"] is True
-    assert schema["anyOf"][0]["maxItems"] == 7
+    assert schema["anyOf"][0]["maxItems"] == len(get_args(RecomputeModule))
 
 
 @pytest.mark.anyio
