@@ -12,6 +12,7 @@ import pytest
 
 from meshplan import api
 from meshplan.adapters.read.fixes import fix_changes
+from meshplan.core.errors import MeshplanError
 from meshplan.schema.request import Request
 
 QWEN_RL = dict(model="qwen3-30b-a3b", framework="verl", gpu="h100", num_gpus=16, job="rl", algorithm="grpo", tp=4,
@@ -61,3 +62,35 @@ def test_training_peak_keeps_the_layout_changes():
     fix = errors(dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, pp=2, micro_batch_size=2, recompute="none",
                       seq_length=4096))["MEM002"].fix
     assert "micro_batch_size=1" in fix and "rollout" not in fix
+
+
+MINI = dict(model="qwen3-30b-a3b", framework="verl", gpu="h100", num_gpus=16, job="rl", prompts_per_step=256,
+            samples_per_prompt=8, response_length=4096, tp=4, pp=2, vpp=8, etp=4, micro_batch_size=16)
+
+
+def test_an_rl_update_s_schedule_runs_per_mini_batch_on_every_face():
+    """verl runs Megatron-Core's schedule once per mini-batch: 4 prompts x 8 samples over dp 2 at micro-batch 16 is one
+    micro-batch, which interleaving over pp 2 refuses (PP005). check said ok (it counted the step's 64), while memory
+    and the RL recommend's update estimate raised PP005 from a derived job, with a global_batch_size fix; now every
+    face names PP005 per mini-batch with a prompts_per_mini_batch fix, and that fix passes it."""
+    req = {**MINI, "prompts_per_mini_batch": 4}
+    found = errors(req)["PP005"]
+    assert "1 micro-batches per mini-batch" in found.message and "prompts_per_mini_batch = 8" in found.fix
+    for call in (api.estimate_memory, api.estimate_throughput):
+        with pytest.raises(MeshplanError, match=r"PP005: .* per mini-batch .* prompts_per_mini_batch = 8"):
+            call(Request(**req))
+    assert "PP005" not in errors({**MINI, "prompts_per_mini_batch": 8})
+    assert "PP005" not in errors(MINI)  # the whole step in one mini-batch: 128 micro-batches
+
+
+def test_the_rl_actor_search_ranks_layouts_at_one_mini_batch():
+    """The RL recommend's actor search is a training search at one mini-batch's sequences (rl/job.trainer_request), so
+    the layouts it hands the RL ranking run the update's schedule: at the step's 2,048 sequences it handed one whose
+    mini-batch interleaving refuses, and the RL ranking raised PP005 (a traceback)."""
+    from meshplan.search.rl import _training
+
+    req = Request(**{k: v for k, v in MINI.items() if k not in ("tp", "pp", "vpp", "etp", "micro_batch_size")},
+                  prompts_per_mini_batch=4)
+    assert _training(req).global_batch_size == 4 * 8
+    rec = api.recommend(req)
+    assert rec.candidates and all(4 * 8 % (c.plan.dp * c.plan.micro_batch_size) == 0 for c in rec.candidates)

@@ -256,16 +256,16 @@ def test_a_groups_key_holds_a_list_field_as_a_tuple(fields):
 
 
 def test_a_contexts_derived_values_are_kept_in_its_dict_without_a_lock():
-    # Context works out backend, law, expert_grid, fast_domain and microbatches on their first read and keeps them in
-    # its own dict (core/once.py: functools.cached_property without Python 3.11's lock), the values the plain
-    # expressions give
+    # Context works out backend, law, expert_grid, fast_domain, microbatches and per_mini_batch on their first read and
+    # keeps them in its own dict (core/once.py: functools.cached_property without Python 3.11's lock), the values the
+    # plain expressions give
     job, plan = JOBS[0]
     ctx = Context(job, plan)
     derived = {name for name, value in vars(Context).items() if isinstance(value, once)}
-    assert derived == {"backend", "law", "expert_grid", "fast_domain", "microbatches"}
+    assert derived == {"backend", "law", "expert_grid", "fast_domain", "microbatches", "per_mini_batch"}
     assert not any(isinstance(value, functools.cached_property) for value in vars(Context).values())
+    assert not derived & ctx.__dict__.keys()  # none before its first read
     for name in derived:
-        assert name not in ctx.__dict__
         value = getattr(ctx, name)
         assert ctx.__dict__[name] == value == getattr(ctx, name)
     gbs = job.global_batch_size

@@ -137,11 +137,17 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     return trainer, rl
 
 
-def trainer_request(trainer: Request) -> Request:
+def trainer_request(trainer: Request, rl: RLJob | None = None) -> Request:
     """The trainer's own training request (resolve_rl's first answer with every RL field cleared): what the training
     search ranks actor layouts for, on the RL launcher's allocator where the request leaves it out (verl's workers
-    turn expandable segments on, its SFT trainer, a training job's, does not: the card's allocator)."""
-    cleared = dict.fromkeys(("job", *RL_FIELDS))
+    turn expandable segments on, its SFT trainer, a training job's, does not: the card's allocator). With the
+    resolved `rl` naming a mini-batch smaller than the step, its batch is one mini-batch's sequences: the update runs
+    its pipeline schedule, and so holds its micro-batches in flight, once per mini-batch (rl/memory.
+    update_micro_batches, rl/step_time.mini_batch_update), so the actor layouts are ranked and sized at that batch;
+    at the whole step's, a deep pipeline's memory was counted at micro-batches it never holds at once."""
+    cleared: dict = dict.fromkeys(("job", *RL_FIELDS))
+    if rl is not None and rl.prompts_per_mini_batch is not None and rl.prompts_per_mini_batch < rl.prompts_per_step:
+        cleared["global_batch_size"] = rl.prompts_per_mini_batch * rl.samples_per_prompt
     allocator = framework_card(trainer.framework).allocator_for(True)
     if trainer.expandable_segments is None and allocator is not None:
         cleared["expandable_segments"] = allocator.expandable_segments

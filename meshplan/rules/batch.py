@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import divisors, fmt_set, neighbours
+from meshplan.rules.fix_values import divisors, fmt_set, neighbours, rl_batch_fix
 
 MAX_LISTED_MBS = 64  # micro-batch sizes listed up to 64: beyond, a micro-batch alone is a large global batch
 
@@ -46,20 +46,6 @@ def verl_batch(ctx: Context) -> Values:
     if gbs % unit == 0:
         return None
     return {"gbs": gbs, "unit": unit, "how": how, "gbss": rl_batch_fix(ctx, gbs, unit)}
-
-
-def rl_batch_fix(ctx: Context, gbs: int, unit: int, mini_batch: bool = False) -> str:
-    """The batch a fix names, a multiple of `unit`: an RL job's in its own fields (its batch is prompts_per_step x
-    samples_per_prompt, so the prompts step by unit / gcd(unit, samples): 'global_batch_size = 8' at 3 samples a
-    prompt named no whole prompts_per_step; `mini_batch`: the stated prompts_per_mini_batch is what was divided), a
-    training job's as global_batch_size."""
-    if ctx.job.rl is None:
-        return f"global_batch_size = {neighbours(gbs, unit)}"
-    n = ctx.job.rl.samples_per_prompt
-    prompts = [int(p) for p in neighbours(gbs // n, unit // math.gcd(unit, n)).split(" or ")]
-    field = "prompts_per_mini_batch" if mini_batch else "prompts_per_step"
-    return (f"{field} = {' or '.join(str(p) for p in prompts)} (x samples_per_prompt {n} = "
-            f"{' or '.join(f'{p * n:,}' for p in prompts)} sequences)")
 
 
 

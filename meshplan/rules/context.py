@@ -149,11 +149,35 @@ class Context:
 
     @once
     def microbatches(self) -> int:
-        """Micro-batches per run of the pipeline schedule: gbs / (mbs * dp), floored (rules check divisibility), over
-        the schedule's runs per step (Plan.pipeline_microbatches: torchtitan runs it per accumulation step); once per
-        Context (several rules read it)."""
-        m = self.job.global_batch_size // (self.plan.micro_batch_size * self.plan.dp)
-        return m // self.plan.schedule_runs(self.job.global_batch_size)
+        """Micro-batches per run of the pipeline schedule: schedule_batch / (mbs * dp), floored (rules check
+        divisibility), over the schedule's runs per step (Plan.pipeline_microbatches: torchtitan runs it per
+        accumulation step); once per Context (several rules read it)."""
+        batch = self.schedule_batch
+        m = batch // (self.plan.micro_batch_size * self.plan.dp)
+        return m // self.plan.schedule_runs(batch)
+
+    @once
+    def per_mini_batch(self) -> bool:
+        """Whether one run of the pipeline schedule takes an RL job's mini-batch rather than its step: where the job
+        names a mini-batch smaller than the step, its update runs the schedule and steps the optimizer once per
+        mini-batch (verl's update_policy, rl/memory.update_micro_batches). Not where the framework packs the
+        sequences to a token budget (the card's rl.packed_micro_batches, at mean lengths under the longest): that
+        count is the packing's, which verl rounds up to a multiple of pp where virtual stages interleave."""
+        rl = self.job.rl
+        if rl is None or rl.prompts_per_mini_batch is None or rl.prompts_per_mini_batch >= rl.prompts_per_step:
+            return False
+        return not (self.job.rl_card.packed_micro_batches and rl.token_share < 1)
+
+    @property
+    def schedule_batch(self) -> int:
+        """The sequences one run of the pipeline schedule takes: the step's, or the mini-batch's (per_mini_batch)."""
+        rl = self.job.rl
+        return rl.prompts_per_mini_batch * rl.samples_per_prompt if self.per_mini_batch else self.job.global_batch_size
+
+    @property
+    def schedule_run(self) -> str:
+        """What one run of the schedule is, in words."""
+        return "mini-batch" if self.per_mini_batch else "step"
 
     @property
     def num_experts(self) -> int:

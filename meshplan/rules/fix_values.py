@@ -54,3 +54,16 @@ def lcm(*values: int) -> int:
         out = out * v // math.gcd(out, v)
     return out
 
+
+def rl_batch_fix(ctx: Context, gbs: int, unit: int, mini_batch: bool = False) -> str:
+    """The batch a fix names, a multiple of `unit`: an RL job's in its own fields (its batch is prompts_per_step x
+    samples_per_prompt, so the prompts step by unit / gcd(unit, samples): 'global_batch_size = 8' at 3 samples a
+    prompt named no whole prompts_per_step; `mini_batch`: the stated prompts_per_mini_batch is what was divided), a
+    training job's as global_batch_size."""
+    if ctx.job.rl is None:
+        return f"global_batch_size = {neighbours(gbs, unit)}"
+    n = ctx.job.rl.samples_per_prompt
+    prompts = [int(p) for p in neighbours(gbs // n, unit // math.gcd(unit, n)).split(" or ")]
+    field = "prompts_per_mini_batch" if mini_batch else "prompts_per_step"
+    return (f"{field} = {' or '.join(str(p) for p in prompts)} (x samples_per_prompt {n} = "
+            f"{' or '.join(f'{p * n:,}' for p in prompts)} sequences)")

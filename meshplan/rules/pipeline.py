@@ -24,7 +24,7 @@ from meshplan.arithmetic.schedule import (
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.rules.engine import Context, Values, load_rules, rule, rule_specs
-from meshplan.rules.fix_values import ctx_param, divisors, fmt_set, neighbours
+from meshplan.rules.fix_values import ctx_param, divisors, fmt_set, rl_batch_fix
 from meshplan.rules.world import tiled, tiling
 from meshplan.schema.choices import FRAMEWORKS, PipelineSchedule
 from meshplan.schema.plan import Job, Plan
@@ -272,9 +272,9 @@ def interleave_microbatches(ctx: Context) -> Values:
     m = ctx.microbatches
     if m >= p.pp and m % p.pp == 0:
         return None
-    unit = p.micro_batch_size * p.dp * p.pp
-    return {"m": m, "pp": p.pp, "vpp": p.vpp, "gbs": ctx.job.global_batch_size, "unit": unit,
-            "gbss": neighbours(ctx.job.global_batch_size, unit)}
+    unit, batch = p.micro_batch_size * p.dp * p.pp, ctx.schedule_batch
+    return {"m": m, "pp": p.pp, "vpp": p.vpp, "gbs": batch, "unit": unit, "run": ctx.schedule_run,
+            "gbss": rl_batch_fix(ctx, batch, unit, mini_batch=ctx.per_mini_batch)}
 
 
 

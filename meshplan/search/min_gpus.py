@@ -87,7 +87,8 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     # the host is the RL step's, settled by the RL recommend at each count (refuse_host, the actor search's
     # ActorHost), not the training step's with the phase offloads as resolved: an RL step may turn them off
     # (SkyRL's FSDP optimizer left on the GPU takes less host), so the trainer's scan checks the GPU only
-    training = trainer_request(probe).model_copy(update={"cpu_memory_per_node": None})
+    training = trainer_request(probe, rl.job if rl is not None else None).model_copy(
+        update={"cpu_memory_per_node": None})
     job, _ = search_job(training.model_copy(update={"num_gpus": node}))
     engine = default_engine(job.framework)
     fixed = Fixed.from_request(training)

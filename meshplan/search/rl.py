@@ -110,7 +110,8 @@ def _training(req: Request) -> Request:
     trainer_req, rl = resolve_rl(req, [])
     if rl is None:
         raise MeshplanError("recommend_rl needs an RL job.", fix="Pass job=rl with framework verl or skyrl.")
-    return trainer_request(trainer_req)  # every RL field (rl/job.RL_FIELDS): a list kept here lacked enforce_eager
+    # every RL field cleared (rl/job.RL_FIELDS: a list kept here lacked enforce_eager), at one mini-batch
+    return trainer_request(trainer_req, rl.job)
 
 
 @dataclass
