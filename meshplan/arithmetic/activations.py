@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from meshplan.schema.choices import CpPadding
-from meshplan.schema.model import Architecture
+from meshplan.schema.model import LAYER_KINDS, Architecture
 
 BF16 = 2
 
@@ -106,7 +106,7 @@ def shape_of(arch: Architecture) -> Shape:
         qk_norm=arch.qk_norm == "head",
         mamba=(arch.hidden_size, 2 * arch.mamba.d_inner + 2 * arch.mamba.n_groups * arch.mamba.state_size
                + arch.mamba.num_heads, arch.mamba.d_inner, arch.mamba.n_groups) if arch.mamba else None,
-        kinds="".join(k for k in "MG*-E" if k in (arch.layer_pattern or "")),
+        kinds="".join(k for k in LAYER_KINDS if k in (arch.layer_pattern or "")),
         gdn=gdn_widths(arch) if arch.gdn else None,
         out_gate=arch.attention_output_gate,
         latent=(moe.latent_size or 0) if moe else 0,

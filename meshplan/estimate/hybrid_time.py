@@ -34,8 +34,9 @@ from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds, 
 from meshplan.estimate.moe_time import busiest_rank_experts, exposed_ep
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
+from meshplan.schema.model import LAYER_KINDS
 
-HYBRID_KINDS = ("M", "G", "*", "-", "E")
+HYBRID_KINDS = tuple(LAYER_KINDS)  # the pattern letters, in schema/model.py's order
 FP32 = 4  # bytes per element of the SSD chunk states (mamba_ssm's default state_dtype)
 
 

@@ -18,11 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.knowledge.hybrid_config import PATTERN_KINDS
 from meshplan.schema.model import Architecture, GatedDeltaNetSpec, MoESpec
-
-# Every hybrid layer kind meshplan plans, by its pattern letter: nemotron_h's and the Gated DeltaNet
-LAYER_KINDS = {**PATTERN_KINDS, "G": "Gated DeltaNet"}
 
 # Qwen3NextConfig's layer_types names
 _MIXERS = {"linear_attention": "G", "full_attention": "*"}

@@ -73,6 +73,12 @@ class DSASpec(StrictModel):
     index_topk: int = Field(ge=1, description="index_topk: keys each query attends to (at most its position)")
 
 
+# A hybrid model's layer kinds by their pattern letter (Megatron-Core's hybrid layer Symbols, core_v0.19.0
+# mamba_hybrid_layer_allocation.py), in the order every per-kind walk takes them: the activations' Shape.kinds, the
+# step time's HYBRID_KINDS, the assumptions' and the model report's counts
+LAYER_KINDS = {"M": "Mamba-2", "G": "Gated DeltaNet", "*": "attention", "-": "MLP", "E": "MoE"}
+
+
 class MambaSpec(StrictModel):
     """A Mamba-2 mixer's shapes as config.json states them (transformers' NemotronHMamba2Mixer, Megatron-Core's
     MambaMixer): the inner width is heads x head_dim, and B and C carry n_groups x ssm_state_size channels each."""
@@ -244,9 +250,8 @@ class Architecture(StrictModel):
         return "allgather" if self.dsa is not None else "p2p"
 
     def layer_kind(self, index: int) -> str:
-        """'M' (Mamba-2), 'G' (Gated DeltaNet), '*' (attention), '-' (MLP) or 'E' (MoE) for a hybrid model's layer;
-        'block' for every
-        layer of a model that has no pattern (attention and an MLP or MoE in one layer)."""
+        """A hybrid model's layer's letter (LAYER_KINDS: 'M', 'G', '*', '-' or 'E'); 'block' for every layer of a model
+        that has no pattern (attention and an MLP or MoE in one layer)."""
         return self.layer_pattern[index] if self.layer_pattern is not None else "block"
 
 
