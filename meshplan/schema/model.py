@@ -244,6 +244,12 @@ class Architecture(StrictModel):
         return self.moe is not None and index in set(self.moe.moe_layers)
 
     @property
+    def indexer_query_input(self) -> int:
+        """The width DSA's indexer reads its queries from (wq_b's input): MLA's q latent, hidden_size where the model
+        has none (DeepSeek's Indexer takes q_lora_rank; Megatron-Core's DSAIndexer falls back to hidden_size)."""
+        return (self.mla.q_lora_rank if self.mla is not None else None) or self.hidden_size
+
+    @property
     def cp_comm_type_default(self) -> str:
         """The CP communication a request that leaves cp_comm_type out gets: all-gather for a DSA model, the only
         one Megatron-Core's DSAttention runs (rule DSA003), else the p2p ring."""
