@@ -61,11 +61,12 @@ def mamba_activations(shape: Shape, lay: Layout, sel: set[str]) -> float:
 def hybrid_layer_activations(shape: Shape, lay: Layout, kind: str, recompute: str,
                              modules: tuple[str, ...] = ("core_attn",)) -> dict[str, float]:
     """Bytes per micro-batch of one layer of a hybrid model, by component: kind M (Mamba-2), G (Gated DeltaNet,
-    arithmetic/gdn.py), * (attention), -
-    (MLP) or E (MoE), each one norm and its mixer (Megatron-Core's MambaLayer and TransformerLayer with the other
-    submodule an IdentityOp, as mamba_block.py builds them). recompute: none | selective (Megatron's modules: core_attn
-    reaches the attention layers, mlp and moe their own, layernorm every layer's norm output) | full (the layer's
-    input). torchtitan's op-level SAC runs no hybrid model."""
+    arithmetic/gdn.py), * (attention), - (MLP) or E (MoE), each one norm and its mixer (Megatron-Core's MambaLayer and
+    TransformerLayer with the other submodule an IdentityOp, as mamba_block.py builds them); a Mamba-2 or Gated
+    DeltaNet layer's norm input is its mixer's own row. recompute: none | selective (Megatron's modules: core_attn
+    reaches the attention layers, mlp and moe their own, gdn_norm_out the Gated DeltaNet's gated norm, layernorm every
+    layer's norm output but a Gated DeltaNet's, whose norm is fused into its in_proj: cards/memory.yaml gdn_layer) |
+    full (the layer's input). torchtitan's op-level SAC runs no hybrid model."""
     t, h = lay.tokens, shape.h
     ts = lay.tp if lay.sp else 1
     if recompute == "full":
