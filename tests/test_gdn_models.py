@@ -227,6 +227,22 @@ def test_a_gdn_layer_is_its_gemms_its_passes_and_its_rule():
     assert cp_terms.inputs.hybrid["G"].cp > 0
 
 
+
+@pytest.mark.parametrize("name", ["gdn_key_passes", "gdn_value_passes", "gdn_conv_passes", "gdn_chunk_passes",
+                                  "gdn_state_passes"])
+def test_each_gdn_pass_count_is_the_sum_its_source_itemises(name):
+    """cards/calibration.yaml counts each Gated DeltaNet constant kernel by kernel, one pass per tensor read or written,
+    each item's count in brackets ("(2)", "(q, k: 2)", "(3; ...)"): the value is their sum, so a kernel added to or
+    dropped from the source without the value moving (or the reverse) is caught."""
+    import re
+
+    from meshplan.knowledge.calibration import calibration_card
+
+    constant = calibration_card().constants[name]
+    items = [int(n) for n in re.findall(r"(?:\(|: )(\d+)(?:\)|;)", constant.source)]
+    assert len(items) >= 4 and sum(items) == constant.value, (items, constant.value)
+
+
 # --------------------------------------------------------------------------- rules and search
 
 
