@@ -155,25 +155,28 @@ def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
 
 @rule("PR004", reads=("zero_stage", "tp", "pp", "ep", "grad_reduce_in_fp32"))  # tp, pp, ep: the variant render writes
 def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
+    """A gradient reduce dtype the framework cannot set: no version of it has the knob, or the engine the plan runs
+    (the default render's version and variant: verl's and SkyRL's FSDP engines set it under their own key) has none,
+    or sets it at other ZeRO stages only. The engine-without-the-knob branch is reached by no card today (every
+    version and variant of a framework that has the knob somewhere has a key for it): it guards a card that adds one."""
     p = ctx.plan
     if p.grad_reduce_in_fp32 is None:
         return None
     knob = "grad_reduce_fp32" if p.grad_reduce_in_fp32 else "grad_reduce_bf16"
     card, dtype = ctx.card, "fp32" if p.grad_reduce_in_fp32 else "bf16"
+    value = str(p.grad_reduce_in_fp32).lower()
     instead = _lacks(card, knob)
     if instead is None:  # (so the card has an adapter section)
-        # the knob of the engine the plan runs (verl's and SkyRL's FSDP engines set it under their own key)
         spec = rendered_knob(card, ctx.job, p, knob) or _default_version_knob(card, knob)
+        at_stage = f"{card.display_name} (zero_stage={p.zero_stage})"
         if spec.key is None:
-            return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": f"{card.display_name} (zero_stage="
-                    f"{p.zero_stage})", "why": f"{card.display_name} cannot reduce gradients in {dtype} on the "
-                    f"engine zero_stage {p.zero_stage} runs", "fix": spec.instead}
+            return {"value": value, "framework": at_stage, "why": f"{card.display_name} cannot reduce gradients in "
+                    f"{dtype} on the engine zero_stage {p.zero_stage} runs", "fix": spec.instead}
         if spec.zero_stages is None or p.zero_stage in spec.zero_stages:
             return None
-        return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": f"{card.display_name} (zero_stage="
-                f"{p.zero_stage})", "why": f"{card.display_name} sets a {dtype} gradient buffer at zero_stage "
-                f"{' or '.join(map(str, spec.zero_stages))} only", "fix": spec.instead}
-    return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": card.display_name,
+        return {"value": value, "framework": at_stage, "why": f"{card.display_name} sets a {dtype} gradient buffer at "
+                f"zero_stage {' or '.join(map(str, spec.zero_stages))} only", "fix": spec.instead}
+    return {"value": value, "framework": card.display_name,
             "why": f"{card.display_name} cannot reduce gradients in {dtype}", "fix": instead}
 
 
