@@ -77,6 +77,8 @@ class DSASpec(StrictModel):
 # mamba_hybrid_layer_allocation.py), in the order every per-kind walk takes them: the activations' Shape.kinds, the
 # step time's HYBRID_KINDS, the assumptions' and the model report's counts
 LAYER_KINDS = {"M": "Mamba-2", "G": "Gated DeltaNet", "*": "attention", "-": "MLP", "E": "MoE"}
+# Its token mixers: the kinds with no FFN, whose layer runs the first TP pair and the sequence-wide traffic CP adds
+MIXER_KINDS = ("M", "G", "*")
 
 
 class MambaSpec(StrictModel):
