@@ -7,7 +7,7 @@ from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention
 from meshplan.arithmetic.mesh import mesh_groups, own_ep_ranks_note
-from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD
+from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD, INDEXER_PASSES_PER_FORWARD
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption
 from meshplan.estimate.moe_time import moe_host_syncs
@@ -38,9 +38,9 @@ def dsa_assumption(job: Job) -> str:
         return ""
     return (f" DSA (Megatron-Core DSAttention): the sparse core on absorbed MLA over min(position, {d.index_topk}) "
             f"keys per query, the lightning indexer's {d.index_n_heads} heads of {d.index_head_dim} over every "
-            f"preceding key in BF16 (forward and a 3-pass backward, its KL loss over the selected keys), its linears "
-            f"whole on every TP rank, at the same fraction of peak; MFU divides by Megatron-LM's model FLOPs, which "
-            f"count DSA as dense MLA.")
+            f"preceding key in BF16 (forward and a {INDEXER_PASSES_PER_FORWARD - 1:g}-pass backward, its KL loss over "
+            "the selected keys), its linears whole on every TP rank, at the same fraction of peak; MFU divides by "
+            "Megatron-LM's model FLOPs, which count DSA as dense MLA.")
 
 
 def batch_warnings(job: Job, plan: Plan) -> list[str]:
