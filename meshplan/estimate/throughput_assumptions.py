@@ -209,7 +209,8 @@ def _hybrid_assumption(job: Job, cal: Calibration) -> str:
                 f"chunk states as memory-bound passes ({cal.gdn_key_passes:g} over q and k at the value heads, "
                 f"{cal.gdn_value_passes:g} over its value width, {cal.gdn_conv_passes:g} over its conv width, "
                 f"{cal.gdn_chunk_passes:g} over A, {cal.gdn_state_passes:g} over the chunk states), FLA's chunked "
-                "gated delta rule's matmuls (forward x 3, plus the w, u and h the backward recomputes) at the GEMMs' "
+                f"gated delta rule's matmuls (forward x {TRAINING_PASSES_PER_FORWARD:g}, plus the w, u and h the "
+                "backward recomputes) at the GEMMs' "
                 f"{cal.gemm_peak_fraction:.2f} of peak, its all-to-alls under CP (uncalibrated: counted from FLA's "
                 "and Megatron-Core's code, no measured Gated DeltaNet run). Model FLOPs: Megatron-LM's "
                 "gdn_layer_flops and attention with its output gate.")
