@@ -94,9 +94,10 @@ HYBRID_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_exp
 
 def least_kind_activations(shape: Shape, lay: Layout, recompute: str) -> tuple[float, float, float, float]:
     """A hybrid's floor of one layer's bytes per micro-batch (the search's memory floors, search/floors.py): the least
-    of its MoE layers, and of its Mamba-2, attention and MLP layers, under `recompute` at every recompute module,
-    then without recompute (what full recompute rebuilds); 0 for a kind it has none of. `lay` carries the card's
-    Mamba-2 rows. A stage's layers of each kind hold at least count x these."""
+    of its MoE layers, and of its Mamba-2, Gated DeltaNet, attention and MLP layers, under `recompute` at every
+    recompute module, then without recompute (what full recompute rebuilds); 0 for a kind it has none of. `lay`
+    carries the card's Mamba-2 and Gated DeltaNet rows (memory_states.mixer_rows). A stage's layers of each kind hold
+    at least count x these."""
     def least(mode: str, moe: bool) -> float:
         return min((sum(hybrid_layer_activations(shape, lay, kind, mode, HYBRID_MODULES).values())
                     for kind in shape.kinds if (kind == "E") == moe), default=0.0)
