@@ -19,7 +19,7 @@ from meshplan.estimate.memory import estimate_memory, memory_budget
 from meshplan.rl.engine import engine_weight_bytes, engine_working_bytes, kv_bytes_per_token
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.rollout import phase_knobs
-from meshplan.schema.reports import MemoryReport
+from meshplan.schema.reports import EngineMemory, MemoryReport
 
 
 def _report(ctx: Context) -> MemoryReport:
@@ -182,7 +182,7 @@ def rl_phase_fits(ctx: Context) -> Values:
 
 
 
-def _engine_fixes(ctx: Context, engine, over: float) -> list[str]:
+def _engine_fixes(ctx: Context, engine: EngineMemory | None, over: float) -> list[str]:
     """The rollout engine's settings that take `over` bytes off the rollout phase and still hold one sequence (RL006):
     the largest rollout_memory_fraction, in hundredths, that does; where none does at this rollout_tp, the least
     doubling of rollout_tp (whole replicas in the NVLink domain, as RL006's fix) whose engine holds one at that

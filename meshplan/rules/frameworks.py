@@ -65,7 +65,7 @@ def hybrid_through_transformers(ctx: Context) -> Values:
 @rule("HY003", reads=())
 def no_gated_deltanet_model(ctx: Context) -> Values:
     """A Gated DeltaNet hybrid (qwen3_next) on a framework whose model code builds none (the card lists them); the fix
-    names the frameworks neither HY003 nor HY004 refuses."""
+    names the frameworks neither HY003 nor HY004 refuses, and of those, for a LoRA job, the ones that run LoRA."""
     pattern = ctx.arch.layer_pattern
     if pattern is None or ctx.arch.gdn is None:
         return None
