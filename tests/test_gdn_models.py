@@ -343,6 +343,21 @@ def test_an_mtp_block_asked_of_qwen3_next_is_a_full_attention_decoder_layer():
     assert mtp_params(job.model) == 3 * h + 2 * h * h + attention + moe
 
 
+@pytest.mark.parametrize("mixers, freq", [("GGG*" * 12, 4), ("*" * 4, 1), ("G*G*", 2), ("G*GG", [1, 0, 1, 1]),
+                                           ("GGGG", [1, 1, 1, 1])])
+def test_linear_attention_freq_is_megatron_cores_int_or_its_per_layer_list(mixers, freq):
+    """Megatron-Core's get_linear_attention_pattern: an int N makes every N-th decoder layer full attention (0) and
+    the rest Gated DeltaNet (1); a list gives each layer's flag. A pattern no N reproduces (layer_types of the
+    user's own) is written as the list, which expands back to the mixers either way."""
+    from meshplan.adapters.architecture import linear_attention_freq
+
+    pattern = "".join(m + "E" for m in mixers)
+    got = linear_attention_freq(pattern)
+    assert got == freq
+    flags = got if isinstance(got, list) else [0 if (i + 1) % got == 0 else 1 for i in range(len(mixers))]
+    assert "".join("G" if f else "*" for f in flags) == mixers
+
+
 def test_render_writes_megatron_cores_hybrid_pattern_and_bridges_gpt_fields():
     """Megatron-Core: pretrain_mamba.py with --hybrid-layer-pattern (core_v0.19.0 HybridModel's G symbol), the
     --linear-* shapes and --attention-output-gate (Megatron-LM's gpt3_mcore_te_tp2_pp1_gdn test names them);
