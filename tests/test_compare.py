@@ -584,3 +584,20 @@ def test_a_log_the_request_s_job_cannot_have_run_is_said():
     assert any("13.6x" in n for n in notes), notes
     ok = api.compare_run(req, MEGATRON_STEP.format(ms=130532.1, tflops=440.3)).notes
     assert not any("no run reaches" in n or "not the request's" in n for n in ok), ok
+
+
+def test_a_log_stating_far_more_tflops_than_its_step_time_implies_is_said():
+    """The other side of SHAPE_MISMATCH, which no test reached: a log whose own TFLOP/s is twice or more what its step
+    time implies at the request's tokens per step (451 here) gets the note; one just under twice it does not."""
+    from meshplan.check.measured import SHAPE_MISMATCH
+
+    req = parse_request({"model": "llama-3.1-70b", "num_gpus": 64, "gpu": "h100", "framework": "megatron-core",
+                         "tp": 8, "pp": 2, "seq_length": 8192, "global_batch_size": 1024})
+
+    def said(tflops: float) -> list[str]:
+        notes = api.compare_run(req, MEGATRON_STEP.format(ms=130532.1, tflops=tflops)).notes
+        return [n for n in notes if "the log's step time implies 451 model TFLOP/s" in n]
+
+    assert SHAPE_MISMATCH == 2.0
+    assert said(1000.0) and "(0.5x)" in said(1000.0)[0]  # 451 / 1000 <= 1 / 2
+    assert not said(900.0)  # 451 / 900 > 1 / 2

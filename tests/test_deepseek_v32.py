@@ -102,7 +102,7 @@ def test_sparse_core_at_short_and_long_sequences(v32, v3):
 
 def test_indexer_linears_whole_on_every_tp_rank(v32, v3):
     sh = Shard(tokens=8192, tp=8, ep=1, etp=1, sp=True)
-    extra = {g.name: g for g in attention_gemms(v32, sh)} .keys() - {g.name for g in attention_gemms(v3, sh)}
+    extra = {g.name for g in attention_gemms(v32, sh)} - {g.name for g in attention_gemms(v3, sh)}
     assert extra == {"indexer_wq_b", "indexer_wk", "indexer_weights_proj"}
     flops = sum(g.flops for g in attention_gemms(v32, sh)) - sum(g.flops for g in attention_gemms(v3, sh))
     assert flops == 2 * 8192 * (1536 * 64 * 128 + 7168 * 128 + 7168 * 64)
@@ -124,6 +124,7 @@ def test_indexer_activations(v32):
     shape = shape_of(v32)
     lay = Layout(tokens=4096, seq_kv=4096, tp=1, sp=False, etp=1, flash=True, dropout=False, swiglu_unfused=False,
                  fp8=False)
+    assert TOPK_INDEX_BYTES == 8  # torch.topk's indices are int64: stated here, not only read from the code
     per_token = 2 * (64 * 128 + 64 + 2 * 128) + 8 + TOPK_INDEX_BYTES * 2048
     assert indexer_bytes(shape, lay) == 4096 * per_token
     # under SP with tp > 1 the indexer keeps its own gathered layer input and q latent, on every TP rank

@@ -72,7 +72,8 @@ def test_the_gradients_held_between_micro_batches_are_bf16():
     card = framework_card("nemo-automodel")
     assert accumulated_grad_bytes(card, 4, True) == card.grad_accumulation.bytes_per_param == 4
     assert accumulated_grad_bytes(card, 4, True, reduce_fp32=True) == 4
-    assert accumulated_grad_bytes(card, 4, True, reduce_fp32=False) == memory_card().precision.dtype_bytes["bf16"]
+    # 2: bf16's bytes stated here, not read from the card the function reads (which would pass whatever it held)
+    assert accumulated_grad_bytes(card, 4, True, reduce_fp32=False) == memory_card().precision.dtype_bytes["bf16"] == 2
     assert accumulated_grad_bytes(card, 1, True, reduce_fp32=False) == 0  # one micro-batch holds nothing
 
     def report(reduce_fp32):

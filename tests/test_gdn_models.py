@@ -227,6 +227,22 @@ def test_a_gdn_layer_is_its_gemms_its_passes_and_its_rule():
     assert cp_terms.inputs.hybrid["G"].cp > 0
 
 
+
+@pytest.mark.parametrize("name", ["gdn_key_passes", "gdn_value_passes", "gdn_conv_passes", "gdn_chunk_passes",
+                                  "gdn_state_passes"])
+def test_each_gdn_pass_count_is_the_sum_its_source_itemises(name):
+    """cards/calibration.yaml counts each Gated DeltaNet constant kernel by kernel, one pass per tensor read or written,
+    each item's count in brackets ("(2)", "(q, k: 2)", "(3; ...)"): the value is their sum, so a kernel added to or
+    dropped from the source without the value moving (or the reverse) is caught."""
+    import re
+
+    from meshplan.knowledge.calibration import calibration_card
+
+    constant = calibration_card().constants[name]
+    items = [int(n) for n in re.findall(r"(?:\(|: )(\d+)(?:\)|;)", constant.source)]
+    assert len(items) >= 4 and sum(items) == constant.value, (items, constant.value)
+
+
 # --------------------------------------------------------------------------- rules and search
 
 
@@ -325,6 +341,21 @@ def test_an_mtp_block_asked_of_qwen3_next_is_a_full_attention_decoder_layer():
     attention, moe = sum(layer_params(arch, 6).values()), sum(layer_params(arch, 7).values())
     assert job.model.num_mtp_layers == 1
     assert mtp_params(job.model) == 3 * h + 2 * h * h + attention + moe
+
+
+@pytest.mark.parametrize("mixers, freq", [("GGG*" * 12, 4), ("*" * 4, 1), ("G*G*", 2), ("G*GG", [1, 0, 1, 1]),
+                                           ("GGGG", [1, 1, 1, 1])])
+def test_linear_attention_freq_is_megatron_cores_int_or_its_per_layer_list(mixers, freq):
+    """Megatron-Core's get_linear_attention_pattern: an int N makes every N-th decoder layer full attention (0) and
+    the rest Gated DeltaNet (1); a list gives each layer's flag. A pattern no N reproduces (layer_types of the
+    user's own) is written as the list, which expands back to the mixers either way."""
+    from meshplan.adapters.architecture import linear_attention_freq
+
+    pattern = "".join(m + "E" for m in mixers)
+    got = linear_attention_freq(pattern)
+    assert got == freq
+    flags = got if isinstance(got, list) else [0 if (i + 1) % got == 0 else 1 for i in range(len(mixers))]
+    assert "".join("G" if f else "*" for f in flags) == mixers
 
 
 def test_render_writes_megatron_cores_hybrid_pattern_and_bridges_gpt_fields():

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from meshplan.knowledge.gdn_config import PATTERN_LAYERS_PER_DECODER_LAYER
 from meshplan.schema.model import Architecture, RopeSpec
 
 Flag = tuple[str, Any]  # (flag, value); value None = a switch
@@ -240,7 +241,7 @@ def linear_attention_freq(pattern: str) -> int | list[int]:
     """Megatron-Core's linear_attention_freq of a Gated DeltaNet hybrid's pattern (two letters per decoder layer): N
     where every N-th decoder layer is full attention and the rest Gated DeltaNet (get_linear_attention_pattern's int
     form), else the per-layer list, 1 linear and 0 full attention."""
-    mixers = pattern[::2]
+    mixers = pattern[::PATTERN_LAYERS_PER_DECODER_LAYER]
     flags = [1 if k == "G" else 0 for k in mixers]
     for n in range(1, len(flags) + 1):
         if flags == [0 if (i + 1) % n == 0 else 1 for i in range(len(flags))]:

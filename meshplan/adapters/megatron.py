@@ -30,6 +30,7 @@ from meshplan.adapters.common import (
 from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
 from meshplan.arithmetic.memory_states import fp8_param_gather, fp8_recipe, precision_aware
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.gdn_config import cuts_a_decoder_layer, decoder_layers
 from meshplan.schema.model import DSASpec
 from meshplan.schema.plan import Job, Plan
 
@@ -250,19 +251,18 @@ def decoder_split(job: Job, plan: Plan) -> Split:
     split = split_fields(job, plan)
     if job.model.gdn is None:
         return split
-    cut = [n for n in (split.first, split.last, split.per_chunk) if n is not None and n % 2]
+    cut = [n for n in (split.first, split.last, split.per_chunk) if n is not None and cuts_a_decoder_layer(n)]
     if cut or plan.pipeline_layout is not None:
         raise MeshplanError(
-            f"Megatron-Bridge builds {job.model.name} as a GPTModel of {job.model.num_layers // 2} decoder layers, "
-            "each a Gated DeltaNet or attention mixer with its MoE (two layers of meshplan's pattern): "
+            f"Megatron-Bridge builds {job.model.name} as a GPTModel of {decoder_layers(job.model.num_layers)} decoder "
+            "layers, each a Gated DeltaNet or attention mixer with its MoE (two layers of meshplan's pattern): "
             + ("a pipeline layout of pattern layers has no counterpart there." if plan.pipeline_layout is not None
                else f"this split puts {cut[0]} pattern layers on a stage, cutting a decoder layer in two."),
             fix="Use an even pipeline split (first/last_stage_layers even, pp dividing the decoder layers), or render "
                 "for megatron-core, whose HybridModel (pretrain_mamba.py) takes the pattern layer by layer.")
-    def half(n: int | None) -> int | None:
-        return None if n is None else n // 2
-
-    return Split(split.stages, half(split.first), half(split.last), half(split.per_chunk))
+    first, last, per_chunk = (None if n is None else decoder_layers(n) for n in (split.first, split.last,
+                                                                                  split.per_chunk))
+    return Split(split.stages, first, last, per_chunk)
 
 
 def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:

@@ -25,7 +25,7 @@ from meshplan.adapters.common import (
     torchtitan_batch,
 )
 from meshplan.adapters.lora import parsed_lora
-from meshplan.adapters.read.keys import schedule_named
+from meshplan.adapters.read.keys import DTYPE_NAMES, schedule_named
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
@@ -80,11 +80,6 @@ def python_assignments(text: str) -> dict[str, Any]:
             continue
         out[m.group(1)] = value if re.fullmatch(r"(torch|AttnBackend)\.\w+", value) else ast.literal_eval(value)
     return out
-
-
-DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.uint8": "fp8",
-               "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "float32": "fp32", "bfloat16": "bf16",
-               "float16": "fp16"}
 
 
 def _reduce_fp32(dtype: Any) -> dict[str, Any]:

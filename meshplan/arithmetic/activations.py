@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from meshplan.schema.choices import CpPadding
-from meshplan.schema.model import Architecture
+from meshplan.schema.model import LAYER_KINDS, Architecture
 
 BF16 = 2
 
@@ -73,7 +73,9 @@ class Shape(NamedTuple):
     gdn: tuple[int, int, int, int, int, int, int] | None = None
     out_gate: bool = False  # attention's output gate (Architecture.attention_output_gate)
     latent: int = 0  # a latent MoE's moe_latent_size: its routed experts' width (MoESpec.expert_width); 0: none
-    dsa: tuple[int, int, int] | None = None  # DSA's indexer: (index_n_heads, index_head_dim, index_topk); None: none
+    # DSA's indexer: (index_n_heads, index_head_dim, index_topk, the width its queries are read from,
+    # Architecture.indexer_query_input); None: none
+    dsa: tuple[int, int, int, int] | None = None
 
     @property
     def expert_h(self) -> int:
@@ -106,11 +108,12 @@ def shape_of(arch: Architecture) -> Shape:
         qk_norm=arch.qk_norm == "head",
         mamba=(arch.hidden_size, 2 * arch.mamba.d_inner + 2 * arch.mamba.n_groups * arch.mamba.state_size
                + arch.mamba.num_heads, arch.mamba.d_inner, arch.mamba.n_groups) if arch.mamba else None,
-        kinds="".join(k for k in "MG*-E" if k in (arch.layer_pattern or "")),
+        kinds="".join(k for k in LAYER_KINDS if k in (arch.layer_pattern or "")),
         gdn=gdn_widths(arch) if arch.gdn else None,
         out_gate=arch.attention_output_gate,
         latent=(moe.latent_size or 0) if moe else 0,
-        dsa=(arch.dsa.index_n_heads, arch.dsa.index_head_dim, arch.dsa.index_topk) if arch.dsa else None,
+        dsa=(arch.dsa.index_n_heads, arch.dsa.index_head_dim, arch.dsa.index_topk, arch.indexer_query_input)
+        if arch.dsa else None,
     )
 
 
@@ -528,13 +531,13 @@ def indexer_bytes(shape: Shape, lay: Layout) -> float:
     indexer's own gathered copies of the layer input and the q latent that its wk, weights_proj and wq_b keep
     (DSAIndexer.forward_before_topk gather_from_sequence_parallel_region). Megatron-Core d98e8a6
     experimental_attention_variant/dsa.py."""
-    assert shape.dsa is not None and shape.mla is not None
-    heads, head_dim, topk = shape.dsa
+    assert shape.dsa is not None
+    heads, head_dim, topk, q_in = shape.dsa
     t = lay.tokens
     out = (BF16 * t * (heads * head_dim + heads + (1 + lay.dsa_cp) * head_dim) + 8 * t
            + TOPK_INDEX_BYTES * t * topk)  # k saved as gathered over CP
     if lay.sp and lay.tp > 1:
-        out += BF16 * t * (shape.h + (shape.mla[0] or shape.h))
+        out += BF16 * t * (shape.h + q_in)
     return out
 
 

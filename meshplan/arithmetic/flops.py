@@ -242,16 +242,23 @@ def dsa_attended_keys(seq_length: int, topk: int) -> float:
     return s / 2 if s <= k else k - k * k / (2 * s)
 
 
+def _attended_head_flops(arch: Architecture, sh: Shard, seq_length: int) -> float:
+    """2 x each query's attended keys (dsa_attended_keys) x this rank's heads, per token: the FLOPs per dim of a
+    product over the sparse core's (query head, attended key) pairs, which its scores and output and the indexer
+    loss's target all run."""
+    d = arch.dsa
+    assert d is not None
+    return 2.0 * sh.tokens * dsa_attended_keys(seq_length, d.index_topk) * (arch.num_attention_heads / sh.tp)
+
+
 def dsa_core_flops(arch: Architecture, sh: Shard, seq_length: int) -> float:
     """Forward FLOPs of DSA's sparse attention core on one rank. Megatron-Core runs DSA on MLA absorbed
     (AbsorbedMLASelfAttention: W_UK folded into the query, MQA over the latent, W_UV after the core; NVIDIA/Megatron-LM
     d98e8a6 experimental_attention_variant/absorbed_mla.py, the paper's 'MQA mode of MLA'): each query head scores
     kv_lora + rope dims and sums kv_lora value dims per attended key (dsa_attended_keys)."""
-    m, d = arch.mla, arch.dsa
-    assert m is not None and d is not None
-    heads = arch.num_attention_heads / sh.tp
-    width = 2 * m.kv_lora_rank + m.qk_rope_head_dim
-    return 2.0 * sh.tokens * dsa_attended_keys(seq_length, d.index_topk) * heads * width
+    m = arch.mla
+    assert m is not None
+    return _attended_head_flops(arch, sh, seq_length) * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
 
 
 def indexer_score_flops(arch: Architecture, sh: Shard, seq_length: int) -> float:
@@ -269,11 +276,9 @@ def dsa_loss_target_flops(arch: Architecture, sh: Shard, seq_length: int) -> flo
     the latent key, kv_lora + rope dims per head) over the attended keys, summed over this rank's heads into the
     distribution the indexer's KL is taken against (the paper's sparse stage: the selected keys only; Megatron-Core
     dsa_indexer_use_sparse_loss)."""
-    m, d = arch.mla, arch.dsa
-    assert m is not None and d is not None
-    heads = arch.num_attention_heads / sh.tp
-    return 2.0 * sh.tokens * dsa_attended_keys(seq_length, d.index_topk) * heads * (m.kv_lora_rank
-                                                                                      + m.qk_rope_head_dim)
+    m = arch.mla
+    assert m is not None
+    return _attended_head_flops(arch, sh, seq_length) * (m.kv_lora_rank + m.qk_rope_head_dim)
 
 
 def indexer_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
@@ -283,8 +288,7 @@ def indexer_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
     d, m = arch.dsa, arch.mla
     if d is None or m is None:
         return []
-    q_in = m.q_lora_rank or arch.hidden_size
-    return [Gemm("indexer_wq_b", sh.tokens, d.index_n_heads * d.index_head_dim, q_in),
+    return [Gemm("indexer_wq_b", sh.tokens, d.index_n_heads * d.index_head_dim, arch.indexer_query_input),
             Gemm("indexer_wk", sh.tokens, d.index_head_dim, arch.hidden_size),
             Gemm("indexer_weights_proj", sh.tokens, d.index_n_heads, arch.hidden_size, fp8=False)]
 

@@ -7,7 +7,7 @@ in chunks of 64 tokens (fla/ops/gated_delta_rule/chunk.py), timed by estimate/hy
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,7 +16,8 @@ from meshplan.arithmetic.flops import Gemm, Shard
 from meshplan.schema.model import Architecture
 
 # The widths a row may name, in Shape.gdn's order (activations.gdn_widths)
-GDN_WIDTHS = ("hidden", "in_proj", "qk", "qk_heads", "value", "heads", "chunk")
+GdnWidth = Literal["hidden", "in_proj", "qk", "qk_heads", "value", "heads", "chunk"]
+GDN_WIDTHS: tuple[str, ...] = get_args(GdnWidth)
 
 
 class GdnSave(BaseModel):
@@ -24,7 +25,7 @@ class GdnSave(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str
-    width: Literal["hidden", "in_proj", "qk", "qk_heads", "value", "heads", "chunk"]
+    width: GdnWidth
     bytes: float | Literal["linear"]  # linear: a linear layer's input, 1 byte under fp8, else 2
     sp: bool = False  # sharded over TP only under sequence parallelism (else over TP always)
     dropped_by: str | None = None  # the recompute_modules entry that recomputes it

@@ -61,11 +61,12 @@ def mamba_activations(shape: Shape, lay: Layout, sel: set[str]) -> float:
 def hybrid_layer_activations(shape: Shape, lay: Layout, kind: str, recompute: str,
                              modules: tuple[str, ...] = ("core_attn",)) -> dict[str, float]:
     """Bytes per micro-batch of one layer of a hybrid model, by component: kind M (Mamba-2), G (Gated DeltaNet,
-    arithmetic/gdn.py), * (attention), -
-    (MLP) or E (MoE), each one norm and its mixer (Megatron-Core's MambaLayer and TransformerLayer with the other
-    submodule an IdentityOp, as mamba_block.py builds them). recompute: none | selective (Megatron's modules: core_attn
-    reaches the attention layers, mlp and moe their own, layernorm every layer's norm output) | full (the layer's
-    input). torchtitan's op-level SAC runs no hybrid model."""
+    arithmetic/gdn.py), * (attention), - (MLP) or E (MoE), each one norm and its mixer (Megatron-Core's MambaLayer and
+    TransformerLayer with the other submodule an IdentityOp, as mamba_block.py builds them); a Mamba-2 or Gated
+    DeltaNet layer's norm input is its mixer's own row. recompute: none | selective (Megatron's modules: core_attn
+    reaches the attention layers, mlp and moe their own, gdn_norm_out the Gated DeltaNet's gated norm, layernorm every
+    layer's norm output but a Gated DeltaNet's, whose norm is fused into its in_proj: cards/memory.yaml gdn_layer) |
+    full (the layer's input). torchtitan's op-level SAC runs no hybrid model."""
     t, h = lay.tokens, shape.h
     ts = lay.tp if lay.sp else 1
     if recompute == "full":
@@ -93,9 +94,10 @@ HYBRID_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_exp
 
 def least_kind_activations(shape: Shape, lay: Layout, recompute: str) -> tuple[float, float, float, float]:
     """A hybrid's floor of one layer's bytes per micro-batch (the search's memory floors, search/floors.py): the least
-    of its MoE layers, and of its Mamba-2, attention and MLP layers, under `recompute` at every recompute module,
-    then without recompute (what full recompute rebuilds); 0 for a kind it has none of. `lay` carries the card's
-    Mamba-2 rows. A stage's layers of each kind hold at least count x these."""
+    of its MoE layers, and of its Mamba-2, Gated DeltaNet, attention and MLP layers, under `recompute` at every
+    recompute module, then without recompute (what full recompute rebuilds); 0 for a kind it has none of. `lay`
+    carries the card's Mamba-2 and Gated DeltaNet rows (memory_states.mixer_rows). A stage's layers of each kind hold
+    at least count x these."""
     def least(mode: str, moe: bool) -> float:
         return min((sum(hybrid_layer_activations(shape, lay, kind, mode, HYBRID_MODULES).values())
                     for kind in shape.kinds if (kind == "E") == moe), default=0.0)

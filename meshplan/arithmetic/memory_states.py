@@ -191,6 +191,14 @@ def memory_card() -> MemoryCard:
     return checked_once(load_card("memory", MemoryCard), _complete)
 
 
+def mixer_rows(job: Job) -> dict[str, tuple]:
+    """A Layout's `mamba` and `gdn` fields: the card's rows (what each layer saves) of the hybrid mixers the model
+    has, () for one it lacks. The memory estimate and the search's floors both build their Layout with them."""
+    card, model = memory_card(), job.model
+    return {"mamba": card.mamba2_layer.terms() if model.mamba else (),
+            "gdn": card.gdn_layer.terms() if model.gdn else ()}
+
+
 def _complete(card: MemoryCard) -> None:
     for name in get_args(MemoryConvention):  # every convention a framework card may name
         if name not in card.conventions:

@@ -19,7 +19,7 @@ from meshplan.estimate.memory import estimate_memory, memory_budget
 from meshplan.rl.engine import engine_weight_bytes, engine_working_bytes, kv_bytes_per_token
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.rollout import phase_knobs
-from meshplan.schema.reports import MemoryReport
+from meshplan.schema.reports import EngineMemory, MemoryReport
 
 
 def _report(ctx: Context) -> MemoryReport:
@@ -70,6 +70,12 @@ def low_headroom(ctx: Context) -> Values:
             or _lighter_changes(ctx)}
 
 
+def _switched_on(knobs: list[str]) -> str:
+    """Plan switches as a fix writes them, for fix_changes to read back as a request ("param_offload=true and
+    optimizer_offload=true")."""
+    return " and ".join(f"{k}=true" for k in knobs)
+
+
 def _rollout_changes(ctx: Context, report: MemoryReport, short: float) -> str:
     """Where an RL job peaks in its rollout, what frees `short` bytes there: the phase offloads the plan has not
     made, or a lower rollout_memory_fraction (_engine_fixes); a micro-batch, recompute or ZeRO stage changes only the
@@ -78,7 +84,7 @@ def _rollout_changes(ctx: Context, report: MemoryReport, short: float) -> str:
         return ""
     top = next(p for p in report.phases if p.phase == "rollout")
     knobs = [k for k in phase_knobs(ctx.card, ctx.plan) if not getattr(ctx.plan, k)]
-    changes = [f"{' and '.join(f'{k}=true' for k in knobs)}"] if knobs and top.pool == "trainer" else []
+    changes = [_switched_on(knobs)] if knobs and top.pool == "trainer" else []
     return " or ".join([*changes, *_engine_fixes(ctx, top.engine, short)])
 
 
@@ -153,7 +159,7 @@ def rl_phase_fits(ctx: Context) -> Values:
         fixes = []
         knobs = phase_knobs(ctx.card, plan)
         if d.get("trainer_resident", 0) and not phase_off and knobs:
-            fixes.append(f"{' and '.join(f'{k}=true' for k in knobs)} (move the trainer's "
+            fixes.append(f"{_switched_on(knobs)} (move the trainer's "
                          f"{d['trainer_resident'] / GIB:.1f} GiB to the host during the rollout)")
         if d.get("reference_resident", 0):
             fixes.append(f"param_offload=true (also moves the reference model's "
@@ -176,7 +182,7 @@ def rl_phase_fits(ctx: Context) -> Values:
 
 
 
-def _engine_fixes(ctx: Context, engine, over: float) -> list[str]:
+def _engine_fixes(ctx: Context, engine: EngineMemory | None, over: float) -> list[str]:
     """The rollout engine's settings that take `over` bytes off the rollout phase and still hold one sequence (RL006):
     the largest rollout_memory_fraction, in hundredths, that does; where none does at this rollout_tp, the least
     doubling of rollout_tp (whole replicas in the NVLink domain, as RL006's fix) whose engine holds one at that
@@ -234,7 +240,7 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
         tp *= 2
     knobs = [k for k in phase_knobs(ctx.card, plan) if not getattr(plan, k)]
     if of_free and knobs and rollout.pool == "trainer":  # its fraction is of the memory the trainer leaves free
-        fixes.append(f"{' and '.join(f'{k}=true' for k in knobs)} (the trainer's states leave the GPUs for the "
+        fixes.append(f"{_switched_on(knobs)} (the trainer's states leave the GPUs for the "
                      "rollout, so more is free when the engine starts)")
     return {"engine": plan.rollout_engine, "fraction": f"{plan.rollout_memory_fraction:g}", "need": gib(need),
             "weights": gib(weights), "working": gib(working), "kv": gib(engine.kv_bytes),

@@ -34,8 +34,9 @@ from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds, 
 from meshplan.estimate.moe_time import busiest_rank_experts, exposed_ep
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
+from meshplan.schema.model import LAYER_KINDS, MIXER_KINDS
 
-HYBRID_KINDS = ("M", "G", "*", "-", "E")
+HYBRID_KINDS = tuple(LAYER_KINDS)  # the pattern letters, in schema/model.py's order
 FP32 = 4  # bytes per element of the SSD chunk states (mamba_ssm's default state_dtype)
 
 
@@ -126,7 +127,7 @@ def hybrid_load(ctx: LayerContext, kind: str) -> ElementwiseLoad:
     MoE layer."""
     load = elementwise_load(ctx, kind == "E")
     hidden = load.hidden * ctx.cal.hybrid_layer_hidden_share
-    if kind in ("M", "G", "*"):
+    if kind in MIXER_KINDS:
         return ElementwiseLoad(hidden=hidden)
     return load._replace(hidden=hidden)
 
@@ -203,10 +204,11 @@ def mamba_cp(ctx: LayerContext) -> tuple[float, float]:
 
 
 def layer_pairs(ctx: LayerContext, kind: str) -> tuple[int, ...]:
-    """The TP pairs (tp_overlap.TP_PAIR_GEMMS indexes) a hybrid layer runs: a Mamba-2 layer's in_proj / out_proj and
-    attention's at the first, an MLP's at the second; an MoE layer's shared experts' at the second where it has them
-    (routed experts only take the sequence-sharded tokens straight into the dispatcher, none)."""
-    if kind in ("M", "G", "*"):
+    """The TP pairs (tp_overlap.TP_PAIR_GEMMS indexes) a hybrid layer runs: a mixer's (a Mamba-2 or Gated DeltaNet
+    layer's in_proj / out_proj, attention's) at the first, an MLP's at the second; an MoE layer's shared experts' at
+    the second where it has them (routed experts only take the sequence-sharded tokens straight into the dispatcher,
+    none)."""
+    if kind in MIXER_KINDS:
         return (0,)
     if kind == "-":
         return (1,)

@@ -41,6 +41,7 @@ from meshplan.arithmetic.memory_states import (
     fp8_out_proj_copy,
     fp8_param_gather,
     memory_card,
+    mixer_rows,
     optimizer_implementation,
     output_activations,
     pipeline_held,
@@ -355,8 +356,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         fp8_out_proj_copy=fp8_out_proj_copy(job, plan, conv), moe_whole=job.card.moe_whole_over_tp,
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
         param_wrapper=tuple(job.lora.target_parameters) if job.lora is not None else (),
-        mamba=memory_card().mamba2_layer.terms() if job.model.mamba else (),
-        gdn=memory_card().gdn_layer.terms() if job.model.gdn else (),
+        **mixer_rows(job),
         ulysses=plan.cp if runs_ulysses(job.card, plan.zero_stage) else 1,
         dsa_cp=plan.cp if job.model.dsa is not None else 1,
     )

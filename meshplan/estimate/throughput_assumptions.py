@@ -7,13 +7,14 @@ from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention
 from meshplan.arithmetic.mesh import mesh_groups, own_ep_ranks_note
-from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD
+from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD, INDEXER_PASSES_PER_FORWARD
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption
 from meshplan.estimate.moe_time import moe_host_syncs
 from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, overlap_off, sharding_schedule
 from meshplan.estimate.tp_overlap import tp_ring_passes
 from meshplan.knowledge.calibration import Calibration, calibration_summary
+from meshplan.schema.model import LAYER_KINDS
 from meshplan.schema.plan import Job, Plan
 
 # What each TP overlap mode hides (tp_overlap.tp_hidden), for the breakdown's assumptions.
@@ -37,9 +38,9 @@ def dsa_assumption(job: Job) -> str:
         return ""
     return (f" DSA (Megatron-Core DSAttention): the sparse core on absorbed MLA over min(position, {d.index_topk}) "
             f"keys per query, the lightning indexer's {d.index_n_heads} heads of {d.index_head_dim} over every "
-            f"preceding key in BF16 (forward and a 3-pass backward, its KL loss over the selected keys), its linears "
-            f"whole on every TP rank, at the same fraction of peak; MFU divides by Megatron-LM's model FLOPs, which "
-            f"count DSA as dense MLA.")
+            f"preceding key in BF16 (forward and a {INDEXER_PASSES_PER_FORWARD - 1:g}-pass backward, its KL loss over "
+            "the selected keys), its linears whole on every TP rank, at the same fraction of peak; MFU divides by "
+            "Megatron-LM's model FLOPs, which count DSA as dense MLA.")
 
 
 def batch_warnings(job: Job, plan: Plan) -> list[str]:
@@ -200,9 +201,7 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
 def _hybrid_assumption(job: Job, cal: Calibration) -> str:
     """How a hybrid model's layers were timed (estimate/hybrid_time.py)."""
     pattern = job.model.layer_pattern or ""
-    counts = ", ".join(f"{pattern.count(k)} {name}" for k, name in
-                       (("M", "Mamba-2"), ("G", "Gated DeltaNet"), ("*", "attention"), ("-", "MLP"), ("E", "MoE"))
-                       if k in pattern)
+    counts = ", ".join(f"{pattern.count(k)} {name}" for k, name in LAYER_KINDS.items() if k in pattern)
     if job.model.gdn is not None:
         return (f"Hybrid layers ({counts}): each one norm and one mixer timed by its kind, so one TP pair per layer "
                 f"and {cal.hybrid_layer_hidden_share:g} of a transformer layer's hidden-sized passes; a Gated "
@@ -210,7 +209,8 @@ def _hybrid_assumption(job: Job, cal: Calibration) -> str:
                 f"chunk states as memory-bound passes ({cal.gdn_key_passes:g} over q and k at the value heads, "
                 f"{cal.gdn_value_passes:g} over its value width, {cal.gdn_conv_passes:g} over its conv width, "
                 f"{cal.gdn_chunk_passes:g} over A, {cal.gdn_state_passes:g} over the chunk states), FLA's chunked "
-                "gated delta rule's matmuls (forward x 3, plus the w, u and h the backward recomputes) at the GEMMs' "
+                f"gated delta rule's matmuls (forward x {TRAINING_PASSES_PER_FORWARD:g}, plus the w, u and h the "
+                "backward recomputes) at the GEMMs' "
                 f"{cal.gemm_peak_fraction:.2f} of peak, its all-to-alls under CP (uncalibrated: counted from FLA's "
                 "and Megatron-Core's code, no measured Gated DeltaNet run). Model FLOPs: Megatron-LM's "
                 "gdn_layer_flops and attention with its output gate.")

@@ -23,7 +23,7 @@ from meshplan.knowledge.hardware import get_gpu
 from meshplan.rl.engine import ep_words
 from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.measured import RATE_FIGURES, ComparedFigure, RunComparison
-from meshplan.schema.model import ModelReport, ModelSummary
+from meshplan.schema.model import LAYER_KINDS, ModelReport, ModelSummary
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import (
     Candidate,
@@ -157,7 +157,7 @@ def model_report(report: ModelReport) -> None:
     )
     if arch.layer_pattern is not None:  # a hybrid: which kind each layer is, and its Mamba-2 mixer's shape
         m, g = arch.mamba, arch.gdn
-        console.print(f"layer pattern {arch.layer_pattern} (M Mamba-2, G Gated DeltaNet, * attention, - MLP, E MoE)"
+        console.print(f"layer pattern {arch.layer_pattern} ({', '.join(f'{k} {v}' for k, v in LAYER_KINDS.items())})"
                       + (f"; Mamba-2 {m.num_heads} heads x {m.head_dim}, state {m.state_size}, {m.n_groups} groups, "
                          f"conv {m.conv_kernel}, chunk {m.chunk_size}" if m else "")
                       + (f"; Gated DeltaNet {g.num_key_heads} key heads x {g.key_head_dim}, {g.num_value_heads} value "

@@ -18,11 +18,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.knowledge.hybrid_config import PATTERN_KINDS
 from meshplan.schema.model import Architecture, GatedDeltaNetSpec, MoESpec
 
-# Every hybrid layer kind meshplan plans, by its pattern letter: nemotron_h's and the Gated DeltaNet
-LAYER_KINDS = {**PATTERN_KINDS, "G": "Gated DeltaNet"}
+# Each decoder layer (Qwen3NextDecoderLayer; Megatron-Bridge's TransformerLayer) is this many pattern layers: its
+# mixer and its MLP or MoE (decoder_pattern)
+PATTERN_LAYERS_PER_DECODER_LAYER = 2
+
+
+def decoder_layers(pattern_layers: int) -> int:
+    """The decoder layers `pattern_layers` whole pattern layers make (Megatron-Bridge's count of a split)."""
+    return pattern_layers // PATTERN_LAYERS_PER_DECODER_LAYER
+
+
+def cuts_a_decoder_layer(pattern_layers: int) -> bool:
+    """Whether a stage or chunk of `pattern_layers` pattern layers ends inside a decoder layer (PP017, render's
+    decoder_split)."""
+    return pattern_layers % PATTERN_LAYERS_PER_DECODER_LAYER != 0
+
 
 # Qwen3NextConfig's layer_types names
 _MIXERS = {"linear_attention": "G", "full_attention": "*"}

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from meshplan.schema.model import Architecture, MambaSpec, MoESpec
+from meshplan.schema.model import LAYER_KINDS, Architecture, MambaSpec, MoESpec
 
 # NemotronHConfig._pattern_to_list and its layers_block_type names (the legacy "mamba" and "attention" included)
-PATTERN_KINDS = {"M": "Mamba-2", "*": "attention", "-": "MLP", "E": "MoE"}
+PATTERN_KINDS = {k: name for k, name in LAYER_KINDS.items() if k != "G"}  # nemotron_h's: no Gated DeltaNet
 _BLOCK_TYPES = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "mlp": "-",
                 "moe": "E"}
 # NemotronHConfig's defaults for the keys a config.json may omit

@@ -54,8 +54,7 @@ def indexer_params(arch: Architecture) -> int:
     d = arch.dsa
     if d is None or arch.mla is None:
         return 0
-    q_in = arch.mla.q_lora_rank or arch.hidden_size  # Megatron-Core's DSAIndexer: hidden_size without a q latent
-    return (q_in * d.index_n_heads * d.index_head_dim + arch.hidden_size * d.index_head_dim
+    return (arch.indexer_query_input * d.index_n_heads * d.index_head_dim + arch.hidden_size * d.index_head_dim
             + 2 * d.index_head_dim + arch.hidden_size * d.index_n_heads)
 
 
@@ -118,8 +117,7 @@ def gdn_params(arch: Architecture) -> int:
     width (shared by every head), out_proj; no biases."""
     g = arch.gdn
     assert g is not None
-    return (arch.hidden_size * g.in_proj_width + g.conv_dim * g.conv_kernel + 2 * g.num_value_heads
-            + g.value_head_dim + g.value_dim * arch.hidden_size)
+    return gdn_linear_params(arch) + g.conv_dim * g.conv_kernel + 2 * g.num_value_heads + g.value_head_dim
 
 
 def gdn_linear_params(arch: Architecture) -> int:

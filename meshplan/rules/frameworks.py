@@ -33,16 +33,27 @@ def no_hybrid_model(ctx: Context) -> Values:
     if pattern is None or ctx.arch.mamba is None:
         return None
     return {"model": ctx.arch.name, "framework": ctx.job.framework, "mamba": pattern.count("M"),
-            "builders": _builders(ctx, ("HY001", "HY002")), "job": "LoRA job" if ctx.job.lora is not None else "job"}
+            "builders": _builders(ctx, ("HY001", "HY002")), "job": _job_word(ctx)}
+
+
+def _unrefused(refusing: tuple[str, ...]) -> list[str]:
+    """The frameworks none of the rules `refusing` lists (rules.yaml `frameworks`): the ones whose model code builds
+    the model as meshplan models it, which a refusal's fix names."""
+    refused = {f for rid in refusing for f in rule_specs()[rid].frameworks}
+    return [f for f in FRAMEWORKS if f not in refused]
 
 
 def _builders(ctx: Context, refusing: tuple[str, ...]) -> str:
-    """The frameworks none of the rules `refusing` refuses, and of those, for a LoRA job, the ones that run LoRA."""
-    refused = {f for rid in refusing for f in rule_specs()[rid].frameworks}
-    builders = [f for f in FRAMEWORKS if f not in refused]
+    """_unrefused in words, and of those, for a LoRA job, the ones that run LoRA (the hybrids' rules)."""
+    builders = _unrefused(refusing)
     if ctx.job.lora is not None:
         builders = [f for f in builders if f in lora_frameworks()]
     return either_or(builders)
+
+
+def _job_word(ctx: Context) -> str:
+    """The job as a refusal's fix names it ("this LoRA job" or "this job")."""
+    return "LoRA job" if ctx.job.lora is not None else "job"
 
 
 @rule("HY002", reads=())
@@ -54,13 +65,13 @@ def hybrid_through_transformers(ctx: Context) -> Values:
 @rule("HY003", reads=())
 def no_gated_deltanet_model(ctx: Context) -> Values:
     """A Gated DeltaNet hybrid (qwen3_next) on a framework whose model code builds none (the card lists them); the fix
-    names the frameworks neither HY003 nor HY004 refuses."""
+    names the frameworks neither HY003 nor HY004 refuses, and of those, for a LoRA job, the ones that run LoRA."""
     pattern = ctx.arch.layer_pattern
     if pattern is None or ctx.arch.gdn is None:
         return None
     return {"model": ctx.arch.name, "framework": ctx.job.framework, "gdn": pattern.count("G"),
             "model_type": ctx.arch.model_type,
-            "builders": _builders(ctx, ("HY003", "HY004")), "job": "LoRA job" if ctx.job.lora is not None else "job"}
+            "builders": _builders(ctx, ("HY003", "HY004")), "job": _job_word(ctx)}
 
 
 @rule("HY004", reads=())
@@ -73,15 +84,14 @@ def gated_deltanet_elsewhere(ctx: Context) -> Values:
 @rule("DSA001", reads=())
 def no_dsa_model(ctx: Context) -> Values:
     """A DeepSeek Sparse Attention model (deepseek_v32) on a framework whose model code builds no indexer (the card
-    lists them); the fix names the frameworks neither DSA001 nor DSA002 refuses."""
+    lists them); the fix names the frameworks neither DSA001 nor DSA002 refuses, for a LoRA job too (unlike the
+    hybrids' _builders: that is Megatron-Core alone, which runs no LoRA, so the filter would leave none to name)."""
     dsa = ctx.arch.dsa
     if dsa is None:
         return None
-    refused = {f for rid in ("DSA001", "DSA002") for f in rule_specs()[rid].frameworks}
     return {"model": ctx.arch.name, "framework": ctx.job.framework, "heads": dsa.index_n_heads,
             "topk": dsa.index_topk, "layers": ctx.arch.num_layers,
-            "builders": either_or([f for f in FRAMEWORKS if f not in refused]),
-            "job": "LoRA job" if ctx.job.lora is not None else "job"}
+            "builders": either_or(_unrefused(("DSA001", "DSA002"))), "job": _job_word(ctx)}
 
 
 @rule("DSA002", reads=())

@@ -23,6 +23,7 @@ from meshplan.arithmetic.schedule import (
 )
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
+from meshplan.knowledge.gdn_config import cuts_a_decoder_layer, decoder_layers
 from meshplan.rules.engine import Context, Values, load_rules, rule, rule_specs
 from meshplan.rules.fix_values import ctx_param, divisors, fmt_set, rl_batch_fix
 from meshplan.rules.world import tiled, tiling
@@ -561,14 +562,14 @@ def gdn_decoder_layer_split(ctx: Context) -> Values:
     p, arch = ctx.plan, ctx.arch
     if arch.gdn is None or arch.layer_pattern is None or p.pp == 1:
         return None
-    decoder = arch.num_layers // 2
+    decoder = decoder_layers(arch.num_layers)
     working = fmt_set([q for q in divisors(decoder) if 1 < q <= MAX_LISTED_PP]) or "none"
     if p.pipeline_layout or p.account_for_embedding or p.account_for_loss:  # counted in pattern layers
         return {"pp": p.pp, "decoder": decoder, "working": working,
                 "what": "a pipeline layout or embedding / loss accounting counts meshplan's pattern layers"}
     counts, _ = layers_per_rank(arch.num_layers, p.pp, p.first_stage_layers, p.last_stage_layers)
     # each rank's layers in vpp chunks (PP002 / PP004 say where vpp does not divide them)
-    odd = [n for n in counts if n % 2 or (n % p.vpp == 0 and (n // p.vpp) % 2)]
+    odd = [n for n in counts if cuts_a_decoder_layer(n) or (n % p.vpp == 0 and cuts_a_decoder_layer(n // p.vpp))]
     if not odd:
         return None
     return {"pp": p.pp, "decoder": decoder, "working": working,

@@ -23,7 +23,7 @@ def fp8_needs_hardware(ctx: Context) -> Values:
 
 
 
-def _default_knob(card: FrameworkCard, name: str) -> AdapterKnob:
+def _default_version_knob(card: FrameworkCard, name: str) -> AdapterKnob:
     """The knob as the framework's default version writes it (render refuses another version's own way)."""
     return card.adapter.versions[card.adapter.default_version].knobs[name]  # type: ignore[union-attr]
 
@@ -35,14 +35,14 @@ def _lacks(card: FrameworkCard, name: str) -> str | None:
         return f"meshplan models no such knob for {card.display_name}; leave it out."
     if any(v.knobs[name].key is not None for v in card.adapter.versions.values()):
         return None
-    return _default_knob(card, name).instead
+    return _default_version_knob(card, name).instead
 
 
 
 def _takes(card: FrameworkCard, name: str) -> list[str] | None:
     """The values of a knob with a vocabulary that the framework's default version writes (AdapterKnob.values), or
     None where the knob takes any value meshplan has."""
-    values = _default_knob(card, name).values if card.adapter is not None else None
+    values = _default_version_knob(card, name).values if card.adapter is not None else None
     return None if values is None else [k for k, v in values.items() if v is not None]
 
 
@@ -60,7 +60,7 @@ def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
     takes = _takes(ctx.card, "optimizer_state_dtype")
     if takes is not None and p.optimizer_state_dtype not in takes:
         return {**values, "why": f"{card.display_name}'s optimizer takes {' or '.join(takes)} Adam moments",
-                "fix": _default_knob(ctx.card, "optimizer_state_dtype").instead}
+                "fix": _default_version_knob(ctx.card, "optimizer_state_dtype").instead}
     if p.zero_stage != 1:
         return {**values, "why": "Megatron's precision-aware optimizer runs inside the distributed optimizer only",
                 "fix": "Use zero_stage=1 (the distributed optimizer), or leave optimizer_state_dtype out (fp32)."}
@@ -155,25 +155,28 @@ def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
 
 @rule("PR004", reads=("zero_stage", "tp", "pp", "ep", "grad_reduce_in_fp32"))  # tp, pp, ep: the variant render writes
 def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
+    """A gradient reduce dtype the framework cannot set: no version of it has the knob, or the engine the plan runs
+    (the default render's version and variant: verl's and SkyRL's FSDP engines set it under their own key) has none,
+    or sets it at other ZeRO stages only. The engine-without-the-knob branch is reached by no card today (every
+    version and variant of a framework that has the knob somewhere has a key for it): it guards a card that adds one."""
     p = ctx.plan
     if p.grad_reduce_in_fp32 is None:
         return None
     knob = "grad_reduce_fp32" if p.grad_reduce_in_fp32 else "grad_reduce_bf16"
     card, dtype = ctx.card, "fp32" if p.grad_reduce_in_fp32 else "bf16"
+    value = str(p.grad_reduce_in_fp32).lower()
     instead = _lacks(card, knob)
     if instead is None:  # (so the card has an adapter section)
-        # the knob of the engine the plan runs (verl's and SkyRL's FSDP engines set it under their own key)
-        spec = rendered_knob(card, ctx.job, p, knob) or _default_knob(card, knob)
+        spec = rendered_knob(card, ctx.job, p, knob) or _default_version_knob(card, knob)
+        at_stage = f"{card.display_name} (zero_stage={p.zero_stage})"
         if spec.key is None:
-            return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": f"{card.display_name} (zero_stage="
-                    f"{p.zero_stage})", "why": f"{card.display_name} cannot reduce gradients in {dtype} on the "
-                    f"engine zero_stage {p.zero_stage} runs", "fix": spec.instead}
+            return {"value": value, "framework": at_stage, "why": f"{card.display_name} cannot reduce gradients in "
+                    f"{dtype} on the engine zero_stage {p.zero_stage} runs", "fix": spec.instead}
         if spec.zero_stages is None or p.zero_stage in spec.zero_stages:
             return None
-        return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": f"{card.display_name} (zero_stage="
-                f"{p.zero_stage})", "why": f"{card.display_name} sets a {dtype} gradient buffer at zero_stage "
-                f"{' or '.join(map(str, spec.zero_stages))} only", "fix": spec.instead}
-    return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": card.display_name,
+        return {"value": value, "framework": at_stage, "why": f"{card.display_name} sets a {dtype} gradient buffer at "
+                f"zero_stage {' or '.join(map(str, spec.zero_stages))} only", "fix": spec.instead}
+    return {"value": value, "framework": card.display_name,
             "why": f"{card.display_name} cannot reduce gradients in {dtype}", "fix": instead}
 
 

@@ -73,6 +73,14 @@ class DSASpec(StrictModel):
     index_topk: int = Field(ge=1, description="index_topk: keys each query attends to (at most its position)")
 
 
+# A hybrid model's layer kinds by their pattern letter (Megatron-Core's hybrid layer Symbols, core_v0.19.0
+# mamba_hybrid_layer_allocation.py), in the order every per-kind walk takes them: the activations' Shape.kinds, the
+# step time's HYBRID_KINDS, the assumptions' and the model report's counts
+LAYER_KINDS = {"M": "Mamba-2", "G": "Gated DeltaNet", "*": "attention", "-": "MLP", "E": "MoE"}
+# Its token mixers: the kinds with no FFN, whose layer runs the first TP pair and the sequence-wide traffic CP adds
+MIXER_KINDS = ("M", "G", "*")
+
+
 class MambaSpec(StrictModel):
     """A Mamba-2 mixer's shapes as config.json states them (transformers' NemotronHMamba2Mixer, Megatron-Core's
     MambaMixer): the inner width is heads x head_dim, and B and C carry n_groups x ssm_state_size channels each."""
@@ -238,15 +246,20 @@ class Architecture(StrictModel):
         return self.moe is not None and index in set(self.moe.moe_layers)
 
     @property
+    def indexer_query_input(self) -> int:
+        """The width DSA's indexer reads its queries from (wq_b's input): MLA's q latent, hidden_size where the model
+        has none (DeepSeek's Indexer takes q_lora_rank; Megatron-Core's DSAIndexer falls back to hidden_size)."""
+        return (self.mla.q_lora_rank if self.mla is not None else None) or self.hidden_size
+
+    @property
     def cp_comm_type_default(self) -> str:
         """The CP communication a request that leaves cp_comm_type out gets: all-gather for a DSA model, the only
         one Megatron-Core's DSAttention runs (rule DSA003), else the p2p ring."""
         return "allgather" if self.dsa is not None else "p2p"
 
     def layer_kind(self, index: int) -> str:
-        """'M' (Mamba-2), 'G' (Gated DeltaNet), '*' (attention), '-' (MLP) or 'E' (MoE) for a hybrid model's layer;
-        'block' for every
-        layer of a model that has no pattern (attention and an MLP or MoE in one layer)."""
+        """A hybrid model's layer's letter (LAYER_KINDS: 'M', 'G', '*', '-' or 'E'); 'block' for every layer of a model
+        that has no pattern (attention and an MLP or MoE in one layer)."""
         return self.layer_pattern[index] if self.layer_pattern is not None else "block"
 
 

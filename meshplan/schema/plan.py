@@ -67,12 +67,16 @@ class RLJob(StrictModel):
     update_epochs: int | None = Field(None, ge=1, description="None: one pass of the update over the batch")
 
     @property
+    def mini_batch_prompts(self) -> int:
+        """Prompts per optimizer step: prompts_per_mini_batch, the whole step's where the request named none."""
+        return self.prompts_per_mini_batch or self.prompts_per_step
+
+    @property
     def optimizer_steps(self) -> int:
         """Optimizer steps per RL step: the step's prompts in mini-batches of prompts_per_mini_batch, the last one
         smaller where they do not divide (verl DataProto.make_iterator and SkyRL split the batch in order), once per
         update epoch."""
-        mini = self.prompts_per_mini_batch or self.prompts_per_step
-        return -(-self.prompts_per_step // mini) * self.epochs
+        return -(-self.prompts_per_step // self.mini_batch_prompts) * self.epochs
 
     @property
     def epochs(self) -> int:

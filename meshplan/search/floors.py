@@ -19,6 +19,7 @@ from meshplan.arithmetic.memory_states import (
     frozen_gathered_transient,
     gathered_transient,
     memory_card,
+    mixer_rows,
     output_activations,
     state_bytes,
     state_classes,
@@ -691,9 +692,8 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash, qkv_fused=qkv_fused,
                     dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn)
     shape = shape_of(job.model)
-    if shape.kinds:  # a hybrid (M, *, -, E layers): arithmetic/mamba.least_kind_activations
-        return least_kind_activations(shape, act._replace(mamba=memory_card().mamba2_layer.terms(),
-                                                          gdn=memory_card().gdn_layer.terms()), recompute)
+    if shape.kinds:  # a hybrid (M, G, *, -, E layers): arithmetic/mamba.least_kind_activations
+        return least_kind_activations(shape, act._replace(**mixer_rows(job)), recompute)
     mode = activation_mode(recompute, job.card.recompute.selective)  # what this framework's "selective" saves
     if job.lora is None:
         return tuple(sum(layer_activations(shape, act, moe, m).values())

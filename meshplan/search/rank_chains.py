@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.hybrid_time import HYBRID_KINDS
 from meshplan.estimate.stage_time import layer_kinds
-from meshplan.schema.model import Architecture
+from meshplan.schema.model import MIXER_KINDS, Architecture
 from meshplan.schema.plan import Job
 from meshplan.search.floors import estimate_stages
 from meshplan.search.space import Layout
@@ -193,7 +193,7 @@ def hybrid_rank_load(arch: Architecture, pattern: str, kinds: list, head: int) -
     moe = counts[HYBRID_KINDS.index("E")]
     trained = trained_pattern(arch)
     cp_share = min((c / trained.count(k) for k, c in zip(HYBRID_KINDS, counts, strict=True)
-                    if k in ("M", "G", "*") and k in trained), default=0.0)
+                    if k in MIXER_KINDS and k in trained), default=0.0)
     moe_total = model_layers(arch)[1]
     return RankLoad(dense=len(kinds) - moe, moe=moe, dense_decoder=len(kinds) - moe, moe_decoder=moe, head=head,
                     layers=cp_share, moe_layers=moe / moe_total if moe_total else 1.0, kinds=counts)

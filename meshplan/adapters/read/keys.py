@@ -86,6 +86,13 @@ def normalize(key: str) -> str:
     return key
 
 
+# A dtype as the frameworks' configs name it (torch's, their short names), as meshplan names it: read here and by
+# adapters/parse.py (precision-aware optimizer states, a reduce dtype)
+DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.uint8": "fp8",
+               "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "float32": "fp32", "bfloat16": "bf16",
+               "float16": "fp16"}
+
+
 @dataclass(frozen=True)
 class Meaning:
     target: str  # an adapter knob, a request field, or a name of the card's read.keys (nodes, dp_shard, ...)
@@ -382,10 +389,10 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         if str(value).strip("'\"") == m.word:
             reading.state("fp8_recipe", m.word, s)
     elif m.target in ("grad_reduce_bf16", "grad_reduce_fp32"):
-        text = str(value).strip("'\"").lower().removeprefix("torch.")
         # a dtype named: torchtitan's mixed_precision_reduce, an FSDP2 reduce_dtype (verl's, SkyRL's, AutoModel's)
-        if text in ("float32", "fp32", "bfloat16", "bf16"):
-            reading.state("grad_reduce_in_fp32", text in ("float32", "fp32"), s)
+        dtype = DTYPE_NAMES.get(str(value).strip("'\"").lower().removeprefix("torch."))
+        if dtype in ("fp32", "bf16"):
+            reading.state("grad_reduce_in_fp32", dtype == "fp32", s)
         elif m.word is not None:  # one key for both knobs, each with the value it takes (Bridge's grad_reduce_in_fp32)
             if as_bool(value) == as_bool(m.word):
                 reading.state("grad_reduce_in_fp32", m.target == "grad_reduce_fp32", s)

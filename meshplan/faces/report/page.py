@@ -60,8 +60,6 @@ def _control_characters(values: dict[str, str]) -> str:
             "form again.") if found else ""
 
 
-
-
 def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
     """The form as request fields; a pasted config.json is written to a file the resolver reads as a path."""
     unknown = [k for k in values if k not in FORM_FIELDS]
@@ -115,8 +113,7 @@ def page(values: dict[str, str]) -> str:
     models = [m.key for m in api.list_models()]
     return environment().get_template("page.html.j2").render(
         values=values, models=models, gpus=sorted(gpu_catalog()), frameworks=list(FRAMEWORKS), choices=CHOICES,
-        body=body,
-        answer_json=answer_json, error=error, version=__version__)
+        body=body, answer_json=answer_json, error=error, version=__version__)
 
 
 class PageRouter:
