@@ -146,8 +146,8 @@ def trainer_request(trainer: Request, rl: RLJob | None = None) -> Request:
     update_micro_batches, rl/step_time.mini_batch_update), so the actor layouts are ranked and sized at that batch;
     at the whole step's, a deep pipeline's memory was counted at micro-batches it never holds at once."""
     cleared: dict = dict.fromkeys(("job", *RL_FIELDS))
-    if rl is not None and rl.prompts_per_mini_batch is not None and rl.prompts_per_mini_batch < rl.prompts_per_step:
-        cleared["global_batch_size"] = rl.prompts_per_mini_batch * rl.samples_per_prompt
+    if rl is not None and rl.splits_step:
+        cleared["global_batch_size"] = rl.mini_batch_sequences
     allocator = framework_card(trainer.framework).allocator_for(True)
     if trainer.expandable_segments is None and allocator is not None:
         cleared["expandable_segments"] = allocator.expandable_segments

@@ -54,7 +54,7 @@ def rank_mini_batch(job, plan: Plan) -> int:
     """One data-parallel rank's sequences of one mini-batch (prompts_per_mini_batch x samples / dp; the whole step's
     where the request names no mini-batch): what one optimizer step of the update runs on that rank."""
     rl = job.rl
-    return max(1, rl.mini_batch_prompts * rl.samples_per_prompt // plan.dp)
+    return max(1, rl.mini_batch_sequences // plan.dp)
 
 
 def packed_tokens(job, plan: Plan) -> int:

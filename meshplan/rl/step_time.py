@@ -195,9 +195,9 @@ def mini_batch_update(job, plan: Plan, update):
     (prompts_per_mini_batch x samples: its micro-batches, pipeline flush, gradient sync and optimizer step) and
     prompts_per_step / prompts_per_mini_batch of them."""
     rl = job.rl
-    if rl.prompts_per_mini_batch is None or rl.prompts_per_mini_batch >= rl.prompts_per_step:
+    if not rl.splits_step:
         return update, 1.0
-    mini = job.model_copy(update={"global_batch_size": rl.prompts_per_mini_batch * rl.samples_per_prompt})
+    mini = job.model_copy(update={"global_batch_size": rl.mini_batch_sequences})
     return estimate_throughput(mini, plan), rl.prompts_per_step / rl.prompts_per_mini_batch
 
 

@@ -55,7 +55,7 @@ def verl_mini_batch(ctx: Context) -> Values:
     Megatron engine's dp, the FSDP engine's world over the Ulysses size), at least one, and on the FSDP engine whole
     micro-batches of ppo_micro_batch_size_per_gpu (what meshplan renders)."""
     rl, p = ctx.job.rl, ctx.plan
-    if rl is None or rl.prompts_per_mini_batch is None or rl.prompts_per_mini_batch >= rl.prompts_per_step:
+    if rl is None or not rl.splits_step:
         return None
     megatron = ctx.backend == "megatron"
     ranks, how = (p.dp, "dp") if megatron else (ctx.world // p.cp, "n_gpus / ulysses size")

@@ -164,15 +164,14 @@ class Context:
         sequences to a token budget (the card's rl.packed_micro_batches, at mean lengths under the longest): that
         count is the packing's, which verl rounds up to a multiple of pp where virtual stages interleave."""
         rl = self.job.rl
-        if rl is None or rl.prompts_per_mini_batch is None or rl.prompts_per_mini_batch >= rl.prompts_per_step:
+        if rl is None or not rl.splits_step:
             return False
         return not (self.job.rl_card.packed_micro_batches and rl.token_share < 1)
 
     @property
     def schedule_batch(self) -> int:
         """The sequences one run of the pipeline schedule takes: the step's, or the mini-batch's (per_mini_batch)."""
-        rl = self.job.rl
-        return rl.prompts_per_mini_batch * rl.samples_per_prompt if self.per_mini_batch else self.job.global_batch_size
+        return self.job.rl.mini_batch_sequences if self.per_mini_batch else self.job.global_batch_size
 
     @property
     def schedule_run(self) -> str:

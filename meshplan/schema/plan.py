@@ -72,6 +72,18 @@ class RLJob(StrictModel):
         return self.prompts_per_mini_batch or self.prompts_per_step
 
     @property
+    def splits_step(self) -> bool:
+        """Whether the job names a mini-batch smaller than its step: its update then runs the pipeline schedule and
+        steps the optimizer once per mini-batch (verl's update_policy, SkyRL's policy mini-batch), which the rules'
+        micro-batch count, the update's memory and time and the actor search read."""
+        return self.prompts_per_mini_batch is not None and self.prompts_per_mini_batch < self.prompts_per_step
+
+    @property
+    def mini_batch_sequences(self) -> int:
+        """Sequences per optimizer step: mini_batch_prompts x samples_per_prompt."""
+        return self.mini_batch_prompts * self.samples_per_prompt
+
+    @property
     def optimizer_steps(self) -> int:
         """Optimizer steps per RL step: the step's prompts in mini-batches of prompts_per_mini_batch, the last one
         smaller where they do not divide (verl DataProto.make_iterator and SkyRL split the batch in order), once per
