@@ -188,3 +188,16 @@ def test_a_dsa_model_built_from_launch_flags():
     assert indexer_params(arch) == 192 * 4 * 32 + 512 * 32 + 2 * 32 + 512 * 4
     with pytest.raises(MeshplanError, match="without --multi-latent-attention"):
         resolve_model(FLAGS + "--dsa-indexer-n-heads 4 --dsa-indexer-head-dim 32 --dsa-indexer-topk 256")
+
+
+def test_a_lora_job_is_told_to_plan_full_training_where_the_only_builder_runs_no_lora():
+    """DSA001's fix named megatron-core for a LoRA job on DeepSeek-V3.2, where LORA001 then refuses it (Megatron-Core
+    runs no LoRA meshplan plans): it now says the job is planned there as full training, and a plain job is not."""
+    lora = check_config(Request(model="deepseek-v3.2", framework="torchtitan", gpu="h100", num_gpus=256,
+                                lora_rank=16))
+    fix = next(f.fix for f in lora.findings if f.id == "DSA001")
+    assert fix.startswith("Plan this job as full training (none of the frameworks that build it runs LoRA) on "
+                          "framework megatron-core")
+    plain = check_config(Request(model="deepseek-v3.2", framework="torchtitan", gpu="h100", num_gpus=256))
+    fix = next(f.fix for f in plain.findings if f.id == "DSA001")
+    assert fix.startswith("Plan this job on framework megatron-core")

@@ -33,7 +33,7 @@ def no_hybrid_model(ctx: Context) -> Values:
     if pattern is None or ctx.arch.mamba is None:
         return None
     return {"model": ctx.arch.name, "framework": ctx.job.framework, "mamba": pattern.count("M"),
-            "builders": _builders(ctx, ("HY001", "HY002")), "job": _job_word(ctx)}
+            **_builders(ctx, ("HY001", "HY002"))}
 
 
 def _unrefused(refusing: tuple[str, ...]) -> list[str]:
@@ -43,17 +43,18 @@ def _unrefused(refusing: tuple[str, ...]) -> list[str]:
     return [f for f in FRAMEWORKS if f not in refused]
 
 
-def _builders(ctx: Context, refusing: tuple[str, ...]) -> str:
-    """_unrefused in words, and of those, for a LoRA job, the ones that run LoRA (the hybrids' rules)."""
+def _builders(ctx: Context, refusing: tuple[str, ...]) -> dict[str, str]:
+    """A refusal fix's `builders` and `job`: the frameworks none of the rules `refusing` lists (_unrefused), and for a
+    LoRA job those of them that run LoRA; where none of them does (DeepSeek-V3.2: Megatron-Core alone builds it, and
+    runs no LoRA), the frameworks for the job as full training, said so, rather than a LoRA job LORA001 then refuses."""
     builders = _unrefused(refusing)
-    if ctx.job.lora is not None:
-        builders = [f for f in builders if f in lora_frameworks()]
-    return either_or(builders)
-
-
-def _job_word(ctx: Context) -> str:
-    """The job as a refusal's fix names it ("this LoRA job" or "this job")."""
-    return "LoRA job" if ctx.job.lora is not None else "job"
+    if ctx.job.lora is None:
+        return {"builders": either_or(builders), "job": "job"}
+    lora = [f for f in builders if f in lora_frameworks()]
+    if lora:
+        return {"builders": either_or(lora), "job": "LoRA job"}
+    return {"builders": either_or(builders),
+            "job": "job as full training (none of the frameworks that build it runs LoRA)"}
 
 
 @rule("HY002", reads=())
@@ -71,7 +72,7 @@ def no_gated_deltanet_model(ctx: Context) -> Values:
         return None
     return {"model": ctx.arch.name, "framework": ctx.job.framework, "gdn": pattern.count("G"),
             "model_type": ctx.arch.model_type,
-            "builders": _builders(ctx, ("HY003", "HY004")), "job": _job_word(ctx)}
+            **_builders(ctx, ("HY003", "HY004"))}
 
 
 @rule("HY004", reads=())
@@ -84,14 +85,14 @@ def gated_deltanet_elsewhere(ctx: Context) -> Values:
 @rule("DSA001", reads=())
 def no_dsa_model(ctx: Context) -> Values:
     """A DeepSeek Sparse Attention model (deepseek_v32) on a framework whose model code builds no indexer (the card
-    lists them); the fix names the frameworks neither DSA001 nor DSA002 refuses, for a LoRA job too (unlike the
-    hybrids' _builders: that is Megatron-Core alone, which runs no LoRA, so the filter would leave none to name)."""
+    lists them); the fix names the frameworks neither DSA001 nor DSA002 refuses (_builders: Megatron-Core, which runs
+    no LoRA, so a LoRA job is told to plan full training there)."""
     dsa = ctx.arch.dsa
     if dsa is None:
         return None
     return {"model": ctx.arch.name, "framework": ctx.job.framework, "heads": dsa.index_n_heads,
             "topk": dsa.index_topk, "layers": ctx.arch.num_layers,
-            "builders": either_or(_unrefused(("DSA001", "DSA002"))), "job": _job_word(ctx)}
+            **_builders(ctx, ("DSA001", "DSA002"))}
 
 
 @rule("DSA002", reads=())
