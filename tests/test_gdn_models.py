@@ -401,3 +401,14 @@ def test_qwen3_5s_language_models_count_what_transformers_builds(model_type, tot
 def test_qwen3_5s_vision_language_config_is_refused_naming_its_text_config():
     with pytest.raises(MeshplanError, match=r"vision tower.*qwen3_5_moe_text"):
         architecture_from_config({"model_type": "qwen3_5_moe", "text_config": {}, "vision_config": {}})
+
+
+def test_pp017_names_the_chunk_that_cuts_a_decoder_layer():
+    """At pp=2, vpp=16 each stage holds 48 pattern layers (even) in chunks of 3 (odd): PP017 said 'a stage (or virtual
+    chunk) of 48 pattern layers cuts a decoder layer', naming the even count; it names the chunk now."""
+    from meshplan import api
+    from meshplan.schema.request import Request
+
+    found = {f.id: f for f in api.check_config(Request(model="qwen3-next-80b-a3b", framework="megatron-bridge",
+                                                       gpu="h100", num_gpus=64, pp=2, vpp=16, ep=8)).findings}
+    assert found["PP017"].message.startswith("pp=2: a virtual chunk of 3 pattern layers (a stage of 48 over vpp=16)")

@@ -569,11 +569,15 @@ def gdn_decoder_layer_split(ctx: Context) -> Values:
                 "what": "a pipeline layout or embedding / loss accounting counts meshplan's pattern layers"}
     counts, _ = layers_per_rank(arch.num_layers, p.pp, p.first_stage_layers, p.last_stage_layers)
     # each rank's layers in vpp chunks (PP002 / PP004 say where vpp does not divide them)
-    odd = [n for n in counts if cuts_a_decoder_layer(n) or (n % p.vpp == 0 and cuts_a_decoder_layer(n // p.vpp))]
-    if not odd:
-        return None
-    return {"pp": p.pp, "decoder": decoder, "working": working,
-            "what": f"a stage (or virtual chunk) of {odd[0]} pattern layers cuts a decoder layer in two"}
+    for n in counts:
+        if cuts_a_decoder_layer(n):
+            what = f"a stage of {n} pattern layers"
+        elif n % p.vpp == 0 and cuts_a_decoder_layer(n // p.vpp):
+            what = f"a virtual chunk of {n // p.vpp} pattern layers (a stage of {n} over vpp={p.vpp})"
+        else:
+            continue
+        return {"pp": p.pp, "decoder": decoder, "working": working, "what": f"{what} cuts a decoder layer in two"}
+    return None
 
 
 @rule("PP018", reads=("vpp", "pipeline_layout", "account_for_embedding", "account_for_loss"))
