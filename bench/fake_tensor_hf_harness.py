@@ -199,6 +199,20 @@ def verl_loss(model, ids, positions, labels, case: dict, cross_entropy):
     return -(log_probs.exp() * torch.ones_like(log_probs)).mean()
 
 
+def token_row(tokens: int):
+    """One packed row of `tokens` ids (inside the caller's FakeTensorMode), its positions and its next-token labels:
+    what every step case feeds the model."""
+    ids = torch.randint(0, 1000, (1, tokens))
+    return ids, torch.arange(tokens).unsqueeze(0), torch.roll(ids, shifts=-1, dims=1).squeeze(0)
+
+
+def fsdp_tracker(model, optimizer):
+    """FSDPMemTracker over the wrapped model and its optimizer (their states counted from the start)."""
+    tracker = tracker_class(fsdp=True)(model, optimizer)
+    tracker.track_external(model, optimizer)
+    return tracker
+
+
 def step_peak(case: dict) -> dict:
     """One training step as verl's FSDP engine runs it, the peak of rank 0 of a fake process group of `world`
     ranks by category (FSDPMemTracker, over the second step: the first creates the optimizer state). fully_shard
@@ -220,11 +234,8 @@ def step_peak(case: dict) -> dict:
         # per-tensor loop on the CPU (torch/optim/adam.py _default_to_fused_or_foreach); `foreach: true` forces the
         # CUDA path here (its fp32 temporaries: cards/memory.yaml optimizer_steps)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, foreach=case.get("foreach"))
-        ids = torch.randint(0, 1000, (1, tokens))
-        positions = torch.arange(tokens).unsqueeze(0)
-        labels = torch.roll(ids, shifts=-1, dims=1).squeeze(0)
-        tracker = tracker_class(fsdp=True)(model, optimizer)
-        tracker.track_external(model, optimizer)
+        ids, positions, labels = token_row(tokens)
+        tracker = fsdp_tracker(model, optimizer)
         with tracker:
             for step in range(2):
                 verl_loss(model, ids, positions, labels, case, _FlashCrossEntropyStandIn).backward()
@@ -279,11 +290,8 @@ def head_probe(case: dict) -> dict:
         model = build(case, dtype=torch.float32 if verl else BF16)
         (verl_fsdp2_wrap if verl else kempnerforge_fsdp2_wrap)(model, mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, foreach=True)
-        ids = torch.randint(0, 1000, (1, tokens))
-        positions = torch.arange(tokens).unsqueeze(0)
-        labels = torch.roll(ids, shifts=-1, dims=1).squeeze(0)
-        tracker = tracker_class(fsdp=True)(model, optimizer)
-        tracker.track_external(model, optimizer)
+        ids, positions, labels = token_row(tokens)
+        tracker = fsdp_tracker(model, optimizer)
         seen: dict = {}
 
         def note(name: str, kind: str | None = None):
@@ -343,11 +351,8 @@ def accumulation_probe(case: dict) -> dict:
         model = build(case, dtype=torch.float32)
         verl_fsdp2_wrap(model, mesh, REDUCE_DTYPES[case.get("reduce", "fp32")])
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, foreach=True)
-        ids = torch.randint(0, 1000, (1, tokens))
-        positions = torch.arange(tokens).unsqueeze(0)
-        labels = torch.roll(ids, shifts=-1, dims=1).squeeze(0)
-        tracker = tracker_class(fsdp=True)(model, optimizer)
-        tracker.track_external(model, optimizer)
+        ids, positions, labels = token_row(tokens)
+        tracker = fsdp_tracker(model, optimizer)
         with tracker:
             verl_loss(model, ids, positions, labels, case, _FlashCrossEntropyStandIn).backward()
             optimizer.step()
