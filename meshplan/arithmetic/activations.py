@@ -390,6 +390,21 @@ class Layout(NamedTuple):
         return self._replace(tp=1, sp=False, moe_whole=False) if self.moe_whole and self.tp > 1 else self
 
 
+def saved_rows_bytes(rows: tuple, widths: dict[str, int], lay: Layout, sel: set[str]) -> float:
+    """A mixer's saved bytes for one micro-batch on one GPU from its card's rows (Mamba2Layer.terms, GdnLayer.terms:
+    width, bytes, sp, dropped_by, kept_by, dropout): per token, each row's width over TP (over TP only under SP for
+    the hidden-wide rows), less the rows `sel`'s recompute modules drop or a row kept only under another's, and the
+    dropout rows without dropout."""
+    lin = 1 if lay.fp8 else BF16
+    total = 0.0
+    for width, nbytes, sp, dropped_by, kept_by, dropout in rows:
+        if (dropped_by and dropped_by in sel) or (kept_by and kept_by not in sel) or (dropout and not lay.dropout):
+            continue
+        split = (lay.tp if lay.sp else 1) if sp else lay.tp
+        total += (lin if nbytes == "linear" else nbytes) * lay.tokens * widths[width] / split
+    return total
+
+
 def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True) -> float:
     """fc1 output (activation input), optional separate silu output, fc2 input; fc1 input counted by caller.
     act=False: the activation's outputs are recomputed (Megatron's moe_act), only the fc1 output is kept."""

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.arithmetic.activations import BF16, Layout, Shape
+from meshplan.arithmetic.activations import Layout, Shape, saved_rows_bytes
 from meshplan.arithmetic.flops import Gemm, Shard
 from meshplan.schema.model import Architecture
 
@@ -51,15 +51,7 @@ def gdn_activations(shape: Shape, lay: Layout, sel: set[str]) -> float:
     the card's rows in lay.gdn: per token, each row's width over TP (over TP under SP for the hidden-wide rows).
     Context parallelism trades tokens for heads (its all-to-alls), so the bytes per rank are the same."""
     assert shape.gdn is not None
-    widths = dict(zip(GDN_WIDTHS, shape.gdn, strict=True))
-    lin = 1 if lay.fp8 else BF16
-    total = 0.0
-    for width, nbytes, sp, dropped_by, kept_by, dropout in lay.gdn:
-        if (dropped_by and dropped_by in sel) or (kept_by and kept_by not in sel) or (dropout and not lay.dropout):
-            continue
-        split = (lay.tp if lay.sp else 1) if sp else lay.tp
-        total += (lin if nbytes == "linear" else nbytes) * lay.tokens * widths[width] / split
-    return total
+    return saved_rows_bytes(lay.gdn, dict(zip(GDN_WIDTHS, shape.gdn, strict=True)), lay, sel)
 
 
 # --------------------------------------------------------------------------- work

@@ -8,14 +8,18 @@ layer's GEMMs on one rank and its conv and SSD chunked scan beside them (timed b
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.arithmetic.activations import BF16, Layout, Shape, _attention, _norm, layer_activations
+from meshplan.arithmetic.activations import BF16, Layout, Shape, _attention, _norm, layer_activations, saved_rows_bytes
 from meshplan.arithmetic.flops import Gemm, Shard
 from meshplan.arithmetic.gdn import gdn_activations
 from meshplan.schema.model import Architecture
+
+# The widths a row may name, in Shape.mamba's order
+MambaWidth = Literal["hidden", "in_proj", "inner", "groups"]
+MAMBA_WIDTHS: tuple[str, ...] = get_args(MambaWidth)
 
 
 class MambaSave(BaseModel):
@@ -23,7 +27,7 @@ class MambaSave(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str
-    width: Literal["hidden", "in_proj", "inner", "groups"]
+    width: MambaWidth
     bytes: float | Literal["linear"]  # linear: a linear layer's input, 1 byte under fp8, else 2
     sp: bool = False  # sharded over TP only under sequence parallelism (else over TP always)
     dropped_by: str | None = None  # the recompute_modules entry that recomputes it
@@ -38,24 +42,17 @@ class Mamba2Layer(BaseModel):
     saves: list[MambaSave] = Field(min_length=1)
     source: str
 
-    def terms(self) -> tuple[tuple[str, float | str, bool, str | None, bool], ...]:
-        """The saves as hashable rows for a Layout (width, bytes, sp, dropped_by, dropout)."""
-        return tuple((s.width, s.bytes, s.sp, s.dropped_by, s.dropout) for s in self.saves)
+    def terms(self) -> tuple[tuple[str, float | str, bool, str | None, None, bool], ...]:
+        """The saves as hashable rows for a Layout (width, bytes, sp, dropped_by, kept_by: none here, dropout), the
+        rows activations.saved_rows_bytes sums."""
+        return tuple((s.width, s.bytes, s.sp, s.dropped_by, None, s.dropout) for s in self.saves)
 
 
 def mamba_activations(shape: Shape, lay: Layout, sel: set[str]) -> float:
     """A Mamba-2 mixer's saved bytes for one micro-batch on one GPU (the layer's own norm input included), from the
     card's rows in lay.mamba: per token, each row's width over TP (over TP under SP for the hidden-wide rows)."""
     assert shape.mamba is not None
-    widths = dict(zip(("hidden", "in_proj", "inner", "groups"), shape.mamba, strict=True))
-    lin = 1 if lay.fp8 else BF16
-    total = 0.0
-    for width, nbytes, sp, dropped_by, dropout in lay.mamba:
-        if (dropped_by and dropped_by in sel) or (dropout and not lay.dropout):
-            continue
-        split = (lay.tp if lay.sp else 1) if sp else lay.tp
-        total += (lin if nbytes == "linear" else nbytes) * lay.tokens * widths[width] / split
-    return total
+    return saved_rows_bytes(lay.mamba, dict(zip(MAMBA_WIDTHS, shape.mamba, strict=True)), lay, sel)
 
 
 def hybrid_layer_activations(shape: Shape, lay: Layout, kind: str, recompute: str,

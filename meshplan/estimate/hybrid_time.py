@@ -175,15 +175,9 @@ def gdn_cp(ctx: LayerContext) -> tuple[float, float]:
     (megatron/core/ssm/gated_delta_net/gdn.py, core_v0.19.0): tensor_a2a_cp2hp sends in_proj's output (q, k, v, z,
     beta, alpha) from the sequence's shards to the heads' before the conv, tensor_a2a_hp2cp the gated norm's output
     back before out_proj; the backward the same in reverse. None is overlapped."""
-    plan = ctx.plan
-    if plan.cp <= 1:
-        return 0.0, 0.0
-    g, tokens, tp = ctx.arch.gdn, ctx.shard.tokens, ctx.shard.tp
+    g = ctx.arch.gdn
     assert g is not None
-    group = mesh_groups(plan, law=ctx.law).cp
-    fwd = sum(alltoall_time(tokens * w / tp * BF16, group.size, group.stride, ctx.lk)
-              for w in (g.in_proj_width, g.value_dim))
-    return fwd, FORWARD_AND_BACKWARD * fwd
+    return _cp_alltoalls(ctx, (g.in_proj_width, g.value_dim))
 
 
 def mamba_cp(ctx: LayerContext) -> tuple[float, float]:
@@ -192,13 +186,19 @@ def mamba_cp(ctx: LayerContext) -> tuple[float, float]:
     the heads' (_all_to_all_cp2hp, one each), post_conv_ssm the output back (_all_to_all_hp2cp); the backward the
     same in reverse. None is overlapped. B and C are sent whole per group (their replication where cp exceeds the
     local groups is not counted)."""
-    plan = ctx.plan
-    if plan.cp <= 1:
-        return 0.0, 0.0
-    m, tokens, tp = ctx.arch.mamba, ctx.shard.tokens, ctx.shard.tp
+    m = ctx.arch.mamba
     assert m is not None
-    group = mesh_groups(plan, law=ctx.law).cp
-    widths = (m.d_inner, m.d_inner, m.n_groups * m.state_size, m.n_groups * m.state_size, m.num_heads, m.d_inner)
+    return _cp_alltoalls(ctx, (m.d_inner, m.d_inner, m.n_groups * m.state_size, m.n_groups * m.state_size,
+                               m.num_heads, m.d_inner))
+
+
+def _cp_alltoalls(ctx: LayerContext, widths: tuple[int, ...]) -> tuple[float, float]:
+    """(forward, forward + backward) seconds of a mixer's context-parallel all-to-alls, one per tensor width sent
+    (bf16, over TP), over the plan's CP group; none is overlapped, and the backward sends the same in reverse."""
+    if ctx.plan.cp <= 1:
+        return 0.0, 0.0
+    group = mesh_groups(ctx.plan, law=ctx.law).cp
+    tokens, tp = ctx.shard.tokens, ctx.shard.tp
     fwd = sum(alltoall_time(tokens * w / tp * BF16, group.size, group.stride, ctx.lk) for w in widths)
     return fwd, FORWARD_AND_BACKWARD * fwd
 
