@@ -9,6 +9,7 @@ when its rule passes, else the numbers for the card's message and fix templates.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from meshplan.arithmetic.mesh import ranks_per_node, tp_fits_domain
 from meshplan.arithmetic.offload import offload_card, offload_plan
@@ -200,13 +201,22 @@ def _engine_fixes(ctx: Context, engine: EngineMemory | None, over: float) -> lis
     if fraction * per_fraction >= _engine_needs(job, plan, length)[0]:
         kv = engine.kv_bytes - (plan.rollout_memory_fraction - fraction) * per_fraction
         return [f"rollout_memory_fraction={fraction:g} (the KV cache shrinks to {gib(kv)})"]
-    gpus, tp = plan.rollout_gpus or ctx.world, 2 * plan.rollout_tp
-    while gpus % (tp * plan.rollout_dp) == 0 and tp <= ctx.fast_domain:
+    for tp in _doubled_rollout_tps(ctx):
         if fraction * per_fraction >= _engine_needs(job, plan.model_copy(update={"rollout_tp": tp}), length)[0]:
             return [f"rollout_tp={tp} with rollout_memory_fraction={fraction:g} (the engine's weights split over "
                     f"{tp // plan.rollout_tp} times the GPUs, so that fraction still holds a sequence)"]
-        tp *= 2
     return []
+
+
+def _doubled_rollout_tps(ctx: Context) -> Iterator[int]:
+    """The rollout_tp values a fix may name, least first: doublings of the plan's that keep whole replicas of the
+    rollout GPUs (RL002) inside the NVLink domain (RL004); RL005's and RL006's fixes take the first that holds a
+    sequence."""
+    plan = ctx.plan
+    gpus, tp = plan.rollout_gpus or ctx.world, 2 * plan.rollout_tp
+    while gpus % (tp * plan.rollout_dp) == 0 and tp <= ctx.fast_domain:
+        yield tp
+        tp *= 2
 
 
 @rule("RL006")
@@ -226,10 +236,9 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
     fixes = []
     if budget > 0 and (fraction := math.ceil(100 * plan.rollout_memory_fraction * need / budget) / 100) <= 1:
         fixes.append(f"rollout_memory_fraction={fraction:g} or more")
-    gpus, tp = plan.rollout_gpus or ctx.world, 2 * plan.rollout_tp
-    # the least doubling of rollout_tp whose engine holds a sequence: whole replicas (RL002) in the NVLink domain
-    # (RL004), with the least fraction that then holds one where the request's does not
-    while budget > 0 and gpus % (tp * plan.rollout_dp) == 0 and tp <= ctx.fast_domain:
+    # the least doubling of rollout_tp whose engine holds a sequence, with the least fraction that then holds one
+    # where the request's does not
+    for tp in _doubled_rollout_tps(ctx) if budget > 0 else ():
         need_tp = _engine_needs(job, plan.model_copy(update={"rollout_tp": tp}), length)[0]
         at = math.ceil(100 * plan.rollout_memory_fraction * need_tp / budget) / 100
         if at <= 1:
@@ -237,7 +246,6 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
             fixes.append(f"rollout_tp={tp}{also} (the engine's weights and KV cache split over "
                          f"{tp // plan.rollout_tp} times the GPUs)")
             break
-        tp *= 2
     knobs = [k for k in phase_knobs(ctx.card, plan) if not getattr(plan, k)]
     if of_free and knobs and rollout.pool == "trainer":  # its fraction is of the memory the trainer leaves free
         fixes.append(f"{_switched_on(knobs)} (the trainer's states leave the GPUs for the "
