@@ -81,6 +81,13 @@ LAYER_KINDS = {"M": "Mamba-2", "G": "Gated DeltaNet", "*": "attention", "-": "ML
 MIXER_KINDS = ("M", "G", "*")
 
 
+def layer_kind_counts(pattern: str) -> str:
+    """A hybrid pattern's layers counted by kind, '24 Mamba-2, 4 attention, 24 MLP': LAYER_KINDS' order, a kind the
+    pattern lacks left out. The one wording of every answer that counts them (memory's and throughput's hybrid
+    assumptions, the RL refusal), which had each worded them their own way."""
+    return ", ".join(f"{pattern.count(k)} {name}" for k, name in LAYER_KINDS.items() if k in pattern)
+
+
 class MambaSpec(StrictModel):
     """A Mamba-2 mixer's shapes as config.json states them (transformers' NemotronHMamba2Mixer, Megatron-Core's
     MambaMixer): the inner width is heads x head_dim, and B and C carry n_groups x ssm_state_size channels each."""
