@@ -31,8 +31,8 @@ def decoder_layers(pattern_layers: int) -> int:
 
 
 def cuts_a_decoder_layer(pattern_layers: int) -> bool:
-    """Whether a stage or chunk of `pattern_layers` pattern layers ends inside a decoder layer (PP017, render's
-    decoder_split)."""
+    """Whether a stage or chunk of `pattern_layers` pattern layers ends inside a decoder layer
+    (arithmetic/schedule.decoder_layer_cut: rule PP017's and render's decoder_split's test)."""
     return pattern_layers % PATTERN_LAYERS_PER_DECODER_LAYER != 0
 
 
