@@ -244,6 +244,31 @@ def test_each_gdn_pass_count_is_the_sum_its_source_itemises(name):
     assert len(items) >= 4 and sum(items) == constant.value, (items, constant.value)
 
 
+def test_the_chunk_size_and_the_gated_norm_passes_are_the_cards_read_through_the_job():
+    """FLA's chunk length (64) was a default of the schema's GatedDeltaNetSpec and the gated norm's recomputed passes
+    (3) a literal of estimate/hybrid_time.py: both now cards/calibration.yaml's (gdn_kernel.chunk_size with FLA's
+    source, constant gdn_norm_passes with Megatron-Core's), the first written into the resolved model by the config
+    reader, the second read from the job's calibration; another value in either moves the estimate."""
+    from meshplan.estimate.perf import step_terms
+    from meshplan.knowledge.calibration import calibration, calibration_card
+    from meshplan.request.resolve import resolve
+
+    card = calibration_card()
+    assert card.gdn_kernel.chunk_size == 64 and "chunk_size: int = 64" in card.gdn_kernel.source
+    assert card.constants["gdn_norm_passes"].value == 3 and "_apply_gated_norm" in card.constants[
+        "gdn_norm_passes"].source
+    job, plan = resolve(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "tp": 2,
+                                       "pp": 4, "ep": 8, "framework": "megatron-core"}))
+    assert job.model.gdn.chunk_size == card.gdn_kernel.chunk_size
+    cal = calibration(job.framework)
+    norm = step_terms(job, plan).inputs.hybrid["G"].module_fwd["gdn_norm_out"]
+    doubled = step_terms(job, plan, cal.with_overrides(gdn_norm_passes=2 * cal.gdn_norm_passes))
+    assert doubled.inputs.hybrid["G"].module_fwd["gdn_norm_out"] == pytest.approx(2 * norm, rel=1e-12)
+    wider = job.model_copy(update={"model": job.model.model_copy(update={
+        "gdn": job.model.gdn.model_copy(update={"chunk_size": 128})})})
+    assert step_terms(wider, plan).inputs.hybrid["G"].elementwise != step_terms(job, plan).inputs.hybrid["G"].elementwise
+
+
 # --------------------------------------------------------------------------- rules and search
 
 

@@ -121,9 +121,9 @@ class GatedDeltaNetSpec(StrictModel):
     key_head_dim: int = Field(ge=1, description="linear_key_head_dim")
     value_head_dim: int = Field(ge=1, description="linear_value_head_dim")
     conv_kernel: int = Field(ge=1, description="linear_conv_kernel_dim: the causal depthwise conv1d's width")
-    chunk_size: int = Field(64, ge=1, description="The chunk length of FLA's chunk_gated_delta_rule (BT = 64 in "
-                                                   "fla/ops/gated_delta_rule/chunk.py), which Megatron-Core and "
-                                                   "transformers call; no config.json field sets it")
+    chunk_size: int = Field(ge=1, description="The chunk length of FLA's chunk_gated_delta_rule, which Megatron-Core "
+                                              "and transformers call; no config.json field sets it (cards/"
+                                              "calibration.yaml gdn_kernel)")
 
     @property
     def key_dim(self) -> int:
