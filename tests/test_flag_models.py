@@ -285,5 +285,6 @@ def test_a_gpt_scripts_output_gate_is_rendered_and_read_back(tmp_path):
     assert "--attention-output-gate" in core
     assert "cfg.model.attention_output_gate = True" in api.render_config("megatron-bridge", req).text
     path = tmp_path / "rendered.sh"
-    path.write_text(core.replace("--num-layers", "--vocab-size 32000 --num-layers"))  # the tokenizer's, left to the user
+    # the vocabulary is the tokenizer's, which render leaves to the user
+    path.write_text(core.replace("--num-layers", "--vocab-size 32000 --num-layers"))
     assert resolve_model(import_file(str(path)).request["model"]).attention_output_gate

@@ -90,8 +90,9 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
 def gdn_recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad, elementwise: float,
                             terms: list[float] | None = None) -> tuple[dict[str, float], float]:
     """recomputed_forwards of a Gated DeltaNet layer, with gdn_norm_out's: the gated norm's forward passes
-    (cards/calibration.yaml gdn_norm_passes) at the HBM bandwidth and, under context parallelism, its output's all-to-all back to the sequence's shards
-    (_gated_norm_and_a2a runs inside the checkpoint), run again in the backward."""
+    (cards/calibration.yaml gdn_norm_passes) at the HBM bandwidth and, under context parallelism, its output's
+    all-to-all back to the sequence's shards (_gated_norm_and_a2a runs inside the checkpoint), run again in the
+    backward."""
     module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise, terms)
     g, sh, plan = ctx.arch.gdn, ctx.shard, ctx.plan
     assert g is not None
