@@ -6,6 +6,7 @@ which frameworks run it."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -243,6 +244,32 @@ def test_each_gdn_pass_count_is_the_sum_its_source_itemises(name):
     assert len(items) >= 4 and sum(items) == constant.value, (items, constant.value)
 
 
+def test_the_chunk_size_and_the_gated_norm_passes_are_the_cards_read_through_the_job():
+    """FLA's chunk length (64) was a default of the schema's GatedDeltaNetSpec and the gated norm's recomputed passes
+    (3) a literal of estimate/hybrid_time.py: both now cards/calibration.yaml's (gdn_kernel.chunk_size with FLA's
+    source, constant gdn_norm_passes with Megatron-Core's), the first written into the resolved model by the config
+    reader, the second read from the job's calibration; another value in either moves the estimate."""
+    from meshplan.estimate.perf import step_terms
+    from meshplan.knowledge.calibration import calibration, calibration_card
+    from meshplan.request.resolve import resolve
+
+    card = calibration_card()
+    assert card.gdn_kernel.chunk_size == 64 and "chunk_size: int = 64" in card.gdn_kernel.source
+    assert card.constants["gdn_norm_passes"].value == 3 and "_apply_gated_norm" in card.constants[
+        "gdn_norm_passes"].source
+    job, plan = resolve(parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "tp": 2,
+                                       "pp": 4, "ep": 8, "framework": "megatron-core"}))
+    assert job.model.gdn.chunk_size == card.gdn_kernel.chunk_size
+    cal = calibration(job.framework)
+    norm = step_terms(job, plan).inputs.hybrid["G"].module_fwd["gdn_norm_out"]
+    doubled = step_terms(job, plan, cal.with_overrides(gdn_norm_passes=2 * cal.gdn_norm_passes))
+    assert doubled.inputs.hybrid["G"].module_fwd["gdn_norm_out"] == pytest.approx(2 * norm, rel=1e-12)
+    wider = job.model_copy(update={"model": job.model.model_copy(update={
+        "gdn": job.model.gdn.model_copy(update={"chunk_size": 128})})})
+    g_time = step_terms(job, plan).inputs.hybrid["G"]
+    assert step_terms(wider, plan).inputs.hybrid["G"].elementwise != g_time.elementwise
+
+
 # --------------------------------------------------------------------------- rules and search
 
 
@@ -377,7 +404,7 @@ def test_render_writes_megatron_cores_hybrid_pattern_and_bridges_gpt_fields():
                  "cfg.model.num_layers_in_last_pipeline_stage = 13"):
         assert line in bridge, line
     assert "hybrid_layer_pattern" not in bridge
-    with pytest.raises(MeshplanError, match="cutting a decoder layer in two"):
+    with pytest.raises(MeshplanError, match="a stage of 23 pattern layers cuts a decoder layer in two"):
         api.render_config("megatron-bridge", req.model_copy(update={"first_stage_layers": 23,
                                                                     "last_stage_layers": 25}), force=True)
 
@@ -412,3 +439,28 @@ def test_pp017_names_the_chunk_that_cuts_a_decoder_layer():
     found = {f.id: f for f in api.check_config(Request(model="qwen3-next-80b-a3b", framework="megatron-bridge",
                                                        gpu="h100", num_gpus=64, pp=2, vpp=16, ep=8)).findings}
     assert found["PP017"].message.startswith("pp=2: a virtual chunk of 3 pattern layers (a stage of 48 over vpp=16)")
+
+
+@pytest.mark.parametrize("fields, what", [
+    # stages of 22 and 26 pattern layers (even) in chunks of 11 and 13 (odd)
+    ({"vpp": 2, "first_stage_layers": 22, "last_stage_layers": 22},
+     "a virtual chunk of 11 pattern layers (a stage of 22 over vpp=2) cuts a decoder layer in two"),
+    ({"account_for_embedding": True}, "a pipeline layout or embedding / loss accounting counts meshplan's pattern "
+                                      "layers"),
+])
+def test_render_and_pp017_refuse_the_same_split_in_the_same_words(fields, what):
+    """PP017 and render's decoder_split tested a Gated DeltaNet hybrid's split each with its own arithmetic: render
+    looked at the first / last stage sizes and the middle stage's count, never at an uneven split's chunks, nor at
+    embedding / loss accounting, so a forced render wrote what the rule refused. One function
+    (arithmetic/schedule.decoder_layer_cut) answers both, in the same words."""
+    req = parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 4, "ep": 8,
+                         "framework": "megatron-bridge", **fields})
+    found = {f.id: f for f in api.check_config(req).findings}
+    assert found["PP017"].message.startswith(f"pp=4: {what}."), found["PP017"].message
+    with pytest.raises(MeshplanError, match=re.escape(f"(two layers of meshplan's pattern): {what}.")):
+        api.render_config("megatron-bridge", req, force=True)
+    even = req.model_copy(update={"vpp": 1, "first_stage_layers": None, "last_stage_layers": None,
+                                  "account_for_embedding": None})
+    assert "PP017" not in {f.id for f in api.check_config(even).findings}
+    assert "cfg.model.pipeline_model_parallel_size = 4" in api.render_config("megatron-bridge", even).text
+

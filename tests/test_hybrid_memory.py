@@ -107,7 +107,27 @@ def test_cli_memory_of_a_hybrid():
     assert out.returncode == 0, out.stderr
     assert '"params_on_gpu": 8100852736' in out.stdout
     assert "Mamba-2 layers" in out.stdout  # the band names them unvalidated; the assumptions say how they count
-    assert "24 Mamba-2, 4 attention, 24 MLP, 0 MoE" in out.stdout
+    assert "Hybrid layers (24 Mamba-2, 4 attention, 24 MLP)" in out.stdout
+
+
+@pytest.mark.parametrize(("model", "counts"), [
+    ("nemotron-h-8b", "24 Mamba-2, 4 attention, 24 MLP"),
+    ("qwen3-next-80b-a3b", "36 Gated DeltaNet, 12 attention, 48 MoE"),
+])
+def test_memory_throughput_and_the_rl_refusal_count_a_hybrids_layer_kinds_in_one_wording(model, counts):
+    """Memory's hybrid assumption counted every kind in its own order ('0 MoE', '0 MLP'), throughput's only the kinds
+    the pattern has, in LAYER_KINDS' order, and the RL refusal put Gated DeltaNet last: one function
+    (schema/model.layer_kind_counts) words them for all three."""
+    req = {"model": model, "gpu": "h100", "num_gpus": 64, "framework": "megatron-core"}
+    if model.startswith("qwen3-next"):
+        req |= {"ep": 8, "pp": 4}
+    words = f"Hybrid layers ({counts}):"
+    memory = [a for a in api.estimate_memory(parse_request(req)).assumptions if a.startswith("Hybrid layers")]
+    throughput = [a for a in api.estimate_throughput(parse_request(req)).assumptions
+                  if a.startswith("Hybrid layers")]
+    assert [a[:len(words)] for a in memory + throughput] == [words, words], (memory, throughput)
+    with pytest.raises(MeshplanError, match=rf"is a hybrid model \({counts} layers\)"):
+        api.estimate_memory(parse_request({**req, "framework": "verl", "job": "rl"}))
 
 
 # --------------------------------------------------------------------------- against transformers' own code (slow)

@@ -103,6 +103,31 @@ def test_verl_steps_each_ranks_share_of_a_mini_batch_in_whole_micro_batches():
                 if f.id == "VL004"]
 
 
+@pytest.mark.parametrize("layout", [{"zero_stage": 3}, {"zero_stage": 1, "tp": 2, "micro_batch_size": 2}])
+def test_vl001_judges_the_step_not_the_mini_batch_the_update_is_estimated_at(layout):
+    """verl's validate_config checks train_batch_size x rollout.n, the step (verl/utils/config.py real_train_batch_size
+    % minimal_bsz). The update's estimate runs at one mini-batch's sequences (rl/step_time.mini_batch_update), and VL001
+    read that job's batch: 3 prompts x 8 = 24 over 16 GPUs refused throughput and recommend with 'global_batch_size=24
+    (data.train_batch_size * rollout.n)' and 'Use prompts_per_step = 2 or 4', under the mini-batch of 3, where check
+    passed the step's 128; and memory, whose update job holds its micro-batches x dp, passed a step that check and
+    throughput refused. Now every face judges the step; a step that fails is named with a fix that passes."""
+    ask = {"model": "qwen3-8b", "framework": "verl", "num_gpus": 16, "job": "rl", "samples_per_prompt": 8,
+           "prompts_per_step": 16, "prompts_per_mini_batch": 3, **layout}
+    req = parse_request(ask)
+    assert "VL001" not in {f.id for f in api.check_config(req).findings}
+    assert api.estimate_throughput(req).step_time_s > 0
+    assert api.estimate_memory(req).peak_bytes > 0
+    bad = parse_request({**ask, "prompts_per_step": 15})  # 120 sequences, not a multiple of 16
+    found = [f for f in api.check_config(bad).findings if f.id == "VL001"]
+    assert len(found) == 1 and found[0].message.startswith("global_batch_size=120 (data.train_batch_size * rollout.n)")
+    for face in (api.estimate_throughput, api.estimate_memory):  # memory's update job held dp x micro-batches: ok
+        with pytest.raises(MeshplanError, match=r"VL001: global_batch_size=120 "):
+            face(bad)
+    fixed = int(found[0].fix.removeprefix("Use prompts_per_step = ").split()[0])
+    assert fixed >= 3 and "VL001" not in {f.id for f in api.check_config(parse_request(
+        {**ask, "prompts_per_step": fixed})).findings}
+
+
 ERROR = "prompts_per_mini_batch 600 is over prompts_per_step 512"
 
 

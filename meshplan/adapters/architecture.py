@@ -249,6 +249,14 @@ def linear_attention_freq(pattern: str) -> int | list[int]:
     return flags
 
 
+def _output_gate(m: Architecture) -> list[Setting]:
+    """Gated attention (TransformerConfig.attention_output_gate, --attention-output-gate): Qwen3-Next's, or a launch
+    script's GPT model's; the one place render writes it (a GPT model's was dropped without a word). Megatron-Core
+    refuses it beside MLA, which the flag reader refuses (knowledge/flag_models.py)."""
+    return [Setting("attention_output_gate", True, ("--attention-output-gate", None))] if m.attention_output_gate \
+        else []
+
+
 def _gdn_hybrid(m: Architecture) -> tuple[list[Setting], list[str]]:
     """A Gated DeltaNet hybrid (qwen3_next) as Megatron-Core builds it: for pretrain_mamba.py (HybridModel,
     core_v0.19.0 hybrid_layer_allocation Symbols: G a GatedDeltaNet layer) its pattern as --hybrid-layer-pattern and
@@ -267,8 +275,7 @@ def _gdn_hybrid(m: Architecture) -> tuple[list[Setting], list[str]]:
             Setting("linear_value_head_dim", g.value_head_dim, ("--linear-value-head-dim", g.value_head_dim)),
             Setting("linear_num_key_heads", g.num_key_heads, ("--linear-num-key-heads", g.num_key_heads)),
             Setting("linear_num_value_heads", g.num_value_heads, ("--linear-num-value-heads", g.num_value_heads))]
-    if m.attention_output_gate:
-        out.append(Setting("attention_output_gate", True, ("--attention-output-gate", None)))
+    out += _output_gate(m)
     if m.num_mtp_layers and m.mtp_layer_pattern:  # HybridModel's MTP block; Bridge's GPTModel repeats its last layer
         out.append(Setting(None, m.mtp_layer_pattern, ("--mtp-hybrid-override-pattern", m.mtp_layer_pattern)))
     return out, notes
@@ -305,6 +312,8 @@ def megatron_architecture(m: Architecture, seq_length: int) -> tuple[list[Settin
     else:
         settings.append(Setting("position_embedding_type", "learned_absolute",
                                 ("--position-embedding-type", "learned_absolute")))
+    if m.gdn is None:  # a Gated DeltaNet hybrid's is written with its pattern (_gdn_hybrid)
+        settings += _output_gate(m)
     if m.qk_norm != "none" or m.mla is not None:  # MLA: q_a_layernorm and kv_a_layernorm (gpt_layer_specs.py)
         settings.append(Setting("qk_layernorm", True, ("--qk-layernorm", None)))
     if m.moe is not None and m.moe.num_groups > 1:

@@ -29,8 +29,9 @@ from meshplan.adapters.common import (
 )
 from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
 from meshplan.arithmetic.memory_states import fp8_param_gather, fp8_recipe, precision_aware
+from meshplan.arithmetic.schedule import decoder_layer_cut
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.gdn_config import cuts_a_decoder_layer, decoder_layers
+from meshplan.knowledge.gdn_config import decoder_layers
 from meshplan.schema.model import DSASpec
 from meshplan.schema.plan import Job, Plan
 
@@ -251,15 +252,14 @@ def decoder_split(job: Job, plan: Plan) -> Split:
     split = split_fields(job, plan)
     if job.model.gdn is None:
         return split
-    cut = [n for n in (split.first, split.last, split.per_chunk) if n is not None and cuts_a_decoder_layer(n)]
-    if cut or plan.pipeline_layout is not None:
+    cut = decoder_layer_cut(job.model, plan)  # rule PP017's test, so a forced render refuses what the rule does
+    if cut is not None:
         raise MeshplanError(
             f"Megatron-Bridge builds {job.model.name} as a GPTModel of {decoder_layers(job.model.num_layers)} decoder "
-            "layers, each a Gated DeltaNet or attention mixer with its MoE (two layers of meshplan's pattern): "
-            + ("a pipeline layout of pattern layers has no counterpart there." if plan.pipeline_layout is not None
-               else f"this split puts {cut[0]} pattern layers on a stage, cutting a decoder layer in two."),
-            fix="Use an even pipeline split (first/last_stage_layers even, pp dividing the decoder layers), or render "
-                "for megatron-core, whose HybridModel (pretrain_mamba.py) takes the pattern layer by layer.")
+            f"layers, each a Gated DeltaNet or attention mixer with its MoE (two layers of meshplan's pattern): {cut}.",
+            fix="Use an even pipeline split (first/last_stage_layers even, pp dividing the decoder layers), without "
+                "pipeline_layout or account_for_embedding / account_for_loss, or render for megatron-core, whose "
+                "HybridModel (pretrain_mamba.py) takes the pattern layer by layer.")
     first, last, per_chunk = (None if n is None else decoder_layers(n) for n in (split.first, split.last,
                                                                                   split.per_chunk))
     return Split(split.stages, first, last, per_chunk)

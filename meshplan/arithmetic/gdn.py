@@ -2,7 +2,8 @@
 keeps for the backward as Megatron-Core's GatedDeltaNet trains it (megatron/core/ssm/gated_delta_net, core_v0.19.0)
 and FLA's chunk_gated_delta_rule and causal_conv1d save (cards/memory.yaml gdn_layer, each tensor with its source);
 and as work on one rank: its two GEMMs (in_proj, out_proj), the chunked gated delta rule's matmuls as FLA runs them
-in chunks of 64 tokens (fla/ops/gated_delta_rule/chunk.py), timed by estimate/hybrid_time.py.
+in chunks of the model's chunk_size tokens (fla/ops/gated_delta_rule/chunk.py; cards/calibration.yaml gdn_kernel),
+timed by estimate/hybrid_time.py.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from meshplan.arithmetic.pipeline_counts import in_flight as timeline_in_flight
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, Shape, schedule_order, shape_for
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import FrameworkCard
+from meshplan.knowledge.gdn_config import cuts_a_decoder_layer
 from meshplan.knowledge.pipeline_card import InterleaveGroup
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -493,6 +494,27 @@ def layers_per_rank(num_layers: int, pp: int, first: int | None, last: int | Non
             )
     counts = ([first] if first is not None else []) + middle + ([last] if last is not None else [])
     return counts, warnings
+
+
+def decoder_layer_cut(arch: Architecture, plan: Plan) -> str | None:
+    """What in the plan's pipeline split cuts a Gated DeltaNet hybrid's decoder layer (two pattern layers: mixer and
+    MLP/MoE) where Megatron-Bridge builds it as a GPTModel of decoder layers, in words; None where nothing does (or
+    the model is no such hybrid, or pp is 1). A layout or embedding / loss accounting counts meshplan's pattern
+    layers, which is not translated; else each stage's count (schedule.layers_per_rank, Megatron's uneven first /
+    last option), and each of its vpp chunks where vpp divides it (PP002 / PP004 say where it does not). The one
+    test rule PP017 and render's decoder_split (adapters/megatron.py) both ask."""
+    if arch.gdn is None or arch.layer_pattern is None or plan.pp == 1:
+        return None
+    if plan.pipeline_layout or plan.account_for_embedding or plan.account_for_loss:
+        return "a pipeline layout or embedding / loss accounting counts meshplan's pattern layers"
+    counts, _ = layers_per_rank(arch.num_layers, plan.pp, plan.first_stage_layers, plan.last_stage_layers)
+    for n in counts:
+        if cuts_a_decoder_layer(n):
+            return f"a stage of {n} pattern layers cuts a decoder layer in two"
+        if n % plan.vpp == 0 and cuts_a_decoder_layer(n // plan.vpp):
+            return (f"a virtual chunk of {n // plan.vpp} pattern layers (a stage of {n} over vpp={plan.vpp}) cuts a "
+                    "decoder layer in two")
+    return None
 
 
 def compute_balanced_counts(num_layers: int, pp: int, layer_cost: int, head_cost: int) -> tuple[tuple[int, ...], int]:

@@ -87,20 +87,16 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
                      later=partial(forwards, ctx, gemms, load, elementwise, terms))
 
 
-# The gated norm's forward that gdn_norm_out runs again: it reads the rule's output o and the gate z and writes the
-# normalised, gated output, one bf16 pass over the value width each (common.py _apply_gated_norm)
-GATED_NORM_PASSES = 3.0
-
-
 def gdn_recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad, elementwise: float,
                             terms: list[float] | None = None) -> tuple[dict[str, float], float]:
-    """recomputed_forwards of a Gated DeltaNet layer, with gdn_norm_out's: the gated norm's forward passes at the
-    HBM bandwidth and, under context parallelism, its output's all-to-all back to the sequence's shards
-    (_gated_norm_and_a2a runs inside the checkpoint), run again in the backward."""
+    """recomputed_forwards of a Gated DeltaNet layer, with gdn_norm_out's: the gated norm's forward passes
+    (cards/calibration.yaml gdn_norm_passes) at the HBM bandwidth and, under context parallelism, its output's
+    all-to-all back to the sequence's shards (_gated_norm_and_a2a runs inside the checkpoint), run again in the
+    backward."""
     module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise, terms)
     g, sh, plan = ctx.arch.gdn, ctx.shard, ctx.plan
     assert g is not None
-    again = GATED_NORM_PASSES * BF16 * sh.tokens * g.value_dim / sh.tp / ctx.hbm
+    again = ctx.cal.gdn_norm_passes * BF16 * sh.tokens * g.value_dim / sh.tp / ctx.hbm
     if plan.cp > 1:
         group = mesh_groups(plan, law=ctx.law).cp
         again += alltoall_time(sh.tokens * g.value_dim / sh.tp * BF16, group.size, group.stride, ctx.lk)

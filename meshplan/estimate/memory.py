@@ -67,6 +67,7 @@ from meshplan.knowledge.model_counts import per_architecture
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.rules.context import rank_tokens, runs_ulysses
 from meshplan.rules.engine import require_estimable
+from meshplan.schema.model import layer_kind_counts
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, MemorySummary, StageMemory
 
@@ -582,19 +583,18 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
 def hybrid_assumption(pattern: str) -> str:
     """How a hybrid model's layers are counted (arithmetic/mamba.py, arithmetic/gdn.py)."""
     if "G" in pattern:
-        return (f"Hybrid layers ({pattern.count('G')} Gated DeltaNet, {pattern.count('*')} attention, "
-                f"{pattern.count('-')} MLP, {pattern.count('E')} MoE): each one norm and one mixer (a decoder layer "
+        return (f"Hybrid layers ({layer_kind_counts(pattern)}): each one norm and one mixer (a decoder layer "
                 "is two); a Gated DeltaNet layer keeps what Megatron-Core's GatedDeltaNet and FLA's kernels save "
                 "(in_proj's input and output, the l2-normed q and k and their copies at the value heads, v, the decay "
                 "and beta, the chunk matrices A, the gated norm's input, gate and output, out_proj's input: "
                 "cards/memory.yaml gdn_layer; the chunk states are recomputed), its weights split over TP by heads; "
                 "its attention layers keep their output gate. No measured run of a Gated DeltaNet model backs the "
                 "band.")
-    return (f"Hybrid layers ({pattern.count('M')} Mamba-2, {pattern.count('*')} attention, {pattern.count('-')} MLP, "
-            f"{pattern.count('E')} MoE): each one norm and one mixer; a Mamba-2 layer keeps what Megatron-Core's "
-            "memory-efficient path saves (in_proj's input and output zxBCdt, the scan output, the gated norm's input "
-            "and rstd, out_proj's input: cards/memory.yaml mamba2_layer), its weights split over TP by heads and "
-            "groups; its attention layers have no rotary embedding. No measured run of a hybrid backs the band.")
+    return (f"Hybrid layers ({layer_kind_counts(pattern)}): each one norm and one mixer; a Mamba-2 layer keeps what "
+            "Megatron-Core's memory-efficient path saves (in_proj's input and output zxBCdt, the scan output, the "
+            "gated norm's input and rstd, out_proj's input: cards/memory.yaml mamba2_layer), its weights split over "
+            "TP by heads and groups; its attention layers have no rotary embedding. No measured run of a hybrid backs "
+            "the band.")
 
 
 def _fp8_assumption(conv, gather: bool) -> str:

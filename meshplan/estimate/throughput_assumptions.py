@@ -14,7 +14,7 @@ from meshplan.estimate.moe_time import moe_host_syncs
 from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, overlap_off, sharding_schedule
 from meshplan.estimate.tp_overlap import tp_ring_passes
 from meshplan.knowledge.calibration import Calibration, calibration_summary
-from meshplan.schema.model import LAYER_KINDS
+from meshplan.schema.model import layer_kind_counts
 from meshplan.schema.plan import Job, Plan
 
 # What each TP overlap mode hides (tp_overlap.tp_hidden), for the breakdown's assumptions.
@@ -201,7 +201,7 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
 def _hybrid_assumption(job: Job, cal: Calibration) -> str:
     """How a hybrid model's layers were timed (estimate/hybrid_time.py)."""
     pattern = job.model.layer_pattern or ""
-    counts = ", ".join(f"{pattern.count(k)} {name}" for k, name in LAYER_KINDS.items() if k in pattern)
+    counts = layer_kind_counts(pattern)
     if job.model.gdn is not None:
         return (f"Hybrid layers ({counts}): each one norm and one mixer timed by its kind, so one TP pair per layer "
                 f"and {cal.hybrid_layer_hidden_share:g} of a transformer layer's hidden-sized passes; a Gated "

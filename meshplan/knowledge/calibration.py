@@ -46,6 +46,17 @@ class AttentionKernel(BaseModel):
     fitted: str | None = None
 
 
+class GdnKernel(BaseModel):
+    """FLA's chunked gated delta rule as Gated DeltaNet layers run it (cards/calibration.yaml gdn_kernel): the chunk
+    length its matrices, states and matmuls are counted at, which no config.json states."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chunk_size: int = Field(ge=1)
+    meaning: str
+    source: str
+
+
 class RLConstants(BaseModel):
     """The constants of RL jobs' rollout engines (meshplan/rl/engine.py, step_time.py), apart from the training cost
     model's: each named, so a card missing one is refused at load."""
@@ -66,6 +77,7 @@ class CalibrationCard(BaseModel):
     frameworks: dict[str, FrameworkOverride] = {}
     attention_kernels: dict[str, AttentionKernel] = Field(
         default_factory=dict, description="Attention kernels a framework card can name (its attention section)")
+    gdn_kernel: GdnKernel = Field(description="FLA's chunked gated delta rule (Gated DeltaNet layers)")
     rl: RLConstants = Field(description="RL jobs' rollout-engine constants, apart from the training cost model's")
     fit_report: list[str] = []
 
@@ -95,6 +107,7 @@ class Calibration:
     gdn_conv_passes: float
     gdn_chunk_passes: float
     gdn_state_passes: float
+    gdn_norm_passes: float
     eager_elementwise_passes: float
     optimizer_bytes_per_param: float
     muon_bytes_per_param: float

@@ -414,7 +414,14 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
     if gdn:
         raise MeshplanError(f"{', '.join(gdn)}: a Gated DeltaNet hybrid, which meshplan builds from its config.json "
                             "(model_type qwen3_next) or the catalog, not from a launch script's flags.", fix=FIX)
-    output_gate = f.switch("attention_output_gate") and mla is None
+    output_gate = f.switch("attention_output_gate")
+    if output_gate and mla is not None:  # was dropped here without a word, so render wrote an ungated model
+        raise MeshplanError(
+            f"{f.flag_of['attention_output_gate']} with {f.flag_of['mla']}: Megatron-Core refuses an output gate on "
+            "multi-latent attention (MLATransformerConfig.__post_init__ raises NotImplementedError 'Output gate is "
+            "not supported for MLA yet.', megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM "
+            "d98e8a6), so the script does not run and its model is not built from its flags.",
+            fix="Drop --attention-output-gate (MLA runs ungated), or --multi-latent-attention for gated attention.")
     learned, rope = _positions(f, max_positions)
     moe = _moe(f, layers, ffn, bias)
     mtp = f.int("num_mtp_layers", default=0) or 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshplan.knowledge.calibration import calibration_card
 from meshplan.schema.model import Architecture, GatedDeltaNetSpec, MoESpec
 
 # Each decoder layer (Qwen3NextDecoderLayer; Megatron-Bridge's TransformerLayer) is this many pattern layers: its
@@ -31,8 +32,8 @@ def decoder_layers(pattern_layers: int) -> int:
 
 
 def cuts_a_decoder_layer(pattern_layers: int) -> bool:
-    """Whether a stage or chunk of `pattern_layers` pattern layers ends inside a decoder layer (PP017, render's
-    decoder_split)."""
+    """Whether a stage or chunk of `pattern_layers` pattern layers ends inside a decoder layer
+    (arithmetic/schedule.decoder_layer_cut: rule PP017's and render's decoder_split's test)."""
     return pattern_layers % PATTERN_LAYERS_PER_DECODER_LAYER != 0
 
 
@@ -91,7 +92,8 @@ def read_gdn_names(model_type: str, cfg: dict[str, Any]) -> None:
 
 def gdn_spec(f: Any) -> GatedDeltaNetSpec:
     """The Gated DeltaNet mixer; the value heads a multiple of the key heads (q and k are repeated to the value heads,
-    Megatron-Core's _prepare_input_for_gated_delta_rule repeat_interleave)."""
+    Megatron-Core's _prepare_input_for_gated_delta_rule repeat_interleave); its chunk length FLA's kernel's, which no
+    config states (cards/calibration.yaml gdn_kernel)."""
     keys = f.int("linear_num_key_heads", "num_attention_heads")
     values = f.int("linear_num_value_heads", "num_attention_heads")
     if values % keys:
@@ -101,7 +103,8 @@ def gdn_spec(f: Any) -> GatedDeltaNetSpec:
                              key_head_dim=f.int("linear_key_head_dim", "head_dim"),
                              value_head_dim=f.int("linear_value_head_dim", "head_dim"),
                              conv_kernel=f.int("linear_conv_kernel_dim", lo=1, hi=64,
-                                               why="a causal conv1d a few tokens wide"))
+                                               why="a causal conv1d a few tokens wide"),
+                             chunk_size=calibration_card().gdn_kernel.chunk_size)
 
 
 def gdn_moe(f: Any, pattern: str) -> MoESpec | None:

@@ -23,7 +23,7 @@ from meshplan.request.mtp_depth import mtp_asked, trained_mtp, writable_mtp
 from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.hardware import GpuSpec
-from meshplan.schema.model import LAYER_KINDS, Architecture
+from meshplan.schema.model import Architecture, layer_kind_counts
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
 
@@ -137,10 +137,8 @@ def _estimable(arch: Architecture, req: Request) -> Architecture:
     LORA001; a Gated DeltaNet hybrid's LoRA LORA006)."""
     if arch.layer_pattern is None or not is_rl_request(req):
         return arch
-    # G named last, as this refusal has named the kinds since Gated DeltaNet joined (LAYER_KINDS has it second)
-    order = [*(k for k in LAYER_KINDS if k != "G"), "G"]
-    kinds = ", ".join(f"{arch.layer_pattern.count(k)} {LAYER_KINDS[k]}" for k in order if k in arch.layer_pattern)
-    raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan does not model an RL job of one.",
+    raise MeshplanError(f"{arch.name} is a hybrid model ({layer_kind_counts(arch.layer_pattern)} layers): meshplan "
+                        "does not model an RL job of one.",
                         fix="Ask for a pretrain or sft job." if arch.gdn is not None  # LoRA: rule LORA006
                         else "Ask for a pretrain, sft or lora job.")
 

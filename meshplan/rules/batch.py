@@ -34,11 +34,16 @@ def batch_divisible(ctx: Context) -> Values:
 
 
 
-@rule("VL001", reads=("dp", "zero_stage", "micro_batch_size", "global_batch_size"))
+@rule("VL001", reads=("dp", "zero_stage", "micro_batch_size"))
 def verl_batch(ctx: Context) -> Values:
-    p, gbs = ctx.plan, ctx.job.global_batch_size
+    """verl's validate_config: the whole step's sequences (train_batch_size x rollout.n) in multiples of its minimal
+    batch. The step's, also where the job estimated is one mini-batch's update (rl/step_time.mini_batch_update), whose
+    global_batch_size holds the mini-batch: VL001 read it there and blamed data.train_batch_size for the mini-batch's
+    count, with a prompts_per_step fix under the mini-batch. Each rank's share of a mini-batch is VL004's."""
+    p = ctx.plan
     if ctx.job.rl is None:
         return None  # a training job is the SFT trainer's (render's variants sft-fsdp, sft-megatron): VL003
+    gbs = ctx.job.rl.step_sequences
     if ctx.backend == "megatron":
         unit, how = p.dp * p.micro_batch_size, f"dp*ppo_micro_batch_size_per_gpu = {p.dp}*{p.micro_batch_size}"
     else:

@@ -16,14 +16,14 @@ from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_or
 from meshplan.arithmetic.schedule import (
     closest_uneven_split,
     compose_layout,
-    layers_per_rank,
+    decoder_layer_cut,
     plan_layout_problem,
     split_problem,
     uneven_split,
 )
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
-from meshplan.knowledge.gdn_config import cuts_a_decoder_layer, decoder_layers
+from meshplan.knowledge.gdn_config import decoder_layers
 from meshplan.rules.engine import Context, Values, load_rules, rule, rule_specs
 from meshplan.rules.fix_values import ctx_param, divisors, fmt_set, rl_batch_fix
 from meshplan.rules.world import tiled, tiling
@@ -559,25 +559,12 @@ def gdn_decoder_layer_split(ctx: Context) -> Values:
     (render's decoder_split refuses it), and a layout or embedding / loss accounting, which meshplan writes in pattern
     layers, is not translated; the fix names the even splits (pp dividing the decoder layers, or first / last stage
     sizes even)."""
-    p, arch = ctx.plan, ctx.arch
-    if arch.gdn is None or arch.layer_pattern is None or p.pp == 1:
+    what = decoder_layer_cut(ctx.arch, ctx.plan)
+    if what is None:
         return None
-    decoder = decoder_layers(arch.num_layers)
+    decoder = decoder_layers(ctx.arch.num_layers)
     working = fmt_set([q for q in divisors(decoder) if 1 < q <= MAX_LISTED_PP]) or "none"
-    if p.pipeline_layout or p.account_for_embedding or p.account_for_loss:  # counted in pattern layers
-        return {"pp": p.pp, "decoder": decoder, "working": working,
-                "what": "a pipeline layout or embedding / loss accounting counts meshplan's pattern layers"}
-    counts, _ = layers_per_rank(arch.num_layers, p.pp, p.first_stage_layers, p.last_stage_layers)
-    # each rank's layers in vpp chunks (PP002 / PP004 say where vpp does not divide them)
-    for n in counts:
-        if cuts_a_decoder_layer(n):
-            what = f"a stage of {n} pattern layers"
-        elif n % p.vpp == 0 and cuts_a_decoder_layer(n // p.vpp):
-            what = f"a virtual chunk of {n // p.vpp} pattern layers (a stage of {n} over vpp={p.vpp})"
-        else:
-            continue
-        return {"pp": p.pp, "decoder": decoder, "working": working, "what": f"{what} cuts a decoder layer in two"}
-    return None
+    return {"pp": ctx.plan.pp, "decoder": decoder, "working": working, "what": what}
 
 
 @rule("PP018", reads=("vpp", "pipeline_layout", "account_for_embedding", "account_for_loss"))

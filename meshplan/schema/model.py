@@ -81,6 +81,13 @@ LAYER_KINDS = {"M": "Mamba-2", "G": "Gated DeltaNet", "*": "attention", "-": "ML
 MIXER_KINDS = ("M", "G", "*")
 
 
+def layer_kind_counts(pattern: str) -> str:
+    """A hybrid pattern's layers counted by kind, '24 Mamba-2, 4 attention, 24 MLP': LAYER_KINDS' order, a kind the
+    pattern lacks left out. The one wording of every answer that counts them (memory's and throughput's hybrid
+    assumptions, the RL refusal), which had each worded them their own way."""
+    return ", ".join(f"{pattern.count(k)} {name}" for k, name in LAYER_KINDS.items() if k in pattern)
+
+
 class MambaSpec(StrictModel):
     """A Mamba-2 mixer's shapes as config.json states them (transformers' NemotronHMamba2Mixer, Megatron-Core's
     MambaMixer): the inner width is heads x head_dim, and B and C carry n_groups x ssm_state_size channels each."""
@@ -114,9 +121,9 @@ class GatedDeltaNetSpec(StrictModel):
     key_head_dim: int = Field(ge=1, description="linear_key_head_dim")
     value_head_dim: int = Field(ge=1, description="linear_value_head_dim")
     conv_kernel: int = Field(ge=1, description="linear_conv_kernel_dim: the causal depthwise conv1d's width")
-    chunk_size: int = Field(64, ge=1, description="The chunk length of FLA's chunk_gated_delta_rule (BT = 64 in "
-                                                   "fla/ops/gated_delta_rule/chunk.py), which Megatron-Core and "
-                                                   "transformers call; no config.json field sets it")
+    chunk_size: int = Field(ge=1, description="The chunk length of FLA's chunk_gated_delta_rule, which Megatron-Core "
+                                              "and transformers call; no config.json field sets it (cards/"
+                                              "calibration.yaml gdn_kernel)")
 
     @property
     def key_dim(self) -> int:

@@ -79,6 +79,13 @@ class RLJob(StrictModel):
         return self.prompts_per_mini_batch is not None and self.prompts_per_mini_batch < self.prompts_per_step
 
     @property
+    def step_sequences(self) -> int:
+        """Sequences per RL step: prompts_per_step x samples_per_prompt (verl's real_train_batch_size). The job's own
+        global_batch_size is this, except in the estimate of one mini-batch's update (rl/step_time.mini_batch_update),
+        where it is mini_batch_sequences: a rule of the whole step reads this."""
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
     def mini_batch_sequences(self) -> int:
         """Sequences per optimizer step: mini_batch_prompts x samples_per_prompt."""
         return self.mini_batch_prompts * self.samples_per_prompt

@@ -247,8 +247,9 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
         values["global_batch_size"] = imported.batch_per_dp * dp
     if "model" not in values:  # said with the file and why, not as a request that forgot its model
         unread = [left.said for left in imported.left_to_request if "model" in left.fields]
-        said = f"the file's model is not read. {unread[0]}" if unread and "names no model" not in unread[0] \
-            else "the file names no model"
+        # every reason, the catalog's miss and why the flags build no model either (Megatron-Core refusing them)
+        said = "the file's model is not read. " + "; ".join(u.rstrip(".") for u in unread) \
+            if unread and "names no model" not in unread[0] else "the file names no model"
         raise MeshplanError(f"{imported.path}: {said}.", fix="Pass the model beside the file (--model, or the "
                                                              "tool's model argument): a catalog key or the model's "
                                                              "config.json.")
