@@ -7,7 +7,8 @@ server start fast.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from meshplan.core.errors import MeshplanError
@@ -68,7 +69,24 @@ def estimate_memory(req: Request, *, config: ImportedConfig | None = None) -> Me
     from meshplan.rl.memory import job_memory as estimate  # an RL job: the peak over its phases
 
     job, plan = resolve(script_request(req))
-    return _warn_misspelt(with_band(estimate(job, plan), job, plan), config)  # the band: cards/accuracy.yaml
+    with _refused_as_check_words(job, plan):
+        return _warn_misspelt(with_band(estimate(job, plan), job, plan), config)  # the band: cards/accuracy.yaml
+
+
+@contextmanager
+def _refused_as_check_words(job: Any, plan: Any) -> Iterator[None]:
+    """An estimate a rule refuses, re-raised with the fix check names for the same finding (check.config.as_user_reads:
+    PP001's split recommend ranks first), so every face that estimates says what check says."""
+    from meshplan.check.config import as_user_reads
+    from meshplan.rules.engine import EstimateBlocked
+
+    try:
+        yield
+    except EstimateBlocked as exc:
+        worded = as_user_reads(job, plan, exc.finding)
+        if worded is exc.finding:
+            raise
+        raise EstimateBlocked(worded) from None
 
 
 def _warn_misspelt(report: Any, config: ImportedConfig | None) -> Any:
@@ -87,7 +105,8 @@ def estimate_throughput(req: Request, *, config: ImportedConfig | None = None) -
     from meshplan.request.resolve import resolve
 
     job, plan = resolve(script_request(req))
-    report = _warn_misspelt(_model_throughput(job, plan), config)
+    with _refused_as_check_words(job, plan):
+        report = _warn_misspelt(_model_throughput(job, plan), config)
     factor = stored_factor(job.gpu.key, job.framework)
     return calibrated(report, factor) if factor is not None else report
 

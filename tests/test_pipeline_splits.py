@@ -13,7 +13,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.published_runs import BRIDGE, RECIPE_SPLITS
 from meshplan.request.resolve import resolve
-from meshplan.rules.engine import Context
+from meshplan.rules.engine import Context, EstimateBlocked
 from meshplan.schema.request import Request
 
 
@@ -100,6 +100,19 @@ def test_check_names_the_split_recommend_ranks_first():
     top = api.recommend(Request(**QWEN_PP8, vpp=1), top_k=1).candidates[0].plan
     assert f"the split recommend ranks first for this layout: {split_words(top)}." in fix
     assert (top.first_stage_layers, top.last_stage_layers) == (12, 10)
+
+
+@pytest.mark.parametrize("estimate", [api.estimate_memory, api.estimate_throughput])
+def test_the_estimates_refuse_with_checks_pp001_fix(estimate):
+    """memory, throughput and report (which estimate through api) refused PP001 with the rule's arithmetic fix alone
+    ("pp in {1, 2} with vpp=1 splits evenly") where check, for the same layout, named the split recommend ranks first
+    (account_for_embedding/loss at pp 8 vpp 4): every face now gives check's finding."""
+    req = Request(**{**QWEN_PP8, "vpp": 4, "dp": None})
+    fix = next(f.fix for f in api.check_config(req).findings if f.id == "PP001")
+    assert "or keep pp=8 with the split recommend ranks first" in fix
+    with pytest.raises(EstimateBlocked) as refused:
+        estimate(req)
+    assert refused.value.rule_id == "PP001" and refused.value.fix == fix
 
 
 def test_pp001_names_a_split_the_rules_pass_where_none_fits():

@@ -30,7 +30,7 @@ def check_config(job: Job, plan: Plan, *, include_memory: bool = True) -> CheckR
     structural_error = any(f.severity == "error" for f in findings)
     memory: MemorySummary | None = None
     if include_memory:
-        findings = [_ranked_split(job, plan, f) if f.id == "PP001" else f for f in findings]
+        findings = [as_user_reads(job, plan, f) for f in findings]
         memory, note = _memory_findings(Context(job, plan), findings)
         next_steps.extend(filter(None, [note, own_ep_ranks_note(job, plan)]))  # the memory report warns it too
     ok = not any(f.severity == "error" for f in findings)
@@ -80,6 +80,13 @@ def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> li
                 "`meshplan recommend` lists layouts that fit."]
     return ["The layout passes every rule of its framework: `meshplan throughput` predicts its speed, "
             "`meshplan render` writes it in the framework's own keys."]
+
+
+def as_user_reads(job: Job, plan: Plan, found: Finding) -> Finding:
+    """A finding as check gives it to a user: PP001's fix with the split recommend ranks first (_ranked_split), any
+    other as the rule wrote it. The estimators' refusals (api: EstimateBlocked) are worded through it too, so memory,
+    throughput and report name the same fix as check for the same layout."""
+    return _ranked_split(job, plan, found) if found.id == "PP001" else found
 
 
 def _ranked_split(job: Job, plan: Plan, found: Finding) -> Finding:
