@@ -131,7 +131,7 @@ def test_a_fixed_field_that_closes_the_floor_is_named():
     fixed = Fixed.from_request(req)
     proof = floor_proof(job, fixed, 0.1, LIMIT)
     assert proof is not None
-    assert any(change.startswith("leave tp, cp open") for change in proof.changes), proof.changes
+    assert any(change.startswith("tp, cp left open") for change in proof.changes), proof.changes
 
 
 @pytest.mark.parametrize("fields", [{"model": "llama-3.1-70b", "framework": "megatron-bridge"},

@@ -242,7 +242,7 @@ def _opening_changes(job: Job, fixed: Fixed, floor: CountFreeFloor, headroom: fl
         open_fixed = replace(fixed, values={k: v for k, v in fixed.values.items() if k not in SHAPE_FIELDS})
         opened = count_free_floor(job, open_fixed, limit)
         if opened.floor <= budget:
-            out.append(f"leave {', '.join(given)} open (the floor is then {opened.floor / GIB:.1f} GiB)")
+            out.append(f"{', '.join(given)} left open (the floor is then {opened.floor / GIB:.1f} GiB)")
     longest = _longest_sequence(job, fixed, limit, budget)
     if longest:
         out.append(f"a sequence length of at most {longest:,} tokens (--seq-length {longest}), where this floor fits")
