@@ -163,6 +163,7 @@ class FloorProof:
     budget: int
     limit: int
     changes: tuple[str, ...]
+    allowed: str = "the framework and model"  # what bounds the degrees, in words (with the request's fixed fields)
 
     def shape_words(self) -> str:
         """The most memory-saving shape, in words."""
@@ -180,7 +181,7 @@ class FloorProof:
         f = self.floor
         if f.term == "output":
             where = "whole on every TP rank, as this framework's loss gathers them" if f.whole_logits else \
-                f"split over TP{f.tp}"
+                f"split over TP{f.tp}" if f.tp > 1 else "on one GPU"
             return (f"one micro-batch's logits and loss on the last pipeline stage ({f.tokens:,} tokens x "
                     f"{f.vocab:,} vocabulary entries, {where}): {f.output / GIB:.1f} GiB")
         return (f"one decoder layer's activations for one micro-batch ({f.tokens:,} tokens per GPU, {f.recompute} "
@@ -212,7 +213,7 @@ class FloorProof:
                 f"{f.floor / GIB:.1f} GiB, over the {self.budget / GIB:.1f} GiB budget, at the most memory-saving "
                 f"shape ({self.shape_words()}): {self.term_words()} alone, with the allocator reserve and "
                 f"{f.fixed_bytes / GIB:.2f} GiB of fixed overheads, does not fit, and no further TP, CP, PP, DP or EP "
-                f"degree the framework and model allow shrinks it (a proof from the memory model's own terms, "
+                f"degree {self.allowed} allow shrinks it (a proof from the memory model's own terms, "
                 f"meshplan/search/count_free.py).")
         if self.changes:
             text += (" Changes under which this floor fits (necessary, not sufficient: min-gpus then scans the "
@@ -228,7 +229,10 @@ def floor_proof(job: Job, fixed: Fixed, headroom: float, limit: int) -> FloorPro
     floor = count_free_floor(job, fixed, limit)
     if floor.floor <= budget:
         return None
-    return FloorProof(floor, budget, limit, tuple(_opening_changes(job, fixed, floor, headroom, limit, budget)))
+    allowed = "the request's fixed fields, the framework and the model" \
+        if any(name in fixed.values for name in SHAPE_FIELDS) else "the framework and the model"
+    return FloorProof(floor, budget, limit, tuple(_opening_changes(job, fixed, floor, headroom, limit, budget)),
+                      allowed)
 
 
 def _opening_changes(job: Job, fixed: Fixed, floor: CountFreeFloor, headroom: float, limit: int,
