@@ -109,8 +109,8 @@ def test_the_nearest_sequence_length_opens_the_floor():
     fixed = Fixed.from_request(req)
     proof = floor_proof(job, fixed, 0.1, LIMIT)
     assert proof is not None
-    text = next(c for c in proof.changes if "--seq-length" in c)
-    longest = int(text.split("--seq-length ")[1].split(")")[0])
+    text = next(c for c in proof.changes if "seq_length=" in c)
+    longest = int(text.split("seq_length=")[1].split(",")[0])
     budget = memory_budget(job, 0.1)
     assert count_free_floor(job.model_copy(update={"seq_length": longest}), fixed, LIMIT).floor <= budget
     assert count_free_floor(job.model_copy(update={"seq_length": longest + 1024}), fixed, LIMIT).floor > budget
@@ -143,3 +143,13 @@ def test_requests_that_fit_get_no_proof(fields):
     job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
     assert floor_proof(job, Fixed.from_request(req), 0.1, LIMIT) is None
     assert count_free_floor(job, Fixed.from_request(req), LIMIT).floor < 0.1 * GIB * 80
+
+
+def test_mcp_answers_the_proof_with_its_changes_as_next_steps():
+    """MCP's minimum_gpus: a proof's next steps are its changes, never 'raise max_gpus' (no count can help)."""
+    from meshplan.faces.mcp import tools
+
+    answer = tools.minimum_gpus(**KF_128K, max_gpus=None)
+    assert answer.memory_floor is not None and answer.summary.count("No GPU count can fit") == 1
+    assert answer.next_steps and all(step.startswith("Call minimum_gpus again with") for step in answer.next_steps)
+    assert not any("max_gpus" in step for step in answer.next_steps)

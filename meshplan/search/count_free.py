@@ -249,7 +249,8 @@ def _opening_changes(job: Job, fixed: Fixed, floor: CountFreeFloor, headroom: fl
             out.append(f"{', '.join(given)} left open (the floor is then {opened.floor / GIB:.1f} GiB)")
     longest = _longest_sequence(job, fixed, limit, budget)
     if longest:
-        out.append(f"a sequence length of at most {longest:,} tokens (--seq-length {longest}), where this floor fits")
+        out.append(f"a sequence length of at most {longest:,} tokens (seq_length={longest}, --seq-length {longest}), "
+                   "where this floor fits")
     # the framework's own CP is already in the floor where the request leaves it open
     cp = _least_cp(job, fixed, limit, budget) if "cp" in fixed.values or not job.card.search.cp else 0
     if cp and "cp" in fixed.values and job.card.search.cp:

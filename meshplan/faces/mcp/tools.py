@@ -528,7 +528,7 @@ def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
         )
         steps = [f"Call recommend_parallelism with num_gpus={report.num_gpus} (or more) to compare layouts there."]
     elif report.memory_floor is not None:  # a proof: no count fits, raising max_gpus cannot help
-        summary = f"No GPU count can fit {report.model} on {report.gpu} ({report.framework}): {report.rationale}"
+        summary = f"{report.model} on {report.gpu} ({report.framework}): {report.rationale}"
         steps = [f"Call minimum_gpus again with {change}." for change in report.memory_floor.changes] or \
             ["Change the model, sequence length, framework or GPU: no GPU count fits this request."]
     else:
