@@ -142,6 +142,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     # an RL job with a fixed layout: it used to end in `KeyError: None` (issue 23)
     ("minimum_gpus", {"model": "qwen3-30b-a3b", "gpu": "h100", "framework": "verl", "job": "rl", "algorithm": "grpo",
                       "tp": 2, "ep": 8}),
+    # no GPU count can fit (one micro-batch's logits alone): the count-free floor's proof, the same on every face
+    ("minimum_gpus", {"model": "qwen2.5-7b", "gpu": "h100", "framework": "kempnerforge", "seq_length": 131072}),
     ("recommend_parallelism", {"model": "llama-3.1-405b", "gpu": "h100", "num_gpus": 1}),
     ("recommend_parallelism", {**L70, "num_gpus": 16, "headroom": 0.001}),
     # refusals: the same reason on every face

@@ -359,7 +359,7 @@ def cmd_min_gpus(args: argparse.Namespace) -> int:
             print(f"smallest GPU count: {result.num_gpus:,} x {result.gpu} (headroom {result.headroom:g})")
         else:
             print(f"no GPU count fits within the bounds (stopped by {result.stopped_by}; headroom {result.headroom:g})")
-        if result.stopped_by == "rules":  # one count checked: its words say so (MinimumGpus.stepping)
+        if result.stopped_by in ("rules", "memory"):  # one count or none checked: its words say so (stepping)
             print(f"checked {result.stepping}")
         else:
             print(f"checked {plural(result.counts_checked, 'count')} from {result.searched_from:,} to "

@@ -318,6 +318,23 @@ class Recommendation(StrictModel):
     )
 
 
+class CountFreeFloorProof(StrictModel):
+    """Why no GPU count can fit: the least per-GPU memory any layout needs at any count (meshplan/search/count_free.py),
+    the term that alone puts it over the budget, at which most memory-saving shape, and what would open it."""
+
+    floor_bytes: int = Field(description="Least per-GPU bytes any layout needs, whatever the GPU count")
+    budget_bytes: int = Field(description="Bytes a layout may use: capacity x (1 - headroom)")
+    term: Literal["output", "layer"] = Field(
+        description="output: one micro-batch's logits and loss on the last stage; layer: one decoder layer's "
+                    "activations for one micro-batch")
+    term_bytes: int = Field(description="That term's bytes alone (before the allocator reserve and fixed overheads)")
+    shape: str = Field(description="The most memory-saving shape the floor was taken at, in words")
+    up_to_gpus: int | None = Field(
+        None, description="The proof holds up to this GPU count (a degree was bounded by it); None: at any count")
+    changes: list[str] = Field(description="The nearest changes under which the floor fits (necessary, not "
+                                           "sufficient: the scan then settles the count)")
+
+
 class MinimumGpus(StrictModel):
     """The smallest GPU count at which some layout passes the rules and fits with the headroom kept.
 
@@ -336,10 +353,12 @@ class MinimumGpus(StrictModel):
     searched_to: int = Field(description="Last GPU count checked")
     counts_checked: int = Field(description="How many GPU counts were checked")
     stepping: str = Field(description="Which counts were checked, in words")
-    stopped_by: Literal["found", "max_gpus", "counts", "rules"] = Field(
+    stopped_by: Literal["found", "max_gpus", "counts", "rules", "memory"] = Field(
         description="found: a count fits; max_gpus: none fits up to the limit; counts: the scan's work bound "
                     "(GPU counts or searches, cards/search.yaml) was hit first; rules: a rule rejects the fixed fields "
-                    "at every count"
+                    "at every count; memory: the count-free floor (memory_floor) is over the budget, so no count fits"
     )
+    memory_floor: CountFreeFloorProof | None = Field(
+        None, description="stopped_by == memory: the proof that no GPU count fits, with what would open it")
     rationale: str
     assumptions: list[str] = []

@@ -39,6 +39,7 @@ The parts, each one job (each imports only the parts above it):
     answer.py      the answer's wording: rationales, rows, folded equivalents, assumptions
     strategies.py  what the decision tables suggest for a job (suggest)
     decision.py    the pick against the decision tables, in numbers
+    count_free.py  the least per-GPU memory any layout needs at any GPU count, and the proof where it is over
     gpu_count.py   the scan for the smallest GPU count (scan_minimum)
     impossible.py  the thinner-headroom probe and the nothing-fits answer
     ranking.py     recommend: the parts above (bounded by counts of work, never by a clock)

@@ -20,6 +20,7 @@ from meshplan.core.units import plural
 from meshplan.rules.fix_values import lcm
 from meshplan.schema.plan import Job
 from meshplan.search.answer import fixed_text, keeps
+from meshplan.search.count_free import FloorProof, floor_proof
 from meshplan.search.engine import BestFirstSearch, run_search
 from meshplan.search.estimators import Engine
 from meshplan.search.job import job_at
@@ -161,15 +162,19 @@ class Scan:
     last: int
     checked: int
     stepping: str
-    stopped_by: str  # found | max_gpus | counts | rules
+    stopped_by: str  # found | max_gpus | counts | rules | memory
     floor: int = 1  # no smaller count can hold the model states
     limit: int = 0
     rule: str = ""  # stopped_by == rules: the rule that rejects the fixed fields at every count, in words
     searched: int = 0  # counts where the necessary condition held and recommend's search ran
+    proof: FloorProof | None = None  # stopped_by == memory: the count-free floor over the budget
 
     def scanned(self) -> str:
         """Which counts were checked, in words (MinimumGpus.stepping on every face): the counts allowed, or, where a
         rule refuses every count, that the scan stopped at its first."""
+        if self.stopped_by == "memory":
+            return (f"none: the count-free memory floor is over the budget at every count, so none was scanned (the "
+                    f"counts allowed: {self.stepping})")
         if self.stopped_by != "rules":
             return self.stepping
         return (f"only the first count, {self.first:,}: a rule refuses the fixed fields at every count, so none past "
@@ -183,6 +188,8 @@ class Scan:
                     f"--num-gpus {self.num_gpus}.")
         if self.stopped_by == "rules":
             return f"No GPU count can help: {self.rule}"
+        if self.proof is not None:
+            return self.proof.sentence()
         if self.stopped_by == "counts":
             return (f"The scan for the smallest GPU count where a layout {keep} stopped at its bound of "
                     f"{count_bound_text()} after {self.checked:,} counts from {self.first:,} to {self.last:,} "
@@ -244,7 +251,9 @@ def count_free_refusal(job: Job, fixed: Fixed, limit: int, at: Callable[[int], J
 def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_gbs: bool, limit: int, *,
                  at: Callable[[int], Job] | None = None, ranks: Ranks | None = None) -> Scan:
     """The smallest GPU count at which recommend ranks a layout of `job` keeping `headroom`, scanning counts in
-    increasing order from the first that could hold the model states, within the card's work bounds. `at`: the job
+    increasing order from the first that could hold the model states, within the card's work bounds; none scanned
+    where a rule refuses every count or the count-free memory floor (meshplan/search/count_free.py) is over the
+    budget: the answer is then a proof. `at`: the job
     at a count (default: `job` there, a default batch re-derived); `ranks`: whether recommend ranks a layout there
     (default: the ranked search itself, top 1)."""
     limits = search_limits()
@@ -264,6 +273,8 @@ def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_g
         if not checked and (reason := rules_forbid(there, fixed, engine) or
                             count_free_refusal(job, fixed, limit, at)):
             return Scan(None, world, world, 1, stepping, "rules", floor, limit, reason)
+        if not checked and (proof := floor_proof(job, fixed, headroom, limit)):  # no count can fit: none scanned
+            return Scan(None, 0, 0, 0, stepping, "memory", floor, limit, proof=proof)
         first = first or world
         last = world
         checked += 1

@@ -127,10 +127,13 @@ def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendatio
         rationale = (f"{scan.num_gpus:,} {job.gpu.name} is the smallest GPU count where recommend ranks a layout that "
                      f"passes the rules and {keeps(headroom)} (counts scanned in increasing order from "
                      f"{scan.first:,}: {scan.stepping}). Best layout there: {candidate.rationale}")
+    scanned = {"rules": "A rule refuses every count, so the scan stopped at its first; it would step in increasing "
+                        "order: ",
+               "memory": "The count-free memory floor is over the budget, so no count was scanned; the scan would "
+                         "step in increasing order: "}.get(scan.stopped_by, "Counts scanned in increasing order: ")
     assumptions = [
         headroom_assumption(job, headroom, req.headroom is None),
-        ("A rule refuses every count, so the scan stopped at its first; it would step in increasing order: "
-         if scan.stopped_by == "rules" else "Counts scanned in increasing order: ")
+        scanned
         + f"{scan.stepping}, from {scan.floor:,} (no smaller count can hold "
         f"the model states, every parameter's, within the headroom) up to {plural(limit, 'GPU')}, within "
         f"{count_bound_text()}; no clock bounds the scan. Every count is checked, never bisected: fit is not "
@@ -141,10 +144,13 @@ def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendatio
         batch,
         *fixed_assumption(fixed),
     ]
+    if scan.proof is not None:
+        assumptions.append(scan.proof.assumption())
     return MinimumGpus(
         model=job.model.name, framework=job.framework, gpu=job.gpu.name, num_gpus=scan.num_gpus, candidate=candidate,
         headroom=headroom, global_batch_size=gbs, searched_from=scan.first if scan.checked else scan.floor,
         searched_to=scan.last if scan.checked else limit,
         counts_checked=scan.checked, stepping=scan.scanned(), stopped_by=scan.stopped_by,  # type: ignore[arg-type]
+        memory_floor=None if scan.proof is None else scan.proof.report(),
         rationale=rationale, assumptions=assumptions,
     )

@@ -387,7 +387,7 @@ def carried_fields(req: Request) -> dict[str, object]:
     return {**{k: fields[k] for k in CARRIED_FIELDS}, **given}
 
 
-def _tp_ok(job: Job, tp: int) -> bool:
+def tp_splits_heads(job: Job, tp: int) -> bool:
     """Heads split evenly; KV groups a multiple or a divisor of tp (Megatron's TransformerConfig)."""
     arch = job.model
     g = arch.num_kv_heads
@@ -517,7 +517,7 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
     for ep_k in ep_own:
         rest = W // ep_k
         for tp in choices("tp", rest):
-            tp_ok = _tp_ok(job, tp)
+            tp_ok = tp_splits_heads(job, tp)
             for pp in choices("pp", max(1, rest // tp)):
                 options = (given_options(L, pp, fixed) if given_split else
                            pipeline_options(L, pp, kn.vpp, uneven_interleave, fixed_split,  # type: ignore[arg-type]

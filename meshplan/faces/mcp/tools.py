@@ -527,6 +527,10 @@ def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
             f"{gib(best.memory.capacity_bytes)}, {best.throughput.tokens_per_s_per_gpu:,.0f} tokens/s per GPU."
         )
         steps = [f"Call recommend_parallelism with num_gpus={report.num_gpus} (or more) to compare layouts there."]
+    elif report.memory_floor is not None:  # a proof: no count fits, raising max_gpus cannot help
+        summary = f"{report.model} on {report.gpu} ({report.framework}): {report.rationale}"
+        steps = [f"Call minimum_gpus again with {change}." for change in report.memory_floor.changes] or \
+            ["Change the model, sequence length, framework or GPU: no GPU count fits this request."]
     else:
         summary = f"No GPU count fits {report.model} on {report.gpu} within the bounds: {report.rationale}"
         steps = ["Call check_config with the fixed fields to see which rule rejects them, or raise max_gpus."]
