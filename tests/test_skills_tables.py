@@ -99,6 +99,14 @@ def test_suggest_sequence_length_sets_cp():
     assert 65536 % (2 * s.plan.cp) == 0
 
 
+def test_suggest_keeps_cp_off_where_the_framework_runs_none():
+    """KempnerForge runs no context parallelism: the table's CP4 at 32K was suggested, then refused by AD001 in the
+    answer's own comparison ("no variant that passes the rules"); it is now said and not applied."""
+    s = _suggest(model="qwen2.5-7b", num_gpus=16, seq_length=32768, framework="kempnerforge")
+    assert s.plan.cp == 1 and any("runs no context parallelism" in a for a in s.adjustments)
+    assert _suggest(model="qwen2.5-7b", num_gpus=16, seq_length=32768, framework="torchtitan").plan.cp == 4
+
+
 def test_suggest_keeps_tp_in_nvlink_and_dividing_heads():
     s = _suggest(model="llama-3.1-70b", num_gpus=64, gpu="h100-pcie")
     assert s.plan.tp == 2 and any("NVLink" in a for a in s.adjustments)

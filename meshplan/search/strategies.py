@@ -112,8 +112,13 @@ class _Degrees:
 
 def _fit_cp(job: Job, deg: _Degrees, seq: SeqRow, notes: list[str]) -> None:
     """CP at least the sequence-length row's, halved until 2*CP divides the sequence where an engine of the
-    framework asks it (CP001; verl's and SkyRL's pad to the cp split themselves: rules.context.pads_every_cp_split)."""
+    framework asks it (CP001; verl's and SkyRL's pad to the cp split themselves: rules.context.pads_every_cp_split);
+    none where the framework runs no CP (KempnerForge: the table's CP4 at 32K was then refused by AD001)."""
     if not deg.free("cp"):
+        return
+    if seq.cp > deg.cp and not job.card.search.cp:  # the table's CP cannot run here: its row is said, not applied
+        notes.append(f"CP stays {deg.cp}: the sequence-length row ({seq.id}) asks CP {seq.cp}, but {job.framework} "
+                     f"runs no context parallelism (cards/frameworks/{job.framework}.yaml search.cp).")
         return
     if seq.cp > deg.cp:
         notes.append(f"CP {deg.cp} -> {seq.cp}: sequence length {job.seq_length} ({seq.id}).")
