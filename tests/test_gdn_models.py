@@ -489,3 +489,57 @@ def test_pp017_names_the_chunk_that_cuts_a_decoder_layer():
     found = {f.id: f for f in api.check_config(Request(model="qwen3-next-80b-a3b", framework="megatron-bridge",
                                                        gpu="h100", num_gpus=64, pp=2, vpp=16, ep=8)).findings}
     assert found["PP017"].message.startswith("pp=2: a virtual chunk of 3 pattern layers (a stage of 48 over vpp=16)")
+
+
+GDN_LAYOUTS = [  # (fields, accepted): the GPTModel path interleaves whole decoder layers
+    ({"pp": 2, "vpp": 4, "ep": 32, "gpu": "gb200"}, True),  # Megatron-Bridge's perf card layout: 6 per chunk
+    ({"pp": 4, "ep": 8, "first_stage_layers": 22, "last_stage_layers": 26}, True),
+    ({"pp": 4, "vpp": 3, "ep": 8}, True),  # 4 decoder layers per chunk
+    ({"pp": 2, "tp": 2, "cp": 2, "ep": 8, "vpp": 2}, True),
+    ({"pp": 2, "tp": 2, "cp": 16, "ep": 8}, False),  # TP007: tp x cp = 32 splits no 16 key heads
+]
+
+
+@pytest.mark.slow
+def test_megatron_core_builds_the_rendered_gpt_model_as_meshplan_plans_it():
+    """Every rendered pretrain_gpt.py command line of Qwen3-Next run through megatron-core 0.19.2's own parse_args,
+    validate_args and TransformerConfig (in the validators venv, tests/framework_probes/megatron_gdn_probe.py):
+    accepted exactly where check passes, and what it builds is the plan: each decoder layer's mixer and MLP
+    (get_linear_attention_pattern, get_moe_layer_pattern) are the model's pattern, and every pipeline rank's virtual
+    stages hold, in decoder layers, half the pattern layers meshplan places there (get_transformer_layer_offset,
+    get_num_layers_to_build)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from meshplan.arithmetic.schedule import plan_stages
+    from meshplan.knowledge.gdn_config import decoder_pattern_from_flags
+    from meshplan.request.resolve import resolve
+
+    here = Path(__file__).parent / "framework_probes"
+    sys.path.insert(0, str(here))
+    import harness
+    from meshplan.adapters.parse import shell_tokens
+
+    cases, plans = [], []
+    for i, (extra, _) in enumerate(GDN_LAYOUTS):
+        fields = {"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "micro_batch_size": 1,
+                  "global_batch_size": 512, "framework": "megatron-core", **extra}
+        req = parse_request(fields)
+        tokens = shell_tokens(api.render_config("megatron-core", req, force=True).text)
+        cases.append({"id": i, "argv": tokens[tokens.index("pretrain_gpt.py") + 1:], "num_gpus": 64})
+        plans.append((req, resolve(req)))
+    spec = harness.FRAMEWORKS["megatron-core"]
+    proc = subprocess.run([str(harness.validators_python()), str(here / "megatron_gdn_probe.py")],
+                          input=json.dumps(cases), capture_output=True, text=True, env=harness.probe_env(spec),
+                          timeout=1200, cwd=str(here))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for verdict, (extra, _), (req, (job, plan)) in zip(json.loads(proc.stdout), GDN_LAYOUTS, plans, strict=True):
+        errors = [f.id for f in api.check_config(req).findings if f.severity == "error" and f.id != "MEM001"]
+        assert verdict["accept"] is (not errors), (extra, verdict["stage"], verdict["message"], errors)
+        if not verdict["accept"]:
+            continue
+        assert decoder_pattern_from_flags(verdict["linear"], verdict["moe"]) == job.model.layer_pattern
+        ours = [[(c[0] // 2, len(c) // 2) for c in chunks] for chunks in plan_stages(job, plan).chunks]
+        assert [[tuple(c) for c in chunks] for chunks in verdict["chunks"]] == ours, (extra, verdict["chunks"])
