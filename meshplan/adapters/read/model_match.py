@@ -234,10 +234,20 @@ def gdn_stated(reading: Reading, section: ReadSection, flags: dict[str, Setting]
     or *, get_linear_attention_pattern) and its MLP from --moe-layer-freq (E or -, get_moe_layer_pattern), so the
     depth, pattern and MoE layers compare with the catalog's in pattern layers. False where it cannot be read."""
     facts = section.gated_delta_net
-    variant = flags.get(facts.variant_flag) if facts is not None else None
-    if variant is None or str(variant.value).strip("'\"") not in facts.variants or "num_layers" not in out:
+    if facts is None:
         return True
+    variant = flags.get(facts.variant_flag)
     freq, said = raw.get("linear_attention_freq", (None, ""))
+    if variant is None or str(variant.value).strip("'\"") not in facts.variants:
+        given = [flags[f] for f, name in section.model_flags.items() if name == "linear_attention_freq" and f in flags]
+        if given:  # Megatron-Core reads it for a linear attention variant only
+            reading.unsupported.append(
+                f"{given[0].where(reading.path)} = {given[0].value}: no Gated DeltaNet layer without "
+                f"{facts.variant_flag} {facts.variants[0]} (Megatron-Core reads linear_attention_freq for a linear "
+                "attention variant only): every layer is attention, as meshplan reads the model")
+        return True
+    if "num_layers" not in out:
+        return True
     decoder = out["num_layers"].value
     if freq is None:
         reading.leave(("model",), f"model: {variant.where(reading.path)} {variant.value} without a linear attention "
