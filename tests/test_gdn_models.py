@@ -397,8 +397,8 @@ def test_render_writes_megatron_cores_gpt_model_path_and_bridges_same_fields():
                  "cfg.model.num_layers_in_last_pipeline_stage = 13"):
         assert line in bridge, line
     assert "hybrid_layer_pattern" not in bridge
-    vpp = api.render_config("megatron-core", req.model_copy(update={"first_stage_layers": None,
-                                                                    "last_stage_layers": None, "vpp": 2}), force=True).text
+    even = req.model_copy(update={"first_stage_layers": None, "last_stage_layers": None, "vpp": 2})
+    vpp = api.render_config("megatron-core", even, force=True).text
     assert "--num-layers-per-virtual-pipeline-stage 6" in vpp  # 48 decoder layers over pp 4 x vpp 2
     for framework in ("megatron-bridge", "megatron-core"):
         with pytest.raises(MeshplanError, match="cutting a decoder layer in two"):
@@ -520,6 +520,7 @@ def test_megatron_core_builds_the_rendered_gpt_model_as_meshplan_plans_it():
     here = Path(__file__).parent / "framework_probes"
     sys.path.insert(0, str(here))
     import harness
+
     from meshplan.adapters.parse import shell_tokens
 
     cases, plans = [], []

@@ -65,12 +65,12 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
     settings, notes, core_notes = megatron_architecture(m, job.seq_length)
     own, unflagged = core_flags(settings)
     hybrid_model = m.layer_pattern is not None and m.gdn is None  # HybridModel: pretrain_mamba.py
+    # a Gated DeltaNet hybrid's depth is its GPTModel's TransformerLayers, one per decoder layer
+    depth = m.num_layers if m.gdn is None else decoder_layers(m.num_layers)
     flags: list[Flag] = [
-        ("--num-layers", m.num_layers if m.gdn is None else decoder_layers(m.num_layers)), ("--hidden-size",
-                                                                                             m.hidden_size),
+        ("--num-layers", depth), ("--hidden-size", m.hidden_size),
         ("--ffn-hidden-size", m.ffn_hidden_size), ("--num-attention-heads", m.num_attention_heads),
-    ][hybrid_model:]  # a hybrid's depth is its --hybrid-layer-pattern's (Megatron-LM ignores it); a Gated DeltaNet
-    # hybrid's is its GPTModel's TransformerLayers, one per decoder layer
+    ][hybrid_model:]  # a hybrid's depth is its --hybrid-layer-pattern's (Megatron-LM ignores it)
     if m.mla is None and m.num_kv_heads != m.num_attention_heads:
         flags += [("--group-query-attention", None), ("--num-query-groups", m.num_kv_heads)]
     if m.mla is None and m.head_dim * m.num_attention_heads != m.hidden_size:

@@ -17,9 +17,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from meshplan.adapters.read.decoder_split import STAGE_SIZES, in_pattern_layers, read_decoder_split
 from meshplan.adapters.read.automodel import read_automodel_yaml
 from meshplan.adapters.read.bridge_recipe import DETECT as BRIDGE_RECIPE
+from meshplan.adapters.read.decoder_split import STAGE_SIZES, in_pattern_layers, read_decoder_split
 from meshplan.adapters.read.detect import (
     YAML_CONFIGS,
     YAML_FIX,
