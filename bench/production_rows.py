@@ -22,6 +22,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
 from meshplan.knowledge.cards import MemoryReportFacts, framework_card, model_card, model_card_names
 from meshplan.knowledge.catalog import catalog_architecture, resolve_model
+from meshplan.knowledge.gdn_config import decoder_flags
 from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 from meshplan.knowledge.published_runs import TITAN_OP_TOMLS
 from meshplan.schema.choices import FRAMEWORKS, RecomputeModule
@@ -68,9 +69,8 @@ FAMILY_MODEL_TYPE = {
     "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v2",
     "glm4_moe": "glm4_moe", "olmoe": "olmoe", "gpt_oss": "gpt_oss",
 }
-NEAREST_MODEL_TYPE = {
+NEAREST_MODEL_TYPE = {  # (Qwen3-Next's rows match the catalog's qwen3-next-80b-a3b: catalog_match)
     "mpt": ("gpt2", "MPT (ALiBi positions, no biases)"),
-    "qwen3_next": ("glm4_moe", "Qwen3-Next (gated-DeltaNet hybrid attention)"),
 }
 # Extra config.json fields of a model_type the row cannot state (its activation).
 MODEL_TYPE_EXTRAS = {"nemotron": {"hidden_act": "relu2"}, "gpt2": {"activation_function": "gelu_new"}}
@@ -233,11 +233,19 @@ def ran(row: dict[str, Any]) -> bool:
 
 
 def _catalog_value(arch: Architecture, name: str) -> Any:
+    """A catalog model's field as a row states it: a Gated DeltaNet hybrid's layers as its decoder layers (a row
+    counts Qwen3NextDecoderLayers, meshplan's pattern two layers each: mixer, MLP), its dense layers those whose MLP
+    is no MoE (knowledge/gdn_config.decoder_flags)."""
     moe = arch.moe
+    if arch.gdn is not None and arch.layer_pattern is not None:
+        flags = decoder_flags(arch.layer_pattern, 1, "E")
+        layers, dense = len(flags), len(flags) - sum(flags)
+    else:
+        layers, dense = arch.num_layers, arch.num_layers - len(moe.moe_layers) if moe else 0
     return {
-        "num_layers": arch.num_layers,
+        "num_layers": layers,
         "hidden_size": arch.hidden_size,
-        "ffn_hidden_size": arch.ffn_hidden_size if (moe is None or len(moe.moe_layers) < arch.num_layers) else None,
+        "ffn_hidden_size": arch.ffn_hidden_size if (moe is None or dense) else None,
         "num_attention_heads": arch.num_attention_heads,
         "num_kv_heads": arch.num_kv_heads,
         "vocab_size": arch.vocab_size,
@@ -245,7 +253,7 @@ def _catalog_value(arch: Architecture, name: str) -> Any:
         "top_k": moe.top_k if moe else None,
         "moe_ffn_hidden_size": moe.expert_ffn_hidden_size if moe else None,
         "shared_experts": moe.num_shared_experts if moe else None,
-        "dense_layers": arch.num_layers - len(moe.moe_layers) if moe else None,
+        "dense_layers": dense if moe else None,
         "mla": arch.mla is not None,
     }[name]
 

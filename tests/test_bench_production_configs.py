@@ -125,6 +125,20 @@ def test_catalog_match_by_architecture(production_rows):
     assert prow.catalog_match(production_rows["mbridge_recipe_kimi_k2_512"]["model"]) == "kimi-k2"
 
 
+def test_the_qwen3_next_row_is_scored_as_the_catalog_model_at_its_layout(production_rows, tmp_path):
+    """Megatron-Bridge's MoE perf card's Qwen3-Next row (48 decoder layers, 512 experts, TP1 PP2 VPP4 EP32) was scored
+    as a glm4_moe stand-in (NEAREST_MODEL_TYPE, knob model_type): the row counts decoder layers, the catalog's pattern
+    two layers each, so it matched nothing. It is the catalog's qwen3-next-80b-a3b now, at vpp 4, with no knob, and
+    checks clean on megatron-core's GPTModel path."""
+    row = production_rows["mbridge_card_qwen3_next_80b_gb200_64"]
+    assert prow.catalog_match(row["model"]) == "qwen3-next-80b-a3b"
+    mapping = pmap.map_row(row, tmp_path)
+    req = mapping.request
+    assert mapping.knobs == {} and (req.model, req.framework, req.pp, req.vpp, req.ep) == (
+        "qwen3-next-80b-a3b", "megatron-core", 2, 4, 32)
+    assert not [f for f in api.check_config(req).findings if f.severity == "error"]
+
+
 def test_built_config_and_mtp(tmp_path, production_rows):
     model, source, notes, knobs = prow.model_for(production_rows["nemo2407_h100_gpt3_5b_64gpu"], tmp_path)
     assert source == "config.json (gpt2)" and Path(model).is_file()

@@ -317,19 +317,35 @@ def test_recommend_ranks_qwen3_next_on_64_h100():
         assert c.memory.fits
 
 
-def test_bridge_interleaves_a_gdn_hybrid_that_hybridmodel_cannot():
-    """Megatron-Bridge builds Qwen3-Next as a GPTModel, so its measured layout (Megatron-Bridge's MoE perf card:
-    64 GB200, TP1 PP2 VPP4 EP32) is estimated there: 12 decoder layers per virtual chunk; rendered for Megatron-Core's
-    HybridModel the same vpp is refused (PP018), and on Bridge a chunk of an odd number of pattern layers (PP017)."""
+@pytest.mark.parametrize("framework", ["megatron-bridge", "megatron-core"])
+def test_both_megatron_faces_interleave_a_gdn_hybrid_in_whole_decoder_layers(framework):
+    """Megatron-Core's GPTModel path (pretrain_gpt.py --experimental-attention-variant gated_delta_net) and Megatron-
+    Bridge's Qwen3NextBridge build one TransformerLayer per decoder layer and interleave, so the measured layout
+    (Megatron-Bridge's MoE perf card: 64 GB200, TP1 PP2 VPP4 EP32, 6 decoder layers per virtual chunk) is estimated
+    on both. Before: megatron-core rendered HybridModel (pretrain_mamba.py) and PP018 refused any vpp there. A chunk
+    of an odd number of pattern layers cuts a decoder layer (PP017) on both."""
     fields = {"model": "qwen3-next-80b-a3b", "gpu": "gb200", "num_gpus": 64, "pp": 2, "vpp": 4, "ep": 32,
-              "micro_batch_size": 2}
-    bridge = api.check_config(parse_request({**fields, "framework": "megatron-bridge"}))
-    assert not {"PP016", "PP017", "PP018"} & {f.id for f in bridge.findings}
-    assert api.estimate_throughput(parse_request({**fields, "framework": "megatron-bridge"})).step_time_s > 0
-    core = api.check_config(parse_request({**fields, "framework": "megatron-core"}))
-    assert "PP018" in {f.id for f in core.findings}
-    odd = api.check_config(parse_request({**fields, "vpp": 16, "framework": "megatron-bridge"}))
+              "micro_batch_size": 2, "framework": framework}
+    report = api.check_config(parse_request(fields))
+    assert not [f for f in report.findings if f.severity == "error"], report.findings
+    assert api.estimate_throughput(parse_request(fields)).step_time_s > 0
+    odd = api.check_config(parse_request({**fields, "vpp": 16}))
     assert "PP017" in {f.id for f in odd.findings}  # 48 pattern layers per rank, 3 per chunk: a decoder layer cut
+    layout = api.check_config(parse_request({**fields, "vpp": 1, "account_for_embedding": True}))
+    assert "PP017" in {f.id for f in layout.findings}  # counted in pattern layers: not translated
+
+
+def test_recommend_searches_virtual_stages_of_a_gdn_hybrid_on_megatron_core():
+    """With pp fixed at 2 on 64 GB200, megatron-core's search ranks interleaved layouts of whole decoder layers (it
+    found none before: PP018 refused every vpp > 1); every candidate passes check."""
+    from meshplan.knowledge.gdn_config import cuts_a_decoder_layer
+
+    req = parse_request({"model": "qwen3-next-80b-a3b", "gpu": "gb200", "num_gpus": 64, "pp": 2, "ep": 32,
+                         "framework": "megatron-core"})
+    report = api.recommend(req)
+    assert any(c.plan.vpp > 1 for c in report.candidates), [c.plan.short for c in report.candidates]
+    for c in report.candidates:
+        assert not cuts_a_decoder_layer(96 // (2 * c.plan.vpp)), c.plan.short
 
 
 @pytest.mark.parametrize("fields", [
@@ -385,28 +401,89 @@ def test_linear_attention_freq_is_megatron_cores_int_or_its_per_layer_list(mixer
     assert "".join("G" if f else "*" for f in flags) == mixers
 
 
-def test_render_writes_megatron_cores_hybrid_pattern_and_bridges_gpt_fields():
-    """Megatron-Core: pretrain_mamba.py with --hybrid-layer-pattern (core_v0.19.0 HybridModel's G symbol), the
-    --linear-* shapes and --attention-output-gate (Megatron-LM's gpt3_mcore_te_tp2_pp1_gdn test names them);
-    Megatron-Bridge: Qwen3NextBridge's GPTModel fields, no hybrid pattern, its pipeline split in decoder layers."""
+def test_render_writes_megatron_cores_gpt_model_path_and_bridges_same_fields():
+    """Megatron-Core: pretrain_gpt.py with --num-layers in decoder layers, --experimental-attention-variant
+    gated_delta_net (megatron-core 0.19.2's only spelling), --linear-attention-freq, the --linear-* shapes and
+    --attention-output-gate (Megatron-LM's gpt3_mcore_te_tp2_pp1_gdn test names them), its split in decoder layers;
+    Megatron-Bridge: Qwen3NextBridge's GPTModel fields. Neither writes a hybrid pattern. Before: pretrain_mamba.py
+    with --hybrid-layer-pattern, which took no virtual stages."""
     req = parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 4, "ep": 8,
                          "first_stage_layers": 22, "last_stage_layers": 26, "mtp_num_layers": 1})
     core = api.render_config("megatron-core", req, force=True).text
-    assert "pretrain_mamba.py" in core and f"--hybrid-layer-pattern '{'GEGEGE*E' * 12}'" in core
-    for flag in ("--linear-num-key-heads 16", "--linear-num-value-heads 32", "--linear-key-head-dim 128",
+    assert "pretrain_gpt.py" in core and "pretrain_mamba.py" not in core and "hybrid" not in core
+    for flag in ("--num-layers 48", "--experimental-attention-variant gated_delta_net", "--linear-attention-freq 4",
+                 "--linear-num-key-heads 16", "--linear-num-value-heads 32", "--linear-key-head-dim 128",
                  "--linear-value-head-dim 128", "--linear-conv-kernel-dim 4", "--attention-output-gate",
-                 "--rotary-percent 0.25", "--apply-layernorm-1p", "--moe-shared-expert-gate",
-                 "--mtp-hybrid-override-pattern '*E'"):
+                 "--rotary-percent 0.25", "--apply-layernorm-1p", "--moe-shared-expert-gate", "--mtp-num-layers 1",
+                 "--decoder-first-pipeline-num-layers 11", "--decoder-last-pipeline-num-layers 13"):
         assert flag in core, flag
+    assert "--moe-layer-freq" not in core  # every decoder layer MoE: Megatron's default 1
     bridge = api.render_config("megatron-bridge", req, force=True).text
     for line in ("cfg.model.experimental_attention_variant = 'gated_delta_net'", "cfg.model.linear_attention_freq = 4",
                  "cfg.model.attention_output_gate = True", "cfg.model.num_layers_in_first_pipeline_stage = 11",
                  "cfg.model.num_layers_in_last_pipeline_stage = 13"):
         assert line in bridge, line
     assert "hybrid_layer_pattern" not in bridge
-    with pytest.raises(MeshplanError, match="a stage of 23 pattern layers cuts a decoder layer in two"):
-        api.render_config("megatron-bridge", req.model_copy(update={"first_stage_layers": 23,
-                                                                    "last_stage_layers": 25}), force=True)
+    even = req.model_copy(update={"first_stage_layers": None, "last_stage_layers": None, "vpp": 2})
+    vpp = api.render_config("megatron-core", even, force=True).text
+    assert "--num-layers-per-virtual-pipeline-stage 6" in vpp  # 48 decoder layers over pp 4 x vpp 2
+    for framework in ("megatron-bridge", "megatron-core"):
+        with pytest.raises(MeshplanError, match="a stage of 23 pattern layers cuts a decoder layer in two"):
+            api.render_config(framework, req.model_copy(update={"first_stage_layers": 23, "last_stage_layers": 25}),
+                              force=True)
+
+
+@pytest.mark.parametrize("layer_types, moe", [(None, None), (["full_attention"] + ["linear_attention"] * 47, None),
+                                              (None, [0, 5])])
+def test_the_gpt_model_script_imports_back_as_the_same_model_and_split(tmp_path, layer_types, moe):
+    """render megatron-core then import: the GPTModel flags (--num-layers 48, --linear-attention-freq, --moe-layer-freq
+    over decoder layers) read back as the model's 96-layer pattern, and the decoder-layer stage sizes as pattern
+    layers; also for a config of the user's own with another mixer order (a per-layer list) or dense decoder layers
+    (mlp_only_layers). A Bridge file's sizes double once the model is given beside it."""
+    import json
+
+    cfg = dict(QWEN3_NEXT_80B)
+    if layer_types:
+        cfg["layer_types"] = layer_types
+    if moe:
+        cfg["mlp_only_layers"] = moe
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    fields = {"model": str(path) if layer_types or moe else "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64,
+              "pp": 4, "ep": 8, "micro_batch_size": 1, "global_batch_size": 256, "first_stage_layers": 22,
+              "last_stage_layers": 26}
+    text = api.render_config("megatron-core", parse_request({**fields, "framework": "megatron-core"}), force=True).text
+    if layer_types:
+        assert "--linear-attention-freq '[0,1,1,1" in text
+    if moe:
+        assert "--moe-layer-freq '[0,1,1,1,1,0,1" in text
+    read = api.import_config(text)
+    if layer_types or moe:  # no catalog model: the pattern is compared, and the nearest named
+        assert "model" not in read.request
+        assert any("differs in" in u and "--linear-attention-freq" in u for u in read.unresolved), read.unresolved
+        back = api.request_from_config(read, {"model": str(path)})
+    else:
+        assert read.request["model"] == "qwen3-next-80b-a3b" and read.unsupported == [] and read.unresolved == []
+        back = api.request_from_config(read, {"gpu": "h100"})
+    assert (back.first_stage_layers, back.last_stage_layers) == (22, 26)
+    assert api.check_config(back).plan.pp == 4
+    bridge = api.render_config("megatron-bridge", parse_request({**fields, "framework": "megatron-bridge"}),
+                               force=True).text
+    read = api.import_config(bridge, framework="megatron-bridge")
+    assert read.request["first_stage_layers"] == 11 and read.stage_sizes_in_decoder_layers
+    back = api.request_from_config(read, {"model": fields["model"], "num_gpus": 64, "gpu": "h100"})
+    assert (back.first_stage_layers, back.last_stage_layers) == (22, 26)
+
+
+def test_a_gdn_variant_without_its_frequency_is_said_not_read():
+    """megatron-core's TransformerConfig asserts linear_attention_freq with gated_delta_net: a script without it
+    names no model meshplan can read, and says why."""
+    req = parse_request({"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 4, "ep": 8,
+                         "framework": "megatron-core"})
+    text = api.render_config("megatron-core", req).text.replace("--linear-attention-freq 4", "")
+    read = api.import_config(text)
+    assert "model" not in read.request
+    assert any("without a linear attention frequency" in u for u in read.unresolved), read.unresolved
 
 
 @pytest.mark.parametrize("model_type, total, pattern", [
@@ -464,3 +541,57 @@ def test_render_and_pp017_refuse_the_same_split_in_the_same_words(fields, what):
     assert "PP017" not in {f.id for f in api.check_config(even).findings}
     assert "cfg.model.pipeline_model_parallel_size = 4" in api.render_config("megatron-bridge", even).text
 
+
+GDN_LAYOUTS = [  # (fields, accepted): the GPTModel path interleaves whole decoder layers
+    ({"pp": 2, "vpp": 4, "ep": 32, "gpu": "gb200"}, True),  # Megatron-Bridge's perf card layout: 6 per chunk
+    ({"pp": 4, "ep": 8, "first_stage_layers": 22, "last_stage_layers": 26}, True),
+    ({"pp": 4, "vpp": 3, "ep": 8}, True),  # 4 decoder layers per chunk
+    ({"pp": 2, "tp": 2, "cp": 2, "ep": 8, "vpp": 2}, True),
+    ({"pp": 2, "tp": 2, "cp": 16, "ep": 8}, False),  # TP007: tp x cp = 32 splits no 16 key heads
+]
+
+
+@pytest.mark.slow
+def test_megatron_core_builds_the_rendered_gpt_model_as_meshplan_plans_it():
+    """Every rendered pretrain_gpt.py command line of Qwen3-Next run through megatron-core 0.19.2's own parse_args,
+    validate_args and TransformerConfig (in the validators venv, tests/framework_probes/megatron_gdn_probe.py):
+    accepted exactly where check passes, and what it builds is the plan: each decoder layer's mixer and MLP
+    (get_linear_attention_pattern, get_moe_layer_pattern) are the model's pattern, and every pipeline rank's virtual
+    stages hold, in decoder layers, half the pattern layers meshplan places there (get_transformer_layer_offset,
+    get_num_layers_to_build)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from meshplan.arithmetic.schedule import plan_stages
+    from meshplan.knowledge.gdn_config import decoder_pattern_from_flags
+    from meshplan.request.resolve import resolve
+
+    here = Path(__file__).parent / "framework_probes"
+    sys.path.insert(0, str(here))
+    import harness
+
+    from meshplan.adapters.parse import shell_tokens
+
+    cases, plans = [], []
+    for i, (extra, _) in enumerate(GDN_LAYOUTS):
+        fields = {"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "micro_batch_size": 1,
+                  "global_batch_size": 512, "framework": "megatron-core", **extra}
+        req = parse_request(fields)
+        tokens = shell_tokens(api.render_config("megatron-core", req, force=True).text)
+        cases.append({"id": i, "argv": tokens[tokens.index("pretrain_gpt.py") + 1:], "num_gpus": 64})
+        plans.append((req, resolve(req)))
+    spec = harness.FRAMEWORKS["megatron-core"]
+    proc = subprocess.run([str(harness.validators_python()), str(here / "megatron_gdn_probe.py")],
+                          input=json.dumps(cases), capture_output=True, text=True, env=harness.probe_env(spec),
+                          timeout=1200, cwd=str(here))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for verdict, (extra, _), (req, (job, plan)) in zip(json.loads(proc.stdout), GDN_LAYOUTS, plans, strict=True):
+        errors = [f.id for f in api.check_config(req).findings if f.severity == "error" and f.id != "MEM001"]
+        assert verdict["accept"] is (not errors), (extra, verdict["stage"], verdict["message"], errors)
+        if not verdict["accept"]:
+            continue
+        assert decoder_pattern_from_flags(verdict["linear"], verdict["moe"]) == job.model.layer_pattern
+        ours = [[(c[0] // 2, len(c) // 2) for c in chunks] for chunks in plan_stages(job, plan).chunks]
+        assert [[tuple(c) for c in chunks] for chunks in verdict["chunks"]] == ours, (extra, verdict["chunks"])

@@ -118,10 +118,6 @@ CASES: dict[str, tuple[dict, dict]] = {
                "first_stage_layers": 23, "last_stage_layers": 25},
               {"model": "qwen3-next-80b-a3b", "num_gpus": 64, "pp": 4, "ep": 8, "framework": "megatron-bridge",
                "first_stage_layers": 22, "last_stage_layers": 26}),
-    "PP018": ({"model": "qwen3-next-80b-a3b", "num_gpus": 64, "pp": 2, "vpp": 4, "ep": 32,
-               "framework": "megatron-core"},
-              {"model": "qwen3-next-80b-a3b", "num_gpus": 64, "pp": 2, "vpp": 4, "ep": 32,
-               "framework": "megatron-bridge"}),
     # DeepSeek Sparse Attention (DeepSeek-V3.2): Megatron-Core builds it, CP by all-gather only
     "DSA001": ({**DSV32, "framework": "torchtitan"}, {**DSV32, "framework": "megatron-core"}),
     "DSA002": ({**DSV32, "framework": "nemo-automodel"}, {**DSV32, "framework": "megatron-core"}),

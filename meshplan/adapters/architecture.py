@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from meshplan.knowledge.gdn_config import PATTERN_LAYERS_PER_DECODER_LAYER
+from meshplan.knowledge.gdn_config import PATTERN_LAYERS_PER_DECODER_LAYER, decoder_flags
 from meshplan.schema.model import Architecture, RopeSpec
 
 Flag = tuple[str, Any]  # (flag, value); value None = a switch
@@ -56,8 +56,9 @@ CORE_FLAGS = frozenset({
     "--mscale", "--mscale-all-dim", "--no-yarn-correction-range-round-to-int", "--qk-layernorm",
     "--moe-router-num-groups", "--moe-router-group-topk", "--disable-bias-linear", "--add-qkv-bias",
     "--hybrid-layer-pattern", "--mamba-num-heads", "--mamba-head-dim", "--mamba-num-groups", "--mamba-state-dim",
-    "--moe-latent-size", "--mtp-hybrid-override-pattern", "--attention-output-gate", "--linear-conv-kernel-dim",
-    "--linear-key-head-dim", "--linear-value-head-dim", "--linear-num-key-heads", "--linear-num-value-heads"})
+    "--moe-latent-size", "--mtp-hybrid-override-pattern", "--attention-output-gate",
+    "--linear-attention-freq", "--linear-conv-kernel-dim", "--linear-key-head-dim", "--linear-value-head-dim",
+    "--linear-num-key-heads", "--linear-num-value-heads"})
 """Every pretrain_gpt.py flag megatron_architecture (Setting.flag) and bias_flags may write: the flags a rendered
 Megatron-Core script restates the model with, which its import reads back as the model's
 (tests/test_import_config.py renders every catalog model and holds the flags to this set)."""
@@ -241,8 +242,7 @@ def linear_attention_freq(pattern: str) -> int | list[int]:
     """Megatron-Core's linear_attention_freq of a Gated DeltaNet hybrid's pattern (two letters per decoder layer): N
     where every N-th decoder layer is full attention and the rest Gated DeltaNet (get_linear_attention_pattern's int
     form), else the per-layer list, 1 linear and 0 full attention."""
-    mixers = pattern[::PATTERN_LAYERS_PER_DECODER_LAYER]
-    flags = [1 if k == "G" else 0 for k in mixers]
+    flags = decoder_flags(pattern, 0, "G")
     for n in range(1, len(flags) + 1):
         if flags == [0 if (i + 1) % n == 0 else 1 for i in range(len(flags))]:
             return n
@@ -257,27 +257,40 @@ def _output_gate(m: Architecture) -> list[Setting]:
         else []
 
 
+def pattern_expression(flags: int | list[int]) -> int | str:
+    """A per-layer list as the Python list expression Megatron-LM's --linear-attention-freq / --moe-layer-freq take
+    (arguments.py la_freq_type / moe_freq_type evaluate a string with '['); an int as it is."""
+    return flags if isinstance(flags, int) else "[" + ",".join(map(str, flags)) + "]"
+
+
 def _gdn_hybrid(m: Architecture) -> tuple[list[Setting], list[str]]:
-    """A Gated DeltaNet hybrid (qwen3_next) as Megatron-Core builds it: for pretrain_mamba.py (HybridModel,
-    core_v0.19.0 hybrid_layer_allocation Symbols: G a GatedDeltaNet layer) its pattern as --hybrid-layer-pattern and
-    the GDN shapes as the TransformerConfig's --linear-* flags; for Megatron-Bridge, whose Qwen3NextBridge builds a
-    GPTModel (qwen3_next_bridge.py), experimental_attention_variant gated_delta_net and linear_attention_freq in
-    place of the pattern. Both: gated attention (attention_output_gate) with its rotary share. Megatron-LM's own GDN
-    test (tests/functional_tests/test_cases/gpt/gpt3_mcore_te_tp2_pp1_gdn/model_config.yaml) names the flags."""
+    """A Gated DeltaNet hybrid (qwen3_next) as Megatron-Core's GPTModel builds it, one TransformerLayer per decoder
+    layer (its mixer and its MLP or MoE): experimental_attention_variant gated_delta_net with linear_attention_freq
+    (gpt_builders.py: get_transformer_block_with_experimental_attention_variant_spec), the GDN shapes as the
+    TransformerConfig's linear_* fields, gated attention (attention_output_gate) with its rotary share. Megatron-
+    Bridge's Qwen3NextBridge sets the same fields (qwen3_next_bridge.py provider_bridge) and pretrain_gpt.py takes
+    them as flags (Megatron-LM's gpt3_mcore_te_tp2_pp1_gdn test names them); megatron-core 0.19.2 accepts only the
+    'gated_delta_net' spelling (d98e8a6 reads it as 'gdn'). The MTP block of this path repeats the last decoder
+    layer (gpt_builders.py: decoder_layer_specs[-1]), so a model whose last layer is not full attention gets a note."""
     g, pattern = m.gdn, m.layer_pattern
     assert g is not None and pattern is not None
     out, notes = _rope(m, m.rope) if m.rope is not None else ([], [])
-    out += [Setting(None, pattern, ("--hybrid-layer-pattern", pattern)),
-            Setting("experimental_attention_variant", "gated_delta_net", None, explained=True),
-            Setting("linear_attention_freq", linear_attention_freq(pattern), None, explained=True),
+    freq = linear_attention_freq(pattern)
+    # pretrain_gpt.py's --experimental-attention-variant is written beside DSA's (megatron.py architecture_flags):
+    # the import reads it with the card's read.gated_delta_net, not as a restated field
+    out += [Setting("experimental_attention_variant", "gated_delta_net", None, explained=True),
+            Setting("linear_attention_freq", freq, ("--linear-attention-freq", pattern_expression(freq))),
             Setting("linear_conv_kernel_dim", g.conv_kernel, ("--linear-conv-kernel-dim", g.conv_kernel)),
             Setting("linear_key_head_dim", g.key_head_dim, ("--linear-key-head-dim", g.key_head_dim)),
             Setting("linear_value_head_dim", g.value_head_dim, ("--linear-value-head-dim", g.value_head_dim)),
             Setting("linear_num_key_heads", g.num_key_heads, ("--linear-num-key-heads", g.num_key_heads)),
             Setting("linear_num_value_heads", g.num_value_heads, ("--linear-num-value-heads", g.num_value_heads))]
     out += _output_gate(m)
-    if m.num_mtp_layers and m.mtp_layer_pattern:  # HybridModel's MTP block; Bridge's GPTModel repeats its last layer
-        out.append(Setting(None, m.mtp_layer_pattern, ("--mtp-hybrid-override-pattern", m.mtp_layer_pattern)))
+    last = pattern[-PATTERN_LAYERS_PER_DECODER_LAYER:]
+    if m.num_mtp_layers and m.mtp_layer_pattern and m.mtp_layer_pattern != last:
+        notes.append(f"{m.name}'s MTP block is a '{m.mtp_layer_pattern}' layer, but Megatron-Core's GPTModel builds "
+                     f"its MTP layer as the last decoder layer, '{last}' (gpt_builders.py): give the MTP layer its "
+                     "own spec, or train without MTP.")
     return out, notes
 
 

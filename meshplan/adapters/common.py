@@ -18,6 +18,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import ep_rank_load
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.gdn_config import decoder_flags
 from meshplan.knowledge.model_counts import total_params
 from meshplan.knowledge.precision_card import MixedPrecisionPresets
 from meshplan.schema.plan import Job, Plan
@@ -174,11 +175,16 @@ def rollout_tp(job: Job, memory_fraction: float = 0.5) -> int:
 
 
 def moe_layer_freq(job: Job) -> str | None:
-    """Megatron's --moe-layer-freq as a Python list expression (1 = MoE layer), or None for all-MoE."""
-    moe = job.model.moe
-    if moe is None or len(moe.moe_layers) == job.model.num_layers:
+    """Megatron's --moe-layer-freq as a Python list expression (1 = MoE layer), or None for all-MoE: over the
+    TransformerLayers Megatron-Core builds, a Gated DeltaNet hybrid's decoder layers (its pattern's E per mixer and
+    MLP pair, as get_moe_layer_pattern reads it on the GPTModel path)."""
+    moe, m = job.model.moe, job.model
+    if moe is None:
         return None
-    flags = [1 if i in set(moe.moe_layers) else 0 for i in range(job.model.num_layers)]
+    flags = ([1 if i in set(moe.moe_layers) else 0 for i in range(m.num_layers)] if m.gdn is None or
+             m.layer_pattern is None else decoder_flags(m.layer_pattern, 1, "E"))
+    if all(flags):
+        return None
     k = flags.index(1) if 1 in flags else len(flags)
     if all(flags[k:]):
         return f"([0]*{k}+[1]*{len(flags) - k})"

@@ -65,10 +65,13 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
     m = job.model
     settings, notes, core_notes = megatron_architecture(m, job.seq_length)
     own, unflagged = core_flags(settings)
+    hybrid_model = m.layer_pattern is not None and m.gdn is None  # HybridModel: pretrain_mamba.py
+    # a Gated DeltaNet hybrid's depth is its GPTModel's TransformerLayers, one per decoder layer
+    depth = m.num_layers if m.gdn is None else decoder_layers(m.num_layers)
     flags: list[Flag] = [
-        ("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size),
+        ("--num-layers", depth), ("--hidden-size", m.hidden_size),
         ("--ffn-hidden-size", m.ffn_hidden_size), ("--num-attention-heads", m.num_attention_heads),
-    ][m.layer_pattern is not None:]  # a hybrid's depth is its --hybrid-layer-pattern's (Megatron-LM ignores it)
+    ][hybrid_model:]  # a hybrid's depth is its --hybrid-layer-pattern's (Megatron-LM ignores it)
     if m.mla is None and m.num_kv_heads != m.num_attention_heads:
         flags += [("--group-query-attention", None), ("--num-query-groups", m.num_kv_heads)]
     if m.mla is None and m.head_dim * m.num_attention_heads != m.hidden_size:
@@ -89,6 +92,8 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
         dsa_flags, dsa_notes = _dsa_flags(m.dsa)
         flags += dsa_flags
         notes += dsa_notes
+    if m.gdn is not None:  # GPTModel's Gated DeltaNet layers (gpt_builders.py; 0.19.2 knows only this spelling)
+        flags.append(("--experimental-attention-variant", "gated_delta_net"))
     if m.moe is not None:
         flags += [("--num-experts", m.moe.num_experts), ("--moe-router-topk", m.moe.top_k),
                   ("--moe-ffn-hidden-size", m.moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", None)]
@@ -96,7 +101,7 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
             flags.append(("--moe-shared-expert-intermediate-size", m.moe.shared_expert_ffn_hidden_size))
         if m.moe.shared_expert_gate:  # TransformerConfig.moe_shared_expert_gate (Qwen2-MoE's sigmoid gate)
             flags.append(("--moe-shared-expert-gate", None))
-        freq = moe_layer_freq(job) if m.layer_pattern is None else None  # a hybrid's MoE layers: its pattern's E
+        freq = moe_layer_freq(job) if not hybrid_model else None  # HybridModel's MoE layers: its pattern's E
         if freq:
             flags.append(("--moe-layer-freq", freq))
     if m.num_mtp_layers:
@@ -110,7 +115,7 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
     """TP/PP/VPP/CP/EP/SP/optimizer/recompute flags, plus notes on the choices made."""
     notes: list[str] = []
     flags: list[Flag] = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
-    split = split_fields(job, plan)
+    split = decoder_split(job, plan)
     if plan.pipeline_layout is not None:
         # The layout sets vpp (its stages / pp); validate_args allows no other virtual-stage flag with it.
         flags.append(("--pipeline-model-parallel-layout", plan.pipeline_layout))
@@ -219,7 +224,8 @@ def build_core(job: Job, plan: Plan, variant: str, version: str) -> Built:
     model, model_notes = architecture_flags(job)
     flex, flex_warnings = flex_notes(job, plan)
     connections = (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2
-    entry = "pretrain_mamba.py" if job.model.layer_pattern is not None else "pretrain_gpt.py"  # HybridModel's
+    # HybridModel's entry point for a Mamba-2 hybrid; a Gated DeltaNet hybrid is a GPTModel (decoder_split)
+    entry = "pretrain_mamba.py" if job.model.layer_pattern is not None and job.model.gdn is None else "pretrain_gpt.py"
     return Built(
         template="megatron_core.j2",
         context={"nodes": n, "flags": model + flags, "max_connections": connections, "to_add": model_notes,
@@ -246,20 +252,21 @@ def bridge_architecture(job: Job) -> tuple[list[tuple[str, Any]], list[str]]:
 
 
 def decoder_split(job: Job, plan: Plan) -> Split:
-    """The plan's split in the layers Megatron-Bridge's model counts: a Gated DeltaNet hybrid's in decoder layers
-    (Qwen3NextBridge builds a GPTModel, one TransformerLayer per mixer and MoE pair: half the pattern's layers), refused
-    where a stage boundary cuts a decoder layer between its mixer and its MoE; every other model's as it is."""
+    """The plan's split in the layers Megatron-Core's GPTModel counts, on both Megatron faces (pretrain_gpt.py and
+    Megatron-Bridge's Qwen3NextBridge): a Gated DeltaNet hybrid's in decoder layers (one TransformerLayer per mixer and
+    MoE pair: half the pattern's layers; experimental_attention_variant_module_specs.py slices the layer specs by
+    get_transformer_layer_offset / get_num_layers_to_build), refused where a stage or virtual chunk boundary cuts a
+    decoder layer between its mixer and its MoE (rule PP017); every other model's as it is."""
     split = split_fields(job, plan)
     if job.model.gdn is None:
         return split
     cut = decoder_layer_cut(job.model, plan)  # rule PP017's test, so a forced render refuses what the rule does
     if cut is not None:
         raise MeshplanError(
-            f"Megatron-Bridge builds {job.model.name} as a GPTModel of {decoder_layers(job.model.num_layers)} decoder "
+            f"Megatron-Core builds {job.model.name} as a GPTModel of {decoder_layers(job.model.num_layers)} decoder "
             f"layers, each a Gated DeltaNet or attention mixer with its MoE (two layers of meshplan's pattern): {cut}.",
-            fix="Use an even pipeline split (first/last_stage_layers even, pp dividing the decoder layers), without "
-                "pipeline_layout or account_for_embedding / account_for_loss, or render for megatron-core, whose "
-                "HybridModel (pretrain_mamba.py) takes the pattern layer by layer.")
+            fix="Use an even pipeline split (first/last_stage_layers even, pp x vpp dividing the decoder layers), "
+                "without pipeline_layout or account_for_embedding / account_for_loss.")
     first, last, per_chunk = (None if n is None else decoder_layers(n) for n in (split.first, split.last,
                                                                                   split.per_chunk))
     return Split(split.stages, first, last, per_chunk)

@@ -11,7 +11,8 @@ Each Qwen3NextDecoderLayer is two of those layers: its token mixer with its inpu
 and i is not in mlp_only_layers; else Qwen3NextMLP, -). Megatron-Bridge's Qwen3NextBridge builds the same layers as
 a GPTModel's TransformerLayers (experimental_attention_variant gated_delta_net, linear_attention_freq), one per
 decoder layer: the parameters, FLOPs and activations are the pattern's, only the pipeline's unit differs (rule
-GDN001 holds a pipeline split to whole decoder layers).
+PP017 holds a pipeline split to whole decoder layers). Megatron-LM's pretrain_gpt.py builds the same GPTModel
+(--experimental-attention-variant gated_delta_net), which meshplan renders for megatron-core.
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ def cuts_a_decoder_layer(pattern_layers: int) -> bool:
     """Whether a stage or chunk of `pattern_layers` pattern layers ends inside a decoder layer
     (arithmetic/schedule.decoder_layer_cut: rule PP017's and render's decoder_split's test)."""
     return pattern_layers % PATTERN_LAYERS_PER_DECODER_LAYER != 0
+
+
+def decoder_flags(pattern: str, position: int, letters: str) -> list[int]:
+    """Per decoder layer of a Gated DeltaNet hybrid's pattern (two letters each: mixer, MLP), 1 where the letter at
+    `position` is one of `letters`: the per-layer lists Megatron-Core's GPTModel path reads (linear_attention_freq's
+    1 a Gated DeltaNet layer, moe_layer_freq's 1 an MoE layer)."""
+    return [1 if k in letters else 0 for k in pattern[position::PATTERN_LAYERS_PER_DECODER_LAYER]]
+
+
+def decoder_pattern_from_flags(linear: list[int], moe: list[int]) -> str:
+    """The hybrid pattern of a GPTModel's per-decoder-layer lists (decoder_flags read back): G or * then E or -."""
+    return "".join(("G" if la else "*") + ("E" if e else "-") for la, e in zip(linear, moe, strict=True))
 
 
 # Qwen3NextConfig's layer_types names

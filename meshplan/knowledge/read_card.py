@@ -31,7 +31,7 @@ ModelField = Literal[
     "squared_relu", "quick_geglu", "rotary_base", "rotary_percent", "norm_eps", "mlp_type", "layer_pattern",
     "mamba_num_heads", "mamba_head_dim", "mamba_num_groups", "mamba_state_dim", "shared_expert_gate",
     "attention_output_gate", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-    "linear_value_head_dim", "linear_conv_kernel_dim", "index_n_heads", "index_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "linear_attention_freq", "index_n_heads", "index_head_dim",
     "index_topk"]
 Default = StrictBool | StrictInt | StrictFloat | StrictStr | None  # as the card writes it: never coerced
 FlagDefault = StrictBool | StrictInt | None  # a matched field's default: a count, or a switch
@@ -132,6 +132,19 @@ class QuantizedBase(_Card):
     source: str
 
 
+class GatedDeltaNetRead(_Card):
+    """How a launch script builds Megatron-Core's GPTModel with Gated DeltaNet layers: the flag and the values that
+    select them (the model_flags entry of linear_attention_freq then marks each decoder layer's mixer), read back as
+    the hybrid pattern meshplan plans, two pattern layers per decoder layer."""
+
+    variant_flag: str
+    variants: list[str] = Field(min_length=1)
+    pattern_launchers: list[str] = Field(
+        default_factory=list, description="Launchers that build the hybrid pattern layer by layer (HybridModel): "
+                                          "their stage sizes count pattern layers, not decoder layers")
+    source: str
+
+
 class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
@@ -172,6 +185,8 @@ class ReadSection(_Card):
                                           "states, at the framework's default (a recompute field other than recompute "
                                           "itself only where the recompute is then full)")
     absent_by_variant_source: str | None = None
+    gated_delta_net: GatedDeltaNetRead | None = Field(
+        None, description="The flag that builds GPTModel's Gated DeltaNet layers (Megatron-LM's pretrain_gpt.py)")
     said: dict[str, str] = Field(
         default_factory=dict, description="A file's key that sets no meshplan field, and what it does (or does not do) "
                                           "to the job meshplan plans: an import says that, not 'no meshplan field'")

@@ -533,13 +533,13 @@ def combined_1f1b_as_named(ctx: Context) -> Values:
 def hybrid_pattern_split(ctx: Context) -> Values:
     """A hybrid model's pipeline: HybridModel cuts the pattern by layer count (select_pipeline_segment), so no
     virtual stages, explicit layout or embedding/loss accounting without '|' separators in the pattern."""
-    if ctx.arch.layer_pattern is None or ctx.arch.gdn is not None:  # a Gated DeltaNet hybrid: PP018 (HybridModel)
+    if ctx.arch.layer_pattern is None or ctx.arch.gdn is not None:  # a Gated DeltaNet hybrid: a GPTModel (PP017)
         return None
     return _pattern_split_problem(ctx.plan)
 
 
 def _pattern_split_problem(p: Plan) -> Values:
-    """What HybridModel's select_pipeline_segment cannot take from a pattern without '|' separators (PP016, PP018)."""
+    """What HybridModel's select_pipeline_segment cannot take from a pattern without '|' separators (PP016)."""
     if p.vpp > 1:
         return {"reason": f"vpp={p.vpp}", "fix": "Use vpp=1 (one chunk per pipeline stage)."}
     if p.pipeline_layout:
@@ -554,10 +554,12 @@ def _pattern_split_problem(p: Plan) -> Values:
 @rule("PP017", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
                       "account_for_embedding", "account_for_loss"))
 def gdn_decoder_layer_split(ctx: Context) -> Values:
-    """A Gated DeltaNet hybrid on Megatron-Bridge, whose Qwen3NextBridge builds a GPTModel of decoder layers, each two
-    layers of meshplan's pattern (mixer, MoE): a stage of an odd number of pattern layers cuts a decoder layer in two
-    (render's decoder_split refuses it), and a layout or embedding / loss accounting, which meshplan writes in pattern
-    layers, is not translated; the fix names the even splits (pp dividing the decoder layers, or first / last stage
+    """A Gated DeltaNet hybrid on Megatron-Core's GPTModel (pretrain_gpt.py with experimental_attention_variant
+    gated_delta_net; Megatron-Bridge's Qwen3NextBridge builds the same), whose TransformerLayers are decoder layers,
+    each two layers of meshplan's pattern (mixer, MoE): a stage or virtual chunk of an odd number of pattern layers
+    cuts a decoder layer in two (render's decoder_split refuses it), and a layout or embedding / loss accounting,
+    which meshplan counts in pattern layers, is not translated; virtual stages of whole decoder layers interleave
+    (get_num_layers_to_build). The fix names the even splits (pp dividing the decoder layers, or first / last stage
     sizes even)."""
     what = decoder_layer_cut(ctx.arch, ctx.plan)
     if what is None:
@@ -565,13 +567,3 @@ def gdn_decoder_layer_split(ctx: Context) -> Values:
     decoder = decoder_layers(ctx.arch.num_layers)
     working = fmt_set([q for q in divisors(decoder) if 1 < q <= MAX_LISTED_PP]) or "none"
     return {"pp": ctx.plan.pp, "decoder": decoder, "working": working, "what": what}
-
-
-@rule("PP018", reads=("vpp", "pipeline_layout", "account_for_embedding", "account_for_loss"))
-def gdn_hybrid_model_split(ctx: Context) -> Values:
-    """A Gated DeltaNet hybrid rendered for Megatron-Core's HybridModel (pretrain_mamba.py's --hybrid-layer-pattern):
-    the same limits as PP016's (no virtual stages, layout or embedding/loss accounting without '|' separators);
-    Megatron-Bridge builds it as a GPTModel, which interleaves (PP017 holds its stages to whole decoder layers)."""
-    if ctx.arch.gdn is None or ctx.arch.layer_pattern is None:
-        return None
-    return _pattern_split_problem(ctx.plan)

@@ -48,6 +48,10 @@ class ImportedConfig(StrictModel):
         None, description="Where the file's global batch is this many sequences per data-parallel rank and dp is the "
                           "GPUs left over (torchtitan: global_batch_size -1 = local_batch_size x dp): the global batch "
                           "once the GPU count is given")
+    stage_sizes_in_decoder_layers: bool = Field(
+        False, description="Where the file's first/last stage sizes count a Megatron-Core GPTModel's TransformerLayers "
+                           "and its model was not known when read: a Gated DeltaNet hybrid's are decoder layers, "
+                           "two pattern layers each, doubled once the model is given")
 
 
 class FileChange(StrictModel):

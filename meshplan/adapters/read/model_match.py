@@ -22,7 +22,8 @@ from meshplan.adapters.read.shell import Word
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import catalog_architecture, catalog_keys, resolve_model
-from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, moe_layers, read_flags
+from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, moe_layers, moe_pattern, read_flags
+from meshplan.knowledge.gdn_config import decoder_pattern_from_flags
 from meshplan.knowledge.model_config import shapes_card
 from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
 from meshplan.schema.model import Architecture
@@ -213,7 +214,7 @@ def stated_fields(reading: Reading, section: ReadSection, shape: dict[str, Any],
             raw[name] = (defaults[name], f"{flag} not given" if name in SWITCHES or defaults[name] in (None, 0)
                          else f"{flag} not given: {defaults[name]}")
     for name, (value, said) in raw.items():
-        if name in ("moe_layer_freq", "expert_interval"):
+        if name in ("moe_layer_freq", "expert_interval", "linear_attention_freq"):
             continue
         try:
             out[name] = Stated(name, _convert(name, value), said)
@@ -221,7 +222,58 @@ def stated_fields(reading: Reading, section: ReadSection, shape: dict[str, Any],
             reading.leave(("model",), f"model: {said}: {value!r} is not a whole number, so the script's model is "
                                       "not read (pass --model)")
             return None
+    if not gdn_stated(reading, section, flags, out, raw):
+        return None
     return out if _derived(reading, out, raw) else None
+
+
+def gdn_stated(reading: Reading, section: ReadSection, flags: dict[str, Setting], out: dict[str, Stated],
+               raw: dict[str, Any]) -> bool:
+    """A Megatron-Core GPTModel of Gated DeltaNet layers (the card's read.gated_delta_net: its variant flag given)
+    stated as meshplan's hybrid pattern: --num-layers decoder layers, each its mixer from --linear-attention-freq (G
+    or *, get_linear_attention_pattern) and its MLP from --moe-layer-freq (E or -, get_moe_layer_pattern), so the
+    depth, pattern and MoE layers compare with the catalog's in pattern layers. False where it cannot be read."""
+    facts = section.gated_delta_net
+    if facts is None:
+        return True
+    variant = flags.get(facts.variant_flag)
+    freq, said = raw.get("linear_attention_freq", (None, ""))
+    if variant is None or str(variant.value).strip("'\"") not in facts.variants:
+        given = [flags[f] for f, name in section.model_flags.items() if name == "linear_attention_freq" and f in flags]
+        if given:  # Megatron-Core reads it for a linear attention variant only
+            reading.unsupported.append(
+                f"{given[0].where(reading.path)} = {given[0].value}: no Gated DeltaNet layer without "
+                f"{facts.variant_flag} {facts.variants[0]} (Megatron-Core reads linear_attention_freq for a linear "
+                "attention variant only): every layer is attention, as meshplan reads the model")
+        return True
+    if "num_layers" not in out:
+        return True
+    decoder = out["num_layers"].value
+    if freq is None:
+        reading.leave(("model",), f"model: {variant.where(reading.path)} {variant.value} without a linear attention "
+                                  "frequency: Megatron-Core refuses it (linear_attention_freq must be set), so the "
+                                  "script's model is not read (pass --model)")
+        return False
+    text = str(freq).strip().strip("'\"")
+    try:
+        linear = moe_pattern(text) if "[" in text else [0 if (i + 1) % int(text) == 0 else 1 for i in range(decoder)]
+        if len(linear) != decoder:
+            raise ValueError(f"its pattern has {len(linear)} entries for {decoder} layers")
+        experts = out.get("num_experts")
+        moe = set(moe_layers(raw.get("moe_layer_freq", (1, ""))[0], None, decoder)) if experts is None or \
+            experts.value else set()
+    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as exc:
+        reading.leave(("model",), f"model: {said}: not a layer pattern meshplan can read ({exc}), so the script's "
+                                  "model is not read (pass --model)")
+        return False
+    pattern = decoder_pattern_from_flags(linear, [1 if i in moe else 0 for i in range(decoder)])
+    out["num_layers"] = Stated("num_layers", len(pattern), f"{out['num_layers'].said} decoder layers "
+                                                            f"({len(pattern)} pattern layers)")
+    out["layer_pattern"] = Stated("layer_pattern", pattern, f"{variant.key} {variant.value} with {said}")
+    out["moe_layers"] = Stated("moe_layers", tuple(i for i, k in enumerate(pattern) if k == "E"),
+                               f"{raw.get('moe_layer_freq', (1, '--moe-layer-freq not given'))[1]} (MoE decoder "
+                               f"layers {_layers(tuple(sorted(moe)))})")
+    return True
 
 
 def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> bool:
@@ -243,7 +295,7 @@ def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> b
         out["expert_ffn_hidden_size"] = Stated("expert_ffn_hidden_size", out["ffn_hidden_size"].value,
                                                f"{out['ffn_hidden_size'].said} (the experts' width)")
     source = raw.get("expert_interval") or raw.get("moe_layer_freq")
-    if source is None or "num_layers" not in out:
+    if source is None or "num_layers" not in out or "moe_layers" in out:  # (a GDN GPTModel's: gdn_stated)
         return True
     deepest = shapes_card().bounds["num_hidden_layers"].max
     if not 1 <= out["num_layers"].value <= deepest:  # moe_layers lists every layer: 10**20 of them filled the memory
