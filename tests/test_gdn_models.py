@@ -595,3 +595,25 @@ def test_megatron_core_builds_the_rendered_gpt_model_as_meshplan_plans_it():
         assert decoder_pattern_from_flags(verdict["linear"], verdict["moe"]) == job.model.layer_pattern
         ours = [[(c[0] // 2, len(c) // 2) for c in chunks] for chunks in plan_stages(job, plan).chunks]
         assert [[tuple(c) for c in chunks] for chunks in verdict["chunks"]] == ours, (extra, verdict["chunks"])
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
+def test_recompute_layers_are_rendered_in_decoder_layers(framework):
+    """recompute_num_layers counts the GPTModel's TransformerLayers (decoder layers, two pattern layers each): render
+    wrote meshplan's pattern-layer count, so a block recompute of 4 pattern layers recomputed 4 decoder layers, 8
+    pattern layers. It writes 2 now and import reads 4 back; an odd count is refused by RC007 with an even fix."""
+    fields = {"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 4, "ep": 8,
+              "framework": framework, "recompute": "full", "recompute_method": "block"}
+    req = parse_request({**fields, "recompute_layers": 4})
+    text = api.render_config(framework, req).text
+    assert ("--recompute-num-layers 2" if framework == "megatron-core" else "recompute_num_layers = 2") in text
+    read = api.import_config(text, framework=framework)
+    back = api.request_from_config(read, {"model": "qwen3-next-80b-a3b", "num_gpus": 64, "gpu": "h100"})
+    assert (back.recompute, back.recompute_layers, back.recompute_method) == ("full", 4, "block")
+    odd = parse_request({**fields, "recompute_layers": 3})
+    found = {f.id: f for f in api.check_config(odd).findings}
+    assert found["RC007"].fix.startswith("Use recompute_layers=2 (1 decoder layer)")
+    fixed = parse_request({**fields, "recompute_layers": 2})
+    assert "RC007" not in {f.id for f in api.check_config(fixed).findings}
+    with pytest.raises(MeshplanError, match="RC007"):
+        api.estimate_memory(odd)

@@ -280,6 +280,11 @@ CASES: dict[str, tuple[dict, dict]] = {
     # SkyRL's main_sft at ZeRO-3 (the FSDP strategy) always checkpoints every layer; its megatron strategy turns it off
     "RC006": ({**L8B, "framework": "skyrl", "num_gpus": 8, "zero_stage": 3, "recompute": "none"},
               {**L8B, "framework": "skyrl", "num_gpus": 8, "zero_stage": 1, "tp": 2, "recompute": "none"}),
+    # a Gated DeltaNet hybrid's recompute_num_layers count decoder layers: two of meshplan's pattern layers each
+    "RC007": ({"model": "qwen3-next-80b-a3b", "num_gpus": 64, "pp": 4, "ep": 8, "framework": "megatron-core",
+               "recompute": "full", "recompute_method": "block", "recompute_layers": 3},
+              {"model": "qwen3-next-80b-a3b", "num_gpus": 64, "pp": 4, "ep": 8, "framework": "megatron-core",
+               "recompute": "full", "recompute_method": "block", "recompute_layers": 2}),
     "SQ001": ({"model": "gpt3-175b", "num_gpus": 8, "tp": 8, "seq_length": 4096},
               {"model": "gpt3-175b", "num_gpus": 8, "tp": 8, "seq_length": 2048}),
     "SQ002": ({"model": "qwen3-8b", "num_gpus": 8, "seq_length": 65536}, {"model": "qwen3-8b", "num_gpus": 8}),

@@ -169,7 +169,7 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
         if plan.zero_stage > 0:  # arguments.py: only with the distributed optimizer or Megatron-FSDP
             flags.append(("--overlap-param-gather", None))
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size)]
-    rec = megatron_recompute(plan)
+    rec = decoder_recompute(job, plan)
     if rec["recompute_granularity"]:
         flags.append(("--recompute-granularity", rec["recompute_granularity"]))
         if rec.get("recompute_modules"):
@@ -251,6 +251,19 @@ def bridge_architecture(job: Job) -> tuple[list[tuple[str, Any]], list[str]]:
     return bridge_fields(settings), notes
 
 
+def decoder_recompute(job: Job, plan: Plan) -> dict[str, object]:
+    """megatron_recompute's fields, with recompute_num_layers in the GPTModel's TransformerLayers where the model is a
+    Gated DeltaNet hybrid: meshplan counts its pattern layers, two per decoder layer (transformer_block.py
+    _checkpointed_forward chunks and counts TransformerLayers), so N pattern layers are N / 2 decoder layers (rule
+    RC007 refuses an odd N); uniform's one layer per chunk is one decoder layer. It wrote N, recomputing twice the
+    layers a block recompute was planned with."""
+    rec = megatron_recompute(plan)
+    layers = rec.get("recompute_num_layers")
+    if job.model.gdn is not None and isinstance(layers, int) and plan.recompute_layers is not None:
+        rec["recompute_num_layers"] = max(1, decoder_layers(layers))
+    return rec
+
+
 def decoder_split(job: Job, plan: Plan) -> Split:
     """The plan's split in the layers Megatron-Core's GPTModel counts, on both Megatron faces (pretrain_gpt.py and
     Megatron-Bridge's Qwen3NextBridge): a Gated DeltaNet hybrid's in decoder layers (one TransformerLayer per mixer and
@@ -314,7 +327,7 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
         s.append(("model.pipeline_model_parallel_layout", plan.pipeline_layout))
     s += [(f"model.account_for_{part}_in_pipeline_split", True)
           for part, on in (("embedding", plan.account_for_embedding), ("loss", plan.account_for_loss)) if on]
-    s += [(f"model.{k}", v) for k, v in megatron_recompute(plan).items()]
+    s += [(f"model.{k}", v) for k, v in decoder_recompute(job, plan).items()]
     s.append(("model.seq_length", job.seq_length))
     fsdp = plan.zero_stage in (2, 3)
     s += [("ddp.use_distributed_optimizer", plan.zero_stage >= 1),

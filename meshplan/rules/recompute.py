@@ -8,6 +8,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.knowledge.adapter_knobs import default_render, unwritable
+from meshplan.knowledge.gdn_config import PATTERN_LAYERS_PER_DECODER_LAYER
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.schema.plan import Job
 
@@ -161,3 +162,22 @@ def recompute_mode_needs_a_key(ctx: Context) -> Values:
     if instead is None:
         return None
     return {"recompute": p.recompute, "framework": ctx.card.display_name, "where": _where(ctx), "fix": instead}
+
+
+
+@rule("RC007", reads=("recompute", "recompute_layers", "recompute_method"))
+def recompute_layers_cut_a_decoder_layer(ctx: Context) -> Values:
+    """A Gated DeltaNet hybrid's recompute_layers, counted in meshplan's pattern layers, that no count of the
+    GPTModel's decoder layers makes: an odd block, or uniform chunks of an odd count over one (one is a decoder
+    layer a chunk, Megatron's own uniform default)."""
+    p, arch = ctx.plan, ctx.arch
+    if arch.gdn is None or arch.layer_pattern is None or p.recompute != "full" or p.recompute_layers is None:
+        return None
+    n, method = p.recompute_layers, p.recompute_method or "block"
+    if n % PATTERN_LAYERS_PER_DECODER_LAYER == 0 or (method == "uniform" and n == 1):
+        return None
+    even = n + 1 if method == "uniform" else max(PATTERN_LAYERS_PER_DECODER_LAYER, n - 1)
+    return {"layers": n, "method": method, "model": arch.name, "even": even,
+            "decoder": even // PATTERN_LAYERS_PER_DECODER_LAYER,
+            "plural": "" if even == PATTERN_LAYERS_PER_DECODER_LAYER else "s"}
+

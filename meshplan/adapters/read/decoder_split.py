@@ -12,7 +12,9 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.gdn_config import PATTERN_LAYERS_PER_DECODER_LAYER
 
-STAGE_SIZES = ("first_stage_layers", "last_stage_layers")
+# what a GPTModel file counts in decoder layers: its stage sizes, and the layers its full recompute takes
+# (recompute_num_layers, render's decoder_recompute)
+STAGE_SIZES = ("first_stage_layers", "last_stage_layers", "recompute_layers")
 
 
 def counts_decoder_layers(reading: Reading) -> bool:
@@ -32,7 +34,9 @@ def in_pattern_layers(values: dict[str, Any], names: list[str], model: Any) -> l
         gdn = resolve_model(str(model)).gdn is not None
     except MeshplanError:
         return []
-    done = [n for n in names if gdn and isinstance(values.get(n), int) and not isinstance(values[n], bool)]
+    done = [n for n in names if gdn and isinstance(values.get(n), int) and not isinstance(values[n], bool)
+            and not (n == "recompute_layers" and values[n] == 1 and values.get("recompute_method") == "uniform")]
+    # (uniform over one layer a chunk is Megatron's every-layer default, render's for recompute_layers left out)
     for n in done:
         values[n] *= PATTERN_LAYERS_PER_DECODER_LAYER
     return done
