@@ -498,11 +498,11 @@ def layers_per_rank(num_layers: int, pp: int, first: int | None, last: int | Non
 
 def decoder_layer_cut(arch: Architecture, plan: Plan) -> str | None:
     """What in the plan's pipeline split cuts a Gated DeltaNet hybrid's decoder layer (two pattern layers: mixer and
-    MLP/MoE) where Megatron-Core's GPTModel (both Megatron faces) builds it of decoder layers, in words; None where nothing does (or
-    the model is no such hybrid, or pp is 1). A layout or embedding / loss accounting counts meshplan's pattern
-    layers, which is not translated; else each stage's count (schedule.layers_per_rank, Megatron's uneven first /
-    last option), and each of its vpp chunks where vpp divides it (PP002 / PP004 say where it does not). The one
-    test rule PP017 and render's decoder_split (adapters/megatron.py) both ask."""
+    MLP/MoE) where Megatron-Core's GPTModel (both Megatron faces) builds it of decoder layers, in words; None where
+    nothing does (or the model is no such hybrid, or pp is 1). A layout or embedding / loss accounting counts
+    meshplan's pattern layers, which is not translated; else each stage's count (schedule.layers_per_rank,
+    Megatron's uneven first / last option), and each of its vpp chunks where vpp divides it (PP002 / PP004 say where
+    it does not). The one test rule PP017 and render's decoder_split (adapters/megatron.py) both ask."""
     if arch.gdn is None or arch.layer_pattern is None or plan.pp == 1:
         return None
     if plan.pipeline_layout or plan.account_for_embedding or plan.account_for_loss:
