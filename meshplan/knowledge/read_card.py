@@ -161,6 +161,11 @@ class ReadSection(_Card):
     model_build_refused: dict[str, str] = Field(
         default_factory=dict, description="Flags whose model meshplan cannot count, each with what it adds")
     model_build_source: str | None = None
+    sections: list[str] = Field(
+        default_factory=list, description="The top-level keys (a ds_config's) or [sections] (a TOML job file's) of "
+                                          "the framework's own config file: a file holding none of them is not its "
+                                          "config and is refused with the keys it holds, not read as an empty one")
+    sections_source: str | None = None
     recipe_names: RecipeNames | None = None
     sft_keys: dict[str, str] = Field(
         default_factory=dict, description="A second entry point's keys as the first's (SkyRL's main_sft: a key, or "

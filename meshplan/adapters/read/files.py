@@ -349,6 +349,7 @@ def read_deepspeed_json(text: str, path: str) -> Reading:
     degree is train_batch_size / (micro x accumulation), the GPUs dp x tp)."""
     reading = Reading("deepspeed", path, variant="config")
     settings = json_settings(text, path)
+    _refuse_foreign(path, "deepspeed", "ds_config", "keys", [s.key.split(".")[0] for s in settings])
     read_deepspeed_settings(reading, settings)
     if "tp" not in reading.request:
         reading.state("tp", 1, f"{path} (a ds_config alone: no tensor parallelism)")
@@ -393,11 +394,38 @@ def _ds_checkpointing(reading: Reading, settings: list[Setting]) -> None:
                            "checkpoints every layer")
 
 
+def _refuse_foreign(path: str, framework: str, kind: str, what: str, found: list[str]) -> None:
+    """A config file holding none of the framework's own top-level keys or sections (the card's read.sections) is
+    not its config: refused with what it holds, never read as an empty config of the framework's defaults (a
+    pyrightconfig.json came back 'deepspeed, tp 1', a pyproject.toml torchtitan's)."""
+    own = read_section(framework).sections
+    found = list(dict.fromkeys(found))
+    if set(found) & set(own):
+        return
+    shown = ", ".join(found[:12]) + (f" and {len(found) - 12} more" if len(found) > 12 else "")
+    raise MeshplanError(f"{path}: not a {framework} {kind}: its top-level {what} ({shown or 'none'}) include none of "
+                        f"a {framework} {kind}'s ({', '.join(own[:8])}, ...).",
+                        fix=f"Pass the {framework} {kind} the run reads, or the launch script that runs the training; "
+                            "meshplan reads a JSON file as a DeepSpeed ds_config and a TOML file as a torchtitan or "
+                            "KempnerForge job file.")
+
+
+def _kempnerforge_model_only(settings: list[Setting]) -> bool:
+    """A KempnerForge configs/model/*.toml: [model] alone in KempnerForge's own names (its ModelConfig's dim,
+    n_layers), not torchtitan's [model] name / flavor."""
+    shape = set(read_section("kempnerforge").model_shape)
+    return any(s.key in shape for s in settings)
+
+
 def read_toml_any(text: str, path: str) -> Reading:
-    """A TOML file: KempnerForge's ([distributed] / [train]) or torchtitan's ([parallelism] / [training])."""
-    names = {s.key.split(".")[0] for s in toml_settings(text, path)}
-    if "distributed" in names or "train" in names:
+    """A TOML file: KempnerForge's ([distributed] / [train], or a [model] in its names) or torchtitan's ([parallelism]
+    / [training]); a TOML of neither's sections (a pyproject.toml) refused with its sections."""
+    settings = toml_settings(text, path)
+    names = [s.key.split(".")[0] for s in settings]
+    if "distributed" in names or "train" in names or _kempnerforge_model_only(settings):
         return read_kempnerforge(text, path)
+    if not set(names) & set(read_section("torchtitan").sections):
+        _refuse_foreign(path, "torchtitan", "TOML job file", "sections", names)
     return read_torchtitan_toml(text, path)
 
 
