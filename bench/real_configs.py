@@ -65,7 +65,7 @@ class _Timeout(Exception):
     pass
 
 
-def _alarm(signum, frame):  # noqa: ARG001
+def _alarm(signum, frame):
     raise _Timeout
 
 
@@ -88,7 +88,7 @@ def classify(path: Path, own: set[str]) -> tuple[str, str]:
         return "refused", str(exc).splitlines()[0][:200]
     except _Timeout:
         return "traceback", f"timed out after {TIMEOUT_S} s"
-    except Exception as exc:  # noqa: BLE001 (the figure counts them)
+    except Exception as exc:
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         return "traceback", f"{type(exc).__name__}: {exc} ({Path(frame.filename).name}:{frame.lineno})"[:250]
     finally:

@@ -9,6 +9,8 @@ import pytest
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.faces.cli import main
+from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.model_counts import total_params
 
 DATA = Path(__file__).resolve().parent / "data" / "real_configs"
 
@@ -32,3 +34,50 @@ def test_a_toml_of_no_job_sections_is_refused_not_read_as_torchtitan(capsys):
 def test_a_ds_config_with_one_known_key_is_still_read():
     imported = api.import_config('{"zero_optimization": {"stage": 2}}', config_format="json")
     assert imported.framework == "deepspeed" and imported.request["zero_stage"] == 2
+
+
+def _kempnerforge_count(d, layers, heads, kv, vocab, mult, tied):
+    """KempnerForge's own ModelConfig.num_params_estimate for a dense model (kempnerforge/config/model.py 5666d0d):
+    q/k/v/o, SwiGLU gate/up/down of computed_ffn_hidden_dim, two norms per layer, embedding, output, final norm."""
+    h = 256 * -(-int(4 * d * (2 / 3) * mult) // 256)
+    hd = d // heads
+    attn = d * heads * hd + 2 * d * kv * hd + heads * hd * d
+    return layers * (attn + 3 * d * h + 2 * d) + vocab * d + (0 if tied else vocab * d) + d
+
+
+def test_a_kempnerforge_model_section_builds_the_model_exactly():
+    imported = api.import_file(str(DATA / "kempnerforge_13b_tp4_pp2.toml"))
+    name = imported.request["model"]
+    assert name.startswith("kempnerforge model section: dim=5120 n_layers=40")
+    arch = resolve_model(name)
+    assert arch.ffn_hidden_size == 17920  # 256 x ceil(int(4 x 5120 x 2/3 x 1.3) / 256)
+    assert total_params(arch) == _kempnerforge_count(5120, 40, 40, 8, 128256, 1.3, False) == 14_840_386_560
+    # the fields the file leaves out, at ModelConfig's defaults, said
+    note = next(n for n in imported.notes if n.startswith("model: the [model] section's architecture"))
+    assert "left to its defaults" in note and "norm_type rmsnorm" in note and "activation silu" in note
+    assert "ffn_hidden_dim 17920 (computed" in note
+    # dp_shard 4 x tp 4 x pp 2 is KempnerForge's world size
+    assert imported.request["num_gpus"] == 32
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert api.estimate_memory(req).plan.tp == 4
+
+
+def test_a_catalog_architecture_in_a_model_section_is_the_catalog_model():
+    text = (DATA / "kempnerforge_13b_tp4_pp2.toml").read_text()
+    text = text.replace("dim = 5120", "dim = 4096").replace("n_layers = 40", "n_layers = 32").replace(
+        "n_heads = 40", "n_heads = 32")
+    assert api.import_config(text, path="8b.toml").request["model"] == "llama-3-8b"
+
+
+def test_a_model_section_field_kempnerforge_refuses_is_said_not_built():
+    text = (DATA / "kempnerforge_13b_tp4_pp2.toml").read_text().replace("n_kv_heads = 8", "n_kv_heads = 7")
+    imported = api.import_config(text, path="bad.toml")
+    assert "model" not in imported.request
+    assert any("n_heads 40 is not divisible by n_kv_heads 7" in u.said for u in imported.left_to_request)
+
+
+def test_a_vlm_file_leaves_its_model_to_the_request():
+    imported = api.import_file(str(DATA / "kempnerforge_vlm.toml"))
+    assert "model" not in imported.request
+    said = next(u.said for u in imported.left_to_request if "model" in u.fields)
+    assert "[vlm]" in said and "vision encoder" in said

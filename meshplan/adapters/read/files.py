@@ -4,6 +4,7 @@ and a DeepSpeed JSON config. The keys' meanings come from the framework cards (k
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from meshplan.adapters.common import torchtitan_batch
@@ -18,13 +19,12 @@ from meshplan.adapters.read.keys import (
     whole_value,
 )
 from meshplan.adapters.read.launch import read_deepspeed_settings, read_launch, world
-from meshplan.adapters.read.model_match import match_stated, stated_fields
+from meshplan.adapters.read.model_match import section_model
 from meshplan.adapters.read.settings import Setting, json_settings, toml_settings
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.read_card import SHAPE_FIELDS
 
 _ZERO = frozenset({"zero_0", "zero_1", "zero_2", "zero_3"})
 
@@ -289,9 +289,9 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     reading = Reading("kempnerforge", path, variant="toml")
     settings = toml_settings(text, path)
     section = read_section("kempnerforge")
-    shape_keys = section.model_shape
-    values = {s.key: s.value for s in settings}
-    model_keys = {*shape_keys, *section.model_flags}
+    built = section.model_section
+    assert built is not None, "KempnerForge's card has a read.model_section"
+    model_keys = {*section.model_shape, *section.model_flags, *(f"{built.section}.{k}" for k in built.defaults)}
     left = apply(reading, [s for s in settings if s.key not in model_keys], key_table("kempnerforge"),
                  _ZERO | {"global_batch_size", "fp8", "optimizer", "muon_ns_steps"})
     for s, m in left:
@@ -311,12 +311,26 @@ def read_kempnerforge(text: str, path: str) -> Reading:
                              "(dp is the GPUs left over)")
     if "torch_compile" not in reading.request:
         reading.default("torch_compile", True, "TrainConfig.compile_model, cards/frameworks/kempnerforge.yaml")
-    shape = dict(zip(SHAPE_FIELDS, (values.get(k) for k in shape_keys), strict=True))
-    if shape["num_kv_heads"] is None:
-        shape["num_kv_heads"] = shape["num_attention_heads"]
-    match_stated(stated_fields(reading, section, shape, {s.key: s for s in settings}, []), reading)
-    world(reading)
+    section_model(reading, settings)
+    if not _kempnerforge_world(reading):
+        world(reading)
     return reading
+
+
+def _kempnerforge_world(reading: Reading) -> bool:
+    """The GPU count a configs/train/*.toml states through its degrees: KempnerForge's DistributedConfig
+    .validate_world_size requires dp_replicate x dp_shard x tp x pp x cp x ep to be the world size, so a file with a
+    whole dp_shard (not -1, the GPUs left over) and no expert parallelism states it (with ep > 1 left to the flags:
+    KempnerForge's ep is a mesh dimension of its own, meshplan's is carved from dp)."""
+    dp = reading.request.get("dp")
+    if dp is None or "num_gpus" in reading.request or int(reading.request.get("ep", 1)) != 1:
+        return False
+    degrees = {name: int(reading.request.get(name, 1)) for name in ("tp", "pp", "cp")}
+    count = int(dp) * math.prod(degrees.values())
+    said = " x ".join(f"{name} {value}" for name, value in {"dp": dp, **degrees}.items())
+    reading.state("num_gpus", count, f"{reading.sources['dp']} ({said}: KempnerForge's DistributedConfig"
+                                     ".validate_world_size, dp_replicate x dp_shard x tp x pp x cp x ep)")
+    return True
 
 
 def _optimizer_name(reading: Reading, s: Setting) -> None:
