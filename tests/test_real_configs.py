@@ -81,3 +81,32 @@ def test_a_vlm_file_leaves_its_model_to_the_request():
     assert "model" not in imported.request
     said = next(u.said for u in imported.left_to_request if "model" in u.fields)
     assert "[vlm]" in said and "vision encoder" in said
+
+
+def test_a_bridge_command_held_in_a_variable_and_run_by_bash_lc_is_read():
+    imported = api.import_file(str(DATA / "bridge_slurm_pretrain.sh"))
+    request = imported.request
+    assert imported.framework == "megatron-bridge"
+    # PARALLELISM_CONFIG 2,4,8,1 split at IFS=',' into TP PP EP CP, through CLI_OVERRIDES and CMD
+    assert (request["tp"], request["pp"], request["ep"], request["cp"]) == (2, 4, 8, 1)
+    assert request["global_batch_size"] == 128 and request["seq_length"] == 4096
+    assert request["model"] == "qwen3-30b-a3b" and request["num_gpus"] == 32  # 8 nodes x 4
+    assert "$CMD" in imported.sources["tp"]
+
+
+def test_a_loop_over_layouts_is_read_once_and_named():
+    imported = api.import_file(str(DATA / "bridge_slurm_sft_loop.sh"))
+    request = imported.request
+    assert (request["tp"], request["pp"], request["ep"], request["cp"]) == (4, 1, 8, 1)
+    assert request["sequence_parallel"] is True
+    loop = next(a for a in imported.assumed if "`for CONFIG in ...`" in a)
+    assert "runs its body 3 times" in loop and "4,1,8,1,True; 2,2,8,1,True; 2,1,8,2,True" in loop
+    assert "read once, with CONFIG = 4,1,8,1,True" in loop
+
+
+def test_a_loop_over_a_command_output_is_still_not_run():
+    from meshplan.adapters.read.shell import read_script
+
+    script = read_script("for N in $(seq 1 4); do\n  X=$N\ndone\n", "s.sh")
+    assert "X" not in script.env and not script.loops
+    assert any("a `for` block is not run" in u for u in script.unresolved)

@@ -23,7 +23,7 @@ from meshplan.adapters.read.model_match import (
     stated_fields,
 )
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
-from meshplan.adapters.read.shell import Command, Script, Word, read_script
+from meshplan.adapters.read.shell import Command, Script, Word, logical_lines, read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.allocator_card import ALLOC_ENV, ALLOC_OPTIONS, AllocatorSetting
 from meshplan.knowledge.cards import framework_card
@@ -47,6 +47,7 @@ def read_launch(text: str, path: str, framework: str, variant: str | None = None
     command, k, custom = launch_command(script, framework)
     reading = Reading(framework, path, variant=variant)
     reading.unresolved += script.unresolved
+    reading.assumed += script.loops
     if custom:
         launchers = read_section(framework).launcher
         reading.notes.append(
@@ -224,19 +225,23 @@ def _entry_point(command: Command) -> int | None:
 
 
 def _shell_c_commands(script: Script) -> list[Command]:
-    """The command strings run through `bash -c "..."` / `sh -c "..."` (srun ... bash -c "$LAUNCHER $CMD", as
-    BigScience's Megatron-DeepSpeed slurm scripts launch), split into words as that shell would."""
+    """The command strings run through `bash -c "..."` / `sh -c "..."` or with other options before the c (`bash -lc`,
+    as Megatron-Bridge's slurm examples run `srun ... bash -lc "...; $CMD"`; srun ... bash -c "$LAUNCHER $CMD", as
+    BigScience's Megatron-DeepSpeed slurm scripts launch), each of its lines split into words as that shell would."""
     out = []
     for command in script.commands:
         texts = [w.text for w in command.words]
         for k in range(1, len(texts) - 1):
-            if texts[k] == "-c" and texts[k - 1].rsplit("/", 1)[-1] in ("bash", "sh"):
+            if re.fullmatch(r"-[a-z]*c", texts[k]) and texts[k - 1].rsplit("/", 1)[-1] in SCRIPT_RUNNERS:
                 string = command.words[k + 1]
-                try:
-                    parts = shlex.split(string.text, comments=True)
-                except ValueError:
-                    continue
-                out.append(Command([Word(p, string.line, string.var, string.var_line) for p in parts], command.line))
+                for logical in logical_lines(string.text):
+                    try:
+                        parts = shlex.split(logical.text, comments=True)
+                    except ValueError:  # an unclosed quote left by what the outer script could not expand (a
+                        parts = logical.text.split()  # $(... <<'EOF' heredoc): its words as written
+                    if parts:
+                        out.append(Command([Word(p, string.line, string.var, string.var_line) for p in parts],
+                                           command.line))
     return out
 
 
