@@ -34,6 +34,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tree this bench is in, not an installed copy
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 

@@ -110,3 +110,37 @@ def test_a_loop_over_a_command_output_is_still_not_run():
     script = read_script("for N in $(seq 1 4); do\n  X=$N\ndone\n", "s.sh")
     assert "X" not in script.env and not script.loops
     assert any("a `for` block is not run" in u for u in script.unresolved)
+
+
+def test_a_verl_hydra_yaml_is_read_as_its_overrides():
+    imported = api.import_file(str(DATA / "verl_multiturn_grpo.yaml"))
+    assert imported.framework == "verl" and imported.variant == "megatron"  # defaults: ppo_megatron_trainer
+    request = imported.request
+    assert request["model"] == "Qwen/Qwen2.5-3B-Instruct" and request["tp"] == 2 and request["num_gpus"] == 8
+    assert request["prompts_per_step"] == 256 and request["samples_per_prompt"] == 8
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in imported.sources["tp"]
+    said = next(a for a in imported.assumed if "ppo_megatron_trainer" in a)
+    assert "not given" in said and "_self_" not in said
+    # the same keys as a launch script's overrides read the same
+    script = ("python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer data.max_prompt_length=1024 "
+              "data.max_response_length=1024 data.train_batch_size=256 "
+              "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct "
+              "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=sglang "
+              "actor_rollout_ref.rollout.n=8 algorithm.adv_estimator=grpo trainer.nnodes=1 trainer.n_gpus_per_node=8\n")
+    from_script = api.import_config(script, path="run.sh")
+    assert {k: v for k, v in from_script.request.items() if k != "expandable_segments"} == \
+        {k: v for k, v in request.items() if k != "expandable_segments"}
+
+
+def test_a_skyrl_trainer_yaml_is_read_and_plans():
+    imported = api.import_file(str(DATA / "skyrl_trainer.yaml"))
+    assert imported.framework == "skyrl" and imported.request["num_gpus"] == 4
+    assert imported.request["algorithm"] == "grpo" and imported.request["global_batch_size"] == 320
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert req.framework == "skyrl" and req.num_gpus == 4
+
+
+def test_a_yaml_of_neither_config_is_still_refused_with_its_keys():
+    with pytest.raises(MeshplanError, match="cannot tell which framework this YAML file is for"):
+        api.import_config("agent_cls: x.Agent\ntools:\n  enable_bash_tool: true\ngenerator:\n  n: 8\n",
+                          config_format="yaml")

@@ -35,7 +35,7 @@ from meshplan.adapters.read.files import (
     read_torchtitan_cli,
     read_torchtitan_toml,
 )
-from meshplan.adapters.read.hydra import read_skyrl, read_verl
+from meshplan.adapters.read.hydra import read_skyrl, read_skyrl_yaml, read_verl, read_verl_yaml
 from meshplan.adapters.read.keys import (
     BASE_NOT_MODELLED,
     LORA_NOT_MODELLED,
@@ -122,8 +122,9 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
                                                 if BRIDGE_SCRIPT.search(t) and "run_recipe.py" not in t
                                                 else read_bridge)(t, p),
     ("verl", "shell"): lambda t, p: (read_verl_sft if VERL_SFT.search(t) else read_verl)(t, p),
-    ("verl", "yaml"): read_verl_sft_yaml,
+    ("verl", "yaml"): lambda t, p: (read_verl_yaml if yaml_kind(t) == "verl" else read_verl_sft_yaml)(t, p),
     ("skyrl", "shell"): read_skyrl,
+    ("skyrl", "yaml"): read_skyrl_yaml,
     ("torchtitan", "shell"): lambda t, p: (read_torchtitan_python if PYTHON_CONFIG.search(t) else read_torchtitan_cli)(
         t, p),
     ("torchtitan", "toml"): read_torchtitan_toml,
@@ -138,7 +139,8 @@ def _yaml_reader(text: str, path: str) -> Callable[[str, str], Reading]:
     a value), and a mapping that is neither config with its keys, not read as a broken AutoModel recipe."""
     kind = yaml_kind(text)
     if kind is not None:
-        return read_verl_sft_yaml if kind == "verl-sft" else read_automodel_yaml
+        return {"verl-sft": read_verl_sft_yaml, "verl": read_verl_yaml, "skyrl": read_skyrl_yaml}.get(
+            kind, read_automodel_yaml)
     yaml_settings(text, path, YAML_CONFIGS, YAML_FIX)  # a syntax error or no mapping: said in every reader's words
     raise unknown_yaml(text, path)
 
