@@ -43,7 +43,7 @@ REPOS = {  # repository -> the frameworks its own files are for
     "NVIDIA+Megatron-LM": {"megatron-core", "deepspeed"},
     "NVIDIA-NeMo+Megatron-Bridge": {"megatron-bridge", "megatron-core"},
     "volcengine+verl": {"verl"},
-    "NovaSky-AI+SkyRL": {"skyrl"},
+    "NovaSky-AI+SkyRL": {"skyrl", "verl"},  # skyrl-agent/examples/run_verl/*.sh launch verl's main_ppo
     "KempnerInstitute+KempnerForge": {"kempnerforge"},
     "NVIDIA-NeMo+Automodel": {"nemo-automodel"},
 }
