@@ -230,7 +230,7 @@ def build_from_section(framework: str, given: dict[str, Any]) -> SectionModel:
                       score_correction_bias=router == "sigmoid_topk")
     arch = Architecture(
         name=f"{framework} model ({layers} layers, dim {dim}"
-             + (f", {moe.num_experts} experts top-{moe.top_k}" if moe else "") + f"; its [{spec.section}] section)",
+             + (f", {moe.num_experts} experts top-{moe.top_k}" if moe else "") + f"; its {spec.section} section)",
         model_type=framework, num_layers=layers, hidden_size=dim, ffn_hidden_size=ffn, num_attention_heads=heads,
         num_kv_heads=kv_heads, head_dim=dim // heads, vocab_size=vocab, max_position_embeddings=max_positions,
         tie_word_embeddings=tied, gated_mlp=activation == "silu", activation=activation,
