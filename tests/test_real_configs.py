@@ -144,3 +144,28 @@ def test_a_yaml_of_neither_config_is_still_refused_with_its_keys():
     with pytest.raises(MeshplanError, match="cannot tell which framework this YAML file is for"):
         api.import_config("agent_cls: x.Agent\ntools:\n  enable_bash_tool: true\ngenerator:\n  n: 8\n",
                           config_format="yaml")
+
+
+def test_a_megatron_functional_test_model_config_is_read_as_its_launch_line():
+    imported = api.import_file(str(DATA / "megatron_model_config.yaml"))
+    request, sources = imported.request, imported.sources
+    assert imported.framework == "megatron-core"
+    assert (request["tp"], request["pp"], request["micro_batch_size"], request["global_batch_size"]) == (2, 2, 4, 32)
+    assert request["recompute"] == "full" and request["sequence_parallel"] is False
+    assert sources["tp"].endswith("megatron_model_config.yaml:16 --tensor-model-parallel-size")  # the YAML's line
+    assert request["model"].startswith("megatron-core flags: --num-layers 12 --hidden-size 512")
+    assert any("read as pretrain_gpt.py's" in a and "GPU count" in a for a in imported.assumed)
+    assert not any("TENSORBOARD_PATH" in u for u in imported.unresolved)  # values kept literal, never expanded
+
+
+@pytest.mark.parametrize(("path", "extra", "said"), [
+    ("tests/functional_tests/test_cases/bert/bert_tp2/model_config.yaml", "", "of BERT"),
+    ("model_config.yaml", "MODE: inference\n", "MODE inference"),
+    ("model_config.yaml", "", "of T5"),
+])
+def test_a_functional_test_meshplan_does_not_plan_is_refused(path, extra, said):
+    text = (DATA / "megatron_model_config.yaml").read_text() + extra
+    if said == "of T5":
+        text = text.replace("  --num-layers: 12\n", "  --encoder-num-layers: 12\n  --decoder-num-layers: 12\n")
+    with pytest.raises(MeshplanError, match=said):
+        api.import_config(text, path=path)

@@ -7,7 +7,8 @@ keys.py (which request field a framework key sets, from the framework cards), la
 Megatron-DeepSpeed, Megatron-Bridge), model_match.py (the catalog model a script's architecture flags describe),
 hydra.py (verl, SkyRL), verl_sft.py (verl's SFT trainer: its launch scripts and YAML),
 files.py (torchtitan, KempnerForge, DeepSpeed JSON), automodel.py (a NeMo AutoModel recipe YAML),
-pyconfig.py (torchtitan's Python config registry, parsed with ast); fixes.py (check's fixes in the file's keys).
+pyconfig.py (torchtitan's Python config registry, parsed with ast), mlm_test.py (Megatron-LM's functional-test
+model_config.yaml, its MODEL_ARGS read as the launch line); fixes.py (check's fixes in the file's keys).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from meshplan.adapters.read.lora_keys import (
     patterns_on_model,
     target_parameters_read,
 )
+from meshplan.adapters.read.mlm_test import read_megatron_test_yaml
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
 from meshplan.adapters.read.settings import yaml_settings
@@ -116,6 +118,7 @@ def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
 
 READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
     ("megatron-core", "shell"): lambda t, p: read_megatron(t, p, "megatron-core"),
+    ("megatron-core", "yaml"): read_megatron_test_yaml,
     ("deepspeed", "shell"): lambda t, p: read_megatron(t, p, "deepspeed"),
     ("deepspeed", "json"): read_deepspeed_json,
     ("megatron-bridge", "shell"): lambda t, p: (read_bridge_module if BRIDGE_RECIPE.search(t) else read_bridge_python
@@ -139,8 +142,8 @@ def _yaml_reader(text: str, path: str) -> Callable[[str, str], Reading]:
     a value), and a mapping that is neither config with its keys, not read as a broken AutoModel recipe."""
     kind = yaml_kind(text)
     if kind is not None:
-        return {"verl-sft": read_verl_sft_yaml, "verl": read_verl_yaml, "skyrl": read_skyrl_yaml}.get(
-            kind, read_automodel_yaml)
+        return {"verl-sft": read_verl_sft_yaml, "verl": read_verl_yaml, "skyrl": read_skyrl_yaml,
+                "megatron-test": read_megatron_test_yaml}.get(kind, read_automodel_yaml)
     yaml_settings(text, path, YAML_CONFIGS, YAML_FIX)  # a syntax error or no mapping: said in every reader's words
     raise unknown_yaml(text, path)
 
