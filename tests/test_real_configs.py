@@ -90,7 +90,8 @@ def test_a_bridge_command_held_in_a_variable_and_run_by_bash_lc_is_read():
     # PARALLELISM_CONFIG 2,4,8,1 split at IFS=',' into TP PP EP CP, through CLI_OVERRIDES and CMD
     assert (request["tp"], request["pp"], request["ep"], request["cp"]) == (2, 4, 8, 1)
     assert request["global_batch_size"] == 128 and request["seq_length"] == 4096
-    assert request["model"] == "qwen3-30b-a3b" and request["num_gpus"] == 32  # 8 nodes x 4
+    # 8 nodes x torch.distributed.run's 4 per node, not srun's one task per node
+    assert request["model"] == "qwen3-30b-a3b" and request["num_gpus"] == 32
     assert "$CMD" in imported.sources["tp"]
 
 
@@ -99,6 +100,8 @@ def test_a_loop_over_layouts_is_read_once_and_named():
     request = imported.request
     assert (request["tp"], request["pp"], request["ep"], request["cp"]) == (4, 1, 8, 1)
     assert request["sequence_parallel"] is True
+    # srun starts `bash -c "$CMD"` once per task: #SBATCH --nodes 2 x --ntasks-per-node 8 ranks
+    assert request["num_gpus"] == 16 and "#SBATCH --ntasks-per-node" in imported.sources["gpus_per_node"]
     loop = next(a for a in imported.assumed if "`for CONFIG in ...`" in a)
     assert "runs its body 3 times" in loop and "4,1,8,1,True; 2,2,8,1,True; 2,1,8,2,True" in loop
     assert "read once, with CONFIG = 4,1,8,1,True" in loop

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from meshplan.adapters.architecture import core_restated
@@ -57,8 +58,38 @@ def read_launch(text: str, path: str, framework: str, variant: str | None = None
             "then main_base's BasePPOExp); what the entry point itself changes (its environment, an async or "
             "distillation loop, another trainer) is not read")
     reading.allocator_env = _allocator_env(script, command.words[:k])
+    _srun_ranks(reading, script, command, k)
     reading.launch_line = f"{path}:{command.line} {command.words[k].text}"
     return Launch(script, command, k, reading, flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:]))
+
+
+RANK_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed", "accelerate",
+                  "mpirun")
+"""Words that start the ranks of a node themselves: with one, srun's task count is not the GPU count."""
+
+
+def _srun_ranks(reading: Reading, script: Script, command: Command, k: int) -> None:
+    """A training command srun starts once per task, with no launcher of its own (`srun python run_recipe.py`, or
+    `srun ... bash -c "$CMD"`): every task is a rank, so the GPUs per node are srun's --ntasks-per-node, else
+    #SBATCH --ntasks-per-node (SLURM_NTASKS_PER_NODE), and the nodes srun's -N / --nodes, else #SBATCH --nodes; read
+    as the launch's own nodes and GPUs per node where its flags give none (Megatron-Bridge's slurm examples)."""
+    runner = [*command.runner, *command.words[:k]]
+    texts = [w.text for w in runner]
+    if not texts or texts[0].rsplit("/", 1)[-1] != "srun" or any(
+            t.rsplit("/", 1)[-1] in RANK_LAUNCHERS for t in texts):
+        return
+    srun = {s.key: s for s in flag_settings(runner)}
+    for name, flags, env in (("gpus_per_node", ("--ntasks-per-node",), "SLURM_NTASKS_PER_NODE"),
+                             ("nodes", ("--nodes", "-N"), "SLURM_NNODES")):
+        given = next((srun[f] for f in flags if f in srun and srun[f].value is not True), None)
+        var = script.env.get(env)
+        if given is not None:
+            reading.extra[name] = (given.value, replace(given, key=f"srun {given.key}"))
+        elif var is not None and name == "gpus_per_node":
+            reading.extra[name] = (var.value, Setting("#SBATCH --ntasks-per-node (srun starts a rank per task)",
+                                                      var.value, var.line))
+        elif var is not None:
+            reading.extra[name] = (var.value, Setting("#SBATCH --nodes", var.value, var.line))
 
 
 def _allocator_env(script: Script, before: list[Word]) -> list[Setting]:
@@ -241,7 +272,7 @@ def _shell_c_commands(script: Script) -> list[Command]:
                         parts = logical.text.split()  # $(... <<'EOF' heredoc): its words as written
                     if parts:
                         out.append(Command([Word(p, string.line, string.var, string.var_line) for p in parts],
-                                           command.line))
+                                           command.line, command.words[:k - 1]))
     return out
 
 

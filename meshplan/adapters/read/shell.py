@@ -42,6 +42,7 @@ class Var:
 class Command:
     words: list[Word]
     line: int
+    runner: list[Word] = field(default_factory=list)  # what runs a `bash -c` string's command (srun ... bash -c)
 
 
 @dataclass
@@ -382,8 +383,13 @@ class Reader:
 
     def _slurm_nodes(self, text: str) -> None:
         """`#SBATCH --nodes=N` (or -N N): sbatch exports the node count as SLURM_NNODES / SLURM_JOB_NUM_NODES, which
-        the script's launch line reads (a range N-M: its lower end, noted)."""
+        the script's launch line reads (a range N-M: its lower end, noted); `--ntasks-per-node` and `--gpus-per-node`
+        as SLURM_NTASKS_PER_NODE and SLURM_GPUS_PER_NODE, as sbatch exports them."""
         for number, line in enumerate(text.split("\n"), start=1):
+            for flag, name in (("ntasks-per-node", "SLURM_NTASKS_PER_NODE"), ("gpus-per-node", "SLURM_GPUS_PER_NODE")):
+                per = re.match(rf"#SBATCH\b.*?--{flag}[= ]\s*(\d+)(?:\s|$)", line.strip())
+                if per:
+                    self.script.env.setdefault(name, Var(per.group(1), number))
             m = re.match(r"#SBATCH\b.*?(?:--nodes[= ]\s*|\s-N\s*)(\d+)(-\d+)?(?:\s|$)", line.strip())
             if m:
                 for name in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"):

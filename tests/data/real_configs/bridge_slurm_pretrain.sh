@@ -1,5 +1,7 @@
 #!/bin/bash
 #SBATCH --nodes=8
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
 set -euo pipefail
 RECIPE_NAME=qwen3_30b_a3b_pretrain_config
 SEQ_LENGTH=4096

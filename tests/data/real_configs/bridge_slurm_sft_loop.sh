@@ -1,5 +1,6 @@
 #!/bin/bash
 #SBATCH --nodes=2
+#SBATCH --ntasks-per-node=8
 MODEL_NAME=nemotron_3_nano
 SEQ_LENGTH=2048
 GLOBAL_BATCH_SIZE=16
