@@ -27,7 +27,7 @@ from meshplan.adapters.read.settings import Setting, flag_settings, json_setting
 from meshplan.adapters.read.shell import Command, Script, Word, logical_lines, read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.allocator_card import ALLOC_ENV, ALLOC_OPTIONS, AllocatorSetting
-from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.cards import framework_card, rl_card
 from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
 
 
@@ -73,6 +73,8 @@ def _srun_ranks(reading: Reading, script: Script, command: Command, k: int) -> N
     `srun ... bash -c "$CMD"`): every task is a rank, so the GPUs per node are srun's --ntasks-per-node, else
     #SBATCH --ntasks-per-node (SLURM_NTASKS_PER_NODE), and the nodes srun's -N / --nodes, else #SBATCH --nodes; read
     as the launch's own nodes and GPUs per node where its flags give none (Megatron-Bridge's slurm examples)."""
+    if rl_card(reading.framework) is not None:
+        return  # verl's and SkyRL's entry points start their workers through Ray (or torchrun): srun starts a driver
     runner = [*command.runner, *command.words[:k]]
     texts = [w.text for w in runner]
     if not texts or texts[0].rsplit("/", 1)[-1] != "srun" or any(
