@@ -291,7 +291,7 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     section = read_section("kempnerforge")
     built = section.model_section
     assert built is not None, "KempnerForge's card has a read.model_section"
-    model_keys = {*section.model_shape, *section.model_flags, *(f"{built.section}.{k}" for k in built.defaults)}
+    model_keys = {f"{built.section}.{k}" for k in built.defaults}  # read by section_model
     left = apply(reading, [s for s in settings if s.key not in model_keys], key_table("kempnerforge"),
                  _ZERO | {"global_batch_size", "fp8", "optimizer", "muon_ns_steps"})
     for s, m in left:
@@ -426,9 +426,10 @@ def _refuse_foreign(path: str, framework: str, kind: str, what: str, found: list
 
 def _kempnerforge_model_only(settings: list[Setting]) -> bool:
     """A KempnerForge configs/model/*.toml: [model] alone in KempnerForge's own names (its ModelConfig's dim,
-    n_layers), not torchtitan's [model] name / flavor."""
-    shape = set(read_section("kempnerforge").model_shape)
-    return any(s.key in shape for s in settings)
+    n_layers: the card's read.model_section), not torchtitan's [model] name / flavor."""
+    built = read_section("kempnerforge").model_section
+    assert built is not None, "KempnerForge's card has a read.model_section"
+    return any(s.key in (f"{built.section}.dim", f"{built.section}.n_layers") for s in settings)
 
 
 def read_toml_any(text: str, path: str) -> Reading:
