@@ -93,6 +93,8 @@ def test_a_bridge_command_held_in_a_variable_and_run_by_bash_lc_is_read():
     # 8 nodes x torch.distributed.run's 4 per node, not srun's one task per node
     assert request["model"] == "qwen3-30b-a3b" and request["num_gpus"] == 32
     assert "$CMD" in imported.sources["tp"]
+    # `uv run --no-sync python -m torch.distributed.run ...`: uv's options are not the job's (was '--no-sync = python')
+    assert not any("--no-sync" in line for line in imported.unsupported)
 
 
 def test_a_loop_over_layouts_is_read_once_and_named():

@@ -60,7 +60,20 @@ def read_launch(text: str, path: str, framework: str, variant: str | None = None
     reading.allocator_env = _allocator_env(script, command.words[:k])
     _srun_ranks(reading, script, command, k)
     reading.launch_line = f"{path}:{command.line} {command.words[k].text}"
-    return Launch(script, command, k, reading, flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:]))
+    return Launch(script, command, k, reading, flag_settings(_launcher_words(command.words[:k]))
+                  + flag_settings(command.words[k + 1:]))
+
+
+STARTERS = re.compile(r"^(python[\d.]*|torchrun|deepspeed|accelerate)$")
+"""The program that starts the training's processes: the words before it run that program (`uv run --no-sync`,
+`srun --mpi=pmix`, `env X=1`), whose options are none of the job's ('--no-sync = python' was read as a setting)."""
+
+
+def _launcher_words(before: list[Word]) -> list[Word]:
+    """The launcher-side words from the program that starts the processes (python, torchrun, deepspeed, accelerate)
+    on; all of them where none is named."""
+    start = next((i for i, w in enumerate(before) if STARTERS.match(w.text.rsplit("/", 1)[-1])), 0)
+    return before[start:]
 
 
 RANK_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed", "accelerate",
