@@ -13,7 +13,9 @@ from meshplan import api
 from meshplan.adapters.read import import_config, import_file
 from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.flag_models import moe_pattern as _pattern
+from meshplan.knowledge.model_counts import total_params
 
 CONFIGS = Path(__file__).parent / "configs"
 
@@ -141,11 +143,13 @@ def test_kempnerforge_experts_are_read():
     text = (CONFIGS / "kempnerforge_7b_16gpu_fp8.toml").read_text()
     assert import_config(text, "7b.toml").request["model"] == "llama-3-8b"
     moe = import_config(text.replace("[model]\n", "[model]\nnum_experts = 8\nmoe_top_k = 2\n"), "7b_moe.toml")
-    assert "model" not in moe.request
-    # the nearest of its kind with the fewest fields that differ: Mixtral's shape but for the vocabulary, not the
-    # dense model the file was before
-    assert any("nearest: mixtral-8x7b differs in model.vocab_size 128256 (mixtral-8x7b: 32000);" in u
-               for u in moe.unresolved)
+    # Mixtral's shape but for the vocabulary: no catalog model, so built as KempnerForge builds it (never the dense
+    # model the file was before): Mixtral's count plus the 96,256 extra rows of the embedding and the output layer
+    name = moe.request["model"]
+    assert name.startswith("kempnerforge model section: ") and "num_experts=8" in name
+    built, mixtral = resolve_model(name), resolve_model("mixtral-8x7b")
+    assert built.moe.num_experts == 8 and built.moe.top_k == 2 and built.moe.moe_layers == list(range(32))
+    assert total_params(built) == total_params(mixtral) + 2 * (128256 - 32000) * 4096
     assert not any("num_experts" in u for u in moe.unsupported)
 
 
@@ -176,8 +180,12 @@ def test_kempnerforge_moe_file_defaults_sequence_parallel_off():
     dense = import_config(KF_MOE.replace("num_experts = 8\nmoe_top_k = 2\n", "").replace("32000", "128256"),
                           "dense.toml", framework="kempnerforge")
     assert dense.request["model"] == "llama-3-8b" and dense.defaults["sequence_parallel"] is True
-    unknown = import_config(KF_MOE.replace("num_experts = 8", "num_experts = 6"), "x.toml", framework="kempnerforge")
+    six = import_config(KF_MOE.replace("num_experts = 8", "num_experts = 6"), "x.toml", framework="kempnerforge")
+    assert "num_experts=6" in six.request["model"] and six.defaults["sequence_parallel"] is False  # built: MoE
+    unknown = import_config(KF_MOE.replace("num_experts = 8", 'num_experts = 8\nmodel_type = "mot"'), "x.toml",
+                            framework="kempnerforge")  # a registry builder meshplan does not count
     assert "model" not in unknown.request and "sequence_parallel" not in unknown.defaults
+    assert any("model_type = 'mot'" in u.said for u in unknown.left_to_request)
     assert any(n.startswith("sequence_parallel: the framework's default depends on the model") for n in unknown.notes)
     req = api.request_from_config(unknown, {"model": "mixtral-8x7b", "num_gpus": 8})
     assert api.estimate_memory(req).plan.sequence_parallel is False

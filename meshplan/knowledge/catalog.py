@@ -16,6 +16,8 @@ from meshplan.knowledge.flag_models import NAME, flags_architecture, flags_repor
 from meshplan.knowledge.generic_models import generic_architecture, parse_size
 from meshplan.knowledge.model_config import architecture_from_config, architecture_from_file
 from meshplan.knowledge.model_counts import count_components, mtp_params, vision_params
+from meshplan.knowledge.section_models import NAME as SECTION_NAME
+from meshplan.knowledge.section_models import section_architecture, section_report
 from meshplan.schema.model import Architecture, ComponentCount, ModelReport, ModelSummary
 
 # Fine-tuned variants share their base model's architecture: "-Instruct", "-Base", "-Chat", Gemma's "-it".
@@ -90,7 +92,8 @@ def _looks_like_path(name: str) -> bool:
 def resolve_model(name: str) -> Architecture:
     """A catalog key, HF id or alias (case-insensitive, Instruct/Base/Chat variants included), a path to a
     config.json (re-read when the file changes), a size such as '70B', or a launch script's architecture flags
-    ('megatron-core flags: --num-layers 40 ...', what `meshplan import` states for a model no catalog card has)."""
+    ('megatron-core flags: --num-layers 40 ...', what `meshplan import` states for a model no catalog card has), or a
+    config section's ('kempnerforge model section: dim=5120 ...', knowledge/section_models.py)."""
     if not isinstance(name, str) or not name.strip():
         raise MeshplanError("model must be a non-empty string.", fix="Try 'meshplan models' for the catalog.")
     name = name.strip()
@@ -99,6 +102,8 @@ def resolve_model(name: str) -> Architecture:
         return catalog_architecture(key)
     if NAME.match(name):
         return flags_architecture(name)
+    if SECTION_NAME.match(name):
+        return section_architecture(name)
     if _looks_like_path(name):
         try:
             path = Path(name).expanduser()
@@ -158,7 +163,7 @@ def describe_architecture(arch: Architecture, published: dict | None = None) -> 
             f"FFN {arch.ffn_hidden_size:,}, vocab {arch.vocab_size:,}; the shaping rules are in "
             "cards/model_shapes.yaml). Pass a catalog key or a config.json for exact numbers."
         )
-    assumptions += flags_report(arch)
+    assumptions += flags_report(arch) + section_report(arch)
     if arch.key and arch.origin == VARIANT_ORIGIN.format(key=arch.key):
         assumptions.append(
             f"{arch.name.split(' (architecture of ')[0]} is not in the catalog under that name: it is read as a "

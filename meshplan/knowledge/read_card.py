@@ -145,6 +145,22 @@ class GatedDeltaNetRead(_Card):
     source: str
 
 
+class ModelConfigBuild(_Card):
+    """How a framework builds its model from a config section that states the whole architecture (KempnerForge's
+    [model], its ModelConfig): the section, every field's default where the file leaves it out, the values meshplan
+    builds, the FFN widths' rounding, and the section's keys that make a model meshplan cannot count
+    (knowledge/section_models.py)."""
+
+    section: str = Field(description="The file's section that holds the architecture ([model])")
+    defaults: dict[str, Default] = Field(description="The framework's default of every architecture field, by its name")
+    values: dict[str, BuildValue] = Field(default_factory=dict, description="Fields meshplan builds some values of")
+    ffn_multiple: int = Field(ge=1, description="A computed dense FFN width rounds up to this")
+    expert_ffn_multiple: int = Field(ge=1, description="An expert's width rounds to the nearest multiple of this")
+    refused_sections: dict[str, str] = Field(
+        default_factory=dict, description="Sections beside the model whose parts meshplan does not count, with why")
+    source: str
+
+
 class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
@@ -174,6 +190,13 @@ class ReadSection(_Card):
     model_build_refused: dict[str, str] = Field(
         default_factory=dict, description="Flags whose model meshplan cannot count, each with what it adds")
     model_build_source: str | None = None
+    model_section: ModelConfigBuild | None = Field(
+        None, description="The model built from a config section that states the architecture (KempnerForge's [model])")
+    sections: list[str] = Field(
+        default_factory=list, description="The top-level keys (a ds_config's) or [sections] (a TOML job file's) of "
+                                          "the framework's own config file: a file holding none of them is not its "
+                                          "config and is refused with the keys it holds, not read as an empty one")
+    sections_source: str | None = None
     recipe_names: RecipeNames | None = None
     sft_keys: dict[str, str] = Field(
         default_factory=dict, description="A second entry point's keys as the first's (SkyRL's main_sft: a key, or "

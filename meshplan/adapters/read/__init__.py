@@ -7,7 +7,8 @@ keys.py (which request field a framework key sets, from the framework cards), la
 Megatron-DeepSpeed, Megatron-Bridge), model_match.py (the catalog model a script's architecture flags describe),
 hydra.py (verl, SkyRL), verl_sft.py (verl's SFT trainer: its launch scripts and YAML),
 files.py (torchtitan, KempnerForge, DeepSpeed JSON), automodel.py (a NeMo AutoModel recipe YAML),
-pyconfig.py (torchtitan's Python config registry, parsed with ast); fixes.py (check's fixes in the file's keys).
+pyconfig.py (torchtitan's Python config registry, parsed with ast), mlm_test.py (Megatron-LM's functional-test
+model_config.yaml, its MODEL_ARGS read as the launch line); fixes.py (check's fixes in the file's keys).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from meshplan.adapters.read.files import (
     read_torchtitan_cli,
     read_torchtitan_toml,
 )
-from meshplan.adapters.read.hydra import read_skyrl, read_verl
+from meshplan.adapters.read.hydra import read_skyrl, read_skyrl_yaml, read_verl, read_verl_yaml
 from meshplan.adapters.read.keys import (
     BASE_NOT_MODELLED,
     LORA_NOT_MODELLED,
@@ -62,6 +63,7 @@ from meshplan.adapters.read.lora_keys import (
     patterns_on_model,
     target_parameters_read,
 )
+from meshplan.adapters.read.mlm_test import read_megatron_test_yaml
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
 from meshplan.adapters.read.settings import yaml_settings
@@ -117,14 +119,16 @@ def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
 
 READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
     ("megatron-core", "shell"): lambda t, p: read_megatron(t, p, "megatron-core"),
+    ("megatron-core", "yaml"): read_megatron_test_yaml,
     ("deepspeed", "shell"): lambda t, p: read_megatron(t, p, "deepspeed"),
     ("deepspeed", "json"): read_deepspeed_json,
     ("megatron-bridge", "shell"): lambda t, p: (read_bridge_module if BRIDGE_RECIPE.search(t) else read_bridge_python
                                                 if BRIDGE_SCRIPT.search(t) and "run_recipe.py" not in t
                                                 else read_bridge)(t, p),
     ("verl", "shell"): lambda t, p: (read_verl_sft if VERL_SFT.search(t) else read_verl)(t, p),
-    ("verl", "yaml"): read_verl_sft_yaml,
+    ("verl", "yaml"): lambda t, p: (read_verl_yaml if yaml_kind(t) == "verl" else read_verl_sft_yaml)(t, p),
     ("skyrl", "shell"): read_skyrl,
+    ("skyrl", "yaml"): read_skyrl_yaml,
     ("torchtitan", "shell"): lambda t, p: (read_torchtitan_python if PYTHON_CONFIG.search(t) else read_torchtitan_cli)(
         t, p),
     ("torchtitan", "toml"): read_torchtitan_toml,
@@ -139,7 +143,8 @@ def _yaml_reader(text: str, path: str) -> Callable[[str, str], Reading]:
     a value), and a mapping that is neither config with its keys, not read as a broken AutoModel recipe."""
     kind = yaml_kind(text)
     if kind is not None:
-        return read_verl_sft_yaml if kind == "verl-sft" else read_automodel_yaml
+        return {"verl-sft": read_verl_sft_yaml, "verl": read_verl_yaml, "skyrl": read_skyrl_yaml,
+                "megatron-test": read_megatron_test_yaml}.get(kind, read_automodel_yaml)
     yaml_settings(text, path, YAML_CONFIGS, YAML_FIX)  # a syntax error or no mapping: said in every reader's words
     raise unknown_yaml(text, path)
 

@@ -14,7 +14,9 @@ from functools import lru_cache
 
 import yaml
 
+from meshplan.adapters.read.hydra import HYDRA_YAML
 from meshplan.adapters.read.keys import read_section
+from meshplan.adapters.read.mlm_test import MARK as MLM_TEST
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.read_card import SftEntry
 
@@ -55,8 +57,10 @@ def verl_sft_sections() -> list[str]:
 
 
 def yaml_kind(text: str) -> str | None:
-    """'automodel' or 'verl-sft' for the YAML config the text is, by its top-level keys (an AutoModel section first;
-    verl's when every key is one of an SFT entry point's sections); a file that does not parse, by its lines, so its
+    """'automodel', 'megatron-test' (Megatron-LM's functional-test MODEL_ARGS), 'verl' / 'skyrl' (an RL trainer's Hydra
+    config: hydra.HYDRA_YAML's sections) or 'verl-sft' for the
+    YAML config the text is, by its top-level keys (an AutoModel section first; verl's SFT config when every key is one
+    of an SFT entry point's sections); a file that does not parse, by its lines, so its
     reader names the bad one; None: neither."""
     keys = yaml_top_keys(text)
     if keys is None:
@@ -65,6 +69,11 @@ def yaml_kind(text: str) -> str | None:
         return "verl-sft" if _BROKEN_VERL.search(text) and re.search(r"^model:[ \t]*(#.*)?$", text, re.M) else None
     if set(AUTOMODEL_MARKERS) & set(keys):
         return "automodel"
+    if MLM_TEST in keys:  # Megatron-LM's functional-test model_config.yaml (its flags as a mapping)
+        return "megatron-test"
+    for framework, marks in HYDRA_YAML.items():  # an RL trainer's Hydra config (verl's actor_rollout_ref)
+        if set(marks) <= set(keys):
+            return framework
     if set(keys) - {"defaults"} and any(set(keys) <= set(e.sections) for e in verl_sft_entries()):
         return "verl-sft"
     return None

@@ -4,6 +4,7 @@ and a DeepSpeed JSON config. The keys' meanings come from the framework cards (k
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from meshplan.adapters.common import torchtitan_batch
@@ -18,13 +19,12 @@ from meshplan.adapters.read.keys import (
     whole_value,
 )
 from meshplan.adapters.read.launch import read_deepspeed_settings, read_launch, world
-from meshplan.adapters.read.model_match import match_stated, stated_fields
+from meshplan.adapters.read.model_match import section_model
 from meshplan.adapters.read.settings import Setting, json_settings, toml_settings
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.read_card import SHAPE_FIELDS
 
 _ZERO = frozenset({"zero_0", "zero_1", "zero_2", "zero_3"})
 
@@ -289,9 +289,9 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     reading = Reading("kempnerforge", path, variant="toml")
     settings = toml_settings(text, path)
     section = read_section("kempnerforge")
-    shape_keys = section.model_shape
-    values = {s.key: s.value for s in settings}
-    model_keys = {*shape_keys, *section.model_flags}
+    built = section.model_section
+    assert built is not None, "KempnerForge's card has a read.model_section"
+    model_keys = {f"{built.section}.{k}" for k in built.defaults}  # read by section_model
     left = apply(reading, [s for s in settings if s.key not in model_keys], key_table("kempnerforge"),
                  _ZERO | {"global_batch_size", "fp8", "optimizer", "muon_ns_steps"})
     for s, m in left:
@@ -311,12 +311,26 @@ def read_kempnerforge(text: str, path: str) -> Reading:
                              "(dp is the GPUs left over)")
     if "torch_compile" not in reading.request:
         reading.default("torch_compile", True, "TrainConfig.compile_model, cards/frameworks/kempnerforge.yaml")
-    shape = dict(zip(SHAPE_FIELDS, (values.get(k) for k in shape_keys), strict=True))
-    if shape["num_kv_heads"] is None:
-        shape["num_kv_heads"] = shape["num_attention_heads"]
-    match_stated(stated_fields(reading, section, shape, {s.key: s for s in settings}, []), reading)
-    world(reading)
+    section_model(reading, settings)
+    if not _kempnerforge_world(reading):
+        world(reading)
     return reading
+
+
+def _kempnerforge_world(reading: Reading) -> bool:
+    """The GPU count a configs/train/*.toml states through its degrees: KempnerForge's DistributedConfig
+    .validate_world_size requires dp_replicate x dp_shard x tp x pp x cp x ep to be the world size, so a file with a
+    whole dp_shard (not -1, the GPUs left over) and no expert parallelism states it (with ep > 1 left to the flags:
+    KempnerForge's ep is a mesh dimension of its own, meshplan's is carved from dp)."""
+    dp = reading.request.get("dp")
+    if dp is None or "num_gpus" in reading.request or int(reading.request.get("ep", 1)) != 1:
+        return False
+    degrees = {name: int(reading.request.get(name, 1)) for name in ("tp", "pp", "cp")}
+    count = int(dp) * math.prod(degrees.values())
+    said = " x ".join(f"{name} {value}" for name, value in {"dp": dp, **degrees}.items())
+    reading.state("num_gpus", count, f"{reading.sources['dp']} ({said}: KempnerForge's DistributedConfig"
+                                     ".validate_world_size, dp_replicate x dp_shard x tp x pp x cp x ep)")
+    return True
 
 
 def _optimizer_name(reading: Reading, s: Setting) -> None:
@@ -349,6 +363,7 @@ def read_deepspeed_json(text: str, path: str) -> Reading:
     degree is train_batch_size / (micro x accumulation), the GPUs dp x tp)."""
     reading = Reading("deepspeed", path, variant="config")
     settings = json_settings(text, path)
+    _refuse_foreign(path, "deepspeed", "ds_config", "keys", [s.key.split(".")[0] for s in settings])
     read_deepspeed_settings(reading, settings)
     if "tp" not in reading.request:
         reading.state("tp", 1, f"{path} (a ds_config alone: no tensor parallelism)")
@@ -393,11 +408,39 @@ def _ds_checkpointing(reading: Reading, settings: list[Setting]) -> None:
                            "checkpoints every layer")
 
 
+def _refuse_foreign(path: str, framework: str, kind: str, what: str, found: list[str]) -> None:
+    """A config file holding none of the framework's own top-level keys or sections (the card's read.sections) is
+    not its config: refused with what it holds, never read as an empty config of the framework's defaults (a
+    pyrightconfig.json came back 'deepspeed, tp 1', a pyproject.toml torchtitan's)."""
+    own = read_section(framework).sections
+    found = list(dict.fromkeys(found))
+    if set(found) & set(own):
+        return
+    shown = ", ".join(found[:12]) + (f" and {len(found) - 12} more" if len(found) > 12 else "")
+    raise MeshplanError(f"{path}: not a {framework} {kind}: its top-level {what} ({shown or 'none'}) include none of "
+                        f"a {framework} {kind}'s ({', '.join(own[:8])}, ...).",
+                        fix=f"Pass the {framework} {kind} the run reads, or the launch script that runs the training; "
+                            "meshplan reads a JSON file as a DeepSpeed ds_config and a TOML file as a torchtitan or "
+                            "KempnerForge job file.")
+
+
+def _kempnerforge_model_only(settings: list[Setting]) -> bool:
+    """A KempnerForge configs/model/*.toml: [model] alone in KempnerForge's own names (its ModelConfig's dim,
+    n_layers: the card's read.model_section), not torchtitan's [model] name / flavor."""
+    built = read_section("kempnerforge").model_section
+    assert built is not None, "KempnerForge's card has a read.model_section"
+    return any(s.key in (f"{built.section}.dim", f"{built.section}.n_layers") for s in settings)
+
+
 def read_toml_any(text: str, path: str) -> Reading:
-    """A TOML file: KempnerForge's ([distributed] / [train]) or torchtitan's ([parallelism] / [training])."""
-    names = {s.key.split(".")[0] for s in toml_settings(text, path)}
-    if "distributed" in names or "train" in names:
+    """A TOML file: KempnerForge's ([distributed] / [train], or a [model] in its names) or torchtitan's ([parallelism]
+    / [training]); a TOML of neither's sections (a pyproject.toml) refused with its sections."""
+    settings = toml_settings(text, path)
+    names = [s.key.split(".")[0] for s in settings]
+    if "distributed" in names or "train" in names or _kempnerforge_model_only(settings):
         return read_kempnerforge(text, path)
+    if not set(names) & set(read_section("torchtitan").sections):
+        _refuse_foreign(path, "torchtitan", "TOML job file", "sections", names)
     return read_torchtitan_toml(text, path)
 
 

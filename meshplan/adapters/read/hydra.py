@@ -12,7 +12,7 @@ from pathlib import Path
 
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section, whole_value
 from meshplan.adapters.read.launch import read_launch, world
-from meshplan.adapters.read.settings import Setting, flag_settings
+from meshplan.adapters.read.settings import Setting, flag_settings, yaml_settings
 from meshplan.arithmetic.mesh import file_data_parallel, rl_job_gpus
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card, rl_card
@@ -27,8 +27,16 @@ ALGORITHMS = {"gae": "ppo", "grpo": "grpo"}
 
 def _settings(text: str, path: str, framework: str) -> tuple[Reading, list[Setting]]:
     _, command, k, reading, _ = read_launch(text, path, framework)
-    settings = []
-    for s in flag_settings(command.words[k + 1:]):
+    settings = _kept(reading, flag_settings(command.words[k + 1:]))
+    reading.state("job", "rl", f"{path}:{command.line} {command.words[k].text}")
+    return reading, settings
+
+
+def _kept(reading: Reading, raw: list[Setting]) -> list[Setting]:
+    """The overrides (or a YAML config's flattened keys) that set the trained model's job: the reference, critic and
+    reward models' own keys left out and said; a reward model loaded, said as not counted; `~` deletions noted."""
+    path, settings = reading.path, []
+    for s in raw:
         if s.key.lstrip("+~") == "reward_model.enable" and as_bool(s.value):
             reading.unsupported.append(f"{s.where(path)} = {s.value}: a reward model is loaded beside the trained "
                                        "one; meshplan counts none (its weights and passes are in no phase)")
@@ -40,10 +48,44 @@ def _settings(text: str, path: str, framework: str) -> tuple[Reading, list[Setti
             reading.notes.append(f"{s.where(path)}: deleted (Hydra '~'): the framework's default applies")
             continue
         settings.append(s)
-    if any(s.key.lstrip("+~").startswith(OTHER_MODELS) for s in flag_settings(command.words[k + 1:])):
+    if any(s.key.lstrip("+~").startswith(OTHER_MODELS) for s in raw):
         reading.notes.append("the reference / critic models' own layout keys are not read: meshplan estimates the "
                              "trained model's")
-    reading.state("job", "rl", f"{path}:{command.line} {command.words[k].text}")
+    return settings
+
+
+HYDRA_YAML = {"verl": ("actor_rollout_ref",), "skyrl": ("trainer", "generator")}
+"""The top-level sections that mark an RL trainer's own Hydra YAML config (verl's ppo_trainer.yaml and the examples'
+copies; SkyRL's trainer config), read as the same dotted keys the launch scripts' overrides give."""
+
+
+def _yaml(text: str, path: str, framework: str) -> tuple[Reading, list[Setting]]:
+    """An RL trainer's Hydra YAML config flattened into the dotted keys its overrides would give (one reader: the key
+    table then reads them as it reads a launch script's), each at its line; the Hydra `hydra:` section and `_target_`
+    keys left out, and a `defaults:` list said plainly: it pulls values from config files not given, whose keys this
+    file leaves out and meshplan reads at the framework's defaults."""
+    name = framework_card(framework).display_name
+    every = yaml_settings(text, path, f"{name}'s Hydra config", f"Pass {name}'s trainer YAML or the launch script.",
+                          refuses_duplicates=f"{name}'s Hydra loader (OmegaConf)")
+    reading = Reading(framework, path)
+    for s in every:
+        if s.key == "defaults" and isinstance(s.value, list):
+            pulled = [str(item) if not isinstance(item, dict) else ", ".join(f"{k}: {v}" for k, v in item.items())
+                      for item in s.value if item != "_self_"]
+            if pulled:
+                reading.assumed.append(
+                    f"{s.where(path)}: [{'; '.join(pulled)}]: Hydra composes this file over those config "
+                    "files, which are not given: a key this file leaves out is read at meshplan's default for "
+                    f"{name} (cards/frameworks/{framework}.yaml), not at theirs. Pass the launch script, or those "
+                    "keys as flags")
+    raw = [s for s in every if s.key.split(".")[0] not in ("defaults", "hydra") and not s.key.endswith("_target_")]
+    base = next((Setting("--config-name", item, s.line) for s in every if s.key == "defaults" and
+                 isinstance(s.value, list) for item in s.value if isinstance(item, str) and item != "_self_"), None)
+    if base is not None:  # the primary config it composes over, as a launch script's --config-name names it
+        reading.extra["config_name"] = (base.value, base)
+    settings = _kept(reading, raw)
+    sections = " and ".join(HYDRA_YAML[framework])
+    reading.state("job", "rl", f"{path} ({name}'s RL trainer config: top-level {sections})")
     return reading, settings
 
 
@@ -135,8 +177,20 @@ def megatron_fsdp(reading: Reading, s: Setting) -> None:
 
 
 def read_verl(text: str, path: str) -> Reading:
-    reading, settings = _settings(text, path, "verl")
+    """A verl RL launch script: the overrides on its entry point."""
+    return _read_verl(*_settings(text, path, "verl"))
+
+
+def read_verl_yaml(text: str, path: str) -> Reading:
+    """verl's RL trainer YAML (ppo_trainer.yaml, the examples' config/*.yaml): its keys as the overrides they are."""
+    return _read_verl(*_yaml(text, path, "verl"))
+
+
+def _read_verl(reading: Reading, settings: list[Setting]) -> Reading:
+    path = reading.path
     engine = {s.key.lstrip("+"): str(s.value) for s in settings}
+    if "config_name" in reading.extra:  # a YAML's defaults base (ppo_megatron_trainer): its --config-name
+        engine.setdefault("--config-name", str(reading.extra["config_name"][0]))
     megatron = (engine.get("model_engine") == "megatron" or engine.get("actor_rollout_ref.actor.strategy") ==
                 "megatron" or "megatron" in engine.get("--config-name", "") or any(".megatron." in k for k in engine))
     reading.variant = "megatron" if megatron else "fsdp"
@@ -284,9 +338,18 @@ def dynamic_batch(reading: Reading) -> None:
 
 
 def read_skyrl(text: str, path: str) -> Reading:
-    reading, settings = _settings(text, path, "skyrl")
+    """A SkyRL launch script: the overrides on its entry point (main_base, or main_sft)."""
+    return _read_skyrl(*_settings(text, path, "skyrl"), sft="main_sft" in text)
+
+
+def read_skyrl_yaml(text: str, path: str) -> Reading:
+    """SkyRL's RL trainer YAML (top-level trainer and generator): its keys as the overrides they are."""
+    return _read_skyrl(*_yaml(text, path, "skyrl"), sft=False)
+
+
+def _read_skyrl(reading: Reading, settings: list[Setting], sft: bool) -> Reading:
+    path = reading.path
     values = {s.key.lstrip("+"): str(s.value).strip("'\"") for s in settings}
-    sft = "main_sft" in text
     strategy = values.get("trainer.strategy", values.get("strategy", "fsdp2" if not sft else "megatron"))
     # main_sft runs either strategy too (SFTConfig.strategy "megatron" or "fsdp"): its fsdp was read as Megatron's
     reading.variant = "fsdp" if strategy.startswith("fsdp") else "sft" if sft else "rl"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from meshplan.adapters.architecture import core_restated
@@ -23,10 +24,10 @@ from meshplan.adapters.read.model_match import (
     stated_fields,
 )
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
-from meshplan.adapters.read.shell import Command, Script, Word, read_script
+from meshplan.adapters.read.shell import Command, Script, Word, logical_lines, read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.allocator_card import ALLOC_ENV, ALLOC_OPTIONS, AllocatorSetting
-from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.cards import framework_card, rl_card
 from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
 
 
@@ -47,6 +48,7 @@ def read_launch(text: str, path: str, framework: str, variant: str | None = None
     command, k, custom = launch_command(script, framework)
     reading = Reading(framework, path, variant=variant)
     reading.unresolved += script.unresolved
+    reading.assumed += script.loops
     if custom:
         launchers = read_section(framework).launcher
         reading.notes.append(
@@ -56,8 +58,53 @@ def read_launch(text: str, path: str, framework: str, variant: str | None = None
             "then main_base's BasePPOExp); what the entry point itself changes (its environment, an async or "
             "distillation loop, another trainer) is not read")
     reading.allocator_env = _allocator_env(script, command.words[:k])
+    _srun_ranks(reading, script, command, k)
     reading.launch_line = f"{path}:{command.line} {command.words[k].text}"
-    return Launch(script, command, k, reading, flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:]))
+    return Launch(script, command, k, reading, flag_settings(_launcher_words(command.words[:k]))
+                  + flag_settings(command.words[k + 1:]))
+
+
+STARTERS = re.compile(r"^(python[\d.]*|torchrun|deepspeed|accelerate)$")
+"""The program that starts the training's processes: the words before it run that program (`uv run --no-sync`,
+`srun --mpi=pmix`, `env X=1`), whose options are none of the job's ('--no-sync = python' was read as a setting)."""
+
+
+def _launcher_words(before: list[Word]) -> list[Word]:
+    """The launcher-side words from the program that starts the processes (python, torchrun, deepspeed, accelerate)
+    on; all of them where none is named."""
+    start = next((i for i, w in enumerate(before) if STARTERS.match(w.text.rsplit("/", 1)[-1])), 0)
+    return before[start:]
+
+
+RANK_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed", "accelerate",
+                  "mpirun")
+"""Words that start the ranks of a node themselves: with one, srun's task count is not the GPU count."""
+
+
+def _srun_ranks(reading: Reading, script: Script, command: Command, k: int) -> None:
+    """A training command srun starts once per task, with no launcher of its own (`srun python run_recipe.py`, or
+    `srun ... bash -c "$CMD"`): every task is a rank, so the GPUs per node are srun's --ntasks-per-node, else
+    #SBATCH --ntasks-per-node (SLURM_NTASKS_PER_NODE), and the nodes srun's -N / --nodes, else #SBATCH --nodes; read
+    as the launch's own nodes and GPUs per node where its flags give none (Megatron-Bridge's slurm examples)."""
+    if rl_card(reading.framework) is not None:
+        return  # verl's and SkyRL's entry points start their workers through Ray (or torchrun): srun starts a driver
+    runner = [*command.runner, *command.words[:k]]
+    texts = [w.text for w in runner]
+    if not texts or texts[0].rsplit("/", 1)[-1] != "srun" or any(
+            t.rsplit("/", 1)[-1] in RANK_LAUNCHERS for t in texts):
+        return
+    srun = {s.key: s for s in flag_settings(runner)}
+    for name, flags, env in (("gpus_per_node", ("--ntasks-per-node",), "SLURM_NTASKS_PER_NODE"),
+                             ("nodes", ("--nodes", "-N"), "SLURM_NNODES")):
+        given = next((srun[f] for f in flags if f in srun and srun[f].value is not True), None)
+        var = script.env.get(env)
+        if given is not None:
+            reading.extra[name] = (given.value, replace(given, key=f"srun {given.key}"))
+        elif var is not None and name == "gpus_per_node":
+            reading.extra[name] = (var.value, Setting("#SBATCH --ntasks-per-node (srun starts a rank per task)",
+                                                      var.value, var.line))
+        elif var is not None:
+            reading.extra[name] = (var.value, Setting("#SBATCH --nodes", var.value, var.line))
 
 
 def _allocator_env(script: Script, before: list[Word]) -> list[Setting]:
@@ -224,19 +271,23 @@ def _entry_point(command: Command) -> int | None:
 
 
 def _shell_c_commands(script: Script) -> list[Command]:
-    """The command strings run through `bash -c "..."` / `sh -c "..."` (srun ... bash -c "$LAUNCHER $CMD", as
-    BigScience's Megatron-DeepSpeed slurm scripts launch), split into words as that shell would."""
+    """The command strings run through `bash -c "..."` / `sh -c "..."` or with other options before the c (`bash -lc`,
+    as Megatron-Bridge's slurm examples run `srun ... bash -lc "...; $CMD"`; srun ... bash -c "$LAUNCHER $CMD", as
+    BigScience's Megatron-DeepSpeed slurm scripts launch), each of its lines split into words as that shell would."""
     out = []
     for command in script.commands:
         texts = [w.text for w in command.words]
         for k in range(1, len(texts) - 1):
-            if texts[k] == "-c" and texts[k - 1].rsplit("/", 1)[-1] in ("bash", "sh"):
+            if re.fullmatch(r"-[a-z]*c", texts[k]) and texts[k - 1].rsplit("/", 1)[-1] in SCRIPT_RUNNERS:
                 string = command.words[k + 1]
-                try:
-                    parts = shlex.split(string.text, comments=True)
-                except ValueError:
-                    continue
-                out.append(Command([Word(p, string.line, string.var, string.var_line) for p in parts], command.line))
+                for logical in logical_lines(string.text):
+                    try:
+                        parts = shlex.split(logical.text, comments=True)
+                    except ValueError:  # an unclosed quote left by what the outer script could not expand (a
+                        parts = logical.text.split()  # $(... <<'EOF' heredoc): its words as written
+                    if parts:
+                        out.append(Command([Word(p, string.line, string.var, string.var_line) for p in parts],
+                                           command.line, command.words[:k - 1]))
     return out
 
 

@@ -25,7 +25,9 @@ from meshplan.knowledge.catalog import catalog_architecture, catalog_keys, resol
 from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, moe_layers, moe_pattern, read_flags
 from meshplan.knowledge.gdn_config import decoder_pattern_from_flags
 from meshplan.knowledge.model_config import shapes_card
+from meshplan.knowledge.model_counts import total_params
 from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
+from meshplan.knowledge.section_models import build_from_section
 from meshplan.schema.model import Architecture
 
 SWITCHES = frozenset({"mla", "untied", "swiglu", "qk_layernorm", "shared_expert_gate", "attention_output_gate"})
@@ -395,6 +397,49 @@ def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
             for f in built.fields if f.given or f.value is not False]
     reading.notes.append("model: no catalog model has this architecture, so it is built from the file's flags as "
                          f"{framework_card(reading.framework).display_name} builds it: {'; '.join(said)}")
+
+
+def section_model(reading: Reading, settings: list[Setting]) -> None:
+    """The model a file's architecture section states (KempnerForge's [model]), built as the framework's model code
+    builds it (knowledge/section_models.py), every field left out at the framework's default and said: the catalog
+    model with the same architecture and parameter count where there is one, else the built model itself. A section
+    beside it whose parts meshplan does not count (a VLM's [vlm]) leaves the model to the request, said."""
+    spec = framework_card(reading.framework).read.model_section
+    assert spec is not None, f"{reading.framework}'s card has a read.model_section"
+    prefix = f"{spec.section}."
+    given = {s.key.removeprefix(prefix): s for s in settings if s.key.startswith(prefix)
+             and s.key.removeprefix(prefix) in spec.defaults}
+    refused = next(((s, why) for s in settings for name, why in spec.refused_sections.items()
+                    if s.key.split(".")[0] == name), None)
+    if refused is not None:
+        reading.leave(("model",), f"model: {refused[0].where(reading.path)} [{refused[0].key.split('.')[0]}]: "
+                                  f"{refused[1]}; pass --model to plan the text decoder alone")
+        return
+    if not given:
+        reading.leave(("model",), "model: the file names no model (pass --model)")
+        return
+    try:
+        built = build_from_section(reading.framework, {k: s.value for k, s in given.items()})
+    except MeshplanError as exc:
+        reading.leave(("model",), f"model: not built from the file's [{spec.section}] section: {exc.reason} {exc.fix}")
+        return
+    mine, count = arch_values(built.arch), total_params(built.arch)
+    hits = [key for key in catalog_keys() if arch_values(catalog_architecture(key)) == mine
+            and total_params(catalog_architecture(key)) == count]
+    said = "; ".join(f"{f.name} {f.value} ({given[f.name].where(reading.path)})" for f in built.fields if f.given)
+    left = "; ".join(f"{f.name} {f.value}" for f in built.fields if not f.given)
+    display = framework_card(reading.framework).display_name
+    if hits:
+        reading.state("model", hits[0], f"{reading.path} [{spec.section}] ({count:,} parameters as {display} builds "
+                                        f"it: the architecture of {hits[0]})")
+        if len(hits) > 1:
+            reading.notes.append(f"model: {', '.join(hits)} share this architecture; {hits[0]} taken")
+    else:
+        reading.state("model", built.arch.origin, f"{reading.path} [{spec.section}] (built as {display} builds it, "
+                                                  f"{count:,} parameters: no catalog model has this architecture)")
+    reading.notes.append(f"model: the [{spec.section}] section's architecture as {display}'s model code builds it: "
+                         f"{said}" + (f"; left to its defaults (cards/frameworks/{reading.framework}.yaml "
+                                      f"read.model_section): {left}" if left else ""))
 
 
 def recipe_overrides(reading: Reading, settings: list[Setting], section: ReadSection) -> None:

@@ -5,8 +5,11 @@ line; `$X`, `${X}`, `${X:-4}` (the default used when the script never sets X), `
 them; `if [ ... ]` / `[[ ... ]]` conditions of string and integer comparisons are evaluated, any other condition
 (a file test, a command's status) leaves both branches unread and says so. `eval WORDS` reads its words again as
 a line of the script, as the shell runs them (a launch command held in a variable: `eval "$COMMAND"`).
-Heredocs written to a file (`cat <<EOT > $DS_CONFIG`) are kept as that file's text. Command substitutions
-(`$(...)`), loops and functions are never run; what they would have set is reported as unresolved.
+Heredocs written to a file (`cat <<EOT > $DS_CONFIG`) are kept as that file's text. `read -r A B <<< "$X"` splits X
+at IFS into the names. A `for NAME in WORDS` loop over words the script states has its body read once, with the first
+word, and is said with every value (Script.loops: a script looping over layouts launches each). Command
+substitutions (`$(...)`), other loops and functions are never run; what they would have set is reported as
+unresolved.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Var:
 class Command:
     words: list[Word]
     line: int
+    runner: list[Word] = field(default_factory=list)  # what runs a `bash -c` string's command (srun ... bash -c)
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Script:
     commands: list[Command] = field(default_factory=list)
     files: dict[str, tuple[str, int]] = field(default_factory=dict)  # heredoc text written to a path, first line
     unresolved: list[str] = field(default_factory=list)
+    loops: list[str] = field(default_factory=list)  # each `for` loop read once: its values, and the one read
 
     def note(self, line: int, text: str) -> None:
         entry = f"{self.path}:{line} {text}"
@@ -275,7 +280,7 @@ class Expander:
             if op.endswith("="):
                 env[name] = Var(text, line)
             return text, None, None
-        if name in ("@", "*", "#", "?", "$") or name.isdigit():
+        if name in ("@", "*", "#", "?", "$", "IFS") or name.isdigit():  # IFS unset: the shell splits at blanks
             return "", None, None  # the script's own arguments: none when read
         self.script.note(line, f"${name} is not set in the script: left empty")
         return "", None, None
@@ -372,13 +377,19 @@ class Reader:
         self.branches: list[list[bool | None]] = []  # per open `if`: the value of each branch so far
         self.skip_depth = 0  # open loops, functions and case blocks: their bodies are not read
         self.eval_depth = 0  # evals being read inside one another
+        self.loops: list[str] = []  # open `for` loops whose body is read once (their variables)
         self.lines = logical_lines(text)
         self._slurm_nodes(text)
 
     def _slurm_nodes(self, text: str) -> None:
         """`#SBATCH --nodes=N` (or -N N): sbatch exports the node count as SLURM_NNODES / SLURM_JOB_NUM_NODES, which
-        the script's launch line reads (a range N-M: its lower end, noted)."""
+        the script's launch line reads (a range N-M: its lower end, noted); `--ntasks-per-node` and `--gpus-per-node`
+        as SLURM_NTASKS_PER_NODE and SLURM_GPUS_PER_NODE, as sbatch exports them."""
         for number, line in enumerate(text.split("\n"), start=1):
+            for flag, name in (("ntasks-per-node", "SLURM_NTASKS_PER_NODE"), ("gpus-per-node", "SLURM_GPUS_PER_NODE")):
+                per = re.match(rf"#SBATCH\b.*?--{flag}[= ]\s*(\d+)(?:\s|$)", line.strip())
+                if per:
+                    self.script.env.setdefault(name, Var(per.group(1), number))
             m = re.match(r"#SBATCH\b.*?(?:--nodes[= ]\s*|\s-N\s*)(\d+)(-\d+)?(?:\s|$)", line.strip())
             if m:
                 for name in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
@@ -440,6 +451,8 @@ class Reader:
         line = logical.line_at(raws[0].offset)
         head = "".join(t for t, _ in raws[0].parts)
         second = "".join(t for t, _ in raws[1].parts) if len(raws) > 1 else ""
+        if head == "for" and self.skip_depth == 0 and self.active() and self.read_loop(raws, line):
+            return
         if head in ("for", "while", "until", "select", "case", "function") or re.fullmatch(r"[\w-]+\(\)", head) \
                 or second == "()":
             self.skip_depth += 1
@@ -449,6 +462,9 @@ class Reader:
             if head in ("for", "while", "until", "select") and any("".join(t for t, _ in r.parts) == "done"
                                                                    for r in raws[1:]):
                 self.skip_depth -= 1
+            return
+        if head == "done" and self.skip_depth == 0 and self.loops:  # the end of a loop read once
+            self.loops.pop()
             return
         if head in ("done", "esac", "}"):
             self.skip_depth = max(0, self.skip_depth - 1)
@@ -500,9 +516,48 @@ class Reader:
         if len(words) > 1 and words[0].text == "eval":
             self.eval(words[1:], line)
             return
+        if words and words[0].text == "read" and "<<<" in [w.text for w in words]:
+            self.read_here_string(words, line)
+            return
         if logical.heredoc is not None:
             self.heredoc(words, logical, line)
         self.script.commands.append(Command(words, line))
+
+    def read_loop(self, raws: list[_Raw], line: int) -> bool:
+        """`for NAME in WORDS; do ... done` with words the script states: its body read once, NAME the first word,
+        and the loop said with every value it runs (a launch script looping over layouts launches each in turn:
+        meshplan plans one, the first, and names the others). False where the words are not known (a `$(...)`,
+        C-style `for ((...))`): the loop is then skipped as before."""
+        texts = ["".join(t for t, _ in r.parts) for r in raws]
+        if len(raws) < 3 or texts[2] != "in" or not re.fullmatch(r"[A-Za-z_]\w*", texts[1]) or "done" in texts:
+            return False
+        items = [w for r in raws[3:] for w in self.expand.words(r, line)]
+        if not items or any("$(" in t for t in texts[3:]):
+            return False
+        name = texts[1]
+        self.script.env[name] = Var(items[0].text, line)
+        self.loops.append(name)
+        shown = "; ".join(w.text for w in items[:8]) + (f"; and {len(items) - 8} more" if len(items) > 8 else "")
+        self.script.loops.append(f"{self.script.path}:{line} `for {name} in ...` runs its body {len(items)} time"
+                                 + ("s" if len(items) > 1 else "") + f", {name} = {shown}: read once, with "
+                                 f"{name} = {items[0].text}" + (" (pass the others' fields beside the file to plan "
+                                                                "them)" if len(items) > 1 else ""))
+        return True
+
+    def read_here_string(self, words: list[Word], line: int) -> None:
+        """`IFS=',' read -r A B C <<< "$X"`: the names take X's fields split at IFS (the prefix's, else spaces), the
+        last one the rest, as the shell's read does (Megatron-Bridge's examples split a PARALLELISM_CONFIG so)."""
+        texts = [w.text for w in words]
+        k = texts.index("<<<")
+        names = [t for t in texts[1:k] if not t.startswith("-")]
+        value = " ".join(texts[k + 1:])
+        ifs = self.script.env["IFS"].value if "IFS" in self.script.env else " "
+        parts = [p for p in re.split("[" + re.escape(ifs or " ") + "]", value)] if ifs.strip() else value.split()
+        for n, name in enumerate(names):
+            if not re.fullmatch(r"[A-Za-z_]\w*", name):
+                continue
+            text = (ifs[:1] or " ").join(parts[n:]) if n == len(names) - 1 else (parts[n] if n < len(parts) else "")
+            self.script.env[name] = Var(text.strip(), line)
 
     def assign(self, raws: list[_Raw], logical: _Line) -> int:
         """Records the assignment `raws` starts with (an array takes the words up to its `)`); the words it used."""

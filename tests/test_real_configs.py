@@ -1,0 +1,176 @@
+"""What `meshplan import` made of the frameworks' own example and config files (bench/real_configs.py draws them from
+the repositories): short excerpts in their formats under tests/data/real_configs/ (README.md there names each
+original), each read as the file it imitates is, on the api and the CLI."""
+
+from pathlib import Path
+
+import pytest
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.faces.cli import main
+from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.model_counts import total_params
+
+DATA = Path(__file__).resolve().parent / "data" / "real_configs"
+
+
+@pytest.mark.parametrize(("name", "found"), [("pyrightconfig.json", "typeCheckingMode"),
+                                             ("golden_values.json", "lm loss, iteration-time")])
+def test_a_json_with_no_deepspeed_key_is_refused_with_its_keys(name, found):
+    with pytest.raises(MeshplanError) as err:
+        api.import_file(str(DATA / name))
+    said = str(err.value)
+    assert "not a deepspeed ds_config" in said and found in said and "train_micro_batch_size_per_gpu" in said
+
+
+def test_a_toml_of_no_job_sections_is_refused_not_read_as_torchtitan(capsys):
+    assert main(["import", str(DATA / "pyproject.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "not a torchtitan TOML job file" in err and "build-system, project, tool" in err
+    assert "Traceback" not in err
+
+
+def test_a_ds_config_with_one_known_key_is_still_read():
+    imported = api.import_config('{"zero_optimization": {"stage": 2}}', config_format="json")
+    assert imported.framework == "deepspeed" and imported.request["zero_stage"] == 2
+
+
+def _kempnerforge_count(d, layers, heads, kv, vocab, mult, tied):
+    """KempnerForge's own ModelConfig.num_params_estimate for a dense model (kempnerforge/config/model.py 5666d0d):
+    q/k/v/o, SwiGLU gate/up/down of computed_ffn_hidden_dim, two norms per layer, embedding, output, final norm."""
+    h = 256 * -(-int(4 * d * (2 / 3) * mult) // 256)
+    hd = d // heads
+    attn = d * heads * hd + 2 * d * kv * hd + heads * hd * d
+    return layers * (attn + 3 * d * h + 2 * d) + vocab * d + (0 if tied else vocab * d) + d
+
+
+def test_a_kempnerforge_model_section_builds_the_model_exactly():
+    imported = api.import_file(str(DATA / "kempnerforge_13b_tp4_pp2.toml"))
+    name = imported.request["model"]
+    assert name.startswith("kempnerforge model section: dim=5120 n_layers=40")
+    arch = resolve_model(name)
+    assert arch.ffn_hidden_size == 17920  # 256 x ceil(int(4 x 5120 x 2/3 x 1.3) / 256)
+    assert total_params(arch) == _kempnerforge_count(5120, 40, 40, 8, 128256, 1.3, False) == 14_840_386_560
+    # the fields the file leaves out, at ModelConfig's defaults, said
+    note = next(n for n in imported.notes if n.startswith("model: the [model] section's architecture"))
+    assert "left to its defaults" in note and "norm_type rmsnorm" in note and "activation silu" in note
+    assert "ffn_hidden_dim 17920 (computed" in note
+    # dp_shard 4 x tp 4 x pp 2 is KempnerForge's world size
+    assert imported.request["num_gpus"] == 32
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert api.estimate_memory(req).plan.tp == 4
+
+
+def test_a_catalog_architecture_in_a_model_section_is_the_catalog_model():
+    text = (DATA / "kempnerforge_13b_tp4_pp2.toml").read_text()
+    text = text.replace("dim = 5120", "dim = 4096").replace("n_layers = 40", "n_layers = 32").replace(
+        "n_heads = 40", "n_heads = 32")
+    assert api.import_config(text, path="8b.toml").request["model"] == "llama-3-8b"
+
+
+def test_a_model_section_field_kempnerforge_refuses_is_said_not_built():
+    text = (DATA / "kempnerforge_13b_tp4_pp2.toml").read_text().replace("n_kv_heads = 8", "n_kv_heads = 7")
+    imported = api.import_config(text, path="bad.toml")
+    assert "model" not in imported.request
+    assert any("n_heads 40 is not divisible by n_kv_heads 7" in u.said for u in imported.left_to_request)
+
+
+def test_a_vlm_file_leaves_its_model_to_the_request():
+    imported = api.import_file(str(DATA / "kempnerforge_vlm.toml"))
+    assert "model" not in imported.request
+    said = next(u.said for u in imported.left_to_request if "model" in u.fields)
+    assert "[vlm]" in said and "vision encoder" in said
+
+
+def test_a_bridge_command_held_in_a_variable_and_run_by_bash_lc_is_read():
+    imported = api.import_file(str(DATA / "bridge_slurm_pretrain.sh"))
+    request = imported.request
+    assert imported.framework == "megatron-bridge"
+    # PARALLELISM_CONFIG 2,4,8,1 split at IFS=',' into TP PP EP CP, through CLI_OVERRIDES and CMD
+    assert (request["tp"], request["pp"], request["ep"], request["cp"]) == (2, 4, 8, 1)
+    assert request["global_batch_size"] == 128 and request["seq_length"] == 4096
+    # 8 nodes x torch.distributed.run's 4 per node, not srun's one task per node
+    assert request["model"] == "qwen3-30b-a3b" and request["num_gpus"] == 32
+    assert "$CMD" in imported.sources["tp"]
+    # `uv run --no-sync python -m torch.distributed.run ...`: uv's options are not the job's (was '--no-sync = python')
+    assert not any("--no-sync" in line for line in imported.unsupported)
+
+
+def test_a_loop_over_layouts_is_read_once_and_named():
+    imported = api.import_file(str(DATA / "bridge_slurm_sft_loop.sh"))
+    request = imported.request
+    assert (request["tp"], request["pp"], request["ep"], request["cp"]) == (4, 1, 8, 1)
+    assert request["sequence_parallel"] is True
+    # srun starts `bash -c "$CMD"` once per task: #SBATCH --nodes 2 x --ntasks-per-node 8 ranks
+    assert request["num_gpus"] == 16 and "#SBATCH --ntasks-per-node" in imported.sources["gpus_per_node"]
+    loop = next(a for a in imported.assumed if "`for CONFIG in ...`" in a)
+    assert "runs its body 3 times" in loop and "4,1,8,1,True; 2,2,8,1,True; 2,1,8,2,True" in loop
+    assert "read once, with CONFIG = 4,1,8,1,True" in loop
+
+
+def test_a_loop_over_a_command_output_is_still_not_run():
+    from meshplan.adapters.read.shell import read_script
+
+    script = read_script("for N in $(seq 1 4); do\n  X=$N\ndone\n", "s.sh")
+    assert "X" not in script.env and not script.loops
+    assert any("a `for` block is not run" in u for u in script.unresolved)
+
+
+def test_a_verl_hydra_yaml_is_read_as_its_overrides():
+    imported = api.import_file(str(DATA / "verl_multiturn_grpo.yaml"))
+    assert imported.framework == "verl" and imported.variant == "megatron"  # defaults: ppo_megatron_trainer
+    request = imported.request
+    assert request["model"] == "Qwen/Qwen2.5-3B-Instruct" and request["tp"] == 2 and request["num_gpus"] == 8
+    assert request["prompts_per_step"] == 256 and request["samples_per_prompt"] == 8
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in imported.sources["tp"]
+    said = next(a for a in imported.assumed if "ppo_megatron_trainer" in a)
+    assert "not given" in said and "_self_" not in said
+    # the same keys as a launch script's overrides read the same
+    script = ("python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer data.max_prompt_length=1024 "
+              "data.max_response_length=1024 data.train_batch_size=256 "
+              "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct "
+              "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=sglang "
+              "actor_rollout_ref.rollout.n=8 algorithm.adv_estimator=grpo trainer.nnodes=1 trainer.n_gpus_per_node=8\n")
+    from_script = api.import_config(script, path="run.sh")
+    assert {k: v for k, v in from_script.request.items() if k != "expandable_segments"} == \
+        {k: v for k, v in request.items() if k != "expandable_segments"}
+
+
+def test_a_skyrl_trainer_yaml_is_read_and_plans():
+    imported = api.import_file(str(DATA / "skyrl_trainer.yaml"))
+    assert imported.framework == "skyrl" and imported.request["num_gpus"] == 4
+    assert imported.request["algorithm"] == "grpo" and imported.request["global_batch_size"] == 320
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert req.framework == "skyrl" and req.num_gpus == 4
+
+
+def test_a_yaml_of_neither_config_is_still_refused_with_its_keys():
+    with pytest.raises(MeshplanError, match="cannot tell which framework this YAML file is for"):
+        api.import_config("agent_cls: x.Agent\ntools:\n  enable_bash_tool: true\ngenerator:\n  n: 8\n",
+                          config_format="yaml")
+
+
+def test_a_megatron_functional_test_model_config_is_read_as_its_launch_line():
+    imported = api.import_file(str(DATA / "megatron_model_config.yaml"))
+    request, sources = imported.request, imported.sources
+    assert imported.framework == "megatron-core"
+    assert (request["tp"], request["pp"], request["micro_batch_size"], request["global_batch_size"]) == (2, 2, 4, 32)
+    assert request["recompute"] == "full" and request["sequence_parallel"] is False
+    assert sources["tp"].endswith("megatron_model_config.yaml:16 --tensor-model-parallel-size")  # the YAML's line
+    assert request["model"].startswith("megatron-core flags: --num-layers 12 --hidden-size 512")
+    assert any("read as pretrain_gpt.py's" in a and "GPU count" in a for a in imported.assumed)
+    assert not any("TENSORBOARD_PATH" in u for u in imported.unresolved)  # values kept literal, never expanded
+
+
+@pytest.mark.parametrize(("path", "extra", "said"), [
+    ("tests/functional_tests/test_cases/bert/bert_tp2/model_config.yaml", "", "of BERT"),
+    ("model_config.yaml", "MODE: inference\n", "MODE inference"),
+    ("model_config.yaml", "", "of T5"),
+])
+def test_a_functional_test_meshplan_does_not_plan_is_refused(path, extra, said):
+    text = (DATA / "megatron_model_config.yaml").read_text() + extra
+    if said == "of T5":
+        text = text.replace("  --num-layers: 12\n", "  --encoder-num-layers: 12\n  --decoder-num-layers: 12\n")
+    with pytest.raises(MeshplanError, match=said):
+        api.import_config(text, path=path)
