@@ -1064,3 +1064,21 @@ def test_skyrls_batch_fix_names_prompts_for_an_rl_job_and_the_batch_for_a_traini
     assert len(rl) == 1 and rl[0].fix == "Use prompts_per_step = 8 (x samples_per_prompt 3 = 24 sequences).", rl
     sft = [f for f in api.check_config(Request(**ask, global_batch_size=4)).findings if f.id == "SK001"]
     assert len(sft) == 1 and sft[0].fix == "Use global_batch_size = 8.", sft
+
+
+def test_a_memory_fix_naming_tp_alone_fits_as_the_request_with_that_tp():
+    """MEM001's tp neighbour turned sequence parallelism on whatever the framework does: Gemma-2-27B on 24 A100s with
+    DeepSpeed (which runs, and renders, no Megatron-style sequence parallelism) at tp=4 was told "tp=8 (67.8 GiB
+    peak) fits", and the request with tp=8 needed 118.6 GiB (its sequence_parallel off, as DeepSpeed's card
+    defaults it). The neighbour now keeps the plan's sequence parallelism at tp > 1 and, from tp=1, takes what the
+    framework turns on with tp (defaults.sequence_parallel_with_tp), as the request with that tp resolves."""
+    from meshplan.adapters.read.fixes import fix_changes
+
+    fields = dict(model="gemma-2-27b", framework="deepspeed", gpu="a100-80gb", num_gpus=24, tp=4,
+                  optimizer_offload=True, seq_length=32768, zero_stage=3)
+    report_ = api.check_config(Request(**fields))
+    f = next(f for f in report_.findings if f.id == "MEM001")
+    for alternative in f.fix.removesuffix(" fits.").removesuffix(" fit.").split(") or "):
+        (change,) = fix_changes(alternative.split(" (")[0], fields)[:1]
+        fixed = api.check_config(Request(**(fields | change)))
+        assert fixed.memory.fits, (alternative, change)

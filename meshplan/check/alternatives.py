@@ -50,8 +50,9 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
     for factor in pp_factors:
         pp = p.pp * factor
         out.append(_deeper_pipeline(ctx, pp))
-    if mesh.tp_fits_domain(p.tp * step, ctx.fast_domain):
-        out.append((f"tp={p.tp * step}", {"tp": p.tp * step, "sequence_parallel": True}))
+    if mesh.tp_fits_domain(p.tp * step, ctx.fast_domain):  # sequence parallelism as the request with this tp gets it
+        sp = p.sequence_parallel or (p.tp == 1 and ctx.card.defaults.sequence_parallel_with_tp(arch, p.pp))
+        out.append((f"tp={p.tp * step}", {"tp": p.tp * step, "sequence_parallel": sp}))
     if arch.moe is not None:
         out.append((f"ep={p.ep * step}", {"ep": p.ep * step}))
     if ctx.job.seq_length >= step * ctx_param(ctx, "MEM001", "cp_min_tokens_per_rank"):
