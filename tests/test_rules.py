@@ -1082,3 +1082,19 @@ def test_a_memory_fix_naming_tp_alone_fits_as_the_request_with_that_tp():
         (change,) = fix_changes(alternative.split(" (")[0], fields)[:1]
         fixed = api.check_config(Request(**(fields | change)))
         assert fixed.memory.fits, (alternative, change)
+
+
+def test_a_memory_fix_names_the_knob_that_steps_the_optimizer_on_the_cpu():
+    """verl's Megatron engine offloads its optimizer between phases with optimizer_offload; the CPU optimizer inside
+    the step is Megatron-Core's, through optimizer_offload_fraction (cards/frameworks/verl.yaml offload). MEM001's
+    neighbour set both and was named "optimizer_offload=true": DeepSeek-V2 TP1 PP4 CP4 EP8 on 32 H20 was told
+    "optimizer_offload=true (79.9 GiB peak) fits", and with it the training step still needed 158.8 GiB."""
+    from meshplan.adapters.read.fixes import fix_changes
+
+    fields = dict(model="deepseek-v2", framework="verl", gpu="h20", num_gpus=32, pp=4, cp=4, ep=8,
+                  global_batch_size=1024, micro_batch_size=1)
+    f = next(f for f in api.check_config(Request(**fields)).findings if f.id == "MEM001")
+    assert "optimizer_offload_fraction=1.0 (" in f.fix and "optimizer_offload=true" not in f.fix
+    for alternative in f.fix.removesuffix(" fits.").removesuffix(" fit.").split(") or "):
+        (change,) = fix_changes(alternative.split(" (")[0], fields)[:1]
+        assert api.check_config(Request(**(fields | change))).memory.fits, (alternative, change)

@@ -61,10 +61,27 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
         out.append(("recompute=full", {"recompute": "full", "recompute_layers": None, "recompute_method": None}))
     # Host offload last, as the slowest steps: the CPU optimizer, then parameters streamed from the host (the
     # framework card's offload section says what each moves and when; the offload rules drop the one it lacks)
-    if p.optimizer_offload_fraction < 1.0:
-        out.append(("optimizer_offload=true", {"optimizer_offload": True, "optimizer_offload_fraction": 1.0}))
+    out.extend(_cpu_optimizer(ctx))
     if not p.param_offload:
         out.append(("param_offload=true", {"param_offload": True}))
+    return out
+
+
+def _cpu_optimizer(ctx: Context) -> list[tuple[str, dict[str, Any]]]:
+    """The optimizer stepped on the CPU, in the knob the framework steps it with (its card's offload section): the
+    optimizer offload where it acts inside the step (Megatron-Core's CPU optimizer, DeepSpeed's offload_optimizer);
+    where that knob moves the optimizer between an RL step's phases (verl, SkyRL), the in-step share,
+    optimizer_offload_fraction, and in an RL job the phase offload beside it as its own neighbour."""
+    p = ctx.plan
+    semantics = ctx.card.offload_at(p.zero_stage)
+    if semantics is None or semantics.optimizer.when != "phase":
+        return [("optimizer_offload=true", {"optimizer_offload": True, "optimizer_offload_fraction": 1.0})] \
+            if p.optimizer_offload_fraction < 1.0 else []
+    out: list[tuple[str, dict[str, Any]]] = []
+    if semantics.optimizer_fraction == "in_step" and p.optimizer_offload_fraction < 1.0:
+        out.append(("optimizer_offload_fraction=1.0", {"optimizer_offload_fraction": 1.0}))
+    if ctx.job.rl is not None and not p.optimizer_offload:
+        out.append(("optimizer_offload=true", {"optimizer_offload": True}))
     return out
 
 
