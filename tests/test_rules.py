@@ -1098,3 +1098,23 @@ def test_a_memory_fix_names_the_knob_that_steps_the_optimizer_on_the_cpu():
     for alternative in f.fix.removesuffix(" fits.").removesuffix(" fit.").split(") or "):
         (change,) = fix_changes(alternative.split(" (")[0], fields)[:1]
         assert api.check_config(Request(**(fields | change))).memory.fits, (alternative, change)
+
+
+def test_a_memory_fix_widening_tp_splits_the_experts_as_the_framework_does():
+    """SkyRL (Megatron-Core's default etp = tp): Llama-4-Scout CP2 EP8 on 24 H200 was told "optimizer_state_dtype=bf16
+    + tp=2 (138.2 GiB peak) fits", estimated with the experts whole (etp 1); the request with tp=2 splits them over
+    tp (etp 2), whose expert grid 24 GPUs do not tile (WS002). The tp neighbour keeps the plan's etp and names it
+    ("tp=2, etp=1") where the framework's default would split the experts over the new tp."""
+    from meshplan.adapters.read.fixes import fix_changes
+
+    fields = dict(model="llama-4-scout", framework="skyrl", gpu="h200", num_gpus=24, cp=2, zero_stage=1, ep=8,
+                  mtp_num_layers=1)
+    f = next(f for f in api.check_config(Request(**fields)).findings if f.id == "MEM001")
+    named = f.fix.split("together, ")[-1].removesuffix(" fits.").removesuffix(" fit.").split(") or ")
+    for alternative in named:
+        change: dict = {}
+        for label in alternative.split(" (")[0].split(" + "):
+            change |= fix_changes(label, fields)[0]
+        fixed = api.check_config(Request(**(fields | change)))
+        assert fixed.memory is not None and fixed.memory.fits, (alternative, [x.id for x in fixed.findings])
+    assert "tp=2, etp=1 (" in f.fix

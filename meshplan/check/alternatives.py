@@ -50,9 +50,8 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
     for factor in pp_factors:
         pp = p.pp * factor
         out.append(_deeper_pipeline(ctx, pp))
-    if mesh.tp_fits_domain(p.tp * step, ctx.fast_domain):  # sequence parallelism as the request with this tp gets it
-        sp = p.sequence_parallel or (p.tp == 1 and ctx.card.defaults.sequence_parallel_with_tp(arch, p.pp))
-        out.append((f"tp={p.tp * step}", {"tp": p.tp * step, "sequence_parallel": sp}))
+    if mesh.tp_fits_domain(p.tp * step, ctx.fast_domain):
+        out.append(_wider_tp(ctx, p.tp * step))
     if arch.moe is not None:
         out.append((f"ep={p.ep * step}", {"ep": p.ep * step}))
     if ctx.job.seq_length >= step * ctx_param(ctx, "MEM001", "cp_min_tokens_per_rank"):
@@ -65,6 +64,19 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
     if not p.param_offload:
         out.append(("param_offload=true", {"param_offload": True}))
     return out
+
+
+def _wider_tp(ctx: Context, tp: int) -> tuple[str, dict[str, Any]]:
+    """The tp neighbour, named so that the request with it resolves to it (request/resolve.py): sequence parallelism
+    as the plan has it, or from tp=1 as the card's defaults turn it on with tp (DeepSpeed runs none); an MoE model's
+    expert TP kept, and named beside tp where the framework would otherwise split the experts over the new tp
+    (Megatron-Core's etp = tp default: SkyRL, Megatron-Bridge)."""
+    p, defaults = ctx.plan, ctx.card.defaults
+    sp = p.sequence_parallel or (p.tp == 1 and defaults.sequence_parallel_with_tp(ctx.job.model, p.pp))
+    label = f"tp={tp}"
+    if ctx.job.model.is_moe and defaults.etp == "tp" and p.etp != tp:
+        label += f", etp={p.etp}"
+    return label, {"tp": tp, "sequence_parallel": sp}
 
 
 def _cpu_optimizer(ctx: Context) -> list[tuple[str, dict[str, Any]]]:
