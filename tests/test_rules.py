@@ -1118,3 +1118,16 @@ def test_a_memory_fix_widening_tp_splits_the_experts_as_the_framework_does():
         fixed = api.check_config(Request(**(fields | change)))
         assert fixed.memory is not None and fixed.memory.fits, (alternative, [x.id for x in fixed.findings])
     assert "tp=2, etp=1 (" in f.fix
+
+
+def test_a_memory_fix_deepening_the_pipeline_runs_it_as_the_framework_does():
+    """KempnerForge turns sequence parallelism off in its pipeline stages (cards/frameworks/kempnerforge.yaml
+    defaults.sequence_parallel_off_for: pipeline). Llama-3.1-70B TP8 on 16 H100 at 8K was told "pp=2 + recompute=full
+    (76.4 GiB peak) fits", estimated with sequence parallelism kept; the request with pp=2 runs without it and
+    recompute=full needed 81.2 GiB. The pp neighbour now runs as the request with that pp resolves."""
+    fields = dict(model="llama-3.1-70b", framework="kempnerforge", gpu="h100", num_gpus=16, tp=8, seq_length=8192)
+    f = next(f for f in api.check_config(Request(**fields)).findings if f.id == "MEM001")
+    deeper = api.check_config(Request(**fields, pp=2)).memory
+    assert f"pp=2: {gib(deeper.fit_bytes)}" in f.fix  # the figure the fix tried is the request's own
+    assert "pp=2 + recompute=full" not in f.fix and not api.check_config(
+        Request(**fields, pp=2, recompute="full")).memory.fits

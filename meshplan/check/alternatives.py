@@ -109,9 +109,12 @@ def highest_zero_stage(ctx: Context) -> int:
 def _deeper_pipeline(ctx: Context, pp: int) -> tuple[str, dict[str, Any]]:
     """The pp neighbour without interleaving, with the split recommend ranks first for it (split.fastest_split, the
     function PP001's fix names its split with), else the split the search enumerates first for that pp
-    (schedule.pipeline_split: uneven only when pp does not divide the layers)."""
+    (schedule.pipeline_split: uneven only when pp does not divide the layers); sequence parallelism off where the
+    framework runs its pipeline stages without it (KempnerForge), as the request with that pp resolves."""
     change: dict[str, Any] = {"pp": pp, "first_stage_layers": None, "last_stage_layers": None, "vpp": 1,
-                              "pipeline_layout": None, "account_for_embedding": False, "account_for_loss": False}
+                              "pipeline_layout": None, "account_for_embedding": False, "account_for_loss": False,
+                              "sequence_parallel": ctx.plan.sequence_parallel
+                              and ctx.card.defaults.sequence_parallel_in_pipeline(pp)}
     plan = _neighbour(ctx, change)
     fastest = fastest_split(ctx.job, plan) if plan is not None and pp <= ctx.job.model.num_layers else None
     words = None
