@@ -185,7 +185,7 @@ def test_a_fix_keeping_expert_tp_beside_a_wider_tp_writes_it_where_the_file_leav
     report = api.check_config(api.request_from_config(imported, {"model": "mixtral-8x22b", "gpu": "b200",
                                                                  "num_gpus": 32}), config=imported)
     mem = next(f for f in report.findings if f.id == "MEM001")
-    assert "tp=2, etp=1 (" in mem.fix
+    assert "tp=2, etp=1, sequence_parallel=true (" in mem.fix
     options = [[c.text for c in option] for fix in report.config_fixes if fix.finding == "MEM001"
                for option in fix.options]
     widened = next(option for option in options if any("tensor_model_parallel_size = 2" in t for t in option))

@@ -1117,7 +1117,7 @@ def test_a_memory_fix_widening_tp_splits_the_experts_as_the_framework_does():
             change |= fix_changes(label, fields)[0]
         fixed = api.check_config(Request(**(fields | change)))
         assert fixed.memory is not None and fixed.memory.fits, (alternative, [x.id for x in fixed.findings])
-    assert "tp=2, etp=1 (" in f.fix
+    assert "tp=2, etp=1, sequence_parallel=true (" in f.fix
 
 
 def test_a_memory_fix_deepening_the_pipeline_runs_it_as_the_framework_does():
@@ -1131,3 +1131,20 @@ def test_a_memory_fix_deepening_the_pipeline_runs_it_as_the_framework_does():
     assert f"pp=2: {gib(deeper.fit_bytes)}" in f.fix  # the figure the fix tried is the request's own
     assert "pp=2 + recompute=full" not in f.fix and not api.check_config(
         Request(**fields, pp=2, recompute="full")).memory.fits
+
+
+def test_a_memory_fix_turning_sequence_parallelism_on_with_tp_says_so():
+    """A plan at tp=1 states sequence parallelism off (a rendered Megatron-Bridge recipe writes
+    cfg.model.sequence_parallel = False); MEM001's tp=2 neighbour turns it on, as the framework does with tp, and was
+    named "tp=2": Qwen3-8B with Muon on 32 A100s, sequence_parallel=false given, was told "tp=2 (115.3 GiB peak)" and
+    the request with tp=2 needed 133.6 GiB. The label now names the switch, so the request it makes is the one
+    estimated."""
+    from meshplan.adapters.read.fixes import fix_changes
+
+    fields = dict(model="qwen3-8b", framework="megatron-bridge", gpu="a100-80gb", num_gpus=32, optimizer="muon",
+                  seq_length=8192, sequence_parallel=False, micro_batch_size=4)
+    f = next(f for f in api.check_config(Request(**fields)).findings if f.id == "MEM001")
+    assert "tp=2, sequence_parallel=true" in f.fix
+    (change,) = fix_changes("tp=2, sequence_parallel=true", fields, resolve(Request(**fields))[1].model_dump())
+    assert change == {"tp": 2, "sequence_parallel": True}
+    assert gib(api.check_config(Request(**(fields | change))).memory.fit_bytes) in f.fix

@@ -67,15 +67,17 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
 
 
 def _wider_tp(ctx: Context, tp: int) -> tuple[str, dict[str, Any]]:
-    """The tp neighbour, named so that the request with it resolves to it (request/resolve.py): sequence parallelism
-    as the plan has it, or from tp=1 as the card's defaults turn it on with tp (DeepSpeed runs none); an MoE model's
-    expert TP kept, and named beside tp where the framework would otherwise split the experts over the new tp
-    (Megatron-Core's etp = tp default: SkyRL, Megatron-Bridge)."""
+    """The tp neighbour, named so that the request with it resolves to it (request/resolve.py): an MoE model's expert
+    TP kept, and named beside tp where the framework would otherwise split the experts over the new tp (Megatron-Core's
+    etp = tp default: SkyRL, Megatron-Bridge); sequence parallelism as the plan has it, or from tp=1 as the card's
+    defaults turn it on with tp (DeepSpeed runs none), named where it turns on (a file at tp=1 often states it off)."""
     p, defaults = ctx.plan, ctx.card.defaults
     sp = p.sequence_parallel or (p.tp == 1 and defaults.sequence_parallel_with_tp(ctx.job.model, p.pp))
     label = f"tp={tp}"
     if ctx.job.model.is_moe and defaults.etp == "tp" and p.etp != tp:
         label += f", etp={p.etp}"
+    if sp and not p.sequence_parallel:
+        label += ", sequence_parallel=true"
     return label, {"tp": tp, "sequence_parallel": sp}
 
 
