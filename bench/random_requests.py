@@ -3,6 +3,7 @@ what a user would trip on (tests/test_random_requests.py runs a few dozen draws 
 
     python bench/random_requests.py errors   SEED N  # every operation: a traceback, a timeout, an answer over --slow s
     python bench/random_requests.py fixes    SEED N  # check, each error's fix applied, check again: the rule still fires
+    python bench/random_requests.py rlfixes  SEED N  # the same over verl/SkyRL RL jobs (RL005, RL006, VL*, SK*)
     python bench/random_requests.py memfix   SEED N  # each layout MEM001 names, applied: the figure it stated
     python bench/random_requests.py render   SEED N  # render -> import: a field the request set reads back otherwise
     python bench/random_requests.py rl       SEED N  # the same for verl/SkyRL RL jobs, plan and job compared
@@ -128,10 +129,18 @@ def applied(req: dict, alternative: str, in_effect: dict) -> dict:
     return {k: v for k, v in {**req, **change}.items() if v is not None} if change else {}
 
 
-def fixes(rng: random.Random, n: int) -> None:
+def draw_rl(rng: random.Random, extra: int = 0) -> dict:
+    """An RL job on verl or SkyRL, the trainer and rollout knobs drawn (a separate pool left out: it needs its GPUs)."""
+    req = dict(model=rng.choice(RL_MODELS + ("qwen3-235b-a22b", "llama-3.1-70b", "qwen2.5-72b")),
+               framework=rng.choice(["verl", "skyrl"]), gpu=rng.choice(GPUS), num_gpus=rng.choice([8, 16, 32, 64]),
+               job="rl")
+    return req | {k: rng.choice(v) for k, v in RL_EXTRA.items() if rng.random() < 0.25}
+
+
+def fixes(rng: random.Random, n: int, rl_jobs: bool = False) -> None:
     tried = failed = 0
     for _ in range(n):
-        req = draw(rng, 4)
+        req = draw_rl(rng) if rl_jobs else draw(rng, 4)
         try:
             report = api.check_config(Request(**req))
         except (MeshplanError, ValidationError):
@@ -324,7 +333,8 @@ def recommend(rng: random.Random, n: int, slow: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep", choices=("errors", "fixes", "memfix", "render", "rl", "faces", "recommend"))
+    parser.add_argument("sweep", choices=("errors", "fixes", "rlfixes", "memfix", "render", "rl", "faces",
+                                          "recommend"))
     parser.add_argument("seed", type=int)
     parser.add_argument("n", type=int)
     parser.add_argument("--slow", type=float, default=8.0, help="seconds over which an answer is printed as SLOW")
@@ -332,6 +342,8 @@ def main() -> None:
     rng = random.Random(args.seed)
     if args.sweep in ("errors", "recommend"):
         globals()[args.sweep](rng, args.n, args.slow)
+    elif args.sweep == "rlfixes":
+        fixes(rng, args.n, rl_jobs=True)
     else:
         globals()[args.sweep](rng, args.n)
 
