@@ -83,6 +83,7 @@ def errors(rng: random.Random, n: int, slow: float) -> None:
         raise TimedOut()
 
     signal.signal(signal.SIGALRM, alarm)
+    answered = 0
     for _ in range(n):
         req = draw(rng, 4)
         op = rng.choice(["recommend", "estimate_memory", "estimate_throughput", "check_config", "minimum_gpus",
@@ -98,6 +99,7 @@ def errors(rng: random.Random, n: int, slow: float) -> None:
                 api.minimum_gpus(Request(**{k: v for k, v in req.items() if k != "num_gpus"}))
             else:
                 getattr(api, op)(Request(**req))
+            answered += 1
         except (MeshplanError, ValidationError):
             pass
         except TimedOut:
@@ -109,6 +111,7 @@ def errors(rng: random.Random, n: int, slow: float) -> None:
             signal.alarm(0)
         if time.time() - start > slow:
             print(f"SLOW {time.time() - start:.1f} s", op, req, flush=True)
+    print("requests", n, "answered", answered, "(the rest refused with a reason)")
 
 
 def alternatives(fix: str, rule: str) -> list[str]:
