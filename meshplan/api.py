@@ -176,11 +176,12 @@ def render_config(framework: str, req: Request, *, force: bool = False, **option
     """The plan in `framework`'s own keys, after its rules: a rule error (a layout the framework rejects, or one
     that does not fit) raises `RefusedLayout` with the findings and their fixes, unless `force`; then, and for
     warnings, the findings travel in `warnings`."""
-    from meshplan.adapters.render import render, request_at_version, require_target, vet_layout
+    from meshplan.adapters.render import render, request_at_version, require_target, require_variant, vet_layout
     from meshplan.check.config import check_config as check
     from meshplan.request.resolve import resolve
 
     require_target(framework)
+    require_variant(framework, options.get("variant"))
     req = request_at_version(framework, script_request(req), options.get("version"))
     job, plan = resolve(req.model_copy(update={"framework": framework}))
     notes, warnings = vet_layout(job, plan, check(job, plan), force=force)

@@ -183,3 +183,25 @@ def test_verl_fsdp_ulysses_goes_to_each_engines_own_key():
     imported = api.import_config(VERL_DEPRECATED_ULYSSES, framework="verl")
     assert imported.sources["cp"].endswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size")
     assert api.request_from_config(imported, {"gpu": "h100"}).cp == 4
+
+
+def test_skyrls_phase_optimizer_offload_renders_no_in_step_cpu_optimizer():
+    """SkyRL's RL trainer offloads the optimizer between phases by default (offload_after_step, the plan's
+    optimizer_offload); Megatron-Core's in-step CPU optimizer is optimizer_offload_fraction's alone (cards/frameworks/
+    skyrl.yaml offload). Every default SkyRL Megatron RL config was rendered with optimizer_cpu_offload=true and
+    optimizer_offload_fraction=1.0, a CPU Adam step the estimate never timed, and read back as fraction 1.0; verl's
+    adapter guarded its two call sites itself. megatron_cpu_optimizer now reads the engine's offload section."""
+    from meshplan import api
+    from meshplan.request.resolve import resolve
+    from meshplan.schema.request import Request
+
+    fields = dict(model="mistral-7b", gpu="h200", num_gpus=8, framework="skyrl", job="rl", samples_per_prompt=4)
+    request = Request(**fields)
+    assert resolve(request)[1].optimizer_offload  # SkyRL's offload_after_step default
+    text = api.render_config("skyrl", request).text
+    assert "optimizer_cpu_offload" not in text and "optimizer_offload_fraction" not in text
+    back = api.request_from_config(api.import_config(text, path="run.sh", framework="skyrl"),
+                                   {k: fields[k] for k in ("model", "gpu", "num_gpus")})
+    assert resolve(back)[1].optimizer_offload_fraction == 0.0
+    share = api.render_config("skyrl", Request(**fields, optimizer_offload_fraction=0.5)).text
+    assert "optimizer_config_kwargs.optimizer_offload_fraction=0.5" in share

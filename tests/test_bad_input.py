@@ -243,3 +243,19 @@ def test_estimates_from_a_config_warn_first_of_its_misspelt_key_on_mcp_and_cli(t
     import json
 
     assert json.loads(capsys.readouterr().out)["warnings"][0] == f"{path}{line}"
+
+
+def test_a_misspelt_variant_is_named_before_the_layouts_rules_on_every_face(capsys):
+    """render_config with variant='nope' on a layout that does not fit answered MEM001's refusal; once the memory was
+    fixed it named the variant. The variant is an input of its own: refused first, with the variants there are."""
+    from meshplan import api
+    from meshplan.core.errors import MeshplanError
+    from meshplan.schema.request import Request
+
+    fields = dict(model="qwen3-8b", framework="verl", num_gpus=8)  # TP1 DP8: MEM001 on 80 GB
+    with pytest.raises(MeshplanError, match="verl has no variant 'nope'"):
+        api.render_config("verl", Request(**fields), variant="nope")
+    result = call_tool("render_config", {**fields, "variant": "nope"})
+    assert result.is_error and "verl has no variant 'nope'" in result.content[0].text
+    assert cli.main(["render", "verl", "--model", "qwen3-8b", "--num-gpus", "8", "--variant", "nope"]) == cli.EXIT_USAGE
+    assert "verl has no variant 'nope'" in capsys.readouterr().err

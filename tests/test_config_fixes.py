@@ -13,6 +13,7 @@ from meshplan import api
 from meshplan.adapters.read.fixes import config_fixes, file_change, fix_changes, written
 from meshplan.faces import cli
 from meshplan.schema.reports import Finding
+from meshplan.schema.request import Request
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -170,3 +171,24 @@ def test_a_skyrl_sft_script_fix_is_in_main_sft_keys():
     edits = [c.text for fix in report.config_fixes for option in fix.options for c in option]
     assert edits and not [e for e in edits if e.startswith("trainer.")], edits
     assert "megatron_config.tensor_model_parallel_size=2  # line 3, was 1" in edits
+
+
+def test_a_fix_keeping_expert_tp_beside_a_wider_tp_writes_it_where_the_file_leaves_it_out():
+    """MEM001's 'tp=2, etp=1' on a Megatron-Bridge config with no expert_tensor_parallel_size: etp 1 is in effect
+    (tp 1), so the edit wrote tp alone, and the file with tp=2 takes Megatron-Core's etp = tp default (etp 2), not the
+    layout the fix estimated. A field the resolver derives from one the option changes is written too."""
+    request = Request(model="mixtral-8x22b", framework="megatron-bridge", gpu="b200", num_gpus=32,
+                          seq_length=32768, pp=2, ep=8, recompute="full", micro_batch_size=4)
+    text = api.render_config("megatron-bridge", request, force=True).text
+    text = "\n".join(line for line in text.splitlines() if "expert_tensor_parallel_size" not in line)
+    imported = api.import_config(text, path="recipe.py", framework="megatron-bridge")
+    report = api.check_config(api.request_from_config(imported, {"model": "mixtral-8x22b", "gpu": "b200",
+                                                                 "num_gpus": 32}), config=imported)
+    mem = next(f for f in report.findings if f.id == "MEM001")
+    assert "tp=2, etp=1, sequence_parallel=true (" in mem.fix
+    options = [[c.text for c in option] for fix in report.config_fixes if fix.finding == "MEM001"
+               for option in fix.options]
+    widened = next(option for option in options if any("tensor_model_parallel_size = 2" in t for t in option))
+    assert "cfg.model.expert_tensor_parallel_size = 1" in widened
+    assert fix_changes("tp=2, etp=1", {}, {"tp": 1, "etp": 1}) == [{"tp": 2, "etp": 1}]
+    assert fix_changes("no ep tiles 8 GPUs at pp=16, etp=1", {}, {"pp": 16, "etp": 1}) == []

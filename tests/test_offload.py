@@ -9,6 +9,7 @@ from meshplan.arithmetic.offload import offload_card, offload_plan, offload_time
 from meshplan.core.errors import MeshplanError
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
 
 GIB = 1 << 30
 
@@ -190,3 +191,18 @@ def test_the_step_time_carries_the_offload_term():
     assert off.breakdown.offload_s == pytest.approx(offload_card().cpu_adam_s_per_param * params * 0.5)
     assert off.step_time_s == pytest.approx(base.step_time_s + off.breakdown.offload_s)
     assert any("CPU Adam" in a for a in off.assumptions) and base.breakdown.offload_s == 0
+
+
+@pytest.mark.parametrize("framework", ["skyrl", "verl"])
+def test_a_phase_optimizer_offload_off_beside_an_in_step_share_is_no_contradiction(framework):
+    """On verl's and SkyRL's Megatron engines optimizer_offload moves the optimizer between an RL step's phases and
+    optimizer_offload_fraction is Megatron-Core's in-step CPU optimizer: two knobs (offload_after_step / megatron
+    optimizer_offload, and optimizer_config_kwargs). optimizer_offload=false with a share was refused as a contradiction,
+    and MEM001's 'optimizer_offload_fraction=1.0' with it, applied to a SkyRL request that turned offload_after_step off;
+    on Megatron-Core, one knob, it still is."""
+    fields = dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, job="rl", optimizer_offload=False,
+                  optimizer_offload_fraction=1.0)
+    _, plan = resolve(Request(framework=framework, **fields))
+    assert not plan.optimizer_offload and plan.optimizer_offload_fraction == 1.0
+    with pytest.raises(MeshplanError, match="contradicts"):
+        resolve(Request(framework="megatron-core", **{k: v for k, v in fields.items() if k != "job"}))

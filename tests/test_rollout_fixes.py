@@ -94,3 +94,17 @@ def test_the_rl_actor_search_ranks_layouts_at_one_mini_batch():
     assert _training(req).global_batch_size == 4 * 8
     rec = api.recommend(req)
     assert rec.candidates and all(4 * 8 % (c.plan.dp * c.plan.micro_batch_size) == 0 for c in rec.candidates)
+
+
+def test_rl006s_phase_offload_names_the_fraction_the_freed_memory_needs():
+    """SGLang's fraction is of the memory the trainer leaves free: RL006 named optimizer_offload=true ("more is free
+    when the engine starts") for a Qwen3-30B-A3B verl job on 16 A100-40GB at fraction 0.5, and with it the engine still
+    held no sequence (RL006 again, now asking 0.74). The offload is estimated before it is named, with the fraction it
+    then needs; each alternative, applied, clears RL006."""
+    fields = dict(model="qwen3-30b-a3b", framework="verl", gpu="a100-40gb", num_gpus=16, job="rl", tp=4, pp=2,
+                  micro_batch_size=1, samples_per_prompt=8, prompts_per_mini_batch=16, param_offload=True,
+                  optimizer_offload_fraction=0.5, rollout_engine="sglang")
+    rl006 = next(f for f in api.check_config(Request(**fields)).findings if f.id == "RL006")
+    assert "optimizer_offload=true with rollout_memory_fraction=" in rl006.fix
+    for change in fix_changes(rl006.fix, fields):
+        assert "RL006" not in {f.id for f in api.check_config(Request(**(fields | change))).findings}, change

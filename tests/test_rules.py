@@ -1065,3 +1065,87 @@ def test_skyrls_batch_fix_names_prompts_for_an_rl_job_and_the_batch_for_a_traini
     assert len(rl) == 1 and rl[0].fix == "Use prompts_per_step = 8 (x samples_per_prompt 3 = 24 sequences).", rl
     sft = [f for f in api.check_config(Request(**ask, global_batch_size=4)).findings if f.id == "SK001"]
     assert len(sft) == 1 and sft[0].fix == "Use global_batch_size = 8.", sft
+
+
+def test_a_memory_fix_naming_tp_alone_fits_as_the_request_with_that_tp():
+    """MEM001's tp neighbour turned sequence parallelism on whatever the framework does: Gemma-2-27B on 24 A100s with
+    DeepSpeed (which runs, and renders, no Megatron-style sequence parallelism) at tp=4 was told "tp=8 (67.8 GiB
+    peak) fits", and the request with tp=8 needed 118.6 GiB (its sequence_parallel off, as DeepSpeed's card
+    defaults it). The neighbour now keeps the plan's sequence parallelism at tp > 1 and, from tp=1, takes what the
+    framework turns on with tp (defaults.sequence_parallel_with_tp), as the request with that tp resolves."""
+    from meshplan.adapters.read.fixes import fix_changes
+
+    fields = dict(model="gemma-2-27b", framework="deepspeed", gpu="a100-80gb", num_gpus=24, tp=4,
+                  optimizer_offload=True, seq_length=32768, zero_stage=3)
+    report_ = api.check_config(Request(**fields))
+    f = next(f for f in report_.findings if f.id == "MEM001")
+    for alternative in f.fix.removesuffix(" fits.").removesuffix(" fit.").split(") or "):
+        (change,) = fix_changes(alternative.split(" (")[0], fields)[:1]
+        fixed = api.check_config(Request(**(fields | change)))
+        assert fixed.memory.fits, (alternative, change)
+
+
+def test_a_memory_fix_names_the_knob_that_steps_the_optimizer_on_the_cpu():
+    """verl's Megatron engine offloads its optimizer between phases with optimizer_offload; the CPU optimizer inside
+    the step is Megatron-Core's, through optimizer_offload_fraction (cards/frameworks/verl.yaml offload). MEM001's
+    neighbour set both and was named "optimizer_offload=true": DeepSeek-V2 TP1 PP4 CP4 EP8 on 32 H20 was told
+    "optimizer_offload=true (79.9 GiB peak) fits", and with it the training step still needed 158.8 GiB."""
+    from meshplan.adapters.read.fixes import fix_changes
+
+    fields = dict(model="deepseek-v2", framework="verl", gpu="h20", num_gpus=32, pp=4, cp=4, ep=8,
+                  global_batch_size=1024, micro_batch_size=1)
+    f = next(f for f in api.check_config(Request(**fields)).findings if f.id == "MEM001")
+    assert "optimizer_offload_fraction=1.0 (" in f.fix and "optimizer_offload=true" not in f.fix
+    for alternative in f.fix.removesuffix(" fits.").removesuffix(" fit.").split(") or "):
+        (change,) = fix_changes(alternative.split(" (")[0], fields)[:1]
+        assert api.check_config(Request(**(fields | change))).memory.fits, (alternative, change)
+
+
+def test_a_memory_fix_widening_tp_splits_the_experts_as_the_framework_does():
+    """SkyRL (Megatron-Core's default etp = tp): Llama-4-Scout CP2 EP8 on 24 H200 was told "optimizer_state_dtype=bf16
+    + tp=2 (138.2 GiB peak) fits", estimated with the experts whole (etp 1); the request with tp=2 splits them over
+    tp (etp 2), whose expert grid 24 GPUs do not tile (WS002). The tp neighbour keeps the plan's etp and names it
+    ("tp=2, etp=1") where the framework's default would split the experts over the new tp."""
+    from meshplan.adapters.read.fixes import fix_changes
+
+    fields = dict(model="llama-4-scout", framework="skyrl", gpu="h200", num_gpus=24, cp=2, zero_stage=1, ep=8,
+                  mtp_num_layers=1)
+    f = next(f for f in api.check_config(Request(**fields)).findings if f.id == "MEM001")
+    named = f.fix.split("together, ")[-1].removesuffix(" fits.").removesuffix(" fit.").split(") or ")
+    for alternative in named:
+        change: dict = {}
+        for label in alternative.split(" (")[0].split(" + "):
+            change |= fix_changes(label, fields)[0]
+        fixed = api.check_config(Request(**(fields | change)))
+        assert fixed.memory is not None and fixed.memory.fits, (alternative, [x.id for x in fixed.findings])
+    assert "tp=2, etp=1, sequence_parallel=true (" in f.fix
+
+
+def test_a_memory_fix_deepening_the_pipeline_runs_it_as_the_framework_does():
+    """KempnerForge turns sequence parallelism off in its pipeline stages (cards/frameworks/kempnerforge.yaml
+    defaults.sequence_parallel_off_for: pipeline). Llama-3.1-70B TP8 on 16 H100 at 8K was told "pp=2 + recompute=full
+    (76.4 GiB peak) fits", estimated with sequence parallelism kept; the request with pp=2 runs without it and
+    recompute=full needed 81.2 GiB. The pp neighbour now runs as the request with that pp resolves."""
+    fields = dict(model="llama-3.1-70b", framework="kempnerforge", gpu="h100", num_gpus=16, tp=8, seq_length=8192)
+    f = next(f for f in api.check_config(Request(**fields)).findings if f.id == "MEM001")
+    deeper = api.check_config(Request(**fields, pp=2)).memory
+    assert f"pp=2: {gib(deeper.fit_bytes)}" in f.fix  # the figure the fix tried is the request's own
+    assert "pp=2 + recompute=full" not in f.fix and not api.check_config(
+        Request(**fields, pp=2, recompute="full")).memory.fits
+
+
+def test_a_memory_fix_turning_sequence_parallelism_on_with_tp_says_so():
+    """A plan at tp=1 states sequence parallelism off (a rendered Megatron-Bridge recipe writes
+    cfg.model.sequence_parallel = False); MEM001's tp=2 neighbour turns it on, as the framework does with tp, and was
+    named "tp=2": Qwen3-8B with Muon on 32 A100s, sequence_parallel=false given, was told "tp=2 (115.3 GiB peak)" and
+    the request with tp=2 needed 133.6 GiB. The label now names the switch, so the request it makes is the one
+    estimated."""
+    from meshplan.adapters.read.fixes import fix_changes
+
+    fields = dict(model="qwen3-8b", framework="megatron-bridge", gpu="a100-80gb", num_gpus=32, optimizer="muon",
+                  seq_length=8192, sequence_parallel=False, micro_batch_size=4)
+    f = next(f for f in api.check_config(Request(**fields)).findings if f.id == "MEM001")
+    assert "tp=2, sequence_parallel=true" in f.fix
+    (change,) = fix_changes("tp=2, sequence_parallel=true", fields, resolve(Request(**fields))[1].model_dump())
+    assert change == {"tp": 2, "sequence_parallel": True}
+    assert gib(api.check_config(Request(**(fields | change))).memory.fit_bytes) in f.fix

@@ -271,10 +271,14 @@ def offload_modules(job: Job, plan: Plan) -> list[str]:
     return modules
 
 
-def megatron_cpu_optimizer(plan: Plan) -> dict[str, object]:
+def megatron_cpu_optimizer(job: Job, plan: Plan) -> dict[str, object]:
     """Megatron-Core OptimizerConfig fields of the in-step CPU optimizer (HybridDeviceOptimizer): the share, the
-    precision-aware optimizer whose code path it reuses (arguments.py asserts it), and the D2H/H2D overlap."""
-    share = optimizer_share(plan)
+    precision-aware optimizer whose code path it reuses (arguments.py asserts it), and the D2H/H2D overlap. Where the
+    engine's optimizer_offload moves the optimizer between an RL step's phases (verl's and SkyRL's Megatron engines:
+    the card's offload section, optimizer `when: phase`), only optimizer_offload_fraction steps it on the CPU."""
+    semantics = job.card.offload_at(plan.zero_stage)
+    phase = semantics is not None and semantics.optimizer.when == "phase"
+    share = plan.optimizer_offload_fraction if phase else optimizer_share(plan)
     if share == 0:
         return {}
     return {"optimizer_cpu_offload": True, "optimizer_offload_fraction": share,

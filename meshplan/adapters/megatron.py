@@ -190,7 +190,7 @@ def offload_flags(job: Job, plan: Plan) -> list[Flag]:
     flags: list[Flag] = []
     if plan.activation_offload:
         flags += [("--fine-grained-activation-offloading", None), ("--offload-modules", offload_modules(job, plan))]
-    cpu = megatron_cpu_optimizer(plan)
+    cpu = megatron_cpu_optimizer(job, plan)
     if cpu:
         flags += [("--optimizer-cpu-offload", None),
                   ("--optimizer-offload-fraction", cpu["optimizer_offload_fraction"]),
@@ -346,7 +346,7 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     s += bridge_precision(job, plan)
     if plan.activation_offload:
         s += [("model.fine_grained_activation_offloading", True), ("model.offload_modules", offload_modules(job, plan))]
-    s += [(f"optimizer.{k}", v) for k, v in megatron_cpu_optimizer(plan).items()
+    s += [(f"optimizer.{k}", v) for k, v in megatron_cpu_optimizer(job, plan).items()
           if not (k == "use_precision_aware_optimizer" and precision_aware(plan))]
     return s
 

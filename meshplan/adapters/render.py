@@ -255,12 +255,7 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
     if version is None and job.framework_version in section.versions:  # the release the request named
         version = job.framework_version
     version = resolve_version(framework, version)
-    variant = variant or default_variant(card, job, plan)
-    if variant not in section.variants:
-        raise MeshplanError(
-            f"{framework} has no variant {variant!r}.",
-            fix="Variants: " + "; ".join(f"{k} ({v})" for k, v in section.variants.items()) + ".",
-        )
+    variant = require_variant(framework, variant or default_variant(card, job, plan))
     refuse_other_engine(framework, version, variant, job, plan)
     refuse_missing(framework, version, variant, job, plan)
     built = builder(job, plan, variant, version)
@@ -272,6 +267,18 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
         framework=framework, variant=variant, version=version, format=built.format, text=text,
         filename=built.filename, plan=plan, notes=[*job.notes, *built.notes, *note], warnings=built.warnings,
     )
+
+
+def require_variant(framework: str, variant: str | None) -> str | None:
+    """The variant, refused unless the framework's adapter writes it (None: the default, chosen per plan); api's
+    render_config asks first, so a misspelt variant is named before the layout's rules run."""
+    variants = adapter_section(framework_card(framework)).variants
+    if variant is not None and variant not in variants:
+        raise MeshplanError(
+            f"{framework} has no variant {variant!r}.",
+            fix="Variants: " + "; ".join(f"{k} ({v})" for k, v in variants.items()) + ".",
+        )
+    return variant
 
 
 ALLOCATOR_ENV = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"

@@ -253,7 +253,7 @@ def _verl_megatron_offload(job: Job, plan: Plan) -> list[Override]:
     o: list[Override] = [(f"{actor}.megatron.{knob}", True) for knob, on in (
         ("param_offload", plan.param_offload), ("optimizer_offload", plan.optimizer_offload)) if on]
     o += [(f"++{actor}.optim.override_optimizer_config.{k}", v)
-          for k, v in megatron_cpu_optimizer(plan).items() if plan.optimizer_offload_fraction > 0]
+          for k, v in megatron_cpu_optimizer(job, plan).items()]
     if plan.activation_offload:
         o += [(f"++{actor}.megatron.override_transformer_config.fine_grained_activation_offloading", True),
               (f"++{actor}.megatron.override_transformer_config.offload_modules", offload_modules(job, plan))]
@@ -333,7 +333,7 @@ def verl_sft_megatron_overrides(job: Job, plan: Plan) -> tuple[list[Override], l
                                             ("optimizer_offload", plan.optimizer_offload)) if on]
     o += [(f"optim.{k}", v) for k, v in verl_precision_aware(plan).items()]
     o += [(f"++optim.override_optimizer_config.{k}", v)
-          for k, v in megatron_cpu_optimizer(plan).items() if plan.optimizer_offload_fraction > 0]
+          for k, v in megatron_cpu_optimizer(job, plan).items()]
     if plan.activation_offload:
         o += [(f"++{e}override_transformer_config.fine_grained_activation_offloading", True),
               (f"++{e}override_transformer_config.offload_modules", offload_modules(job, plan))]
@@ -469,7 +469,7 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
         o.append(("trainer.policy.optimizer_config.offload_after_step", False))
     if job.precision == "fp8":  # MegatronConfig.fp8 / fp8_recipe, folded into its TransformerConfig kwargs
         o += [(f"{prefix}.fp8", "hybrid"), (f"{prefix}.fp8_recipe", fp8_recipe(job, plan))]
-    optimizer = {**megatron_cpu_optimizer(plan), **megatron_precision_aware(plan)}  # one switch for both
+    optimizer = {**megatron_cpu_optimizer(job, plan), **megatron_precision_aware(plan)}  # one switch
     o += [(f"{prefix}.optimizer_config_kwargs.{k}", v) for k, v in optimizer.items()]
     if plan.grad_reduce_in_fp32 is False:  # MegatronDDPConfig's default is True
         o.append((f"{prefix}.ddp_config.grad_reduce_in_fp32", False))

@@ -51,7 +51,7 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
         pp = p.pp * factor
         out.append(_deeper_pipeline(ctx, pp))
     if mesh.tp_fits_domain(p.tp * step, ctx.fast_domain):
-        out.append((f"tp={p.tp * step}", {"tp": p.tp * step, "sequence_parallel": True}))
+        out.append(_wider_tp(ctx, p.tp * step))
     if arch.moe is not None:
         out.append((f"ep={p.ep * step}", {"ep": p.ep * step}))
     if ctx.job.seq_length >= step * ctx_param(ctx, "MEM001", "cp_min_tokens_per_rank"):
@@ -60,10 +60,42 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
         out.append(("recompute=full", {"recompute": "full", "recompute_layers": None, "recompute_method": None}))
     # Host offload last, as the slowest steps: the CPU optimizer, then parameters streamed from the host (the
     # framework card's offload section says what each moves and when; the offload rules drop the one it lacks)
-    if p.optimizer_offload_fraction < 1.0:
-        out.append(("optimizer_offload=true", {"optimizer_offload": True, "optimizer_offload_fraction": 1.0}))
+    out.extend(_cpu_optimizer(ctx))
     if not p.param_offload:
         out.append(("param_offload=true", {"param_offload": True}))
+    return out
+
+
+def _wider_tp(ctx: Context, tp: int) -> tuple[str, dict[str, Any]]:
+    """The tp neighbour, named so that the request with it resolves to it (request/resolve.py): an MoE model's expert
+    TP kept, and named beside tp where the framework would otherwise split the experts over the new tp (Megatron-Core's
+    etp = tp default: SkyRL, Megatron-Bridge); sequence parallelism as the plan has it, or from tp=1 as the card's
+    defaults turn it on with tp (DeepSpeed runs none), named where it turns on (a file at tp=1 often states it off)."""
+    p, defaults = ctx.plan, ctx.card.defaults
+    sp = p.sequence_parallel or (p.tp == 1 and defaults.sequence_parallel_with_tp(ctx.job.model, p.pp))
+    label = f"tp={tp}"
+    if ctx.job.model.is_moe and defaults.etp == "tp" and p.etp != tp:
+        label += f", etp={p.etp}"
+    if sp and not p.sequence_parallel:
+        label += ", sequence_parallel=true"
+    return label, {"tp": tp, "sequence_parallel": sp}
+
+
+def _cpu_optimizer(ctx: Context) -> list[tuple[str, dict[str, Any]]]:
+    """The optimizer stepped on the CPU, in the knob the framework steps it with (its card's offload section): the
+    optimizer offload where it acts inside the step (Megatron-Core's CPU optimizer, DeepSpeed's offload_optimizer);
+    where that knob moves the optimizer between an RL step's phases (verl, SkyRL), the in-step share,
+    optimizer_offload_fraction, and in an RL job the phase offload beside it as its own neighbour."""
+    p = ctx.plan
+    semantics = ctx.card.offload_at(p.zero_stage)
+    if semantics is None or semantics.optimizer.when != "phase":
+        return [("optimizer_offload=true", {"optimizer_offload": True, "optimizer_offload_fraction": 1.0})] \
+            if p.optimizer_offload_fraction < 1.0 else []
+    out: list[tuple[str, dict[str, Any]]] = []
+    if semantics.optimizer_fraction == "in_step" and p.optimizer_offload_fraction < 1.0:
+        out.append(("optimizer_offload_fraction=1.0", {"optimizer_offload_fraction": 1.0}))
+    if ctx.job.rl is not None and not p.optimizer_offload:
+        out.append(("optimizer_offload=true", {"optimizer_offload": True}))
     return out
 
 
@@ -79,9 +111,12 @@ def highest_zero_stage(ctx: Context) -> int:
 def _deeper_pipeline(ctx: Context, pp: int) -> tuple[str, dict[str, Any]]:
     """The pp neighbour without interleaving, with the split recommend ranks first for it (split.fastest_split, the
     function PP001's fix names its split with), else the split the search enumerates first for that pp
-    (schedule.pipeline_split: uneven only when pp does not divide the layers)."""
+    (schedule.pipeline_split: uneven only when pp does not divide the layers); sequence parallelism off where the
+    framework runs its pipeline stages without it (KempnerForge), as the request with that pp resolves."""
     change: dict[str, Any] = {"pp": pp, "first_stage_layers": None, "last_stage_layers": None, "vpp": 1,
-                              "pipeline_layout": None, "account_for_embedding": False, "account_for_loss": False}
+                              "pipeline_layout": None, "account_for_embedding": False, "account_for_loss": False,
+                              "sequence_parallel": ctx.plan.sequence_parallel
+                              and ctx.card.defaults.sequence_parallel_in_pipeline(pp)}
     plan = _neighbour(ctx, change)
     fastest = fastest_split(ctx.job, plan) if plan is not None and pp <= ctx.job.model.num_layers else None
     words = None

@@ -15,9 +15,11 @@ from meshplan.arithmetic.mesh import ranks_per_node, tp_fits_domain
 from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.alternatives import fitting_alternatives, highest_zero_stage
 from meshplan.check.split import headroom_threshold
+from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, gib
 from meshplan.estimate.memory import estimate_memory, memory_budget
 from meshplan.rl.engine import engine_weight_bytes, engine_working_bytes, kv_bytes_per_token
+from meshplan.rl.memory import job_memory
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.rollout import phase_knobs
 from meshplan.schema.reports import EngineMemory, MemoryReport
@@ -248,12 +250,32 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
             break
     knobs = [k for k in phase_knobs(ctx.card, plan) if not getattr(plan, k)]
     if of_free and knobs and rollout.pool == "trainer":  # its fraction is of the memory the trainer leaves free
-        fixes.append(f"{_switched_on(knobs)} (the trainer's states leave the GPUs for the "
-                     "rollout, so more is free when the engine starts)")
+        fixes += _freed_for_the_engine(ctx, knobs, need)
     return {"engine": plan.rollout_engine, "fraction": f"{plan.rollout_memory_fraction:g}", "need": gib(need),
             "weights": gib(weights), "working": gib(working), "kv": gib(engine.kv_bytes),
             "length": f"{length:,}", "sequence": gib(sequence),
             "fix": " or ".join(fixes) if fixes else "GPUs with more memory: no fraction holds one sequence here"}
+
+
+def _freed_for_the_engine(ctx: Context, knobs: list[str], need: float) -> list[str]:
+    """RL006's phase-offload fix where the engine's fraction is of what the trainer leaves free: the budget it then
+    starts with, estimated with the knobs on, and the fraction that holds a sequence there where the request's does
+    not (a Qwen3-30B-A3B verl job on 40 GB A100s was told optimizer_offload=true, and at its fraction 0.5 the engine
+    still held none)."""
+    plan = ctx.plan
+    try:
+        report = job_memory(ctx.job, plan.model_copy(update=dict.fromkeys(knobs, True)))
+    except MeshplanError:  # the offloads refused for this plan (their own rules say why): no fix in them
+        return []
+    rollout = next((p for p in report.phases if p.phase == "rollout"), None)
+    budget = rollout.engine.budget_bytes if rollout is not None and rollout.engine is not None else 0
+    if budget <= 0:
+        return []
+    at = math.ceil(100 * plan.rollout_memory_fraction * need / budget) / 100
+    why = "(the trainer's states leave the GPUs for the rollout, so more is free when the engine starts)"
+    if at <= plan.rollout_memory_fraction:
+        return [f"{_switched_on(knobs)} {why}"]
+    return [f"{_switched_on(knobs)} with rollout_memory_fraction={at:g} or more {why}"] if at <= 1 else []
 
 
 def _engine_needs(job, plan, length: int) -> tuple[float, float, float, float]:

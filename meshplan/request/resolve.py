@@ -437,7 +437,8 @@ def _offload_fields(req: Request, semantics, notes: list[str], rl_job: bool) -> 
     """The plan's offload knobs: left out, the framework's own default (SkyRL's offload_after_step is on for its RL
     trainer, `rl_job`; its SFT trainer never offloads); a fraction alone turns the optimizer offload on (Megatron's
     --optimizer-offload-fraction is read with --optimizer-cpu-offload); switching it off while giving a share is a
-    contradiction, said as such."""
+    contradiction, said as such, except where optimizer_offload is a phase offload of its own (verl's and SkyRL's
+    Megatron engines: the share is Megatron-Core's in-step CPU optimizer, the phase offload off beside it)."""
     fraction = req.optimizer_offload_fraction or 0.0
     optimizer = req.optimizer_offload
     defaults = semantics.on_by_default if semantics is not None and (
@@ -450,12 +451,13 @@ def _offload_fields(req: Request, semantics, notes: list[str], rl_job: bool) -> 
     grad = req.grad_offload if req.grad_offload is not None else "grad" in defaults
     if optimizer is None and "optimizer" in defaults:
         optimizer = True
-    if optimizer is False and fraction > 0:
+    in_step = semantics is not None and semantics.optimizer.when == "in_step"
+    phase = semantics is not None and semantics.optimizer.when == "phase"
+    if optimizer is False and fraction > 0 and not phase:  # verl/SkyRL: two knobs, the phase one off is no contradiction
         raise MeshplanError(
             f"optimizer_offload=false contradicts optimizer_offload_fraction={fraction:g}.",
             fix="Drop optimizer_offload (a fraction turns it on), or set optimizer_offload_fraction=0.",
         )
-    in_step = semantics is not None and semantics.optimizer.when == "in_step"
     if optimizer is None and fraction > 0 and in_step:  # verl/SkyRL: the share is in-step, their knob is a phase one
         optimizer = True
         notes.append(f"optimizer_offload not given: on, for optimizer_offload_fraction={fraction:g}.")

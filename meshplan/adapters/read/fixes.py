@@ -34,6 +34,11 @@ NO_FIX = re.compile(r"\bnone of\b", re.I)
 DROP = re.compile(r"\b[Dd]rop ([a-z][a-z0-9_]*)")
 MAX_OPTIONS = 3
 NOT_A_CHANGE = frozenset({"model", "framework"})
+# The fields the resolver derives from others when a request leaves them out (request/resolve.py: etp from tp where
+# the card defaults it to tp, sequence parallelism from tp and pp): named beside a change of what they follow, a value
+# already in effect is still an edit, or the file left without it would take the new default (MEM001's
+# 'tp=2, etp=1' on a file that leaves etp at 1 read as tp=2 alone: etp 2).
+FOLLOWS = {"etp": frozenset({"tp"}), "sequence_parallel": frozenset({"tp", "pp"})}
 
 
 def fix_changes(fix: str, current: dict[str, Any], in_effect: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -54,7 +59,8 @@ def fix_changes(fix: str, current: dict[str, Any], in_effect: dict[str, Any] | N
                     value = convert(name, text.rstrip("."))
                 except (ValueError, TypeError):
                     continue
-                if current.get(name) != value and (name in current or in_effect.get(name) != value):
+                follows = bool(FOLLOWS.get(name, frozenset()) & change.keys())
+                if current.get(name) != value and (name in current or in_effect.get(name) != value or follows):
                     change[name] = value
         for name in DROP.findall(alternative):  # `pp=4 (drop first_stage_layers)`: a field the file set, cleared
             if name in Request.model_fields and name not in NOT_A_CHANGE and current.get(name) is not None:

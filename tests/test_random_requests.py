@@ -1,0 +1,159 @@
+"""Seeded random requests over the catalog, every framework and GPU, held to what a user relies on across faces:
+
+- MEM001's fix, each layout it names applied to the request as `check --config` applies it (fix_changes with the
+  request as the file and the checked plan in effect), estimates the figure the fix stated: the tp neighbour turned
+  sequence parallelism on where DeepSpeed runs none and where a tp=1 file states it off, split an MoE model's experts
+  over the new tp where the plan kept them whole, kept it in KempnerForge's pipeline stages, and named
+  optimizer_offload for verl's in-step CPU optimizer, optimizer_offload_fraction's;
+- an RL job's rendered verl or SkyRL config reads back as the plan it was rendered from (SkyRL's phase optimizer
+  offload was written as Megatron-Core's in-step CPU optimizer);
+- the MCP tools answer what the api answers.
+
+The sweeps these came from (bench/random_requests.py) run the same draws wider; here a few dozen per property."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from mcp_calls import call_tools
+
+from meshplan import api
+from meshplan.adapters.read.fixes import fix_changes
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import gib
+from meshplan.request.resolve import resolve
+from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.request import Request
+
+GPUS = ("h100", "h200", "b200", "a100-80gb", "h20", "mi300x", "gb200")
+EXTRA = {"recompute": ["none", "selective", "full"], "precision": ["bf16", "fp8"], "sequence_parallel": [True, False],
+         "micro_batch_size": [1, 2, 4], "zero_stage": [0, 1, 2, 3], "job": ["lora", "sft", "rl"],
+         "seq_length": [8192, 32768], "cp": [2], "ep": [2, 4, 8], "tp": [1, 2, 4], "pp": [1, 2, 4], "etp": [1],
+         "global_batch_size": [64, 256], "optimizer": ["muon"], "activation_offload": [True]}
+# "a=1, b=2: 12.3 GiB" (a single change tried) and "a=1 + b=2 (12.3 GiB peak" (a layout that fits)
+TRIED = re.compile(r"([a-z_]+=[^:()+]+?(?:, [a-z_]+=[^:()+]+?)*): ([\d,.]+ GiB)")
+FITS = re.compile(r"(?:^|or |together, )([a-z_]+=[^():]+?) \(([\d,.]+ GiB) peak")
+
+
+def drawn(seed: int, n: int, extra: int = 4):
+    rng = random.Random(seed)
+    models = [m.key for m in api.list_models()]
+    for _ in range(n):
+        req = dict(model=rng.choice(models), framework=rng.choice(FRAMEWORKS), gpu=rng.choice(GPUS),
+                   num_gpus=rng.choice([8, 16, 32, 64]))
+        for name in rng.sample(sorted(EXTRA), extra):
+            req[name] = rng.choice(EXTRA[name])
+        yield req
+
+
+def named_layouts(fix: str) -> list[tuple[str, str]]:
+    """(label, figure) of each layout a MEM001 fix names with its estimate."""
+    return TRIED.findall(fix) + FITS.findall(fix)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_each_layout_a_memory_fix_names_estimates_as_the_request_it_makes(seed):
+    compared, failures = 0, []
+    for req in drawn(seed, 120):
+        try:
+            report = api.check_config(Request(**req))
+        except (MeshplanError, ValueError):
+            continue
+        found = next((f for f in report.findings if f.id == "MEM001"), None)
+        if found is None:
+            continue
+        in_effect = resolve(Request(**req))[1].model_dump()
+        for label, figure in named_layouts(found.fix):
+            change: dict = {}
+            for part in label.split(" + "):
+                change |= (fix_changes(part, req, in_effect) or [{}])[0]
+            change |= {name: None for name in re.findall(r"drop ([a-z_]+)", label)}
+            fixed = {k: v for k, v in {**req, **change}.items() if v is not None}
+            memory = api.check_config(Request(**fixed)).memory
+            compared += 1
+            if memory is None or gib(memory.fit_bytes) != figure:
+                failures.append(f"{req}: {label!r} said {figure}, the request with it "
+                                f"{gib(memory.fit_bytes) if memory else 'no estimate'}")
+    assert compared > 40
+    assert not failures, "\n".join(failures[:5])
+
+
+RL_MODELS = ("qwen3-8b", "llama-3.1-8b", "qwen2.5-7b", "qwen3-30b-a3b", "deepseek-v2-lite", "moonlight-16b-a3b")
+RL_EXTRA = dict(tp=[1, 2, 4], pp=[1, 2], zero_stage=[1, 3], recompute=["full", "selective"], micro_batch_size=[1, 2],
+                prompts_per_step=[32, 64, 128], samples_per_prompt=[4, 8], prompts_per_mini_batch=[8, 16, 32],
+                response_length=[1024, 4096], rollout_tp=[1, 2, 4], rollout_memory_fraction=[0.5, 0.7],
+                param_offload=[True, False], optimizer_offload=[True, False], optimizer_offload_fraction=[0.5],
+                update_epochs=[1, 2], algorithm=["grpo", "dapo"], rollout_enforce_eager=[True])
+# Megatron's full recompute with recompute_method/num_layers unset is uniform over 1 layer (transformer_config.py):
+# the rendered config writes it, the request left it open
+SAME = {"recompute_layers": (None, 1), "recompute_method": (None, "uniform")}
+
+
+def whole_step(rl_job):
+    """An RL job with a mini-batch of the whole step written as no split (the config's mini-batch = its batch)."""
+    if rl_job is not None and rl_job.prompts_per_mini_batch == rl_job.prompts_per_step:
+        return rl_job.model_copy(update={"prompts_per_mini_batch": None})
+    return rl_job
+
+
+def test_a_rendered_rl_config_reads_back_as_its_plan():
+    rng, compared, failures = random.Random(0), 0, []
+    for _ in range(80):
+        framework = rng.choice(["verl", "skyrl"])
+        req = dict(model=rng.choice(RL_MODELS), gpu=rng.choice(("h100", "h200", "b200")), framework=framework,
+                   num_gpus=rng.choice([8, 16, 32]), job="rl")
+        req |= {k: rng.choice(v) for k, v in RL_EXTRA.items() if rng.random() < 0.2}
+        try:
+            text = api.render_config(framework, Request(**req)).text
+        except (MeshplanError, ValueError):
+            continue
+        back = api.request_from_config(api.import_config(text, path="run.sh", framework=framework),
+                                       {k: req[k] for k in ("model", "gpu", "num_gpus")})
+        (job, plan), (job_back, plan_back) = resolve(Request(**req)), resolve(back)
+        before, after = plan.model_dump(), plan_back.model_dump()
+        diff = {k: (v, after[k]) for k, v in before.items() if after[k] != v and SAME.get(k) != (v, after[k])}
+        diff |= {k: (getattr(job, k), getattr(job_back, k)) for k in ("global_batch_size", "seq_length")
+                 if getattr(job, k) != getattr(job_back, k)}
+        if whole_step(job.rl) != whole_step(job_back.rl):
+            diff["rl"] = (job.rl, job_back.rl)
+        compared += 1
+        if diff:
+            failures.append(f"{req}: {diff}")
+    assert compared > 15
+    assert not failures, "\n".join(failures[:5])
+
+
+TOOLS = ("estimate_memory", "estimate_throughput", "check_config")
+
+
+def _without_words(value):
+    """A tool's structured answer less what the MCP face adds to the report (its summary and next steps)."""
+    if isinstance(value, dict):
+        return {k: _without_words(v) for k, v in value.items() if k not in ("summary", "next_steps")}
+    if isinstance(value, list):
+        return [_without_words(v) for v in value]
+    return value
+
+
+def test_the_mcp_tools_answer_what_the_api_answers():
+    rng = random.Random(1)
+    calls = [(rng.choice(TOOLS), req) for req in drawn(1, 40, extra=3)]
+    differ = []
+    for (tool, req), result in zip(calls, call_tools(*calls), strict=True):
+        try:
+            answer = getattr(api, tool)(Request(**req)).model_dump(mode="json")
+        except (MeshplanError, ValueError) as exc:
+            if not result.is_error:
+                differ.append(f"{tool} {req}: the api refused ({exc}), the tool answered")
+            continue
+        if result.is_error:
+            differ.append(f"{tool} {req}: the tool refused ({result.content[0].text[:200]}), the api answered")
+            continue
+        sent = _without_words(result.structured_content or {})
+        sent = sent.get("result", sent)
+        shared = [k for k in answer if k in sent]
+        if not shared or any(_without_words(answer[k]) != sent[k] for k in shared):
+            differ.append(f"{tool} {req}: {[k for k in shared if _without_words(answer[k]) != sent[k]][:5]}")
+    assert not differ, "\n".join(differ[:5])
