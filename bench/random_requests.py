@@ -2,7 +2,7 @@
 what a user would trip on (tests/test_random_requests.py runs a few dozen draws of the same properties in CI).
 
     python bench/random_requests.py errors   SEED N  # every operation: a traceback, a timeout, an answer over --slow s
-    python bench/random_requests.py fixes    SEED N  # check, each error's fix applied, check again: the rule still fires
+    python bench/random_requests.py fixes    SEED N  # check, each fix applied, check again: the rule still fires
     python bench/random_requests.py rlfixes  SEED N  # the same over verl/SkyRL RL jobs (RL005, RL006, VL*, SK*)
     python bench/random_requests.py memfix   SEED N  # each layout MEM001 names, applied: the figure it stated
     python bench/random_requests.py render   SEED N  # render -> import: a field the request set reads back otherwise
@@ -28,15 +28,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pydantic import ValidationError  # noqa: E402
+from pydantic import ValidationError
 
-from meshplan import api  # noqa: E402
-from meshplan.adapters.read.fixes import fix_changes  # noqa: E402
-from meshplan.core.errors import MeshplanError  # noqa: E402
-from meshplan.core.units import gib  # noqa: E402
-from meshplan.request.resolve import resolve  # noqa: E402
-from meshplan.schema.choices import FRAMEWORKS  # noqa: E402
-from meshplan.schema.request import Request  # noqa: E402
+from meshplan import api
+from meshplan.adapters.read.fixes import fix_changes
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import gib
+from meshplan.request.resolve import resolve
+from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.request import Request
 
 GPUS = ("h100", "h200", "b200", "a100-80gb", "a100-40gb", "h20", "mi300x", "gb200")
 EXTRA = {"recompute": ["none", "selective", "full"], "precision": ["bf16", "fp8"], "sequence_parallel": [True, False],
@@ -134,7 +134,7 @@ def applied(req: dict, alternative: str, in_effect: dict) -> dict:
 
 def draw_rl(rng: random.Random, extra: int = 0) -> dict:
     """An RL job on verl or SkyRL, the trainer and rollout knobs drawn (a separate pool left out: it needs its GPUs)."""
-    req = dict(model=rng.choice(RL_MODELS + ("qwen3-235b-a22b", "llama-3.1-70b", "qwen2.5-72b")),
+    req = dict(model=rng.choice((*RL_MODELS, "qwen3-235b-a22b", "llama-3.1-70b", "qwen2.5-72b")),
                framework=rng.choice(["verl", "skyrl"]), gpu=rng.choice(GPUS), num_gpus=rng.choice([8, 16, 32, 64]),
                job="rl")
     return req | {k: rng.choice(v) for k, v in RL_EXTRA.items() if rng.random() < 0.25}
