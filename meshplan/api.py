@@ -106,9 +106,27 @@ def estimate_throughput(req: Request, *, config: ImportedConfig | None = None) -
 
     job, plan = resolve(script_request(req))
     with _refused_as_check_words(job, plan):
-        report = _warn_misspelt(_model_throughput(job, plan), config)
+        report = _warn_misspelt(_warn_unfit(_model_throughput(job, plan), job, plan), config)
     factor = stored_factor(job.gpu.key, job.framework)
     return calibrated(report, factor) if factor is not None else report
+
+
+def _warn_unfit(report: ThroughputReport, job: Any, plan: Any) -> ThroughputReport:
+    """The step time of a layout whose memory estimate does not fit the GPU, with that said first: a step time alone
+    reads as a plan that runs (Kimi-K2 on 7 H100 at TP1 PP1 got 264 tokens/s/GPU without a word)."""
+    from meshplan.core.units import GIB
+    from meshplan.rl.memory import job_memory
+
+    try:
+        memory = job_memory(job, plan)
+    except MeshplanError:  # not estimable as memory: the throughput's own answer stands
+        return report
+    if memory.fits:
+        return report
+    said = (f"This layout does not fit: its memory estimate peaks at {memory.fit_bytes / GIB:,.1f} GiB of the GPU's "
+            f"{memory.capacity_bytes / GIB:,.1f} GiB (rule MEM001; `meshplan check` names layouts that fit). The step "
+            "time is what the layout would take if it ran.")
+    return report.model_copy(update={"warnings": [said, *report.warnings]})
 
 
 def _model_throughput(job: Any, plan: Any) -> ThroughputReport:

@@ -356,3 +356,21 @@ async def test_recommends_first_checks_and_renders_with_the_same_flags_on_every_
     for kind, render in renders:
         assert kind == "ok", render
         assert "--nnodes 5 --nproc-per-node 4" in render["text"] and "--global-batch-size 520" in render["text"]
+
+
+def test_throughput_says_when_the_layout_does_not_fit():
+    """A step time alone reads as a plan that runs: Kimi-K2 on 7 H100 at TP1 PP1 got 264 tokens/s/GPU without a word
+    that it needs terabytes per GPU. The estimate of a layout over the GPU now says so first, with the figure memory
+    gives; a layout that fits gets no such warning."""
+    from meshplan import api
+    from meshplan.schema.request import Request
+
+    over = Request(model="llama-3.1-70b", gpu="h100", num_gpus=1)
+    peak = api.estimate_memory(over)
+    assert not peak.fits
+    warned = api.estimate_throughput(over).warnings[0]
+    gib = peak.fit_bytes / 2**30
+    assert warned.startswith(f"This layout does not fit: its memory estimate peaks at {gib:,.1f} GiB")
+    fits = Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, micro_batch_size=1, recompute="full", zero_stage=1)
+    assert api.estimate_memory(fits).fits
+    assert not any("does not fit" in w for w in api.estimate_throughput(fits).warnings)
