@@ -197,9 +197,9 @@ def test_the_step_time_carries_the_offload_term():
 def test_a_phase_optimizer_offload_off_beside_an_in_step_share_is_no_contradiction(framework):
     """On verl's and SkyRL's Megatron engines optimizer_offload moves the optimizer between an RL step's phases and
     optimizer_offload_fraction is Megatron-Core's in-step CPU optimizer: two knobs (offload_after_step / megatron
-    optimizer_offload, and optimizer_config_kwargs). optimizer_offload=false with a share was refused as a contradiction,
-    and MEM001's 'optimizer_offload_fraction=1.0' with it, applied to a SkyRL request that turned offload_after_step off;
-    on Megatron-Core, one knob, it still is."""
+    optimizer_offload, and optimizer_config_kwargs). optimizer_offload=false with a share was refused as a
+    contradiction, and MEM001's 'optimizer_offload_fraction=1.0' with it, applied to a SkyRL request that turned
+    offload_after_step off; on Megatron-Core, one knob, it still is."""
     fields = dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, job="rl", optimizer_offload=False,
                   optimizer_offload_fraction=1.0)
     _, plan = resolve(Request(framework=framework, **fields))

@@ -453,7 +453,8 @@ def _offload_fields(req: Request, semantics, notes: list[str], rl_job: bool) -> 
         optimizer = True
     in_step = semantics is not None and semantics.optimizer.when == "in_step"
     phase = semantics is not None and semantics.optimizer.when == "phase"
-    if optimizer is False and fraction > 0 and not phase:  # verl/SkyRL: two knobs, the phase one off is no contradiction
+    # verl/SkyRL: two knobs, the phase one off is no contradiction
+    if optimizer is False and fraction > 0 and not phase:
         raise MeshplanError(
             f"optimizer_offload=false contradicts optimizer_offload_fraction={fraction:g}.",
             fix="Drop optimizer_offload (a fraction turns it on), or set optimizer_offload_fraction=0.",
