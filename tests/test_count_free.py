@@ -153,3 +153,23 @@ def test_mcp_answers_the_proof_with_its_changes_as_next_steps():
     assert answer.memory_floor is not None and answer.summary.count("No GPU count can fit") == 1
     assert answer.next_steps and all(step.startswith("Call minimum_gpus again with") for step in answer.next_steps)
     assert not any("max_gpus" in step for step in answer.next_steps)
+
+
+def test_a_framework_that_runs_the_model_on_one_stage_holds_every_layer():
+    """KempnerForge runs an MoE model at pp 1 only (KF001): one stage holds every decoder layer's saved activations
+    and the output. The floor took one layer or the output alone (any PP spreads the layers), so DeepSeek-V2-Lite at
+    64K with selective recompute scanned 512 counts and ended "not proof that none fits"; every layer and the
+    output on one rank are over the budget: a proof. Where pp > 1 runs (Megatron-Core), the floor stays one layer's."""
+    fields = {"model": "deepseek-v2-lite", "framework": "kempnerforge", "gpu": "h100", "seq_length": 65536,
+              "recompute": "selective"}
+    req = Request(**fields, num_gpus=64)
+    job, _ = search_job(req)
+    floor = count_free_floor(job, Fixed.from_request(req), LIMIT)
+    assert floor.one_stage and floor.floor > memory_budget(job, 0.1)
+    one, _ = search_job(Request(**fields, num_gpus=64, pp=1))
+    assert count_free_floor(one, Fixed.from_request(Request(**fields, num_gpus=64, pp=1)), LIMIT).floor == floor.floor
+    answer = api.minimum_gpus(Request(**fields))
+    assert answer.stopped_by == "memory" and "every decoder layer's saved activations" in answer.rationale
+    core = Request(**{**fields, "framework": "megatron-core"}, num_gpus=64)
+    job, _ = search_job(core)
+    assert not count_free_floor(job, Fixed.from_request(core), LIMIT).one_stage

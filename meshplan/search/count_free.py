@@ -66,6 +66,7 @@ class CountFreeFloor:
     vocab: int  # padded
     whole_logits: bool  # the loss holds the whole vocabulary on every TP rank
     capped: bool  # a degree was held to the GPU-count limit: the proof holds up to it only
+    one_stage: bool = False  # one pipeline stage holds every layer and the output (pp fixed to 1, or the only pp)
 
     @property
     def term(self) -> str:
@@ -81,7 +82,9 @@ def count_free_floor(job: Job, fixed: Fixed, limit: int, *, cps: tuple[int, ...]
     prefilter);
     CP: the largest the framework runs (none where its card searches no CP) that the sequence length allows (the
     tokens per rank only fall with it); the framework's recomputes; every ZeRO stage's convention; SP on and off;
-    expert TP at every divisor of TP where the card searches it. With pp fixed to 1 both terms sit on one rank.
+    expert TP at every divisor of TP where the card searches it. With one pipeline stage (pp fixed to 1, or a
+    framework that runs the model at pp 1 only: KempnerForge's MoE, its card's limits.moe_with_pipeline) both terms
+    sit on one rank, the layer term with every decoder layer's saved rows (floors.least_layer_bytes every_layer).
     `likeliest`: only the last of each (the most TP, SP, expert TP, recompute and ZeRO stage), one shape whose floor
     is at least the least: where it fits, no proof can be made (floor_proof asks it first: one shape, not hundreds)."""
     card = job.card
@@ -107,7 +110,8 @@ def count_free_floor(job: Job, fixed: Fixed, limit: int, *, cps: tuple[int, ...]
     mem = memory_card()
     reserve = 0.0 if fixed.carried.get("expandable_segments") else getattr(mem, "allocator_reserve_fraction", 0.0)
     fixed_bytes = mem.fixed_overhead_bytes + mem.cuda_context_bytes
-    one_rank = int(values.get("pp", 0)) == 1  # type: ignore[call-overload]
+    # one pipeline stage: pp fixed to 1, or a framework that runs this model at pp 1 only (KempnerForge's MoE, KF001)
+    one_rank = int(values.get("pp", 0)) == 1 or (job.model.is_moe and not card.limits.moe_with_pipeline)  # type: ignore[call-overload]
     arch = job.model
     best: CountFreeFloor | None = None
     memo: dict = {}
@@ -126,13 +130,13 @@ def count_free_floor(job: Job, fixed: Fixed, limit: int, *, cps: tuple[int, ...]
                     for etp in etps:
                         for recompute in reversed(recomputes):
                             layer = least_layer_bytes(job, conv, tokens, tp, sp, etp, recompute,
-                                                      activation_offload=offload, memo=memo)
+                                                      activation_offload=offload, memo=memo, every_layer=one_rank)
                             held = layer + output if one_rank else max(layer, output)
                             floor = held + reserve * held + fixed_bytes
                             if best is None or floor < best.floor:
                                 best = CountFreeFloor(floor, layer, output, fixed_bytes, reserve, tp, cp, sp, etp,
                                                       zero, recompute, mbs, tokens, vocab,
-                                                      conv.logits_over_tp != "vocab_parallel", capped)
+                                                      conv.logits_over_tp != "vocab_parallel", capped, one_rank)
     assert best is not None  # every tuple above has at least one value
     return best
 
@@ -173,12 +177,16 @@ class FloorProof:
         if f.etp > 1:
             parts.append(f"expert TP{f.etp}")
         parts += [f"{f.recompute} recompute", f"micro-batch {f.mbs}", f"ZeRO stage {f.zero}",
-                  "any PP, DP and EP"]
+                  "one pipeline stage, any DP and EP" if f.one_stage else "any PP, DP and EP"]
         return ", ".join(parts)
 
     def term_words(self) -> str:
         """What the term that does not fit holds, with its bytes."""
         f = self.floor
+        if f.one_stage:
+            return (f"every decoder layer's saved activations for one micro-batch on the one pipeline stage "
+                    f"({f.tokens:,} tokens per GPU, {f.recompute} recompute), {f.layer / GIB:.1f} GiB, and its "
+                    f"output layer's and loss's {f.output / GIB:.1f} GiB")
         if f.term == "output":
             where = "whole on every TP rank, as this framework's loss gathers them" if f.whole_logits else \
                 f"split over TP{f.tp}" if f.tp > 1 else "on one GPU"
@@ -211,10 +219,10 @@ class FloorProof:
         counts = f"any GPU count up to {self.limit:,}" if f.capped else "any GPU count"
         text = (f"No GPU count can fit: at {counts}, the least memory any layout needs on its busiest GPU is "
                 f"{f.floor / GIB:.1f} GiB, over the {self.budget / GIB:.1f} GiB budget, at the most memory-saving "
-                f"shape ({self.shape_words()}): {self.term_words()} alone, with the allocator reserve and "
-                f"{f.fixed_bytes / GIB:.2f} GiB of fixed overheads, does not fit, and no further TP, CP, PP, DP or EP "
-                f"degree {self.allowed} allow shrinks it (a proof from the memory model's own terms, "
-                f"meshplan/search/count_free.py).")
+                f"shape ({self.shape_words()}): {self.term_words()}{'' if f.one_stage else ' alone'}, with the "
+                f"allocator reserve and {f.fixed_bytes / GIB:.2f} GiB of fixed overheads, does not fit, and no further "
+                f"TP, CP, PP, DP or EP degree {self.allowed} allow shrinks it (a proof from the memory model's own "
+                "terms, meshplan/search/count_free.py).")
         if self.changes:
             text += (" Changes under which this floor fits (necessary, not sufficient: min-gpus then scans the "
                      "counts): " + "; ".join(self.changes) + ".")

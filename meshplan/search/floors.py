@@ -274,21 +274,25 @@ def _row_figures(job: Job, lay: Layout, conv: Convention, part: _FloorPart,
 
 
 def least_layer_bytes(job: Job, conv: Convention, tokens: int, tp: int, sp: bool, etp: int, recompute: str, *,
-                      activation_offload: bool = False, memo: dict) -> float:
+                      activation_offload: bool = False, memo: dict, every_layer: bool = False) -> float:
     """The least one decoder layer adds to any rank that holds it, for one micro-batch of `tokens` per rank: its saved
     activations under `recompute` (none where the plan offloads them) and, under full recompute where the peak is not
     the FSDP walk's, the layer rebuilt in the backward: _row_figures' own terms with one layer and one micro-batch
-    held, the lesser over the model's layer kinds (a rank may hold layers of one kind only). The count-free floor
-    (meshplan/search/count_free.py) reads it: every rank that holds a layer holds at least this."""
+    held, the lesser over the model's layer kinds (a rank may hold layers of one kind only); `every_layer`: on a rank
+    that holds every decoder layer (one pipeline stage), each layer's saved rows and the least rebuilt one. The
+    count-free floor (meshplan/search/count_free.py) reads it: every rank that holds a layer holds at least this."""
     reads, switches, _ = _activation_reads(job, conv, memo)
     sums = _recompute_sums(job, reads, switches, tokens, tp, sp, etp, recompute, memo)
     pre = _prefix(job.model)
     n_moe = pre.moe[-1]
     rebuilt = recompute == "full" and conv.step_peak != "backward_walk"
-    kinds = [(0, 2)] if n_moe else []
-    kinds += [(1, 3)] if n_moe < job.model.num_layers else []
+    kinds = [(0, 2, n_moe)] if n_moe else []
+    kinds += [(1, 3, job.model.num_layers - n_moe)] if n_moe < job.model.num_layers else []
+    if every_layer:  # one stage holds them all (`every_layer`): each kind's saved rows, and the least rebuilt layer
+        return sum(0.0 if activation_offload else count * sums[saved] for saved, _, count in kinds) \
+            + (min(sums[whole] for _, whole, _ in kinds) if rebuilt else 0.0)
     return min((0.0 if activation_offload else sums[saved]) + (sums[whole] if rebuilt else 0.0)
-               for saved, whole in kinds)
+               for saved, whole, _ in kinds)
 
 
 def _chunks_held(job: Job, lay: Layout, sizes: tuple[int, ...], memo: dict) -> tuple | None:
