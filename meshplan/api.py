@@ -7,11 +7,11 @@ server start fast.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from meshplan.core.errors import MeshplanError
+from meshplan.core.units import GIB
 from meshplan.request.parse import parse_request
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.measured import MeasuredRun, RunComparison
@@ -64,29 +64,14 @@ def list_models() -> list[ModelSummary]:
 
 def estimate_memory(req: Request, *, config: ImportedConfig | None = None) -> MemoryReport:
     """Per-GPU memory per stage; from a config file (`config`), its misspelt keys lead the warnings."""
+    from meshplan.check.config import refused_as_check_words
     from meshplan.estimate.accuracy import with_band
     from meshplan.request.resolve import resolve
     from meshplan.rl.memory import job_memory as estimate  # an RL job: the peak over its phases
 
     job, plan = resolve(script_request(req))
-    with _refused_as_check_words(job, plan):
+    with refused_as_check_words(job, plan):  # a rule's refusal worded as check words it (PP001's ranked split)
         return _warn_misspelt(with_band(estimate(job, plan), job, plan), config)  # the band: cards/accuracy.yaml
-
-
-@contextmanager
-def _refused_as_check_words(job: Any, plan: Any) -> Iterator[None]:
-    """An estimate a rule refuses, re-raised with the fix check names for the same finding (check.config.as_user_reads:
-    PP001's split recommend ranks first), so every face that estimates says what check says."""
-    from meshplan.check.config import as_user_reads
-    from meshplan.rules.engine import EstimateBlocked
-
-    try:
-        yield
-    except EstimateBlocked as exc:
-        worded = as_user_reads(job, plan, exc.finding)
-        if worded is exc.finding:
-            raise
-        raise EstimateBlocked(worded) from None
 
 
 def _warn_misspelt(report: Any, config: ImportedConfig | None) -> Any:
@@ -101,11 +86,12 @@ def _warn_misspelt(report: Any, config: ImportedConfig | None) -> Any:
 def estimate_throughput(req: Request, *, config: ImportedConfig | None = None) -> ThroughputReport:
     """The step time; with a cluster factor the user stored (meshplan compare --calibrate), scaled by it and said so
     (ThroughputReport.calibration, first assumption); from a config file, its misspelt keys lead the warnings."""
+    from meshplan.check.config import refused_as_check_words
     from meshplan.knowledge.cluster_calibration import calibrated, stored_factor
     from meshplan.request.resolve import resolve
 
     job, plan = resolve(script_request(req))
-    with _refused_as_check_words(job, plan):
+    with refused_as_check_words(job, plan):
         report = _warn_misspelt(_warn_unfit(_model_throughput(job, plan), job, plan), config)
     factor = stored_factor(job.gpu.key, job.framework)
     return calibrated(report, factor) if factor is not None else report
@@ -114,7 +100,6 @@ def estimate_throughput(req: Request, *, config: ImportedConfig | None = None) -
 def _warn_unfit(report: ThroughputReport, job: Any, plan: Any) -> ThroughputReport:
     """The step time of a layout whose memory estimate does not fit the GPU, with that said first: a step time alone
     reads as a plan that runs (Kimi-K2 on 7 H100 at TP1 PP1 got 264 tokens/s/GPU without a word)."""
-    from meshplan.core.units import GIB
     from meshplan.rl.memory import job_memory
 
     try:

@@ -9,7 +9,8 @@ the advice is a number, not a slogan.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -87,6 +88,19 @@ def as_user_reads(job: Job, plan: Plan, found: Finding) -> Finding:
     other as the rule wrote it. The estimators' refusals (api: EstimateBlocked) are worded through it too, so memory,
     throughput and report name the same fix as check for the same layout."""
     return _ranked_split(job, plan, found) if found.id == "PP001" else found
+
+
+@contextmanager
+def refused_as_check_words(job: Job, plan: Plan) -> Iterator[None]:
+    """An estimate a rule refuses (EstimateBlocked), re-raised with the finding as check words it (as_user_reads), so
+    memory, throughput and report (meshplan/api.py) name the fix check names for the same layout."""
+    try:
+        yield
+    except EstimateBlocked as exc:
+        worded = as_user_reads(job, plan, exc.finding)
+        if worded is exc.finding:
+            raise
+        raise EstimateBlocked(worded) from None
 
 
 def _ranked_split(job: Job, plan: Plan, found: Finding) -> Finding:
