@@ -123,6 +123,11 @@ def alternatives(fix: str, rule: str) -> list[str]:
     return re.split(r",?\s+or\s+", fix)
 
 
+def named_layouts(fix: str) -> list[tuple[str, str]]:
+    """(label, figure) of each layout a MEM001 fix names with its estimate (tests/test_random_requests.py too)."""
+    return TRIED.findall(fix) + FITS.findall(fix)
+
+
 def applied(req: dict, alternative: str, in_effect: dict) -> dict:
     change: dict = {}
     for part in alternative.split(" + "):
@@ -186,7 +191,7 @@ def memfix(rng: random.Random, n: int) -> None:
         if found is None:
             continue
         in_effect = resolve(Request(**req))[1].model_dump()
-        for label, figure in TRIED.findall(found.fix) + FITS.findall(found.fix):
+        for label, figure in named_layouts(found.fix):
             fixed = applied(req, label, in_effect) or req
             try:
                 memory = api.check_config(Request(**fixed)).memory
@@ -257,26 +262,37 @@ def whole_step(rl_job):
     return rl_job
 
 
+# Megatron's full recompute with recompute_method/num_layers unset is uniform over 1 layer (transformer_config.py):
+# the rendered config writes it, the request left it open
+SAME = {"recompute_layers": (None, 1), "recompute_method": (None, "uniform")}
+
+
+def rl_read_back(req: dict, text: str) -> dict:
+    """An RL request's rendered verl or SkyRL config `text` imported and resolved again: the plan and job fields that
+    read back otherwise, as {field: (before, after)} (tests/test_random_requests.py too); an import refusal raises."""
+    framework = req["framework"]
+    back = api.request_from_config(api.import_config(text, path="run.sh", framework=framework),
+                                   {k: req[k] for k in ("model", "gpu", "num_gpus")})
+    (job, plan), (job_back, plan_back) = resolve(Request(**req)), resolve(back)
+    a, b = plan.model_dump(), plan_back.model_dump()
+    diff = {k: (v, b[k]) for k, v in a.items() if b[k] != v and SAME.get(k) != (v, b[k])}
+    diff |= {k: (getattr(job, k), getattr(job_back, k)) for k in ("global_batch_size", "seq_length")
+             if getattr(job, k) != getattr(job_back, k)}
+    if whole_step(job.rl) != whole_step(job_back.rl):
+        diff["rl"] = (job.rl, job_back.rl)
+    return diff
+
+
 def rl(rng: random.Random, n: int) -> None:
-    same = {"recompute_layers": (None, 1), "recompute_method": (None, "uniform")}  # Megatron's full recompute
     for _ in range(n):
         framework = rng.choice(["verl", "skyrl"])
         req = dict(model=rng.choice(RL_MODELS), gpu=rng.choice(GPUS[:4]), num_gpus=rng.choice([8, 16, 32]),
                    framework=framework, job="rl")
         req |= {k: rng.choice(v) for k, v in RL_EXTRA.items() if rng.random() < 0.2}
         try:
-            text = api.render_config(framework, Request(**req)).text
-            back = api.request_from_config(api.import_config(text, path="run.sh", framework=framework),
-                                           {k: req[k] for k in ("model", "gpu", "num_gpus")})
+            diff = rl_read_back(req, api.render_config(framework, Request(**req)).text)
         except (MeshplanError, ValidationError):
             continue
-        (job, plan), (job_back, plan_back) = resolve(Request(**req)), resolve(back)
-        a, b = plan.model_dump(), plan_back.model_dump()
-        diff = {k: (v, b[k]) for k, v in a.items() if b[k] != v and same.get(k) != (v, b[k])}
-        diff |= {k: (getattr(job, k), getattr(job_back, k)) for k in ("global_batch_size", "seq_length")
-                 if getattr(job, k) != getattr(job_back, k)}
-        if whole_step(job.rl) != whole_step(job_back.rl):
-            diff["rl"] = (job.rl, job_back.rl)
         if diff:
             print("READS BACK", req, diff, flush=True)
 

@@ -14,27 +14,27 @@ The sweeps these came from (bench/random_requests.py) run the same draws wider; 
 from __future__ import annotations
 
 import random
-import re
+import sys
+from pathlib import Path
 
 import pytest
 from mcp_calls import call_tools
 
 from meshplan import api
-from meshplan.adapters.read.fixes import fix_changes
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib
 from meshplan.request.resolve import resolve
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from random_requests import applied, named_layouts, rl_read_back
+
 GPUS = ("h100", "h200", "b200", "a100-80gb", "h20", "mi300x", "gb200")
 EXTRA = {"recompute": ["none", "selective", "full"], "precision": ["bf16", "fp8"], "sequence_parallel": [True, False],
          "micro_batch_size": [1, 2, 4], "zero_stage": [0, 1, 2, 3], "job": ["lora", "sft", "rl"],
          "seq_length": [8192, 32768], "cp": [2], "ep": [2, 4, 8], "tp": [1, 2, 4], "pp": [1, 2, 4], "etp": [1],
          "global_batch_size": [64, 256], "optimizer": ["muon"], "activation_offload": [True]}
-# "a=1, b=2: 12.3 GiB" (a single change tried) and "a=1 + b=2 (12.3 GiB peak" (a layout that fits)
-TRIED = re.compile(r"([a-z_]+=[^:()+]+?(?:, [a-z_]+=[^:()+]+?)*): ([\d,.]+ GiB)")
-FITS = re.compile(r"(?:^|or |together, )([a-z_]+=[^():]+?) \(([\d,.]+ GiB) peak")
 
 
 def drawn(seed: int, n: int, extra: int = 4):
@@ -46,11 +46,6 @@ def drawn(seed: int, n: int, extra: int = 4):
         for name in rng.sample(sorted(EXTRA), extra):
             req[name] = rng.choice(EXTRA[name])
         yield req
-
-
-def named_layouts(fix: str) -> list[tuple[str, str]]:
-    """(label, figure) of each layout a MEM001 fix names with its estimate."""
-    return TRIED.findall(fix) + FITS.findall(fix)
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -66,11 +61,7 @@ def test_each_layout_a_memory_fix_names_estimates_as_the_request_it_makes(seed):
             continue
         in_effect = resolve(Request(**req))[1].model_dump()
         for label, figure in named_layouts(found.fix):
-            change: dict = {}
-            for part in label.split(" + "):
-                change |= (fix_changes(part, req, in_effect) or [{}])[0]
-            change |= {name: None for name in re.findall(r"drop ([a-z_]+)", label)}
-            fixed = {k: v for k, v in {**req, **change}.items() if v is not None}
+            fixed = applied(req, label, in_effect) or req
             memory = api.check_config(Request(**fixed)).memory
             compared += 1
             if memory is None or gib(memory.fit_bytes) != figure:
@@ -86,18 +77,6 @@ RL_EXTRA = dict(tp=[1, 2, 4], pp=[1, 2], zero_stage=[1, 3], recompute=["full", "
                 response_length=[1024, 4096], rollout_tp=[1, 2, 4], rollout_memory_fraction=[0.5, 0.7],
                 param_offload=[True, False], optimizer_offload=[True, False], optimizer_offload_fraction=[0.5],
                 update_epochs=[1, 2], algorithm=["grpo", "dapo"], rollout_enforce_eager=[True])
-# Megatron's full recompute with recompute_method/num_layers unset is uniform over 1 layer (transformer_config.py):
-# the rendered config writes it, the request left it open
-SAME = {"recompute_layers": (None, 1), "recompute_method": (None, "uniform")}
-
-
-def whole_step(rl_job):
-    """An RL job with a mini-batch of the whole step written as no split (the config's mini-batch = its batch)."""
-    if rl_job is not None and rl_job.prompts_per_mini_batch == rl_job.prompts_per_step:
-        return rl_job.model_copy(update={"prompts_per_mini_batch": None})
-    return rl_job
-
-
 def test_a_rendered_rl_config_reads_back_as_its_plan():
     rng, compared, failures = random.Random(0), 0, []
     for _ in range(80):
@@ -109,15 +88,7 @@ def test_a_rendered_rl_config_reads_back_as_its_plan():
             text = api.render_config(framework, Request(**req)).text
         except (MeshplanError, ValueError):
             continue
-        back = api.request_from_config(api.import_config(text, path="run.sh", framework=framework),
-                                       {k: req[k] for k in ("model", "gpu", "num_gpus")})
-        (job, plan), (job_back, plan_back) = resolve(Request(**req)), resolve(back)
-        before, after = plan.model_dump(), plan_back.model_dump()
-        diff = {k: (v, after[k]) for k, v in before.items() if after[k] != v and SAME.get(k) != (v, after[k])}
-        diff |= {k: (getattr(job, k), getattr(job_back, k)) for k in ("global_batch_size", "seq_length")
-                 if getattr(job, k) != getattr(job_back, k)}
-        if whole_step(job.rl) != whole_step(job_back.rl):
-            diff["rl"] = (job.rl, job_back.rl)
+        diff = rl_read_back(req, text)  # an import refusal fails the test
         compared += 1
         if diff:
             failures.append(f"{req}: {diff}")
