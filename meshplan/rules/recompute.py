@@ -8,7 +8,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.knowledge.adapter_knobs import default_render, unwritable
-from meshplan.knowledge.gdn_config import PATTERN_LAYERS_PER_DECODER_LAYER
+from meshplan.knowledge.gdn_config import PATTERN_LAYERS_PER_DECODER_LAYER, cuts_a_decoder_layer, decoder_layers
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.schema.plan import Job
 
@@ -174,10 +174,10 @@ def recompute_layers_cut_a_decoder_layer(ctx: Context) -> Values:
     if arch.gdn is None or arch.layer_pattern is None or p.recompute != "full" or p.recompute_layers is None:
         return None
     n, method = p.recompute_layers, p.recompute_method or "block"
-    if n % PATTERN_LAYERS_PER_DECODER_LAYER == 0 or (method == "uniform" and n == 1):
+    if not cuts_a_decoder_layer(n) or (method == "uniform" and n == 1):
         return None
     even = n + 1 if method == "uniform" else max(PATTERN_LAYERS_PER_DECODER_LAYER, n - 1)
     return {"layers": n, "method": method, "model": arch.name, "even": even,
-            "decoder": even // PATTERN_LAYERS_PER_DECODER_LAYER,
+            "decoder": decoder_layers(even),
             "plural": "" if even == PATTERN_LAYERS_PER_DECODER_LAYER else "s"}
 
