@@ -151,6 +151,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     card = framework_card(req.framework)
     notes: list[str] = []
     asked_gpus = req.num_gpus
+    step_stated = tuple(name for name in ("prompts_per_step", "global_batch_size") if getattr(req, name) is not None)
     req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
     tp, cp = req.tp or 1, req.cp or 1
     pp, vpp = _pipeline_degrees(req, notes)
@@ -195,6 +196,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     )
     job = Job(
         model=arch, gpu=gpu, num_gpus=num_gpus, world_follows_layout=req.num_gpus is None, gpus_per_node=gpn,
+        rl_step_stated=step_stated if rl else (),
         node_gpus=req.gpus_per_node,
         seq_length=req.seq_length, global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
         cpu_memory_per_node=None if req.cpu_memory_per_node is None else int(req.cpu_memory_per_node * (1 << 30)),

@@ -59,11 +59,38 @@ def rl_batch_fix(ctx: Context, gbs: int, unit: int, mini_batch: bool = False) ->
     """The batch a fix names, a multiple of `unit`: an RL job's in its own fields (its batch is prompts_per_step x
     samples_per_prompt, so the prompts step by unit / gcd(unit, samples): 'global_batch_size = 8' at 3 samples a
     prompt named no whole prompts_per_step; `mini_batch`: the stated prompts_per_mini_batch is what was divided), a
-    training job's as global_batch_size."""
+    training job's as global_batch_size. The step's size is named in each field the request stated it in
+    (step_words): 'prompts_per_step = 64' beside a stated global_batch_size=67 was refused as disagreeing with it, a
+    second fix before check passed. No step under a stated mini-batch and no mini-batch over the step, which the
+    request would refuse; a mini-batch that must grow past the step names the step with it."""
     if ctx.job.rl is None:
         return f"global_batch_size = {neighbours(gbs, unit)}"
-    n = ctx.job.rl.samples_per_prompt
-    prompts = [int(p) for p in neighbours(gbs // n, unit // math.gcd(unit, n)).split(" or ")]
-    field = "prompts_per_mini_batch" if mini_batch else "prompts_per_step"
-    return (f"{field} = {' or '.join(str(p) for p in prompts)} (x samples_per_prompt {n} = "
-            f"{' or '.join(f'{p * n:,}' for p in prompts)} sequences)")
+    rl = ctx.job.rl
+    n = rl.samples_per_prompt
+    step = unit // math.gcd(unit, n)
+    least = 1 if mini_batch or rl.prompts_per_mini_batch is None else rl.prompts_per_mini_batch
+    below = (gbs // n) // step * step
+    prompts = [p for p in (below, below + step) if p >= least] or [-(-least // step) * step]
+    if mini_batch:
+        within = [p for p in prompts if p <= rl.prompts_per_step]
+        if not within:  # SkyRL's policy mini-batch past the step: both grow together
+            return f"prompts_per_mini_batch = {prompts[0]} with {step_words(ctx, prompts[0])}"
+        return f"prompts_per_mini_batch = {' or '.join(map(str, within))} (x samples_per_prompt {n} = " \
+               f"{' or '.join(f'{p * n:,}' for p in within)} sequences)"
+    if ctx.job.rl_step_stated == ("prompts_per_step",) or not ctx.job.rl_step_stated:
+        return f"prompts_per_step = {' or '.join(map(str, prompts))} (x samples_per_prompt {n} = " \
+               f"{' or '.join(f'{p * n:,}' for p in prompts)} sequences)"
+    if ctx.job.rl_step_stated == ("global_batch_size",):
+        return f"global_batch_size = {' or '.join(str(p * n) for p in prompts)} (prompts_per_step " \
+               f"{' or '.join(map(str, prompts))} x samples_per_prompt {n})"
+    return " or ".join(step_words(ctx, p) for p in prompts) + f" (x samples_per_prompt {n})"
+
+
+def step_words(ctx: Context, prompts: int) -> str:
+    """An RL step of `prompts` prompts in the fields the request stated its step in (Job.rl_step_stated; both must
+    agree, rl/job.py): 'prompts_per_step = 48', 'global_batch_size = 96' or both joined by 'with'."""
+    rl = ctx.job.rl
+    assert rl is not None, "an RL job's step"
+    said = {"prompts_per_step": f"prompts_per_step = {prompts}",
+            "global_batch_size": f"global_batch_size = {prompts * rl.samples_per_prompt}"}
+    return " with ".join(said[name] for name in ctx.job.rl_step_stated or ("prompts_per_step",))

@@ -128,6 +128,10 @@ class Job(StrictModel):
     world_follows_layout: bool = Field(
         False, description="num_gpus was left out: it is the degrees' product (request/resolve.py), so a fix that "
                            "changes a degree changes the GPU count with it (rules/world.py tiled)")
+    rl_step_stated: tuple[Literal["prompts_per_step", "global_batch_size"], ...] = Field(
+        (), description="The fields an RL request stated its step's size in (both must agree: rl/job.py), empty where "
+                        "it left both out: a fix of the step's batch names each of them, so that the request with it "
+                        "resolves (rules/fix_values.rl_batch_fix)")
     gpus_per_node: int = Field(ge=1)
     node_gpus: int | None = Field(
         None, ge=1, description="GPUs each node holds, where the request named them (its gpus_per_node); None: the "

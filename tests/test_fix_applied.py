@@ -1,0 +1,62 @@
+"""A fix a user applies in one step: the change a finding's fix names, applied to the request as `check --config`
+applies it (bench/random_requests.applied: adapters/read/fixes.fix_changes, `drop x` clearing x), leaves check with
+no error of its own and the rule it fixed passing. The batch fixes of an RL job on verl (VL001) and SkyRL (SK001),
+named in the field the request stated its step in; and a seeded sweep of every rule whose fix names a change over
+random training and RL requests."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from random_requests import alternatives, applied  # noqa: E402
+
+
+def _errors(req: dict) -> dict:
+    return {f.id: f for f in api.check_config(Request(**req)).findings if f.severity == "error"}
+
+
+def _each_fix_applied(req: dict, rule_id: str) -> list[dict]:
+    found = _errors(req)[rule_id]
+    in_effect = resolve(Request(**req))[1].model_dump()
+    fixed = [applied(req, alternative, in_effect) for alternative in alternatives(found.fix, rule_id)]
+    return [f for f in fixed if f]
+
+
+@pytest.mark.parametrize("framework, rule_id, layout", [
+    ("verl", "VL001", {"tp": 2, "param_offload": True}), ("verl", "VL001", {"zero_stage": 3, "samples_per_prompt": 5}),
+    ("skyrl", "SK001", {"micro_batch_size": 2, "samples_per_prompt": 4})])
+@pytest.mark.parametrize("stated", ["global_batch_size", "prompts_per_step", "both"])
+def test_an_rl_batch_fix_applied_once_passes_check(framework, rule_id, layout, stated):
+    """VL001's fix named prompts_per_step beside a request that stated global_batch_size=67: applied, the request
+    was refused (global_batch_size 67 is not prompts_per_step x samples_per_prompt = 64 x 1), a second fix before
+    check passed. It names the step in the field(s) the request stated it in, so one change passes."""
+    n = layout.get("samples_per_prompt", 1)
+    prompts = 13
+    step = {"global_batch_size": {"global_batch_size": prompts * n}, "prompts_per_step": {"prompts_per_step": prompts},
+            "both": {"global_batch_size": prompts * n, "prompts_per_step": prompts}}[stated]
+    req = dict(model="qwen3-8b", framework=framework, gpu="h100", num_gpus=16, job="rl", **layout, **step)
+    fixes = _each_fix_applied(req, rule_id)
+    assert fixes, _errors(req)[rule_id].fix
+    for fixed in fixes:
+        assert set(step) <= set(fixed), fixed  # the fields the request stated, changed together
+        assert not _errors(fixed), (fixed, _errors(fixed))
+
+
+def test_a_mini_batch_fix_never_names_a_mini_batch_over_the_step():
+    """SK001 on a stated mini-batch named prompts_per_mini_batch = 64 under prompts_per_step 32, which the request
+    refuses (a mini-batch is a share of the step); it names the step with it."""
+    req = dict(model="deepseek-v2-lite", framework="skyrl", gpu="a100-40gb", num_gpus=32, job="rl", micro_batch_size=2,
+               prompts_per_step=32, prompts_per_mini_batch=8, rollout_tp=4)
+    assert _errors(req)["SK001"].fix == "Use prompts_per_mini_batch = 64 with prompts_per_step = 64."
+    for fixed in _each_fix_applied(req, "SK001"):
+        assert "SK001" not in _errors(fixed)
