@@ -8,7 +8,7 @@ server start fast.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
@@ -74,6 +74,31 @@ def estimate_memory(req: Request, *, config: ImportedConfig | None = None) -> Me
         return _warn_misspelt(with_band(estimate(job, plan), job, plan), config)  # the band: cards/accuracy.yaml
 
 
+class Estimates(NamedTuple):
+    """A request's memory estimate and step time (None where it cannot be timed, `untimed` saying why)."""
+
+    memory: MemoryReport
+    throughput: ThroughputReport | None
+    untimed: str | None = None
+
+
+def memory_and_throughput(req: Request) -> Estimates:
+    """estimate_memory and estimate_throughput of one request, the request resolved and its memory estimated once:
+    the step time's unfit warning reads that estimate (_warn_unfit) where estimate_throughput makes its own. What
+    the report face draws (faces/report/gather.py); a refused memory estimate raises, a refused step time is said."""
+    from meshplan.check.config import refused_as_check_words
+    from meshplan.request.resolve import resolve
+
+    req = script_request(req)
+    memory = estimate_memory(req)
+    job, plan = resolve(req)
+    try:
+        with refused_as_check_words(job, plan):
+            return Estimates(memory, _timed(job, plan, None, memory))
+    except MeshplanError as exc:  # a plan that cannot be timed is still drawn; the reason is said
+        return Estimates(memory, None, str(exc))
+
+
 def _warn_misspelt(report: Any, config: ImportedConfig | None) -> Any:
     """The report with the file's misspelt keys first in its warnings: a key the file means but meshplan (and, for a
     key the framework does not know, the framework) does not read would otherwise change the answer unsaid."""
@@ -87,23 +112,32 @@ def estimate_throughput(req: Request, *, config: ImportedConfig | None = None) -
     """The step time; with a cluster factor the user stored (meshplan compare --calibrate), scaled by it and said so
     (ThroughputReport.calibration, first assumption); from a config file, its misspelt keys lead the warnings."""
     from meshplan.check.config import refused_as_check_words
-    from meshplan.knowledge.cluster_calibration import calibrated, stored_factor
     from meshplan.request.resolve import resolve
 
     job, plan = resolve(script_request(req))
     with refused_as_check_words(job, plan):
-        report = _warn_misspelt(_warn_unfit(_model_throughput(job, plan), job, plan), config)
+        return _timed(job, plan, config)
+
+
+def _timed(job: Any, plan: Any, config: ImportedConfig | None, memory: MemoryReport | None = None) -> ThroughputReport:
+    """estimate_throughput's report of a resolved job and plan: warned where it does not fit (from `memory`, the
+    caller's estimate of this job and plan, or one made here), the file's misspelt keys first, the stored cluster
+    factor applied."""
+    from meshplan.knowledge.cluster_calibration import calibrated, stored_factor
+
+    report = _warn_misspelt(_warn_unfit(_model_throughput(job, plan), job, plan, memory), config)
     factor = stored_factor(job.gpu.key, job.framework)
     return calibrated(report, factor) if factor is not None else report
 
 
-def _warn_unfit(report: ThroughputReport, job: Any, plan: Any) -> ThroughputReport:
+def _warn_unfit(report: ThroughputReport, job: Any, plan: Any, memory: MemoryReport | None = None) -> ThroughputReport:
     """The step time of a layout whose memory estimate does not fit the GPU, with that said first: a step time alone
-    reads as a plan that runs (Kimi-K2 on 7 H100 at TP1 PP1 got 264 tokens/s/GPU without a word)."""
+    reads as a plan that runs (Kimi-K2 on 7 H100 at TP1 PP1 got 264 tokens/s/GPU without a word). `memory`: the
+    job's estimate where the caller made it (memory_and_throughput), else made here."""
     from meshplan.rl.memory import job_memory
 
     try:
-        memory = job_memory(job, plan)
+        memory = memory if memory is not None else job_memory(job, plan)
     except MeshplanError:  # not estimable as memory: the throughput's own answer stands
         return report
     if memory.fits:

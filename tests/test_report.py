@@ -447,3 +447,20 @@ def test_the_page_s_other_fields_ask_what_the_api_answers(form, request_fields):
     assert json.loads(shown) == json.loads(expected.model_dump_json())
     plan = expected.candidates[0].plan
     assert all(getattr(plan, k) == v for k, v in request_fields.items() if k in ("tp", "pp", "cp"))
+
+
+def test_the_report_estimates_its_memory_once_and_warns_from_it(monkeypatch):
+    """gather drew api.estimate_memory, then api.estimate_throughput estimated the same memory again for its unfit
+    warning (api._warn_unfit). One estimate now serves both (api.memory_and_throughput), and the report's step time
+    is estimate_throughput's, its warning included."""
+    import meshplan.rl.memory as rl_memory
+
+    req = parse_request({"model": "llama-3.1-70b", "gpu": "h100", "num_gpus": 8})  # does not fit: warned
+    estimated = []
+    job_memory = rl_memory.job_memory
+    monkeypatch.setattr(rl_memory, "job_memory", lambda job, plan: estimated.append(plan) or job_memory(job, plan))
+    report = gather(req)
+    assert len(estimated) == 1
+    assert report.throughput == api.estimate_throughput(req)
+    assert report.throughput.warnings[0].startswith("This layout does not fit")
+    assert report.memory == api.estimate_memory(req)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from meshplan import api
 from meshplan.arithmetic.mesh import MeshAxis, job_domain, mesh_axes, segment_words, world_size
-from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.request.resolve import resolve
 from meshplan.rl.job import RL_FIELDS
@@ -77,11 +76,9 @@ def gather(req: Request, *, recommend: bool = False, top_k: int = 5) -> PlanRepo
         drawn = plan_request(req, plan, rec.global_batch_size) if plan is not None else None
     memory = throughput = None
     if drawn is not None:
-        memory = api.estimate_memory(drawn)
-        try:
-            throughput = api.estimate_throughput(drawn)
-        except MeshplanError as exc:  # a plan that cannot be timed is still drawn; the reason is printed
-            notes.append(f"step time not estimated: {exc}")
+        memory, throughput, untimed = api.memory_and_throughput(drawn)  # its memory estimated once for both
+        if untimed is not None:  # a plan that cannot be timed is still drawn; the reason is printed
+            notes.append(f"step time not estimated: {untimed}")
     job, plan = resolve(drawn if drawn is not None else req)
     if drawn is None:
         plan = None
