@@ -57,7 +57,7 @@ RL_EXTRA = dict(tp=[1, 2, 4], pp=[1, 2], zero_stage=[1, 3], recompute=["full", "
 FIRST_OF_SEVERAL = ("AD001", "NT001", "OF001", "RL005")  # fixing one setting (phase) may reveal the next
 RULE_ID = re.compile(r"\b[A-Z]{2,5}\d{3}\b")
 TRIED = re.compile(r"([a-z_]+=[^:()+]+?(?:, [a-z_]+=[^:()+]+?)*): ([\d,.]+ GiB)")
-FITS = re.compile(r"(?:^|or |together, )([a-z_]+=[^():]+?) \(([\d,.]+ GiB) peak")
+FITS = re.compile(r"(?:^|or |together, |: )([a-z_]+=[^():]+?) \(([\d,.]+ GiB) peak")
 
 
 def draw(rng: random.Random, extra: int) -> dict:

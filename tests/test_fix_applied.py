@@ -14,11 +14,12 @@ import pytest
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
+from meshplan.core.units import gib
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from random_requests import alternatives, applied  # noqa: E402
+from random_requests import alternatives, applied, named_layouts  # noqa: E402
 
 
 def _errors(req: dict) -> dict:
@@ -60,3 +61,30 @@ def test_a_mini_batch_fix_never_names_a_mini_batch_over_the_step():
     assert _errors(req)["SK001"].fix == "Use prompts_per_mini_batch = 64 with prompts_per_step = 64."
     for fixed in _each_fix_applied(req, "SK001"):
         assert "SK001" not in _errors(fixed)
+
+
+MEM002_CASES = [
+    dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, micro_batch_size=1, tp=1),
+    dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=16, micro_batch_size=4, tp=2),
+    dict(model="qwen2.5-7b", framework="verl", gpu="h100", num_gpus=16, job="rl", zero_stage=1, micro_batch_size=1,
+         prompts_per_step=64, samples_per_prompt=8, response_length=4096, param_offload=True),
+    dict(model="gpt-oss-20b", framework="skyrl", gpu="h200", num_gpus=16, job="rl", zero_stage=1,
+         optimizer_offload=True),
+]
+
+
+@pytest.mark.parametrize("req", MEM002_CASES, ids=lambda r: f"{r['model']}-{r.get('framework', 'megatron-core')}")
+def test_low_headroom_names_layouts_with_their_memory_that_each_keep_it(req):
+    """MEM002's fix named directions ('a larger pp or tp', 'recompute=selective'), and on an RL job whose update peaks
+    'recompute=selective' kept the warning. It names nearby layouts as MEM001 does (one search of neighbours,
+    check/alternatives.fitting_alternatives), each with its estimated peak and free share; each applied keeps the
+    headroom, passes check and estimates the peak the fix stated."""
+    found = next(f for f in api.check_config(Request(**req)).findings if f.id == "MEM002")
+    layouts = named_layouts(found.fix)
+    assert layouts and ("free)" in found.fix or " free, " in found.fix), found.fix
+    in_effect = resolve(Request(**req))[1].model_dump()
+    for label, figure in layouts:
+        fixed = applied(req, label, in_effect)
+        report = api.check_config(Request(**fixed))
+        assert not {f.id for f in report.findings if f.severity == "error" or f.id == "MEM002"}, (label, report)
+        assert gib(report.memory.fit_bytes) == figure, (label, figure)

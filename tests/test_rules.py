@@ -906,16 +906,21 @@ def test_headroom_threshold_is_ten_percent():
 
 def test_headroom_fix_names_only_changes_the_plan_has_not_made():
     """MEM002's fix was one sentence for every plan: recompute=selective on a plan recomputing in full (more memory),
-    micro_batch_size=1 at 1, a larger zero_stage at the framework's highest. It names what this plan can still do."""
+    micro_batch_size=1 at 1, a larger zero_stage at the framework's highest. It names what this plan can still do: the
+    nearby layouts MEM001's fix tries (check/alternatives.py), each with its estimated peak and the share it leaves
+    free, never a direction ('a larger pp or tp', which it named before: tests/test_fix_applied.py applies each)."""
+    from meshplan.adapters.read.fixes import fix_changes  # one alternative each, as check --config offers them
+
     rule_ = load_rules()["MEM002"]
     job, plan = make(**L70B, num_gpus=16, tp=8, pp=2, recompute="full", zero_stage=1)
     values = rule_(Context(job, plan, memory_report=report(72.5, 80.0)))
-    assert values["changes"] == "zero_stage=2 or a larger pp"  # tp=16 leaves the 8-GPU NVLink domain
+    assert values["changes"] == ("optimizer_state_dtype=bf16 (51.0 GiB peak, 36% free) or optimizer_offload=true "
+                                 "(26.3 GiB peak, 67% free, 525.8 GiB host per node)")
     job, plan = make(**L8B, num_gpus=8, micro_batch_size=2, zero_stage=3)
     values = rule_(Context(job, plan, memory_report=report(72.5, 80.0)))
-    assert values["changes"] == "micro_batch_size=1 or recompute=selective or a larger pp or tp"
-    from meshplan.adapters.read.fixes import fix_changes  # one alternative each, as check --config offers them
-    assert fix_changes(values["changes"], {}) == [{"micro_batch_size": 1}, {"recompute": "selective"}]
+    assert values["changes"] == ("micro_batch_size=1 (45.8 GiB peak, 43% free) or recompute=selective (69.4 GiB "
+                                 "peak, 13% free) or pp=2 (62.7 GiB peak, 21% free)")
+    assert fix_changes(values["changes"], {}) == [{"micro_batch_size": 1}, {"recompute": "selective"}, {"pp": 2}]
 
 
 def test_a_rollout_fraction_holding_no_sequence_is_rl006_with_fixes_that_clear_it():

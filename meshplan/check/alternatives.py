@@ -1,5 +1,6 @@
-"""MEM001's fix: the nearby layouts (a smaller micro-batch, recompute, more ZeRO, more pp/tp/ep/cp, host offload)
-re-estimated, and those that pass every structural rule and fit named, one change at a time, else a few together.
+"""MEM001's and MEM002's fix: the nearby layouts (a smaller micro-batch, recompute, more ZeRO, more pp/tp/ep/cp,
+host offload) re-estimated, and those that pass every structural rule and fit (MEM002: leaving its share free) named,
+one change at a time, else a few together.
 """
 
 from __future__ import annotations
@@ -170,8 +171,10 @@ def _combinations(changes: list[tuple[str, dict[str, Any]]], size: int) -> list[
     return out
 
 
-def fitting_alternatives(ctx: Context) -> tuple[list[str], list[str]]:
-    """Labels of nearby layouts that pass every structural rule and fit in memory (MEM001's max_alternatives).
+def fitting_alternatives(ctx: Context, keep: float = 0.0) -> tuple[list[str], list[str]]:
+    """Labels of nearby layouts that pass every structural rule and fit in memory (MEM001's max_alternatives), each
+    with its estimated peak; with `keep`, a share of the GPU's memory, only those that also leave it free, named
+    with the share they leave (MEM002's fix: a layout, not a direction such as 'a larger tp').
 
     One change at a time first; when none fits, up to MEM001's max_changes changes together, so the fix names a
     layout that works rather than a list of near misses. `tried` keeps the single changes' figures."""
@@ -195,9 +198,10 @@ def fitting_alternatives(ctx: Context) -> tuple[list[str], list[str]]:
             if size == 1:  # the figure that decides (memory.fit_figure)
                 tried.append(f"{label}: {gib(report.fit_bytes)}"
                              + (f" but {gib(host)} host per node of {gib(host_capacity)}" if host_short else ""))
-            if report.fits and not host_short:
+            if report.fits and not host_short and report.headroom_bytes >= keep * report.capacity_bytes:
                 host_note = f", {gib(host)} host per node" if host else ""
-                fitting.append(f"{label} ({gib(report.fit_bytes)} peak{host_note})")
+                free = f", {report.headroom_bytes / report.capacity_bytes:.0%} free" if keep else ""
+                fitting.append(f"{label} ({gib(report.fit_bytes)} peak{free}{host_note})")
                 if len(fitting) == limit:
                     return fitting, tried
         if fitting:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from meshplan.arithmetic.mesh import ranks_per_node, tp_fits_domain
+from meshplan.arithmetic.mesh import ranks_per_node
 from meshplan.arithmetic.offload import offload_card, offload_plan
-from meshplan.check.alternatives import fitting_alternatives, highest_zero_stage
+from meshplan.check.alternatives import fitting_alternatives
 from meshplan.check.split import headroom_threshold
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, gib
@@ -70,7 +70,7 @@ def low_headroom(ctx: Context) -> Values:
     return {"headroom": gib(report.headroom_bytes), "share": f"{report.headroom_bytes / report.capacity_bytes:.1%}",
             "stage": report.peak_stage, "minimum": f"{minimum:.0%}", "peak": peak,
             "changes": _rollout_changes(ctx, report, minimum * report.capacity_bytes - report.headroom_bytes)
-            or _lighter_changes(ctx)}
+            or _roomier_layouts(ctx, minimum)}
 
 
 def _switched_on(knobs: list[str]) -> str:
@@ -91,19 +91,17 @@ def _rollout_changes(ctx: Context, report: MemoryReport, short: float) -> str:
     return " or ".join([*changes, *_engine_fixes(ctx, top.engine, short)])
 
 
-def _lighter_changes(ctx: Context) -> str:
-    """The changes that take memory off this plan, each one it has not made yet: recompute=selective on a plan
-    recomputing already, or micro_batch_size=1 at 1, would change nothing (or add memory)."""
-    p = ctx.plan
-    changes = ["micro_batch_size=1"] if p.micro_batch_size > 1 else []
-    if p.recompute != "full" or p.recompute_layers is not None:
-        changes.append("recompute=selective" if p.recompute == "none" else "recompute=full")
-    if p.zero_stage < highest_zero_stage(ctx):
-        changes.append(f"zero_stage={p.zero_stage + 1}")
-    deeper = [name for name, more in (("pp", 2 * p.pp <= ctx.job.model.num_layers),
-                                      ("tp", tp_fits_domain(2 * p.tp, ctx.fast_domain))) if more]
-    changes.append(f"a larger {' or '.join(deeper)}" if deeper else "more GPUs (`meshplan recommend`)")
-    return " or ".join(changes)  # alternatives, as check --config reads a fix (adapters/read/fixes.py)
+def _roomier_layouts(ctx: Context, minimum: float) -> str:
+    """The nearby layouts that keep `minimum` of the GPU free, each with its estimated peak and free share, found as
+    MEM001's are (alternatives.fitting_alternatives, the one search of neighbours): 'a larger tp or pp' named a
+    direction, and 'recompute=selective' one whose peak (an RL job's at its update) kept the warning."""
+    fitting, tried = fitting_alternatives(ctx, keep=minimum)
+    if fitting and " + " in fitting[0]:
+        return "together, " + " or ".join(fitting)
+    if fitting:
+        return " or ".join(fitting)
+    return (f"none of the nearby layouts keeps it ({', '.join(tried) or 'no valid neighbour'}); more GPUs or "
+            "`meshplan recommend` (which ranks by this headroom)")
 
 
 @rule("MEM003")
