@@ -6,7 +6,7 @@ one change at a time, else a few together.
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Any
+from typing import Any, NamedTuple
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.schedule import pipeline_split
@@ -178,32 +178,64 @@ def fitting_alternatives(ctx: Context, keep: float = 0.0) -> tuple[list[str], li
 
     One change at a time first; when none fits, up to MEM001's max_changes changes together, so the fix names a
     layout that works rather than a list of near misses. `tried` keeps the single changes' figures."""
-    known = {f.id for f in check_structure(ctx.job, ctx.plan) if f.severity == "error"}
+    known = plan_errors(ctx)
     limit = ctx_param(ctx, "MEM001", "max_alternatives")
     singles = _candidates(ctx)
     fitting: list[str] = []
     tried: list[str] = []
     for size in range(1, int(ctx_param(ctx, "MEM001", "max_changes")) + 1):
         for label, change in singles if size == 1 else _combinations(singles, size):
-            plan = _neighbour(ctx, change)
-            # A neighbour may keep the plan's own structural errors (they have their own fixes), not add new ones.
-            if plan is None or any(f.severity == "error" and f.id not in known for f in check_structure(ctx.job, plan)):
+            found = judged(ctx, label, change, keep, known)
+            if found is None:
                 continue
-            try:
-                report = job_memory(ctx.job, plan)  # an RL job: the peak over its phases
-            except MeshplanError:
-                continue
-            host, host_capacity = report.host_bytes_per_node, ctx.job.cpu_memory_per_node
-            host_short = host_capacity is not None and host > host_capacity  # MEM003 would refuse it
-            if size == 1:  # the figure that decides (memory.fit_figure)
-                tried.append(f"{label}: {gib(report.fit_bytes)}"
-                             + (f" but {gib(host)} host per node of {gib(host_capacity)}" if host_short else ""))
-            if report.fits and not host_short and report.headroom_bytes >= keep * report.capacity_bytes:
-                host_note = f", {gib(host)} host per node" if host else ""
-                free = f", {report.headroom_bytes / report.capacity_bytes:.0%} free" if keep else ""
-                fitting.append(f"{label} ({gib(report.fit_bytes)} peak{free}{host_note})")
+            if size == 1:
+                tried.append(found.tried)
+            if found.fitting is not None:
+                fitting.append(found.fitting)
                 if len(fitting) == limit:
                     return fitting, tried
         if fitting:
             break
     return fitting, tried
+
+
+class Judged(NamedTuple):
+    """A neighbour's estimate as a fix words it: its figure ('pp=2: 81.3 GiB'), and where it fits (and keeps the
+    share asked) its label with its peak ('pp=2 (75.0 GiB peak)'), else None."""
+
+    tried: str
+    fitting: str | None
+
+
+def plan_errors(ctx: Context) -> set[str]:
+    """The structural errors the plan has already: a neighbour may keep them (they have their own fixes)."""
+    return {f.id for f in check_structure(ctx.job, ctx.plan) if f.severity == "error"}
+
+
+def judged(ctx: Context, label: str, change: dict[str, Any], keep: float = 0.0,
+           known: set[str] | None = None) -> Judged | None:
+    """The plan with `change` (_neighbour) estimated as MEM001's and MEM002's fixes name it: None where the degrees do
+    not tile the GPUs, it adds a structural error the plan has not (`known`, plan_errors) or it cannot be estimated;
+    it fits where its figure (memory.fit_figure) is within the budget, the host holds its offload (MEM003), an RL
+    job's rollout engine holds a sequence (RL006) and it leaves `keep` of the GPU free (named with the share it
+    leaves)."""
+    plan = _neighbour(ctx, change)
+    known = plan_errors(ctx) if known is None else known
+    if plan is None or any(f.severity == "error" and f.id not in known for f in check_structure(ctx.job, plan)):
+        return None
+    try:
+        report = job_memory(ctx.job, plan)  # an RL job: the peak over its phases
+    except MeshplanError:
+        return None
+    host, host_capacity = report.host_bytes_per_node, ctx.job.cpu_memory_per_node
+    host_short = host_capacity is not None and host > host_capacity  # MEM003 would refuse it
+    # an RL job's rollout engine left no KV cache for one sequence: vLLM and SGLang refuse to start (RL006)
+    starved = any(p.engine is not None and p.engine.sequences_at_once < 1 for p in report.phases)
+    tried = f"{label}: {gib(report.fit_bytes)}" + (
+        f" but {gib(host)} host per node of {gib(host_capacity)}" if host_short else "") + (
+        " but the rollout engine holds no sequence" if starved else "")
+    if not report.fits or host_short or starved or report.headroom_bytes < keep * report.capacity_bytes:
+        return Judged(tried, None)
+    host_note = f", {gib(host)} host per node" if host else ""
+    free = f", {report.headroom_bytes / report.capacity_bytes:.0%} free" if keep else ""
+    return Judged(tried, f"{label} ({gib(report.fit_bytes)} peak{free}{host_note})")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from meshplan.arithmetic.mesh import ranks_per_node
 from meshplan.arithmetic.offload import offload_card, offload_plan
-from meshplan.check.alternatives import fitting_alternatives
+from meshplan.check.alternatives import fitting_alternatives, judged
 from meshplan.check.split import headroom_threshold
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, gib
@@ -69,8 +69,7 @@ def low_headroom(ctx: Context) -> Values:
         f"{gib(report.fit_bytes)} allocated (expandable segments; {gib(report.peak_bytes)} reserved)")
     return {"headroom": gib(report.headroom_bytes), "share": f"{report.headroom_bytes / report.capacity_bytes:.1%}",
             "stage": report.peak_stage, "minimum": f"{minimum:.0%}", "peak": peak,
-            "changes": _rollout_changes(ctx, report, minimum * report.capacity_bytes - report.headroom_bytes)
-            or _roomier_layouts(ctx, minimum)}
+            "changes": _rollout_changes(ctx, report, minimum) or _roomier_layouts(ctx, minimum)}
 
 
 def _switched_on(knobs: list[str]) -> str:
@@ -79,15 +78,20 @@ def _switched_on(knobs: list[str]) -> str:
     return " and ".join(f"{k}=true" for k in knobs)
 
 
-def _rollout_changes(ctx: Context, report: MemoryReport, short: float) -> str:
-    """Where an RL job peaks in its rollout, what frees `short` bytes there: the phase offloads the plan has not
-    made, or a lower rollout_memory_fraction (_engine_fixes); a micro-batch, recompute or ZeRO stage changes only the
-    update's peak. Empty for any other job or phase."""
+def _rollout_changes(ctx: Context, report: MemoryReport, minimum: float) -> str:
+    """Where an RL job peaks in its rollout, what keeps `minimum` of the GPU free there: the phase offloads the plan
+    has not made, estimated and named with their peak where they keep it (alternatives.judged: with the trainer's
+    states on the host, an engine whose fraction is of the free memory grows into it, and 'param_offload=true and
+    optimizer_offload=true' kept the warning), or a lower rollout_memory_fraction (_engine_fixes); a micro-batch,
+    recompute or ZeRO stage changes only the update's peak. Empty for any other job or phase."""
     if not report.phases or report.peak_phase != "rollout":
         return ""
     top = next(p for p in report.phases if p.phase == "rollout")
     knobs = [k for k in phase_knobs(ctx.card, ctx.plan) if not getattr(ctx.plan, k)]
-    changes = [_switched_on(knobs)] if knobs and top.pool == "trainer" else []
+    switched = judged(ctx, _switched_on(knobs), dict.fromkeys(knobs, True), keep=minimum) \
+        if knobs and top.pool == "trainer" else None
+    changes = [switched.fitting] if switched is not None and switched.fitting is not None else []
+    short = minimum * report.capacity_bytes - report.headroom_bytes
     return " or ".join([*changes, *_engine_fixes(ctx, top.engine, short)])
 
 
