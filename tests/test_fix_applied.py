@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from meshplan import api
+from meshplan.adapters.read.fixes import fix_changes
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib
 from meshplan.request.resolve import resolve
@@ -92,3 +93,16 @@ def test_low_headroom_names_layouts_with_their_memory_that_each_keep_it(req):
         report = api.check_config(Request(**fixed))
         assert not {f.id for f in report.findings if f.severity == "error" or f.id == "MEM002"}, (label, report)
         assert gib(report.memory.fit_bytes) == figure, (label, figure)
+
+
+def test_a_fix_of_changes_together_reads_as_those_changes_not_the_near_misses():
+    """MEM001's 'no single change fits (micro_batch_size=1: 309.6 GiB, zero_stage=2: 310.7 GiB, ...); together,
+    zero_stage=3 + optimizer_offload=true (...) fits' was read by `check --config` (fix_changes) as every near miss
+    at once, zero_stage=2 first: an edit that brought PR001 and WS001 in. It reads as the changes that fit."""
+    req = dict(model="bloom-176b", gpu="a100-80gb", num_gpus=32, recompute="full", cp=4, tp=4, micro_batch_size=2)
+    fix = _errors(req)["MEM001"].fix
+    assert fix.startswith("no single change fits (") and "; together, zero_stage=3 + optimizer_offload=true" in fix
+    in_effect = resolve(Request(**req))[1].model_dump()
+    options = fix_changes(fix, req, in_effect)
+    assert options[0] == {"zero_stage": 3, "optimizer_offload": True}, options
+    assert not _errors({**req, **options[0]})
