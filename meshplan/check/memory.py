@@ -82,7 +82,8 @@ def _rollout_changes(ctx: Context, report: MemoryReport, minimum: float) -> str:
     """Where an RL job peaks in its rollout, what keeps `minimum` of the GPU free there: the phase offloads the plan
     has not made, estimated and named with their peak where they keep it (alternatives.judged: with the trainer's
     states on the host, an engine whose fraction is of the free memory grows into it, and 'param_offload=true and
-    optimizer_offload=true' kept the warning), or a lower rollout_memory_fraction (_engine_fixes); a micro-batch,
+    optimizer_offload=true' kept the warning), or a lower rollout_memory_fraction (_engine_changes, estimated the
+    same way: a rollout_tp beside it kept the warning where the phase's other parts grew); a micro-batch,
     recompute or ZeRO stage changes only the update's peak. Empty for any other job or phase."""
     if not report.phases or report.peak_phase != "rollout":
         return ""
@@ -90,9 +91,9 @@ def _rollout_changes(ctx: Context, report: MemoryReport, minimum: float) -> str:
     knobs = [k for k in phase_knobs(ctx.card, ctx.plan) if not getattr(ctx.plan, k)]
     switched = judged(ctx, _switched_on(knobs), dict.fromkeys(knobs, True), keep=minimum) \
         if knobs and top.pool == "trainer" else None
-    changes = [switched.fitting] if switched is not None and switched.fitting is not None else []
     short = minimum * report.capacity_bytes - report.headroom_bytes
-    return " or ".join([*changes, *_engine_fixes(ctx, top.engine, short)])
+    engine = [judged(ctx, label, change, keep=minimum) for label, change in _engine_changes(ctx, top.engine, short)]
+    return " or ".join(j.fitting for j in (switched, *engine) if j is not None and j.fitting is not None)
 
 
 def _roomier_layouts(ctx: Context, minimum: float) -> str:
@@ -188,12 +189,18 @@ def rl_phase_fits(ctx: Context) -> Values:
 
 
 def _engine_fixes(ctx: Context, engine: EngineMemory | None, over: float) -> list[str]:
+    """The words of _engine_changes, each alternative a fix names."""
+    return [label for label, _ in _engine_changes(ctx, engine, over)]
+
+
+def _engine_changes(ctx: Context, engine: EngineMemory | None, over: float) -> list[tuple[str, dict]]:
     """The rollout engine's settings that take `over` bytes off the rollout phase and still hold one sequence (RL006):
     the largest rollout_memory_fraction, in hundredths, that does; where none does at this rollout_tp, the least
     doubling of rollout_tp (whole replicas in the NVLink domain, as RL006's fix) whose engine holds one at that
     fraction. The engine's budget is the fraction times its basis (the GPU's memory, or what the trainer leaves
     free: the engine card's memory_fraction_of), read from the estimate per unit of fraction; rollout_tp splits the
-    weights and KV cache but not that budget, so a larger rollout_tp alone lowers no peak."""
+    weights and KV cache but not that budget, so a larger rollout_tp alone lowers no peak. Each with the plan
+    change it names."""
     plan, job = ctx.plan, ctx.job
     if engine is None or engine.budget_bytes <= 0 or plan.rollout_memory_fraction <= 0:
         return []
@@ -204,11 +211,13 @@ def _engine_fixes(ctx: Context, engine: EngineMemory | None, over: float) -> lis
     length = job.rl.prompt_length + job.rl.response_length
     if fraction * per_fraction >= _engine_needs(job, plan, length)[0]:
         kv = engine.kv_bytes - (plan.rollout_memory_fraction - fraction) * per_fraction
-        return [f"rollout_memory_fraction={fraction:g} (the KV cache shrinks to {gib(kv)})"]
+        return [(f"rollout_memory_fraction={fraction:g} (the KV cache shrinks to {gib(kv)})",
+                 {"rollout_memory_fraction": fraction})]
     for tp in _doubled_rollout_tps(ctx):
         if fraction * per_fraction >= _engine_needs(job, plan.model_copy(update={"rollout_tp": tp}), length)[0]:
-            return [f"rollout_tp={tp} with rollout_memory_fraction={fraction:g} (the engine's weights split over "
-                    f"{tp // plan.rollout_tp} times the GPUs, so that fraction still holds a sequence)"]
+            return [(f"rollout_tp={tp} with rollout_memory_fraction={fraction:g} (the engine's weights split over "
+                     f"{tp // plan.rollout_tp} times the GPUs, so that fraction still holds a sequence)",
+                     {"rollout_tp": tp, "rollout_memory_fraction": fraction})]
     return []
 
 
