@@ -169,3 +169,16 @@ def what_breaks(found, fixed: dict, before) -> list[str]:
     out += [f"{rid} brought in: {f.message[:160]}" for rid, f in after.items() if f.severity == "error"
             and rid not in ids and (before.memory is not None or rid not in ESTIMATE_RULES)]
     return out
+
+
+@pytest.mark.parametrize("req", [
+    dict(model="qwen2.5-72b", framework="verl", gpu="h200", num_gpus=32, job="rl", zero_stage=3, prompt_length=2048,
+         rollout_tp=1, rollout_memory_fraction=0.7),
+    dict(model="qwen3-8b", framework="verl", gpu="h100", num_gpus=8, job="rl", rollout_memory_fraction=0.01)])
+def test_a_rollout_fix_on_a_plan_that_fits_keeps_it_fitting(req):
+    """RL006 (the engine holds no sequence) named the least fraction that holds one, 'rollout_memory_fraction=0.99',
+    on a plan that fits: applied, the rollout phase overflowed (MEM001, RL005). Where the plan fits, each change it
+    names is estimated and named only where it still fits."""
+    assert api.check_config(Request(**req)).memory.fits
+    for fixed in _each_fix_applied(req, "RL006"):
+        assert not _errors(fixed), (fixed, list(_errors(fixed)))

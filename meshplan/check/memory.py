@@ -246,9 +246,9 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
     need, weights, working, sequence = _engine_needs(job, plan, length)
     of_free = job.rl_card.engines[plan.rollout_engine].memory_fraction_of == "free"
     budget = engine.budget_bytes
-    fixes = []
+    fixes: list[tuple[str, dict]] = []
     if budget > 0 and (fraction := math.ceil(100 * plan.rollout_memory_fraction * need / budget) / 100) <= 1:
-        fixes.append(f"rollout_memory_fraction={fraction:g} or more")
+        fixes.append((f"rollout_memory_fraction={fraction:g} or more", {"rollout_memory_fraction": fraction}))
     # the least doubling of rollout_tp whose engine holds a sequence, with the least fraction that then holds one
     # where the request's does not
     for tp in _doubled_rollout_tps(ctx) if budget > 0 else ():
@@ -256,19 +256,25 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
         at = math.ceil(100 * plan.rollout_memory_fraction * need_tp / budget) / 100
         if at <= 1:
             also = f" with rollout_memory_fraction={at:g} or more" if need_tp > budget else ""
-            fixes.append(f"rollout_tp={tp}{also} (the engine's weights and KV cache split over "
-                         f"{tp // plan.rollout_tp} times the GPUs)")
+            fixes.append((f"rollout_tp={tp}{also} (the engine's weights and KV cache split over "
+                          f"{tp // plan.rollout_tp} times the GPUs)",
+                          {"rollout_tp": tp} | ({"rollout_memory_fraction": at} if also else {})))
             break
     knobs = [k for k in phase_knobs(ctx.card, plan) if not getattr(plan, k)]
     if of_free and knobs and rollout.pool == "trainer":  # its fraction is of the memory the trainer leaves free
         fixes += _freed_for_the_engine(ctx, knobs, need)
+    if report.fits:  # a plan that fits: only a change that still fits, estimated (a larger fraction overflowed it)
+        fixes = [(j.fitting, change) for label, change in fixes
+                 if (j := judged(ctx, label, change)) is not None and j.fitting is not None]
+    fixes_said = [label for label, _ in fixes]
     return {"engine": plan.rollout_engine, "fraction": f"{plan.rollout_memory_fraction:g}", "need": gib(need),
             "weights": gib(weights), "working": gib(working), "kv": gib(engine.kv_bytes),
             "length": f"{length:,}", "sequence": gib(sequence),
-            "fix": " or ".join(fixes) if fixes else "GPUs with more memory: no fraction holds one sequence here"}
+            "fix": " or ".join(fixes_said) if fixes_said else
+            "GPUs with more memory: no fraction holds one sequence here" + (" and fits" if report.fits else "")}
 
 
-def _freed_for_the_engine(ctx: Context, knobs: list[str], need: float) -> list[str]:
+def _freed_for_the_engine(ctx: Context, knobs: list[str], need: float) -> list[tuple[str, dict]]:
     """RL006's phase-offload fix where the engine's fraction is of what the trainer leaves free: the budget it then
     starts with, estimated with the knobs on, and the fraction that holds a sequence there where the request's does
     not (a Qwen3-30B-A3B verl job on 40 GB A100s was told optimizer_offload=true, and at its fraction 0.5 the engine
@@ -284,9 +290,11 @@ def _freed_for_the_engine(ctx: Context, knobs: list[str], need: float) -> list[s
         return []
     at = math.ceil(100 * plan.rollout_memory_fraction * need / budget) / 100
     why = "(the trainer's states leave the GPUs for the rollout, so more is free when the engine starts)"
+    switched = dict.fromkeys(knobs, True)
     if at <= plan.rollout_memory_fraction:
-        return [f"{_switched_on(knobs)} {why}"]
-    return [f"{_switched_on(knobs)} with rollout_memory_fraction={at:g} or more {why}"] if at <= 1 else []
+        return [(f"{_switched_on(knobs)} {why}", switched)]
+    return [(f"{_switched_on(knobs)} with rollout_memory_fraction={at:g} or more {why}",
+             switched | {"rollout_memory_fraction": at})] if at <= 1 else []
 
 
 def _engine_needs(job, plan, length: int) -> tuple[float, float, float, float]:
