@@ -182,3 +182,14 @@ def test_a_rollout_fix_on_a_plan_that_fits_keeps_it_fitting(req):
     assert api.check_config(Request(**req)).memory.fits
     for fixed in _each_fix_applied(req, "RL006"):
         assert not _errors(fixed), (fixed, list(_errors(fixed)))
+
+
+@pytest.mark.parametrize("rule_id", ["TP001", "TP002"])
+def test_a_tp_fix_never_names_tp_1_beside_tp_overlap(rule_id):
+    """'tp in {1, 2, 4} works' beside tp_comm_overlap=true: applied as tp=1, TP005 came in (no TP communication to
+    overlap). The tp values a TP rule names leave 1 out where the plan overlaps TP communication."""
+    req = dict(model="llama-3-70b", framework="megatron-bridge", gpu="b200", num_gpus=12, seq_length=32768,
+               micro_batch_size=4, tp_comm_overlap=True, tp=3)
+    assert _errors(req)[rule_id].fix.startswith("tp in {2, 4} works")
+    for fixed in _each_fix_applied(req, rule_id):
+        assert "TP005" not in _errors(fixed), fixed

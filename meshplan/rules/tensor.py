@@ -34,11 +34,20 @@ def _working_tp(ctx: Context, kv_rule: str) -> str:
 
     good = tiling(ctx, "tp", [t for t in divisors(heads) if ok(t)])
     inside = [t for t in good if t <= ctx.fix_domain]
-    return fmt_set(inside or good)
+    return fmt_set(_overlap_kept(ctx, inside or good))
+
+
+def _overlap_kept(ctx: Context, tps: list[int]) -> list[int]:
+    """The tp values a fix names, less tp=1 where the plan overlaps TP communication (tp_comm_overlap), which TP005
+    then refuses (no TP communication to overlap): 'tp in {1, 2, 4}' applied as tp=1 brought it in. All of them
+    where 1 is the only one. A rule calling it reads tp_comm_overlap."""
+    if not ctx.plan.tp_comm_overlap:
+        return tps
+    return [t for t in tps if t > 1] or tps
 
 
 
-@rule("TP001", reads=("tp", "pp", "cp", "ep", "etp"))
+@rule("TP001", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"))
 def heads_divisible(ctx: Context) -> Values:
     tp, heads = ctx.plan.tp, ctx.arch.num_attention_heads
     if heads % tp == 0:
@@ -47,7 +56,7 @@ def heads_divisible(ctx: Context) -> Values:
 
 
 
-@rule("TP002", reads=("tp", "pp", "cp", "ep", "etp"))
+@rule("TP002", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"))
 def kv_groups_megatron(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if kv % tp == 0 or tp % kv == 0:
@@ -56,7 +65,7 @@ def kv_groups_megatron(ctx: Context) -> Values:
 
 
 
-@rule("TP003", reads=("tp", "pp", "cp", "ep", "etp"))
+@rule("TP003", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"))
 def kv_heads_divisible(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if tp == 1 or kv % tp == 0:
@@ -65,7 +74,7 @@ def kv_heads_divisible(ctx: Context) -> Values:
 
 
 
-@rule("TP004", reads=("tp",))
+@rule("TP004", reads=("tp", "tp_comm_overlap"))
 def tp_inside_nvlink(ctx: Context) -> Values:
     gpu, tp = ctx.job.gpu, ctx.plan.tp
     domain = ctx.fast_domain
@@ -74,7 +83,7 @@ def tp_inside_nvlink(ctx: Context) -> Values:
     slowdown = gpu.intra_node_bandwidth / gpu.network_bandwidth
     return {"tp": tp, "domain": domain, "gpu": gpu.name, "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}",
             "net": f"{gpu.network_bandwidth / 1e9:.0f}", "slowdown": f"{slowdown:.0f}",
-            "working": fmt_set(divisors(domain))}
+            "working": fmt_set(_overlap_kept(ctx, divisors(domain)))}
 
 
 
