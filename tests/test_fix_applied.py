@@ -193,3 +193,13 @@ def test_a_tp_fix_never_names_tp_1_beside_tp_overlap(rule_id):
     assert _errors(req)[rule_id].fix.startswith("tp in {2, 4} works")
     for fixed in _each_fix_applied(req, rule_id):
         assert "TP005" not in _errors(fixed), fixed
+
+
+def test_a_one_stage_fix_clears_the_virtual_stages_too():
+    """KF001's 'Set pp=1' on a plan at vpp=2 left the virtual stages, which PP003 then refused (no pipeline at
+    pp=1). It names vpp=1 with pp=1."""
+    req = dict(model="qwen3-30b-a3b", framework="kempnerforge", gpu="gb200", num_gpus=256, pp=4, vpp=2,
+               recompute="full")
+    assert _errors(req)["KF001"].fix == "Set pp=1, vpp=1 and scale with EP, TP and FSDP."
+    for fixed in _each_fix_applied(req, "KF001"):
+        assert not {"KF001", "PP003"} & set(_errors(fixed)), fixed

@@ -162,19 +162,30 @@ def deepspeed_moe_zero3(ctx: Context) -> Values:
 
 
 
-@rule("KF001", reads=("pp",))
+ONE_STAGE_READS = ("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout")
+
+
+def _one_stage(ctx: Context) -> str:
+    """pp=1 as a fix names it, with the pipeline settings it clears: 'Set pp=1' on a plan at vpp=2 left the virtual
+    stages, which PP003 then refuses (no pipeline at pp=1), and a stage split set beside it."""
+    p = ctx.plan
+    dropped = [f"drop {name}" for name in ONE_STAGE_READS[2:] if getattr(p, name) is not None]
+    return "pp=1" + (", vpp=1" if p.vpp > 1 else "") + (f" ({', '.join(dropped)})" if dropped else "")
+
+
+@rule("KF001", reads=ONE_STAGE_READS)
 def kempnerforge_moe_pp(ctx: Context) -> Values:
     if not ctx.arch.is_moe or ctx.plan.pp == 1:
         return None
-    return {"pp": ctx.plan.pp}
+    return {"pp": ctx.plan.pp, "one_stage": _one_stage(ctx)}
 
 
 
-@rule("KF002", reads=("pp",))
+@rule("KF002", reads=ONE_STAGE_READS)
 def kempnerforge_tied_pp(ctx: Context) -> Values:
     if not ctx.arch.tie_word_embeddings or ctx.plan.pp == 1:
         return None
-    return {"pp": ctx.plan.pp}
+    return {"pp": ctx.plan.pp, "one_stage": _one_stage(ctx)}
 
 
 
