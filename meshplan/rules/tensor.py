@@ -34,16 +34,17 @@ def _working_tp(ctx: Context, kv_rule: str) -> str:
 
     good = tiling(ctx, "tp", [t for t in divisors(heads) if ok(t)])
     inside = [t for t in good if t <= ctx.fix_domain]
-    return fmt_set(_overlap_kept(ctx, inside or good))
+    return _tp_set(ctx, inside or good)
 
 
-def _overlap_kept(ctx: Context, tps: list[int]) -> list[int]:
-    """The tp values a fix names, less tp=1 where the plan overlaps TP communication (tp_comm_overlap), which TP005
-    then refuses (no TP communication to overlap): 'tp in {1, 2, 4}' applied as tp=1 brought it in. All of them
-    where 1 is the only one. A rule calling it reads tp_comm_overlap."""
+def _tp_set(ctx: Context, tps: list[int]) -> str:
+    """The tp values a fix names ('{2, 4}'), less tp=1 where the plan overlaps TP communication (tp_comm_overlap),
+    which TP005 then refuses (no TP communication to overlap): 'tp in {1, 2, 4}' applied as tp=1 brought it in;
+    where 1 is the only one, named with the overlap off. A rule calling it reads tp_comm_overlap."""
     if not ctx.plan.tp_comm_overlap:
-        return tps
-    return [t for t in tps if t > 1] or tps
+        return fmt_set(tps)
+    wider = [t for t in tps if t > 1]
+    return fmt_set(wider) if wider else f"{fmt_set(tps)} with tp_comm_overlap=false"
 
 
 
@@ -83,7 +84,7 @@ def tp_inside_nvlink(ctx: Context) -> Values:
     slowdown = gpu.intra_node_bandwidth / gpu.network_bandwidth
     return {"tp": tp, "domain": domain, "gpu": gpu.name, "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}",
             "net": f"{gpu.network_bandwidth / 1e9:.0f}", "slowdown": f"{slowdown:.0f}",
-            "working": fmt_set(_overlap_kept(ctx, divisors(domain)))}
+            "working": _tp_set(ctx, divisors(domain))}
 
 
 
