@@ -18,6 +18,7 @@ from meshplan.adapters.read.keys import SWITCH_KNOBS, VALUE_KNOBS, convert, read
 from meshplan.adapters.read.pyconfig import AC_MODES
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
+from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.imported import ConfigFix, FileChange, ImportedConfig
 from meshplan.schema.reports import Finding
 from meshplan.schema.request import Request
@@ -34,6 +35,9 @@ NO_FIX = re.compile(r"\bnone of\b", re.I)
 # MEM001's near misses before the changes that fit together (check/memory.py does_not_fit: 'no single change fits
 # (pp=2: 81.3 GiB, tp=2: 90.0 GiB); together, pp=2 + tp=2 (60.1 GiB peak) fits'): figures, not changes
 MISSES = re.compile(r"\bno single change fits \(.*?\); together, ")
+# An alternative that opens with another framework ('use megatron-bridge, or verl/SkyRL with zero_stage=3': LORA001)
+# moves the job there; its settings are that framework's, not an edit of this file
+OTHER_FRAMEWORK = re.compile(r"^\s*(?:use\s+)?(" + "|".join(map(re.escape, FRAMEWORKS)) + r")(?![\w-])", re.I)
 DROP = re.compile(r"\b[Dd]rop ([a-z][a-z0-9_]*)")
 MAX_OPTIONS = 3
 NOT_A_CHANGE = frozenset({"model", "framework"})
@@ -52,6 +56,9 @@ def fix_changes(fix: str, current: dict[str, Any], in_effect: dict[str, Any] | N
     in_effect = in_effect or {}
     options: list[dict[str, Any]] = []
     for alternative in re.split(r",?\s+or\s+", MISSES.sub("", fix)):
+        elsewhere = OTHER_FRAMEWORK.match(alternative)
+        if elsewhere and elsewhere.group(1).lower() != str(current.get("framework", "")).lower():
+            continue
         found = [(name, m.group(3)) for m in ASSIGN.finditer(alternative) for name in _assigned(m)]
         found += [(m.group(1), m.group(2).split(",")[0]) for m in CHOICE.finditer(alternative)]
         found += [(m.group(1), m.group(2)) for m in QUOTED.finditer(alternative)]
