@@ -54,15 +54,18 @@ def tiled(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterabl
 
 
 
-@rule("WS001", reads=("tp", "pp", "cp", "placement", "rollout_gpus"))
+@rule("WS001", reads=("tp", "pp", "cp", "ep", "etp", "placement", "rollout_gpus"))
 def dense_grid_divides_world(ctx: Context) -> Values:
     """The counts are the request's num_gpus (Context.request_gpus): an RL job placed apart said 'num_gpus=30' of a
-    request for 32 and offered the trainer's counts, which the request's count then splits again."""
-    mp = ctx.model_parallel
+    request for 32 and offered the trainer's counts, which the request's count then splits again. They are multiples
+    of the fewest GPUs that hold the expert grid too (mesh.smallest_world, WS002's): 'num_gpus = 126' at tp=3, ep=16
+    tiled tp*pp*cp and left the experts untiled (WS002)."""
+    p, mp = ctx.plan, ctx.model_parallel
     if ctx.world % mp == 0:
         return None
-    return {"world": ctx.world, "count": ctx.world_words(), "mp": mp, "tp": ctx.plan.tp, "pp": ctx.plan.pp,
-            "cp": ctx.plan.cp, "gpus": ctx.gpus_fix(mp), "products": _product_divisors(ctx)}
+    unit = mesh.smallest_world(ctx.law, p.tp, p.pp, p.cp, 1, p.ep, p.etp)
+    return {"world": ctx.world, "count": ctx.world_words(), "mp": mp, "tp": p.tp, "pp": p.pp,
+            "cp": p.cp, "gpus": ctx.gpus_fix(unit), "products": _product_divisors(ctx)}
 
 
 
