@@ -950,11 +950,14 @@ def test_rl006_names_the_rollout_tp_that_holds_the_weights_and_render_says_why_i
     the NVLink domain to the least that holds a sequence, with the fraction that then holds one (8 at 0.7). Render's
     headline said 'breaks 1 rule (RL006): .' (the step fits, so no reason was given); it names the rule's title.
     That change holds a sequence but overflows the rollout phase (82.6 GiB of 79.6 GiB: MEM001, RL005), so on this
-    plan, which fits, it is no longer named: the fix says no fraction holds a sequence and fits."""
+    plan, which fits, it is no longer named: the fix says none fits, with its figure, and names no edit."""
     base = dict(model="qwen3-235b-a22b", framework="verl", gpu="h100", num_gpus=256, tp=4, pp=8, ep=4, job="rl",
                 account_for_embedding=True, account_for_loss=True)
     f = finding_of("RL006", *make(**base), include_memory=True)
-    assert f.fix == "Use GPUs with more memory: no fraction holds one sequence here and fits.", f.fix
+    assert f.fix.startswith("None of the changes that hold a sequence fits (rollout_tp=8 with rollout_memory_fraction"
+                            "=0.7 or more (") and ": 82.6 GiB)" in f.fix, f.fix
+    from meshplan.adapters.read.fixes import NO_FIX
+    assert NO_FIX.search(f.fix)  # check --config offers no edit from it
     fixed = check_config(*make(**base, rollout_tp=8, rollout_memory_fraction=0.7))
     assert "RL006" not in {x.id for x in fixed.findings}
     assert {"MEM001", "RL005"} <= {x.id for x in fixed.findings}

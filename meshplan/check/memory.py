@@ -263,15 +263,20 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
     knobs = [k for k in phase_knobs(ctx.card, plan) if not getattr(plan, k)]
     if of_free and knobs and rollout.pool == "trainer":  # its fraction is of the memory the trainer leaves free
         fixes += _freed_for_the_engine(ctx, knobs, need)
+    missed: list[str] = []
     if report.fits:  # a plan that fits: only a change that still fits, estimated (a larger fraction overflowed it)
-        fixes = [(j.fitting, change) for label, change in fixes
-                 if (j := judged(ctx, label, change)) is not None and j.fitting is not None]
+        found = [(label, change, judged(ctx, label, change)) for label, change in fixes]
+        fixes = [(j.fitting, change) for _, change, j in found if j is not None and j.fitting is not None]
+        missed = [j.tried for _, _, j in found if j is not None and j.fitting is None]
     fixes_said = [label for label, _ in fixes]
-    return {"engine": plan.rollout_engine, "fraction": f"{plan.rollout_memory_fraction:g}", "need": gib(need),
-            "weights": gib(weights), "working": gib(working), "kv": gib(engine.kv_bytes),
-            "length": f"{length:,}", "sequence": gib(sequence),
-            "fix": " or ".join(fixes_said) if fixes_said else
-            "GPUs with more memory: no fraction holds one sequence here" + (" and fits" if report.fits else "")}
+    values = {"engine": plan.rollout_engine, "fraction": f"{plan.rollout_memory_fraction:g}", "need": gib(need),
+              "weights": gib(weights), "working": gib(working), "kv": gib(engine.kv_bytes),
+              "length": f"{length:,}", "sequence": gib(sequence)}
+    if not fixes_said and missed:  # 'none of': check --config reads no edit from it (adapters/read/fixes.NO_FIX)
+        return values | {"fix": f"None of the changes that hold a sequence fits ({'; '.join(missed)}): use GPUs "
+                                "with more memory, more GPUs or `meshplan recommend`"}
+    return values | {"fix": "Use " + (" or ".join(fixes_said) if fixes_said else
+                                      "GPUs with more memory: no fraction holds one sequence here")}
 
 
 def _freed_for_the_engine(ctx: Context, knobs: list[str], need: float) -> list[tuple[str, dict]]:
