@@ -21,7 +21,7 @@ from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from random_requests import alternatives, applied, draw, draw_rl, named_layouts  # noqa: E402
+from random_requests import alternatives, applied, draw, draw_rl, named_layouts
 
 
 def _errors(req: dict) -> dict:
