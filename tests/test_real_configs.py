@@ -62,6 +62,18 @@ def test_a_kempnerforge_model_section_builds_the_model_exactly():
     assert api.estimate_memory(req).plan.tp == 4
 
 
+def test_a_kempnerforge_file_with_ep_states_its_gpu_count_with_the_ep_ranks():
+    """KempnerForge's DistributedConfig.validate_world_size: dp_replicate x dp_shard x tp x pp x cp x ep is the world
+    size, ep a mesh dimension of its own (configs/train/moe_ep_32gpu.toml: '8 nodes x 4 GPUs', 4 x 4 x 2)."""
+    imported = api.import_file(str(DATA / "kempnerforge_moe_ep_32gpu.toml"))
+    assert (imported.request["dp"], imported.request["tp"], imported.request["ep"]) == (4, 4, 2)
+    assert imported.request["num_gpus"] == 4 * 4 * 2
+    assert "ep 2" in imported.sources["num_gpus"]
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    plan = api.estimate_memory(req).plan
+    assert (plan.dp, plan.ep) == (4, 2)  # ep's ranks beside the data-parallel ones, not carved from them
+
+
 def test_a_catalog_architecture_in_a_model_section_is_the_catalog_model():
     text = (DATA / "kempnerforge_13b_tp4_pp2.toml").read_text()
     text = text.replace("dim = 5120", "dim = 4096").replace("n_layers = 40", "n_layers = 32").replace(
