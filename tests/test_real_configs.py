@@ -175,6 +175,42 @@ def test_a_megatron_functional_test_model_config_is_read_as_its_launch_line():
     assert not any("TENSORBOARD_PATH" in u for u in imported.unresolved)  # values kept literal, never expanded
 
 
+def test_a_functional_test_with_gpt2s_bpe_files_builds_its_model_with_gpt2s_vocabulary():
+    """--vocab-file without --tokenizer-type runs pretrain_gpt.py's default GPT2BPETokenizer, whose vocabulary is
+    GPT-2's 50,257 (the card's read.tokenizer_vocab): the model builds, said as assumed (the files are not read)."""
+    imported = api.import_file(str(DATA / "megatron_gpt2bpe_model_config.yaml"))
+    name = imported.request["model"]
+    assert name.startswith("megatron-core flags: --num-layers 32") and "--tokenizer-type GPT2BPETokenizer" in name
+    arch = resolve_model(name)
+    assert arch.vocab_size == 50257
+    h, f, layers, kv, hd = 3072, 8192, 32, 8, 128  # untied, SwiGLU, GQA, RMSNorm, no biases, rope
+    per_layer = h * 32 * hd + 2 * h * kv * hd + 32 * hd * h + 3 * h * f + 2 * h
+    assert total_params(arch) == layers * per_layer + 2 * 50257 * h + h
+    said = next(a for a in imported.assumed if a.startswith("model: vocab_size 50,257"))
+    assert "GPT2BPETokenizer" in said and "GPT-2's BPE files" in said and "--make-vocab-size-divisible-by x tp" in said
+    # the GPU count given beside the file, it plans; at tp 2 the estimate pads 50,257 to 128 x 2 x 197 = 50,432
+    req = api.request_from_config(imported, {"num_gpus": 8, "gpu": "h100", "tp": 2})
+    assert req.model == name and req.num_gpus == 8
+    assert "Vocabulary padded to 50432 (multiple of 128*tp)." in api.estimate_memory(req).assumptions
+    # a tokenizer whose vocabulary is its own file's still names what to add
+    text = (DATA / "megatron_gpt2bpe_model_config.yaml").read_text().replace(
+        "  --vocab-file:", "  --tokenizer-type: Llama2Tokenizer\n  --vocab-file:")
+    unread = " ".join(api.import_config(text, path="model_config.yaml").unresolved)
+    assert "--tokenizer-type Llama2Tokenizer: its vocabulary is its file's" in unread and "add --vocab-size N" in unread
+    # --vocab-size given wins over the tokenizer's
+    text = (DATA / "megatron_gpt2bpe_model_config.yaml").read_text().replace(
+        "  --vocab-file:", "  --vocab-size: 32000\n  --vocab-file:")
+    assert resolve_model(api.import_config(text, path="model_config.yaml").request["model"]).vocab_size == 32000
+
+
+def test_a_tiktokenizer_without_vocab_size_builds_megatrons_default_vocabulary():
+    """Megatron-LM's TikTokenizer takes --vocab-size where given, else DEFAULT_TIKTOKEN_MAX_VOCAB 2**17."""
+    name = ("megatron-core flags: --num-layers 2 --hidden-size 256 --num-attention-heads 4 "
+            "--max-position-embeddings 512 --tokenizer-type TikTokenizer")
+    assert resolve_model(name).vocab_size == 131072
+    assert resolve_model(name + " --vocab-size 1000").vocab_size == 1000
+
+
 @pytest.mark.parametrize(("path", "extra", "said"), [
     ("tests/functional_tests/test_cases/bert/bert_tp2/model_config.yaml", "", "of BERT"),
     ("model_config.yaml", "MODE: inference\n", "MODE inference"),
