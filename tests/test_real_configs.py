@@ -9,6 +9,7 @@ import pytest
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.faces.cli import main
+from meshplan.faces.mcp import tools
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.model_counts import total_params
 
@@ -201,6 +202,24 @@ def test_a_functional_test_with_gpt2s_bpe_files_builds_its_model_with_gpt2s_voca
     text = (DATA / "megatron_gpt2bpe_model_config.yaml").read_text().replace(
         "  --vocab-file:", "  --vocab-size: 32000\n  --vocab-file:")
     assert resolve_model(api.import_config(text, path="model_config.yaml").request["model"]).vocab_size == 32000
+
+
+def test_a_file_without_its_gpu_count_names_the_flag_and_every_face_takes_it(capsys):
+    """A Megatron-LM functional test's model_config.yaml states no GPU count (its CI recipe does): the refusal and
+    import's next step name --num-gpus, and the CLI's check, the api and the MCP tools take it beside the file."""
+    path = DATA / "megatron_gpt2bpe_model_config.yaml"
+    imported = api.import_file(str(path))
+    with pytest.raises(MeshplanError, match=r"GPU count is not read") as refused:
+        api.request_from_config(imported)
+    assert "--num-gpus" in refused.value.fix and "num_gpus argument" in refused.value.fix
+    assert main(["import", str(path)]) == 0
+    assert f"next: meshplan check --config {path} --num-gpus NUM_GPUS" in capsys.readouterr().out
+    assert api.request_from_config(imported, {"num_gpus": 16}).num_gpus == 16
+    assert main(["check", "--config", str(path), "--num-gpus", "16", "--gpu", "h100"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "TP1 PP2 DP8" in out and "GPU count is not read" not in out
+    answer = tools.check_config(config_text=path.read_text(), config_format="yaml", gpu="h100", num_gpus=16)
+    assert answer.plan.dp == 8
 
 
 def test_a_tiktokenizer_without_vocab_size_builds_megatrons_default_vocabulary():
