@@ -222,6 +222,38 @@ def test_a_file_without_its_gpu_count_names_the_flag_and_every_face_takes_it(cap
     assert answer.plan.dp == 8
 
 
+def test_a_config_files_own_usage_comment_states_its_gpu_count_said_as_assumed():
+    """KempnerForge's configs/train/7b_16gpu_fp8.toml leaves dp_shard to the GPUs left over and launches itself in a
+    comment, srun --nodes=4 --ntasks-per-node=4 (a rank per task): 16 GPUs, read as the file's word, not a setting."""
+    text = (DATA / "kempnerforge_7b_16gpu_fp8.toml").read_text()
+    imported = api.import_config(text, path="configs/train/7b_16gpu_fp8.toml")
+    assert imported.request["num_gpus"] == 4 * 4
+    assert "comment's nodes 4" in imported.sources["num_gpus"]
+    assert "comment's ranks per node 4" in imported.sources["num_gpus"]
+    assert any(a.startswith("num_gpus: read from the file's own usage comment (line 5") for a in imported.assumed)
+    assert api.request_from_config(imported, {"gpu": "h100"}).num_gpus == 16
+    # a comment that names another file is not this file's launch
+    assert "num_gpus" not in api.import_config(text, path="configs/train/other.toml").request
+    # comments that launch it more than one way (configs/train/7b.toml: one GPU, torchrun 4, sbatch 4 nodes) state none
+    ways = text.replace("# Usage:", "# Single GPU:  python scripts/train.py configs/train/7b_16gpu_fp8.toml\n# Usage:")
+    imported = api.import_config(ways, path="configs/train/7b_16gpu_fp8.toml")
+    assert "num_gpus" not in imported.request
+    assert any("launch it more than one way" in n for n in imported.notes)
+
+
+def test_a_usage_comment_its_own_layout_does_not_tile_is_not_read():
+    """NeMo AutoModel's recipes share a 'To run this recipe: ... --nproc-per-node 8' comment: gpt_oss_120b.yaml's
+    ep_size 64 cannot run on those 8 GPUs, so the comment is not taken and the count is left to --num-gpus."""
+    text = (DATA / "automodel_gpt_oss_120b.yaml").read_text()
+    imported = api.import_config(text, path="examples/llm_finetune/gpt_oss/gpt_oss_120b.yaml")
+    assert "num_gpus" not in imported.request
+    assert any("launches 8 GPUs, which its own layout (tp 1 x pp 1 x cp 1 x ep 64) does not tile" in n
+               for n in imported.notes)
+    imported = api.import_config(text.replace("ep_size: 64", "ep_size: 8"),
+                                 path="examples/llm_finetune/gpt_oss/gpt_oss_120b.yaml")
+    assert imported.request["num_gpus"] == 8 and imported.request["gpus_per_node"] == 8
+
+
 def test_a_tiktokenizer_without_vocab_size_builds_megatrons_default_vocabulary():
     """Megatron-LM's TikTokenizer takes --vocab-size where given, else DEFAULT_TIKTOKEN_MAX_VOCAB 2**17."""
     name = ("megatron-core flags: --num-layers 2 --hidden-size 256 --num-attention-heads 4 "

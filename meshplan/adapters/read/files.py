@@ -17,7 +17,7 @@ from meshplan.adapters.read.keys import (
     state_stage_split,
     whole_value,
 )
-from meshplan.adapters.read.launch import read_deepspeed_settings, read_launch, world
+from meshplan.adapters.read.launch import read_deepspeed_settings, read_launch, usage_comment_world, world
 from meshplan.adapters.read.model_match import section_model
 from meshplan.adapters.read.settings import Setting, json_settings, toml_settings
 from meshplan.arithmetic.mesh import replica_size
@@ -313,6 +313,7 @@ def read_kempnerforge(text: str, path: str) -> Reading:
         reading.default("torch_compile", True, "TrainConfig.compile_model, cards/frameworks/kempnerforge.yaml")
     section_model(reading, settings)
     if not _kempnerforge_world(reading):
+        usage_comment_world(reading, text)
         world(reading)
     return reading
 
