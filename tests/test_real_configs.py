@@ -241,16 +241,21 @@ def test_a_config_files_own_usage_comment_states_its_gpu_count_said_as_assumed()
     assert any("launch it more than one way" in n for n in imported.notes)
 
 
-def test_a_usage_comment_its_own_layout_does_not_tile_is_not_read():
-    """NeMo AutoModel's recipes share a 'To run this recipe: ... --nproc-per-node 8' comment: gpt_oss_120b.yaml's
-    ep_size 64 cannot run on those 8 GPUs, so the comment is not taken and the count is left to --num-gpus."""
+def test_a_usage_comment_the_file_calls_a_placeholder_or_its_layout_does_not_tile_is_not_read():
+    """NeMo AutoModel's recipes share 'To run this recipe: automodel FILE --nproc-per-node 8 / Adjust --nproc-per-node
+    to the number of GPUs available on your machine' (gpt_oss_20b_single_gpu_peft.yaml too): a placeholder, not
+    read. Without that line, gpt_oss_120b.yaml's ep_size 64 still cannot run on the comment's 8 GPUs: not read."""
     text = (DATA / "automodel_gpt_oss_120b.yaml").read_text()
-    imported = api.import_config(text, path="examples/llm_finetune/gpt_oss/gpt_oss_120b.yaml")
+    path = "examples/llm_finetune/gpt_oss/gpt_oss_120b.yaml"
+    imported = api.import_config(text, path=path)
+    assert "num_gpus" not in imported.request
+    assert any("is a placeholder its line 3 says to adjust" in n for n in imported.notes)
+    text = text.replace("# Adjust --nproc-per-node to the number of GPUs available on your machine.\n", "")
+    imported = api.import_config(text, path=path)
     assert "num_gpus" not in imported.request
     assert any("launches 8 GPUs, which its own layout (tp 1 x pp 1 x cp 1 x ep 64) does not tile" in n
                for n in imported.notes)
-    imported = api.import_config(text.replace("ep_size: 64", "ep_size: 8"),
-                                 path="examples/llm_finetune/gpt_oss/gpt_oss_120b.yaml")
+    imported = api.import_config(text.replace("ep_size: 64", "ep_size: 8"), path=path)
     assert imported.request["num_gpus"] == 8 and imported.request["gpus_per_node"] == 8
 
 

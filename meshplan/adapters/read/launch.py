@@ -323,7 +323,9 @@ def usage_comment_world(reading: Reading, text: str) -> None:
     --ntasks-per-node=4 ... 7b_16gpu_fp8.toml` (a rank per task), `# automodel <recipe>.yaml --nproc-per-node 8`.
     Only a comment's command that names this file counts, and only where every such command agrees on the ranks
     per node and gives them (`python train.py FILE` or `sbatch --nodes=4 job.sh FILE` beside it leaves the count
-    unread: the launcher's or another script's). Said as assumed: a comment is the file's word, not its setting."""
+    unread: the launcher's or another script's), and none where a comment says to adjust the count (AutoModel's
+    shared "Adjust --nproc-per-node to the number of GPUs available on your machine": a placeholder, which its
+    gpt_oss_20b_single_gpu_peft.yaml gives as 8). Said as assumed: a comment is the file's word, not its setting."""
     if "gpus_per_node" in reading.extra or "gpus_per_node" in reading.request or "num_gpus" in reading.request:
         return
     name = reading.path.replace("\\", "/").rsplit("/", 1)[-1]
@@ -343,6 +345,12 @@ def usage_comment_world(reading: Reading, text: str) -> None:
         if re.search(rf"(?:^|[\s/]){re.escape(name)}(?:\s|$)", words):
             commands.append((start + 1, words))
     if not commands:
+        return
+    placeholder = next((k + 1 for k, line in enumerate(lines) if line.strip().startswith("#") and re.search(
+        r"\badjust\b.*(?:nproc[-_]per[-_]node|ntasks-per-node|--nodes|--nnodes)", line, re.I)), None)
+    if placeholder is not None:  # AutoModel's recipes: "Adjust --nproc-per-node to the number of GPUs available"
+        reading.notes.append(f"num_gpus: the file's usage comment (line {commands[0][0]}) is a placeholder its line "
+                             f"{placeholder} says to adjust, so it is not read")
         return
     found = set()
     for _line, words in commands:
