@@ -259,6 +259,21 @@ def test_a_usage_comment_the_file_calls_a_placeholder_or_its_layout_does_not_til
     assert imported.request["num_gpus"] == 8 and imported.request["gpus_per_node"] == 8
 
 
+def test_a_verl_script_that_sets_no_trainer_world_runs_on_verls_default():
+    """verl's main_ppo runs trainer.nnodes x trainer.n_gpus_per_node GPUs, 1 x 8 in ppo_trainer.yaml: a script that
+    sets neither (examples/rollout_correction/run_with_rollout_corr.sh) runs on 8, stated as the default."""
+    imported = api.import_file(str(DATA / "verl_rollout_corr.sh"))
+    assert imported.request["num_gpus"] == 8 and imported.defaults["num_gpus"] == 8
+    assert "read.trainer_world" in imported.sources["num_gpus"]
+    assert api.request_from_config(imported, {"gpu": "h100"}).num_gpus == 8
+    text = (DATA / "verl_rollout_corr.sh").read_text()
+    set_two = api.import_config(text.replace("trainer.total_epochs=10", "trainer.nnodes=2 trainer.n_gpus_per_node=8"),
+                                path="run.sh")
+    assert set_two.request["num_gpus"] == 16 and "trainer.nnodes" in set_two.sources["num_gpus"]
+    unset = api.import_config(text.replace("trainer.total_epochs=10", "trainer.n_gpus_per_node=$GPUS"), path="run.sh")
+    assert "num_gpus" not in unset.request  # a key without a value is said, never defaulted over
+
+
 def test_a_tiktokenizer_without_vocab_size_builds_megatrons_default_vocabulary():
     """Megatron-LM's TikTokenizer takes --vocab-size where given, else DEFAULT_TIKTOKEN_MAX_VOCAB 2**17."""
     name = ("megatron-core flags: --num-layers 2 --hidden-size 256 --num-attention-heads 4 "

@@ -171,6 +171,15 @@ class TokenizerVocab(_Card):
     source: str
 
 
+class TrainerWorld(_Card):
+    """The nodes x GPUs per node a framework's trainer runs on where a file sets neither (verl's ppo_trainer.yaml)."""
+
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    keys: list[str] = Field(description="The file's keys that set them, said in the note")
+    source: str
+
+
 class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
@@ -206,6 +215,8 @@ class ReadSection(_Card):
     default_tokenizer: str | None = Field(
         None, description="The --tokenizer-type the launcher takes where a script gives --vocab-file and none")
     default_tokenizer_source: str | None = None
+    trainer_world: TrainerWorld | None = Field(
+        None, description="The trainer's nodes x GPUs per node where a file sets neither key (the config's default)")
     model_section: ModelConfigBuild | None = Field(
         None, description="The model built from a config section that states the architecture (KempnerForge's [model])")
     sections: list[str] = Field(
