@@ -9,6 +9,7 @@ import pytest
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.faces.cli import main
+from meshplan.faces.mcp import tools
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.model_counts import total_params
 
@@ -60,6 +61,18 @@ def test_a_kempnerforge_model_section_builds_the_model_exactly():
     assert imported.request["num_gpus"] == 32
     req = api.request_from_config(imported, {"gpu": "h100"})
     assert api.estimate_memory(req).plan.tp == 4
+
+
+def test_a_kempnerforge_file_with_ep_states_its_gpu_count_with_the_ep_ranks():
+    """KempnerForge's DistributedConfig.validate_world_size: dp_replicate x dp_shard x tp x pp x cp x ep is the world
+    size, ep a mesh dimension of its own (configs/train/moe_ep_32gpu.toml: '8 nodes x 4 GPUs', 4 x 4 x 2)."""
+    imported = api.import_file(str(DATA / "kempnerforge_moe_ep_32gpu.toml"))
+    assert (imported.request["dp"], imported.request["tp"], imported.request["ep"]) == (4, 4, 2)
+    assert imported.request["num_gpus"] == 4 * 4 * 2
+    assert "ep 2" in imported.sources["num_gpus"]
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    plan = api.estimate_memory(req).plan
+    assert (plan.dp, plan.ep) == (4, 2)  # ep's ranks beside the data-parallel ones, not carved from them
 
 
 def test_a_catalog_architecture_in_a_model_section_is_the_catalog_model():
@@ -161,6 +174,112 @@ def test_a_megatron_functional_test_model_config_is_read_as_its_launch_line():
     assert request["model"].startswith("megatron-core flags: --num-layers 12 --hidden-size 512")
     assert any("read as pretrain_gpt.py's" in a and "GPU count" in a for a in imported.assumed)
     assert not any("TENSORBOARD_PATH" in u for u in imported.unresolved)  # values kept literal, never expanded
+
+
+def test_a_functional_test_with_gpt2s_bpe_files_builds_its_model_with_gpt2s_vocabulary():
+    """--vocab-file without --tokenizer-type runs pretrain_gpt.py's default GPT2BPETokenizer, whose vocabulary is
+    GPT-2's 50,257 (the card's read.tokenizer_vocab): the model builds, said as assumed (the files are not read)."""
+    imported = api.import_file(str(DATA / "megatron_gpt2bpe_model_config.yaml"))
+    name = imported.request["model"]
+    assert name.startswith("megatron-core flags: --num-layers 32") and "--tokenizer-type GPT2BPETokenizer" in name
+    arch = resolve_model(name)
+    assert arch.vocab_size == 50257
+    h, f, layers, kv, hd = 3072, 8192, 32, 8, 128  # untied, SwiGLU, GQA, RMSNorm, no biases, rope
+    per_layer = h * 32 * hd + 2 * h * kv * hd + 32 * hd * h + 3 * h * f + 2 * h
+    assert total_params(arch) == layers * per_layer + 2 * 50257 * h + h
+    said = next(a for a in imported.assumed if a.startswith("model: vocab_size 50,257"))
+    assert "GPT2BPETokenizer" in said and "GPT-2's BPE files" in said and "--make-vocab-size-divisible-by x tp" in said
+    # the GPU count given beside the file, it plans; at tp 2 the estimate pads 50,257 to 128 x 2 x 197 = 50,432
+    req = api.request_from_config(imported, {"num_gpus": 8, "gpu": "h100", "tp": 2})
+    assert req.model == name and req.num_gpus == 8
+    assert "Vocabulary padded to 50432 (multiple of 128*tp)." in api.estimate_memory(req).assumptions
+    # a tokenizer whose vocabulary is its own file's still names what to add
+    text = (DATA / "megatron_gpt2bpe_model_config.yaml").read_text().replace(
+        "  --vocab-file:", "  --tokenizer-type: Llama2Tokenizer\n  --vocab-file:")
+    unread = " ".join(api.import_config(text, path="model_config.yaml").unresolved)
+    assert "--tokenizer-type Llama2Tokenizer: its vocabulary is its file's" in unread and "add --vocab-size N" in unread
+    # --vocab-size given wins over the tokenizer's
+    text = (DATA / "megatron_gpt2bpe_model_config.yaml").read_text().replace(
+        "  --vocab-file:", "  --vocab-size: 32000\n  --vocab-file:")
+    assert resolve_model(api.import_config(text, path="model_config.yaml").request["model"]).vocab_size == 32000
+
+
+def test_a_file_without_its_gpu_count_names_the_flag_and_every_face_takes_it(capsys):
+    """A Megatron-LM functional test's model_config.yaml states no GPU count (its CI recipe does): the refusal and
+    import's next step name --num-gpus, and the CLI's check, the api and the MCP tools take it beside the file."""
+    path = DATA / "megatron_gpt2bpe_model_config.yaml"
+    imported = api.import_file(str(path))
+    with pytest.raises(MeshplanError, match=r"GPU count is not read") as refused:
+        api.request_from_config(imported)
+    assert "--num-gpus" in refused.value.fix and "num_gpus argument" in refused.value.fix
+    assert main(["import", str(path)]) == 0
+    assert f"next: meshplan check --config {path} --num-gpus NUM_GPUS" in capsys.readouterr().out
+    assert api.request_from_config(imported, {"num_gpus": 16}).num_gpus == 16
+    assert main(["check", "--config", str(path), "--num-gpus", "16", "--gpu", "h100"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "TP1 PP2 DP8" in out and "GPU count is not read" not in out
+    answer = tools.check_config(config_text=path.read_text(), config_format="yaml", gpu="h100", num_gpus=16)
+    assert answer.plan.dp == 8
+
+
+def test_a_config_files_own_usage_comment_states_its_gpu_count_said_as_assumed():
+    """KempnerForge's configs/train/7b_16gpu_fp8.toml leaves dp_shard to the GPUs left over and launches itself in a
+    comment, srun --nodes=4 --ntasks-per-node=4 (a rank per task): 16 GPUs, read as the file's word, not a setting."""
+    text = (DATA / "kempnerforge_7b_16gpu_fp8.toml").read_text()
+    imported = api.import_config(text, path="configs/train/7b_16gpu_fp8.toml")
+    assert imported.request["num_gpus"] == 4 * 4
+    assert "comment's nodes 4" in imported.sources["num_gpus"]
+    assert "comment's ranks per node 4" in imported.sources["num_gpus"]
+    assert any(a.startswith("num_gpus: read from the file's own usage comment (line 5") for a in imported.assumed)
+    assert api.request_from_config(imported, {"gpu": "h100"}).num_gpus == 16
+    # a comment that names another file is not this file's launch
+    assert "num_gpus" not in api.import_config(text, path="configs/train/other.toml").request
+    # comments that launch it more than one way (configs/train/7b.toml: one GPU, torchrun 4, sbatch 4 nodes) state none
+    ways = text.replace("# Usage:", "# Single GPU:  python scripts/train.py configs/train/7b_16gpu_fp8.toml\n# Usage:")
+    imported = api.import_config(ways, path="configs/train/7b_16gpu_fp8.toml")
+    assert "num_gpus" not in imported.request
+    assert any("launch it more than one way" in n for n in imported.notes)
+
+
+def test_a_usage_comment_the_file_calls_a_placeholder_or_its_layout_does_not_tile_is_not_read():
+    """NeMo AutoModel's recipes share 'To run this recipe: automodel FILE --nproc-per-node 8 / Adjust --nproc-per-node
+    to the number of GPUs available on your machine' (gpt_oss_20b_single_gpu_peft.yaml too): a placeholder, not
+    read. Without that line, gpt_oss_120b.yaml's ep_size 64 still cannot run on the comment's 8 GPUs: not read."""
+    text = (DATA / "automodel_gpt_oss_120b.yaml").read_text()
+    path = "examples/llm_finetune/gpt_oss/gpt_oss_120b.yaml"
+    imported = api.import_config(text, path=path)
+    assert "num_gpus" not in imported.request
+    assert any("is a placeholder its line 3 says to adjust" in n for n in imported.notes)
+    text = text.replace("# Adjust --nproc-per-node to the number of GPUs available on your machine.\n", "")
+    imported = api.import_config(text, path=path)
+    assert "num_gpus" not in imported.request
+    assert any("launches 8 GPUs, which its own layout (tp 1 x pp 1 x cp 1 x ep 64) does not tile" in n
+               for n in imported.notes)
+    imported = api.import_config(text.replace("ep_size: 64", "ep_size: 8"), path=path)
+    assert imported.request["num_gpus"] == 8 and imported.request["gpus_per_node"] == 8
+
+
+def test_a_verl_script_that_sets_no_trainer_world_runs_on_verls_default():
+    """verl's main_ppo runs trainer.nnodes x trainer.n_gpus_per_node GPUs, 1 x 8 in ppo_trainer.yaml: a script that
+    sets neither (examples/rollout_correction/run_with_rollout_corr.sh) runs on 8, stated as the default."""
+    imported = api.import_file(str(DATA / "verl_rollout_corr.sh"))
+    assert imported.request["num_gpus"] == 8 and imported.defaults["num_gpus"] == 8
+    assert "read.trainer_world" in imported.sources["num_gpus"]
+    assert api.request_from_config(imported, {"gpu": "h100"}).num_gpus == 8
+    text = (DATA / "verl_rollout_corr.sh").read_text()
+    set_two = api.import_config(text.replace("trainer.total_epochs=10", "trainer.nnodes=2 trainer.n_gpus_per_node=8"),
+                                path="run.sh")
+    assert set_two.request["num_gpus"] == 16 and "trainer.nnodes" in set_two.sources["num_gpus"]
+    unset = api.import_config(text.replace("trainer.total_epochs=10", "trainer.n_gpus_per_node=$GPUS"), path="run.sh")
+    assert "num_gpus" not in unset.request  # a key without a value is said, never defaulted over
+
+
+def test_a_tiktokenizer_without_vocab_size_builds_megatrons_default_vocabulary():
+    """Megatron-LM's TikTokenizer takes --vocab-size where given, else DEFAULT_TIKTOKEN_MAX_VOCAB 2**17."""
+    name = ("megatron-core flags: --num-layers 2 --hidden-size 256 --num-attention-heads 4 "
+            "--max-position-embeddings 512 --tokenizer-type TikTokenizer")
+    assert resolve_model(name).vocab_size == 131072
+    assert resolve_model(name + " --vocab-size 1000").vocab_size == 1000
 
 
 @pytest.mark.parametrize(("path", "extra", "said"), [

@@ -442,7 +442,10 @@ def cmd_import(args: argparse.Namespace) -> int:
         if lines:
             print(title)
             print("\n".join(f"  - {line}" for line in lines))
-    print(f"next: meshplan check --config {args.file} (flags beside --config override the file)")
+    left = dict.fromkeys(name for line in imported.left_to_request for name in line.fields)  # in the file's order
+    needed = "".join(f" --{name.replace('_', '-')} {name.upper()}" for name in left)
+    print(f"next: meshplan check --config {args.file}{needed} (flags beside --config override the file"
+          + (f"; {', '.join(left)} the file does not state)" if left else ")"))
     return EXIT_OK
 
 

@@ -365,12 +365,48 @@ def _positions(f: _Flags, max_positions: int) -> tuple[int, RopeSpec | None]:
 
 
 def _vocab(f: _Flags) -> int:
-    """The tokenizer's vocabulary, as a checkpoint counts it: Megatron-LM pads it at run time to a multiple of
+    """The tokenizer's vocabulary, as a checkpoint counts it: --vocab-size where given, else the card's
+    read.tokenizer_vocab for the script's --tokenizer-type (TikTokenizer's default size, GPT-2's BPE); any other
+    tokenizer's is its file's, which meshplan does not read. Megatron-LM pads it at run time to a multiple of
     --make-vocab-size-divisible-by x tp (build_tokenizer.py vocab_size_with_padding), which the estimates do per plan
-    for every model (cards/memory.yaml vocab_pad_multiple), so a model here is the same at every tp."""
-    return f.int("vocab_size", need="the framework takes the vocabulary from the tokenizer (--tokenizer-type, "
-                                    "--vocab-file, --tokenizer-model), which meshplan does not read; add --vocab-size "
-                                    "N with the tokenizer's size.")
+    for every model (cards/memory.yaml vocab_pad_multiple, memory_states.built_vocab), so a model here is the same
+    at every tp."""
+    kind, named = f.raw("tokenizer_type")
+    kind = str(kind).strip("'\"")
+    known = _read(f.framework).tokenizer_vocab.get(kind) if named else None
+    if known is not None and f.flag_of.get("vocab_size") not in f.given:
+        f._note("tokenizer_type", kind, True)
+        return f._note("vocab_size", known.vocab_size, False)
+    said = (f"--tokenizer-type {_said(kind)}: its vocabulary is its file's" if named else
+            "the framework takes the vocabulary from the tokenizer")
+    return f.int("vocab_size", need=f"{said} (--tokenizer-type, --vocab-file, --tokenizer-model), which meshplan does "
+                                    "not read; add --vocab-size N with the tokenizer's size.")
+
+
+def tokenizer_vocab_note(framework: str, given: dict[str, Any]) -> tuple[str, bool] | None:
+    """Where the flags' vocabulary came from their --tokenizer-type (the card's read.tokenizer_vocab), the words that
+    say so (its size, what it takes as so, its source) and whether it takes something the flags cannot confirm;
+    None where --vocab-size gives it or no known tokenizer does."""
+    read = _read(framework)
+    kind = str(given.get("--tokenizer-type", "")).strip("'\"")
+    known = read.tokenizer_vocab.get(kind)
+    vocab_flag = next((flag for flag, field in model_flags(framework).items() if field == "vocab_size"), None)
+    if known is None or vocab_flag in given:
+        return None
+    assumes = f", taking {known.assumes}" if known.assumes else ""
+    return (f"vocab_size {known.vocab_size:,} is --tokenizer-type {kind}'s vocabulary{assumes} "
+            f"({' '.join(known.source.split())}); padded per plan to a multiple of --make-vocab-size-divisible-by x "
+            "tp (pass --vocab-size N in the script for another tokenizer's)", known.assumes is not None)
+
+
+def default_tokenizer(framework: str, given: dict[str, Any]) -> str | None:
+    """The --tokenizer-type the launcher runs where the script gives --vocab-file, no --tokenizer-type and no
+    --vocab-size (the card's read.default_tokenizer: pretrain_gpt.py's GPT2BPETokenizer); None otherwise."""
+    read = _read(framework)
+    if read.default_tokenizer is None or "--tokenizer-type" in given or "--vocab-file" not in given:
+        return None
+    vocab_flag = next((flag for flag, field in model_flags(framework).items() if field == "vocab_size"), None)
+    return None if vocab_flag in given else read.default_tokenizer
 
 
 def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:

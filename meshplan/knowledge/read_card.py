@@ -32,7 +32,7 @@ ModelField = Literal[
     "mamba_num_heads", "mamba_head_dim", "mamba_num_groups", "mamba_state_dim", "shared_expert_gate",
     "attention_output_gate", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
     "linear_value_head_dim", "linear_conv_kernel_dim", "linear_attention_freq", "index_n_heads", "index_head_dim",
-    "index_topk"]
+    "index_topk", "tokenizer_type"]
 Default = StrictBool | StrictInt | StrictFloat | StrictStr | None  # as the card writes it: never coerced
 FlagDefault = StrictBool | StrictInt | None  # a matched field's default: a count, or a switch
 
@@ -161,6 +161,25 @@ class ModelConfigBuild(_Card):
     source: str
 
 
+class TokenizerVocab(_Card):
+    """A tokenizer whose vocabulary a launch script's --tokenizer-type decides without its file being read: the
+    rows it builds before the framework pads them (the estimates pad: memory_states.built_vocab)."""
+
+    vocab_size: int = Field(ge=1, description="The tokenizer's vocabulary, as a checkpoint counts it")
+    assumes: str | None = Field(None, description="What the script's flags cannot confirm and this size takes as so "
+                                                  "(said beside the model)")
+    source: str
+
+
+class TrainerWorld(_Card):
+    """The nodes x GPUs per node a framework's trainer runs on where a file sets neither (verl's ppo_trainer.yaml)."""
+
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    keys: list[str] = Field(description="The file's keys that set them, said in the note")
+    source: str
+
+
 class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
@@ -190,6 +209,14 @@ class ReadSection(_Card):
     model_build_refused: dict[str, str] = Field(
         default_factory=dict, description="Flags whose model meshplan cannot count, each with what it adds")
     model_build_source: str | None = None
+    tokenizer_vocab: dict[str, TokenizerVocab] = Field(
+        default_factory=dict, description="--tokenizer-type values whose vocabulary is known without the tokenizer's "
+                                          "file, for a script that gives no --vocab-size")
+    default_tokenizer: str | None = Field(
+        None, description="The --tokenizer-type the launcher takes where a script gives --vocab-file and none")
+    default_tokenizer_source: str | None = None
+    trainer_world: TrainerWorld | None = Field(
+        None, description="The trainer's nodes x GPUs per node where a file sets neither key (the config's default)")
     model_section: ModelConfigBuild | None = Field(
         None, description="The model built from a config section that states the architecture (KempnerForge's [model])")
     sections: list[str] = Field(

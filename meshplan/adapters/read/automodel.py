@@ -10,7 +10,7 @@ import re
 
 from meshplan.adapters.lora import known_projections, read_targets, unknown_projections
 from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, apply, as_bool, key_table, state_stage_split
-from meshplan.adapters.read.launch import world
+from meshplan.adapters.read.launch import usage_comment_world, world
 from meshplan.adapters.read.settings import Setting, yaml_settings
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import resolve_model
@@ -188,6 +188,7 @@ def read_automodel_yaml(text: str, path: str) -> Reading:
     if "lora_rank" in reading.request:
         _lora_notes(reading)
     _pipeline(reading, _model(reading))
+    usage_comment_world(reading, text)
     world(reading)
     return reading
 

@@ -4,7 +4,6 @@ and a DeepSpeed JSON config. The keys' meanings come from the framework cards (k
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from meshplan.adapters.common import torchtitan_batch
@@ -18,9 +17,10 @@ from meshplan.adapters.read.keys import (
     state_stage_split,
     whole_value,
 )
-from meshplan.adapters.read.launch import read_deepspeed_settings, read_launch, world
+from meshplan.adapters.read.launch import read_deepspeed_settings, read_launch, usage_comment_world, world
 from meshplan.adapters.read.model_match import section_model
 from meshplan.adapters.read.settings import Setting, json_settings, toml_settings
+from meshplan.arithmetic.mesh import replica_size
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
@@ -313,6 +313,7 @@ def read_kempnerforge(text: str, path: str) -> Reading:
         reading.default("torch_compile", True, "TrainConfig.compile_model, cards/frameworks/kempnerforge.yaml")
     section_model(reading, settings)
     if not _kempnerforge_world(reading):
+        usage_comment_world(reading, text)
         world(reading)
     return reading
 
@@ -320,13 +321,15 @@ def read_kempnerforge(text: str, path: str) -> Reading:
 def _kempnerforge_world(reading: Reading) -> bool:
     """The GPU count a configs/train/*.toml states through its degrees: KempnerForge's DistributedConfig
     .validate_world_size requires dp_replicate x dp_shard x tp x pp x cp x ep to be the world size, so a file with a
-    whole dp_shard (not -1, the GPUs left over) and no expert parallelism states it (with ep > 1 left to the flags:
-    KempnerForge's ep is a mesh dimension of its own, meshplan's is carved from dp)."""
+    whole dp_shard (not -1, the GPUs left over) states it. Its ep is a mesh dimension of its own (distributed/setup.py
+    builds pp, dp_replicate, dp_shard, ep, tp), so the count is the card's world-size law's, arithmetic/mesh
+    .replica_size x dp, which counts ep's ranks beside the data-parallel ones."""
     dp = reading.request.get("dp")
-    if dp is None or "num_gpus" in reading.request or int(reading.request.get("ep", 1)) != 1:
+    if dp is None or "num_gpus" in reading.request:
         return False
-    degrees = {name: int(reading.request.get(name, 1)) for name in ("tp", "pp", "cp")}
-    count = int(dp) * math.prod(degrees.values())
+    degrees = {name: int(reading.request.get(name, 1)) for name in ("tp", "pp", "cp", "ep")}
+    law = framework_card("kempnerforge").world_size_law
+    count = int(dp) * replica_size(law, degrees["tp"], degrees["pp"], degrees["cp"], degrees["ep"])
     said = " x ".join(f"{name} {value}" for name, value in {"dp": dp, **degrees}.items())
     reading.state("num_gpus", count, f"{reading.sources['dp']} ({said}: KempnerForge's DistributedConfig"
                                      ".validate_world_size, dp_replicate x dp_shard x tp x pp x cp x ep)")

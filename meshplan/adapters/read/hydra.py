@@ -219,10 +219,27 @@ def _read_verl(reading: Reading, settings: list[Setting]) -> Reading:
     dynamic_batch(reading)
     model_named_by_path(reading)
     framework_recompute(reading)
-    world(reading)
+    if not trainer_world_default(reading):
+        world(reading)
     one_step_off(reading)
     global_micro_batch(reading)
     return reading
+
+
+def trainer_world_default(reading: Reading) -> bool:
+    """The GPUs the trainer runs on where the file sets none of its world keys (the card's read.trainer_world: verl's
+    ppo_trainer.yaml 1 node x 8, main_ppo's resource pool), stated as the framework's default; False where the file
+    sets one (world() reads it) or leaves one without a value (an unset variable: said, not defaulted)."""
+    default = read_section(reading.framework).trainer_world
+    if default is None or "num_gpus" in reading.request or any(
+            name in reading.extra or name in reading.request or name in reading.unread
+            for name in ("nodes", "gpus_per_node")):
+        return False
+    where = (f"{reading.path} ({' / '.join(default.keys)} not set: {reading.framework}'s default "
+             f"{default.nodes} x {default.gpus_per_node}, cards/frameworks/{reading.framework}.yaml read.trainer_world)")
+    reading.state("num_gpus", default.nodes * default.gpus_per_node, where)
+    reading.defaults["num_gpus"] = default.nodes * default.gpus_per_node
+    return True
 
 
 def one_step_off(reading: Reading) -> None:

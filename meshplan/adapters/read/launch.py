@@ -25,6 +25,7 @@ from meshplan.adapters.read.model_match import (
 )
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
 from meshplan.adapters.read.shell import Command, Script, Word, logical_lines, read_script
+from meshplan.arithmetic.mesh import ep_has_own_ranks, replica_size
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.allocator_card import ALLOC_ENV, ALLOC_OPTIONS, AllocatorSetting
 from meshplan.knowledge.cards import framework_card, rl_card
@@ -310,6 +311,75 @@ def world(reading: Reading) -> None:
     reading.state("num_gpus", count, " x ".join(where))
     if "gpus_per_node" not in reading.request:
         reading.state("gpus_per_node", per_node, reading.extra["gpus_per_node"][1])
+
+
+USAGE_RANKS = re.compile(r"--(?:nproc[-_]per[-_]node|ntasks-per-node)[= ]\s*(\d+)\b")
+USAGE_NODES = re.compile(r"(?:--nnodes|--nodes)[= ]\s*(\d+)\b|\s-N\s*(\d+)\b")
+
+
+def usage_comment_world(reading: Reading, text: str) -> None:
+    """GPUs per node (and nodes) from the launch line a config file's own comments give for it, where its settings
+    say none: `# torchrun --nproc_per_node=4 scripts/train.py configs/train/7b.toml`, `#   srun --nodes=4
+    --ntasks-per-node=4 ... 7b_16gpu_fp8.toml` (a rank per task), `# automodel <recipe>.yaml --nproc-per-node 8`.
+    Only a comment's command that names this file counts, and only where every such command agrees on the ranks
+    per node and gives them (`python train.py FILE` or `sbatch --nodes=4 job.sh FILE` beside it leaves the count
+    unread: the launcher's or another script's), and none where a comment says to adjust the count (AutoModel's
+    shared "Adjust --nproc-per-node to the number of GPUs available on your machine": a placeholder, which its
+    gpt_oss_20b_single_gpu_peft.yaml gives as 8). Said as assumed: a comment is the file's word, not its setting."""
+    if "gpus_per_node" in reading.extra or "gpus_per_node" in reading.request or "num_gpus" in reading.request:
+        return
+    name = reading.path.replace("\\", "/").rsplit("/", 1)[-1]
+    lines = text.splitlines()
+    commands: list[tuple[int, str]] = []
+    k = 0
+    while k < len(lines):
+        start, line = k, lines[k].strip()
+        if not line.startswith("#"):
+            k += 1
+            continue
+        words = line.lstrip("#").strip()
+        while words.endswith("\\") and k + 1 < len(lines) and lines[k + 1].strip().startswith("#"):
+            k += 1
+            words = words[:-1] + " " + lines[k].strip().lstrip("#").strip()
+        k += 1
+        if re.search(rf"(?:^|[\s/]){re.escape(name)}(?:\s|$)", words):
+            commands.append((start + 1, words))
+    if not commands:
+        return
+    placeholder = next((k + 1 for k, line in enumerate(lines) if line.strip().startswith("#") and re.search(
+        r"\badjust\b.*(?:nproc[-_]per[-_]node|ntasks-per-node|--nodes|--nnodes)", line, re.I)), None)
+    if placeholder is not None:  # AutoModel's recipes: "Adjust --nproc-per-node to the number of GPUs available"
+        reading.notes.append(f"num_gpus: the file's usage comment (line {commands[0][0]}) is a placeholder its line "
+                             f"{placeholder} says to adjust, so it is not read")
+        return
+    found = set()
+    for _line, words in commands:
+        ranks = USAGE_RANKS.search(words)
+        nodes = USAGE_NODES.search(words)
+        found.add((int(ranks.group(1)) if ranks else None,
+                   int(nodes.group(1) or nodes.group(2)) if nodes else None))
+    if len(found) != 1 or next(iter(found))[0] is None:
+        said = "; ".join(f"line {line}: {words[:80]}" for line, words in commands)
+        reading.notes.append(f"num_gpus: the file's comments launch it more than one way or without a per-node "
+                             f"count ({said}), so none is read")
+        return
+    ranks, nodes = next(iter(found))
+    line, words = commands[0]
+    count = ranks * (nodes or reading.whole("nodes") or 1)
+    degrees = {name: int(reading.request.get(name, 1)) for name in ("tp", "pp", "cp", "ep")}
+    law = framework_card(reading.framework).world_size_law
+    if count % replica_size(law, degrees["tp"], degrees["pp"], degrees["cp"], degrees["ep"]) or (
+            not ep_has_own_ranks(law) and (count // degrees["pp"]) % degrees["ep"]):
+        said = " x ".join(f"{name} {value}" for name, value in degrees.items())
+        reading.notes.append(f"num_gpus: the file's usage comment (line {line}: {words[:120]}) launches {count} GPUs, "
+                             f"which its own layout ({said}) does not tile, so it is not read")
+        return
+    reading.extra["gpus_per_node"] = (ranks, Setting("usage comment", ranks, line,
+                                                     written=f"comment's ranks per node {ranks}"))
+    if nodes is not None and "nodes" not in reading.extra:
+        reading.extra["nodes"] = (nodes, Setting("usage comment", nodes, line, written=f"comment's nodes {nodes}"))
+    reading.assumed.append(f"num_gpus: read from the file's own usage comment (line {line}: {words[:100]}), not "
+                           "from a setting; pass --num-gpus for the count it runs on")
 
 
 def _count(value: object) -> int | None:

@@ -22,7 +22,15 @@ from meshplan.adapters.read.shell import Word
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import catalog_architecture, catalog_keys, resolve_model
-from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, moe_layers, moe_pattern, read_flags
+from meshplan.knowledge.flag_models import (
+    BUILDERS,
+    build_from_flags,
+    default_tokenizer,
+    moe_layers,
+    moe_pattern,
+    read_flags,
+    tokenizer_vocab_note,
+)
 from meshplan.knowledge.gdn_config import decoder_pattern_from_flags
 from meshplan.knowledge.model_config import shapes_card
 from meshplan.knowledge.model_counts import total_params
@@ -384,8 +392,16 @@ def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
                                   "only. Pass --model with the model's config.json, or a catalog key.")
         return
     known = read_flags(reading.framework)
+    flags = dict(flags)
+    launcher_tokenizer = default_tokenizer(reading.framework, flags)
+    if launcher_tokenizer is not None:  # --vocab-file without --tokenizer-type: the launcher's own default
+        read = framework_card(reading.framework).read
+        flags["--tokenizer-type"] = Setting("--tokenizer-type", launcher_tokenizer, flags["--vocab-file"].line,
+                                            written=f"--vocab-file, and the launcher's default --tokenizer-type "
+                                                    f"({' '.join((read.default_tokenizer_source or '').split())})")
+    given = {k: s.value for k, s in flags.items() if k in known}
     try:
-        built = build_from_flags(reading.framework, {k: s.value for k, s in flags.items() if k in known})
+        built = build_from_flags(reading.framework, given)
     except MeshplanError as exc:
         reading.leave(("model",), f"model: not built from the file's flags either: {exc.reason} {exc.fix}")
         return
@@ -397,6 +413,9 @@ def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
             for f in built.fields if f.given or f.value is not False]
     reading.notes.append("model: no catalog model has this architecture, so it is built from the file's flags as "
                          f"{framework_card(reading.framework).display_name} builds it: {'; '.join(said)}")
+    vocab = tokenizer_vocab_note(reading.framework, given)
+    if vocab is not None:  # the tokenizer's file is not read: its size is the card's, assumed where it takes a file
+        (reading.assumed if vocab[1] else reading.notes).append(f"model: {vocab[0]}")
 
 
 def section_model(reading: Reading, settings: list[Setting]) -> None:
