@@ -236,7 +236,8 @@ def trainer_world_default(reading: Reading) -> bool:
             for name in ("nodes", "gpus_per_node")):
         return False
     where = (f"{reading.path} ({' / '.join(default.keys)} not set: {reading.framework}'s default "
-             f"{default.nodes} x {default.gpus_per_node}, cards/frameworks/{reading.framework}.yaml read.trainer_world)")
+             f"{default.nodes} x {default.gpus_per_node}, "
+             f"cards/frameworks/{reading.framework}.yaml read.trainer_world)")
     reading.state("num_gpus", default.nodes * default.gpus_per_node, where)
     reading.defaults["num_gpus"] = default.nodes * default.gpus_per_node
     return True
