@@ -331,8 +331,6 @@ def test_both_megatron_faces_interleave_a_gdn_hybrid_in_whole_decoder_layers(fra
     assert api.estimate_throughput(parse_request(fields)).step_time_s > 0
     odd = api.check_config(parse_request({**fields, "vpp": 16}))
     assert "PP017" in {f.id for f in odd.findings}  # 48 pattern layers per rank, 3 per chunk: a decoder layer cut
-    layout = api.check_config(parse_request({**fields, "vpp": 1, "account_for_embedding": True}))
-    assert "PP017" in {f.id for f in layout.findings}  # counted in pattern layers: not translated
 
 
 def test_recommend_searches_virtual_stages_of_a_gdn_hybrid_on_megatron_core():
@@ -522,8 +520,7 @@ def test_pp017_names_the_chunk_that_cuts_a_decoder_layer():
     # stages of 22 and 26 pattern layers (even) in chunks of 11 and 13 (odd)
     ({"vpp": 2, "first_stage_layers": 22, "last_stage_layers": 22},
      "a virtual chunk of 11 pattern layers (a stage of 22 over vpp=2) cuts a decoder layer in two"),
-    ({"account_for_embedding": True}, "a pipeline layout or embedding / loss accounting counts meshplan's pattern "
-                                      "layers"),
+    ({"first_stage_layers": 23, "last_stage_layers": 25}, "a stage of 23 pattern layers cuts a decoder layer in two"),
 ])
 def test_render_and_pp017_refuse_the_same_split_in_the_same_words(fields, what):
     """PP017 and render's decoder_split tested a Gated DeltaNet hybrid's split each with its own arithmetic: render
@@ -548,6 +545,13 @@ GDN_LAYOUTS = [  # (fields, accepted): the GPTModel path interleaves whole decod
     ({"pp": 4, "vpp": 3, "ep": 8}, True),  # 4 decoder layers per chunk
     ({"pp": 2, "tp": 2, "cp": 2, "ep": 8, "vpp": 2}, True),
     ({"pp": 2, "tp": 2, "cp": 16, "ep": 8}, False),  # TP007: tp x cp = 32 splits no 16 key heads
+    # a layout's t and the embedding / loss accounting count decoder layers (before: PP017 refused them all)
+    ({"pp": 4, "ep": 8, "pipeline_layout": "Et*11|t*12|t*12|t*13L"}, True),
+    ({"pp": 4, "vpp": 2, "ep": 8, "pipeline_layout": "Et*5|(t*6|)*6t*7L"}, True),
+    ({"pp": 2, "ep": 8, "account_for_embedding": True, "account_for_loss": True}, True),  # 50 over 2: 24 and 24
+    ({"pp": 2, "vpp": 5, "ep": 8, "account_for_embedding": True, "account_for_loss": True}, True),  # chunks of 5
+    ({"pp": 3, "ep": 8, "account_for_loss": True}, False),  # PP009: 49 do not split over 3
+    ({"pp": 4, "ep": 8, "pipeline_layout": "Et*23|t*24|t*24|t*25L"}, False),  # PP009: 96 t, the model 48
 ]
 
 
@@ -595,6 +599,46 @@ def test_megatron_core_builds_the_rendered_gpt_model_as_meshplan_plans_it():
         assert decoder_pattern_from_flags(verdict["linear"], verdict["moe"]) == job.model.layer_pattern
         ours = [[(c[0] // 2, len(c) // 2) for c in chunks] for chunks in plan_stages(job, plan).chunks]
         assert [[tuple(c) for c in chunks] for chunks in verdict["chunks"]] == ours, (extra, verdict["chunks"])
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
+@pytest.mark.parametrize("split, decoder_counts", [
+    ({"pp": 4, "pipeline_layout": "Et*11|t*12|t*12|t*13L"}, [11, 12, 12, 13]),
+    ({"pp": 4, "vpp": 2, "pipeline_layout": "Et*5|(t*6|)*6t*7L"}, [5, 6, 6, 6, 6, 6, 6, 7]),
+    # (48 + 2) / 2 = 25 decoder layers a rank, 5 a chunk, the first chunk and the last one decoder layer lighter
+    ({"pp": 2, "vpp": 5, "account_for_embedding": True, "account_for_loss": True}, [4, 5, 5, 5, 5, 5, 5, 5, 5, 4]),
+    ({"pp": 7, "num_gpus": 56, "account_for_embedding": True}, [6, 7, 7, 7, 7, 7, 7]),  # 49 over 7
+])
+def test_a_layout_and_the_accounting_count_decoder_layers_as_the_gpt_model_does(framework, split, decoder_counts):
+    """A pipeline_model_parallel_layout's t is one of the GPTModel's TransformerLayers, a decoder layer, and
+    account_for_embedding / account_for_loss_in_pipeline_split weigh the embedding and the loss as one each
+    (get_num_layers_to_build, get_layer_id_list; the slow probe runs megatron-core's own): the estimate places twice
+    those counts of pattern layers, render writes the split as it is and import reads it back to the same plan.
+    Before: PP017 refused every layout and accounting of a Gated DeltaNet hybrid ('counts meshplan's pattern
+    layers'), and render refused them."""
+    from meshplan.arithmetic.schedule import plan_stages
+    from meshplan.request.resolve import resolve
+
+    fields = {"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "ep": 8, "micro_batch_size": 1,
+              "global_batch_size": 448, "framework": framework, **split}
+    req = parse_request(fields)
+    errors = [f.id for f in api.check_config(req).findings if f.severity == "error" and f.id != "MEM001"]
+    assert errors == [], [(f.id, f.message) for f in api.check_config(req).findings if f.id in errors]
+    job, plan = resolve(req)
+    stages = plan_stages(job, plan)
+    pp = split["pp"]
+    assert [len(stages.chunks[k % pp][k // pp]) for k in range(len(decoder_counts))] == [2 * n for n in
+                                                                                          decoder_counts]
+    text = api.render_config(framework, req, force=True).text  # (PP2 VPP5 needs more than an H100: MEM001)
+    if "pipeline_layout" in split:
+        assert split["pipeline_layout"] in text
+    read = api.import_config(text, framework=framework)
+    back = api.request_from_config(read, {"model": "qwen3-next-80b-a3b", "num_gpus": fields["num_gpus"], "gpu": "h100"})
+    _, again = resolve(back)
+    assert (again.pp, again.vpp, again.pipeline_layout, again.account_for_embedding, again.account_for_loss) == (
+        pp, split.get("vpp", 1), split.get("pipeline_layout"), bool(split.get("account_for_embedding")),
+        bool(split.get("account_for_loss")))
+    assert plan_stages(job, again).chunks == stages.chunks
 
 
 @pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])

@@ -231,32 +231,36 @@ def test_layouts_give_memory_and_throughput_the_same_stages():
     """Every catalog model on megatron-core, pp 2..32 with vpp 1 and 2: the layout check's fix composes
     (schedule.compose_layout) passes check, and memory weighs and throughput times the decoder layers its stages hold
     (each rank's t over its virtual stages), with the loss on the last rank; likewise the embedding/loss-accounted
-    split where it divides."""
+    split where it divides. A Gated DeltaNet hybrid's layout and accounting count its decoder layers (two pattern
+    layers each: gdn_config.split_layers, pipeline_unit), as its GPTModel does."""
+    from meshplan.knowledge.gdn_config import pipeline_unit, split_layers
+
     compared = 0
     for arch, framework, template in _jobs():
         if framework != "megatron-core":
             continue
+        layers, unit = split_layers(arch), pipeline_unit(arch)
         for pp in range(2, MAX_PP + 1):
             for vpp in (1, 2):
-                layout = compose_layout(arch.num_layers, pp, vpp, arch.num_mtp_layers)
+                layout = compose_layout(layers, pp, vpp, arch.num_mtp_layers)
                 plans = [Plan(pp=pp, vpp=vpp, zero_stage=0, pipeline_layout=layout)] if layout else []
-                if not accounted_counts(arch.num_layers, pp, vpp, True, True)[1]:
+                if not accounted_counts(layers, pp, vpp, True, True)[1]:
                     plans.append(Plan(pp=pp, vpp=vpp, zero_stage=0, account_for_embedding=True, account_for_loss=True))
                 for plan in plans:
                     job = template.model_copy(update={"num_gpus": pp})
                     ids = {f.id for f in check_structure(job, plan)}
-                    if ids & {"PP005", "SQ001", "PP016", "PP017"}:  # the template's micro-batch count (no multiple of
-                        # pp), sequence (past the model's learned positions) or a hybrid's pattern, which takes no
-                        # layout or accounting (PP016; a Gated DeltaNet one's GPTModel, whole decoder layers only,
-                        # PP017): refused by check and the estimates alike
+                    if ids & {"PP005", "SQ001", "PP016"}:  # the template's micro-batch count (no multiple of
+                        # pp), sequence (past the model's learned positions) or a Mamba-2 hybrid's pattern, which takes
+                        # no layout or accounting (PP016): refused by check and the estimates alike
                         continue
-                    assert not ids & {"PP001", "PP002", "PP004", "PP007", "PP009"}, (arch.name, plan, ids)
+                    assert not ids & {"PP001", "PP002", "PP004", "PP007", "PP009", "PP017"}, (arch.name, plan, ids)
                     if layout and plan.pipeline_layout:
                         stages = parse_layout(layout)
-                        expected = tuple(sum(stages[c * pp + r].count("t") for c in range(vpp)) for r in range(pp))
+                        expected = tuple(unit * sum(stages[c * pp + r].count("t") for c in range(vpp))
+                                         for r in range(pp))
                     else:
-                        counts = accounted_counts(arch.num_layers, pp, vpp, True, True)[0]
-                        expected = tuple(sum(counts[c * pp + r] for c in range(vpp)) for r in range(pp))
+                        counts = accounted_counts(layers, pp, vpp, True, True)[0]
+                        expected = tuple(unit * sum(counts[c * pp + r] for c in range(vpp)) for r in range(pp))
                     report = estimate_memory(job, plan)
                     timed = perf.stage_layers(job, plan)
                     assert [s.layers for s in report.stages] == list(timed.counts) == list(expected), (arch.name, plan)

@@ -22,6 +22,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import budget_bytes
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.cards import FrameworkCard
+from meshplan.knowledge.gdn_config import pipeline_unit
 from meshplan.rl.memory import job_memory
 from meshplan.rules.engine import rule_specs
 from meshplan.rules.fix_values import divisors
@@ -118,8 +119,10 @@ def framework_options(job: Job, pp: int) -> tuple[PipelineOption, ...]:
     """The options the search enumerates for this job's model and framework at `pp` (no split fixed)."""
     arch = job.model
     card = job.card
+    # a Gated DeltaNet hybrid's layouts count decoder layers, not the pattern layers these options count
     return pipeline_options(arch.num_layers, pp, bool(card.search.vpp), megatron_uneven(job.framework),
-                            layouts=writes_layouts(job.card), mtp_layers=arch.num_mtp_layers,
+                            layouts=writes_layouts(job.card) and pipeline_unit(arch) == 1,
+                            mtp_layers=arch.num_mtp_layers,
                             own_partition=own_partition(card))
 
 

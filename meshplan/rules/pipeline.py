@@ -23,7 +23,7 @@ from meshplan.arithmetic.schedule import (
 )
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
-from meshplan.knowledge.gdn_config import decoder_layers
+from meshplan.knowledge.gdn_config import decoder_layers, split_layers
 from meshplan.rules.engine import Context, Values, load_rules, rule, rule_specs
 from meshplan.rules.fix_values import ctx_param, divisors, fmt_set, rl_batch_fix
 from meshplan.rules.world import tiled, tiling
@@ -204,7 +204,8 @@ def uneven_split_valid(ctx: Context) -> Values:
     split = uneven_split(layers, p.pp, p.vpp)  # the search's own split, so recommend enumerates what check names
     if split:
         fix = f"first_stage_layers={split[0]}, last_stage_layers={split[2]}"
-    elif _writes_layout(ctx) and (layout := compose_layout(layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)):
+    elif _writes_layout(ctx) and (layout := compose_layout(split_layers(ctx.arch), p.pp, p.vpp,
+                                                           ctx.arch.num_mtp_layers)):
         fix = (f'pipeline_layout="{layout}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss; '
                "drop first_stage_layers, drop last_stage_layers): no first/last split of these layers works at this "
                "pp and vpp")
@@ -250,12 +251,13 @@ def pipeline_layout_valid(ctx: Context) -> Values:
     problem = plan_layout_problem(ctx.arch, p)
     if not problem:
         return None
-    working = compose_layout(ctx.arch.num_layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)
+    layers = split_layers(ctx.arch)  # a Gated DeltaNet hybrid's decoder layers: what its layout's t counts
+    working = compose_layout(layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)
     fix = (f'Use pipeline_layout="{working}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss; '
            "drop first_stage_layers, drop last_stage_layers, drop account_for_embedding, drop account_for_loss)."
            if working
-           else f"Use pp*vpp <= {ctx.arch.num_layers + 2} stages.")
-    return {"layers": ctx.arch.num_layers, "pp": p.pp, "vpp": p.vpp, "problem": problem, "working": fix}
+           else f"Use pp*vpp <= {layers + 2} stages.")
+    return {"layers": layers, "pp": p.pp, "vpp": p.vpp, "problem": problem, "working": fix}
 
 
 
@@ -557,10 +559,10 @@ def gdn_decoder_layer_split(ctx: Context) -> Values:
     """A Gated DeltaNet hybrid on Megatron-Core's GPTModel (pretrain_gpt.py with experimental_attention_variant
     gated_delta_net; Megatron-Bridge's Qwen3NextBridge builds the same), whose TransformerLayers are decoder layers,
     each two layers of meshplan's pattern (mixer, MoE): a stage or virtual chunk of an odd number of pattern layers
-    cuts a decoder layer in two (render's decoder_split refuses it), and a layout or embedding / loss accounting,
-    which meshplan counts in pattern layers, is not translated; virtual stages of whole decoder layers interleave
-    (get_num_layers_to_build). The fix names the even splits (pp dividing the decoder layers, or first / last stage
-    sizes even)."""
+    cuts a decoder layer in two (render's decoder_split refuses it); virtual stages of whole decoder layers interleave
+    (get_num_layers_to_build). A layout or embedding / loss accounting counts decoder layers as the GPTModel does
+    (schedule.explicit_stages), so it cuts none (PP009 says what Megatron-Core refuses in it). The fix names the even
+    splits (pp dividing the decoder layers, or first / last stage sizes even)."""
     what = decoder_layer_cut(ctx.arch, ctx.plan)
     if what is None:
         return None

@@ -48,6 +48,7 @@ from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.adapter_knobs import default_render, missing_knob
 from meshplan.knowledge.cards import FrameworkCard, framework_card, load_card
 from meshplan.knowledge.defaults_card import SearchKnobs
+from meshplan.knowledge.gdn_config import pipeline_unit, split_layers
 from meshplan.knowledge.model_counts import layer_params
 from meshplan.request.resolve import (
     _defer_grad_sync,
@@ -405,26 +406,28 @@ def reference_split(arch: Architecture, fixed: Fixed) -> VirtualSplit | None:
     layout = fixed.values.get("pipeline_layout")
     if layout is None or not arch.num_mtp_layers or "m" in str(layout):
         return None
-    return VirtualSplit((arch.num_layers,), layout="E" + "t" * arch.num_layers + "L")
+    return VirtualSplit((arch.num_layers,), layout="E" + "t" * split_layers(arch) + "L")
 
 
-def given_options(num_layers: int, pp: int, fixed: Fixed) -> tuple[PipelineOption, ...]:
+def given_options(num_layers: int, pp: int, fixed: Fixed, unit: int = 1) -> tuple[PipelineOption, ...]:
     """The request's own explicit layout (its vpp the layout's stages over pp) or embedding/loss accounting (at every
     vpp it divides): the split is kept as given; one Megatron-Core refuses is left out (rule PP009 says why, as
-    `meshplan check` does at fixed degrees)."""
+    `meshplan check` does at fixed degrees). Each t and accounted layer is `unit` layers (a Gated DeltaNet hybrid's
+    decoder layer: schedule.explicit_stages)."""
     layout = fixed.values.get("pipeline_layout")
     if layout is not None:
         stages = parse_layout(str(layout))
         if len(stages) % pp:
             return ()
-        counts = tuple(stage.count("t") for stage in stages)
+        counts = tuple(stage.count("t") * unit for stage in stages)
         return (PipelineOption(len(stages) // pp, None, None, VirtualSplit(counts, layout=str(layout))),)
     embedding, loss = bool(fixed.values.get("account_for_embedding")), bool(fixed.values.get("account_for_loss"))
     out = []
-    for v in range(1, num_layers // pp + 1):
-        counts, problem = accounted_counts(num_layers, pp, v, embedding, loss)
+    for v in range(1, num_layers // unit // pp + 1):
+        counts, problem = accounted_counts(num_layers // unit, pp, v, embedding, loss)
         if not problem:
-            out.append(PipelineOption(v, None, None, VirtualSplit(tuple(counts), embedding=embedding, loss=loss)))
+            out.append(PipelineOption(v, None, None, VirtualSplit(tuple(n * unit for n in counts), embedding=embedding,
+                                                                  loss=loss)))
     return tuple(out)
 
 
@@ -510,7 +513,8 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
     if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
         fixed_split = (fixed.values.get("first_stage_layers"), fixed.values.get("last_stage_layers"))
     uneven_interleave = megatron_uneven(job.framework)
-    layouts = writes_layouts(job.card) and fixed_split is None
+    # a Gated DeltaNet hybrid's layouts count decoder layers: not enumerated (a request's own is, given_options)
+    layouts = writes_layouts(job.card) and fixed_split is None and pipeline_unit(arch) == 1
     own = own_partition(job.card)
     given_split = any(fixed.values.get(name) for name in SPLIT_FIELDS)
     pads_cp = pads_every_cp_split(job.card)  # verl's, SkyRL's engines pad any length to the cp split: no CP001
@@ -519,7 +523,7 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
         for tp in choices("tp", rest):
             tp_ok = tp_splits_heads(job, tp)
             for pp in choices("pp", max(1, rest // tp)):
-                options = (given_options(L, pp, fixed) if given_split else
+                options = (given_options(L, pp, fixed, pipeline_unit(arch)) if given_split else
                            pipeline_options(L, pp, kn.vpp, uneven_interleave, fixed_split,  # type: ignore[arg-type]
                                             layouts=layouts, mtp_layers=arch.num_mtp_layers, own_partition=own))
                 for cp in choices("cp", max(1, rest // (tp * pp))) if kn.cp or "cp" in fixed else (1,):
