@@ -661,3 +661,36 @@ def test_recompute_layers_are_rendered_in_decoder_layers(framework):
     assert "RC007" not in {f.id for f in api.check_config(fixed).findings}
     with pytest.raises(MeshplanError, match="RC007"):
         api.estimate_memory(odd)
+
+
+def test_full_recompute_of_every_layer_keeps_each_decoder_layers_input_as_the_gpt_model_checkpoints():
+    """Full recompute of every layer is Megatron's uniform method with one TransformerLayer a chunk (render writes
+    recompute_num_layers 1): on the GPTModel path a Gated DeltaNet hybrid's decoder layer, its mixer and its MoE,
+    is one checkpoint, which keeps the decoder layer's input alone (transformer_block.py _checkpointed_forward), and
+    its backward rebuilds both pattern layers. The estimate kept each pattern layer's input, the MoE layer's too (twice
+    the bytes: 1.61 GB on stage 0 here where Megatron keeps 0.81 GB), and rebuilt one pattern layer. It is now the
+    estimate of the same rendered config, uniform chunks of 2 pattern layers; block recompute of the first N pattern
+    layers keeps the input of N / 2 decoder layers."""
+    from meshplan.adapters.megatron import decoder_recompute
+    from meshplan.estimate.memory import memory_terms
+    from meshplan.request.resolve import resolve
+
+    base = {"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 4, "ep": 8, "seq_length": 4096,
+            "micro_batch_size": 1, "global_batch_size": 256, "framework": "megatron-core", "recompute": "full"}
+    every = parse_request(base)
+    pairs = parse_request({**base, "recompute_method": "uniform", "recompute_layers": 2})
+    assert decoder_recompute(*resolve(every)) == decoder_recompute(*resolve(pairs))  # the same config rendered
+    got, same = api.estimate_memory(every).stages[0].detail, api.estimate_memory(pairs).stages[0].detail
+    assert got == same
+    held, decoder, h = 4, 12, 2048  # 1F1B's first stage holds pp micro-batches; 24 pattern layers, 12 decoder layers
+    assert got["layer_activations"] == held * decoder * 2 * 4096 * h  # one bf16 input per decoder layer
+    job, plan = resolve(every)
+    terms = memory_terms(job, plan, [])
+    pattern = job.model.layer_pattern
+    assert got["recompute_working_layer"] == max(
+        terms.per_kind[(pattern[i], "none")] + terms.per_kind[(pattern[i + 1], "none")] for i in range(0, 24, 2))
+    block = api.estimate_memory(parse_request({**base, "recompute_method": "block", "recompute_layers": 4}))
+    kept = api.estimate_memory(parse_request({**base, "recompute": "none"})).stages[0].detail["layer_activations"]
+    first_four = held * sum(terms.per_kind[(pattern[i], "none")] for i in range(4))
+    assert block.stages[0].detail["layer_activations"] == pytest.approx(
+        kept - first_four + held * 2 * 2 * 4096 * h, rel=1e-12)  # two decoder layers' inputs in their place
