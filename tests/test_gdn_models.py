@@ -694,3 +694,45 @@ def test_full_recompute_of_every_layer_keeps_each_decoder_layers_input_as_the_gp
     first_four = held * sum(terms.per_kind[(pattern[i], "none")] for i in range(4))
     assert block.stages[0].detail["layer_activations"] == pytest.approx(
         kept - first_four + held * 2 * 2 * 4096 * h, rel=1e-12)  # two decoder layers' inputs in their place
+
+
+# Qwen3-Next as a user's pretrain_mamba.py builds it: Megatron-Core's HybridModel of the 96-layer pattern (what
+# meshplan rendered for megatron-core before it wrote the GPTModel path)
+HYBRID_MODEL_SCRIPT = """torchrun --nnodes 8 --nproc-per-node 8 pretrain_mamba.py \\
+  --hidden-size 2048 --ffn-hidden-size 5120 --num-attention-heads 16 --group-query-attention --num-query-groups 2 \\
+  --kv-channels 256 --seq-length 4096 --max-position-embeddings 262144 --normalization RMSNorm --norm-epsilon 1e-06 \\
+  --apply-layernorm-1p --swiglu --position-embedding-type rope --rotary-base 10000000 --rotary-percent 0.25 \\
+  --hybrid-layer-pattern '""" + "GEGEGE*E" * 12 + """' \\
+  --linear-conv-kernel-dim 4 --linear-key-head-dim 128 --linear-value-head-dim 128 --linear-num-key-heads 16 \\
+  --linear-num-value-heads 32 --attention-output-gate --qk-layernorm --untie-embeddings-and-output-weights \\
+  --disable-bias-linear --num-experts 512 --moe-router-topk 10 --moe-ffn-hidden-size 512 --moe-grouped-gemm \\
+  --moe-shared-expert-intermediate-size 512 --moe-shared-expert-gate \\
+  --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 SPLIT --expert-model-parallel-size 8 \\
+  --micro-batch-size 1 --global-batch-size 1024 --bf16
+"""
+
+
+@pytest.mark.parametrize("split, refused", [
+    ("--num-virtual-stages-per-pipeline-rank 4", "vpp=4"),
+    ("--account-for-embedding-in-pipeline-split", "account_for_embedding / account_for_loss is set"),
+    ("", None),
+])
+def test_a_pretrain_mamba_script_of_a_gdn_hybrid_is_held_to_hybrid_models_split(split, refused):
+    """pretrain_mamba.py builds the hybrid as Megatron-Core's HybridModel, whose select_pipeline_segment refuses
+    virtual pipeline stages without '|' separators in --hybrid-layer-pattern (ValueError, megatron-core 0.19.2
+    hybrid_layer_allocation.py) and whose split no layout or embedding / loss accounting reaches: the import refuses
+    that script's split, as rule PP016 refuses it for a Mamba-2 hybrid. Before: since meshplan plans the model as the
+    GPTModel pretrain_gpt.py builds (PP018 retired), the vpp=4 script passed check."""
+    read = api.import_config(HYBRID_MODEL_SCRIPT.replace("SPLIT", split))
+    assert read.request["model"] == "qwen3-next-80b-a3b" and read.builds_hybrid_model
+    if refused is None:
+        req = api.request_from_config(read, {"gpu": "h100"})
+        assert "PP017" not in {f.id for f in api.check_config(req).findings}
+        return
+    with pytest.raises(MeshplanError, match=re.escape(refused) + ".*HybridModel.*select_pipeline_segment"):
+        api.request_from_config(read, {"gpu": "h100"})
+    gpt = api.import_config(api.render_config("megatron-core", parse_request(
+        {"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 2, "vpp": 4, "ep": 8}),
+        force=True).text)
+    assert not gpt.builds_hybrid_model  # pretrain_gpt.py's GPTModel interleaves: the same vpp is read and checked
+    assert api.request_from_config(gpt, {"gpu": "h100"}).vpp == 4

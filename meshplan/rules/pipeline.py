@@ -537,11 +537,13 @@ def hybrid_pattern_split(ctx: Context) -> Values:
     virtual stages, explicit layout or embedding/loss accounting without '|' separators in the pattern."""
     if ctx.arch.layer_pattern is None or ctx.arch.gdn is not None:  # a Gated DeltaNet hybrid: a GPTModel (PP017)
         return None
-    return _pattern_split_problem(ctx.plan)
+    return hybrid_model_split_problem(ctx.plan)
 
 
-def _pattern_split_problem(p: Plan) -> Values:
-    """What HybridModel's select_pipeline_segment cannot take from a pattern without '|' separators (PP016)."""
+def hybrid_model_split_problem(p: Plan) -> Values:
+    """What HybridModel's select_pipeline_segment cannot take from a pattern without '|' separators: PP016's test,
+    and the import's refusal of a Gated DeltaNet hybrid's pretrain_mamba.py script (adapters/read/decoder_split.py
+    refuse_hybrid_model_split)."""
     if p.vpp > 1:
         return {"reason": f"vpp={p.vpp}", "fix": "Use vpp=1 (one chunk per pipeline stage)."}
     if p.pipeline_layout:

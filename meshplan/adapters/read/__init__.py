@@ -20,7 +20,13 @@ from typing import Any
 
 from meshplan.adapters.read.automodel import read_automodel_yaml
 from meshplan.adapters.read.bridge_recipe import DETECT as BRIDGE_RECIPE
-from meshplan.adapters.read.decoder_split import STAGE_SIZES, in_pattern_layers, read_decoder_split
+from meshplan.adapters.read.decoder_split import (
+    STAGE_SIZES,
+    builds_hybrid_model,
+    in_pattern_layers,
+    read_decoder_split,
+    refuse_hybrid_model_split,
+)
 from meshplan.adapters.read.detect import (
     YAML_CONFIGS,
     YAML_FIX,
@@ -238,7 +244,8 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
                           left_to_request=reading.left_to_request, notes=reading.notes,
                           assumed=reading.assumed,
                           config_format=fmt, batch_per_dp=reading.batch_per_dp,
-                          stage_sizes_in_decoder_layers=decoder_split)
+                          stage_sizes_in_decoder_layers=decoder_split,
+                          builds_hybrid_model=builds_hybrid_model(reading))
 
 
 def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus: bool = False) -> dict[str, Any]:
@@ -251,6 +258,7 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
     values.update({name: value for name, value in given.items() if value is not None})
     if imported.stage_sizes_in_decoder_layers and "model" in values:  # the file's own sizes, not those given
         in_pattern_layers(values, [n for n in STAGE_SIZES if given.get(n) is None], values["model"])
+    refuse_hybrid_model_split(imported, values)  # a Gated DeltaNet hybrid's pretrain_mamba.py split HybridModel refuses
     gpus = values.get("num_gpus")
     dp = file_data_parallel(gpus, *(values.get(n, 1) for n in ("tp", "pp", "cp"))) if isinstance(gpus, int) else None
     if imported.batch_per_dp and "global_batch_size" not in values and dp:  # the file's step, dp = the GPUs left over
