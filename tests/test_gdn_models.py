@@ -335,15 +335,24 @@ def test_both_megatron_faces_interleave_a_gdn_hybrid_in_whole_decoder_layers(fra
 
 def test_recommend_searches_virtual_stages_of_a_gdn_hybrid_on_megatron_core():
     """With pp fixed at 2 on 64 GB200, megatron-core's search ranks interleaved layouts of whole decoder layers (it
-    found none before: PP018 refused every vpp > 1); every candidate passes check."""
+    found none before: PP018 refused every vpp > 1), the embedding / loss accounting in decoder layers among them
+    (check/split.model_pipeline_options: the search's splits in decoder layers; it enumerated pattern-layer splits,
+    PP017 refused those that cut a decoder layer and every layout); no candidate breaks a rule and every chunk holds
+    whole decoder layers."""
+    from meshplan.arithmetic.schedule import plan_stages
+    from meshplan.check.config import check_structure
     from meshplan.knowledge.gdn_config import cuts_a_decoder_layer
+    from meshplan.request.resolve import resolve
 
     req = parse_request({"model": "qwen3-next-80b-a3b", "gpu": "gb200", "num_gpus": 64, "pp": 2, "ep": 32,
                          "framework": "megatron-core"})
     report = api.recommend(req)
     assert any(c.plan.vpp > 1 for c in report.candidates), [c.plan.short for c in report.candidates]
+    job, _ = resolve(req)
     for c in report.candidates:
-        assert not cuts_a_decoder_layer(96 // (2 * c.plan.vpp)), c.plan.short
+        assert not [f.id for f in check_structure(job, c.plan) if f.severity == "error"], c.plan.short
+        chunks = plan_stages(job, c.plan).chunks
+        assert not any(cuts_a_decoder_layer(len(chunk)) for rank in chunks for chunk in rank), c.plan.short
 
 
 @pytest.mark.parametrize("fields", [
@@ -552,6 +561,7 @@ GDN_LAYOUTS = [  # (fields, accepted): the GPTModel path interleaves whole decod
     ({"pp": 2, "vpp": 5, "ep": 8, "account_for_embedding": True, "account_for_loss": True}, True),  # chunks of 5
     ({"pp": 3, "ep": 8, "account_for_loss": True}, False),  # PP009: 49 do not split over 3
     ({"pp": 4, "ep": 8, "pipeline_layout": "Et*23|t*24|t*24|t*25L"}, False),  # PP009: 96 t, the model 48
+    ({"pp": 4, "vpp": 5, "ep": 8}, False),  # PP002: 12 decoder layers a rank in 5 chunks (it passed check before)
 ]
 
 

@@ -14,6 +14,7 @@ from meshplan.arithmetic.schedule import (
     accounted_counts,
     compose_layout,
     megatron_stages,
+    model_uneven_split,
     parse_layout,
     pipeline_split,
     split_problem,
@@ -28,7 +29,7 @@ from meshplan.rules.engine import EstimateBlocked, backend_of, rule_specs
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Plan
 from meshplan.schema.request import Request
-from meshplan.search.space import Fixed, enumerate_layouts, megatron_uneven, pipeline_options, writes_layouts
+from meshplan.search.space import Fixed, enumerate_layouts, megatron_uneven, model_pipeline_options, writes_layouts
 
 MAX_PP = 32
 # a split at the plan's own vpp (PP004 names one at vpp=1 where none works at the plan's: another layout)
@@ -53,9 +54,8 @@ def _plans(arch, framework):
         yield Plan(pp=pp, zero_stage=zero)
         if kn.vpp and 2 * pp <= arch.num_layers:
             yield Plan(pp=pp, vpp=2, zero_stage=zero)
-        for vpp, first, last, split in pipeline_options(arch.num_layers, pp, kn.vpp, megatron_uneven(framework),
-                                                        layouts=writes_layouts(framework_card(framework)),
-                                                        mtp_layers=arch.num_mtp_layers):
+        for vpp, first, last, split in model_pipeline_options(arch, pp, kn.vpp, megatron_uneven(framework),
+                                                              layouts=writes_layouts(framework_card(framework))):
             if (vpp, first, last, split) != (1, None, None, None):
                 yield Plan(pp=pp, vpp=vpp, zero_stage=zero, first_stage_layers=first, last_stage_layers=last,
                            **(split.fields() if split is not None else {}))
@@ -147,13 +147,13 @@ def test_check_suggests_a_split_recommend_enumerates_and_recommend_enumerates_wh
                     plan = Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=first, last_stage_layers=last,
                                 **(split.fields() if split is not None else {}))
                     ids = {f.id for f in check_structure(job, plan)}
-                    if ids & {"PP005", "SQ001", "PP016", "PP017"}:  # the template's micro-batch count (no multiple of
-                        # pp), sequence (past the model's learned positions) or a hybrid's pattern, which takes no
-                        # layout or accounting (PP016; a Gated DeltaNet one's GPTModel, whole decoder layers only,
-                        # PP017): refused by check and the estimates alike
+                    if ids & {"PP005", "SQ001", "PP016"}:  # the template's micro-batch count (no multiple of pp),
+                        # sequence (past the model's learned positions) or a Mamba-2 hybrid's pattern, which takes no
+                        # layout or accounting (PP016): refused by check and the estimates alike
                         continue
-                    assert not ids & {"PP001", "PP002", "PP004", "PP009"}, (arch.name, framework, pp, vpp, first, last,
-                                                                             split)
+                    # (a Gated DeltaNet hybrid's splits are enumerated in whole decoder layers: PP017 refuses none)
+                    assert not ids & {"PP001", "PP002", "PP004", "PP009", "PP017"}, (arch.name, framework, pp, vpp,
+                                                                                     first, last, split)
                 # a split given wrong (PP004), or none where pp does not divide the layers (PP001)
                 plans = [Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=0)]
                 if L % pp:
@@ -162,7 +162,7 @@ def test_check_suggests_a_split_recommend_enumerates_and_recommend_enumerates_wh
                     split = _suggested(check_structure(job, plan))
                     checked += 1
                     if split is None:
-                        assert uneven_split(L, pp, vpp) is None
+                        assert model_uneven_split(arch, pp, vpp) is None
                         continue
                     suggested += 1
                     assert not split_problem(L, pp, vpp, *split)

@@ -97,6 +97,23 @@ def pipeline_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int | None, 
     return (split[0], split[2]) if split else None
 
 
+def model_uneven_split(arch: Architecture, pp: int, vpp: int = 1, closest: bool = False) -> tuple[int, int, int] | None:
+    """uneven_split (closest_uneven_split where `closest`) over the layers Megatron-Core's split counts
+    (gdn_config.split_layers), in the model's layers: a Gated DeltaNet hybrid's whole decoder layers, two pattern
+    layers each, so a fix never names a split rule PP017 refuses; any other model's as it is."""
+    unit = pipeline_unit(arch)
+    split = (closest_uneven_split if closest else uneven_split)(arch.num_layers // unit, pp, vpp)
+    return None if split is None else (split[0] * unit, split[1] * unit, split[2] * unit)
+
+
+def model_pipeline_split(arch: Architecture, pp: int, vpp: int = 1) -> tuple[int | None, int | None] | None:
+    """pipeline_split in the model's layers, over the layers Megatron-Core's split counts (model_uneven_split)."""
+    unit = pipeline_unit(arch)
+    split = pipeline_split(arch.num_layers // unit, pp, vpp)
+    return None if split is None else (None if split[0] is None else split[0] * unit,
+                                       None if split[1] is None else split[1] * unit)
+
+
 def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> str:
     """What is wrong with first/last stage sizes, checked as Megatron-Core's TransformerConfig.__post_init__
     checks them and in its order ('' when nothing is): positive, multiples of vpp, and leaving the middle

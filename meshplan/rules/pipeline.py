@@ -14,12 +14,11 @@ from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import uses_fsdp
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_order
 from meshplan.arithmetic.schedule import (
-    closest_uneven_split,
     compose_layout,
     decoder_layer_cut,
+    model_uneven_split,
     plan_layout_problem,
     split_problem,
-    uneven_split,
 )
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
@@ -36,7 +35,7 @@ MAX_LISTED_PP = 32
 
 
 def _uneven_hint(ctx: Context, pp: int) -> str:
-    split = uneven_split(ctx.arch.num_layers, pp, ctx.plan.vpp)
+    split = model_uneven_split(ctx.arch, pp, ctx.plan.vpp)
     if split is None:
         return ""
     first, per, last = split
@@ -78,9 +77,12 @@ def layers_divisible_by_pp(ctx: Context) -> Values:
 @rule("PP002", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
       "account_for_embedding", "account_for_loss"))
 def layers_divisible_by_vpp(ctx: Context) -> Values:
-    p, layers = ctx.plan, ctx.arch.num_layers
-    if ctx.arch.layer_pattern is not None:
-        return None  # a hybrid runs no virtual stages without '|' in its pattern (PP016), whatever they split
+    """Megatron-Core's even split over pp x vpp virtual stages, in the layers it counts (gdn_config.split_layers: a
+    Gated DeltaNet hybrid's decoder layers, whose GPTModel interleaves; it skipped every hybrid, so 48 decoder layers
+    over pp=4 at vpp=5 passed check)."""
+    p, layers = ctx.plan, split_layers(ctx.arch)
+    if ctx.arch.layer_pattern is not None and ctx.arch.gdn is None:
+        return None  # a Mamba-2 hybrid runs no virtual stages without '|' in its pattern (PP016), whatever they split
     if p.vpp == 1 or p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None:
         return None
     if _explicit_split(p):
@@ -201,7 +203,7 @@ def uneven_split_valid(ctx: Context) -> Values:
                    "TransformerConfig.__post_init__ raises ValueError ('Mismatch: ... middle layers remaining but ... "
                    "middle PP stages available') rather than ignore the stage sizes")
         return {"problem": problem, "layers": layers, "pp": p.pp, "split": _single_stage_fix(ctx)}
-    split = uneven_split(layers, p.pp, p.vpp)  # the search's own split, so recommend enumerates what check names
+    split = model_uneven_split(ctx.arch, p.pp, p.vpp)  # the search's own split: recommend enumerates what check names
     if split:
         fix = f"first_stage_layers={split[0]}, last_stage_layers={split[2]}"
     elif _writes_layout(ctx) and (layout := compose_layout(split_layers(ctx.arch), p.pp, p.vpp,
@@ -209,7 +211,8 @@ def uneven_split_valid(ctx: Context) -> Values:
         fix = (f'pipeline_layout="{layout}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss; '
                "drop first_stage_layers, drop last_stage_layers): no first/last split of these layers works at this "
                "pp and vpp")
-    elif p.vpp > 1 and (plain := uneven_split(layers, p.pp) or closest_uneven_split(layers, p.pp)):
+    elif p.vpp > 1 and (plain := model_uneven_split(ctx.arch, p.pp)
+                        or model_uneven_split(ctx.arch, p.pp, closest=True)):
         fix = (f"vpp=1, first_stage_layers={plain[0]}, last_stage_layers={plain[2]} (no first/last split of these "
                f"layers works at vpp={p.vpp})")
     else:

@@ -38,8 +38,9 @@ from meshplan.arithmetic.schedule import (
 from meshplan.check.split import (
     PipelineOption,
     megatron_uneven,
+    model_pipeline_options,
     own_partition,
-    pipeline_options,
+    pipeline_options,  # noqa: F401 (the search's space, as tests and bench import it from here)
     writes_layouts,
 )
 from meshplan.core.cancel import checkpoint
@@ -513,8 +514,7 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
     if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
         fixed_split = (fixed.values.get("first_stage_layers"), fixed.values.get("last_stage_layers"))
     uneven_interleave = megatron_uneven(job.framework)
-    # a Gated DeltaNet hybrid's layouts count decoder layers: not enumerated (a request's own is, given_options)
-    layouts = writes_layouts(job.card) and fixed_split is None and pipeline_unit(arch) == 1
+    layouts = writes_layouts(job.card) and fixed_split is None
     own = own_partition(job.card)
     given_split = any(fixed.values.get(name) for name in SPLIT_FIELDS)
     pads_cp = pads_every_cp_split(job.card)  # verl's, SkyRL's engines pad any length to the cp split: no CP001
@@ -524,8 +524,8 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
             tp_ok = tp_splits_heads(job, tp)
             for pp in choices("pp", max(1, rest // tp)):
                 options = (given_options(L, pp, fixed, pipeline_unit(arch)) if given_split else
-                           pipeline_options(L, pp, kn.vpp, uneven_interleave, fixed_split,  # type: ignore[arg-type]
-                                            layouts=layouts, mtp_layers=arch.num_mtp_layers, own_partition=own))
+                           model_pipeline_options(arch, pp, kn.vpp, uneven_interleave,  # type: ignore[arg-type]
+                                                  fixed_split, layouts=layouts, own_partition=own))
                 for cp in choices("cp", max(1, rest // (tp * pp))) if kn.cp or "cp" in fixed else (1,):
                     checkpoint()
                     dp = max(1, rest // (tp * pp * cp))

@@ -3,7 +3,8 @@ GPTModel path): parse_args and validate_args, the TransformerConfig core_transfo
 __post_init__ checks the GDN fields), each decoder layer's mixer and MLP as the layer spec reads them
 (get_linear_attention_pattern, get_moe_layer_pattern) and the decoder layers every pipeline rank and virtual stage
 builds (get_transformer_layer_offset, get_num_layers_to_build, or with a pipeline_model_parallel_layout its
-get_layer_id_list: how the experimental attention block slices its layer specs). Runs INSIDE the validators venv (CPU torch).
+get_layer_id_list: how the experimental attention block slices its layer specs). Runs INSIDE the validators venv
+(CPU torch).
 
 Input: a JSON list of {"id", "argv" (the flags after pretrain_gpt.py), "num_gpus"}. Output: a JSON list of {"id",
 "accept", "stage", "message", "linear", "moe", "chunks"} (chunks: [pp_rank][vp_stage] = [offset, layers]).
