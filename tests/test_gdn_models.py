@@ -735,9 +735,11 @@ def test_a_pretrain_mamba_script_of_a_gdn_hybrid_is_held_to_hybrid_models_split(
     GPTModel pretrain_gpt.py builds (PP018 retired), the vpp=4 script passed check."""
     read = api.import_config(HYBRID_MODEL_SCRIPT.replace("SPLIT", split))
     assert read.request["model"] == "qwen3-next-80b-a3b" and read.builds_hybrid_model
-    if refused is None:
+    if refused is None:  # what meshplan plans otherwise than HybridModel runs is said (check's config_assumed)
         req = api.request_from_config(read, {"gpu": "h100"})
         assert "PP017" not in {f.id for f in api.check_config(req).findings}
+        assert [line for line in read.assumed if "HybridModel builds the model layer by layer" in line and
+                "(PP017)" in line and "each decoder layer's input" in line]
         return
     with pytest.raises(MeshplanError, match=re.escape(refused) + ".*HybridModel.*select_pipeline_segment"):
         api.request_from_config(read, {"gpu": "h100"})

@@ -22,7 +22,7 @@ from meshplan.adapters.read.automodel import read_automodel_yaml
 from meshplan.adapters.read.bridge_recipe import DETECT as BRIDGE_RECIPE
 from meshplan.adapters.read.decoder_split import (
     STAGE_SIZES,
-    builds_hybrid_model,
+    hybrid_model_assumed,
     in_pattern_layers,
     read_decoder_split,
     refuse_hybrid_model_split,
@@ -238,6 +238,7 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     exclusions_applied(reading)  # exclude_modules taken out of the targets just read
     target_parameters_read(reading)  # PEFT's target_parameters, once the file's LoRA rank is read
     decoder_split = read_decoder_split(reading)  # a GPTModel's stage sizes, decoder layers of a GDN hybrid
+    hybrid_model = hybrid_model_assumed(reading)  # pretrain_mamba.py's HybridModel: said where it plans otherwise
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
                           misspelt=reading.misspelt, unresolved=reading.unresolved,
@@ -245,7 +246,7 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
                           assumed=reading.assumed,
                           config_format=fmt, batch_per_dp=reading.batch_per_dp,
                           stage_sizes_in_decoder_layers=decoder_split,
-                          builds_hybrid_model=builds_hybrid_model(reading))
+                          builds_hybrid_model=hybrid_model)
 
 
 def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus: bool = False) -> dict[str, Any]:

@@ -34,6 +34,27 @@ def builds_hybrid_model(reading: Reading) -> bool:
     return facts is not None and _launcher(reading) in facts.pattern_launchers
 
 
+def hybrid_model_assumed(reading: Reading) -> bool:
+    """builds_hybrid_model, with what meshplan assumes of such a script of a Gated DeltaNet hybrid said in
+    `reading.assumed` (check's config_assumed): it plans the GPTModel pretrain_gpt.py builds of the same layers, whose
+    stages and full-recompute checkpoints are whole decoder layers, where HybridModel's are pattern layers."""
+    if not builds_hybrid_model(reading):
+        return False
+    try:
+        gdn = "model" in reading.request and resolve_model(str(reading.request["model"])).gdn is not None
+    except MeshplanError:
+        gdn = False
+    if gdn:
+        reading.assumed.append(
+            f"{reading.launch_line}: HybridModel builds the model layer by layer of --hybrid-layer-pattern; meshplan "
+            "plans the GPTModel pretrain_gpt.py --experimental-attention-variant gated_delta_net builds of the same "
+            "layers, whose pipeline stages and full-recompute checkpoints are whole decoder layers (two pattern "
+            "layers): a stage of an odd number of pattern layers, which HybridModel takes, is refused (PP017), and "
+            "full recompute is estimated keeping each decoder layer's input, where HybridModel keeps each pattern "
+            "layer's. Launch pretrain_gpt.py for the plan as estimated (`meshplan render megatron-core` writes it)")
+    return True
+
+
 def _launcher(reading: Reading) -> str | None:
     """The file name of the script the launch line runs."""
     return reading.launch_line.rsplit(" ", 1)[-1].rsplit("/", 1)[-1] if reading.launch_line else None
