@@ -141,8 +141,7 @@ def framework_options(job: Job, pp: int) -> tuple[PipelineOption, ...]:
     arch = job.model
     card = job.card
     return model_pipeline_options(arch, pp, bool(card.search.vpp), megatron_uneven(job.framework),
-                                  layouts=writes_layouts(job.card),
-                            own_partition=own_partition(card))
+                                  layouts=writes_layouts(job.card), own_partition=own_partition(card))
 
 
 def own_partition(card: FrameworkCard) -> bool:
