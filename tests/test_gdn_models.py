@@ -331,21 +331,28 @@ def test_both_megatron_faces_interleave_a_gdn_hybrid_in_whole_decoder_layers(fra
     assert api.estimate_throughput(parse_request(fields)).step_time_s > 0
     odd = api.check_config(parse_request({**fields, "vpp": 16}))
     assert "PP017" in {f.id for f in odd.findings}  # 48 pattern layers per rank, 3 per chunk: a decoder layer cut
-    layout = api.check_config(parse_request({**fields, "vpp": 1, "account_for_embedding": True}))
-    assert "PP017" in {f.id for f in layout.findings}  # counted in pattern layers: not translated
 
 
 def test_recommend_searches_virtual_stages_of_a_gdn_hybrid_on_megatron_core():
     """With pp fixed at 2 on 64 GB200, megatron-core's search ranks interleaved layouts of whole decoder layers (it
-    found none before: PP018 refused every vpp > 1); every candidate passes check."""
+    found none before: PP018 refused every vpp > 1), the embedding / loss accounting in decoder layers among them
+    (check/split.model_pipeline_options: the search's splits in decoder layers; it enumerated pattern-layer splits,
+    PP017 refused those that cut a decoder layer and every layout); no candidate breaks a rule and every chunk holds
+    whole decoder layers."""
+    from meshplan.arithmetic.schedule import plan_stages
+    from meshplan.check.config import check_structure
     from meshplan.knowledge.gdn_config import cuts_a_decoder_layer
+    from meshplan.request.resolve import resolve
 
     req = parse_request({"model": "qwen3-next-80b-a3b", "gpu": "gb200", "num_gpus": 64, "pp": 2, "ep": 32,
                          "framework": "megatron-core"})
     report = api.recommend(req)
     assert any(c.plan.vpp > 1 for c in report.candidates), [c.plan.short for c in report.candidates]
+    job, _ = resolve(req)
     for c in report.candidates:
-        assert not cuts_a_decoder_layer(96 // (2 * c.plan.vpp)), c.plan.short
+        assert not [f.id for f in check_structure(job, c.plan) if f.severity == "error"], c.plan.short
+        chunks = plan_stages(job, c.plan).chunks
+        assert not any(cuts_a_decoder_layer(len(chunk)) for rank in chunks for chunk in rank), c.plan.short
 
 
 @pytest.mark.parametrize("fields", [
@@ -522,8 +529,7 @@ def test_pp017_names_the_chunk_that_cuts_a_decoder_layer():
     # stages of 22 and 26 pattern layers (even) in chunks of 11 and 13 (odd)
     ({"vpp": 2, "first_stage_layers": 22, "last_stage_layers": 22},
      "a virtual chunk of 11 pattern layers (a stage of 22 over vpp=2) cuts a decoder layer in two"),
-    ({"account_for_embedding": True}, "a pipeline layout or embedding / loss accounting counts meshplan's pattern "
-                                      "layers"),
+    ({"first_stage_layers": 23, "last_stage_layers": 25}, "a stage of 23 pattern layers cuts a decoder layer in two"),
 ])
 def test_render_and_pp017_refuse_the_same_split_in_the_same_words(fields, what):
     """PP017 and render's decoder_split tested a Gated DeltaNet hybrid's split each with its own arithmetic: render
@@ -548,6 +554,14 @@ GDN_LAYOUTS = [  # (fields, accepted): the GPTModel path interleaves whole decod
     ({"pp": 4, "vpp": 3, "ep": 8}, True),  # 4 decoder layers per chunk
     ({"pp": 2, "tp": 2, "cp": 2, "ep": 8, "vpp": 2}, True),
     ({"pp": 2, "tp": 2, "cp": 16, "ep": 8}, False),  # TP007: tp x cp = 32 splits no 16 key heads
+    # a layout's t and the embedding / loss accounting count decoder layers (before: PP017 refused them all)
+    ({"pp": 4, "ep": 8, "pipeline_layout": "Et*11|t*12|t*12|t*13L"}, True),
+    ({"pp": 4, "vpp": 2, "ep": 8, "pipeline_layout": "Et*5|(t*6|)*6t*7L"}, True),
+    ({"pp": 2, "ep": 8, "account_for_embedding": True, "account_for_loss": True}, True),  # 50 over 2: 24 and 24
+    ({"pp": 2, "vpp": 5, "ep": 8, "account_for_embedding": True, "account_for_loss": True}, True),  # chunks of 5
+    ({"pp": 3, "ep": 8, "account_for_loss": True}, False),  # PP009: 49 do not split over 3
+    ({"pp": 4, "ep": 8, "pipeline_layout": "Et*23|t*24|t*24|t*25L"}, False),  # PP009: 96 t, the model 48
+    ({"pp": 4, "vpp": 5, "ep": 8}, False),  # PP002: 12 decoder layers a rank in 5 chunks (it passed check before)
 ]
 
 
@@ -598,6 +612,46 @@ def test_megatron_core_builds_the_rendered_gpt_model_as_meshplan_plans_it():
 
 
 @pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
+@pytest.mark.parametrize("split, decoder_counts", [
+    ({"pp": 4, "pipeline_layout": "Et*11|t*12|t*12|t*13L"}, [11, 12, 12, 13]),
+    ({"pp": 4, "vpp": 2, "pipeline_layout": "Et*5|(t*6|)*6t*7L"}, [5, 6, 6, 6, 6, 6, 6, 7]),
+    # (48 + 2) / 2 = 25 decoder layers a rank, 5 a chunk, the first chunk and the last one decoder layer lighter
+    ({"pp": 2, "vpp": 5, "account_for_embedding": True, "account_for_loss": True}, [4, 5, 5, 5, 5, 5, 5, 5, 5, 4]),
+    ({"pp": 7, "num_gpus": 56, "account_for_embedding": True}, [6, 7, 7, 7, 7, 7, 7]),  # 49 over 7
+])
+def test_a_layout_and_the_accounting_count_decoder_layers_as_the_gpt_model_does(framework, split, decoder_counts):
+    """A pipeline_model_parallel_layout's t is one of the GPTModel's TransformerLayers, a decoder layer, and
+    account_for_embedding / account_for_loss_in_pipeline_split weigh the embedding and the loss as one each
+    (get_num_layers_to_build, get_layer_id_list; the slow probe runs megatron-core's own): the estimate places twice
+    those counts of pattern layers, render writes the split as it is and import reads it back to the same plan.
+    Before: PP017 refused every layout and accounting of a Gated DeltaNet hybrid ('counts meshplan's pattern
+    layers'), and render refused them."""
+    from meshplan.arithmetic.schedule import plan_stages
+    from meshplan.request.resolve import resolve
+
+    fields = {"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "ep": 8, "micro_batch_size": 1,
+              "global_batch_size": 448, "framework": framework, **split}
+    req = parse_request(fields)
+    errors = [f.id for f in api.check_config(req).findings if f.severity == "error" and f.id != "MEM001"]
+    assert errors == [], [(f.id, f.message) for f in api.check_config(req).findings if f.id in errors]
+    job, plan = resolve(req)
+    stages = plan_stages(job, plan)
+    pp = split["pp"]
+    assert [len(stages.chunks[k % pp][k // pp]) for k in range(len(decoder_counts))] == [2 * n for n in
+                                                                                          decoder_counts]
+    text = api.render_config(framework, req, force=True).text  # (PP2 VPP5 needs more than an H100: MEM001)
+    if "pipeline_layout" in split:
+        assert split["pipeline_layout"] in text
+    read = api.import_config(text, framework=framework)
+    back = api.request_from_config(read, {"model": "qwen3-next-80b-a3b", "num_gpus": fields["num_gpus"], "gpu": "h100"})
+    _, again = resolve(back)
+    assert (again.pp, again.vpp, again.pipeline_layout, again.account_for_embedding, again.account_for_loss) == (
+        pp, split.get("vpp", 1), split.get("pipeline_layout"), bool(split.get("account_for_embedding")),
+        bool(split.get("account_for_loss")))
+    assert plan_stages(job, again).chunks == stages.chunks
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
 def test_recompute_layers_are_rendered_in_decoder_layers(framework):
     """recompute_num_layers counts the GPTModel's TransformerLayers (decoder layers, two pattern layers each): render
     wrote meshplan's pattern-layer count, so a block recompute of 4 pattern layers recomputed 4 decoder layers, 8
@@ -617,3 +671,80 @@ def test_recompute_layers_are_rendered_in_decoder_layers(framework):
     assert "RC007" not in {f.id for f in api.check_config(fixed).findings}
     with pytest.raises(MeshplanError, match="RC007"):
         api.estimate_memory(odd)
+
+
+def test_full_recompute_of_every_layer_keeps_each_decoder_layers_input_as_the_gpt_model_checkpoints():
+    """Full recompute of every layer is Megatron's uniform method with one TransformerLayer a chunk (render writes
+    recompute_num_layers 1): on the GPTModel path a Gated DeltaNet hybrid's decoder layer, its mixer and its MoE,
+    is one checkpoint, which keeps the decoder layer's input alone (transformer_block.py _checkpointed_forward), and
+    its backward rebuilds both pattern layers. The estimate kept each pattern layer's input, the MoE layer's too (twice
+    the bytes: 1.61 GB on stage 0 here where Megatron keeps 0.81 GB), and rebuilt one pattern layer. It is now the
+    estimate of the same rendered config, uniform chunks of 2 pattern layers; block recompute of the first N pattern
+    layers keeps the input of N / 2 decoder layers."""
+    from meshplan.adapters.megatron import decoder_recompute
+    from meshplan.estimate.memory import memory_terms
+    from meshplan.request.resolve import resolve
+
+    base = {"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 4, "ep": 8, "seq_length": 4096,
+            "micro_batch_size": 1, "global_batch_size": 256, "framework": "megatron-core", "recompute": "full"}
+    every = parse_request(base)
+    pairs = parse_request({**base, "recompute_method": "uniform", "recompute_layers": 2})
+    assert decoder_recompute(*resolve(every)) == decoder_recompute(*resolve(pairs))  # the same config rendered
+    got, same = api.estimate_memory(every).stages[0].detail, api.estimate_memory(pairs).stages[0].detail
+    assert got == same
+    held, decoder, h = 4, 12, 2048  # 1F1B's first stage holds pp micro-batches; 24 pattern layers, 12 decoder layers
+    assert got["layer_activations"] == held * decoder * 2 * 4096 * h  # one bf16 input per decoder layer
+    job, plan = resolve(every)
+    terms = memory_terms(job, plan, [])
+    pattern = job.model.layer_pattern
+    assert got["recompute_working_layer"] == max(
+        terms.per_kind[(pattern[i], "none")] + terms.per_kind[(pattern[i + 1], "none")] for i in range(0, 24, 2))
+    block = api.estimate_memory(parse_request({**base, "recompute_method": "block", "recompute_layers": 4}))
+    kept = api.estimate_memory(parse_request({**base, "recompute": "none"})).stages[0].detail["layer_activations"]
+    first_four = held * sum(terms.per_kind[(pattern[i], "none")] for i in range(4))
+    assert block.stages[0].detail["layer_activations"] == pytest.approx(
+        kept - first_four + held * 2 * 2 * 4096 * h, rel=1e-12)  # two decoder layers' inputs in their place
+
+
+# Qwen3-Next as a user's pretrain_mamba.py builds it: Megatron-Core's HybridModel of the 96-layer pattern (what
+# meshplan rendered for megatron-core before it wrote the GPTModel path)
+HYBRID_MODEL_SCRIPT = """torchrun --nnodes 8 --nproc-per-node 8 pretrain_mamba.py \\
+  --hidden-size 2048 --ffn-hidden-size 5120 --num-attention-heads 16 --group-query-attention --num-query-groups 2 \\
+  --kv-channels 256 --seq-length 4096 --max-position-embeddings 262144 --normalization RMSNorm --norm-epsilon 1e-06 \\
+  --apply-layernorm-1p --swiglu --position-embedding-type rope --rotary-base 10000000 --rotary-percent 0.25 \\
+  --hybrid-layer-pattern '""" + "GEGEGE*E" * 12 + """' \\
+  --linear-conv-kernel-dim 4 --linear-key-head-dim 128 --linear-value-head-dim 128 --linear-num-key-heads 16 \\
+  --linear-num-value-heads 32 --attention-output-gate --qk-layernorm --untie-embeddings-and-output-weights \\
+  --disable-bias-linear --num-experts 512 --moe-router-topk 10 --moe-ffn-hidden-size 512 --moe-grouped-gemm \\
+  --moe-shared-expert-intermediate-size 512 --moe-shared-expert-gate \\
+  --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 SPLIT --expert-model-parallel-size 8 \\
+  --micro-batch-size 1 --global-batch-size 1024 --bf16
+"""
+
+
+@pytest.mark.parametrize("split, refused", [
+    ("--num-virtual-stages-per-pipeline-rank 4", "vpp=4"),
+    ("--account-for-embedding-in-pipeline-split", "account_for_embedding / account_for_loss is set"),
+    ("", None),
+])
+def test_a_pretrain_mamba_script_of_a_gdn_hybrid_is_held_to_hybrid_models_split(split, refused):
+    """pretrain_mamba.py builds the hybrid as Megatron-Core's HybridModel, whose select_pipeline_segment refuses
+    virtual pipeline stages without '|' separators in --hybrid-layer-pattern (ValueError, megatron-core 0.19.2
+    hybrid_layer_allocation.py) and whose split no layout or embedding / loss accounting reaches: the import refuses
+    that script's split, as rule PP016 refuses it for a Mamba-2 hybrid. Before: since meshplan plans the model as the
+    GPTModel pretrain_gpt.py builds (PP018 retired), the vpp=4 script passed check."""
+    read = api.import_config(HYBRID_MODEL_SCRIPT.replace("SPLIT", split))
+    assert read.request["model"] == "qwen3-next-80b-a3b" and read.builds_hybrid_model
+    if refused is None:  # what meshplan plans otherwise than HybridModel runs is said (check's config_assumed)
+        req = api.request_from_config(read, {"gpu": "h100"})
+        assert "PP017" not in {f.id for f in api.check_config(req).findings}
+        assert [line for line in read.assumed if "HybridModel builds the model layer by layer" in line and
+                "(PP017)" in line and "each decoder layer's input" in line]
+        return
+    with pytest.raises(MeshplanError, match=re.escape(refused) + ".*HybridModel.*select_pipeline_segment"):
+        api.request_from_config(read, {"gpu": "h100"})
+    gpt = api.import_config(api.render_config("megatron-core", parse_request(
+        {"model": "qwen3-next-80b-a3b", "gpu": "h100", "num_gpus": 64, "pp": 2, "vpp": 4, "ep": 8}),
+        force=True).text)
+    assert not gpt.builds_hybrid_model  # pretrain_gpt.py's GPTModel interleaves: the same vpp is read and checked
+    assert api.request_from_config(gpt, {"gpu": "h100"}).vpp == 4

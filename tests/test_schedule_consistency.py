@@ -14,6 +14,7 @@ from meshplan.arithmetic.schedule import (
     accounted_counts,
     compose_layout,
     megatron_stages,
+    model_uneven_split,
     parse_layout,
     pipeline_split,
     split_problem,
@@ -28,7 +29,7 @@ from meshplan.rules.engine import EstimateBlocked, backend_of, rule_specs
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Plan
 from meshplan.schema.request import Request
-from meshplan.search.space import Fixed, enumerate_layouts, megatron_uneven, pipeline_options, writes_layouts
+from meshplan.search.space import Fixed, enumerate_layouts, megatron_uneven, model_pipeline_options, writes_layouts
 
 MAX_PP = 32
 # a split at the plan's own vpp (PP004 names one at vpp=1 where none works at the plan's: another layout)
@@ -53,9 +54,8 @@ def _plans(arch, framework):
         yield Plan(pp=pp, zero_stage=zero)
         if kn.vpp and 2 * pp <= arch.num_layers:
             yield Plan(pp=pp, vpp=2, zero_stage=zero)
-        for vpp, first, last, split in pipeline_options(arch.num_layers, pp, kn.vpp, megatron_uneven(framework),
-                                                        layouts=writes_layouts(framework_card(framework)),
-                                                        mtp_layers=arch.num_mtp_layers):
+        for vpp, first, last, split in model_pipeline_options(arch, pp, kn.vpp, megatron_uneven(framework),
+                                                              layouts=writes_layouts(framework_card(framework))):
             if (vpp, first, last, split) != (1, None, None, None):
                 yield Plan(pp=pp, vpp=vpp, zero_stage=zero, first_stage_layers=first, last_stage_layers=last,
                            **(split.fields() if split is not None else {}))
@@ -147,13 +147,13 @@ def test_check_suggests_a_split_recommend_enumerates_and_recommend_enumerates_wh
                     plan = Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=first, last_stage_layers=last,
                                 **(split.fields() if split is not None else {}))
                     ids = {f.id for f in check_structure(job, plan)}
-                    if ids & {"PP005", "SQ001", "PP016", "PP017"}:  # the template's micro-batch count (no multiple of
-                        # pp), sequence (past the model's learned positions) or a hybrid's pattern, which takes no
-                        # layout or accounting (PP016; a Gated DeltaNet one's GPTModel, whole decoder layers only,
-                        # PP017): refused by check and the estimates alike
+                    if ids & {"PP005", "SQ001", "PP016"}:  # the template's micro-batch count (no multiple of pp),
+                        # sequence (past the model's learned positions) or a Mamba-2 hybrid's pattern, which takes no
+                        # layout or accounting (PP016): refused by check and the estimates alike
                         continue
-                    assert not ids & {"PP001", "PP002", "PP004", "PP009"}, (arch.name, framework, pp, vpp, first, last,
-                                                                             split)
+                    # (a Gated DeltaNet hybrid's splits are enumerated in whole decoder layers: PP017 refuses none)
+                    assert not ids & {"PP001", "PP002", "PP004", "PP009", "PP017"}, (arch.name, framework, pp, vpp,
+                                                                                     first, last, split)
                 # a split given wrong (PP004), or none where pp does not divide the layers (PP001)
                 plans = [Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=0)]
                 if L % pp:
@@ -162,7 +162,7 @@ def test_check_suggests_a_split_recommend_enumerates_and_recommend_enumerates_wh
                     split = _suggested(check_structure(job, plan))
                     checked += 1
                     if split is None:
-                        assert uneven_split(L, pp, vpp) is None
+                        assert model_uneven_split(arch, pp, vpp) is None
                         continue
                     suggested += 1
                     assert not split_problem(L, pp, vpp, *split)
@@ -231,32 +231,36 @@ def test_layouts_give_memory_and_throughput_the_same_stages():
     """Every catalog model on megatron-core, pp 2..32 with vpp 1 and 2: the layout check's fix composes
     (schedule.compose_layout) passes check, and memory weighs and throughput times the decoder layers its stages hold
     (each rank's t over its virtual stages), with the loss on the last rank; likewise the embedding/loss-accounted
-    split where it divides."""
+    split where it divides. A Gated DeltaNet hybrid's layout and accounting count its decoder layers (two pattern
+    layers each: gdn_config.split_layers, pipeline_unit), as its GPTModel does."""
+    from meshplan.knowledge.gdn_config import pipeline_unit, split_layers
+
     compared = 0
     for arch, framework, template in _jobs():
         if framework != "megatron-core":
             continue
+        layers, unit = split_layers(arch), pipeline_unit(arch)
         for pp in range(2, MAX_PP + 1):
             for vpp in (1, 2):
-                layout = compose_layout(arch.num_layers, pp, vpp, arch.num_mtp_layers)
+                layout = compose_layout(layers, pp, vpp, arch.num_mtp_layers)
                 plans = [Plan(pp=pp, vpp=vpp, zero_stage=0, pipeline_layout=layout)] if layout else []
-                if not accounted_counts(arch.num_layers, pp, vpp, True, True)[1]:
+                if not accounted_counts(layers, pp, vpp, True, True)[1]:
                     plans.append(Plan(pp=pp, vpp=vpp, zero_stage=0, account_for_embedding=True, account_for_loss=True))
                 for plan in plans:
                     job = template.model_copy(update={"num_gpus": pp})
                     ids = {f.id for f in check_structure(job, plan)}
-                    if ids & {"PP005", "SQ001", "PP016", "PP017"}:  # the template's micro-batch count (no multiple of
-                        # pp), sequence (past the model's learned positions) or a hybrid's pattern, which takes no
-                        # layout or accounting (PP016; a Gated DeltaNet one's GPTModel, whole decoder layers only,
-                        # PP017): refused by check and the estimates alike
+                    if ids & {"PP005", "SQ001", "PP016"}:  # the template's micro-batch count (no multiple of
+                        # pp), sequence (past the model's learned positions) or a Mamba-2 hybrid's pattern, which takes
+                        # no layout or accounting (PP016): refused by check and the estimates alike
                         continue
-                    assert not ids & {"PP001", "PP002", "PP004", "PP007", "PP009"}, (arch.name, plan, ids)
+                    assert not ids & {"PP001", "PP002", "PP004", "PP007", "PP009", "PP017"}, (arch.name, plan, ids)
                     if layout and plan.pipeline_layout:
                         stages = parse_layout(layout)
-                        expected = tuple(sum(stages[c * pp + r].count("t") for c in range(vpp)) for r in range(pp))
+                        expected = tuple(unit * sum(stages[c * pp + r].count("t") for c in range(vpp))
+                                         for r in range(pp))
                     else:
-                        counts = accounted_counts(arch.num_layers, pp, vpp, True, True)[0]
-                        expected = tuple(sum(counts[c * pp + r] for c in range(vpp)) for r in range(pp))
+                        counts = accounted_counts(layers, pp, vpp, True, True)[0]
+                        expected = tuple(unit * sum(counts[c * pp + r] for c in range(vpp)) for r in range(pp))
                     report = estimate_memory(job, plan)
                     timed = perf.stage_layers(job, plan)
                     assert [s.layers for s in report.stages] == list(timed.counts) == list(expected), (arch.name, plan)

@@ -13,7 +13,7 @@ from typing import Any
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.offload import optimizer_share
-from meshplan.arithmetic.schedule import closest_uneven_split, layers_per_rank, split_problem, uneven_split
+from meshplan.arithmetic.schedule import layers_per_rank, model_uneven_split, split_problem
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import ep_rank_load
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
@@ -93,7 +93,7 @@ def split_fix(job: Job, plan: Plan, lighter_ends: bool = False) -> str:
     said), else the pipeline sizes whose stages the layers fill evenly. `lighter_ends`: the framework can only make
     the first and last stages lighter than the middle ones (torchtitan's first/last_stage_less_layers)."""
     layers, pp, vpp = job.model.num_layers, plan.pp, plan.vpp
-    split = uneven_split(layers, pp, vpp) or closest_uneven_split(layers, pp, vpp)
+    split = model_uneven_split(job.model, pp, vpp) or model_uneven_split(job.model, pp, vpp, closest=True)
     if split and lighter_ends and max(split[0], split[2]) > split[1]:
         split = None
     if split:

@@ -269,7 +269,9 @@ def decoder_split(job: Job, plan: Plan) -> Split:
     Megatron-Bridge's Qwen3NextBridge): a Gated DeltaNet hybrid's in decoder layers (one TransformerLayer per mixer and
     MoE pair: half the pattern's layers; experimental_attention_variant_module_specs.py slices the layer specs by
     get_transformer_layer_offset / get_num_layers_to_build), refused where a stage or virtual chunk boundary cuts a
-    decoder layer between its mixer and its MoE (rule PP017); every other model's as it is."""
+    decoder layer between its mixer and its MoE (rule PP017); every other model's as it is. A pipeline layout (its t
+    a decoder layer) and the embedding / loss accounting already count decoder layers (schedule.explicit_stages):
+    written as they are."""
     split = split_fields(job, plan)
     if job.model.gdn is None:
         return split
@@ -279,7 +281,7 @@ def decoder_split(job: Job, plan: Plan) -> Split:
             f"Megatron-Core builds {job.model.name} as a GPTModel of {decoder_layers(job.model.num_layers)} decoder "
             f"layers, each a Gated DeltaNet or attention mixer with its MoE (two layers of meshplan's pattern): {cut}.",
             fix="Use an even pipeline split (first/last_stage_layers even, pp x vpp dividing the decoder layers), "
-                "without pipeline_layout or account_for_embedding / account_for_loss.")
+                "or a pipeline_layout (t a decoder layer) or account_for_embedding / account_for_loss.")
     first, last, per_chunk = (None if n is None else decoder_layers(n) for n in (split.first, split.last,
                                                                                   split.per_chunk))
     return Split(split.stages, first, last, per_chunk)

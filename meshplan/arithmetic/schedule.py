@@ -29,7 +29,7 @@ from meshplan.arithmetic.pipeline_counts import in_flight as timeline_in_flight
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, Shape, schedule_order, shape_for
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import FrameworkCard
-from meshplan.knowledge.gdn_config import cuts_a_decoder_layer
+from meshplan.knowledge.gdn_config import cuts_a_decoder_layer, pipeline_unit, split_layers
 from meshplan.knowledge.pipeline_card import InterleaveGroup
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -95,6 +95,23 @@ def pipeline_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int | None, 
         return None, None
     split = uneven_split(num_layers, pp, vpp)
     return (split[0], split[2]) if split else None
+
+
+def model_uneven_split(arch: Architecture, pp: int, vpp: int = 1, closest: bool = False) -> tuple[int, int, int] | None:
+    """uneven_split (closest_uneven_split where `closest`) over the layers Megatron-Core's split counts
+    (gdn_config.split_layers), in the model's layers: a Gated DeltaNet hybrid's whole decoder layers, two pattern
+    layers each, so a fix never names a split rule PP017 refuses; any other model's as it is."""
+    unit = pipeline_unit(arch)
+    split = (closest_uneven_split if closest else uneven_split)(arch.num_layers // unit, pp, vpp)
+    return None if split is None else (split[0] * unit, split[1] * unit, split[2] * unit)
+
+
+def model_pipeline_split(arch: Architecture, pp: int, vpp: int = 1) -> tuple[int | None, int | None] | None:
+    """pipeline_split in the model's layers, over the layers Megatron-Core's split counts (model_uneven_split)."""
+    unit = pipeline_unit(arch)
+    split = pipeline_split(arch.num_layers // unit, pp, vpp)
+    return None if split is None else (None if split[0] is None else split[0] * unit,
+                                       None if split[1] is None else split[1] * unit)
 
 
 def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> str:
@@ -387,15 +404,17 @@ def virtual_split(num_layers: int, pp: int, vpp: int, first: int, last: int, mtp
 
 def _layout_fix(arch: Architecture, plan: Plan) -> str:
     """A layout that works for the plan's pp and vpp, or what to change when none does."""
-    working = compose_layout(arch.num_layers, plan.pp, plan.vpp, arch.num_mtp_layers)
+    layers = split_layers(arch)  # a layout's t: a Gated DeltaNet hybrid's decoder layer
+    working = compose_layout(layers, plan.pp, plan.vpp, arch.num_mtp_layers)
     if working is None:
-        return f"Use pp*vpp <= {arch.num_layers + 2} stages for a layout of {arch.num_layers} layers."
+        return f"Use pp*vpp <= {layers + 2} stages for a layout of {layers} layers."
     return f'Use pipeline_layout="{working}" (pp={plan.pp}, vpp={plan.vpp}), or no layout.'
 
 
 def plan_layout_problem(arch: Architecture, plan: Plan) -> str:
     """What is wrong with the plan's explicit layout or embedding/loss accounting ('' when nothing), the parse error
-    included: rule PP009 reports it, plan_stages refuses it."""
+    included: rule PP009 reports it, plan_stages refuses it. Both count the layers Megatron-Core's split counts
+    (gdn_config.split_layers: a Gated DeltaNet hybrid's decoder layers, as its GPTModel is told them)."""
     accounting = plan.account_for_embedding or plan.account_for_loss
     uneven = plan.first_stage_layers is not None or plan.last_stage_layers is not None
     if plan.pipeline_layout is not None:
@@ -406,12 +425,12 @@ def plan_layout_problem(arch: Architecture, plan: Plan) -> str:
             stages = parse_layout(plan.pipeline_layout)
         except MeshplanError as err:
             return f"{err.reason.rstrip('.')}; a layout is {LAYOUT_GRAMMAR}"
-        return layout_problem(stages, plan.pp, plan.vpp, arch.num_layers, arch.num_mtp_layers)
+        return layout_problem(stages, plan.pp, plan.vpp, split_layers(arch), arch.num_mtp_layers)
     if accounting:
         if uneven:
             return ("account_for_embedding/loss cannot be combined with first/last_stage_layers (Megatron-Core "
                     "TransformerConfig refuses it)")
-        return accounted_counts(arch.num_layers, plan.pp, plan.vpp, plan.account_for_embedding,
+        return accounted_counts(split_layers(arch), plan.pp, plan.vpp, plan.account_for_embedding,
                                 plan.account_for_loss)[1]
     return ""
 
@@ -499,14 +518,15 @@ def layers_per_rank(num_layers: int, pp: int, first: int | None, last: int | Non
 def decoder_layer_cut(arch: Architecture, plan: Plan) -> str | None:
     """What in the plan's pipeline split cuts a Gated DeltaNet hybrid's decoder layer (two pattern layers: mixer and
     MLP/MoE) where Megatron-Core's GPTModel (both Megatron faces) builds it of decoder layers, in words; None where
-    nothing does (or the model is no such hybrid, or pp is 1). A layout or embedding / loss accounting counts
-    meshplan's pattern layers, which is not translated; else each stage's count (schedule.layers_per_rank,
-    Megatron's uneven first / last option), and each of its vpp chunks where vpp divides it (PP002 / PP004 say where
-    it does not). The one test rule PP017 and render's decoder_split (adapters/megatron.py) both ask."""
+    nothing does (or the model is no such hybrid, or pp is 1). A layout or embedding / loss accounting counts decoder
+    layers as Megatron-Core does (a layout's t, the accounting's units: explicit_stages), so it cuts none; else each
+    stage's count in pattern layers (schedule.layers_per_rank, Megatron's uneven first / last option), and each of
+    its vpp chunks where vpp divides it (PP002 / PP004 say where it does not). The one test rule PP017 and render's
+    decoder_split (adapters/megatron.py) both ask."""
     if arch.gdn is None or arch.layer_pattern is None or plan.pp == 1:
         return None
     if plan.pipeline_layout or plan.account_for_embedding or plan.account_for_loss:
-        return "a pipeline layout or embedding / loss accounting counts meshplan's pattern layers"
+        return None
     counts, _ = layers_per_rank(arch.num_layers, plan.pp, plan.first_stage_layers, plan.last_stage_layers)
     for n in counts:
         if cuts_a_decoder_layer(n):
@@ -641,14 +661,18 @@ def stages_for(arch: Architecture, card: FrameworkCard, zero_stage: int, tp: int
 
 
 @lru_cache(maxsize=1024)
-def explicit_stages(num_layers: int, pp: int, vpp: int, layout: str | None, embedding: bool, loss: bool) -> Stages:
+def explicit_stages(num_layers: int, pp: int, vpp: int, layout: str | None, embedding: bool, loss: bool,
+                    unit: int = 1) -> Stages:
     """The stages an explicit layout (its decoder layers t per stage) or the embedding/loss accounting gives
     (plan_layout_problem has found nothing wrong with them): the loss and output layer on the last rank, where a
-    valid layout puts L; the MTP blocks on the rank of the layout's m, or not built when the layout has none."""
+    valid layout puts L; the MTP blocks on the rank of the layout's m, or not built when the layout has none. Each t
+    and each accounted layer is `unit` of the model's `num_layers` (gdn_config.pipeline_unit: a Gated DeltaNet
+    hybrid's decoder layer, two pattern layers, get_num_layers_to_build counting its GPTModel's TransformerLayers)."""
     if layout is None:
-        return stages_from_counts(accounted_counts(num_layers, pp, vpp, embedding, loss)[0], pp)
+        counts = accounted_counts(num_layers // unit, pp, vpp, embedding, loss)[0]
+        return stages_from_counts([n * unit for n in counts], pp)
     stages = parse_layout(layout)
-    base = stages_from_counts([stage.count("t") for stage in stages], pp)
+    base = stages_from_counts([stage.count("t") * unit for stage in stages], pp)
     holders = [k for k, stage in enumerate(stages) if "m" in stage]
     return replace(base, mtp_rank=holders[0] % pp if holders else None, mtp_trained=bool(holders))
 
@@ -661,7 +685,7 @@ def plan_stages(job: Job, plan: Plan) -> Stages:
             raise MeshplanError(f"The pipeline layout cannot be estimated: {problem}.",
                                 fix=_layout_fix(job.model, plan))
         stages = explicit_stages(job.model.num_layers, plan.pp, plan.vpp, plan.pipeline_layout,
-                                 plan.account_for_embedding, plan.account_for_loss)
+                                 plan.account_for_embedding, plan.account_for_loss, pipeline_unit(job.model))
         if job.model.num_mtp_layers and not stages.mtp_trained:
             stages = replace(stages, warnings=(*stages.warnings, (
                 f"The pipeline layout places no MTP layer m: estimated without the model's {job.model.num_mtp_layers} "

@@ -9,7 +9,7 @@ from itertools import combinations
 from typing import Any, NamedTuple
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.schedule import pipeline_split
+from meshplan.arithmetic.schedule import model_pipeline_split
 from meshplan.check.config import check_structure
 from meshplan.check.split import fastest_split, split_words
 from meshplan.core.errors import MeshplanError
@@ -124,7 +124,7 @@ def _deeper_pipeline(ctx: Context, pp: int) -> tuple[str, dict[str, Any]]:
     if fastest is not None:
         change |= {k: getattr(fastest, k) for k in SPLIT_FIELDS}
         words = None if split_words(fastest) == "the even split" else split_words(fastest)
-    elif (split := pipeline_split(ctx.job.model.num_layers, pp) if ctx.backend == "megatron" else None) and \
+    elif (split := model_pipeline_split(ctx.job.model, pp) if ctx.backend == "megatron" else None) and \
             split[0] is not None:
         change |= {"first_stage_layers": split[0], "last_stage_layers": split[1]}
         words = f"first_stage_layers={split[0]}, last_stage_layers={split[1]}"

@@ -8,6 +8,7 @@ layout (issue 23).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from typing import NamedTuple
 
@@ -22,9 +23,11 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import budget_bytes
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.cards import FrameworkCard
+from meshplan.knowledge.gdn_config import pipeline_unit, split_layers
 from meshplan.rl.memory import job_memory
 from meshplan.rules.engine import rule_specs
 from meshplan.rules.fix_values import divisors
+from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 
 
@@ -92,6 +95,25 @@ def pipeline_options(num_layers: int, pp: int, interleave: bool, uneven_interlea
     return tuple(out)
 
 
+def model_pipeline_options(arch: Architecture, pp: int, interleave: bool, uneven_interleave: bool,
+                           fixed_split: tuple[int | None, int | None] | None = None, *, layouts: bool = False,
+                           own_partition: bool = False) -> tuple[PipelineOption, ...]:
+    """pipeline_options over the layers the framework's split counts (gdn_config.split_layers), each option's sizes in
+    the model's own layers: a Gated DeltaNet hybrid's options are whole decoder layers, two pattern layers each (its
+    GPTModel's TransformerLayers: rule PP017 refuses a split of an odd number of pattern layers), its layout strings
+    and accounting told in decoder layers as they are (schedule.explicit_stages). A split the request fixes is kept in
+    the model's layers as given."""
+    unit = pipeline_unit(arch)
+    if unit == 1 or fixed_split is not None:
+        return pipeline_options(arch.num_layers, pp, interleave, uneven_interleave, fixed_split, layouts=layouts,
+                                mtp_layers=arch.num_mtp_layers, own_partition=own_partition)
+    return tuple(PipelineOption(
+        o.vpp, None if o.first is None else o.first * unit, None if o.last is None else o.last * unit,
+        None if o.split is None else replace(o.split, counts=tuple(n * unit for n in o.split.counts)))
+        for o in pipeline_options(split_layers(arch), pp, interleave, uneven_interleave, layouts=layouts,
+                                  mtp_layers=arch.num_mtp_layers, own_partition=own_partition))
+
+
 def chosen_split(first: int, middle: int, last: int) -> bool:
     """Whether an end_light_splits entry is one a framework's own knob or a published recipe's helper writes: the
     embedding and/or the loss counted as one layer (Megatron-Core's account_for_embedding/loss_in_pipeline_split:
@@ -118,9 +140,8 @@ def framework_options(job: Job, pp: int) -> tuple[PipelineOption, ...]:
     """The options the search enumerates for this job's model and framework at `pp` (no split fixed)."""
     arch = job.model
     card = job.card
-    return pipeline_options(arch.num_layers, pp, bool(card.search.vpp), megatron_uneven(job.framework),
-                            layouts=writes_layouts(job.card), mtp_layers=arch.num_mtp_layers,
-                            own_partition=own_partition(card))
+    return model_pipeline_options(arch, pp, bool(card.search.vpp), megatron_uneven(job.framework),
+                                  layouts=writes_layouts(job.card), own_partition=own_partition(card))
 
 
 def own_partition(card: FrameworkCard) -> bool:

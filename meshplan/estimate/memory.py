@@ -63,11 +63,12 @@ from meshplan.estimate.memory_terms import (
     stage_params,
 )
 from meshplan.knowledge.engine_card import OptimizerImplementation
+from meshplan.knowledge.gdn_config import pipeline_unit
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.rules.context import rank_tokens, runs_ulysses
 from meshplan.rules.engine import require_estimable
-from meshplan.schema.model import layer_kind_counts
+from meshplan.schema.model import Architecture, layer_kind_counts
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, MemorySummary, StageMemory
 
@@ -218,7 +219,7 @@ def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:
     return built_terms(base, dict(
         job=job, plan=plan, m=plan.num_microbatches(job.global_batch_size), tokens=tokens, lay=lay,
         per_kind=per_kind, stored_mode="selective" if plan.recompute == "selective" else "none",
-        every_nth=every_nth_blocks(plan), group=uniform_group(plan), logits_bytes=logits_bytes,
+        every_nth=every_nth_blocks(plan), group=checkpoint_group(plan, job.model), logits_bytes=logits_bytes,
     ))
 
 
@@ -660,12 +661,19 @@ def every_nth_blocks(plan: Plan) -> int:
     return int(option) if plan.recompute == "selective" and option not in (None, "op") else 0
 
 
-def uniform_group(plan: Plan) -> int:
-    """Layers per checkpointed chunk under Megatron's uniform full recompute with recompute_layers > 1 (0: one
-    layer per chunk, or another method)."""
-    if plan.recompute != "full" or plan.recompute_method != "uniform" or (plan.recompute_layers or 1) <= 1:
+def checkpoint_group(plan: Plan, arch: Architecture) -> int:
+    """The model's layers one checkpoint of Megatron's full recompute holds where that is more than one (0: one layer
+    a checkpoint, or no full recompute): the uniform method's recompute_layers > 1; else a Gated DeltaNet hybrid's
+    decoder layer, two pattern layers, which its GPTModel checkpoints as one TransformerLayer (transformer_block.py
+    _checkpointed_forward: the uniform method's chunks of recompute_num_layers TransformerLayers, one where it is 1,
+    and each of the block method's first recompute_num_layers), so the layer's input alone is kept
+    (gdn_config.pipeline_unit)."""
+    if plan.recompute != "full":
         return 0
-    return plan.recompute_layers or 0
+    if plan.recompute_method == "uniform" and (plan.recompute_layers or 1) > 1:
+        return plan.recompute_layers or 0
+    unit = pipeline_unit(arch)
+    return unit if unit > 1 else 0
 
 
 def step_offload_time(job: Job, plan: Plan, *, compute_s: float) -> tuple[float, str]:

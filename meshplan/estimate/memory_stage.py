@@ -455,12 +455,11 @@ def held_activations(terms: MemoryTerms, rank: int, chunks, modes: bool = True) 
         for pos, i in enumerate(chunk):
             built += 1
             mode = terms.stored_mode
-            if group and pos % group:
-                continue  # inside a uniform chunk: only the chunk's first input is kept
-            if group:
-                mode = "full"
-            elif plan.recompute == "full" and (plan.recompute_layers is None or plan.recompute_method == "uniform"
-                                               or pos < plan.recompute_layers):
+            full = plan.recompute == "full" and (plan.recompute_layers is None or plan.recompute_method == "uniform"
+                                                 or pos < plan.recompute_layers)
+            if full and group and pos % group:
+                continue  # inside a checkpointed chunk (memory.checkpoint_group): only its first input is kept
+            if full:
                 mode = "full"
             elif every_nth:
                 # torchtitan 0.2.x selective_ac_option N: the k-th block built on a rank (k from 1, over its
@@ -523,10 +522,10 @@ def recompute_working_layer(terms: MemoryTerms, params: StageParams, chunks) -> 
     plan, per_kind, moe, layers = terms.plan, terms.per_kind, terms.table.kind, params.layers
     if (plan.recompute == "full" or (terms.every_nth and len(layers) >= terms.every_nth)) and layers:
         # the layer being recomputed in the backward holds its full activations
-        work = max(per_kind[(moe[i], "none")] for i in layers)
-        if terms.group:  # a whole chunk of the uniform method is rebuilt at once
-            work *= min(terms.group, max(len(chunk) for chunk in chunks))
-        return work
+        if terms.group:  # a whole checkpointed chunk (memory.checkpoint_group) is rebuilt at once
+            return max(sum(per_kind[(moe[i], "none")] for i in chunk[pos:pos + terms.group])
+                       for chunk in chunks for pos in range(0, len(chunk), terms.group))
+        return max(per_kind[(moe[i], "none")] for i in layers)
     if plan.recompute == "selective" and terms.selective == "op_sac" and not terms.every_nth and layers:
         # op-level SAC: the layer in its backward holds again what its recompute rebuilt
         return max(per_kind[(moe[i], "none")] - per_kind[(moe[i], "selective")] for i in layers)

@@ -293,7 +293,7 @@ class MemoryTerms:
     per_kind: dict[tuple[bool | str, str], float]  # one layer's activations per (ParamTable.kind, recompute mode)
     stored_mode: str  # the mode a layer not fully recomputed runs in
     every_nth: int  # torchtitan 0.2.x's per-layer selective AC: every N-th block fully checkpointed (0: none)
-    group: int  # Megatron's uniform method: layers checkpointed together (0: none)
+    group: int  # Megatron's full recompute: layers checkpointed together (memory.checkpoint_group; 0: one each)
     gathered: int  # FSDP/ZeRO-3 gathered layers (0 when the weights are not sharded)
     other_fixed: float  # fixed overhead and CUDA context
     logits_bytes: float  # what the output layer and loss keep of one micro-batch

@@ -32,6 +32,20 @@ def decoder_layers(pattern_layers: int) -> int:
     return pattern_layers // PATTERN_LAYERS_PER_DECODER_LAYER
 
 
+def pipeline_unit(arch: Architecture) -> int:
+    """The model's layers one layer of Megatron-Core's pipeline split is: a Gated DeltaNet hybrid's decoder layer (the
+    GPTModel's TransformerLayer: what a pipeline_model_parallel_layout's t names and what account_for_embedding /
+    account_for_loss_in_pipeline_split weigh the embedding and the loss as, get_num_layers_to_build) is two pattern
+    layers; any other model's layer is one."""
+    return PATTERN_LAYERS_PER_DECODER_LAYER if arch.gdn is not None and arch.layer_pattern is not None else 1
+
+
+def split_layers(arch: Architecture) -> int:
+    """The layers Megatron-Core's pipeline split counts for the model (a layout's t, the accounting's units): a Gated
+    DeltaNet hybrid's decoder layers, any other model's layers."""
+    return arch.num_layers // pipeline_unit(arch)
+
+
 def cuts_a_decoder_layer(pattern_layers: int) -> bool:
     """Whether a stage or chunk of `pattern_layers` pattern layers ends inside a decoder layer
     (arithmetic/schedule.decoder_layer_cut: rule PP017's and render's decoder_split's test)."""

@@ -14,16 +14,15 @@ from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import uses_fsdp
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_order
 from meshplan.arithmetic.schedule import (
-    closest_uneven_split,
     compose_layout,
     decoder_layer_cut,
+    model_uneven_split,
     plan_layout_problem,
     split_problem,
-    uneven_split,
 )
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
-from meshplan.knowledge.gdn_config import decoder_layers
+from meshplan.knowledge.gdn_config import decoder_layers, split_layers
 from meshplan.rules.engine import Context, Values, load_rules, rule, rule_specs
 from meshplan.rules.fix_values import ctx_param, divisors, fmt_set, rl_batch_fix
 from meshplan.rules.world import tiled, tiling
@@ -36,7 +35,7 @@ MAX_LISTED_PP = 32
 
 
 def _uneven_hint(ctx: Context, pp: int) -> str:
-    split = uneven_split(ctx.arch.num_layers, pp, ctx.plan.vpp)
+    split = model_uneven_split(ctx.arch, pp, ctx.plan.vpp)
     if split is None:
         return ""
     first, per, last = split
@@ -78,9 +77,12 @@ def layers_divisible_by_pp(ctx: Context) -> Values:
 @rule("PP002", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
       "account_for_embedding", "account_for_loss"))
 def layers_divisible_by_vpp(ctx: Context) -> Values:
-    p, layers = ctx.plan, ctx.arch.num_layers
-    if ctx.arch.layer_pattern is not None:
-        return None  # a hybrid runs no virtual stages without '|' in its pattern (PP016), whatever they split
+    """Megatron-Core's even split over pp x vpp virtual stages, in the layers it counts (gdn_config.split_layers: a
+    Gated DeltaNet hybrid's decoder layers, whose GPTModel interleaves; it skipped every hybrid, so 48 decoder layers
+    over pp=4 at vpp=5 passed check)."""
+    p, layers = ctx.plan, split_layers(ctx.arch)
+    if ctx.arch.layer_pattern is not None and ctx.arch.gdn is None:
+        return None  # a Mamba-2 hybrid runs no virtual stages without '|' in its pattern (PP016), whatever they split
     if p.vpp == 1 or p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None:
         return None
     if _explicit_split(p):
@@ -201,14 +203,16 @@ def uneven_split_valid(ctx: Context) -> Values:
                    "TransformerConfig.__post_init__ raises ValueError ('Mismatch: ... middle layers remaining but ... "
                    "middle PP stages available') rather than ignore the stage sizes")
         return {"problem": problem, "layers": layers, "pp": p.pp, "split": _single_stage_fix(ctx)}
-    split = uneven_split(layers, p.pp, p.vpp)  # the search's own split, so recommend enumerates what check names
+    split = model_uneven_split(ctx.arch, p.pp, p.vpp)  # the search's own split: recommend enumerates what check names
     if split:
         fix = f"first_stage_layers={split[0]}, last_stage_layers={split[2]}"
-    elif _writes_layout(ctx) and (layout := compose_layout(layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)):
+    elif _writes_layout(ctx) and (layout := compose_layout(split_layers(ctx.arch), p.pp, p.vpp,
+                                                           ctx.arch.num_mtp_layers)):
         fix = (f'pipeline_layout="{layout}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss; '
                "drop first_stage_layers, drop last_stage_layers): no first/last split of these layers works at this "
                "pp and vpp")
-    elif p.vpp > 1 and (plain := uneven_split(layers, p.pp) or closest_uneven_split(layers, p.pp)):
+    elif p.vpp > 1 and (plain := model_uneven_split(ctx.arch, p.pp)
+                        or model_uneven_split(ctx.arch, p.pp, closest=True)):
         fix = (f"vpp=1, first_stage_layers={plain[0]}, last_stage_layers={plain[2]} (no first/last split of these "
                f"layers works at vpp={p.vpp})")
     else:
@@ -250,12 +254,13 @@ def pipeline_layout_valid(ctx: Context) -> Values:
     problem = plan_layout_problem(ctx.arch, p)
     if not problem:
         return None
-    working = compose_layout(ctx.arch.num_layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)
+    layers = split_layers(ctx.arch)  # a Gated DeltaNet hybrid's decoder layers: what its layout's t counts
+    working = compose_layout(layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)
     fix = (f'Use pipeline_layout="{working}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss; '
            "drop first_stage_layers, drop last_stage_layers, drop account_for_embedding, drop account_for_loss)."
            if working
-           else f"Use pp*vpp <= {ctx.arch.num_layers + 2} stages.")
-    return {"layers": ctx.arch.num_layers, "pp": p.pp, "vpp": p.vpp, "problem": problem, "working": fix}
+           else f"Use pp*vpp <= {layers + 2} stages.")
+    return {"layers": layers, "pp": p.pp, "vpp": p.vpp, "problem": problem, "working": fix}
 
 
 
@@ -535,11 +540,13 @@ def hybrid_pattern_split(ctx: Context) -> Values:
     virtual stages, explicit layout or embedding/loss accounting without '|' separators in the pattern."""
     if ctx.arch.layer_pattern is None or ctx.arch.gdn is not None:  # a Gated DeltaNet hybrid: a GPTModel (PP017)
         return None
-    return _pattern_split_problem(ctx.plan)
+    return hybrid_model_split_problem(ctx.plan)
 
 
-def _pattern_split_problem(p: Plan) -> Values:
-    """What HybridModel's select_pipeline_segment cannot take from a pattern without '|' separators (PP016)."""
+def hybrid_model_split_problem(p: Plan) -> Values:
+    """What HybridModel's select_pipeline_segment cannot take from a pattern without '|' separators: PP016's test,
+    and the import's refusal of a Gated DeltaNet hybrid's pretrain_mamba.py script (adapters/read/decoder_split.py
+    refuse_hybrid_model_split)."""
     if p.vpp > 1:
         return {"reason": f"vpp={p.vpp}", "fix": "Use vpp=1 (one chunk per pipeline stage)."}
     if p.pipeline_layout:
@@ -557,10 +564,10 @@ def gdn_decoder_layer_split(ctx: Context) -> Values:
     """A Gated DeltaNet hybrid on Megatron-Core's GPTModel (pretrain_gpt.py with experimental_attention_variant
     gated_delta_net; Megatron-Bridge's Qwen3NextBridge builds the same), whose TransformerLayers are decoder layers,
     each two layers of meshplan's pattern (mixer, MoE): a stage or virtual chunk of an odd number of pattern layers
-    cuts a decoder layer in two (render's decoder_split refuses it), and a layout or embedding / loss accounting,
-    which meshplan counts in pattern layers, is not translated; virtual stages of whole decoder layers interleave
-    (get_num_layers_to_build). The fix names the even splits (pp dividing the decoder layers, or first / last stage
-    sizes even)."""
+    cuts a decoder layer in two (render's decoder_split refuses it); virtual stages of whole decoder layers interleave
+    (get_num_layers_to_build). A layout or embedding / loss accounting counts decoder layers as the GPTModel does
+    (schedule.explicit_stages), so it cuts none (PP009 says what Megatron-Core refuses in it). The fix names the even
+    splits (pp dividing the decoder layers, or first / last stage sizes even)."""
     what = decoder_layer_cut(ctx.arch, ctx.plan)
     if what is None:
         return None

@@ -52,6 +52,11 @@ class ImportedConfig(StrictModel):
         False, description="Where the file's first/last stage sizes count a Megatron-Core GPTModel's TransformerLayers "
                            "and its model was not known when read: a Gated DeltaNet hybrid's are decoder layers, "
                            "two pattern layers each, doubled once the model is given")
+    builds_hybrid_model: bool = Field(
+        False, description="Where the file's launcher builds Megatron-Core's HybridModel from --hybrid-layer-pattern "
+                           "(pretrain_mamba.py: the card's read.gated_delta_net.pattern_launchers), which cuts a Gated "
+                           "DeltaNet hybrid's pattern into stages by layer count: no virtual stages, layout or "
+                           "embedding / loss accounting without '|' separators (select_pipeline_segment)")
 
 
 class FileChange(StrictModel):

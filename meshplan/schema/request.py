@@ -299,15 +299,20 @@ class Request(StrictModel):
                           "decode step launches its kernels from the host (default: false, the frameworks' default)",
     )
     first_stage_layers: int | None = Field(
-        None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the first stage (default: even split)"
+        None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the first stage (a Gated DeltaNet "
+                                               "hybrid's: layers of its pattern, two per decoder layer; default: even "
+                                               "split)"
     )
     last_stage_layers: int | None = Field(
-        None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the last stage (default: even split)"
+        None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the last stage (a Gated DeltaNet "
+                                               "hybrid's: layers of its pattern, two per decoder layer; default: even "
+                                               "split)"
     )
     pipeline_layout: str | None = Field(
         None, min_length=1, max_length=4096,
         description="Megatron's pipeline_model_parallel_layout, e.g. 'Et*3|(tt|)*29,m|L': stages split by '|' in "
-                    "virtual-stage order, E embedding, t decoder layer, m MTP layer, L loss, x*n and (...)*n repeat "
+                    "virtual-stage order, E embedding, t decoder layer (a Gated DeltaNet hybrid's too, as its GPTModel "
+                    "counts: two of its pattern layers), m MTP layer, L loss, x*n and (...)*n repeat "
                     "(default: none, the even or first/last split; its stages are pp x vpp: sets them when left out)",
     )
     account_for_embedding: bool | None = Field(

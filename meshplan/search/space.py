@@ -38,8 +38,9 @@ from meshplan.arithmetic.schedule import (
 from meshplan.check.split import (
     PipelineOption,
     megatron_uneven,
+    model_pipeline_options,
     own_partition,
-    pipeline_options,
+    pipeline_options,  # noqa: F401 (the search's space, as tests and bench import it from here)
     writes_layouts,
 )
 from meshplan.core.cancel import checkpoint
@@ -48,6 +49,7 @@ from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.adapter_knobs import default_render, missing_knob
 from meshplan.knowledge.cards import FrameworkCard, framework_card, load_card
 from meshplan.knowledge.defaults_card import SearchKnobs
+from meshplan.knowledge.gdn_config import pipeline_unit, split_layers
 from meshplan.knowledge.model_counts import layer_params
 from meshplan.request.resolve import (
     _defer_grad_sync,
@@ -405,26 +407,28 @@ def reference_split(arch: Architecture, fixed: Fixed) -> VirtualSplit | None:
     layout = fixed.values.get("pipeline_layout")
     if layout is None or not arch.num_mtp_layers or "m" in str(layout):
         return None
-    return VirtualSplit((arch.num_layers,), layout="E" + "t" * arch.num_layers + "L")
+    return VirtualSplit((arch.num_layers,), layout="E" + "t" * split_layers(arch) + "L")
 
 
-def given_options(num_layers: int, pp: int, fixed: Fixed) -> tuple[PipelineOption, ...]:
+def given_options(num_layers: int, pp: int, fixed: Fixed, unit: int = 1) -> tuple[PipelineOption, ...]:
     """The request's own explicit layout (its vpp the layout's stages over pp) or embedding/loss accounting (at every
     vpp it divides): the split is kept as given; one Megatron-Core refuses is left out (rule PP009 says why, as
-    `meshplan check` does at fixed degrees)."""
+    `meshplan check` does at fixed degrees). Each t and accounted layer is `unit` layers (a Gated DeltaNet hybrid's
+    decoder layer: schedule.explicit_stages)."""
     layout = fixed.values.get("pipeline_layout")
     if layout is not None:
         stages = parse_layout(str(layout))
         if len(stages) % pp:
             return ()
-        counts = tuple(stage.count("t") for stage in stages)
+        counts = tuple(stage.count("t") * unit for stage in stages)
         return (PipelineOption(len(stages) // pp, None, None, VirtualSplit(counts, layout=str(layout))),)
     embedding, loss = bool(fixed.values.get("account_for_embedding")), bool(fixed.values.get("account_for_loss"))
     out = []
-    for v in range(1, num_layers // pp + 1):
-        counts, problem = accounted_counts(num_layers, pp, v, embedding, loss)
+    for v in range(1, num_layers // unit // pp + 1):
+        counts, problem = accounted_counts(num_layers // unit, pp, v, embedding, loss)
         if not problem:
-            out.append(PipelineOption(v, None, None, VirtualSplit(tuple(counts), embedding=embedding, loss=loss)))
+            out.append(PipelineOption(v, None, None, VirtualSplit(tuple(n * unit for n in counts), embedding=embedding,
+                                                                  loss=loss)))
     return tuple(out)
 
 
@@ -519,9 +523,9 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
         for tp in choices("tp", rest):
             tp_ok = tp_splits_heads(job, tp)
             for pp in choices("pp", max(1, rest // tp)):
-                options = (given_options(L, pp, fixed) if given_split else
-                           pipeline_options(L, pp, kn.vpp, uneven_interleave, fixed_split,  # type: ignore[arg-type]
-                                            layouts=layouts, mtp_layers=arch.num_mtp_layers, own_partition=own))
+                options = (given_options(L, pp, fixed, pipeline_unit(arch)) if given_split else
+                           model_pipeline_options(arch, pp, kn.vpp, uneven_interleave,  # type: ignore[arg-type]
+                                                  fixed_split, layouts=layouts, own_partition=own))
                 for cp in choices("cp", max(1, rest // (tp * pp))) if kn.cp or "cp" in fixed else (1,):
                     checkpoint()
                     dp = max(1, rest // (tp * pp * cp))

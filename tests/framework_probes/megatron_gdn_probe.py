@@ -2,8 +2,9 @@
 GPTModel path): parse_args and validate_args, the TransformerConfig core_transformer_config_from_args makes (its
 __post_init__ checks the GDN fields), each decoder layer's mixer and MLP as the layer spec reads them
 (get_linear_attention_pattern, get_moe_layer_pattern) and the decoder layers every pipeline rank and virtual stage
-builds (get_transformer_layer_offset, get_num_layers_to_build: how the experimental attention block slices its
-layer specs). Runs INSIDE the validators venv (CPU torch).
+builds (get_transformer_layer_offset, get_num_layers_to_build, or with a pipeline_model_parallel_layout its
+get_layer_id_list: how the experimental attention block slices its layer specs). Runs INSIDE the validators venv
+(CPU torch).
 
 Input: a JSON list of {"id", "argv" (the flags after pretrain_gpt.py), "num_gpus"}. Output: a JSON list of {"id",
 "accept", "stage", "message", "linear", "moe", "chunks"} (chunks: [pp_rank][vp_stage] = [offset, layers]).
@@ -56,10 +57,22 @@ def run(case: dict) -> dict:
         from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
         vpp = config.virtual_pipeline_model_parallel_size
-        out["chunks"] = [[[get_transformer_layer_offset(config, vp_stage=v, pp_rank=r),
-                           get_num_layers_to_build(config, vp_stage=v, pp_rank=r)]
-                          for v in (range(vpp) if vpp else [None])]
-                         for r in range(config.pipeline_model_parallel_size)]
+        layout = config.pipeline_model_parallel_layout
+        if layout is not None:  # the block slices its layer specs by the layout's ids (get_layer_id_list), which
+            # reads the virtual world size from parallel_state (no process group: set as initialize_model_parallel does)
+            from megatron.core import parallel_state
+            from megatron.core.transformer.enums import LayerType
+
+            parallel_state.set_virtual_pipeline_model_parallel_world_size(vpp)
+            out["chunks"] = [[[layout.get_layer_offset(LayerType.decoder, vp_stage=v, pp_rank=r),
+                               len(layout.get_layer_id_list(LayerType.decoder, vp_stage=v, pp_rank=r))]
+                              for v in (range(vpp) if vpp else [None])]
+                             for r in range(config.pipeline_model_parallel_size)]
+        else:
+            out["chunks"] = [[[get_transformer_layer_offset(config, vp_stage=v, pp_rank=r),
+                               get_num_layers_to_build(config, vp_stage=v, pp_rank=r)]
+                              for v in (range(vpp) if vpp else [None])]
+                             for r in range(config.pipeline_model_parallel_size)]
     except (AssertionError, ValueError, RuntimeError, NotImplementedError) as exc:
         out.update(accept=False, stage=stage, message=f"{type(exc).__name__}: {exc}"[:500])
     except SystemExit as exc:

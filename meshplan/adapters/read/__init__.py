@@ -20,7 +20,13 @@ from typing import Any
 
 from meshplan.adapters.read.automodel import read_automodel_yaml
 from meshplan.adapters.read.bridge_recipe import DETECT as BRIDGE_RECIPE
-from meshplan.adapters.read.decoder_split import STAGE_SIZES, in_pattern_layers, read_decoder_split
+from meshplan.adapters.read.decoder_split import (
+    STAGE_SIZES,
+    hybrid_model_assumed,
+    in_pattern_layers,
+    read_decoder_split,
+    refuse_hybrid_model_split,
+)
 from meshplan.adapters.read.detect import (
     YAML_CONFIGS,
     YAML_FIX,
@@ -232,13 +238,15 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     exclusions_applied(reading)  # exclude_modules taken out of the targets just read
     target_parameters_read(reading)  # PEFT's target_parameters, once the file's LoRA rank is read
     decoder_split = read_decoder_split(reading)  # a GPTModel's stage sizes, decoder layers of a GDN hybrid
+    hybrid_model = hybrid_model_assumed(reading)  # pretrain_mamba.py's HybridModel: said where it plans otherwise
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
                           misspelt=reading.misspelt, unresolved=reading.unresolved,
                           left_to_request=reading.left_to_request, notes=reading.notes,
                           assumed=reading.assumed,
                           config_format=fmt, batch_per_dp=reading.batch_per_dp,
-                          stage_sizes_in_decoder_layers=decoder_split)
+                          stage_sizes_in_decoder_layers=decoder_split,
+                          builds_hybrid_model=hybrid_model)
 
 
 def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus: bool = False) -> dict[str, Any]:
@@ -251,6 +259,7 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
     values.update({name: value for name, value in given.items() if value is not None})
     if imported.stage_sizes_in_decoder_layers and "model" in values:  # the file's own sizes, not those given
         in_pattern_layers(values, [n for n in STAGE_SIZES if given.get(n) is None], values["model"])
+    refuse_hybrid_model_split(imported, values)  # a Gated DeltaNet hybrid's pretrain_mamba.py split HybridModel refuses
     gpus = values.get("num_gpus")
     dp = file_data_parallel(gpus, *(values.get(n, 1) for n in ("tp", "pp", "cp"))) if isinstance(gpus, int) else None
     if imported.batch_per_dp and "global_batch_size" not in values and dp:  # the file's step, dp = the GPUs left over
