@@ -19,6 +19,16 @@ same in meshplan). The `tp_comm_overlap` column is read from the same perf recip
 Transformer Engine's userbuffers (src/megatron/bridge/perf_recipes/llama/*: tp_comm_overlap_cfg on the base recipes'
 tp_comm_overlap=True, recipes/llama/h100/llama3.py; NVFP4 turns it off, and those rows are left out), Qwen3-235B on
 H100 sets tp_comm_overlap=False (perf_recipes/qwen/h100/qwen3_moe.py), DeepSeek-V3 on H100 leaves it unset (off).
+The `moe_a2a_overlap` column (the plan's moe_a2a_overlap: Megatron-Core overlap_moe_expert_parallel_comm with
+delay_wgrad_compute, one micro-batch's EP all-to-all hidden behind another's compute) is read from the launcher of the
+row's own release, not today's recipes: WorkloadBaseConfig.moe_a2a_overlap of
+scripts/performance/configs/*/*workload_base_configs.py at Bridge v0.3.0 (26.02) and v0.2.0 (25.11), which
+utils/overrides.py _set_moe_a2a_overlap_overrides (v0.2.0 utils/helpers.py set_moe_a2a_overlap_overrides) turns into
+those two settings; for 25.09, v0.1.0rc4 scripts/performance/run_script.py (A2A_1F1B on H100 for DeepSeek-V3). On:
+Qwen3-30B-A3B and Qwen3-235B-A22B on H100 (both releases), Qwen3-235B-A22B on B200 in 25.11, DeepSeek-V3 on H100
+(25.09); off for every other row (the default False). Where the published layout differs from the preset of its
+release (25.11 B200 Qwen3-235B VPP 2 vs the preset's 4; 25.11 H100 Qwen3-30B MBS 2 VPP 24 vs 1 and 12) the
+column still takes the preset's setting, an assumption.
 
 `--fit` refits the two Megatron-family constants these rows identify (cards/calibration.yaml
 `gemm_peak_fraction`, `moe_host_sync_s`) by grid search on the median |log error| of this set plus the
@@ -68,6 +78,7 @@ def cases(path: Path = DATA):
                 zero_stage=3 if int(r["fsdp"]) else 1, recompute="none",
                 moe_token_dispatcher=r["dispatcher"] if ep > 1 else None,
                 tp_comm_overlap=r["tp_comm_overlap"] == "1",
+                moe_a2a_overlap=r["moe_a2a_overlap"] == "1" if ep > 1 else None,
                 # the performance launchers reduce gradients in bf16 (published_runs.BRIDGE_PERF_TABLE, the fact the
                 # dev rows of the same tables get from production_sources.perf_table_fields)
                 grad_reduce_in_fp32=False,
