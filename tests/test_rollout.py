@@ -332,3 +332,24 @@ def test_each_rl_phase_note_is_words_not_a_code_path(framework):
 
     report = api.estimate_memory(parse_request({**GRPO, "framework": framework}))
     assert report.phases and all("meshplan." not in p.note for p in report.phases), [p.note for p in report.phases]
+
+
+@pytest.mark.parametrize("mean_response", [None, 300])
+def test_sequences_at_once_is_the_batch_the_decode_step_is_timed_at(mean_response):
+    """A small step (16 sequences over 2 replicas) decodes 8 at once, not the KV cache's 256: the report's
+    sequences_at_once, decode_waves and decode_step_s describe one batch (sweep40: '256 sequences at once, 1 waves'
+    beside a step timed at 8)."""
+    from meshplan import api
+    from meshplan.rl.step_time import decode_step_seconds
+
+    more = {"mean_response_length": mean_response} if mean_response else {}
+    request = {"model": "qwen3-8b", "gpu": "h100", "framework": "verl", "job": "rl", "prompts_per_step": 16,
+               "samples_per_prompt": 1, "response_length": 512, "placement": "separate", "rollout_gpus": 4,
+               "num_gpus": 6, "pp": 2, **more}
+    t = api.estimate_throughput(parse_request(request)).rl
+    per_replica = -(-16 // t.replicas)
+    assert t.replicas == 2 and t.sequences_at_once == per_replica and t.decode_waves == 1
+    if mean_response is None:  # every response at the longest: the step at that batch and the mean context
+        job, plan = resolve(parse_request(request))
+        step, _ = decode_step_seconds(job, plan, per_replica, job.rl.mean_prompt + 512 / 2)
+        assert t.decode_step_s == pytest.approx(step)

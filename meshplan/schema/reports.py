@@ -137,7 +137,9 @@ class RLStepTime(StrictModel):
     reshard_s: float = Field(description="New weights from the trainer's layout to the engine's")
     offload_s: float = Field(description="Phase offloads: states out to the host and back each step")
     replicas: int = Field(description="Engine replicas: rollout GPUs / (rollout TP x DP)")
-    sequences_at_once: int = Field(description="Sequences one replica decodes at once (its KV cache, max_num_seqs)")
+    sequences_at_once: int = Field(
+        description="Sequences one replica decodes at once: its share of the step, at most what its KV cache and "
+                    "max_num_seqs hold")
     decode_waves: int = Field(description="Rounds of sequences_at_once each replica decodes to finish its share")
     decode_step_s: float = Field(description="One decode step at that batch: weights and KV read, all-reduces")
     update_mfu: float = Field(description="The actor update's MFU (what verl reports as MFU)")
