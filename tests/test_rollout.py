@@ -353,3 +353,22 @@ def test_sequences_at_once_is_the_batch_the_decode_step_is_timed_at(mean_respons
         job, plan = resolve(parse_request(request))
         step, _ = decode_step_seconds(job, plan, per_replica, job.rl.mean_prompt + 512 / 2)
         assert t.decode_step_s == pytest.approx(step)
+
+
+def test_the_parts_table_says_when_generation_overlaps_and_the_shares_pass_the_step(capsys):
+    """A separate pool's generation runs beside the training side, so its RL step's parts add to more than the step
+    (sweep40: shares of 51% + 9% + 25% + 12% + 53% without a word); colocated, they add to it and nothing is said."""
+    from meshplan.faces import cli
+
+    base = ["throughput", "qwen3-8b", "--gpu", "h100", "--framework", "verl", "--job", "rl", "--prompts-per-step",
+            "16", "--response-length", "512", "--pp", "2"]
+    assert cli.main([*base, "--placement", "separate", "--rollout-gpus", "4", "--num-gpus", "6"]) == 0
+    separate = capsys.readouterr().out
+    assert "overlaps the training side" in " ".join(separate.split()) and "more than the step" in separate
+    assert cli.main([*base, "--num-gpus", "2"]) == 0
+    assert "more than the step" not in capsys.readouterr().out
+    from meshplan.faces.mcp import tools
+
+    answer = tools.estimate_throughput(model="qwen3-8b", gpu="h100", framework="verl", job="rl", prompts_per_step=16,
+                                       response_length=512, pp=2, placement="separate", rollout_gpus=4, num_gpus=6)
+    assert "The parts add to" in answer.summary and "more than the step" in answer.summary

@@ -145,6 +145,15 @@ class RLStepTime(StrictModel):
     update_mfu: float = Field(description="The actor update's MFU (what verl reports as MFU)")
     limited_by: str = Field(description="The part that takes longest")
 
+    def overlap_words(self) -> str:
+        """What a reader of the parts needs where they add to more than step_s: a separate pool's generation runs
+        beside the training side (rl/step_time.rl_step_time: the step is the longer side plus resharding)."""
+        added = self.generation_s + self.log_prob_s + self.update_s + self.reshard_s + self.offload_s
+        if added <= self.step_s * (1 + 1e-9):
+            return ""
+        return (f"the parts add to {added:,.3g} s, more than the step ({self.step_s:,.3g} s): generation overlaps "
+                "the training side (separate pools, one step off), so the step is the longer side plus resharding")
+
 
 class ClusterFactor(StrictModel):
     """A step-time factor stored by `meshplan compare --calibrate` for one cluster, GPU and framework."""
