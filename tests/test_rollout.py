@@ -372,3 +372,19 @@ def test_the_parts_table_says_when_generation_overlaps_and_the_shares_pass_the_s
     answer = tools.estimate_throughput(model="qwen3-8b", gpu="h100", framework="verl", job="rl", prompts_per_step=16,
                                        response_length=512, pp=2, placement="separate", rollout_gpus=4, num_gpus=6)
     assert "The parts add to" in answer.summary and "more than the step" in answer.summary
+
+
+def test_recommend_keeps_a_phase_offload_the_user_fixed_on_skyrl():
+    """SkyRL's optimizer_offload acts between an RL step's phases only (its card: phase_offloads_when rl), so rule OF001
+    refuses it on a training job; the RL recommend ranks actor layouts with a training search, which carried the fixed
+    knob and refused all 21,546 plans with OF001 while check passed the same job (sweep40). The update step the
+    training search ranks has no phases: the knob stays on the RL plan (actor_layout), off the training request."""
+    from meshplan import api
+
+    req = {"model": "qwen3-8b", "gpu": "h100", "framework": "skyrl", "job": "rl", "num_gpus": 8,
+           "prompts_per_step": 32, "samples_per_prompt": 4, "response_length": 1024, "optimizer_offload": True}
+    rec = api.recommend(parse_request(req), top_k=2)
+    assert rec.candidates and all(c.plan.optimizer_offload for c in rec.candidates)
+    best = rec.candidates[0].plan
+    check = api.check_config(parse_request({**req, **{k: getattr(best, k) for k in ("tp", "pp", "dp", "zero_stage")}}))
+    assert not any(f.id == "OF001" for f in check.findings)
