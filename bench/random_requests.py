@@ -9,6 +9,7 @@ what a user would trip on (tests/test_random_requests.py runs a few dozen draws 
     python bench/random_requests.py rl       SEED N  # the same for verl/SkyRL RL jobs, plan and job compared
     python bench/random_requests.py faces    SEED N  # the MCP tools (in process) against the api
     python bench/random_requests.py recommend SEED N  # recommend's candidates asked again: check, memory, time, render
+    python bench/random_requests.py rlparts  SEED N  # an RL step's parts (separate pools too): they add up, no NaN
 
 Run from the worktree (`python bench/...` puts bench/, not the tree, on sys.path: the tree is added below).
 Known differences the render sweep reports and that are no defect: Megatron-Bridge's expandable_segments=false (the
@@ -18,6 +19,7 @@ model code's, not the file's), SP at tp=1 on KempnerForge (nothing to write)."""
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import re
 import signal
@@ -297,6 +299,52 @@ def rl(rng: random.Random, n: int) -> None:
             print("READS BACK", req, diff, flush=True)
 
 
+def draw_rl_pools(rng: random.Random) -> dict:
+    """draw_rl's job, half of them with the rollout on a separate pool of its own GPUs (num_gpus counts both)."""
+    req = draw_rl(rng)
+    if rng.random() < 0.5:
+        rollout = rng.choice([4, 8, 16])
+        req |= {"placement": "separate", "rollout_gpus": rollout, "num_gpus": req["num_gpus"] + rollout}
+    return req
+
+
+def rl_step_faults(report, sequences: int) -> list[str]:
+    """What an RL step's report must hold whatever the job: finite, non-negative parts; a step no shorter than its
+    longest part and no longer than their sum (equal to it unless generation overlaps, which overlap_words then
+    says); prefill + decode = generation; a replica decoding at most its share of the sequences at once, in waves of
+    that batch; MFU in (0, 1]."""
+    t, faults = report.rl, []
+    parts = report.parts()
+    if any(not math.isfinite(v) or v < 0 for v in (*parts.values(), t.step_s, t.decode_step_s)):
+        faults.append(f"a part negative or not finite: {parts}")
+    added = sum(parts.values())
+    if not max(parts.values()) * (1 - 1e-9) <= t.step_s <= added * (1 + 1e-9):
+        faults.append(f"step {t.step_s:.4g} s outside its longest part and its parts' sum {added:.4g} s")
+    if (added > t.step_s * (1 + 1e-9)) != bool(t.overlap_words()):
+        faults.append("the parts pass the step without a word, or a word without it")
+    if not math.isclose(t.prefill_s + t.decode_s, t.generation_s, rel_tol=1e-9):
+        faults.append(f"prefill {t.prefill_s:.4g} + decode {t.decode_s:.4g} != generation {t.generation_s:.4g}")
+    dp = report.plan.rollout_dp
+    share = -(-sequences // (t.replicas * dp)) * dp  # rl_step_time's per_dp_rank, over a replica's dp ranks
+    if not 1 <= t.sequences_at_once <= share or t.decode_waves != -(-share // t.sequences_at_once):
+        faults.append(f"{t.sequences_at_once} sequences at once, {t.decode_waves} waves, of a replica's share {share}")
+    if not 0 < report.mfu <= 1:
+        faults.append(f"MFU {report.mfu:.3g}")
+    return faults
+
+
+def rlparts(rng: random.Random, n: int) -> None:
+    for _ in range(n):
+        req = draw_rl_pools(rng)
+        try:
+            report = api.estimate_throughput(Request(**req))
+            job, _ = resolve(Request(**req))
+        except (MeshplanError, ValidationError):
+            continue
+        for fault in rl_step_faults(report, job.rl.prompts_per_step * job.rl.samples_per_prompt):
+            print("RL STEP", req, fault, flush=True)
+
+
 def faces(rng: random.Random, n: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from mcp_calls import call_tools
@@ -353,7 +401,7 @@ def recommend(rng: random.Random, n: int, slow: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", choices=("errors", "fixes", "rlfixes", "memfix", "render", "rl", "faces",
-                                          "recommend"))
+                                          "recommend", "rlparts"))
     parser.add_argument("seed", type=int)
     parser.add_argument("n", type=int)
     parser.add_argument("--slow", type=float, default=8.0, help="seconds over which an answer is printed as SLOW")

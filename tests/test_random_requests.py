@@ -7,7 +7,9 @@
   optimizer_offload for verl's in-step CPU optimizer, optimizer_offload_fraction's;
 - an RL job's rendered verl or SkyRL config reads back as the plan it was rendered from (SkyRL's phase optimizer
   offload was written as Megatron-Core's in-step CPU optimizer);
-- the MCP tools answer what the api answers.
+- the MCP tools answer what the api answers;
+- an RL step's report, colocated or on a separate pool, holds together (bench/random_requests.py rl_step_faults: its
+  parts finite and adding to the step, or overlapping with a word; a replica decoding at most its share at once).
 
 The sweeps these came from (bench/random_requests.py) run the same draws wider; here a few dozen per property."""
 
@@ -28,7 +30,7 @@ from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from random_requests import applied, named_layouts, rl_read_back
+from random_requests import applied, draw_rl_pools, named_layouts, rl_read_back, rl_step_faults
 
 GPUS = ("h100", "h200", "b200", "a100-80gb", "h20", "mi300x", "gb200")
 EXTRA = {"recompute": ["none", "selective", "full"], "precision": ["bf16", "fp8"], "sequence_parallel": [True, False],
@@ -128,3 +130,19 @@ def test_the_mcp_tools_answer_what_the_api_answers():
         if not shared or any(_without_words(answer[k]) != sent[k] for k in shared):
             differ.append(f"{tool} {req}: {[k for k in shared if _without_words(answer[k]) != sent[k]][:5]}")
     assert not differ, "\n".join(differ[:5])
+
+
+@pytest.mark.parametrize("seed", [40, 41])
+def test_an_rl_steps_parts_add_up_on_either_placement(seed):
+    rng, compared, faults = random.Random(seed), 0, []
+    for _ in range(30):
+        req = draw_rl_pools(rng)
+        try:
+            report = api.estimate_throughput(Request(**req))
+            job, _ = resolve(Request(**req))
+        except (MeshplanError, ValueError):
+            continue
+        compared += 1
+        sequences = job.rl.prompts_per_step * job.rl.samples_per_prompt
+        faults += [(req, fault) for fault in rl_step_faults(report, sequences)]
+    assert compared >= 10 and not faults, faults[:3]

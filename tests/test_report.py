@@ -20,7 +20,7 @@ from meshplan import api
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, rank_actions, shape_for, simulate, timed_actions
 from meshplan.faces.cli import main
 from meshplan.faces.report import figures, gather, render_html
-from meshplan.faces.report.figures import stage_parts
+from meshplan.faces.report.figures import rl_figure, stage_parts
 from meshplan.faces.report.figures_layout import (
     MAX_LISTED_RANKS,
     drawn_microbatches,
@@ -464,3 +464,16 @@ def test_the_report_estimates_its_memory_once_and_warns_from_it(monkeypatch):
     assert report.throughput == api.estimate_throughput(req)
     assert report.throughput.warnings[0].startswith("This layout does not fit")
     assert report.memory == api.estimate_memory(req)
+
+
+def test_an_rl_step_on_a_separate_pool_says_its_drawn_parts_overlap():
+    """The RL picture lays the parts end to end; on a separate pool generation overlaps the training side, so the
+    drawn width passes the step its caption names (sweep40: 3.78 s of parts under 'One RL step (2.459 s)'): the
+    figure's notes say so, in RLStepTime.overlap_words' words; colocated, the parts are the step and nothing is said."""
+    base = {"model": "qwen3-8b", "gpu": "h100", "framework": "verl", "job": "rl", "prompts_per_step": 16,
+            "response_length": 512, "pp": 2}
+    apart = gather(parse_request({**base, "placement": "separate", "rollout_gpus": 4, "num_gpus": 6}))
+    picture = rl_figure(apart.memory, apart.throughput)
+    assert apart.throughput.rl.overlap_words() in picture.notes
+    together = gather(parse_request({**base, "num_gpus": 2}))
+    assert not any("more than the step" in n for n in rl_figure(together.memory, together.throughput).notes)

@@ -332,3 +332,59 @@ def test_each_rl_phase_note_is_words_not_a_code_path(framework):
 
     report = api.estimate_memory(parse_request({**GRPO, "framework": framework}))
     assert report.phases and all("meshplan." not in p.note for p in report.phases), [p.note for p in report.phases]
+
+
+@pytest.mark.parametrize("mean_response", [None, 300])
+def test_sequences_at_once_is_the_batch_the_decode_step_is_timed_at(mean_response):
+    """A small step (16 sequences over 2 replicas) decodes 8 at once, not the KV cache's 256: the report's
+    sequences_at_once, decode_waves and decode_step_s describe one batch (sweep40: '256 sequences at once, 1 waves'
+    beside a step timed at 8)."""
+    from meshplan import api
+    from meshplan.rl.step_time import decode_step_seconds
+
+    more = {"mean_response_length": mean_response} if mean_response else {}
+    request = {"model": "qwen3-8b", "gpu": "h100", "framework": "verl", "job": "rl", "prompts_per_step": 16,
+               "samples_per_prompt": 1, "response_length": 512, "placement": "separate", "rollout_gpus": 4,
+               "num_gpus": 6, "pp": 2, **more}
+    t = api.estimate_throughput(parse_request(request)).rl
+    per_replica = -(-16 // t.replicas)
+    assert t.replicas == 2 and t.sequences_at_once == per_replica and t.decode_waves == 1
+    if mean_response is None:  # every response at the longest: the step at that batch and the mean context
+        job, plan = resolve(parse_request(request))
+        step, _ = decode_step_seconds(job, plan, per_replica, job.rl.mean_prompt + 512 / 2)
+        assert t.decode_step_s == pytest.approx(step)
+
+
+def test_the_parts_table_says_when_generation_overlaps_and_the_shares_pass_the_step(capsys):
+    """A separate pool's generation runs beside the training side, so its RL step's parts add to more than the step
+    (sweep40: shares of 51% + 9% + 25% + 12% + 53% without a word); colocated, they add to it and nothing is said."""
+    from meshplan.faces import cli
+
+    base = ["throughput", "qwen3-8b", "--gpu", "h100", "--framework", "verl", "--job", "rl", "--prompts-per-step",
+            "16", "--response-length", "512", "--pp", "2"]
+    assert cli.main([*base, "--placement", "separate", "--rollout-gpus", "4", "--num-gpus", "6"]) == 0
+    separate = capsys.readouterr().out
+    assert "overlaps the training side" in " ".join(separate.split()) and "more than the step" in separate
+    assert cli.main([*base, "--num-gpus", "2"]) == 0
+    assert "more than the step" not in capsys.readouterr().out
+    from meshplan.faces.mcp import tools
+
+    answer = tools.estimate_throughput(model="qwen3-8b", gpu="h100", framework="verl", job="rl", prompts_per_step=16,
+                                       response_length=512, pp=2, placement="separate", rollout_gpus=4, num_gpus=6)
+    assert "The parts add to" in answer.summary and "more than the step" in answer.summary
+
+
+def test_recommend_keeps_a_phase_offload_the_user_fixed_on_skyrl():
+    """SkyRL's optimizer_offload acts between an RL step's phases only (its card: phase_offloads_when rl), so rule OF001
+    refuses it on a training job; the RL recommend ranks actor layouts with a training search, which carried the fixed
+    knob and refused all 21,546 plans with OF001 while check passed the same job (sweep40). The update step the
+    training search ranks has no phases: the knob stays on the RL plan (actor_layout), off the training request."""
+    from meshplan import api
+
+    req = {"model": "qwen3-8b", "gpu": "h100", "framework": "skyrl", "job": "rl", "num_gpus": 8,
+           "prompts_per_step": 32, "samples_per_prompt": 4, "response_length": 1024, "optimizer_offload": True}
+    rec = api.recommend(parse_request(req), top_k=2)
+    assert rec.candidates and all(c.plan.optimizer_offload for c in rec.candidates)
+    best = rec.candidates[0].plan
+    check = api.check_config(parse_request({**req, **{k: getattr(best, k) for k in ("tp", "pp", "dp", "zero_stage")}}))
+    assert not any(f.id == "OF001" for f in check.findings)

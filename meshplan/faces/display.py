@@ -239,6 +239,8 @@ def throughput_report(report: ThroughputReport) -> None:
     if report.calibration is not None:  # a factor the user stored (meshplan compare --calibrate), never silent
         console.print(Text(report.calibration.words()))
     console.print(_parts_table(report.parts(), report.step_time_s, "step"))
+    if report.rl is not None and report.rl.overlap_words():
+        console.print(Text(report.rl.overlap_words()))
     if report.rl is not None:  # the breakdown is the actor update's, one of the RL step's parts
         update = report.breakdown.model_dump()
         console.print(_parts_table(update, sum(update.values()), "update"))

@@ -280,7 +280,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     return RLStepTime(
         step_s=total, generation_s=generation, prefill_s=prefill, decode_s=decode.seconds, log_prob_s=log_prob,
         update_s=update_s, reshard_s=reshard, offload_s=offload, replicas=replicas,
-        sequences_at_once=held * plan.rollout_dp, decode_waves=decode.rounds, decode_step_s=decode.step,
+        sequences_at_once=decode.sequences * plan.rollout_dp, decode_waves=decode.rounds, decode_step_s=decode.step,
         update_mfu=(update.mfu * flops * rl.epochs * update.step_time_s / one_update
                     if share < 1 or batches > 1 or rl.epochs > 1 else update.mfu),
         limited_by=limited,

@@ -137,11 +137,22 @@ class RLStepTime(StrictModel):
     reshard_s: float = Field(description="New weights from the trainer's layout to the engine's")
     offload_s: float = Field(description="Phase offloads: states out to the host and back each step")
     replicas: int = Field(description="Engine replicas: rollout GPUs / (rollout TP x DP)")
-    sequences_at_once: int = Field(description="Sequences one replica decodes at once (its KV cache, max_num_seqs)")
+    sequences_at_once: int = Field(
+        description="Sequences one replica decodes at once: its share of the step, at most what its KV cache and "
+                    "max_num_seqs hold")
     decode_waves: int = Field(description="Rounds of sequences_at_once each replica decodes to finish its share")
     decode_step_s: float = Field(description="One decode step at that batch: weights and KV read, all-reduces")
     update_mfu: float = Field(description="The actor update's MFU (what verl reports as MFU)")
     limited_by: str = Field(description="The part that takes longest")
+
+    def overlap_words(self) -> str:
+        """What a reader of the parts needs where they add to more than step_s: a separate pool's generation runs
+        beside the training side (rl/step_time.rl_step_time: the step is the longer side plus resharding)."""
+        added = self.generation_s + self.log_prob_s + self.update_s + self.reshard_s + self.offload_s
+        if added <= self.step_s * (1 + 1e-9):
+            return ""
+        return (f"the parts add to {added:,.3g} s, more than the step ({self.step_s:,.3g} s): generation overlaps "
+                "the training side (separate pools, one step off), so the step is the longer side plus resharding")
 
 
 class ClusterFactor(StrictModel):

@@ -306,6 +306,8 @@ def estimate_throughput(**args: Any) -> ThroughputAnswer:
     if report.rl is not None:  # an RL step: its phases, of which the breakdown is the update's alone
         summary += " Parts: " + ", ".join(f"{RL_PARTS[name]} {value:.3g} s"
                                            for name, value in report.parts().items() if value > 0) + "."
+        overlap = report.rl.overlap_words()
+        summary += f" {overlap[:1].upper()}{overlap[1:]}." if overlap else ""
     else:
         costs = {name: getattr(report.breakdown, name) for name in _OVERHEADS}
         worst = max(costs, key=costs.get)

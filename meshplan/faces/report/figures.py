@@ -201,6 +201,7 @@ def rl_figure(memory: MemoryReport, throughput: ThroughputReport) -> Figure | No
     times.append(["RL step", seconds(rl.step_s)])
     caption = (f"One RL step ({seconds(rl.step_s)}, limited by {rl.limited_by}): each part's width is its time, its "
                f"height the peak memory of the phase it runs; peak phase {memory.peak_phase}.")
+    notes = [rl.overlap_words()] if rl.overlap_words() else []  # a separate pool: the parts drawn pass the step
     return Figure("rl", "RL step: phases over time with their memory", width, TOP + PLOT_H + 30, shapes, caption,
                   [Table(["phase", "pool", "peak", "fit figure", "stage", "note"], rows),
-                   Table(["part", "seconds"], times)])
+                   Table(["part", "seconds"], times)], notes)
