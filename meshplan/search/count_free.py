@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cache
 from itertools import product
 
 from meshplan.arithmetic import mesh
@@ -167,6 +168,15 @@ def count_free_floor(job: Job, fixed: Fixed, limit: int, *, cps: tuple[int, ...]
     return best
 
 
+@cache
+def _shape_rules(allowed: frozenset[str]) -> tuple:
+    """The error rules (spec, condition) whose declared reads are all in `allowed`, in card order."""
+    specs = rule_specs()
+    return tuple((specs[i], cond) for i, cond in load_rules().items()
+                 if specs[i].severity == "error" and reads_of(cond) is not None
+                 and set(reads_of(cond) or ()) <= allowed)
+
+
 class AdmittedShapes:
     """Whether the framework's rules admit a floor's shape at some GPU count: no error rule that reads only the
     shape's fields (SHAPE_READS and the request's carried fields) fires on it at every probe of PROBES, each a plan of
@@ -176,11 +186,7 @@ class AdmittedShapes:
 
     def __init__(self, job: Job, fixed: Fixed, mbs: int) -> None:
         self.job, self.fixed, self.mbs = job, fixed, mbs
-        allowed = SHAPE_READS | set(fixed.carried)
-        specs, conditions = rule_specs(), load_rules()
-        self.rules = [(specs[i], cond) for i, cond in conditions.items()
-                      if specs[i].severity == "error" and reads_of(cond) is not None
-                      and set(reads_of(cond) or ()) <= allowed]
+        self.rules = _shape_rules(SHAPE_READS | frozenset(fixed.carried))
         moe = job.model.moe
         split = moe is not None and job.card.search.ep and moe.num_experts % 2 == 0
         self.probes = [(pp, ep) for pp, ep in PROBES if ep == 1 or split]

@@ -186,8 +186,10 @@ def first_stage_floor_rows(job: Job, lay: Layout, zero_stage: int, recomputes: t
         states = part.states[m == 1]
         if states is None:
             states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
-        walk = _walk_floor(job, lay, zero_stage, part, conv, tensors, m, activation_offload, memo)
-        rows.append(tuple(max(figure, walk) for figure in _floor_sums(part, states, figures, reserved)))
+        sums = _floor_sums(part, states, figures, reserved)
+        walk = _walk_floor(job, lay, zero_stage, part, conv, tensors, m, activation_offload, memo) if part.walk \
+            else 0.0
+        rows.append(tuple(max(figure, walk) for figure in sums) if walk else sums)
     return rows
 
 
@@ -211,15 +213,15 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
         if states[one] is None and one in ones:
             states[one] = _part_states(job, lay, zero_stage, part, conv, tensors, one, memo)
     walks = tuple(_walk_floor(job, lay, zero_stage, part, conv, preset[1], max(1, gbs // (mbs * dp)),
-                              activation_offload, memo) for mbs in sizes)
+                              activation_offload, memo) for mbs in sizes) if part.walk else None
     key = ("needs", id(figures), states[0], states[1], part.gathered, part.reserve_fraction, part.fixed, reserved,
            budget, walks)
     hit = memo.get(key)
     if hit is None:
         n_r, column, last = len(recomputes), [], len(recomputes) - 1
-        for one, row, walk in zip(ones, figures, walks, strict=True):  # each floor worked out only where compared
+        for j, (one, row) in enumerate(zip(ones, figures, strict=True)):  # each floor worked out only where compared
             held = states[one]
-            if walk > budget:  # the FSDP walk's floor alone is over: every recompute is
+            if walks is not None and walks[j] > budget:  # the FSDP walk's floor alone is over: every recompute is
                 column.append(n_r)
                 continue
             i = n_r if _floor_sum(part, held, row[last], reserved) > budget else 0  # the heaviest first
@@ -454,8 +456,9 @@ def _layout_sum(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: 
     if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
         states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo, degrees))
     # the FSDP walk's floor at one micro-batch per step, the least of its figures (no accumulated gradients)
-    return max(_floor_sums(part, states, [0.0], reserved)[0],
-               _walk_floor(job, lay, zero_stage, part, conv, tensors, 1, False, memo, degrees))
+    plain = _floor_sums(part, states, [0.0], reserved)[0]
+    return max(plain, _walk_floor(job, lay, zero_stage, part, conv, tensors, 1, False, memo, degrees)) if part.walk \
+        else plain
 
 
 def _walk_floor(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: Convention,
