@@ -20,6 +20,7 @@ under every estimate (tests/test_count_free.py holds it to sampled layouts' esti
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 from itertools import product
@@ -34,7 +35,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.hardware import gpu_catalog
 from meshplan.rules.context import pads_every_cp_split
 from meshplan.rules.engine import Context, backend_of, load_rules, reads_of, rule_specs
-from meshplan.schema.plan import Job, Plan
+from meshplan.schema.plan import Job
 from meshplan.schema.reports import CountFreeFloorProof
 from meshplan.search.floors import least_layer_bytes
 from meshplan.search.policy import memory_budget
@@ -196,24 +197,38 @@ class AdmittedShapes:
         key = (zero, tp, cp, sp, etp, recompute)
         if key not in self.seen:
             backend = backend_of(self.job.card, zero)
-            plans = self._plans(key)
-            self.seen[key] = not any(all(cond(Context(job, plan)) is not None for plan, job in plans)
+            probes = _Probes(self, key)
+            self.seen[key] = not any(all(cond(ctx) is not None for ctx in probes)
                                      for spec, cond in self.rules if spec.applies_to(self.job.framework, backend))
         return self.seen[key]
 
-    def _plans(self, key: tuple) -> list[tuple[Plan, Job]]:
-        zero, tp, cp, sp, etp, recompute = key
+    def context(self, key: tuple, pp: int, ep: int, cp: int) -> Context:
+        """The rules' Context of the shape's plan at (pp, ep, cp) on the fewest GPUs that hold it."""
+        zero, tp, _, sp, etp, recompute = key
         job, fixed = self.job, self.fixed
         extra = {k: fixed.values[k] for k in ("moe_token_dispatcher", "cp_comm_type") if k in fixed.values}
         extra.setdefault("cp_comm_type", job.model.cp_comm_type_default)
-        out = []
-        for (pp, ep), c in product(self.probes, sorted({1, cp})):
-            world = mesh.smallest_world(job.card.world_size_law, tp, pp, c, 1, ep, etp)
-            plan = Layout(tp=tp, pp=pp, cp=c, ep=ep, etp=etp, dp=1).plan(
-                zero_stage=zero, recompute=recompute, micro_batch_size=self.mbs,  # type: ignore[arg-type]
-                sequence_parallel=sp and tp > 1, **extra, **fixed.carried)  # type: ignore[arg-type]
-            out.append((plan, job.model_copy(update={"num_gpus": world})))
-        return out
+        world = mesh.smallest_world(job.card.world_size_law, tp, pp, cp, 1, ep, etp)
+        plan = Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=1).plan(
+            zero_stage=zero, recompute=recompute, micro_batch_size=self.mbs,  # type: ignore[arg-type]
+            sequence_parallel=sp and tp > 1, **extra, **fixed.carried)  # type: ignore[arg-type]
+        return Context(job.model_copy(update={"num_gpus": world}), plan)
+
+
+class _Probes:
+    """A shape's probe Contexts (PROBES, at CP 1 and the shape's), each built when a rule first asks it: a rule that
+    passes on the first is never asked the rest, so an admitted shape builds one plan."""
+
+    def __init__(self, admitted: AdmittedShapes, key: tuple) -> None:
+        self.admitted, self.key = admitted, key
+        self.where = list(product(admitted.probes, sorted({1, key[2]})))
+        self.built: list[Context] = []
+
+    def __iter__(self) -> Iterator[Context]:
+        for i, ((pp, ep), cp) in enumerate(self.where):
+            if i == len(self.built):
+                self.built.append(self.admitted.context(self.key, pp, ep, cp))
+            yield self.built[i]
 
 
 def _cp_choices(job: Job, fixed: Fixed, limit: int, mbs: int) -> tuple[tuple[int, ...], bool]:
