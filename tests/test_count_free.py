@@ -7,11 +7,12 @@ import pytest
 
 from meshplan import api
 from meshplan.arithmetic.memory_states import output_activations
+from meshplan.check.config import check_structure
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, search_job
-from meshplan.search.count_free import count_free_floor, floor_proof
+from meshplan.search.count_free import AdmittedShapes, count_free_floor, floor_proof
 from meshplan.search.policy import memory_budget
 from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, state_preset
 
@@ -173,3 +174,82 @@ def test_a_framework_that_runs_the_model_on_one_stage_holds_every_layer():
     core = Request(**{**fields, "framework": "megatron-core"}, num_gpus=64)
     job, _ = search_job(core)
     assert not count_free_floor(job, Fixed.from_request(core), LIMIT).one_stage
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_every_valid_layouts_shape_is_admitted(seed):
+    """The floor leaves out a shape only where a rule refuses it at every count: for sampled requests and plans the
+    search builds at several GPU counts that pass every structural rule, AdmittedShapes admits the plan's ZeRO stage,
+    TP, CP, sequence parallelism, expert TP and recompute. Were it to refuse a valid layout's shape (a rule asked that
+    turns on dp, the count or the batch, or one probe too few), the floor could rise over that layout's estimate
+    and prove a fit impossible where one exists: this fails."""
+    rng = random.Random(100 + seed)
+    checked = 0
+    while checked < 40:
+        gpus = rng.choice([8, 16, 32, 64])
+        extra: dict = {"precision": "fp8"} if rng.random() < 0.15 else {}
+        if rng.random() < 0.2:
+            extra["zero_stage"] = rng.choice([0, 1, 3])
+        try:
+            req = Request(model=rng.choice(MODELS), framework=rng.choice(FRAMEWORKS), num_gpus=gpus, gpu="h100",
+                          seq_length=rng.choice([4096, 16384, 65536]), **extra)
+            job, _ = search_job(req)
+            fixed = Fixed.from_request(req)
+            search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
+        except MeshplanError:
+            continue
+        layouts, _ = enumerate_layouts(job, fixed)
+        admits = AdmittedShapes(job, fixed, 1)
+        for lay in rng.sample(layouts, min(4, len(layouts))):
+            sizes = micro_batches(job, lay, fixed)
+            for zero in search.zeros if sizes else ():
+                recompute = rng.choice(search.recomputes)
+                plan = search.plan(lay, zero, recompute, sizes[0])
+                if any(f.severity == "error" for f in check_structure(job, plan)):
+                    continue
+                assert admits(zero, plan.tp, plan.cp, plan.sequence_parallel, plan.etp, plan.recompute), (req, plan)
+                checked += 1
+
+
+def test_the_proof_names_a_tp_the_framework_runs():
+    """KempnerForge needs the KV heads divisible by tp (TP003): Qwen2.5-7B's 4 KV groups admit TP 1, 2 and 4, not the
+    TP28 Megatron's rule would (a KV group count dividing tp). The proof at 128K names TP4; the rule-blind floor
+    named TP28, a layout KempnerForge refuses."""
+    req = Request(**KF_128K)
+    job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
+    fixed = Fixed.from_request(req)
+    proof = floor_proof(job, fixed, 0.1, LIMIT)
+    assert proof is not None and proof.floor.tp == 4 and "TP4 " in proof.sentence()
+    assert count_free_floor(job, fixed, LIMIT, rules=False).tp == 28
+    admits = AdmittedShapes(job, fixed, 1)
+    assert not admits(3, 28, 1, True, 1, "full") and admits(3, 4, 1, True, 1, "full")
+
+
+@pytest.mark.parametrize("fields, tp", [
+    ({"model": "llama-3.1-8b", "framework": "kempnerforge", "precision": "fp8"}, 1),  # KF003: fp8 with tp > 1
+    ({"model": "llama-3.1-8b", "framework": "verl", "zero_stage": 3}, 1),  # FS001: verl's FSDP engine runs no TP
+])
+def test_a_rule_that_refuses_tp_holds_the_floor_to_tp_1(fields, tp):
+    """A rule that refuses every TP > 1 whatever the count leaves the floor at TP1, where the rule-blind floor took
+    the most TP the heads allow."""
+    req = Request(gpu="h100", seq_length=65536, **fields)
+    job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
+    fixed = Fixed.from_request(req)
+    assert count_free_floor(job, fixed, LIMIT).tp == tp
+    assert count_free_floor(job, fixed, LIMIT, rules=False).tp > tp
+
+
+def test_a_floor_over_the_rules_tps_proves_what_the_heads_tps_did_not():
+    """Qwen3-30B-A3B at 54,272 tokens on KempnerForge: one pipeline stage (KF001) holds every layer's saved rows and
+    the output. Over every TP the heads allow (TP32) the floor is 69.3 GiB, under the H100's 71.7 GiB budget, so
+    min-gpus scanned 512 counts and ended 'not proof that none fits'; over the TPs TP003 admits (up to TP4) it is
+    71.8 GiB: a proof, with no count scanned."""
+    fields = {"model": "qwen3-30b-a3b", "framework": "kempnerforge", "gpu": "h100", "seq_length": 54272}
+    req = Request(**fields)
+    job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
+    fixed = Fixed.from_request(req)
+    budget = memory_budget(job, 0.1)
+    blind, floor = count_free_floor(job, fixed, LIMIT, rules=False), count_free_floor(job, fixed, LIMIT)
+    assert blind.floor <= budget < floor.floor and blind.tp == 32 and floor.tp == 4 and floor.one_stage
+    answer = api.minimum_gpus(req)
+    assert answer.stopped_by == "memory" and answer.counts_checked == 0 and "TP4 " in answer.rationale

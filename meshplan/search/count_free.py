@@ -8,7 +8,8 @@ output_activations and built_vocab: no second copy of the arithmetic):
   activations (with full recompute, the layer rebuilt in its backward); PP and DP change only how many layers and
   micro-batches a rank holds, EP none of a layer's bytes; TP, CP (the tokens per rank), sequence parallelism, expert
   TP, the recompute and the ZeRO stage's activation switches are taken at each value the framework and model allow
-  and the least kept;
+  and the least kept, a shape only where the framework's rules admit it at some count (the error rules that read
+  its degrees alone, asked through their own conditions: AdmittedShapes), so the shape a proof names is a real one;
 - one micro-batch's output layer and loss on the last stage (the logits: whole on every TP rank where the loss
   gathers them, cards/memory.yaml logits_over_tp).
 
@@ -19,8 +20,12 @@ under every estimate (tests/test_count_free.py holds it to sampled layouts' esti
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import cache
+from itertools import product
 
+from meshplan.arithmetic import mesh
 from meshplan.arithmetic.activations import least_rank_tokens
 from meshplan.arithmetic.memory_states import built_vocab, memory_card, output_activations
 from meshplan.core.card_files import framework_names
@@ -29,6 +34,7 @@ from meshplan.estimate.memory import budget_bytes
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.hardware import gpu_catalog
 from meshplan.rules.context import pads_every_cp_split
+from meshplan.rules.engine import Context, backend_of, load_rules, reads_of, rule_specs
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import CountFreeFloorProof
 from meshplan.search.floors import least_layer_bytes
@@ -36,6 +42,7 @@ from meshplan.search.policy import memory_budget
 from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,
+    Layout,
     divisors,
     request_zeros,
     state_preset,
@@ -44,6 +51,18 @@ from meshplan.search.space import (
 
 SHAPE_FIELDS = ("tp", "cp", "sequence_parallel", "etp", "recompute", "micro_batch_size", "zero_stage")
 """The fixed fields the floor reads: where the request fixes one, the floor takes only its value."""
+
+SHAPE_READS = frozenset({"tp", "pp", "cp", "ep", "etp", "sequence_parallel", "zero_stage", "recompute"})
+"""The plan fields a rule may read (`@rule(reads=...)`, beside the request's carried fields) to be asked whether it
+refuses a floor's shape at every GPU count: the shape's own degrees and switches, and pp and ep, which the probes
+vary. A rule that reads a field the count or the batch sets (dp, the micro-batch, the global batch, the pipeline
+split, the rollout's share), or declares no reads, is never asked: it could pass the shape at another count."""
+
+PROBES = ((1, 1), (2, 1), (1, 2), (2, 2))
+"""(pp, ep) at which a rule must fire on a shape for the floor to leave the shape out, each at CP 1 and at the
+shape's CP: a rule whose verdict turns on pp, ep or CP passes at one of them (ep 2 only where the model has experts
+that two ranks split). The floor takes one CP, the most that leaves a rank the fewest tokens, so a rule that refuses
+that CP alone (UL001's heads over verl's Ulysses) leaves the TP shape in, at a CP the floor does not range over."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +94,7 @@ class CountFreeFloor:
 
 
 def count_free_floor(job: Job, fixed: Fixed, limit: int, *, cps: tuple[int, ...] | None = None,
-                     likeliest: bool = False) -> CountFreeFloor:
+                     likeliest: bool = False, rules: bool = True) -> CountFreeFloor:
     """The least CountFreeFloor over every shape the framework, the model and the request's fixed fields allow at any
     GPU count up to `limit` (`cps`: the CP degrees to take instead of the framework's, for the nearest-change
     sentence). TP: every divisor of the attention heads the KV groups allow (space.tp_splits_heads, the search's
@@ -86,7 +105,10 @@ def count_free_floor(job: Job, fixed: Fixed, limit: int, *, cps: tuple[int, ...]
     framework that runs the model at pp 1 only: KempnerForge's MoE, its card's limits.moe_with_pipeline) both terms
     sit on one rank, the layer term with every decoder layer's saved rows (floors.least_layer_bytes every_layer).
     `likeliest`: only the last of each (the most TP, SP, expert TP, recompute and ZeRO stage), one shape whose floor
-    is at least the least: where it fits, no proof can be made (floor_proof asks it first: one shape, not hundreds)."""
+    is at least the least: where it fits, no proof can be made (floor_proof asks it first: one shape, not hundreds).
+    `rules`: every shape is kept only where the framework's rules admit it at some count (AdmittedShapes: TP003's KV
+    heads on KempnerForge, FS001's TP on an FSDP engine, KF003's fp8 without TP), so the floor and the shape its proof
+    names are a valid layout's; a floor over no admitted shape is taken over every shape (rules=False)."""
     card = job.card
     kn = card.search
     values = fixed.values
@@ -115,8 +137,10 @@ def count_free_floor(job: Job, fixed: Fixed, limit: int, *, cps: tuple[int, ...]
     arch = job.model
     best: CountFreeFloor | None = None
     memo: dict = {}
+    admits = AdmittedShapes(job, fixed, mbs) if rules else None
     if likeliest:
-        zeros, recomputes, tps, sps = zeros[-1:], recomputes[-1:], tps[-1:], sps[-1:]
+        zeros, recomputes, sps = zeros[-1:], recomputes[-1:], sps[-1:]
+        tps = tuple(reversed(tps))  # the most TP the rules admit with the rest of the likeliest shape
     for zero in reversed(zeros):  # ties keep the first: the most saving stage and recompute named
         conv = state_preset(job, zero, fixed.carried)[0]
         for tp in tps:
@@ -133,12 +157,78 @@ def count_free_floor(job: Job, fixed: Fixed, limit: int, *, cps: tuple[int, ...]
                                                       activation_offload=offload, memo=memo, every_layer=one_rank)
                             held = layer + output if one_rank else max(layer, output)
                             floor = held + reserve * held + fixed_bytes
-                            if best is None or floor < best.floor:
+                            if (best is None or floor < best.floor) and \
+                                    (admits is None or admits(zero, tp, cp, sp, etp, recompute)):
                                 best = CountFreeFloor(floor, layer, output, fixed_bytes, reserve, tp, cp, sp, etp,
                                                       zero, recompute, mbs, tokens, vocab,
                                                       conv.logits_over_tp != "vocab_parallel", capped, one_rank)
-    assert best is not None  # every tuple above has at least one value
+            if likeliest and best is not None:
+                return best
+    if best is None:  # the rules refuse every shape (a rule refusal says why first): the floor of every shape
+        return count_free_floor(job, fixed, limit, cps=cps, likeliest=likeliest, rules=False)
     return best
+
+
+@cache
+def _shape_rules(allowed: frozenset[str]) -> tuple:
+    """The error rules (spec, condition) whose declared reads are all in `allowed`, in card order."""
+    specs = rule_specs()
+    return tuple((specs[i], cond) for i, cond in load_rules().items()
+                 if specs[i].severity == "error" and reads_of(cond) is not None
+                 and set(reads_of(cond) or ()) <= allowed)
+
+
+class AdmittedShapes:
+    """Whether the framework's rules admit a floor's shape at some GPU count: no error rule that reads only the
+    shape's fields (SHAPE_READS and the request's carried fields) fires on it at every probe of PROBES, each a plan of
+    the shape at the fewest GPUs its degrees need (mesh.smallest_world), asked through the rules' own conditions
+    (rules.engine.load_rules), as check does. A shape a rule refuses at every count is no layout's, so the floor's
+    minimum over the rest stays under every valid layout's estimate (tests/test_count_free.py)."""
+
+    def __init__(self, job: Job, fixed: Fixed, mbs: int) -> None:
+        self.job, self.fixed, self.mbs = job, fixed, mbs
+        self.rules = _shape_rules(SHAPE_READS | frozenset(fixed.carried))
+        moe = job.model.moe
+        split = moe is not None and job.card.search.ep and moe.num_experts % 2 == 0
+        self.probes = [(pp, ep) for pp, ep in PROBES if ep == 1 or split]
+        self.seen: dict[tuple, bool] = {}
+
+    def __call__(self, zero: int, tp: int, cp: int, sp: bool, etp: int, recompute: str) -> bool:
+        key = (zero, tp, cp, sp, etp, recompute)
+        if key not in self.seen:
+            backend = backend_of(self.job.card, zero)
+            probes = _Probes(self, key)
+            self.seen[key] = not any(all(cond(ctx) is not None for ctx in probes)
+                                     for spec, cond in self.rules if spec.applies_to(self.job.framework, backend))
+        return self.seen[key]
+
+    def context(self, key: tuple, pp: int, ep: int, cp: int) -> Context:
+        """The rules' Context of the shape's plan at (pp, ep, cp) on the fewest GPUs that hold it."""
+        zero, tp, _, sp, etp, recompute = key
+        job, fixed = self.job, self.fixed
+        extra = {k: fixed.values[k] for k in ("moe_token_dispatcher", "cp_comm_type") if k in fixed.values}
+        extra.setdefault("cp_comm_type", job.model.cp_comm_type_default)
+        world = mesh.smallest_world(job.card.world_size_law, tp, pp, cp, 1, ep, etp)
+        plan = Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=1).plan(
+            zero_stage=zero, recompute=recompute, micro_batch_size=self.mbs,  # type: ignore[arg-type]
+            sequence_parallel=sp and tp > 1, **extra, **fixed.carried)  # type: ignore[arg-type]
+        return Context(job.model_copy(update={"num_gpus": world}), plan)
+
+
+class _Probes:
+    """A shape's probe Contexts (PROBES, at CP 1 and the shape's), each built when a rule first asks it: a rule that
+    passes on the first is never asked the rest, so an admitted shape builds one plan."""
+
+    def __init__(self, admitted: AdmittedShapes, key: tuple) -> None:
+        self.admitted, self.key = admitted, key
+        self.where = list(product(admitted.probes, sorted({1, key[2]})))
+        self.built: list[Context] = []
+
+    def __iter__(self) -> Iterator[Context]:
+        for i, ((pp, ep), cp) in enumerate(self.where):
+            if i == len(self.built):
+                self.built.append(self.admitted.context(self.key, pp, ep, cp))
+            yield self.built[i]
 
 
 def _cp_choices(job: Job, fixed: Fixed, limit: int, mbs: int) -> tuple[tuple[int, ...], bool]:
@@ -209,9 +299,10 @@ class FloorProof:
                 "at least one micro-batch of its saved activations (with full recompute, the layer rebuilt in its "
                 "backward), and the last stage one micro-batch's logits and loss; each taken at the degrees that "
                 "shrink it most (every TP the heads allow, the most CP the framework runs and the sequence allows, "
-                "SP, expert TP, every recompute and ZeRO stage; PP, DP and EP change neither), with the allocator "
-                "reserve and the fixed overheads and no model states: a lower bound of every layout's estimate, "
-                "so over the budget it proves that no count fits.")
+                "SP, expert TP, every recompute and ZeRO stage, each shape only where no error rule of the framework "
+                "that reads its degrees alone refuses it at every count; PP, DP and EP change neither), with the "
+                "allocator reserve and the fixed overheads and no model states: a lower bound of every layout's "
+                "estimate, so over the budget it proves that no count fits.")
 
     def sentence(self) -> str:
         """The proof in words, with the nearest changes that open it."""

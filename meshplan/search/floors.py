@@ -15,6 +15,7 @@ from meshplan.arithmetic.mamba import least_kind_activations
 from meshplan.arithmetic.memory_states import (
     Convention,
     StateTensor,
+    accumulated_grad_bytes,
     built_vocab,
     frozen_gathered_transient,
     gathered_transient,
@@ -24,6 +25,7 @@ from meshplan.arithmetic.memory_states import (
     state_bytes,
     state_classes,
     state_sums,
+    unsharded_grad_bytes,
 )
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
 from meshplan.arithmetic.schedule import Stages, in_flight, plan_stages, stages_for, v_placed
@@ -185,7 +187,10 @@ def first_stage_floor_rows(job: Job, lay: Layout, zero_stage: int, recomputes: t
         states = part.states[m == 1]
         if states is None:
             states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
-        rows.append(_floor_sums(part, states, figures, reserved))
+        sums = _floor_sums(part, states, figures, reserved)
+        walk = _walk_floor(job, lay, zero_stage, part, conv, tensors, m, activation_offload, memo) if part.walk \
+            else 0.0
+        rows.append(tuple(max(figure, walk) for figure in sums) if walk else sums)
     return rows
 
 
@@ -208,13 +213,18 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
     for one in (False, True):
         if states[one] is None and one in ones:
             states[one] = _part_states(job, lay, zero_stage, part, conv, tensors, one, memo)
+    walks = tuple(_walk_floor(job, lay, zero_stage, part, conv, preset[1], max(1, gbs // (mbs * dp)),
+                              activation_offload, memo) for mbs in sizes) if part.walk else None
     key = ("needs", id(figures), states[0], states[1], part.gathered, part.reserve_fraction, part.fixed, reserved,
-           budget)
+           budget, walks)
     hit = memo.get(key)
     if hit is None:
         n_r, column, last = len(recomputes), [], len(recomputes) - 1
-        for one, row in zip(ones, figures, strict=True):  # each floor worked out only where compared
+        for j, (one, row) in enumerate(zip(ones, figures, strict=True)):  # each floor worked out only where compared
             held = states[one]
+            if walks is not None and walks[j] > budget:  # the FSDP walk's floor alone is over: every recompute is
+                column.append(n_r)
+                continue
             i = n_r if _floor_sum(part, held, row[last], reserved) > budget else 0  # the heaviest first
             while i < last and _floor_sum(part, held, row[i], reserved) > budget:  # it stops at the heaviest
                 i += 1
@@ -446,7 +456,47 @@ def _layout_sum(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: 
     states = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo, degrees)
     if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
         states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo, degrees))
-    return _floor_sums(part, states, [0.0], reserved)[0]
+    # the FSDP walk's floor at one micro-batch per step, the least of its figures (no accumulated gradients)
+    plain = _floor_sums(part, states, [0.0], reserved)[0]
+    return max(plain, _walk_floor(job, lay, zero_stage, part, conv, tensors, 1, False, memo, degrees)) if part.walk \
+        else plain
+
+
+def _walk_floor(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: Convention,
+                tensors: list[StateTensor], m: int, activation_offload: bool, memo: dict,
+                degrees: _Degrees | None = None) -> float:
+    """A floor of the FSDP2 backward walk's peak (estimate/fsdp_walk.fsdp_backward_moments, where the estimate walks:
+    memory_stage.walks) on a single stage, 0 elsewhere. The walk has a moment at the end of each decoder layer's
+    backward ("gradients") holding that unit gathered (conv.unsharded_param_bytes) beside its unsharded gradients
+    (memory_states.unsharded_grad_bytes), with the model states less the gradients not allocated yet (the lesser
+    states figure, _part_states' one micro-batch), the activations (none counted) and the fixed overheads; the
+    largest unit's moment is taken. With m micro-batches where the units hold their unsharded gradients between them
+    (memory_states.accumulated_grad_bytes, the least over the plan's defer_fsdp_grad_sync and grad_reduce_in_fp32),
+    a middle micro-batch (m >= 3) holds every unit's at every moment, and of two (fsdp_walk.accumulated_moments) the
+    first holds those backward has passed and the last those it has not reduced, at least half of them at either
+    copy of a moment: the decoder layers' sum, whole or halved, is added. The units are the floor's _layer_units
+    (the estimate's walk_units split alike), the embedding's and output layer's left out, and no allocator reserve:
+    every term is one the walk counts at that moment, so its peak, and the estimate's fit figure, are at least this.
+    Kept in `memo` per layout, ZeRO stage and m's class (1, 2, more)."""
+    if (not part.walk or lay.pp != 1 or activation_offload or job.lora is not None or not part.n0
+            or not conv.gathered_layers or not any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)):
+        return 0.0
+    cls = min(m, 3)
+    key = ("walk floor", lay, zero_stage, cls)
+    hit = memo.get(key)
+    if hit is None:
+        layers = _layer_units(job, lay.tp, lay.ep * lay.etp, memo)
+        units = [p for a, b in part.spans for p in layers[a:b]]
+        unit = (conv.unsharded_param_bytes + unsharded_grad_bytes(conv)) * max(units)
+        held = 0.0
+        if cls > 1:
+            held = min(accumulated_grad_bytes(job.card, m, True, 1, defer, False, fp32)
+                       for defer in (None, True, False) for fp32 in (None, True, False)) * sum(units)
+            held = held if cls > 2 else held / 2
+        states = _part_states(job, lay, zero_stage, part, conv, tensors, True, memo, degrees)
+        overhead, context = part.fixed
+        hit = memo[key] = states + unit + held + overhead + context
+    return hit
 
 
 def ranks_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Convention, list[StateTensor]] | None = None,
