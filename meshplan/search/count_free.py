@@ -52,10 +52,12 @@ from meshplan.search.space import (
 SHAPE_FIELDS = ("tp", "cp", "sequence_parallel", "etp", "recompute", "micro_batch_size", "zero_stage")
 """The fixed fields the floor reads: where the request fixes one, the floor takes only its value."""
 
-SHAPE_READS = frozenset({"tp", "pp", "cp", "ep", "etp", "sequence_parallel", "zero_stage", "recompute"})
+SHAPE_READS = frozenset({"tp", "pp", "cp", "ep", "etp", "sequence_parallel", "zero_stage", "recompute",
+                         "tp_comm_overlap"})
 """The plan fields a rule may read (`@rule(reads=...)`, beside the request's carried fields) to be asked whether it
-refuses a floor's shape at every GPU count: the shape's own degrees and switches, and pp and ep, which the probes
-vary. A rule that reads a field the count or the batch sets (dp, the micro-batch, the global batch, the pipeline
+refuses a floor's shape at every GPU count: the shape's own degrees and switches, pp and ep, which the probes
+vary, and TP communication overlap, which no count changes (the request's switch, else the framework's default, as
+the search sets it: engine.BestFirstSearch.for_job). A rule that reads a field the count or the batch sets (dp, the micro-batch, the global batch, the pipeline
 split, the rollout's share), or declares no reads, is never asked: it could pass the shape at another count."""
 
 PROBES = ((1, 1), (2, 1), (1, 2), (2, 2))
@@ -208,6 +210,8 @@ class AdmittedShapes:
         job, fixed = self.job, self.fixed
         extra = {k: fixed.values[k] for k in ("moe_token_dispatcher", "cp_comm_type") if k in fixed.values}
         extra.setdefault("cp_comm_type", job.model.cp_comm_type_default)
+        if "tp_comm_overlap" not in fixed.carried:
+            extra["tp_comm_overlap"] = bool(fixed.values.get("tp_comm_overlap", job.card.tp_overlap.default))
         world = mesh.smallest_world(job.card.world_size_law, tp, pp, cp, 1, ep, etp)
         plan = Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=1).plan(
             zero_stage=zero, recompute=recompute, micro_batch_size=self.mbs,  # type: ignore[arg-type]
