@@ -51,7 +51,7 @@ def test_shorter_prompts_cost_less_everywhere_but_memory(mean_response):
 
 def test_the_rl_note_says_the_prompts_mean():
     note = step(DAPO, mean_prompt_length=256).assumptions[0]
-    assert "prompts of mean 256 of at most 2,048 tokens" in note and "waves of 8,192 steps" in note
+    assert "prompts of mean 256 of at most 2,048 tokens" in note and " of 8,192 steps" in note
     assert "prompts of mean" not in step(DAPO).assumptions[0]
 
 

@@ -10,7 +10,7 @@ from typing import NamedTuple
 from meshplan.arithmetic.comm import job_links, small_allreduce_time
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.arithmetic.mesh import rl_job_gpus
-from meshplan.core.units import GIB
+from meshplan.core.units import GIB, plural
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration, calibration_card
 from meshplan.knowledge.model_counts import expert_params, total_params
@@ -302,11 +302,11 @@ def rl_report(job, plan: Plan, timing, update, words: str):
     prompts = (f" of prompts of mean {rl.mean_prompt:,} of at most {rl.prompt_length:,} tokens"
                if rl.mean_prompt < rl.prompt_length else "")
     note = (f"RL step ({rl.algorithm}, {plan.placement}): generation {timing.generation_s:,.0f} s (prefill "
-            f"{timing.prefill_s:,.0f} s{prompts}, decode {timing.decode_s:,.0f} s: {timing.replicas} replicas of "
-            "rollout "
+            f"{timing.prefill_s:,.0f} s{prompts}, decode {timing.decode_s:,.0f} s: "
+            f"{plural(timing.replicas, 'replica')} of rollout "
             f"TP{plan.rollout_tp}{f' DP{plan.rollout_dp}' if plan.rollout_dp > 1 else ''}"
             f"{ep_words(job.model.moe is not None, plan)}, {timing.sequences_at_once} sequences at once, "
-            + (f"{timing.decode_waves} waves of {rl.response_length:,} steps of "
+            + (f"{plural(timing.decode_waves, 'wave')} of {rl.response_length:,} steps of "
                if rl.mean_response >= rl.response_length
                else "steps at the full batch of ")
             + f"{timing.decode_step_s * 1e3:.1f} ms, "

@@ -57,8 +57,9 @@ SHAPE_READS = frozenset({"tp", "pp", "cp", "ep", "etp", "sequence_parallel", "ze
 """The plan fields a rule may read (`@rule(reads=...)`, beside the request's carried fields) to be asked whether it
 refuses a floor's shape at every GPU count: the shape's own degrees and switches, pp and ep, which the probes
 vary, and TP communication overlap, which no count changes (the request's switch, else the framework's default, as
-the search sets it: engine.BestFirstSearch.for_job). A rule that reads a field the count or the batch sets (dp, the micro-batch, the global batch, the pipeline
-split, the rollout's share), or declares no reads, is never asked: it could pass the shape at another count."""
+the search sets it: engine.BestFirstSearch.for_job). A rule that reads a field the count or the batch sets (dp,
+the micro-batch, the global batch, the pipeline split, the rollout's share), or declares no reads, is never asked: it
+could pass the shape at another count."""
 
 PROBES = ((1, 1), (2, 1), (1, 2), (2, 2))
 """(pp, ep) at which a rule must fire on a shape for the floor to leave the shape out, each at CP 1 and at the
