@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from meshplan.arithmetic.mesh import rl_job_gpus
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import framework_card, rl_card, rl_frameworks
+from meshplan.knowledge.cards import FrameworkCard, framework_card, rl_card, rl_frameworks
 from meshplan.knowledge.rl_card import RLCard, RLDefaults
 from meshplan.schema.choices import Placement, RLAlgorithm, RolloutEngine
 from meshplan.schema.plan import Plan, RLJob
@@ -145,21 +145,22 @@ def trainer_request(trainer: Request, rl: RLJob | None = None) -> Request:
     its pipeline schedule, and so holds its micro-batches in flight, once per mini-batch (rl/memory.
     update_micro_batches, rl/step_time.mini_batch_update), so the actor layouts are ranked and sized at that batch;
     at the whole step's, a deep pipeline's memory was counted at micro-batches it never holds at once."""
-    cleared: dict = dict.fromkeys(("job", *RL_FIELDS, *rl_phase_only_offloads(trainer)))
+    card = framework_card(trainer.framework)
+    cleared: dict = dict.fromkeys(("job", *RL_FIELDS, *rl_phase_only_offloads(trainer, card)))
     if rl is not None and rl.splits_step:
         cleared["global_batch_size"] = rl.mini_batch_sequences
-    allocator = framework_card(trainer.framework).allocator_for(True)
+    allocator = card.allocator_for(True)
     if trainer.expandable_segments is None and allocator is not None:
         cleared["expandable_segments"] = allocator.expandable_segments
     return trainer.model_copy(update=cleared)
 
 
-def rl_phase_only_offloads(req: Request) -> list[str]:
+def rl_phase_only_offloads(req: Request, card: FrameworkCard) -> list[str]:
     """The offload knobs set on `req` that act only between an RL step's phases on each engine its zero_stage may run
     (the card's offload: when phase, phase_offloads_when rl, as SkyRL's optimizer_offload): the training request
     ranks the update step, which has no phases, and rule OF001 refuses them on a training job; the RL plan keeps
-    them (search/rl_actor.actor_layout takes the offload fields from the RL request's plan)."""
-    card = framework_card(req.framework)
+    them (search/rl_actor.actor_layout takes the offload fields from the RL request's plan). `card`: the request's
+    framework's, which trainer_request looked up."""
     engines = ([card.offload_at(req.zero_stage)] if req.zero_stage is not None else list(card.offload.values()))
     return [knob for knob in ("param_offload", "grad_offload", "optimizer_offload")
             if getattr(req, knob) and engines and all(
