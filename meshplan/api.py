@@ -64,13 +64,20 @@ def list_models() -> list[ModelSummary]:
 
 def estimate_memory(req: Request, *, config: ImportedConfig | None = None) -> MemoryReport:
     """Per-GPU memory per stage; from a config file (`config`), its misspelt keys lead the warnings."""
-    from meshplan.check.config import refused_as_check_words
-    from meshplan.estimate.accuracy import with_band
     from meshplan.request.resolve import resolve
-    from meshplan.rl.memory import job_memory as estimate  # an RL job: the peak over its phases
 
     job, plan = resolve(script_request(req))
-    with refused_as_check_words(job, plan):  # a rule's refusal worded as check words it (PP001's ranked split)
+    return _memory(job, plan, config)
+
+
+def _memory(job: Any, plan: Any, config: ImportedConfig | None) -> MemoryReport:
+    """estimate_memory's report of a resolved job and plan, a rule's refusal worded as check words it (PP001's ranked
+    split)."""
+    from meshplan.check.config import refused_as_check_words
+    from meshplan.estimate.accuracy import with_band
+    from meshplan.rl.memory import job_memory as estimate  # an RL job: the peak over its phases
+
+    with refused_as_check_words(job, plan):
         return _warn_misspelt(with_band(estimate(job, plan), job, plan), config)  # the band: cards/accuracy.yaml
 
 
@@ -89,9 +96,8 @@ def memory_and_throughput(req: Request) -> Estimates:
     from meshplan.check.config import refused_as_check_words
     from meshplan.request.resolve import resolve
 
-    req = script_request(req)
-    memory = estimate_memory(req)
-    job, plan = resolve(req)
+    job, plan = resolve(script_request(req))
+    memory = _memory(job, plan, None)
     try:
         with refused_as_check_words(job, plan):
             return Estimates(memory, _timed(job, plan, None, memory))
