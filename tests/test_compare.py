@@ -79,7 +79,27 @@ def test_verl_metrics_line_wrapped_in_a_paste():
     assert run.framework == "verl"
     assert run.peak_allocated_bytes == int(25.921 * GIB) and run.peak_reserved_bytes == int(61.611 * GIB)
     assert run.step_time_s == pytest.approx(96.551)  # on the wrapped second line of the record
-    assert run.mfu == pytest.approx(1.018)
+    assert run.mfu is None  # its perf/mfu/actor 1.018 is over verl's peak for the name, not the GPU's
+
+
+def test_a_logged_mfu_over_one_is_left_out_with_verl_s_reason():
+    """verl's perf/mfu/actor is a fraction: its FLOP count over the peak its table gives the device's name
+    (verl/utils/flops_counter.py get_device_flops); before verl 0.4.0 a GH200's name matched H20's 148 TFLOPS, so
+    issue 1208's GH200 run logged 1.018. Before: compare showed it as 101.8% of the GPU's peak beside the prediction
+    and judged it inside the band. Now it is left out, with its line and verl's reason, and the figure says why."""
+    from meshplan.adapters.logs.verl import MFU_OVER_ONE
+
+    run = read_log_file(str(LOGS / "verl_gh200_sglang.log"))
+    assert run.mfu is None and "mfu" not in run.sources
+    assert MFU_OVER_ONE in run.notes and any("mfu = 1.018 is over the GPU's peak" in n for n in run.notes)
+    req = {"model": "qwen2.5-7b", "num_gpus": 8, "gpu": "h100", "framework": "verl", "job": "rl",
+           "prompt_length": 256, "response_length": 1024}
+    logged = next(f for f in api.compare_run(parse_request(req), log("verl_gh200_sglang.log")).figures
+                  if f.figure == "logged_mfu")
+    assert logged.measured is None and logged.error is None and "over 1" in logged.missing
+    assert read_log("step:2 - perf/mfu/actor:0.43 - timing_s/step:9.0", framework="verl").mfu == pytest.approx(0.43)
+    titan = "step:  7  loss:  2.1000  memory: 10.00GiB(12.50%)  tps: 1,234  tflops: 100.00  mfu: 104.00%"
+    assert read_log(titan).mfu is None  # torchtitan's percent, over 100
 
 
 def test_verl_numpy_values_and_actor_prefix():

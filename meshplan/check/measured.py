@@ -108,7 +108,9 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
         measured_mfu(job, throughput, measured, per_gpu, how, tband, f),
         _figure("logged_mfu", "MFU as the framework logs it" + (" (actor update)" if throughput.rl else ""), mfu,
                 measured.mfu, tband, "the framework's own MFU (its FLOP count and peak may differ from meshplan's)",
-                mfu / f if f else None),
+                mfu / f if f else None,
+                missing=None if measured.mfu is not None else "an MFU of the framework's own (one over 1 is no "
+                "measurement and left out: the log's notes say why)"),
         logged_tflops(job, throughput, measured, tband, f),
     ]
     notes = []

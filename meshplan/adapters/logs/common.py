@@ -90,15 +90,21 @@ def steady(steps: list[StepFigures]) -> tuple[list[StepFigures], str]:
 
 def _measured(records: list, attr: str, notes: list[str], path: str) -> list:
     """The records whose `attr` is a measurement: a logged time, rate, batch or peak is finite and positive, a batch
-    whole (a negative step time such as 'elapsed time per iteration (ms): -5.0' was compared as measured, an infinite
-    peak or batch raised OverflowError, and a zero step time or batch was shown as measured while the rates derived
-    from it read it as absent); the others are left out, each named with its line."""
+    whole, an MFU at most 1 (a negative step time such as 'elapsed time per iteration (ms): -5.0' was compared as
+    measured, an infinite peak or batch raised OverflowError, a zero step time or batch was shown as measured while
+    the rates derived from it read it as absent, and verl's perf/mfu/actor 1.018 was compared as 101.8% of the GPU's
+    peak); the others are left out, each named with its line."""
     kept = []
     for record in records:
         value = getattr(record, attr)
         if value is None:
             continue
         if math.isfinite(value) and value > 0 and (attr != "global_batch_size" or float(value).is_integer()):
+            if attr == "mfu" and value > 1:
+                notes.append(f"{path}:{record.line}: mfu = {value:g} is over the GPU's peak, which no run reaches: the "
+                             "framework divided its FLOPs by a lower peak than the GPU's, so it is not this GPU's MFU: "
+                             "left out")
+                continue
             kept.append(record)
         else:
             notes.append(f"{path}:{record.line}: {attr} = {value:g} is not a measurement (a logged time, rate, "

@@ -6,7 +6,11 @@ perf/max_memory_* are torch's peaks / 1024**3 (newer releases prefix them with a
 whole RL step (verl's PPO trainer logs it; its prompt_length/max, response_length/max and /mean are read as the RL
 request's fields); timing_s/update_actor is the actor update alone (verl/trainer/ppo/ray_trainer.py's
 marked_timer("update_actor")); perf/throughput is total tokens / (step seconds x GPUs), per GPU; perf/mfu/actor is the
-actor update's MFU (a fraction). Values may print as np.float64(...); a pasted line may wrap anywhere.
+actor update's MFU, a fraction: the FLOPs verl's flops_counter counts over the peak its own table gives the device's
+name (verl/utils/flops_counter.py get_device_flops, the first table key found in the name). Before verl 0.4.0 (commit
+bd94bd61f, 'fix flops for H200') that table was tried H100, H800, A100, A800, L40, L20, then H20 (148 TFLOPS), so an
+H200's or GH200's name matched H20's peak and its MFU read 6.7x high (issue 1208's GH200 run logged 1.018): an MFU over
+1 is left out, MFU_OVER_ONE saying why. Values may print as np.float64(...); a pasted line may wrap anywhere.
 The SFT trainer (verl/trainer/sft_trainer.py, verl 0.9.1) logs the same memory keys and train/mfu (its engine's FLOP
 count over the GPUs' peak), no step time and no RL key: its steps are a training job's, so they state no RL fields.
 """
@@ -34,6 +38,12 @@ MEMORY_KEYS = {"perf/max_memory_allocated_gb": "allocated_bytes", "actor/perf/ma
                "actor/perf/max_memory_reserved_gb": "reserved_bytes"}
 
 
+MFU_OVER_ONE = ("verl's MFU is over 1: verl divides its FLOP count by its own table's peak for the device's name "
+                "(verl/utils/flops_counter.py get_device_flops); before verl 0.4.0 an H200's or GH200's name matched "
+                "H20's 148 TFLOPS, 6.7x below their 989, so the logged MFU is not over the GPU's peak: the run's "
+                "MFU here is its logged rate over the GPU's peak")
+
+
 def read(text: str, path: str, framework: str = "verl") -> LogReading:
     reading = LogReading(framework=framework, path=path)
     starts = list(RECORD.finditer(text))
@@ -52,6 +62,8 @@ def read(text: str, path: str, framework: str = "verl") -> LogReading:
         memory = {attr: values[key] * GIB for key, attr in MEMORY_KEYS.items() if key in values}
         if memory:
             reading.memory.append(MemoryFigures(line=line, **memory))
+    if any(s.mfu is not None and s.mfu > 1 for s in reading.steps):
+        reading.notes.append(MFU_OVER_ONE)
     if reading.steps and reading.rl_fields is not None:
         reading.notes.append("verl's timing_s/step is the whole RL step (rollout, log-probs, update)")
     elif reading.steps:
