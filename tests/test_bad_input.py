@@ -26,6 +26,9 @@ def cli_error(capsys, *flags: str) -> str:
     (["--gpu_type", "h100"], "unknown flag '--gpu_type' (did you mean '--gpu'?)"),
     (["--jsn"], "unknown flag '--jsn' (did you mean '--json'?)"),
     (["--zzzz"], "unknown flag '--zzzz'"),
+    # 'gpus' is num_gpus's synonym on every face: argparse took '--gpus 8' as --gpus-per-node (its unique prefix) and
+    # planned one GPU, where the api refuses 'gpus' with "did you mean 'num_gpus'"
+    (["--gpus", "8"], "unknown flag '--gpus' (did you mean '--num-gpus'?)"),
     # A bad value of a known flag given before the unknown flag: the unknown name is still the first error.
     (["--tp", "x", "--tpp", "2"], "unknown flag '--tpp' (did you mean '--tp'?)"),
     (["--tp=x", "--tpp=2"], "unknown flag '--tpp' (did you mean '--tp'?)"),

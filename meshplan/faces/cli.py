@@ -22,7 +22,7 @@ from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import plural
 from meshplan.faces.mcp import start_up
-from meshplan.request.parse import ascii_float, ascii_int, likely_field, parse_request, request_error
+from meshplan.request.parse import ascii_float, ascii_int, field_aliases, likely_field, parse_request, request_error
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
 
@@ -78,6 +78,11 @@ class Parser(argparse.ArgumentParser):
                 return
             name = token.split("=", 1)[0]
             abbreviates = sub.allow_abbrev and any(o.startswith(name) for o in known)  # argparse takes a unique prefix
+            # a prefix that is another field's synonym is that field's, as parse_request reads it ('--gpus 8' set
+            # gpus_per_node, an abbreviation of --gpus-per-node, where the api refuses 'gpus' for num_gpus)
+            alias = field_aliases().get(name[2:].replace("-", "_"))
+            if abbreviates and alias is not None and not _flag(alias).startswith(name) and _flag(alias) in known:
+                sub.error(f"unknown flag {name!r} (did you mean {_flag(alias)!r}?)")
             if not name.startswith("--") or name in known or abbreviates:
                 continue
             field = likely_field(name[2:], [o[2:].replace("-", "_") for o in known])
