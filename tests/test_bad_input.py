@@ -170,6 +170,18 @@ def test_the_page_refuses_a_field_its_form_does_not_have():
     assert "(did you mean 'num_gpus'?)" in answer({**base, "num_gpu": "8"})[2]
 
 
+def test_the_page_s_route_refuses_a_field_its_form_does_not_have():
+    """The same URL through the page's own reading of a query (`meshplan serve --http`, GET /?...&vpp=3): the form's
+    reader kept its own fields alone, so the answer came back as if vpp were left to the search."""
+    from urllib.parse import parse_qs
+
+    from meshplan.faces.report.page import _form_values, page
+
+    html = page(_form_values(parse_qs("model=llama-3.1-8b&gpu=h100&num_gpus=8&vpp=3")))
+    assert "The page has no field &#39;vpp&#39; (did you mean &#39;pp&#39;?)" in html
+    assert 'id="answer-json"' not in html
+
+
 def test_a_config_json_with_a_slip_is_told_to_fix_its_json_not_to_use_config():
     from meshplan.faces.report.page import PASTED, answer
 

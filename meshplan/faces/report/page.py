@@ -47,7 +47,9 @@ CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def _form_values(form: dict[str, list[str]]) -> dict[str, str]:
-    return {k: form[k][0].strip() for k in FORM_FIELDS if form.get(k) and form[k][0].strip()}
+    """The form's non-empty fields, every one: a field the form does not have is refused by _request_fields (this
+    kept FORM_FIELDS alone, so `GET /?vpp=3` through the page's route was answered as if vpp were searched)."""
+    return {k: v[0].strip() for k, v in form.items() if v and v[0].strip()}
 
 
 def _control_characters(values: dict[str, str]) -> str:
