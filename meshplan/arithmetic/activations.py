@@ -210,6 +210,11 @@ HF_MOE = MoeBytes(
     hidden_bytes=2,
     bf16_router_input=False,
 )
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+"""Megatron-Core's recompute_modules where a plan names none (TransformerConfig's default): what a plan's selective
+recompute runs, in the estimate (estimate/memory.selective_modules) and the search's floors, whose plans never set
+them (search/job.py refuses recompute_modules)."""
+
 MOE_BYTES = {"megatron_core": MEGATRON_CORE_MOE, "generic": GENERIC_MOE, "fp32_router": TORCHTITAN_MOE, "hf": HF_MOE}
 
 
@@ -281,7 +286,7 @@ def frozen_norm_bytes(shape: Shape, lay: Layout) -> float:
 
 
 def frozen_linear_bytes(shape: Shape, lay: Layout, targets: frozenset[str], moe_layer: bool, recompute: str,
-                        modules: tuple[str, ...] = ("core_attn",), experts_adapted: bool = True) -> float:
+                        modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES, experts_adapted: bool = True) -> float:
     """What one layer's activations (layer_activations, under `recompute`) count for the inputs of linears a LoRA job
     leaves without an adapter (not in `targets`) and that nothing else keeps: a frozen linear saves no input, whose
     only use is its weight's gradient, while an adapted one's lora_A (or Megatron-Bridge's linear_in) keeps it.
@@ -426,7 +431,7 @@ def activation_mode(recompute: str, selective: str) -> str:
 
 @lru_cache(maxsize=8192)
 def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str,
-                      modules: tuple[str, ...] = ("core_attn",)) -> dict[str, float]:
+                      modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> dict[str, float]:
     """Bytes per micro-batch of one layer, by component. recompute: none | selective (Megatron-Core's
     selective recompute of `modules`, its recompute_modules) | op_sac (torchtitan's op-level selective AC) | full.
 

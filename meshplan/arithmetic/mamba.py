@@ -12,7 +12,16 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.arithmetic.activations import BF16, Layout, Shape, _attention, _norm, layer_activations, saved_rows_bytes
+from meshplan.arithmetic.activations import (
+    BF16,
+    DEFAULT_RECOMPUTE_MODULES,
+    Layout,
+    Shape,
+    _attention,
+    _norm,
+    layer_activations,
+    saved_rows_bytes,
+)
 from meshplan.arithmetic.flops import Gemm, Shard
 from meshplan.arithmetic.gdn import gdn_activations
 from meshplan.schema.model import Architecture
@@ -84,19 +93,18 @@ def hybrid_layer_activations(shape: Shape, lay: Layout, kind: str, recompute: st
     return out
 
 
-# Every Megatron recompute module a hybrid's layers read (hybrid_layer_activations): a selective floor that drops what
-# any of them drops holds whatever modules a plan recomputes.
-HYBRID_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "gdn_norm_out")
-
-
-def least_kind_activations(shape: Shape, lay: Layout, recompute: str) -> tuple[float, float, float, float]:
+def least_kind_activations(shape: Shape, lay: Layout, recompute: str,
+                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> tuple[float, float, float, float]:
     """A hybrid's floor of one layer's bytes per micro-batch (the search's memory floors, search/floors.py): the least
-    of its MoE layers, and of its Mamba-2, Gated DeltaNet, attention and MLP layers, under `recompute` at every
-    recompute module, then without recompute (what full recompute rebuilds); 0 for a kind it has none of. `lay`
-    carries the card's Mamba-2 and Gated DeltaNet rows (memory_states.mixer_rows). A stage's layers of each kind hold
-    at least count x these."""
+    of its MoE layers, and of its Mamba-2, Gated DeltaNet, attention and MLP layers, under `recompute` with the
+    `modules` the plans recompute (the search's: Megatron's default, as the estimate's for a plan naming none), then
+    without recompute (what full recompute rebuilds); 0 for a kind it has none of. `lay` carries the card's Mamba-2 and
+    Gated DeltaNet rows (memory_states.mixer_rows). A stage's layers of each kind hold at least count x these. It took
+    every module (core_attn, layernorm, mlp, moe, moe_act, ...), which the search's plans never recompute: an MoE
+    layer's selective floor left out its routed rows, so Qwen3-Next-80B-A3B's fell to 32 MiB where its plans keep
+    about 10x that, and recommend estimated some 6,000 layouts the floor should have refused."""
     def least(mode: str, moe: bool) -> float:
-        return min((sum(hybrid_layer_activations(shape, lay, kind, mode, HYBRID_MODULES).values())
+        return min((sum(hybrid_layer_activations(shape, lay, kind, mode, modules).values())
                     for kind in shape.kinds if (kind == "E") == moe), default=0.0)
     return least(recompute, True), least(recompute, False), least("none", True), least("none", False)
 

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.activations import (
+    DEFAULT_RECOMPUTE_MODULES,
     Layout,
     Shape,
     activation_mode,
@@ -330,7 +331,7 @@ def micro_batch_terms(job: Job, plan: Plan, base: LayoutTerms) -> tuple[int, Lay
     """(tokens of one micro-batch on one GPU, one layer's Layout, its activations per kind and recompute mode, what
     the output layer and loss keep of one micro-batch): once per micro-batch size and recompute modules of the
     layout (base.micro_batches), the rest of the plan's recompute fields being read by no term of them."""
-    modules = tuple(plan.recompute_modules or ("core_attn",))  # Megatron's recompute_modules (its default)
+    modules = selective_modules(plan)
     key = (plan.micro_batch_size, modules)
     hit = base.micro_batches.get(key)
     if hit is None:
@@ -343,6 +344,11 @@ def micro_batch_terms(job: Job, plan: Plan, base: LayoutTerms) -> tuple[int, Lay
             # is)
             output_activations(conv, tokens, base.vocab, plan.tp, arch.hidden_size, base.ts))
     return hit
+
+
+def selective_modules(plan: Plan) -> tuple[str, ...]:
+    """The modules a plan's selective recompute runs: its recompute_modules, else Megatron's default."""
+    return tuple(plan.recompute_modules or DEFAULT_RECOMPUTE_MODULES)
 
 
 def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:

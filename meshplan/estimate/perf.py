@@ -42,7 +42,13 @@ from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.hybrid_time import hybrid_layers
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer, scope_memo
 from meshplan.estimate.layer_time import layer_time, overlapped_twin
-from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth_blocks, step_offload_time
+from meshplan.estimate.memory import (
+    attention_switches,
+    ep_rank_load,
+    every_nth_blocks,
+    selective_modules,
+    step_offload_time,
+)
 from meshplan.estimate.memory_terms import time_rank_parts
 from meshplan.estimate.moe_time import a2a_steady_share, moe_host_syncs
 from meshplan.estimate.mtp_time import head_with_mtp
@@ -468,7 +474,7 @@ def recompute_of(job: Job, plan: Plan) -> Recompute:
     """What the plan's recompute repeats, as the stages' time reads it: the framework's "selective", torchtitan's
     every N-th block, Megatron's recompute modules."""
     return Recompute(selective=job.card.recompute.selective, every_nth=every_nth_blocks(plan),
-                     modules=tuple(plan.recompute_modules or ("core_attn",)))
+                     modules=selective_modules(plan))
 
 
 def dp_traffic(plan: Plan, lk: Links, groups: mesh.MeshGroups, cal: Calibration) -> DpTraffic:

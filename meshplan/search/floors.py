@@ -30,6 +30,7 @@ from meshplan.arithmetic.memory_states import (
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
 from meshplan.arithmetic.schedule import Stages, in_flight, plan_stages, stages_for, v_placed
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import selective_modules
 from meshplan.knowledge.gdn_config import pipeline_unit
 from meshplan.knowledge.model_counts import layer_params, per_architecture
 from meshplan.schema.plan import Job
@@ -766,7 +767,9 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
                     dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn)
     shape = shape_of(job.model)
     if shape.kinds:  # a hybrid (M, G, *, -, E layers): arithmetic/mamba.least_kind_activations
-        sums = least_kind_activations(shape, act._replace(**mixer_rows(job)), recompute)
+        # the modules every searched plan recomputes (search/job.py refuses recompute_modules)
+        sums = least_kind_activations(shape, act._replace(**mixer_rows(job)), recompute,
+                                      selective_modules(DEFAULT_PLAN))
         if recompute == "full" and pipeline_unit(job.model) > 1:
             # a Gated DeltaNet hybrid's MLP or MoE layer is inside its decoder layer's checkpoint, which keeps the
             # mixer's input alone (memory.checkpoint_group): none saved, so the dense least is none where it has one
