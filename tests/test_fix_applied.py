@@ -229,6 +229,20 @@ def test_a_one_stage_fix_clears_the_virtual_stages_too():
         assert not {"KF001", "PP003"} & set(_errors(fixed)), fixed
 
 
+@pytest.mark.parametrize("req", [
+    dict(model="gpt-oss-120b", framework="megatron-core", gpu="gb200", num_gpus=24, zero_stage=1, micro_batch_size=2,
+         vpp=2),
+    dict(model="olmoe-1b-7b", framework="torchtitan", gpu="b200", num_gpus=24, vpp=2, micro_batch_size=2)])
+def test_a_pipeline_fix_counts_the_default_batch_the_fixed_request_takes(req):
+    """PP003's 'pp in {2, 3, 6} with vpp=2' on 24 GPUs at micro-batch 2 with no global batch given: the fix counted
+    the micro-batches of the default batch at dp=24 (1,056 sequences, 22 at pp=2), but the request with pp=2 takes its
+    own default at dp=12 (1,032, 43 micro-batches), which PP005 (Megatron-Core) and PP011 (torch's interleaved 1F1B)
+    refuse. The fix counts the batch the fixed request takes (rules/fix_values.batch_at)."""
+    assert "global_batch_size" not in req and "PP003" in _errors(req)
+    for fixed in _each_fix_applied(req, "PP003"):
+        assert not {"PP003", "PP005", "PP011", "BS001"} & set(_errors(fixed)), (fixed, list(_errors(fixed)))
+
+
 # Left open, each a fix whose change is right for its own rule but moves what another rule reads, named here so that
 # any other pair fails: a degree's fix (tp, pp, cp, num_gpus) changes dp, and with it whether the batch divides
 # (BS001, VL001, VL003, VL004, SK001).

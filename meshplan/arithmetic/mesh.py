@@ -399,3 +399,16 @@ def mesh_axes(plan: Plan, world: int, domain: int, moe: bool, law: WorldSizeLaw)
         found += [MeshAxis(name, group.size, group.stride, group.crosses(domain), expert=True)
                   for name, group in [("ETP", g.etp), ("EP", g.ep), ("EDP", g.edp)] if group.size > 1]
     return found
+
+
+DEFAULT_BATCH_TOKENS = 1 << 22  # ~4M tokens per step, the Llama 3 pre-training starting batch
+
+
+def default_global_batch(seq_length: int, num_gpus: int, micro_batch_size: int = 1, dp: int = 1) -> int:
+    """The sequences per step when none is given (the one home of this default, every face's): DEFAULT_BATCH_TOKENS
+    worth, at least one sequence, rounded up to a multiple of the GPU count, so that every data-parallel size a
+    search weighs at micro-batch 1 divides it and recommend, check and render of one request take the same batch;
+    a layout whose micro-batch x dp does not divide that takes the next multiple of both (BS001 would refuse it)."""
+    unit = math.lcm(num_gpus, micro_batch_size * dp)
+    sequences = max(1, DEFAULT_BATCH_TOKENS // seq_length)
+    return max(unit, -(-sequences // unit) * unit)

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.lora import resolve_lora
 from meshplan.arithmetic.memory_states import convention_name, memory_card
+from meshplan.arithmetic.mesh import DEFAULT_BATCH_TOKENS, default_global_batch
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import unwritable_reason
@@ -26,18 +27,6 @@ from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture, layer_kind_counts
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
-
-DEFAULT_BATCH_TOKENS = 1 << 22  # ~4M tokens per step, the Llama 3 pre-training starting batch
-
-
-def default_global_batch(seq_length: int, num_gpus: int, micro_batch_size: int = 1, dp: int = 1) -> int:
-    """The sequences per step when none is given (the one home of this default, every face's): DEFAULT_BATCH_TOKENS
-    worth, at least one sequence, rounded up to a multiple of the GPU count, so that every data-parallel size a
-    search weighs at micro-batch 1 divides it and recommend, check and render of one request take the same batch;
-    a layout whose micro-batch x dp does not divide that takes the next multiple of both (BS001 would refuse it)."""
-    unit = math.lcm(num_gpus, micro_batch_size * dp)
-    sequences = max(1, DEFAULT_BATCH_TOKENS // seq_length)
-    return max(unit, -(-sequences // unit) * unit)
 
 
 def default_batch_note(gbs: int, seq_length: int, unit_text: str) -> str:
@@ -196,6 +185,8 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     )
     job = Job(
         model=arch, gpu=gpu, num_gpus=num_gpus, world_follows_layout=req.num_gpus is None, gpus_per_node=gpn,
+        batch_follows_layout=rl is None and req.global_batch_size is None and gbs == default_global_batch(
+            req.seq_length, num_gpus, mbs, dp),
         rl_step_stated=step_stated if rl else (),
         node_gpus=req.gpus_per_node,
         seq_length=req.seq_length, global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,

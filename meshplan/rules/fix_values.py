@@ -7,7 +7,9 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from meshplan.arithmetic.mesh import default_global_batch
 from meshplan.rules.engine import Context, rule_specs
+from meshplan.schema.plan import Job
 
 # How much a computed fix lists: presentation, not physics (a fix names a few values that work, not all).
 LISTED = 6  # values a list in a fix shows at most: the ones nearest the request
@@ -53,6 +55,16 @@ def lcm(*values: int) -> int:
     for v in values:
         out = out * v // math.gcd(out, v)
     return out
+
+
+def batch_at(job: Job, mbs: int, dp: int) -> int:
+    """The global batch a training job takes at another micro-batch and dp: the request's, else the default the
+    resolver derives for them (Job.batch_follows_layout), which a fix that moves dp moves with it (PP003's pp at vpp=2
+    on 24 GPUs at micro-batch 2: 1,056 sequences at dp=24 are 1,032 at dp=12, 43 micro-batches, which PP005 refuses,
+    where the fix counted 44 of the 1,056)."""
+    if not job.batch_follows_layout:
+        return job.global_batch_size
+    return default_global_batch(job.seq_length, job.num_gpus, mbs, dp)
 
 
 def rl_batch_fix(ctx: Context, gbs: int, unit: int, mini_batch: bool = False) -> str:

@@ -24,7 +24,7 @@ from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.knowledge.gdn_config import decoder_layers, split_layers
 from meshplan.rules.engine import Context, Values, load_rules, rule, rule_specs
-from meshplan.rules.fix_values import ctx_param, divisors, fmt_set, rl_batch_fix
+from meshplan.rules.fix_values import batch_at, ctx_param, divisors, fmt_set, rl_batch_fix
 from meshplan.rules.world import tiled, tiling
 from meshplan.schema.choices import FRAMEWORKS, PipelineSchedule
 from meshplan.schema.plan import Job, Plan
@@ -128,9 +128,11 @@ def vpp_needs_pp(ctx: Context) -> Values:
     refused = {d: microbatch_refusals(ctx, d, p.vpp) for d in split}
     pps = [d for d in split if not refused[d]]
     ids = sorted({r for rules in refused.values() for r in rules})
+    breaks = (f"each breaks {', '.join(ids)} at the default global batch it takes (global_batch_size not given)"
+              if ctx.job.batch_follows_layout else
+              f"at a global batch of {ctx.job.global_batch_size} each breaks {', '.join(ids)}")
     pipeline = (f", or pp in {fmt_set(pps)} with vpp={p.vpp}" if pps else
-                f" (pp {fmt_set(split)} would split the layers into pp*vpp chunks, but at a global batch of "
-                f"{ctx.job.global_batch_size} each breaks {', '.join(ids)})" if split else "")
+                f" (pp {fmt_set(split)} would split the layers into pp*vpp chunks, but {breaks})" if split else "")
     return {"vpp": p.vpp, "how": how, "pipeline": pipeline}
 
 
@@ -167,9 +169,12 @@ def microbatch_refusals(ctx: Context, pp: int, vpp: int) -> list[str]:
     """The MICROBATCH_RULES the job's framework runs that refuse its plan at `pp` and `vpp`, dp derived from the GPU
     count as the resolver derives it (dp left out), at the job's global batch: each rule's own condition, run on that
     plan. Reads tp, cp, ep, zero_stage and MICROBATCH_READS."""
-    p = ctx.plan
-    at = Context(ctx.job, p.model_copy(update={"pp": pp, "vpp": vpp,
-                                               "dp": mesh.derived_dp(ctx.law, ctx.world, p.tp, pp, p.cp, p.ep)}))
+    p, job = ctx.plan, ctx.job
+    dp = mesh.derived_dp(ctx.law, ctx.world, p.tp, pp, p.cp, p.ep)
+    gbs = batch_at(job, p.micro_batch_size, dp)  # a default batch moves with dp
+    if gbs != job.global_batch_size:
+        job = job.model_copy(update={"global_batch_size": gbs})
+    at = Context(job, p.model_copy(update={"pp": pp, "vpp": vpp, "dp": dp}))
     specs, conditions = rule_specs(), load_rules()
     return [r for r in MICROBATCH_RULES if specs[r].applies_to(ctx.framework, at.backend) and conditions[r](at)]
 

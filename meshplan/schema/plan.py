@@ -128,6 +128,10 @@ class Job(StrictModel):
     world_follows_layout: bool = Field(
         False, description="num_gpus was left out: it is the degrees' product (request/resolve.py), so a fix that "
                            "changes a degree changes the GPU count with it (rules/world.py tiled)")
+    batch_follows_layout: bool = Field(
+        False, description="A training job's global_batch_size was left out: it is request/resolve."
+                           "default_global_batch for the GPU count and the plan's micro-batch x dp, so a fix that "
+                           "changes dp changes the batch with it (rules/fix_values.batch_at)")
     rl_step_stated: tuple[Literal["prompts_per_step", "global_batch_size"], ...] = Field(
         (), description="The fields an RL request stated its step's size in (both must agree: rl/job.py), empty where "
                         "it left both out: a fix of the step's batch names each of them, so that the request with it "
