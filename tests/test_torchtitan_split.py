@@ -43,6 +43,20 @@ def test_without_layers_per_stage_the_default_split_is_read():
     assert over.request["first_stage_layers"] == 6 and over.request["last_stage_layers"] == 8
 
 
+@pytest.mark.parametrize(("extra", "said"), [
+    ("pipeline_parallel_layers_per_stage = 8", "5 stages over pp=2, which torchtitan refuses with a single-stage "
+                                               "schedule (exactly 1 stage per rank): layers_per_stage 17 gives one"),
+    ("pipeline_parallel_first_stage_less_layers = 40", "torchtitan refuses it: first_less 40")])
+def test_a_split_torchtitan_refuses_is_said_where_check_lists_what_it_could_not_read(extra, said):
+    """A single-stage schedule (1F1B, the file's) with layers_per_stage giving 5 stages over pp=2: torchtitan's
+    pipeline_parallel.py raises ('Single stage schedule requires exactly 1 stage per rank'; pp must divide the
+    stages). The reader only noted '5 stages over pp=2; the split is not read', so check answered ok with nothing
+    said beside it; now the line is among the file's unresolved ones (config_unread), with what torchtitan takes."""
+    got = api.import_config(_toml(f"pipeline_parallel_degree = 2\n{extra}"), path="t.toml", framework="torchtitan")
+    assert any(said in line for line in got.unresolved), got.unresolved
+    assert not any(said in line for line in got.notes)
+
+
 ZERO = _toml("pipeline_parallel_degree = 2\npipeline_parallel_layers_per_stage = 33\n"
              "pipeline_parallel_first_stage_less_layers = 33")  # 66 effective: 33 33, so 0 32
 

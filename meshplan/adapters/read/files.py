@@ -144,8 +144,8 @@ def _torchtitan_split(reading: Reading, first_less: Setting | None) -> None:
     where = source.where(reading.path) if isinstance(source, Setting) else source
     if "model" in reading.request:
         counts = torchtitan_stage_layers(resolve_model(reading.request["model"]).num_layers, pp, per_stage, fw, lw)
-        if isinstance(counts, str):
-            reading.notes.append(f"{where}: {counts}; the split is not read")
+        if isinstance(counts, str):  # torchtitan refuses the file at start-up: said where check lists what it could
+            reading.unresolved.append(f"{where}: {counts}; the split is not read")  # not read (it was a note)
             return
     elif per_stage is not None:
         counts = [per_stage - fw] + [per_stage] * (pp - 2) + [per_stage - lw]
@@ -211,8 +211,10 @@ def torchtitan_stage_layers(layers: int, pp: int, per_stage: int | None, first_l
     none (only the embedding): the caller states what meshplan can express."""
     effective = layers + first_less + last_less
     stages = pp if per_stage is None else -(-effective // per_stage)
-    if stages != pp:
-        return f"{stages} stages over pp={pp}"
+    if stages != pp:  # pipeline_parallel.py: pp divides the stages, and a single-stage schedule runs 1 per rank
+        return (f"{stages} stages over pp={pp}, which torchtitan refuses with a single-stage schedule (exactly 1 "
+                f"stage per rank): layers_per_stage {-(-effective // pp)} gives one per rank, a multi-stage schedule "
+                "(Interleaved1F1B) runs several")
     least = effective // stages
     if first_less > least or last_less > least:
         return (f"torchtitan refuses it: first_less {first_less} / last_less {last_less} above the {least} effective "
