@@ -1123,6 +1123,27 @@ def test_a_ds_config_with_a_key_given_twice_is_refused_as_deepspeed_refuses_it()
     assert api.import_config(fine, path="ds_config.json").request["global_batch_size"] == 64
 
 
+def test_a_ds_config_s_gpu_count_is_read_only_from_a_whole_batch_triple():
+    """A rendered ds_config with its train_batch_size edited from 1,024 to 500 (micro 2, 32 accumulation steps): the
+    reader floored 500 / 64 to dp = 7 and stated 7 GPUs, where DeepSpeed's batch assertion (runtime/config.py:
+    train_batch_size = micro x gradient_accumulation_steps x world size) refuses it on every count; and a ds_config
+    with no accumulation steps was checked on one GPU, said nowhere. Both now leave the GPU count to the request
+    (refused without --num-gpus, as a launch script that states none is), the first saying why."""
+    base = {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 32,
+            "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    whole = api.import_config(json.dumps(base), path="ds_config.json")
+    assert whole.request["dp"] == 16 and whole.request["num_gpus"] == 16
+    off = api.import_config(json.dumps({**base, "train_batch_size": 500}), path="ds_config.json")
+    assert "dp" not in off.request and "num_gpus" not in off.request
+    assert any("500 is not micro x" in line and "DeepSpeed's batch assertion" in line for line in off.unresolved)
+    no_steps = {k: v for k, v in base.items() if k != "gradient_accumulation_steps"}
+    for text in (json.dumps({**base, "train_batch_size": 500}), json.dumps(no_steps)):
+        imported = api.import_config(text, path="ds_config.json")
+        assert [left.fields for left in imported.left_to_request] == [["num_gpus"]]
+        with pytest.raises(MeshplanError, match="the GPU count is not read"):
+            api.request_from_config(imported, {"model": "llama-3.1-8b"})
+
+
 def test_a_load_key_is_irrelevant_only_where_it_loads_a_checkpoint_or_startup_weights(tmp_path):
     """The irrelevant-key list (adapters/read/keys.IRRELEVANT) held `load` as a word anywhere in a key, so every key
     with a `load` part was dropped unsaid: Megatron's --moe-router-load-balancing-type (the router's loss), a

@@ -374,12 +374,22 @@ def read_deepspeed_json(text: str, path: str) -> Reading:
         reading.state("tp", 1, f"{path} (a ds_config alone: no tensor parallelism)")
     accumulation = reading.extra.get("accumulation")
     gbs, mbs = reading.request.get("global_batch_size"), reading.request.get("micro_batch_size")
-    if gbs and mbs and accumulation and str(accumulation[0]).isdigit():
+    if gbs and mbs and accumulation and str(accumulation[0]).isdigit() and gbs % (mbs * int(accumulation[0])):
+        # DeepSpeedConfig._batch_assertion: train_batch_size == micro x accumulation x world size, at any GPU count
+        # (it read 500 / (2 x 32) as dp = 7, floored, and 7 GPUs)
+        reading.unresolved.append(
+            f"{reading.sources['global_batch_size']} {gbs} is not micro x {accumulation[1].where(path)} = "
+            f"{mbs} x {accumulation[0]} = {mbs * int(accumulation[0])} x a GPU count: DeepSpeed's batch assertion "
+            "(runtime/config.py, train_batch_size = micro x gradient_accumulation_steps x world size) refuses it on "
+            "any count; dp and the GPU count not read")
+    elif gbs and mbs and accumulation and str(accumulation[0]).isdigit():
         reading.state("dp", gbs // (mbs * int(accumulation[0])), f"{reading.sources['global_batch_size']} / "
                                                                   f"(micro x {accumulation[1].where(path)})")
         tp = reading.request["tp"]
         reading.state("num_gpus", reading.request["dp"] * tp, reading.sources["dp"] if tp == 1 else
                       f"dp x tp ({reading.sources['dp']}; {reading.sources['tp']})")
+    if "num_gpus" not in reading.request:  # it was checked on 1 GPU, said nowhere
+        reading.leave(("num_gpus",), "num_gpus: the file does not say how many GPUs (pass --num-gpus)")
     reading.state("pp", 1, f"{path} (a ds_config alone: no pipeline parallelism)")
     _ds_checkpointing(reading, settings)
     return reading
