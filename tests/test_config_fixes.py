@@ -110,6 +110,22 @@ def test_deepspeed_json_keys_and_launcher_flags():
     assert file_change(imported, "tp", 2).text.endswith("# on the launch command line, not in this file")
 
 
+def test_a_knob_with_a_vocabulary_is_written_in_the_framework_s_word():
+    """MEM001's 'optimizer_offload=true' on a ds_config was written {"offload_optimizer": {"device": true}}, which
+    DeepSpeed's OffloadDeviceEnum (none, cpu, nvme) refuses; AutoModel's attention 'flash' as model.backend.attn:
+    flash, where its word is sdpa. A fix writes the card's word (AdapterKnob.values) for the value."""
+    imported = api.import_file(str(CONFIGS / "ds_zero_stage_1_baseline.json"))
+    assert file_change(imported, "optimizer_offload", True).text.startswith(
+        '{"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}')
+    assert file_change(imported, "param_offload", False).text.startswith(
+        '{"zero_optimization": {"offload_param": {"device": "none"}}}')
+    assert file_change(imported, "zero_stage", 2).text.startswith('{"zero_optimization": {"stage": 2}}')
+    automodel = next(p for p in sorted(CONFIGS.glob("*.yaml")) if api.import_file(str(p)).framework ==
+                     "nemo-automodel")
+    assert file_change(api.import_file(str(automodel)), "attention_backend", "flash").text.startswith(
+        "model.backend.attn=sdpa")
+
+
 def test_misses_are_no_fixes():
     imported = api.import_file(str(CONFIGS / "torchtitan_llama3_8b.toml"))
     miss = Finding(id="MEM001", severity="error", message="m",

@@ -206,9 +206,11 @@ def missing_knob(card: FrameworkCard, version: str, variant: str, job: Job, plan
             continue
         knob = table[name]
         chosen = {"pipeline_schedule": plan.pipeline_schedule, "optimizer": plan.optimizer,
-                  "optimizer_state_dtype": plan.optimizer_state_dtype}.get(
-            name, plan.attention_backend)  # the knobs with a vocabulary (AdapterKnob.values)
-        if knob.values is not None and knob.key is not None and knob.values.get(str(chosen)) is None:
+                  "optimizer_state_dtype": plan.optimizer_state_dtype, "attention_backend": plan.attention_backend}.get(
+            name)  # the knobs with a vocabulary (AdapterKnob.values) a value may be missing from; a switch's values
+        # (DeepSpeed's offload device) only say how its key writes it
+        if chosen is not None and knob.values is not None and knob.key is not None and \
+                knob.values.get(str(chosen)) is None:
             takes = ", ".join(k for k, v in knob.values.items() if v is not None)
             return MissingKnob(name, describe_knob(name, plan, job), f"its {knob.key} takes {takes}", knob.instead)
         if knob.key is None:

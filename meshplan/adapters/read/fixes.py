@@ -16,6 +16,7 @@ from typing import Any
 
 from meshplan.adapters.read.keys import SWITCH_KNOBS, VALUE_KNOBS, convert, read_section
 from meshplan.adapters.read.pyconfig import AC_MODES
+from meshplan.knowledge.adapter_card import AdapterKnob
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.choices import FRAMEWORKS
@@ -118,9 +119,19 @@ def written(key: str, value: Any, fmt: str, variant: str | None, framework: str 
     return f"{key}={_value_text(value, 'hydra')}"
 
 
-def _card_key(imported: ImportedConfig, field: str, value: Any) -> tuple[str | None, str | None]:
-    """(the card's key for the field's knob, why there is none): the knob named after the field, or zero_<stage> /
-    recompute_<mode> for the fields a knob per value sets."""
+def _card_value(imported: ImportedConfig, field: str, value: Any) -> Any:
+    """The value as the framework's key takes it: the card's word for it where the knob has a vocabulary
+    (AdapterKnob.values: DeepSpeed's offload device 'cpu' for true, KempnerForge's 'adamw' for adam), else as is.
+    A fix wrote {"offload_optimizer": {"device": true}}, which DeepSpeed's OffloadDeviceEnum refuses."""
+    knob = _card_knob(imported, field, value)
+    word = "true" if value is True else "false" if value is False else str(value)
+    theirs = (knob.values or {}).get(word) if knob is not None else None
+    return value if theirs is None else theirs
+
+
+def _card_knob(imported: ImportedConfig, field: str, value: Any) -> AdapterKnob | None:
+    """The card's knob for the field (zero_<stage> / recompute_<mode> for the fields a knob per value sets) in the
+    version and variant the file is written for."""
     card = framework_card(imported.framework)
     section = adapter_section(card)
     variant = imported.variant if imported.variant in section.variants else next(iter(section.variants))
@@ -130,7 +141,13 @@ def _card_key(imported: ImportedConfig, field: str, value: Any) -> tuple[str | N
     table = knob_table(card, version, variant)
     knob = field if field in VALUE_KNOBS | SWITCH_KNOBS or field in table else {
         "zero_stage": f"zero_{value}", "recompute": f"recompute_{value}"}.get(field)
-    spec = table.get(knob) if knob else None
+    return table.get(knob) if knob else None
+
+
+def _card_key(imported: ImportedConfig, field: str, value: Any) -> tuple[str | None, str | None]:
+    """(the card's key for the field's knob, why there is none): the knob named after the field, or zero_<stage> /
+    recompute_<mode> for the fields a knob per value sets."""
+    spec = _card_knob(imported, field, value)
     if spec is None:
         return None, f"meshplan knows no {imported.framework} key for {field}"
     if not spec.key or spec.key.startswith("("):
@@ -176,7 +193,7 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
                           text=f"(remove {where[0]})  # line {where[1]}" if where[0] else f"(leave {field} out)")
     if source is not None and _same_key(imported, field, value, source.group("key")):
         key = source.group("key")
-        text = written(key, value, fmt, imported.variant, imported.framework)
+        text = written(key, _card_value(imported, field, value), fmt, imported.variant, imported.framework)
         was = imported.request.get(field)
         via = f", through ${source.group('via')}" if source.group("via") else ""
         return FileChange(field=field, value=value, key=key, line=int(source.group("line")),
@@ -196,7 +213,8 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
     if (" " in key.strip() and not key.startswith("[")) or (flag and field in ("zero_stage", "recompute")):
         text = key  # the knob's key carries its value ('--recompute-granularity selective'), or is a switch
     else:
-        text = written(key, value, "shell" if flag else fmt, imported.variant, imported.framework)
+        text = written(key, _card_value(imported, field, value), "shell" if flag else fmt, imported.variant,
+                       imported.framework)
     if flag and fmt in ("toml", "json"):  # a ds_config's Megatron-DeepSpeed flags: the launcher's, not the file's
         text += "  # on the launch command line, not in this file"
     return FileChange(field=field, value=value, key=key, text=text)
