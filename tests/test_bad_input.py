@@ -170,6 +170,15 @@ def test_the_page_refuses_a_field_its_form_does_not_have():
     assert "(did you mean 'num_gpus'?)" in answer({**base, "num_gpu": "8"})[2]
 
 
+def test_the_page_reads_a_number_in_ascii_digits_as_the_cli_and_the_api_do():
+    """'１６' (fullwidth digits) in the page's num_gpus was answered for 16 GPUs (Python's \\d and int() take any
+    script's digits), where the CLI (ascii_int) and the api refuse it: the page refuses it as the api does."""
+    from meshplan.faces.report.page import answer
+
+    error = answer({"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": "\uff11\uff16"})[2]
+    assert error.startswith("Invalid request: num_gpus: Input should be a valid integer"), error
+
+
 def test_the_page_s_route_refuses_a_field_its_form_does_not_have():
     """The same URL through the page's own reading of a query (`meshplan serve --http`, GET /?...&vpp=3): the form's
     reader kept its own fields alone, so the answer came back as if vpp were left to the search."""

@@ -71,8 +71,9 @@ def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
                             fix="Set the request's other fields (vpp, micro_batch_size, recompute ...) with the CLI "
                                 "(meshplan report) or the MCP tools.")
     fields: dict[str, Any] = {k: v for k, v in values.items() if k != "config"}
-    for name in WHOLE_NUMBERS:  # a form sends text; a signed whole number is one
-        if re.fullmatch(r"[+-]?\d+", fields.get(name, "")):
+    for name in WHOLE_NUMBERS:  # a form sends text; a signed whole number in ASCII digits is one (the CLI's and the
+        # api's reading: '１６' was answered for 16 GPUs, which both refuse)
+        if re.fullmatch(r"[+-]?[0-9]+", fields.get(name, "")):
             fields[name] = int(fields[name])  # (-8 is below 1, not 'no integer'); the parser names the rest
     if "config" in values:
         path = config_dir / "config.json"
