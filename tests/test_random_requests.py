@@ -146,3 +146,47 @@ def test_an_rl_steps_parts_add_up_on_either_placement(seed):
         sequences = job.rl.prompts_per_step * job.rl.samples_per_prompt
         faults += [(req, fault) for fault in rl_step_faults(report, sequences)]
     assert compared >= 10 and not faults, faults[:3]
+
+
+ROUND_TRIP = ("tp", "pp", "vpp", "cp", "ep", "dp", "zero_stage", "micro_batch_size", "recompute", "sequence_parallel")
+CONFIG_SUFFIX = {"json": "json", "yaml": "yaml", "toml": "toml", "python": "py", "shell": "sh", "hydra": "sh"}
+
+
+@pytest.mark.parametrize("seed", [2])
+def test_a_rendered_file_checked_ok_imports_back_as_its_plan(seed):
+    """torchtitan, DeepSpeed and KempnerForge files render writes for random training requests that check passes,
+    imported back with the model and GPUs given beside them as a user passes them: the same layout, batch and
+    precision (the hand-edit sweep of these three readers started from such a file)."""
+    from meshplan.adapters.render import render
+
+    rng, compared, differ = random.Random(seed), 0, []
+    models = [m.key for m in api.list_models()]
+    for _ in range(300):
+        req = dict(model=rng.choice(models), framework=rng.choice(["torchtitan", "deepspeed", "kempnerforge"]),
+                   gpu=rng.choice(["h100", "h200", "b200", "a100-80gb"]), num_gpus=rng.choice([8, 16, 32]))
+        for name, values in (("tp", [1, 2, 4]), ("pp", [1, 2]), ("zero_stage", [1, 2, 3]), ("ep", [1, 2, 4]),
+                             ("recompute", ["none", "selective", "full"]), ("micro_batch_size", [1, 2]),
+                             ("global_batch_size", [64, 256]), ("cp", [1, 2]), ("precision", ["bf16", "fp8"])):
+            if rng.random() < 0.4:
+                req[name] = rng.choice(values)
+        try:
+            job, plan = resolve(Request(**req))
+            if any(f.severity == "error" for f in api.check_config(Request(**req)).findings):
+                continue
+            result = render(req["framework"], job, plan)
+        except (MeshplanError, ValueError):
+            continue
+        compared += 1
+        imported = api.import_config(result.text, path=f"rendered.{CONFIG_SUFFIX[result.format]}",
+                                     framework=req["framework"])
+        back_job, back = resolve(api.request_from_config(imported, {k: req[k] for k in ("model", "gpu", "num_gpus")}))
+        # a ds_config does not say what the model code recomputes: assumed none, said (read_deepspeed_json)
+        unread = {"recompute"} if req["framework"] == "deepspeed" and any(
+            line.startswith("recompute = none") for line in imported.assumed) else set()
+        moved = {f: (getattr(plan, f), getattr(back, f)) for f in ROUND_TRIP
+                 if f not in unread and getattr(plan, f) != getattr(back, f)}
+        moved.update({f: (getattr(job, f), getattr(back_job, f)) for f in ("global_batch_size", "precision")
+                      if getattr(job, f) != getattr(back_job, f)})
+        if moved:
+            differ.append(f"{req}: {moved}")
+    assert compared >= 25 and not differ, "\n".join(differ[:5])
