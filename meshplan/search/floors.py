@@ -11,7 +11,7 @@ from meshplan.arithmetic import activations, mesh
 from meshplan.arithmetic.activations import Layout as ActLayout
 from meshplan.arithmetic.activations import activation_mode, attention_saves, layer_activations, moe_bytes, shape_of
 from meshplan.arithmetic.lora import lora_engines
-from meshplan.arithmetic.mamba import least_kind_activations
+from meshplan.arithmetic.mamba import hybrid_layer_activations, least_kind_activations
 from meshplan.arithmetic.memory_states import (
     Convention,
     StateTensor,
@@ -43,6 +43,12 @@ class _Prefix:
     def __init__(self, arch) -> None:
         self.arch = arch
         self.sharded, self.replicated, self.experts, self.moe = [0], [0], [0], [0]
+        # a hybrid's layers of each kind but MoE, in shape_of's kind order (_kind_counts)
+        self.kinds = tuple(k for k in shape_of(arch).kinds if k != "E")
+        self.kind = {k: [0] for k in self.kinds}
+        for k, counts in self.kind.items():
+            for i in range(arch.num_layers):
+                counts.append(counts[-1] + (arch.layer_pattern[i] == k))
         for i in range(arch.num_layers):
             p = layer_params(arch, i)
             self.sharded.append(self.sharded[-1] + p["attention"] + p["dense_mlp"] + p["shared_experts"])
@@ -250,7 +256,7 @@ def _row_figures(job: Job, lay: Layout, conv: Convention, part: _FloorPart,
     fewer = None if part.chunks is None or activation_offload else _layers_held(job, lay, part.chunks, sizes, memo)
     reads, switches, own = _activation_reads(job, conv, memo)
     key = ("figures", switches, own if pp == 1 else 0, tp, pp, lay.cp, lay.etp, dp, sp, part.vocab, part.walk, n0,
-           n_moe, activation_offload, recomputes, sizes, fewer)
+           n_moe, part.kinds, activation_offload, recomputes, sizes, fewer)
     hit = memo.get(key)
     if hit is not None:
         return hit
@@ -272,7 +278,11 @@ def _row_figures(job: Job, lay: Layout, conv: Convention, part: _FloorPart,
         figures = []
         for recompute, sums in zip(recomputes, all_sums, strict=True):
             per_mb = n_moe * sums[0]
-            per_mb += n_dense * sums[1]
+            if part.kinds:  # a hybrid's layers of each kind at their own bytes, where the dense least took them all
+                per_mb += sum(count * each for count, each in zip(part.kinds, _kind_sums(
+                    job, reads, switches, tokens, tp, sp, lay.etp, recompute, memo), strict=True))
+            else:
+                per_mb += n_dense * sums[1]
             acts = 0.0 if activation_offload else held * per_mb if layers_held is None else \
                 layers_held[0] * sums[0] + layers_held[1] * sums[1]
             if full_adds and recompute == "full":  # the one layer full recompute rebuilds, the larger kind held
@@ -392,6 +402,26 @@ def _recompute_sums(job: Job, reads: tuple, switches: int, tokens: int, tp: int,
     if sums is None:
         sums = memo[key] = _layer_activation_sums(job, reads, tokens, tp, sp, etp, recompute)
     return sums
+
+
+def _kind_sums(job: Job, reads: tuple, switches: int, tokens: int, tp: int, sp: bool, etp: int, recompute: str,
+               memo: dict) -> tuple[float, ...]:
+    """A hybrid's one layer of each kind but MoE (_Prefix.kinds' order) under `recompute`, one micro-batch of `tokens`
+    per rank, as _layer_activation_sums takes its dense least over them: a first rank's floor counts each of its
+    layers at its own kind's bytes (Qwen3-Next's 36 Gated DeltaNet mixers saved 474 MiB each without recompute at
+    TP2, its 12 attention ones 196 MiB; the floor took 196 MiB for all 48), kept in `memo`."""
+    key = ("kinds", switches, tokens, tp, sp, etp, recompute)
+    hit = memo.get(key)
+    if hit is None:
+        flash, qkv_fused, dropout, swiglu_unfused, moe, attn = reads
+        act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash,
+                        qkv_fused=qkv_fused, dropout=dropout, swiglu_unfused=swiglu_unfused,
+                        fp8=job.precision == "fp8", moe=moe, attn=attn)._replace(**mixer_rows(job))
+        shape, modules = shape_of(job.model), selective_modules(DEFAULT_PLAN)
+        inside = recompute == "full" and pipeline_unit(job.model) > 1  # memory.checkpoint_group: the mixer's input
+        hit = memo[key] = tuple(0.0 if inside and kind == "-" else sum(hybrid_layer_activations(
+            shape, act, kind, recompute, modules).values()) for kind in _prefix(job.model).kinds)
+    return hit
 
 
 def _floor_sums(part: _FloorPart, states: float, figures: list[float], reserved: bool) -> tuple[float, ...]:
@@ -649,6 +679,7 @@ class _FloorPart:
     n_moe: int
     params: tuple[int, int, int]  # its parameters of each kind (_span_params)
     chunks: tuple | None  # its layers and MoE layers per virtual chunk (_first_rank_layers; None: one chunk)
+    kinds: tuple[int, ...]  # a hybrid's: its layers of each kind but MoE (_Prefix.kinds' order); () otherwise
     vocab: int  # padded
     walk: bool  # the peak is the FSDP backward walk's
     states: list[float | None]  # the model states with more than one micro-batch and with one (None until asked)
@@ -681,11 +712,13 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
                                                             for t in tensors):
             gathered = _first_rank_gathered(job, lay, zero_stage, conv, spans, vocab, memo)
         shared = memo[key] = (spans, n0, sum(pre.moe[b] - pre.moe[a] for a, b in spans),
-                              _span_params(job.model, spans), chunks, vocab, walk, gathered,
+                              _span_params(job.model, spans), chunks,
+                              tuple(sum(pre.kind[k][b] - pre.kind[k][a] for a, b in spans) for k in pre.kinds),
+                              vocab, walk, gathered,
                               getattr(card, "allocator_reserve_fraction", 0.0),
                               (card.fixed_overhead_bytes, card.cuda_context_bytes))
-    spans, n0, n_moe, params, chunks, vocab, walk, gathered, reserve, fixed = shared
-    return _FloorPart(spans, n0, n_moe, params, chunks, vocab, walk, [None, None], gathered, reserve, fixed)
+    spans, n0, n_moe, params, chunks, kinds, vocab, walk, gathered, reserve, fixed = shared
+    return _FloorPart(spans, n0, n_moe, params, chunks, kinds, vocab, walk, [None, None], gathered, reserve, fixed)
 
 
 def _first_rank_gathered(job: Job, lay: Layout, zero_stage: int, conv: Convention, spans: tuple[tuple[int, int], ...],
