@@ -105,10 +105,18 @@ def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
     """Forward + backward seconds of the memory-bound work at the HBM bandwidth it gets: the card's passes (eager
     ones when the blocks run uncompiled, but the fused count over the routed experts' activations where the framework
     fuses them: ctx.experts_fused) over the hidden and FFN elements, plus the dispatcher's and router's bytes and the
-    stacked copy of the local experts' weights a framework makes each forward (read and written)."""
-    passes = ctx.cal.eager_elementwise_passes if ctx.eager else ctx.cal.elementwise_passes
-    routed = ctx.cal.elementwise_passes if ctx.experts_fused else passes
-    elem_bytes = passes * BF16 * (load.hidden + (load.shared_ffn + load.dense_ffn)) + routed * BF16 * load.routed_ffn
+    stacked copy of the local experts' weights a framework makes each forward (read and written). An engine that
+    trains transformers' modeling code eagerly (ctx.hf_eager) moves that code's own counts: hf_eager_hidden_passes
+    over the hidden elements, hf_eager_ffn_passes over the FFN ones (bench/step_op_census.py)."""
+    cal = ctx.cal
+    if ctx.hf_eager:  # transformers' modeling code: its own counts over the hidden and the FFN activations
+        elem_bytes = (cal.hf_eager_hidden_passes * BF16 * load.hidden
+                      + cal.hf_eager_ffn_passes * BF16 * (load.shared_ffn + load.dense_ffn + load.routed_ffn))
+    else:
+        passes = cal.eager_elementwise_passes if ctx.eager else cal.elementwise_passes
+        routed = cal.elementwise_passes if ctx.experts_fused else passes
+        elem_bytes = (passes * BF16 * (load.hidden + (load.shared_ffn + load.dense_ffn))
+                      + routed * BF16 * load.routed_ffn)
     elem_bytes += load.dispatch_bytes + load.router_bytes + load.weight_copy_bytes
     return elem_bytes / ctx.hbm
 

@@ -109,6 +109,9 @@ class Calibration:
     gdn_state_passes: float
     gdn_norm_passes: float
     eager_elementwise_passes: float
+    hf_eager_hidden_passes: float
+    hf_eager_ffn_passes: float
+    hf_eager_dispatch_passes: float
     optimizer_bytes_per_param: float
     muon_bytes_per_param: float
     grad_accum_bytes_per_param: float
