@@ -7,11 +7,15 @@ tests/framework_packages.py HF_VENV) and logs every aten op's tensor reads and w
 model, FSDP2, the loss, the optimizer). The counts come from differences, so nothing outside one decoder layer
 enters them:
 - one Llama-3.1-8B layer: (8 layers - 4 layers) / 4 of the model's memory-bound bytes;
-- its FFN passes: the same layer with intermediate_size doubled, less it, over 2 B x tokens x 14336;
+- its FFN, query and key-value passes: the 4-layer model with intermediate_size, the query heads (head_dim kept) or
+  the KV heads doubled, less it, per layer, over 2 B x tokens x the elements added;
 - its hidden passes: the rest of the layer over 2 B x tokens x hidden;
+- the Q/K norm's passes: Qwen3-30B-A3B's query-head variant over its added query elements, less Llama's query
+  passes (its KV-head variant gives the same over the keys: printed beside it);
 - the MoE block's passes over the routed token copies: one Qwen3-30B-A3B layer (4 - 2 layers, halved) less the
-  hidden and FFN passes and the router's bytes (moe_router_bytes_per_logit), over 2 B x tokens x top_k x hidden;
-- out of sample: DeepSeek-V2-Lite's MoE layer against what the three counts give.
+  other counts and the router's bytes (moe_router_bytes_per_logit), over 2 B x tokens x top_k x hidden;
+- out of sample: DeepSeek-V2-Lite's MoE layer (MLA: its per-head keys and values, its latent norm) against what the
+  counts give.
 Also printed: each case's memory-bound seconds by group at meshplan's HBM bandwidth (H200 x hbm_efficiency), the
 FSDP2 casts and copies and the loss's passes, which meshplan does not time at one rank.
 
@@ -41,16 +45,25 @@ GROUPS = ("model", "fsdp", "loss", "optimizer")
 
 
 def census_cases() -> list[dict]:
-    """The GPU bench's no-recompute cases, each also at half its layers; Llama's at 4 layers with intermediate_size
-    doubled."""
+    """The GPU bench's no-recompute cases, each also at half its layers; at half its layers, Llama's with
+    intermediate_size doubled, with twice the query heads (head_dim kept) and with twice the KV heads, and Qwen3's
+    with twice its query heads and twice its KV heads."""
     out = []
     for c in cases():
         if c["policy"] != "none" or "@" in c["case"]:
             continue
-        out += [c, c | {"case": f"{c['case']}-half", "num_layers": c["num_layers"] // 2}]
+        half = c | {"case": f"{c['case']}-half", "num_layers": c["num_layers"] // 2}
+        out += [c, half]
+        cfg, over = c["config"], c["override"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        more_heads = {"num_attention_heads": 2 * cfg["num_attention_heads"], "head_dim": head_dim}
+        more_kv = {"num_key_value_heads": 2 * cfg["num_key_value_heads"]}
         if c["model"] == "llama-3.1-8b":
-            out += [c | {"case": f"{c['case']}-half-ffn2", "num_layers": c["num_layers"] // 2,
-                         "override": {**c["override"], "intermediate_size": 2 * c["config"]["intermediate_size"]}}]
+            out.append(half | {"case": f"{c['case']}-half-ffn2",
+                               "override": {**over, "intermediate_size": 2 * cfg["intermediate_size"]}})
+        if c["model"] in ("llama-3.1-8b", "qwen3-30b-a3b"):
+            out += [half | {"case": f"{c['case']}-half-heads2", "override": {**over, **more_heads}},
+                    half | {"case": f"{c['case']}-half-kv2", "override": {**over, **more_kv}}]
     return out
 
 
@@ -73,32 +86,60 @@ def per_layer(res: dict, name: str) -> float:
     return (memory_bytes(full) - memory_bytes(half)) / (full["num_layers"] - half["num_layers"])
 
 
+def _variant(res: dict, name: str, kind: str) -> float:
+    """Bytes per decoder layer a half-depth variant adds to the half-depth case."""
+    half = res[f"{name}-half"]
+    return (memory_bytes(res[f"{name}-half-{kind}"]) - memory_bytes(half)) / half["num_layers"]
+
+
 def passes(res: dict) -> dict:
     """hf_eager_* from the census (module docstring), with the out-of-sample DeepSeek-V2-Lite check."""
     cal = calibration("verl")
     cfg = {c["model"]: c["config"] for c in cases()}
     llama, qwen, ds = cfg["llama-3.1-8b"], cfg["qwen3-30b-a3b"], cfg["deepseek-v2-lite"]
     tokens = res["llama-3.1-8b-none"]["tokens"]
-    layer = per_layer(res, "llama-3.1-8b-none")
-    wider = res["llama-3.1-8b-none-half-ffn2"]
-    ffn = (memory_bytes(wider) - memory_bytes(res["llama-3.1-8b-none-half"])) / wider["num_layers"] / (
-        2 * tokens * llama["intermediate_size"])
-    hidden = (layer - ffn * 2 * tokens * llama["intermediate_size"]) / (2 * tokens * llama["hidden_size"])
+    pass_of = 2 * tokens  # bytes of one bf16 pass over one element per token
+    lname, qname = "llama-3.1-8b-none", "qwen3-30b-a3b-none"
+    ld = llama["hidden_size"] // llama["num_attention_heads"]
+    ffn = _variant(res, lname, "ffn2") / (pass_of * llama["intermediate_size"])
+    query = _variant(res, lname, "heads2") / (pass_of * llama["num_attention_heads"] * ld)
+    key_value = _variant(res, lname, "kv2") / (pass_of * 2 * llama["num_key_value_heads"] * ld)
+    qd = qwen["head_dim"]
+    qk_norm = _variant(res, qname, "heads2") / (pass_of * qwen["num_attention_heads"] * qd) - query
+    qk_norm_from_keys = (_variant(res, qname, "kv2") / (pass_of * 2 * qwen["num_key_value_heads"] * qd)
+                         - key_value) * 2  # the norm runs on the keys, half of the key and value elements
+    layer = per_layer(res, lname)
+    others = (ffn * llama["intermediate_size"] + query * llama["num_attention_heads"] * ld
+              + key_value * 2 * llama["num_key_value_heads"] * ld)
+    hidden = (layer / pass_of - others) / llama["hidden_size"]
 
-    def moe_parts(c: dict, dispatch: float) -> tuple[float, float]:
-        routed = tokens * c["num_experts_per_tok"] * c["moe_intermediate_size"]
-        shared = tokens * c["moe_intermediate_size"] * (c.get("n_shared_experts") or 0)
+    def moe_layer(c: dict, dispatch: float) -> tuple[float, float]:
+        """Bytes of one MoE layer of config `c` by the counts (the MoE block's copies at `dispatch`), and one pass
+        over its routed copies."""
+        if c.get("kv_lora_rank"):  # MLA: per-head keys and values, the latent norms
+            qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+            q, kv = c["num_attention_heads"] * qk, c["num_attention_heads"] * (qk + c["v_head_dim"])
+            normed = c["kv_lora_rank"] + (c.get("q_lora_rank") or 0)
+        else:
+            d = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+            q, kv = c["num_attention_heads"] * d, 2 * c["num_key_value_heads"] * d
+            normed = q + kv / 2
+        routed = c["num_experts_per_tok"] * c["moe_intermediate_size"]
+        shared = c["moe_intermediate_size"] * (c.get("n_shared_experts") or 0)
         router = cal.moe_router_bytes_per_logit * tokens * (c.get("num_experts") or c["n_routed_experts"])
-        copies = 2 * tokens * c["num_experts_per_tok"] * c["hidden_size"]
-        known = hidden * 2 * tokens * c["hidden_size"] + ffn * 2 * (routed + shared) + router
+        copies = pass_of * c["num_experts_per_tok"] * c["hidden_size"]
+        known = pass_of * (hidden * c["hidden_size"] + query * q + key_value * kv + qk_norm * normed
+                           + ffn * (routed + shared)) + router
         return known + dispatch * copies, copies
 
-    qwen_layer = per_layer(res, "qwen3-30b-a3b-none")
-    known, copies = moe_parts(qwen, 0.0)
+    qwen_layer = per_layer(res, qname)
+    known, copies = moe_layer(qwen, 0.0)
     dispatch = (qwen_layer - known) / copies
     ds_layer = per_layer(res, "deepseek-v2-lite-none")
-    ds_pred, _ = moe_parts(ds, dispatch)
-    return {"hf_eager_hidden_passes": hidden, "hf_eager_ffn_passes": ffn, "hf_eager_dispatch_passes": dispatch,
+    ds_pred, _ = moe_layer(ds, dispatch)
+    return {"hf_eager_hidden_passes": hidden, "hf_eager_query_passes": query, "hf_eager_key_value_passes": key_value,
+            "hf_eager_qk_norm_passes": qk_norm, "qk_norm_passes_from_the_keys": qk_norm_from_keys,
+            "hf_eager_ffn_passes": ffn, "hf_eager_dispatch_passes": dispatch,
             "llama_layer_bytes": layer, "qwen3_moe_layer_bytes": qwen_layer,
             "deepseek_v2_lite_moe_layer_bytes": ds_layer, "deepseek_v2_lite_predicted_bytes": ds_pred,
             "deepseek_v2_lite_err_pct": 100 * (ds_pred / ds_layer - 1)}

@@ -39,9 +39,29 @@ def test_a_dense_layer_moves_the_hidden_and_ffn_counts():
     ctx = step_terms(job, plan).ctx
     assert ctx.hf_eager
     cal, load = ctx.cal, elementwise_load(ctx, False)
-    want = (cal.hf_eager_hidden_passes * BF16 * load.hidden + cal.hf_eager_ffn_passes * BF16 * load.dense_ffn) / ctx.hbm
-    assert elementwise_seconds(ctx, load) == pytest.approx(want, rel=1e-12)
     assert load.hidden == 8192 * 4096 and load.dense_ffn == 8192 * 14336  # dp 8, tp 1: every token of the row
+    assert load.query == 8192 * 32 * 128 and load.key_value == 8192 * 2 * 8 * 128 and load.normed == 0  # no Q/K norm
+    want = BF16 * (cal.hf_eager_hidden_passes * load.hidden + cal.hf_eager_query_passes * load.query
+                   + cal.hf_eager_key_value_passes * load.key_value + cal.hf_eager_ffn_passes * load.dense_ffn)
+    assert elementwise_seconds(ctx, load) == pytest.approx(want / ctx.hbm, rel=1e-12)
+
+
+def test_per_head_qk_norms_and_mla_latents_are_normed_elements():
+    """Qwen3's q_norm and k_norm run on every query and key; MLA's kv_a_layernorm on its latent (DeepSeek-V2-Lite:
+    no query latent)."""
+    job, plan = _job("verl", 3, QWEN)
+    load = elementwise_load(step_terms(job, plan).ctx, True)
+    assert load.normed == 8192 * (32 * 128 + 4 * 128) == load.query + load.key_value / 2
+    job, plan = _job("verl", 3, dict(QWEN, model="deepseek-v2-lite"))
+    load = elementwise_load(step_terms(job, plan).ctx, True)
+    assert load.normed == 8192 * 512
+    assert load.query == 8192 * 16 * 192 and load.key_value == 8192 * 16 * (192 + 128)
+
+
+def test_fused_engines_carry_no_attention_elements():
+    job, plan = _job("verl", 1)  # the Megatron engine: fused kernels, the elementwise_passes form
+    load = elementwise_load(step_terms(job, plan).ctx, False)
+    assert load.query == load.key_value == load.normed == 0
 
 
 def test_the_moe_block_moves_its_dispatch_count_over_the_routed_copies():
@@ -58,7 +78,8 @@ def test_at_the_fused_counts_the_step_is_the_fused_one(fields):
     job, plan = _job("verl", 3, fields)
     cal = calibration("verl")
     fused = cal.with_overrides(hf_eager_hidden_passes=cal.elementwise_passes,
-                               hf_eager_ffn_passes=cal.elementwise_passes,
+                               hf_eager_ffn_passes=cal.elementwise_passes, hf_eager_query_passes=0.0,
+                               hf_eager_key_value_passes=0.0, hf_eager_qk_norm_passes=0.0,
                                hf_eager_dispatch_passes=cal.moe_dispatch_passes)
     plain = job.model_copy().attach_cards(job.card.model_copy(update={"eager_model_code": None}))
     assert not hf_eager_code(plain, plan)
@@ -74,5 +95,6 @@ def test_the_counts_are_the_census_of_transformers_code():
 
     stored = json.loads((Path(__file__).resolve().parents[1] / "bench" / "data" / "step_op_census.json").read_text())
     cal = calibration("verl")
-    for key in ("hf_eager_hidden_passes", "hf_eager_ffn_passes", "hf_eager_dispatch_passes"):
+    for key in ("hf_eager_hidden_passes", "hf_eager_query_passes", "hf_eager_key_value_passes",
+                "hf_eager_qk_norm_passes", "hf_eager_ffn_passes", "hf_eager_dispatch_passes"):
         assert getattr(cal, key) == round(stored["counted"][key]), key

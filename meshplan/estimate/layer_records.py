@@ -92,6 +92,9 @@ class ElementwiseLoad(NamedTuple):
     dispatch_bytes: float = 0.0
     router_bytes: float = 0.0
     weight_copy_bytes: float = 0.0  # the local experts' weights stacked each forward, read and written
+    query: float = 0.0  # attention's query elements (heads x head width; transformers' eager code: hf_eager_*)
+    key_value: float = 0.0  # its key and value elements
+    normed: float = 0.0  # elements under a per-head Q/K norm or an MLA latent norm (fp32 RMSNorm in eager code)
 
 
 @dataclass
