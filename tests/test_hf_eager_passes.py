@@ -29,7 +29,13 @@ def test_the_fsdp_engine_runs_transformers_code_eagerly_the_megatron_engine_does
 
 
 def test_frameworks_with_their_own_model_code_are_not_hf_eager():
-    for framework in ("torchtitan", "megatron-core", "kempnerforge"):
+    """Only verl's and SkyRL's cards name an engine that runs transformers' code eagerly: every other framework's
+    estimates (Megatron's fused kernels, torchtitan's and KempnerForge's own blocks, NeMo AutoModel's) are as before."""
+    from meshplan.core.card_files import framework_names
+    from meshplan.knowledge.cards import framework_card
+
+    assert {name for name in framework_names() if framework_card(name).eager_model_code} == {"verl", "skyrl"}
+    for framework in ("torchtitan", "megatron-core", "kempnerforge", "nemo-automodel"):
         job, plan = resolve(Request(framework=framework, **L8B))
         assert not hf_eager_code(job, plan)
 
