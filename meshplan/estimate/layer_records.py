@@ -62,6 +62,7 @@ class LayerContext:
     stacked_experts: bool = False  # MoE layers copy their local experts' weights each forward (stacks_experts)
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
+    hf_eager: bool = False  # transformers' modeling code run eagerly (the card's eager_model_code): hf_eager_* passes
     experts_fused: bool = False  # ... but the routed experts' activation is a fused kernel (compile.experts_fused)
     attention_fraction: float = 0.5  # of BF16 peak, the job's attention kernel on its GPU (attention_efficiency)
     attention_kernel: str | None = None  # that kernel's name (None: the shared fused-kernel fraction)
@@ -91,6 +92,9 @@ class ElementwiseLoad(NamedTuple):
     dispatch_bytes: float = 0.0
     router_bytes: float = 0.0
     weight_copy_bytes: float = 0.0  # the local experts' weights stacked each forward, read and written
+    query: float = 0.0  # attention's query elements (heads x head width; transformers' eager code: hf_eager_*)
+    key_value: float = 0.0  # its key and value elements
+    normed: float = 0.0  # elements under a per-head Q/K norm or an MLA latent norm (fp32 RMSNorm in eager code)
 
 
 @dataclass

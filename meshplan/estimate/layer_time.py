@@ -86,6 +86,7 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
     arch, plan, sh = ctx.arch, ctx.plan, ctx.shard
     t_sp = plan.tp if plan.sequence_parallel else 1
     hidden = sh.tokens * arch.hidden_size / t_sp
+    attention = attention_widths(ctx) if ctx.hf_eager else {}
     if moe and arch.moe is not None:
         block = sh.moe_view()  # the MoE block's cut: the layer's, or where TP leaves it whole every token and weight
         local = block.moe_tokens
@@ -97,18 +98,50 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
             moe_layer = next(i for i in range(arch.num_layers) if arch.is_moe_layer(i))
             copy += delta_pass_bytes(arch, moe_layer, ctx.lora.target_parameters, plan.ep, plan.etp)
         return ElementwiseLoad(hidden=hidden, routed_ffn=routed_ffn, shared_ffn=shared_ffn,
-                               dispatch_bytes=dispatch_bytes, router_bytes=router_bytes, weight_copy_bytes=copy)
-    return ElementwiseLoad(hidden=hidden, dense_ffn=sh.tokens * arch.ffn_hidden_size / plan.tp)
+                               dispatch_bytes=dispatch_bytes, router_bytes=router_bytes, weight_copy_bytes=copy,
+                               **attention)
+    return ElementwiseLoad(hidden=hidden, dense_ffn=sh.tokens * arch.ffn_hidden_size / plan.tp, **attention)
+
+
+def attention_widths(ctx: LayerContext) -> dict[str, float]:
+    """The attention elements on this rank that transformers' eager code passes over beside the hidden ones
+    (hf_eager_*): queries (heads x the Q/K head width), keys and values (KV heads x both widths; MLA's per-head
+    keys and values), and those under an fp32 RMSNorm: per-head Q and K norms (Qwen3's q_norm / k_norm), or MLA's
+    latent norms (kv_a_layernorm, and q_a_layernorm with a query latent)."""
+    arch, sh = ctx.arch, ctx.shard
+    heads = arch.num_attention_heads / sh.tp
+    if arch.mla is not None:
+        m = arch.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        query, key_value = heads * qk, heads * (qk + m.v_head_dim)
+        normed = m.kv_lora_rank + (m.q_lora_rank or 0)
+    else:
+        d = arch.head_dim
+        query, key_value = heads * d, 2 * -(-arch.num_kv_heads // sh.tp) * d  # KV heads replicated past their count
+        normed = query + key_value / 2 if arch.qk_norm != "none" else 0.0
+    return {"query": sh.tokens * query, "key_value": sh.tokens * key_value, "normed": sh.tokens * normed}
 
 
 def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
     """Forward + backward seconds of the memory-bound work at the HBM bandwidth it gets: the card's passes (eager
     ones when the blocks run uncompiled, but the fused count over the routed experts' activations where the framework
     fuses them: ctx.experts_fused) over the hidden and FFN elements, plus the dispatcher's and router's bytes and the
-    stacked copy of the local experts' weights a framework makes each forward (read and written)."""
-    passes = ctx.cal.eager_elementwise_passes if ctx.eager else ctx.cal.elementwise_passes
-    routed = ctx.cal.elementwise_passes if ctx.experts_fused else passes
-    elem_bytes = passes * BF16 * (load.hidden + (load.shared_ffn + load.dense_ffn)) + routed * BF16 * load.routed_ffn
+    stacked copy of the local experts' weights a framework makes each forward (read and written). An engine that
+    trains transformers' modeling code eagerly (ctx.hf_eager) moves that code's own counts (bench/step_op_census.py):
+    hf_eager_hidden_passes over the hidden elements, hf_eager_query_passes and hf_eager_key_value_passes over
+    attention's (attention_widths), hf_eager_qk_norm_passes over those a Q/K or latent norm runs on, and
+    hf_eager_ffn_passes over the FFN ones."""
+    cal = ctx.cal
+    if ctx.hf_eager:  # transformers' modeling code: its own counts over the hidden and the FFN activations
+        elem_bytes = BF16 * (cal.hf_eager_hidden_passes * load.hidden + cal.hf_eager_query_passes * load.query
+                             + cal.hf_eager_key_value_passes * load.key_value
+                             + cal.hf_eager_qk_norm_passes * load.normed
+                             + cal.hf_eager_ffn_passes * (load.shared_ffn + load.dense_ffn + load.routed_ffn))
+    else:
+        passes = cal.eager_elementwise_passes if ctx.eager else cal.elementwise_passes
+        routed = cal.elementwise_passes if ctx.experts_fused else passes
+        elem_bytes = (passes * BF16 * (load.hidden + (load.shared_ffn + load.dense_ffn))
+                      + routed * BF16 * load.routed_ffn)
     elem_bytes += load.dispatch_bytes + load.router_bytes + load.weight_copy_bytes
     return elem_bytes / ctx.hbm
 

@@ -41,13 +41,15 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
 def dispatch_and_router_bytes(ctx: LayerContext) -> tuple[float, float]:
     """(dispatcher, router) memory-bound bytes of one MoE layer, forward + backward: the routed copies (tokens x top_k
     hidden vectors on the busiest rank, latent-wide in a latent MoE) permuted, sorted by expert, unsorted and
-    unpermuted; the router's fp32 logits (scores, top-k, probs), over the tokens the rank routes (Shard.moe_tokens of
-    the block's shard)."""
+    unpermuted (transformers' eager MoE block, ctx.hf_eager: its index, scatter and routing-weight passes over them,
+    hf_eager_dispatch_passes); the router's fp32 logits (scores, top-k, probs), over the tokens the rank routes
+    (Shard.moe_tokens of the block's shard)."""
     arch, cal = ctx.arch, ctx.cal
     assert arch.moe is not None
     local = ctx.shard.moe_view().moe_tokens
     routed = local * arch.moe.top_k * arch.moe.expert_width(arch.hidden_size) / ctx.plan.etp * ctx.routed_load
-    dispatch_bytes = cal.moe_dispatch_passes * BF16 * routed
+    passes = cal.hf_eager_dispatch_passes if ctx.hf_eager else cal.moe_dispatch_passes  # transformers' MoE block
+    dispatch_bytes = passes * BF16 * routed
     router_bytes = cal.moe_router_bytes_per_logit * local * arch.moe.num_experts
     return dispatch_bytes, router_bytes
 

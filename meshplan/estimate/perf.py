@@ -119,6 +119,13 @@ def eager_blocks(job: Job, plan: Plan) -> bool:
     return scope is not None and scope.blocks and not plan.torch_compile
 
 
+def hf_eager_code(job: Job, plan: Plan) -> bool:
+    """Whether the plan's engine trains transformers' modeling code as eager PyTorch ops (the card's
+    eager_model_code: verl's and SkyRL's FSDP engines): its memory-bound passes are hf_eager_*."""
+    facts = job.card.eager_model_code
+    return facts is not None and job.card.engine.by_zero_stage[plan.zero_stage] in facts.engines
+
+
 def experts_fused(job: Job) -> bool:
     """Whether the framework runs its routed experts' activation as one fused kernel even where its blocks are eager
     (its card's compile.experts_fused: NeMo AutoModel's grouped experts)."""
@@ -403,7 +410,7 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         arch=job.model, seq=job.seq_length, cal=cal, lk=lk, bf16_peak=peaks.bf16, fp8_peak=peaks.fp8,
         hbm=job.gpu.hbm_bandwidth * cal.hbm_efficiency, flash=flash, dropout=dropout, lora=job.lora,
         lora_engine=lora_engine(job.card, plan.zero_stage) if job.lora else None,
-        eager=eager, experts_fused=experts_fused(job), attention_fraction=fraction,
+        eager=eager, hf_eager=hf_eager_code(job, plan), experts_fused=experts_fused(job), attention_fraction=fraction,
         attention_kernel=kernel, ulysses=runs_ulysses(job.card, plan.zero_stage), mla_v_pad=flash and conv.mla_v_pad,
         gather_dispatch=job.card.moe_dispatch is not None and job.card.moe_dispatch.alltoall_as == "allgather",
         tp_overlap_mode=tp_overlap_mode(job.card, plan), tp_rs_splits=overlap.rs_splits,

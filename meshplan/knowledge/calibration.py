@@ -109,6 +109,12 @@ class Calibration:
     gdn_state_passes: float
     gdn_norm_passes: float
     eager_elementwise_passes: float
+    hf_eager_hidden_passes: float
+    hf_eager_query_passes: float
+    hf_eager_key_value_passes: float
+    hf_eager_qk_norm_passes: float
+    hf_eager_ffn_passes: float
+    hf_eager_dispatch_passes: float
     optimizer_bytes_per_param: float
     muon_bytes_per_param: float
     grad_accum_bytes_per_param: float

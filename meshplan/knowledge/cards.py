@@ -18,7 +18,7 @@ from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_card import ADAPTER_KNOBS, AdapterSection
 from meshplan.knowledge.allocator_card import AllocatorFacts, AllocatorSetting
-from meshplan.knowledge.compute_card import AttentionSemantics, CompileSemantics, RecomputeSemantics
+from meshplan.knowledge.compute_card import AttentionSemantics, CompileSemantics, EagerModelCode, RecomputeSemantics
 from meshplan.knowledge.defaults_card import FrameworkDefaults, FrameworkLimits, MemoryFix, SearchKnobs
 from meshplan.knowledge.engine_card import EngineFacts, MemoryConvention, OptimizerStepFacts, VisionTowerEngines
 from meshplan.knowledge.fsdp_card import GradAccumulationFacts, ShardingOverlapOff, Zero3Prefetch
@@ -210,6 +210,9 @@ class FrameworkCard(_Card):
     limits: FrameworkLimits = FrameworkLimits()
     recompute: RecomputeSemantics = RecomputeSemantics()
     compile: CompileSemantics | None = Field(None, description="torch.compile's scope; None: no compile switch")
+    eager_model_code: EagerModelCode | None = Field(
+        None, description="The engines that train transformers' modeling code eagerly; None: none (fused kernels, or "
+                          "the compile section's eager blocks)")
     attention: AttentionSemantics | None = Field(
         None, description="The attention kernel per GPU generation; None: the shared attention_peak_fraction")
     estimated_versions: list[str] = Field(

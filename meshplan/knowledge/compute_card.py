@@ -36,6 +36,15 @@ class CompileSemantics(_Card):
     source: str
 
 
+class EagerModelCode(_Card):
+    """The engines that train Hugging Face transformers' own modeling code as eager PyTorch ops (RMSNorm in fp32,
+    rotary, SwiGLU, the MoE block's token gather and scatter each their own kernels): their memory-bound passes are
+    cards/calibration.yaml hf_eager_*, counted from that code (bench/step_op_census.py)."""
+
+    engines: list[Engine]
+    source: str
+
+
 class AttentionSemantics(_Card):
     """Which attention kernel the framework runs on each GPU generation (cards/calibration.yaml attention_kernels: the
     fraction of peak each reaches): `kernel` maps an arch (cards/hardware.yaml) or "default" to a kernel name;
