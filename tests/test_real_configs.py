@@ -384,3 +384,28 @@ def test_an_automodel_ci_block_with_nodes_counts_them():
     imported = api.import_config(text, path="recipe.yaml")
     assert imported.request["num_gpus"] == 8
     assert "ci.nodes" in imported.sources["num_gpus"] and "ci.nproc_per_node" in imported.sources["num_gpus"]
+
+
+def test_a_verl_trainer_yaml_at_its_defaults_is_read_not_refused():
+    """verl's own trainer YAMLs (tests/trainer/config/legacy_ppo_trainer.yaml, _generated_ppo_trainer.yaml) hold its
+    defaults: lora_rank 0 (no LoRA: fsdp_workers.py _is_lora = lora_rank > 0), null micro-batch sizes (OmegaConf's
+    None: unset) and rollout.name ??? (OmegaConf's MISSING, for the launch to give); each was refused as an invalid
+    value ('0 is not a valid lora_rank', "'null' is not a whole number", "'???' is not a valid rollout_engine")."""
+    imported = api.import_file(str(DATA / "verl_legacy_ppo_trainer.yaml"))
+    request = imported.request
+    assert "lora_rank" not in request and request.get("job") == "rl"
+    assert request["micro_batch_size"] == 8 and "rollout_engine" not in request
+    notes = " | ".join(imported.notes)
+    assert "model.lora_rank = 0: no LoRA (verl's default)" in notes
+    assert "actor.ppo_micro_batch_size = null: the framework's default" in notes
+    assert "rollout.log_prob_micro_batch_size_per_gpu = null: the framework's default" in notes
+    assert "rollout.name = ???: OmegaConf's missing value" in notes
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert (req.num_gpus, req.lora_rank, req.micro_batch_size) == (8, None, 8)
+
+
+def test_a_verl_lora_rank_above_zero_is_still_a_lora_job():
+    text = (DATA / "verl_legacy_ppo_trainer.yaml").read_text().replace("lora_rank: 0", "lora_rank: 32")
+    imported = api.import_config(text, path="ppo_trainer.yaml")
+    assert imported.request["lora_rank"] == 32
+    assert imported.sources["lora_rank"].endswith(":14 actor_rollout_ref.model.lora_rank")
