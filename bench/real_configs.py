@@ -4,9 +4,10 @@ how many it refuses with a clear message, how many end in a traceback, and which
 Data: the repository snapshots under /work/.mirror/<owner+name>/repo (bare git directories, read with `git show
 HEAD:path`; the commit is printed). Every .sh/.yaml/.yml/.toml/.json file outside .github/ is a candidate; N of
 each repository are drawn with the seed (random.Random(seed).sample over the sorted paths), so a run is repeatable
-on the same snapshots. Each file is written to a temporary folder under its own path and read as `meshplan import
-FILE` reads it (meshplan.api.import_file), then turned into a request as `check --config FILE` does
-(meshplan.api.request_from_config, nothing given beside the file).
+on the same snapshots. Every drawn file is written to a temporary folder under its own path first (a reader may
+read a file's neighbours: the CI recipes a Megatron-LM functional test runs from, where they are drawn too), then
+each is read as `meshplan import FILE` reads it (meshplan.api.import_file), then turned into a request as `check
+--config FILE` does (meshplan.api.request_from_config, nothing given beside the file).
 
 Classes:
   ok         read, and the request resolves: a model and a layout (the fields it prints)
@@ -111,10 +112,12 @@ def main() -> int:
             head = _git(repo, "rev-parse", "HEAD").decode().strip()
             files = candidates(repo)
             drawn = random.Random(args.seed).sample(files, min(args.n, len(files)))
-            for name in sorted(drawn):
-                dst = Path(tmp) / repo / name
+            for name in sorted(drawn):  # every drawn file first: a file's reader may read its neighbours (the
+                dst = Path(tmp) / repo / name  # CI recipe a Megatron-LM functional test runs from)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 dst.write_bytes(_git(repo, "show", f"HEAD:{name}"))
+            for name in sorted(drawn):
+                dst = Path(tmp) / repo / name
                 kind, said = classify(dst, REPOS[repo])
                 counts[kind] += 1
                 rows.append({"repo": repo, "commit": head[:12], "file": name, "class": kind, "said": said})

@@ -293,3 +293,119 @@ def test_a_functional_test_meshplan_does_not_plan_is_refused(path, extra, said):
         text = text.replace("  --num-layers: 12\n", "  --encoder-num-layers: 12\n  --decoder-num-layers: 12\n")
     with pytest.raises(MeshplanError, match=said):
         api.import_config(text, path=path)
+
+
+MLM_CI = DATA / "megatron_ci"
+MLM_CASE = "tests/functional_tests/test_cases/gpt/gpt3_mcore_te_tp2_pp2_resume_torch_dist/model_config.yaml"
+
+
+def test_a_functional_test_in_its_checkout_runs_on_its_ci_recipes_gpus():
+    """Megatron-LM's CI runs a test_cases/{model}/{test_case}/model_config.yaml as the recipes listing it allocate:
+    recipe_parser.flatten_workload's spec with each products row over it, nodes x GPUs per node (gb200's script
+    exports GPUS_PER_NODE={gpus}: 2 x 4; h100's leaves _run_training.sh's default 8: 1 x 8)."""
+    imported = api.import_file(str(MLM_CI / MLM_CASE))
+    assert imported.request["num_gpus"] == 8
+    assert "recipes/gb200/gpt.yaml:29" in imported.sources["num_gpus"]  # the line listing the test case
+    said = next(a for a in imported.assumed if a.startswith("num_gpus: 8, the CI recipe's workload"))
+    assert "not a setting of the file" in said and "3 more agreeing" in said
+    assert not any("num_gpus" in u.fields for u in imported.left_to_request)
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert (req.num_gpus, req.tp, req.pp) == (8, 2, 2)
+
+
+def _ci_copy(tmp_path, recipe_edit=None):
+    import shutil
+
+    root = tmp_path / "Megatron-LM"
+    shutil.copytree(MLM_CI, root)
+    if recipe_edit:
+        recipe = root / "tests/test_utils/recipes/gb200/gpt.yaml"
+        recipe.write_text(recipe_edit(recipe.read_text()))
+    return root
+
+
+def test_ci_recipes_that_disagree_on_the_count_leave_it_unread(tmp_path):
+    root = _ci_copy(tmp_path, lambda t: t.replace("  nodes: 2\n", "  nodes: 1\n"))  # gb200: 1 x 4, h100: 1 x 8
+    imported = api.import_file(str(root / MLM_CASE))
+    assert "num_gpus" not in imported.request
+    note = next(n for n in imported.notes if n.startswith("num_gpus: the CI recipes"))
+    assert "do not agree on one GPU count" in note and "nodes 1 x 4 per node" in note and "nodes 1 x 8" in note
+    with pytest.raises(MeshplanError, match="GPU count is not read"):
+        api.request_from_config(imported)
+
+
+def test_a_recipe_gpus_the_launcher_does_not_start_is_not_read(tmp_path):
+    # no GPUS_PER_NODE export: _run_training.sh starts its default 8 per node, not the 4 the recipe allocates
+    root = _ci_copy(tmp_path, lambda t: t.replace("    export GPUS_PER_NODE={gpus}\n", ""))
+    imported = api.import_file(str(root / MLM_CASE))
+    assert "num_gpus" not in imported.request
+    assert any("nodes 2 x gpus 4, while its launcher starts 8 per node" in n for n in imported.notes)
+
+
+def test_a_test_case_no_recipe_lists_is_said(tmp_path):
+    root = _ci_copy(tmp_path)
+    other = root / MLM_CASE.replace("gpt3_mcore_te_tp2_pp2_resume_torch_dist", "gpt3_mcore_reruns_disable")
+    other.parent.mkdir(parents=True)
+    other.write_text((root / MLM_CASE).read_text())
+    imported = api.import_file(str(other))
+    assert "num_gpus" not in imported.request
+    assert any("no CI recipe under tests/test_utils/recipes lists test case gpt3_mcore_reruns_disable" in n
+               for n in imported.notes)
+
+
+def test_an_automodel_recipe_runs_on_the_gpus_its_ci_block_launches():
+    """AutoModel's CI launches a recipe as torchrun --nproc-per-node=${CONFIG_NPROC_PER_NODE}
+    --nnodes=${TEST_NODE_COUNT} (tests/ci_tests/scripts/finetune_launcher.sh; generate_ci_tests.py CI_KEY_TO_VAR:
+    ci.nproc_per_node, ci.nodes, 1 node where left out): the recipe's ci: block is its GPU count where its settings
+    give none."""
+    imported = api.import_file(str(DATA / "automodel_ci_nproc.yaml"))
+    assert imported.request["num_gpus"] == 4 and imported.request["ep"] == 4
+    assert imported.sources["num_gpus"].endswith("automodel_ci_nproc.yaml:30 ci.nproc_per_node")
+    said = next(a for a in imported.assumed if "AutoModel's CI run of the recipe" in a)
+    assert said.startswith("num_gpus: 1 x 4") and "no ci.nodes: 1 node" in said
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert (req.model, req.num_gpus, req.ep) == ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", 4, 4)
+
+
+@pytest.mark.parametrize(("ci", "said"), [
+    ("ci:\n  nodes: 2\n", "AutoModel's CI runs the recipe on 2 node(s) of its cluster's default GPUs per node"),
+    ("ci:\n  nodes: 2\n  nproc_per_node: 4\n  node_multiplier: true\n", "scales the recipe's nodes at run time"),
+])
+def test_an_automodel_ci_block_without_a_count_is_said_not_read(ci, said):
+    text = (DATA / "automodel_ci_nproc.yaml").read_text().split("ci:\n")[0] + ci
+    imported = api.import_config(text, path="recipe.yaml")
+    assert "num_gpus" not in imported.request
+    assert any(said in n for n in imported.notes)
+
+
+def test_an_automodel_ci_block_with_nodes_counts_them():
+    text = (DATA / "automodel_ci_nproc.yaml").read_text().replace("  nproc_per_node: 4\n",
+                                                                  "  nodes: 2\n  nproc_per_node: 4\n")
+    imported = api.import_config(text, path="recipe.yaml")
+    assert imported.request["num_gpus"] == 8
+    assert "ci.nodes" in imported.sources["num_gpus"] and "ci.nproc_per_node" in imported.sources["num_gpus"]
+
+
+def test_a_verl_trainer_yaml_at_its_defaults_is_read_not_refused():
+    """verl's own trainer YAMLs (tests/trainer/config/legacy_ppo_trainer.yaml, _generated_ppo_trainer.yaml) hold its
+    defaults: lora_rank 0 (no LoRA: fsdp_workers.py _is_lora = lora_rank > 0), null micro-batch sizes (OmegaConf's
+    None: unset) and rollout.name ??? (OmegaConf's MISSING, for the launch to give); each was refused as an invalid
+    value ('0 is not a valid lora_rank', "'null' is not a whole number", "'???' is not a valid rollout_engine")."""
+    imported = api.import_file(str(DATA / "verl_legacy_ppo_trainer.yaml"))
+    request = imported.request
+    assert "lora_rank" not in request and request.get("job") == "rl"
+    assert request["micro_batch_size"] == 8 and "rollout_engine" not in request
+    notes = " | ".join(imported.notes)
+    assert "model.lora_rank = 0: no LoRA (verl's default)" in notes
+    assert "actor.ppo_micro_batch_size = null: the framework's default" in notes
+    assert "rollout.log_prob_micro_batch_size_per_gpu = null: the framework's default" in notes
+    assert "rollout.name = ???: OmegaConf's missing value" in notes
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert (req.num_gpus, req.lora_rank, req.micro_batch_size) == (8, None, 8)
+
+
+def test_a_verl_lora_rank_above_zero_is_still_a_lora_job():
+    text = (DATA / "verl_legacy_ppo_trainer.yaml").read_text().replace("lora_rank: 0", "lora_rank: 32")
+    imported = api.import_config(text, path="ppo_trainer.yaml")
+    assert imported.request["lora_rank"] == 32
+    assert imported.sources["lora_rank"].endswith(":14 actor_rollout_ref.model.lora_rank")

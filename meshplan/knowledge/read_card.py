@@ -180,6 +180,30 @@ class TrainerWorld(_Card):
     source: str
 
 
+class CiRecipes(_Card):
+    """Where a framework's CI states the GPUs a test config of its own runs on (Megatron-LM's functional tests: the
+    config names none, the recipe its CI reads does): read only where the file sits in the framework's own tree."""
+
+    test_cases: str = Field(description="The folder of the test configs, relative to the repository: "
+                                        "<test_cases>/<model>/<test_case>/<config_name>")
+    config_name: str = Field(description="The test config's file name")
+    recipes: str = Field(description="The folder of the CI recipes (YAML, searched recursively)")
+    default_gpus_per_node: int = Field(ge=1, description="The ranks per node the test launcher starts where the "
+                                                         "recipe's script sets none")
+    source: str
+
+
+class CiWorld(_Card):
+    """The keys of a recipe's own CI block that state the GPUs the framework's CI runs it on (NeMo AutoModel's `ci:`):
+    read where the file's settings state no count, said as the CI's run, not the recipe's setting."""
+
+    nodes_key: str
+    gpus_per_node_key: str
+    dynamic_key: str = Field(description="The switch that scales the node count at run time (no count read)")
+    default_nodes: int = Field(ge=1, description="The nodes the CI runs on where the block gives none")
+    source: str
+
+
 class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
@@ -217,6 +241,10 @@ class ReadSection(_Card):
     default_tokenizer_source: str | None = None
     trainer_world: TrainerWorld | None = Field(
         None, description="The trainer's nodes x GPUs per node where a file sets neither key (the config's default)")
+    ci_world: CiWorld | None = Field(
+        None, description="The recipe's CI block that states its GPU count (NeMo AutoModel's ci:)")
+    ci_recipes: CiRecipes | None = Field(
+        None, description="The CI recipes that state a test config's GPU count (Megatron-LM's functional tests)")
     model_section: ModelConfigBuild | None = Field(
         None, description="The model built from a config section that states the architecture (KempnerForge's [model])")
     sections: list[str] = Field(

@@ -9,7 +9,16 @@ from __future__ import annotations
 import re
 
 from meshplan.adapters.lora import known_projections, read_targets, unknown_projections
-from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, apply, as_bool, key_table, state_stage_split
+from meshplan.adapters.read.keys import (
+    SPLIT_NOT_READ,
+    Reading,
+    apply,
+    as_bool,
+    key_table,
+    read_section,
+    state_stage_split,
+    whole_value,
+)
 from meshplan.adapters.read.launch import usage_comment_world, world
 from meshplan.adapters.read.settings import Setting, yaml_settings
 from meshplan.core.errors import MeshplanError
@@ -188,9 +197,49 @@ def read_automodel_yaml(text: str, path: str) -> Reading:
     if "lora_rank" in reading.request:
         _lora_notes(reading)
     _pipeline(reading, _model(reading))
+    _ci_world(reading, text)
     usage_comment_world(reading, text)
     world(reading)
     return reading
+
+
+def _ci_world(reading: Reading, text: str) -> None:
+    """The GPUs AutoModel's CI runs the recipe on, from its ci: block (the card's read.ci_world), where the recipe's
+    settings state none: nodes (1 where left out) x nproc_per_node; ci.nodes alone leaves the count unread (the
+    ranks per node are the CI cluster's default, not in the repository), as does node_multiplier (scaled at run
+    time). Said as assumed: the CI's run of the recipe, not its setting."""
+    ci = read_section(FRAMEWORK).ci_world
+    if ci is None or "gpus_per_node" in reading.extra or "gpus_per_node" in reading.request \
+            or "num_gpus" in reading.request:
+        return
+    block = {s.key: s for s in yaml_settings(text, reading.path, "an AutoModel recipe", "Start from `distributed:` "
+                                             "and `step_scheduler:` sections.", none_words=NONE_WORDS)
+             if s.key.startswith("ci.")}
+    nodes, ranks, dynamic = (block.get(k) for k in (ci.nodes_key, ci.gpus_per_node_key, ci.dynamic_key))
+    if ranks is None:
+        if nodes is not None:
+            reading.notes.append(f"num_gpus: {nodes.where(reading.path)} = {nodes.value}: AutoModel's CI runs the "
+                                 f"recipe on {nodes.value} node(s) of its cluster's default GPUs per node, which the "
+                                 "repository does not hold, so no count is read")
+        return
+    if dynamic is not None and as_bool(dynamic.value):
+        reading.notes.append(f"num_gpus: {dynamic.where(reading.path)}: AutoModel's CI scales the recipe's nodes at "
+                             "run time, so its ci: block gives no count")
+        return
+    stated = reading.whole("nodes")
+    if nodes is not None and stated is not None and stated != whole_value(reading, nodes.value, nodes):
+        reading.notes.append(f"num_gpus: {nodes.where(reading.path)} = {nodes.value} is not the "
+                             f"{reading.extra['nodes'][1].where(reading.path)} = {stated} the recipe runs on, so its "
+                             "ci: block gives no count")
+        return
+    if nodes is not None:
+        reading.extra.setdefault("nodes", (nodes.value, nodes))
+    reading.extra["gpus_per_node"] = (ranks.value, ranks)
+    count = f"{nodes.value if nodes is not None else ci.default_nodes} x {ranks.value}"
+    reading.assumed.append(
+        f"num_gpus: {count}, AutoModel's CI run of the recipe ({ranks.where(reading.path)}"
+        + (f", {nodes.where(reading.path)}" if nodes is not None else f"; no {ci.nodes_key}: {ci.default_nodes} node")
+        + "), not a setting of the recipe; pass --num-gpus for the count it runs on")
 
 
 def _lora_notes(reading: Reading) -> None:

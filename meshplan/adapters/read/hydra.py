@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section, whole_value
+from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, lora_rank, read_section, whole_value
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, flag_settings, yaml_settings
 from meshplan.arithmetic.mesh import file_data_parallel, rl_job_gpus
@@ -47,11 +47,20 @@ def _kept(reading: Reading, raw: list[Setting]) -> list[Setting]:
         if s.key.startswith("~"):
             reading.notes.append(f"{s.where(path)}: deleted (Hydra '~'): the framework's default applies")
             continue
+        if str(s.value) == MISSING:  # OmegaConf's mandatory value, left to the launch: not a value of the file
+            reading.notes.append(f"{s.where(path)} = {MISSING}: OmegaConf's missing value (the launch must give it), "
+                                 "so the file sets nothing here")
+            continue
         settings.append(s)
     if any(s.key.lstrip("+~").startswith(OTHER_MODELS) for s in raw):
         reading.notes.append("the reference / critic models' own layout keys are not read: meshplan estimates the "
                              "trained model's")
     return settings
+
+
+MISSING = "???"
+"""OmegaConf's MISSING: a mandatory value the config leaves to its launch (verl's _generated_ppo_trainer.yaml
+actor_rollout_ref.rollout.name), never a value; reading it raises MissingMandatoryValue."""
 
 
 HYDRA_YAML = {"verl": ("actor_rollout_ref",), "skyrl": ("trainer", "generator")}
@@ -196,10 +205,12 @@ def _read_verl(reading: Reading, settings: list[Setting]) -> Reading:
     reading.variant = "megatron" if megatron else "fsdp"
     left = apply(reading, settings, key_table("verl", variant=reading.variant),
                  frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "global_batch_size", "recompute_full",
-                            "algorithm", "megatron_fsdp"}))
+                            "algorithm", "megatron_fsdp", "lora_rank"}))
     for s, m in left:
         if m.target == "megatron_fsdp":
             megatron_fsdp(reading, s)
+        elif m.target == "lora_rank":  # 0, verl's default, is no LoRA
+            lora_rank(reading, s)
         elif m.target in ("zero_0", "zero_1") and megatron and "zero_stage" not in reading.request:
             reading.state("zero_stage", 1 if as_bool(s.value) else 0, s)
         elif m.target == "zero_3" and megatron and as_bool(s.value):

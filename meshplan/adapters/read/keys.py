@@ -279,6 +279,18 @@ class Reading:
         return whole_value(self, *self.extra[name], least=least)
 
 
+def lora_rank(reading: Reading, s: Setting) -> int | None:
+    """A LoRA rank as verl takes it (model.lora_rank, model.lora.rank): 0, its default, is no LoRA ('rank 0 to
+    disable', trainer/config/model/hf_model.yaml; fsdp_workers.py: _is_lora = lora_rank > 0), said and None; a
+    positive rank stated (0 was refused as no valid rank, so verl's own configs at their default were refused)."""
+    rank = whole_value(reading, s.value, s, least=0)
+    if rank == 0:
+        reading.notes.append(f"{s.where(reading.path)} = 0: no LoRA (verl's default), the whole model trained")
+        return None
+    reading.state("lora_rank", rank, s)
+    return rank
+
+
 def whole_value(reading: Reading, value: Any, source: Setting | str, least: int = 1) -> int:
     """`value` (a setting of the file) as a whole number of at least `least`, or a MeshplanError naming its line."""
     try:
@@ -426,6 +438,9 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         reading.extra["precision_aware_optimizer"] = (value, s)
     elif m.target in Request.model_fields:
         reading.state(m.target, value, s)
+    elif null:  # a value the framework's reader combines (verl's ppo_micro_batch_size: null, OmegaConf's None): unset,
+        reading.notes.append(f"{s.where(reading.path)} = null: the framework's default")  # was read as 'null' and
+        return True  # refused as no whole number, so verl's own trainer YAMLs were refused
     else:
         reading.extra.setdefault(m.target, (value, s))
         return True

@@ -15,7 +15,15 @@ import re
 from typing import Any
 
 from meshplan.adapters.read.hydra import granularity, megatron_fsdp, model_named_by_path
-from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, normalize, read_section, whole_value
+from meshplan.adapters.read.keys import (
+    Reading,
+    apply,
+    as_bool,
+    key_table,
+    lora_rank,
+    normalize,
+    read_section,
+)
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, yaml_settings
 from meshplan.knowledge.read_card import SftEngine, SftEntry, SftRead
@@ -194,12 +202,8 @@ def _switch(reading: Reading, name: str, entry: SftEntry) -> tuple[Any, str]:
 def _lora(reading: Reading, s: Setting, entry: SftEntry) -> None:
     """model.lora_rank > 0 trains the adapters alone (a LoRA job); 0, verl's default, is no LoRA (read as the field,
     0 was refused as no rank)."""
-    rank = whole_value(reading, s.value, s, least=0)
-    if rank == 0:
-        reading.notes.append(f"{s.where(reading.path)} = 0: no LoRA (verl's default), the whole model trained")
-        return
-    reading.state("lora_rank", rank, s)
-    reading.state("job", "lora", f"{s.where(reading.path)} ({entry.launcher} with a LoRA rank)")
+    if lora_rank(reading, s) is not None:
+        reading.state("job", "lora", f"{s.where(reading.path)} ({entry.launcher} with a LoRA rank)")
 
 
 def _ulysses_padding(reading: Reading, entry: SftEntry) -> None:
