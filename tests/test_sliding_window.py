@@ -1,0 +1,128 @@
+"""Sliding-window attention: the keys a windowed layer's query attends to, counted once (flops.attended_keys) and
+read by the model FLOPs (MFU), the attention core's time and the rollout's KV cache; checked against hand arithmetic
+and against Megatron-Bridge's own FLOP count (training/utils/flop_utils.py num_floating_point_operations, run from
+the pinned wheel)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from meshplan.arithmetic.flops import (
+    Shard,
+    attended_keys,
+    attention_core_flops,
+    model_flops_per_token,
+    noncausal_flops_per_token,
+    window_attended_keys,
+)
+from meshplan.knowledge.catalog import resolve_model
+
+
+def _full(arch):
+    """The same model with every layer full (no window)."""
+    return arch.model_copy(update={"sliding_window": None, "sliding_window_layers": None})
+
+
+@pytest.mark.parametrize(("seq", "window"), [(4096, 128), (8192, 4096), (1000, 999), (300, 7)])
+def test_window_keys_are_min_of_position_and_window(seq, window):
+    """Query i (1-based) sees min(i, w) keys: the mean over the sequence is w - w(w - 1) / 2s."""
+    mean = sum(min(i, window) for i in range(1, seq + 1)) / seq
+    assert window_attended_keys(seq, window) == pytest.approx(mean, rel=1e-12)
+
+
+def test_a_window_no_shorter_than_the_sequence_counts_as_full_causal():
+    """Megatron's causal half s/2, as full attention is counted, where the window covers the sequence."""
+    assert window_attended_keys(4096, 4096) == window_attended_keys(4096, 8192) == 2048
+
+
+def test_gpt_oss_layers_average_their_windows():
+    """gpt-oss-120b: 18 of its 36 layers see 128 tokens (gpt_oss even layers), the other 18 s/2."""
+    arch = resolve_model("gpt-oss-120b")
+    assert (arch.sliding_window, arch.windowed_layers) == (128, 18)
+    s = 4096
+    window = 128 - 128 * 127 / (2 * s)
+    assert attended_keys(arch, s) == pytest.approx((18 * s / 2 + 18 * window) / 36)
+    assert attended_keys(_full(arch), s) == s / 2
+
+
+def test_model_flops_drop_by_the_windowed_cores():
+    """MFU's FLOPs: each windowed layer's core, 6 x 2 x heads x 2 x head_dim per key (fwd + bwd, FMA 2, QK and PV),
+    at its window's keys in place of s/2; nothing else moves. The pre-2025 count keeps full s^2 at every layer."""
+    arch = resolve_model("gpt-oss-120b")
+    s = 4096
+    per_key = 12 * arch.num_attention_heads * arch.head_dim
+    saved = 18 * per_key * (s / 2 - window_attended_keys(s, 128))
+    assert model_flops_per_token(_full(arch), s) - model_flops_per_token(arch, s) == pytest.approx(saved)
+    assert noncausal_flops_per_token(arch, s) == pytest.approx(noncausal_flops_per_token(_full(arch), s))
+
+
+def test_mistral_windows_every_layer_and_only_past_the_window():
+    """Mistral-7B-v0.1 windows all 32 layers at 4096: no change at 4K, the core shrinks at 32K."""
+    arch = resolve_model("mistral-7b")
+    assert arch.windowed_layers == 32
+    assert model_flops_per_token(arch, 4096) == model_flops_per_token(_full(arch), 4096)
+    assert model_flops_per_token(arch, 32768) < model_flops_per_token(_full(arch), 32768)
+
+
+def test_attention_core_time_reads_the_same_keys():
+    """The flash core's forward FLOPs on one rank: 2 x tokens x attended keys x local heads x (QK + PV widths)."""
+    arch = resolve_model("gemma-2-27b")
+    sh = Shard(tokens=32768, tp=2, ep=1, etp=1, sp=True)
+    s = 32768
+    expected = 2.0 * 32768 * attended_keys(arch, s) * (arch.num_attention_heads / 2) * 2 * arch.head_dim
+    assert attention_core_flops(arch, sh, s) == pytest.approx(expected)
+    assert attention_core_flops(arch, sh, s) < attention_core_flops(_full(arch), sh, s)
+
+
+# --------------------------------------------------------------------------- Megatron-Bridge's own count
+
+
+def _bridge_flop_function():
+    """num_floating_point_operations from the pinned Megatron-Bridge wheel, its imports stubbed (the transformer
+    branch reads none of them for a plain GPT model without LoRA)."""
+    from tests.framework_packages import wheel_tree
+
+    path = wheel_tree("megatron-bridge") / "megatron/bridge/training/utils/flop_utils.py"
+    tree = ast.parse(path.read_text())
+    keep = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in (
+        "num_floating_point_operations", "vit_flops", "_get_vision_config", "_packed_data_exists")]
+    namespace = {"Path": Path, "LoRA": type("LoRA", (), {}), "ConfigContainer": object,
+                 "_lora_seq_stats_cache": {}, "calculate_padded_vocab_size": lambda v, *a, **k: v}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102
+    return namespace["num_floating_point_operations"]
+
+
+def _bridge_cfg(arch, seq: int, window: tuple[int, int] | None, skip_freq: int | None):
+    m = arch.moe
+    model = SimpleNamespace(
+        kv_channels=arch.head_dim, num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_kv_heads,
+        num_layers=arch.num_layers, hidden_size=arch.hidden_size, ffn_hidden_size=arch.ffn_hidden_size,
+        num_moe_experts=m.num_experts if m else None, moe_router_topk=m.top_k if m else 1,
+        moe_ffn_hidden_size=m.expert_ffn_hidden_size if m else None, moe_shared_expert_intermediate_size=None,
+        mtp_num_layers=None, gated_linear_unit=True, multi_latent_attention=False, seq_length=seq,
+        vocab_size=arch.vocab_size, make_vocab_size_divisible_by=128, tensor_model_parallel_size=1,
+        window_size=window, window_attn_skip_freq=skip_freq)
+    return SimpleNamespace(model=model, peft=None, dataset=None)
+
+
+@pytest.mark.parametrize(("key", "seq"), [("gpt-oss-120b", 4096), ("gpt-oss-120b", 131072), ("gemma-2-27b", 8192),
+                                          ("mistral-7b", 32768)])
+def test_bridge_counts_the_window_as_meshplan_does(key, seq):
+    """What the window takes off one token's FLOPs in Megatron-Bridge 0.6.2's own count (the gpt-oss bridge's
+    window_size (sliding_window - 1, 0) with window_attn_skip_freq 2; every layer where no skip frequency is set)
+    equals what it takes off meshplan's model FLOPs."""
+    count = _bridge_flop_function()
+    arch = resolve_model(key)
+    skip = 2 if arch.windowed_layers < arch.num_layers else None
+    if skip:  # Bridge's skip frequency 2 windows the odd 1-based layers: transformers' even 0-based ones
+        assert arch.windowed_layers == (arch.num_layers + 1) // 2
+    windowed = count(_bridge_cfg(arch, seq, (arch.sliding_window - 1, 0), skip), batch_size=1)
+    full = count(_bridge_cfg(arch, seq, None, None), batch_size=1)
+    ours = (model_flops_per_token(_full(arch), seq) - model_flops_per_token(arch, seq)) * seq
+    assert full - windowed == pytest.approx(ours, rel=1e-9)
+    if arch.sliding_window < seq:
+        assert ours > 0
