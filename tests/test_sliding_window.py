@@ -92,7 +92,7 @@ def _bridge_flop_function():
         "num_floating_point_operations", "vit_flops", "_get_vision_config", "_packed_data_exists")]
     namespace = {"Path": Path, "LoRA": type("LoRA", (), {}), "ConfigContainer": object,
                  "_lora_seq_stats_cache": {}, "calculate_padded_vocab_size": lambda v, *a, **k: v}
-    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), namespace)
     return namespace["num_floating_point_operations"]
 
 
@@ -126,3 +126,41 @@ def test_bridge_counts_the_window_as_meshplan_does(key, seq):
     assert full - windowed == pytest.approx(ours, rel=1e-9)
     if arch.sliding_window < seq:
         assert ours > 0
+
+
+# --------------------------------------------------------------------------- the rollout's KV cache
+
+
+def _rl_job(engine: str = "vllm"):
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+
+    job, plan = resolve(parse_request({"model": "gpt-oss-20b", "framework": "verl", "num_gpus": 8, "job": "rl",
+                                       "response_length": 8192, "rollout_tp": 2, "rollout_engine": engine}))
+    return job, plan
+
+
+def test_a_windowed_layer_holds_its_window_in_vllm():
+    """gpt-oss-20b: 12 of 24 layers windowed at 128. vLLM's SlidingWindowSpec keeps their last window, so one
+    sequence of L tokens holds per-layer bytes x (12 L + 12 x 128); an engine that keeps every token, 24 L."""
+    from meshplan.rl.engine import engine_memory, engine_windowed_kv, kv_bytes_per_sequence, kv_bytes_per_token
+
+    job, plan = _rl_job()
+    arch = job.model
+    per_layer = kv_bytes_per_token(arch, 2) / arch.num_layers
+    length = job.rl.prompt_length + job.rl.response_length
+    assert engine_windowed_kv(job, plan)
+    assert kv_bytes_per_sequence(arch, 2, length, True) == per_layer * (12 * length + 12 * 128)
+    assert kv_bytes_per_sequence(arch, 2, length, False) == per_layer * 24 * length
+    assert kv_bytes_per_sequence(arch, 2, 100, True) == per_layer * 24 * 100  # shorter than the window
+    memory = engine_memory(job, plan, free_bytes=60 * 2**30)
+    held = int(memory.kv_bytes // kv_bytes_per_sequence(arch, 2, length, True))
+    assert memory.sequences_at_once == min(held, job.rl_card.defaults.max_num_seqs) * plan.rollout_dp
+
+
+def test_sglang_is_held_to_every_token():
+    """SGLang's windowed pool is not read from its source: its windowed layers are counted at every token."""
+    from meshplan.rl.engine import engine_windowed_kv
+
+    job, plan = _rl_job("sglang")
+    assert not engine_windowed_kv(job, plan)
