@@ -164,3 +164,28 @@ def test_sglang_is_held_to_every_token():
 
     job, plan = _rl_job("sglang")
     assert not engine_windowed_kv(job, plan)
+
+
+# --------------------------------------------------------------------------- frameworks that ignore the window
+
+
+@pytest.mark.parametrize(("framework", "windowed"), [("megatron-bridge", True), ("verl", True), ("kempnerforge", False),
+                                                     ("torchtitan", False)])
+def test_the_model_each_framework_trains(framework, windowed):
+    """Mistral-7B at 32K: Megatron-Core (window_size) and transformers run its window; KempnerForge's SDPA and
+    torchtitan's Llama model do not, so there every layer is timed and counted full and the answer says so."""
+    from meshplan.api import estimate_throughput
+    from meshplan.estimate.attention_time import trained_model
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+
+    fields = {"model": "mistral-7b", "framework": framework, "num_gpus": 8, "seq_length": 32768,
+              "recompute": "full"}
+    job, _ = resolve(parse_request(fields))
+    arch = trained_model(job)
+    assert (arch.windowed_layers == 32) is windowed and trained_model(job) is arch
+    report = estimate_throughput(parse_request(fields))
+    assert report.model_flops_per_step == pytest.approx(
+        model_flops_per_token(arch, 32768) * 32768 * job.global_batch_size, rel=1e-9)
+    ignored = [w for w in report.warnings if "no sliding window" in w]
+    assert bool(ignored) is not windowed

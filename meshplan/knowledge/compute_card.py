@@ -55,7 +55,17 @@ class AttentionSemantics(_Card):
         default_factory=dict, description="The kernel (cards/calibration.yaml attention_kernels) each "
                                           "attention_backend the framework can be told to run is; one left out: the "
                                           "shared fraction")
+    windowed_model_types: list[str] | None = Field(
+        None, description="The model types (config.json model_type) whose sliding window the framework's model code "
+                          "builds; a windowed model of another type trains every layer full (its window ignored). "
+                          "None: every type's (Megatron-Core's window_size / window_attn_skip_freq, transformers' "
+                          "attention with flash_attention_2 or flex)")
+    windowed_source: str = ""
     source: str
+
+    def builds_window(self, model_type: str) -> bool:
+        """Whether the framework's model code runs a `model_type` model's sliding window (windowed_model_types)."""
+        return self.windowed_model_types is None or model_type in self.windowed_model_types
 
     @model_validator(mode="after")
     def _mla_backend_has_a_kernel(self) -> AttentionSemantics:
