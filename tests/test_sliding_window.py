@@ -189,3 +189,19 @@ def test_the_model_each_framework_trains(framework, windowed):
         model_flops_per_token(arch, 32768) * 32768 * job.global_batch_size, rel=1e-9)
     ignored = [w for w in report.warnings if "no sliding window" in w]
     assert bool(ignored) is not windowed
+
+
+@pytest.mark.parametrize(("framework", "model", "comm"), [("megatron-bridge", "mistral-7b", "allgather"),
+                                                          ("megatron-core", "gpt-oss-20b", "allgather"),
+                                                          ("megatron-bridge", "llama-3.1-8b", "p2p"),
+                                                          ("torchtitan", "gpt-oss-20b", "p2p"),
+                                                          ("kempnerforge", "mistral-7b", "p2p")])
+def test_cp_comm_type_default_runs_the_window(framework, model, comm):
+    """TE's context parallelism asserts a2a or all-gather under a window (rule CP006): a windowed model on the
+    Megatron frameworks gets all-gather where cp_comm_type is left out; the ring elsewhere."""
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+
+    _, plan = resolve(parse_request({"model": model, "framework": framework, "num_gpus": 8, "cp": 2,
+                                     "seq_length": 16384}))
+    assert plan.cp_comm_type == comm
