@@ -560,7 +560,7 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     fwd, bwd = _chunk_seconds(rows, shape)
     wgrad = None
     if shape.order in SPLIT_ORDERS:  # the weight gradients' share of each chunk's backward compute
-        share = weight_gradient_share(inp.job.model, inp.job.seq_length)
+        share = weight_gradient_share(inp.ctx.arch, inp.job.seq_length)  # the model as the framework builds it
         wgrad = [share * (r.compute - r.fwd) / shape.vpp for r in rows]
     timeline = simulate(shape, fwd, bwd, inp.pp_hop, wgrad)
     seconds = max(runs * timeline.seconds, m * t_max)
