@@ -75,9 +75,14 @@ def test_qwen2_moe_shared_expert_gate_and_qkv_bias_are_counted():
     assert total - describe_architecture(no_bias).total_params == 24 * 3 * 2048
 
 
-def test_qwen2_moe_sliding_window_pattern_is_refused():
-    with pytest.raises(MeshplanError, match="max_window_layers"):
-        architecture_from_config({**QWEN15_MOE_A27B, "use_sliding_window": True})
+def test_qwen2_moe_sliding_window_pattern():
+    """Qwen2MoeConfig with use_sliding_window windows the even-indexed layers below max_window_layers ((i + 1) % 2
+    and i < 21 of 24: layers 0, 2, ..., 20, eleven); a layer_types list, where given, wins."""
+    arch = architecture_from_config({**QWEN15_MOE_A27B, "use_sliding_window": True})
+    assert arch.sliding_window == 32768 and arch.windowed_layers == 11
+    listed = ["sliding_attention"] * 3 + ["full_attention"] * 21
+    assert architecture_from_config({**QWEN15_MOE_A27B, "use_sliding_window": True,
+                                     "layer_types": listed}).windowed_layers == 3
 
 
 # microsoft/Phi-3-mini-4k-instruct config.json (auto_map left out)
@@ -192,6 +197,8 @@ def test_gemma3_window_pattern():
     assert architecture_from_config(every_global).sliding_window is None
     mixed = {**GEMMA3_1B, "layer_types": ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 20}
     assert architecture_from_config(mixed).sliding_window == 512
+    assert architecture_from_config(mixed).windowed_layers == 25
+    assert architecture_from_config(GEMMA3_1B).windowed_layers == 26 - 4  # layers 5, 11, 17, 23 global
     with pytest.raises(MeshplanError, match="layer_types"):
         architecture_from_config({**GEMMA3_1B, "layer_types": ["linear_attention"] * 26})
 
@@ -276,13 +283,17 @@ def test_glm4_defaults_and_megatron_note():
 
 def test_a_qwen2_window_beside_use_sliding_window_false_is_no_window():
     """Qwen2.5-7B-Instruct's config.json states sliding_window 131072 beside use_sliding_window false, which
-    Qwen2Config turns into no window; meshplan read the window and warned of a sliding window the model does not
-    have. With use_sliding_window true (a per-layer pattern from max_window_layers on) it is refused."""
+    have. With use_sliding_window true Qwen2Config and Qwen3Config window the layers from max_window_layers on:
+    none of 28 at 28, the last 8 at 20."""
     cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
            "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
            "max_position_embeddings": 32768, "max_window_layers": 28, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
            "sliding_window": 131072, "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 152064}
     assert architecture_from_config(cfg).sliding_window is None
     assert architecture_from_config({**cfg, "model_type": "qwen3", "head_dim": 128}).sliding_window is None
-    with pytest.raises(MeshplanError, match="max_window_layers"):
-        architecture_from_config({**cfg, "use_sliding_window": True})
+    assert architecture_from_config({**cfg, "use_sliding_window": True}).sliding_window is None
+    late = architecture_from_config({**cfg, "use_sliding_window": True, "max_window_layers": 20})
+    assert late.sliding_window == 131072 and late.windowed_layers == 8
+    qwen3 = architecture_from_config({**cfg, "model_type": "qwen3", "head_dim": 128, "use_sliding_window": True,
+                                      "max_window_layers": 20})
+    assert qwen3.windowed_layers == 8

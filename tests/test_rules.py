@@ -122,6 +122,10 @@ CASES: dict[str, tuple[dict, dict]] = {
     "DSA001": ({**DSV32, "framework": "torchtitan"}, {**DSV32, "framework": "megatron-core"}),
     "DSA002": ({**DSV32, "framework": "nemo-automodel"}, {**DSV32, "framework": "megatron-core"}),
     "DSA003": ({**DSV32, "cp": 2, "cp_comm_type": "p2p"}, {**DSV32, "cp": 2}),
+    # a sliding window (Mistral-7B-v0.1, 4096 on every layer): TE's CP takes it over a2a or all-gather only, the
+    # default where cp_comm_type is left out
+    "CP006": ({"model": "mistral-7b", "num_gpus": 8, "cp": 2, "seq_length": 16384, "cp_comm_type": "p2p"},
+              {"model": "mistral-7b", "num_gpus": 8, "cp": 2, "seq_length": 16384}),
     "PP016": ({"model": "nemotron-h-8b", "num_gpus": 8, "pp": 2, "vpp": 2},
               {"model": "nemotron-h-8b", "num_gpus": 8, "pp": 4}),
     "TP006": ({"model": "nemotron-h-8b", "num_gpus": 16, "tp": 16},

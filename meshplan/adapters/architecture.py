@@ -198,8 +198,10 @@ def _features(m: Architecture, seq_length: int) -> list[str]:
                 "each head: --qk-layernorm alone does not match the checkpoint; Megatron-Bridge's OLMoE provider "
                 "(olmoe_provider.py) swaps in an attention that does."]
     if m.sliding_window and seq_length > m.sliding_window:
+        some = (f"; only {m.windowed_layers} of its {m.num_layers} layers do: add --window-attn-skip-freq (a list "
+                "marking them, cfg.model.window_attn_skip_freq) too" if m.windowed_layers < m.num_layers else "")
         return [f"{name} attends to the last {m.sliding_window} tokens only (sliding_window) and the sequences here "
-                f"are longer: add --window-size {m.sliding_window - 1},0 (cfg.model.window_size)."]
+                f"are longer: add --window-size {m.sliding_window - 1},0 (cfg.model.window_size){some}."]
     return []
 
 

@@ -26,9 +26,35 @@ def _mlp_widths(arch: Architecture) -> tuple[float, float]:
     return dense, moe
 
 
+def window_attended_keys(seq_length: float, window: int) -> float:
+    """Keys a query attends to on average in a causal sliding-window layer of `window` tokens (itself included):
+    min(position, window) over the sequence, w - w(w - 1) / 2s while w < s, else the causal half s/2 as full
+    attention is counted. Megatron-Bridge's own count (training/utils/flop_utils.py calculate_swa_context, v0.5.0 on;
+    its window is window_size[0] + window_size[1] + 1, the gpt-oss bridge's (sliding_window - 1, 0))."""
+    s, w = float(seq_length), float(window)
+    return w - w * (w - 1) / (2 * s) if w < s else s / 2
+
+
+def attended_keys(arch: Architecture, seq_length: float) -> float:
+    """Keys a query attends to on average over the model's layers: s/2 in a full causal layer, window_attended_keys
+    in each of its windowed ones (Architecture.windowed_layers). The one count every attention-core FLOP reads: the
+    model FLOPs (MFU), the core's time and its weight-gradient share."""
+    full = seq_length / 2
+    windowed = arch.windowed_layers
+    if not windowed:
+        return full
+    assert arch.sliding_window is not None
+    keys = window_attended_keys(seq_length, arch.sliding_window)
+    return (full * (arch.num_layers - windowed) + keys * windowed) / arch.num_layers
+
+
 def _attention_per_layer(arch: Architecture, seq_length: int) -> float:
-    """Megatron's self-attention term per token per layer, already x6 (fwd + wgrad + dgrad, FMA = 2)."""
-    h, a, s = arch.hidden_size, arch.num_attention_heads, seq_length
+    """Megatron's self-attention term per token per layer, already x6 (fwd + wgrad + dgrad, FMA = 2), averaged over
+    the layers: its core (the s-part) at the keys a query attends to (attended_keys), so windowed layers count their
+    window as Megatron-Bridge's flop_utils counts them (transformer_flops' swa_core, v0.5.0 on; Megatron-LM's
+    num_floating_point_operations, d98e8a6, counts every layer full)."""
+    h, a = arch.hidden_size, arch.num_attention_heads
+    s = 2 * attended_keys(arch, seq_length)  # the full causal count's s, or what the windows leave of it
     if arch.mla is not None:
         m = arch.mla
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -131,14 +157,20 @@ def hybrid_flops_per_token(arch: Architecture, seq_length: int, mtp_depths: int 
     return 3.0 * forward
 
 
-def causal_core_flops(arch: Architecture, seq_length: int) -> float:
-    """The attention core's FLOPs (softmax(QK^T)V, no weights) per token per layer, forward and backward, causal
-    (half the score matrix): the s-part of Megatron's attention term (_attention_per_layer). What the weight
-    gradients' share leaves out and what the pre-2025 count doubles."""
+def _core_flops_per_key(arch: Architecture) -> float:
+    """The attention core's FLOPs (softmax(QK^T)V, no weights) per token per layer per attended key, forward and
+    backward: 6 x 2 x heads x (QK width + V width) / 2 as Megatron's attention term has it."""
     if arch.mla is not None:
         m = arch.mla
-        return 6 * seq_length * arch.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / 2
-    return 6 * seq_length * arch.head_dim * arch.num_attention_heads
+        return 6 * arch.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    return 12 * arch.head_dim * arch.num_attention_heads
+
+
+def causal_core_flops(arch: Architecture, seq_length: int) -> float:
+    """The attention core's FLOPs per token per layer, forward and backward, at the keys a query attends to
+    (attended_keys: the causal half, or a window): the s-part of Megatron's attention term (_attention_per_layer).
+    What the weight gradients' share leaves out."""
+    return _core_flops_per_key(arch) * attended_keys(arch, seq_length)
 
 
 def weight_gradient_share(arch: Architecture, seq_length: int) -> float:
@@ -156,9 +188,11 @@ def model_flops_per_step(arch: Architecture, seq_length: int, global_batch_size:
 
 
 def noncausal_flops_per_token(arch: Architecture, seq_length: int) -> float:
-    """The pre-2025 convention (full s^2 attention), used by nanotron, the playbook and older papers: the causal
-    count with the other half of the score matrix (causal_core_flops once more per layer)."""
-    return model_flops_per_token(arch, seq_length, mtp_layers=0) + causal_core_flops(arch, seq_length) * arch.num_layers
+    """The pre-2025 convention (full s^2 attention at every layer, windows too), used by nanotron, the playbook and
+    older papers: the model FLOPs with each layer's core at all s keys in place of the keys it attends to."""
+    full = _core_flops_per_key(arch) * seq_length * arch.num_layers
+    return model_flops_per_token(arch, seq_length, mtp_layers=0) - causal_core_flops(arch, seq_length) \
+        * arch.num_layers + full
 
 
 # --------------------------------------------------------------------------- per-rank GEMM shapes
@@ -294,8 +328,9 @@ def indexer_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
 
 
 def attention_core_flops(arch: Architecture, sh: Shard, seq_length: int) -> float:
-    """Forward FLOPs of causal softmax(QK^T)V on one rank: each query sees s/2 keys on average; DSA's sparse core
-    where the model has it (dsa_core_flops; the indexer is indexer_score_flops)."""
+    """Forward FLOPs of causal softmax(QK^T)V on one rank: each query sees attended_keys keys on average (s/2, or
+    a window's in windowed layers: flash kernels skip the tiles a window masks, so the window's FLOPs are what runs);
+    DSA's sparse core where the model has it (dsa_core_flops; the indexer is indexer_score_flops)."""
     if arch.dsa is not None and arch.mla is not None:
         return dsa_core_flops(arch, sh, seq_length)
     heads = arch.num_attention_heads / sh.tp
@@ -304,7 +339,7 @@ def attention_core_flops(arch: Architecture, sh: Shard, seq_length: int) -> floa
         width = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
     else:
         width = 2 * arch.head_dim
-    return 2.0 * sh.tokens * (seq_length / 2) * heads * width
+    return 2.0 * sh.tokens * attended_keys(arch, seq_length) * heads * width
 
 
 def mlp_gemms(arch: Architecture, sh: Shard, width: int, name: str, count: float = 1.0, rows: float | None = None,

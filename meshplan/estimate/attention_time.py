@@ -7,6 +7,7 @@ from meshplan.arithmetic.flops import Gemm, attention_core_flops, dsa_loss_targe
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.knowledge.calibration import Calibration, attention_fraction
+from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job
 
 # Flash attention's backward recomputes the scores: five matmuls (S, dV, dP, dQ, dK) to the forward's two, 2.5x
@@ -19,6 +20,27 @@ FLASH_ATTENTION_PASSES_PER_FORWARD = 3.5
 # backward: 2x.
 INDEXER_PASSES_PER_FORWARD = 4.0
 DSA_TARGET_PASSES = 2.0
+
+
+_UNWINDOWED: dict[int, tuple[Architecture, Architecture]] = {}  # id(model) -> (model, the model without windows)
+
+
+def trained_model(job: Job) -> Architecture:
+    """The model as the job's framework builds it: job.model, or, where its model code ignores the model's sliding
+    window (the card's attention.windowed_model_types: KempnerForge's SDPA, torchtitan's Llama and Qwen models), the
+    same model with every layer full, which its attention then runs and its MFU counts. The copy is kept per model
+    object so every call hands back the same one (the layer memos key on it)."""
+    arch = job.model
+    card = job.card.attention
+    if not arch.windowed_layers or card is None or card.builds_window(arch.model_type):
+        return arch
+    hit = _UNWINDOWED.get(id(arch))
+    if hit is None or hit[0] is not arch:
+        if len(_UNWINDOWED) > 64:
+            _UNWINDOWED.clear()
+        hit = _UNWINDOWED[id(arch)] = (arch, arch.model_copy(update={"sliding_window": None,
+                                                                     "sliding_window_layers": None}))
+    return hit[1]
 
 
 def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,

@@ -37,7 +37,7 @@ from meshplan.arithmetic.pipeline_floor import chain_floor
 from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, Shape, replays_whole, simulate
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate.attention_time import attention_efficiency, attention_seconds
+from meshplan.estimate.attention_time import attention_efficiency, attention_seconds, trained_model
 from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.hybrid_time import hybrid_layers
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer, scope_memo
@@ -407,7 +407,7 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
     overlap = job.card.tp_overlap
     eager = eager_blocks(job, plan)
     return dict(
-        arch=job.model, seq=job.seq_length, cal=cal, lk=lk, bf16_peak=peaks.bf16, fp8_peak=peaks.fp8,
+        arch=trained_model(job), seq=job.seq_length, cal=cal, lk=lk, bf16_peak=peaks.bf16, fp8_peak=peaks.fp8,
         hbm=job.gpu.hbm_bandwidth * cal.hbm_efficiency, flash=flash, dropout=dropout, lora=job.lora,
         lora_engine=lora_engine(job.card, plan.zero_stage) if job.lora else None,
         eager=eager, hf_eager=hf_eager_code(job, plan), experts_fused=experts_fused(job), attention_fraction=fraction,
@@ -573,7 +573,7 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     fwd, bwd = _chunk_seconds(rows, shape)
     wgrad = None
     if shape.order in SPLIT_ORDERS:  # the weight gradients' share of each chunk's backward compute
-        share = weight_gradient_share(inp.job.model, inp.job.seq_length)
+        share = weight_gradient_share(inp.ctx.arch, inp.job.seq_length)  # the model as the framework builds it
         wgrad = [share * (r.compute - r.fwd) / shape.vpp for r in rows]
     timeline = simulate(shape, fwd, bwd, inp.pp_hop, wgrad)
     seconds = max(runs * timeline.seconds, m * t_max)
@@ -705,8 +705,8 @@ def _optimizer_seconds(row: StageTime, inp: StageInputs, m: int) -> float:
 def _report(job: Job, plan: Plan, ctx: LayerContext, step: float, peaks: Peaks, breakdown: ThroughputBreakdown,
             assumptions: list[str], warnings: list[str]) -> ThroughputReport:
     """The step's tokens/s and MFU (model FLOPs: the LoRA step's under LoRA), with its breakdown and words."""
-    per_token = (lora_flops_per_token(job.model, job.seq_length, job.lora, ctx.lora_engine) if job.lora is not None
-                 else model_flops_per_token(job.model, job.seq_length))
+    per_token = (lora_flops_per_token(ctx.arch, job.seq_length, job.lora, ctx.lora_engine) if job.lora is not None
+                 else model_flops_per_token(ctx.arch, job.seq_length))  # the model as the framework builds it
     flops_step = per_token * job.seq_length * job.global_batch_size
     flops_step += param_wrapper_step_flops(job, plan.micro_batch_size, plan.cp)  # 0 but for PEFT's ParamWrappers
     tokens_step = job.seq_length * job.global_batch_size

@@ -70,9 +70,16 @@ def layout_warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
         out.append(own_ep)
     if plan.pp > 1 and m < plan.pp:
         out.append(f"Only {m} micro-batches for {plan.pp} pipeline stages: most of the step is pipeline bubble.")
-    if job.model.sliding_window:
-        out.append("Sliding-window layers are timed as full causal attention (upper bound; Megatron's MFU "
-                   "formula counts them the same way).")
+    m = job.model
+    if m.sliding_window and job.card.attention is not None and not job.card.attention.builds_window(m.model_type):
+        out.append(f"{job.card.display_name}'s model code has no sliding window for {m.model_type}: its "
+                   f"{m.windowed_layers} windowed layers train, are timed and counted (MFU) as full causal "
+                   "attention (the card's attention.windowed_source).")
+    elif m.sliding_window:
+        out.append(f"{m.windowed_layers} of {m.num_layers} layers attend over a {m.sliding_window:,}-token window: "
+                   "their attention core is counted (MFU) and timed at the keys the window leaves, as Megatron-"
+                   "Bridge's flop_utils counts them (Megatron-LM's MFU formula counts them full); flash kernels skip "
+                   "the masked tiles, unfused attention computes the whole score matrix whatever the window.")
     return out
 
 

@@ -64,7 +64,20 @@ class AttentionSemantics(_Card):
         default_factory=dict, description="The kernel (cards/calibration.yaml attention_kernels) each "
                                           "attention_backend the framework can be told to run is; one left out: the "
                                           "shared fraction")
+    windowed_model_types: list[str] | None = Field(
+        None, description="The model types (config.json model_type) whose sliding window the framework's model code "
+                          "builds; a windowed model of another type trains every layer full (its window ignored). "
+                          "None: every type's (Megatron-Core's window_size / window_attn_skip_freq, transformers' "
+                          "attention with flash_attention_2 or flex)")
+    windowed_cp_comm_types: list[Literal["p2p", "a2a", "allgather", "a2a+p2p"]] | None = Field(
+        None, description="The cp_comm_types its context parallelism runs a sliding window with, the default first "
+                          "(rule CP006); None: every one")
+    windowed_source: str = ""
     source: str
+
+    def builds_window(self, model_type: str) -> bool:
+        """Whether the framework's model code runs a `model_type` model's sliding window (windowed_model_types)."""
+        return self.windowed_model_types is None or model_type in self.windowed_model_types
 
     @model_validator(mode="after")
     def _mla_backend_has_a_kernel(self) -> AttentionSemantics:
@@ -87,3 +100,16 @@ class AttentionSemantics(_Card):
                     table = self.by_version[prefix]
                     break
         return table.get(arch or "", table.get("default"))
+
+
+def cp_comm_type_default(arch, attention: AttentionSemantics | None) -> str:
+    """The CP communication a plan that leaves cp_comm_type out gets: the model's own (Architecture
+    cp_comm_type_default: all-gather for DSA, else p2p), unless the framework runs the model's sliding window and
+    its context parallelism takes a window with some comm types only (windowed_cp_comm_types): then the first."""
+    own = arch.cp_comm_type_default
+    if arch.dsa is not None or not arch.windowed_layers or attention is None:
+        return own
+    kinds = attention.windowed_cp_comm_types
+    if not kinds or own in kinds or not attention.builds_window(arch.model_type):
+        return own
+    return kinds[0]

@@ -550,45 +550,52 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
                          mlp_bias=classic or (model_type not in ("phi3", "glm4") and f.flag("mlp_bias", False)))
 
 
-# Where use_sliding_window is true, the layers these families window (their transformers config's layer_types)
-_QWEN_WINDOWED = {
-    "qwen2": "Qwen2 then windows only the layers from max_window_layers on",
-    "qwen3": "Qwen3 then windows only the layers from max_window_layers on",
-    "qwen3_moe": "Qwen3-MoE then windows only the layers from max_window_layers on",
-    "qwen2_moe": "Qwen2-MoE then windows only the odd layers below max_window_layers"}
+# Which layers a family's transformers 5.9.0 config windows where its config.json gives no layer_types (its
+# configuration_<type>.py __post_init__; the modeling code reads sliding_window only on those layers): gpt_oss and
+# gemma2 every even-indexed layer ((i + 1) % 2), gemma3_text all but each sliding_window_pattern-th (default 6),
+# qwen2 and qwen3 the layers from max_window_layers on (default 28), qwen2_moe the even-indexed layers below it;
+# mistral, mixtral, phi3 and qwen3_moe window every layer (their attention takes config.sliding_window whatever
+# layer_types says). A family missing here has no window in transformers: its sliding_window is not read.
+_WINDOW_RULE = {"gpt_oss": "alternate", "gemma2": "alternate", "gemma3_text": "pattern", "qwen2": "from_max",
+                "qwen3": "from_max", "qwen2_moe": "even_below_max", "mistral": "every", "mixtral": "every",
+                "phi3": "every", "qwen3_moe": "every"}
+# Qwen2Config, Qwen3Config, Qwen3MoeConfig and Qwen2MoeConfig keep sliding_window only where use_sliding_window
+# (default false; Qwen2.5's config.json states a window of 131,072 beside false, which is no window)
+_WINDOW_SWITCHED = {"qwen2", "qwen3", "qwen3_moe", "qwen2_moe"}
+# The families whose config takes a layer_types list (the others window every layer whatever it says)
+_LAYER_TYPES_READ = {"gpt_oss", "gemma2", "gemma3_text", "qwen2", "qwen3", "qwen2_moe"}
 
 
-def _sliding_window(model_type: str, f: _Fields) -> int | None:
-    """The attention window as the family's transformers config applies it. Qwen2Config, Qwen3Config and Qwen2MoeConfig
-    keep sliding_window only where use_sliding_window (default false; Qwen2.5's config.json states a window of 131,072
-    beside false, which is no window). Where it is true they window some layers only (_QWEN_WINDOWED), a pattern
-    meshplan does not model: refused rather than timed as a window on every layer."""
-    if model_type in _QWEN_WINDOWED:
-        if not f.flag("use_sliding_window", False):
-            return None
-        raise f.fail(f"use_sliding_window = true: {_QWEN_WINDOWED[model_type]}, a per-layer attention pattern meshplan "
-                     "does not model.",
-                     fix="Pass the checkpoint's config.json as published (use_sliding_window false).")
-    if model_type == "gemma3_text" and not _gemma3_sliding_layers(f):
-        return None
-    return f.int("sliding_window", "max_position_embeddings", default=None)
-
-
-def _gemma3_sliding_layers(f: _Fields) -> int:
-    """How many of Gemma 3's layers are local (sliding_attention): layer_types as given, else every layer but each
-    sliding_window_pattern-th (Gemma3TextConfig: 5 local to 1 global at the default 6). meshplan keeps one window per
-    model and times local layers as full causal attention (an upper bound it reports), so only whether any layer
-    slides decides the architecture; a list that names another layer kind is refused."""
+def _sliding_window(model_type: str, f: _Fields) -> tuple[int | None, int | None]:
+    """(window, windowed layers) as the family's transformers config applies them (_WINDOW_RULE): the layers a
+    layer_types list marks 'sliding_attention' where the family reads one, else the family's own rule; (None, None)
+    where no layer slides. The windowed count is None where every layer slides."""
+    rule = _WINDOW_RULE.get(model_type)
+    if rule is None or (model_type in _WINDOW_SWITCHED and not f.flag("use_sliding_window", False)):
+        return None, None
+    window = f.int("sliding_window", "max_position_embeddings", default=None)
+    if window is None:
+        return None, None
     layers = f.int("num_hidden_layers")
-    kinds = f.cfg.get("layer_types")
-    if kinds is None:
+    kinds = f.cfg.get("layer_types") if model_type in _LAYER_TYPES_READ else None
+    if kinds is not None:
+        allowed = {"sliding_attention", "full_attention"}
+        if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= allowed:
+            raise f.fail(f"layer_types must list {layers} entries, each 'sliding_attention' or 'full_attention', got "
+                         f"{_show(kinds)}.")
+        windowed = kinds.count("sliding_attention")
+    elif rule == "every":
+        return window, None
+    elif rule == "alternate":
+        windowed = (layers + 1) // 2
+    elif rule == "pattern":
         pattern = f.int("sliding_window_pattern", "num_hidden_layers", lo=1)
-        return sum(1 for i in range(layers) if (i + 1) % pattern)
-    allowed = {"sliding_attention", "full_attention"}
-    if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= allowed:
-        raise f.fail(f"layer_types must list {layers} entries, each 'sliding_attention' or 'full_attention', got "
-                     f"{_show(kinds)}.")
-    return kinds.count("sliding_attention")
+        windowed = sum(1 for i in range(layers) if (i + 1) % pattern)
+    else:
+        first_full = f.int("max_window_layers", "num_hidden_layers", default=28, lo=0)
+        windowed = (max(0, layers - first_full) if rule == "from_max"
+                    else sum(1 for i in range(min(first_full, layers)) if i % 2 == 0))
+    return (window, windowed) if windowed else (None, None)
 
 
 def _display_name(cfg: dict[str, Any], model_type: str, name: str | None, hf_id: str | None) -> str:
@@ -622,7 +629,7 @@ def architecture_from_config(
     dense_key = "intermediate_size_mlp" if model_type == "llama4_text" else "intermediate_size"
     dense_ffn = f.int(dense_key, "intermediate_size", default=None)
     positions = f.int("max_position_embeddings", default=None)
-    sliding = _sliding_window(model_type, f)
+    sliding, windowed = _sliding_window(model_type, f)
     moe = _moe_spec(cfg, model_type, layers, f)
     mla = _mla_spec(cfg, model_type, f)
     dsa = _dsa_spec(cfg, model_type, f, mla)
@@ -652,6 +659,7 @@ def architecture_from_config(
         embedding_norm=model_type == "bloom",
         output_bias=model_type == "gptj",
         sliding_window=sliding,
+        sliding_window_layers=windowed,
         rope=_rope_spec(cfg, model_type, f),
         norm_eps=_norm_eps(cfg, f),
         moe=moe,

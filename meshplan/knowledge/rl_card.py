@@ -49,6 +49,11 @@ class RolloutEngineFacts(_Card):
         False, description="Rollout EP > 1 on a model without experts is refused when the engine starts (the "
                            "framework turns the engine's expert parallelism on, and the engine checks the model)")
     ep_needs_experts_source: str = ""
+    windowed_kv: Literal["window", "every_token"] = Field(
+        "every_token", description="What a sliding-window layer's KV cache holds per sequence: window, the last "
+                                   "window tokens (the engine frees the blocks the window has passed); every_token, "
+                                   "every token as a full layer (an upper bound where the engine's pool is not read)")
+    windowed_kv_source: str = ""
     why: str
 
 

@@ -18,6 +18,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import unwritable_reason
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.compute_card import cp_comm_type_default
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.releases import resolve_release
 from meshplan.request.mtp_depth import mtp_asked, trained_mtp, writable_mtp
@@ -165,7 +166,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         sequence_parallel=sp, zero_stage=zero, dp_replicate=req.dp_replicate or 1, micro_batch_size=mbs,
         recompute=recompute, recompute_layers=req.recompute_layers, selective_ac_option=req.selective_ac_option,
         recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
-        cp_comm_type=req.cp_comm_type or arch.cp_comm_type_default,
+        cp_comm_type=req.cp_comm_type or cp_comm_type_default(arch, card.attention),
         moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
         moe_a2a_overlap=_a2a_overlap(req, notes), pipeline_schedule=req.pipeline_schedule,
         pipeline_microbatches=_pipeline_microbatches(req, card, pp=pp, m=max(1, gbs // (mbs * dp)), notes=notes),

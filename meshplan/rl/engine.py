@@ -58,6 +58,24 @@ def kv_bytes_per_token(arch, tp: int) -> float:
     return ENGINE_BYTES * per_layer * arch.num_layers
 
 
+def kv_bytes_per_sequence(arch, tp: int, tokens: float, window_only: bool) -> float:
+    """KV cache one sequence of `tokens` tokens takes (or one decode step reads) on one engine GPU: kv_bytes_per_token's
+    bytes per layer for every token in a full layer, and in each sliding-window layer (Architecture.windowed_layers)
+    min(tokens, window) where `window_only` (an engine that frees what the window has passed, the card's
+    windowed_kv: vLLM's SlidingWindowSpec; a decode step's attention reads the window alone on every engine), else
+    every token. vLLM's block rounding (at most two blocks per windowed layer) is not counted."""
+    per_layer = kv_bytes_per_token(arch, tp) / arch.num_layers
+    windowed = arch.windowed_layers if window_only else 0
+    kept = min(tokens, arch.sliding_window) if windowed else tokens
+    return per_layer * ((arch.num_layers - windowed) * tokens + windowed * kept)
+
+
+def engine_windowed_kv(job, plan: Plan) -> bool:
+    """Whether the job's rollout engine keeps only the window in a sliding-window layer's KV cache (the framework
+    card's rl.engines.<engine>.windowed_kv)."""
+    return job.rl_card.engines[plan.rollout_engine].windowed_kv == "window"
+
+
 def engine_working_bytes(arch, plan: Plan, defaults: RLDefaults) -> float:
     """The engine's profiled activation peak: one forward of max_num_batched_tokens tokens holds the residual stream
     and attention in/out (4 x hidden) and the widest MLP's gate/up output and activation (3 x width over the TP, the
@@ -104,7 +122,7 @@ def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:
     per_token = kv_bytes_per_token(arch, plan.rollout_tp)
     length = rl.prompt_length + rl.response_length
     # an engine of TP x DP GPUs: each DP rank caches its own sequences over its TP ranks
-    per_rank = int(kv // (per_token * length))
+    per_rank = int(kv // kv_bytes_per_sequence(arch, plan.rollout_tp, length, engine_windowed_kv(job, plan)))
     seqs = min(per_rank, card.defaults.max_num_seqs) * plan.rollout_dp
     graphs = graph_bytes(plan)
     on_gpu = budget + outside_budget(job, plan, working)

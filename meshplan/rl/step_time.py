@@ -14,7 +14,7 @@ from meshplan.core.units import GIB, plural
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration, calibration_card
 from meshplan.knowledge.model_counts import expert_params, total_params
-from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, ep_words, kv_bytes_per_token
+from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, engine_windowed_kv, ep_words, kv_bytes_per_sequence
 from meshplan.rl.launches import eager_launches
 from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
 from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
@@ -70,7 +70,7 @@ def decode_step_seconds(job, plan: Plan, batch: int, context: float) -> tuple[fl
         routed = batch * arch.moe.top_k * (plan.rollout_dp if plan.rollout_ep > 1 else 1)
         reach = 1.0 - (1.0 - 1.0 / arch.moe.num_experts) ** routed  # chance an expert gets at least one token
         touched = per_expert * experts_here * reach * len(arch.moe.moe_layers)
-    kv = batch * context * kv_bytes_per_token(arch, plan.rollout_tp)
+    kv = batch * kv_bytes_per_sequence(arch, plan.rollout_tp, context, window_only=True)  # a window reads its own
     memory_s = (fixed + touched + kv) / (gpu.hbm_bandwidth * cal.hbm_efficiency)
     flops = model_flops_per_token(arch, int(context), mtp_layers=0) / 3 * batch / plan.rollout_tp
     compute_s = flops / (gpu.bf16_flops * cal.gemm_peak_fraction)
@@ -147,15 +147,19 @@ def sequences_per_rank(job, plan: Plan, rollout: dict) -> tuple[int, int]:
     rl = job.rl
     prompt, longest = rl.mean_prompt, rl.response_length
     cap = job.rl_card.defaults.max_num_seqs
-    per_token = kv_bytes_per_token(job.model, plan.rollout_tp)
+    windowed = engine_windowed_kv(job, plan)
+
+    def sequence(tokens: float) -> float:
+        return kv_bytes_per_sequence(job.model, plan.rollout_tp, tokens, windowed)
+
     if prompt < rl.prompt_length:  # every response at the longest, the prompts at their mean
-        planned = max(planned, min(int(rollout.get("kv_cache", 0) // (per_token * (prompt + longest))), cap))
+        planned = max(planned, min(int(rollout.get("kv_cache", 0) // sequence(prompt + longest)), cap))
     if rl.mean_response >= longest:
         return planned, planned
     share = rl.mean_response / longest
     u = rate(share)
     need = longest * max(prompt / longest + age_in_flight(u, share), drain_need(u, prompt / longest))
-    held = int(rollout.get("kv_cache", 0) // (per_token * need))
+    held = int(rollout.get("kv_cache", 0) // sequence(need))
     return planned, max(planned, min(held, cap))
 
 

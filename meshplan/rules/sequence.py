@@ -38,6 +38,20 @@ def cp_a2a_heads(ctx: Context) -> Values:
 
 
 
+@rule("CP006", reads=("cp", "cp_comm_type"))
+def cp_window_comm(ctx: Context) -> Values:
+    """A sliding-window model's context parallelism on a comm type TE's CP refuses a window on (the card's
+    attention.windowed_cp_comm_types)."""
+    p, arch, card = ctx.plan, ctx.arch, ctx.card.attention
+    if p.cp == 1 or not arch.windowed_layers or card is None or not card.builds_window(arch.model_type):
+        return None
+    kinds = card.windowed_cp_comm_types
+    if not kinds or p.cp_comm_type in kinds:
+        return None
+    return {"cp": p.cp, "comm": p.cp_comm_type, "layers": arch.windowed_layers, "window": arch.sliding_window,
+            "kinds": fmt_set(kinds)}
+
+
 @rule("CP004", reads=("cp",))
 def cp_within_sequence(ctx: Context) -> Values:
     cp, seq = ctx.plan.cp, ctx.job.seq_length

@@ -218,7 +218,12 @@ class Architecture(StrictModel):
     embedding_norm: bool = Field(False, description="A norm right after the input embedding (BLOOM's "
                                                     "word_embeddings_layernorm)")
     output_bias: bool = Field(False, description="A bias on the output layer (GPT-J's lm_head)")
-    sliding_window: int | None = None
+    sliding_window: int | None = Field(None, ge=1, description="Tokens a windowed layer's query attends to, itself "
+                                                              "included (HF sliding_window; Megatron-Core window_size "
+                                                              "(sliding_window - 1, 0)); None: every layer full")
+    sliding_window_layers: int | None = Field(None, ge=0, description="How many layers attend over the window (HF "
+                                                                      "layer_types 'sliding_attention'); None: every "
+                                                                      "layer where sliding_window is set")
     rope: RopeSpec | None = Field(None, description="Rotary embedding; None with learned absolute positions")
     norm_eps: float | None = Field(None, gt=0, lt=1, description="Norm epsilon; None when the config omits it")
     moe: MoESpec | None = None
@@ -244,6 +249,14 @@ class Architecture(StrictModel):
     generic: bool = Field(False, description="True when built from a size alone, not a real config")
     origin: str = Field("catalog", description="catalog | config.json path | generic size | a launch "
                                                 "script's architecture flags the model is built from")
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers that attend over sliding_window tokens; the others attend to every earlier token."""
+        if self.sliding_window is None:
+            return 0
+        return self.num_layers if self.sliding_window_layers is None else min(self.sliding_window_layers,
+                                                                              self.num_layers)
 
     @property
     def is_moe(self) -> bool:

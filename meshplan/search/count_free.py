@@ -32,6 +32,7 @@ from meshplan.core.card_files import framework_names
 from meshplan.core.units import GIB
 from meshplan.estimate.memory import budget_bytes
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.compute_card import cp_comm_type_default
 from meshplan.knowledge.hardware import gpu_catalog
 from meshplan.rules.context import pads_every_cp_split
 from meshplan.rules.engine import Context, backend_of, load_rules, reads_of, rule_specs
@@ -210,7 +211,7 @@ class AdmittedShapes:
         zero, tp, _, sp, etp, recompute = key
         job, fixed = self.job, self.fixed
         extra = {k: fixed.values[k] for k in ("moe_token_dispatcher", "cp_comm_type") if k in fixed.values}
-        extra.setdefault("cp_comm_type", job.model.cp_comm_type_default)
+        extra.setdefault("cp_comm_type", cp_comm_type_default(job.model, job.card.attention))
         if "tp_comm_overlap" not in fixed.carried:
             extra["tp_comm_overlap"] = bool(fixed.values.get("tp_comm_overlap", job.card.tp_overlap.default))
         world = mesh.smallest_world(job.card.world_size_law, tp, pp, cp, 1, ep, etp)

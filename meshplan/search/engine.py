@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from meshplan.arithmetic import mesh
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.compute_card import cp_comm_type_default
 from meshplan.rules.engine import Context, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, ThroughputReport
@@ -99,7 +100,7 @@ class BestFirstSearch(StepTimeBounds, Seeding):
         sp = card.defaults.sequence_parallel_with_tp(job.model)
         if "sequence_parallel" in fixed:
             sp = bool(fixed.values["sequence_parallel"])
-        cp_comm = str(fixed.values.get("cp_comm_type", job.model.cp_comm_type_default))
+        cp_comm = str(fixed.values.get("cp_comm_type", cp_comm_type_default(job.model, card.attention)))
         # TP communication overlap: the request's switch (else the framework's default), not searched: the cost model
         # credits it beyond what the runs measured (tp_overlap.tp_hidden; bench/README.md, Throughput)
         tp_overlap = bool(fixed.values.get("tp_comm_overlap", card.tp_overlap.default))

@@ -21,6 +21,7 @@ from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.config import check_structure
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, either_or, plural
+from meshplan.knowledge.compute_card import cp_comm_type_default
 from meshplan.rules.engine import Context, backend_of, finding, load_rules, reads_of, rule_specs
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Finding
@@ -64,7 +65,7 @@ class Space:
         sp = bool(fixed.values.get("sequence_parallel", default_sp))
         layouts, dropped = enumerate_layouts(job, fixed)
         return cls(job, fixed, tuple(layouts), tuple(dropped), zeros, recomputes, sp,
-                   str(fixed.values.get("cp_comm_type", job.model.cp_comm_type_default)))
+                   str(fixed.values.get("cp_comm_type", cp_comm_type_default(job.model, job.card.attention))))
 
     def plan(self, lay: Layout, zero: int, recompute: str, mbs: int) -> Plan:
         """The plan as the search builds it (the per-plan dispatcher and overlaps at the request's values, else off:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.schedule import uneven_split
 from meshplan.knowledge.cards import FrameworkCard
+from meshplan.knowledge.compute_card import cp_comm_type_default
 from meshplan.knowledge.model_counts import count_components
 from meshplan.knowledge.tables import Layout, SeqRow, strategies_card
 from meshplan.rules.context import pads_every_cp_split
@@ -258,7 +259,7 @@ def suggest(job: Job, fixed: Mapping[str, object] | None = None) -> TableSuggest
         tp=deg.tp, pp=deg.pp, vpp=vpp if deg.pp > 1 else 1, cp=deg.cp, ep=deg.ep, etp=deg.etp, dp=dp,
         sequence_parallel=deg.tp > 1 and defaults.sequence_parallel_with_tp(job.model, deg.pp), zero_stage=zero,
         micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
-        cp_comm_type=(seq.cp_comm_type or job.model.cp_comm_type_default) if deg.cp > 1 else "p2p",
+        cp_comm_type=(seq.cp_comm_type or cp_comm_type_default(job.model, card.attention)) if deg.cp > 1 else "p2p",
         first_stage_layers=deg.first, last_stage_layers=deg.last,
     )
     return TableSuggestion(

@@ -1,0 +1,207 @@
+"""Sliding-window attention: the keys a windowed layer's query attends to, counted once (flops.attended_keys) and
+read by the model FLOPs (MFU), the attention core's time and the rollout's KV cache; checked against hand arithmetic
+and against Megatron-Bridge's own FLOP count (training/utils/flop_utils.py num_floating_point_operations, run from
+the pinned wheel)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from meshplan.arithmetic.flops import (
+    Shard,
+    attended_keys,
+    attention_core_flops,
+    model_flops_per_token,
+    noncausal_flops_per_token,
+    window_attended_keys,
+)
+from meshplan.knowledge.catalog import resolve_model
+
+
+def _full(arch):
+    """The same model with every layer full (no window)."""
+    return arch.model_copy(update={"sliding_window": None, "sliding_window_layers": None})
+
+
+@pytest.mark.parametrize(("seq", "window"), [(4096, 128), (8192, 4096), (1000, 999), (300, 7)])
+def test_window_keys_are_min_of_position_and_window(seq, window):
+    """Query i (1-based) sees min(i, w) keys: the mean over the sequence is w - w(w - 1) / 2s."""
+    mean = sum(min(i, window) for i in range(1, seq + 1)) / seq
+    assert window_attended_keys(seq, window) == pytest.approx(mean, rel=1e-12)
+
+
+def test_a_window_no_shorter_than_the_sequence_counts_as_full_causal():
+    """Megatron's causal half s/2, as full attention is counted, where the window covers the sequence."""
+    assert window_attended_keys(4096, 4096) == window_attended_keys(4096, 8192) == 2048
+
+
+def test_gpt_oss_layers_average_their_windows():
+    """gpt-oss-120b: 18 of its 36 layers see 128 tokens (gpt_oss even layers), the other 18 s/2."""
+    arch = resolve_model("gpt-oss-120b")
+    assert (arch.sliding_window, arch.windowed_layers) == (128, 18)
+    s = 4096
+    window = 128 - 128 * 127 / (2 * s)
+    assert attended_keys(arch, s) == pytest.approx((18 * s / 2 + 18 * window) / 36)
+    assert attended_keys(_full(arch), s) == s / 2
+
+
+def test_model_flops_drop_by_the_windowed_cores():
+    """MFU's FLOPs: each windowed layer's core, 6 x 2 x heads x 2 x head_dim per key (fwd + bwd, FMA 2, QK and PV),
+    at its window's keys in place of s/2; nothing else moves. The pre-2025 count keeps full s^2 at every layer."""
+    arch = resolve_model("gpt-oss-120b")
+    s = 4096
+    per_key = 12 * arch.num_attention_heads * arch.head_dim
+    saved = 18 * per_key * (s / 2 - window_attended_keys(s, 128))
+    assert model_flops_per_token(_full(arch), s) - model_flops_per_token(arch, s) == pytest.approx(saved)
+    assert noncausal_flops_per_token(arch, s) == pytest.approx(noncausal_flops_per_token(_full(arch), s))
+
+
+def test_mistral_windows_every_layer_and_only_past_the_window():
+    """Mistral-7B-v0.1 windows all 32 layers at 4096: no change at 4K, the core shrinks at 32K."""
+    arch = resolve_model("mistral-7b")
+    assert arch.windowed_layers == 32
+    assert model_flops_per_token(arch, 4096) == model_flops_per_token(_full(arch), 4096)
+    assert model_flops_per_token(arch, 32768) < model_flops_per_token(_full(arch), 32768)
+
+
+def test_attention_core_time_reads_the_same_keys():
+    """The flash core's forward FLOPs on one rank: 2 x tokens x attended keys x local heads x (QK + PV widths)."""
+    arch = resolve_model("gemma-2-27b")
+    sh = Shard(tokens=32768, tp=2, ep=1, etp=1, sp=True)
+    s = 32768
+    expected = 2.0 * 32768 * attended_keys(arch, s) * (arch.num_attention_heads / 2) * 2 * arch.head_dim
+    assert attention_core_flops(arch, sh, s) == pytest.approx(expected)
+    assert attention_core_flops(arch, sh, s) < attention_core_flops(_full(arch), sh, s)
+
+
+# --------------------------------------------------------------------------- Megatron-Bridge's own count
+
+
+def _bridge_flop_function():
+    """num_floating_point_operations from the pinned Megatron-Bridge wheel, its imports stubbed (the transformer
+    branch reads none of them for a plain GPT model without LoRA)."""
+    from tests.framework_packages import wheel_tree
+
+    path = wheel_tree("megatron-bridge") / "megatron/bridge/training/utils/flop_utils.py"
+    tree = ast.parse(path.read_text())
+    keep = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in (
+        "num_floating_point_operations", "vit_flops", "_get_vision_config", "_packed_data_exists")]
+    namespace = {"Path": Path, "LoRA": type("LoRA", (), {}), "ConfigContainer": object,
+                 "_lora_seq_stats_cache": {}, "calculate_padded_vocab_size": lambda v, *a, **k: v}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["num_floating_point_operations"]
+
+
+def _bridge_cfg(arch, seq: int, window: tuple[int, int] | None, skip_freq: int | None):
+    m = arch.moe
+    model = SimpleNamespace(
+        kv_channels=arch.head_dim, num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_kv_heads,
+        num_layers=arch.num_layers, hidden_size=arch.hidden_size, ffn_hidden_size=arch.ffn_hidden_size,
+        num_moe_experts=m.num_experts if m else None, moe_router_topk=m.top_k if m else 1,
+        moe_ffn_hidden_size=m.expert_ffn_hidden_size if m else None, moe_shared_expert_intermediate_size=None,
+        mtp_num_layers=None, gated_linear_unit=True, multi_latent_attention=False, seq_length=seq,
+        vocab_size=arch.vocab_size, make_vocab_size_divisible_by=128, tensor_model_parallel_size=1,
+        window_size=window, window_attn_skip_freq=skip_freq)
+    return SimpleNamespace(model=model, peft=None, dataset=None)
+
+
+@pytest.mark.parametrize(("key", "seq"), [("gpt-oss-120b", 4096), ("gpt-oss-120b", 131072), ("gemma-2-27b", 8192),
+                                          ("mistral-7b", 32768)])
+def test_bridge_counts_the_window_as_meshplan_does(key, seq):
+    """What the window takes off one token's FLOPs in Megatron-Bridge 0.6.2's own count (the gpt-oss bridge's
+    window_size (sliding_window - 1, 0) with window_attn_skip_freq 2; every layer where no skip frequency is set)
+    equals what it takes off meshplan's model FLOPs."""
+    count = _bridge_flop_function()
+    arch = resolve_model(key)
+    skip = 2 if arch.windowed_layers < arch.num_layers else None
+    if skip:  # Bridge's skip frequency 2 windows the odd 1-based layers: transformers' even 0-based ones
+        assert arch.windowed_layers == (arch.num_layers + 1) // 2
+    windowed = count(_bridge_cfg(arch, seq, (arch.sliding_window - 1, 0), skip), batch_size=1)
+    full = count(_bridge_cfg(arch, seq, None, None), batch_size=1)
+    ours = (model_flops_per_token(_full(arch), seq) - model_flops_per_token(arch, seq)) * seq
+    assert full - windowed == pytest.approx(ours, rel=1e-9)
+    if arch.sliding_window < seq:
+        assert ours > 0
+
+
+# --------------------------------------------------------------------------- the rollout's KV cache
+
+
+def _rl_job(engine: str = "vllm"):
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+
+    job, plan = resolve(parse_request({"model": "gpt-oss-20b", "framework": "verl", "num_gpus": 8, "job": "rl",
+                                       "response_length": 8192, "rollout_tp": 2, "rollout_engine": engine}))
+    return job, plan
+
+
+def test_a_windowed_layer_holds_its_window_in_vllm():
+    """gpt-oss-20b: 12 of 24 layers windowed at 128. vLLM's SlidingWindowSpec keeps their last window, so one
+    sequence of L tokens holds per-layer bytes x (12 L + 12 x 128); an engine that keeps every token, 24 L."""
+    from meshplan.rl.engine import engine_memory, engine_windowed_kv, kv_bytes_per_sequence, kv_bytes_per_token
+
+    job, plan = _rl_job()
+    arch = job.model
+    per_layer = kv_bytes_per_token(arch, 2) / arch.num_layers
+    length = job.rl.prompt_length + job.rl.response_length
+    assert engine_windowed_kv(job, plan)
+    assert kv_bytes_per_sequence(arch, 2, length, True) == per_layer * (12 * length + 12 * 128)
+    assert kv_bytes_per_sequence(arch, 2, length, False) == per_layer * 24 * length
+    assert kv_bytes_per_sequence(arch, 2, 100, True) == per_layer * 24 * 100  # shorter than the window
+    memory = engine_memory(job, plan, free_bytes=60 * 2**30)
+    held = int(memory.kv_bytes // kv_bytes_per_sequence(arch, 2, length, True))
+    assert memory.sequences_at_once == min(held, job.rl_card.defaults.max_num_seqs) * plan.rollout_dp
+
+
+def test_sglang_is_held_to_every_token():
+    """SGLang's windowed pool is not read from its source: its windowed layers are counted at every token."""
+    from meshplan.rl.engine import engine_windowed_kv
+
+    job, plan = _rl_job("sglang")
+    assert not engine_windowed_kv(job, plan)
+
+
+# --------------------------------------------------------------------------- frameworks that ignore the window
+
+
+@pytest.mark.parametrize(("framework", "windowed"), [("megatron-bridge", True), ("verl", True), ("kempnerforge", False),
+                                                     ("torchtitan", False)])
+def test_the_model_each_framework_trains(framework, windowed):
+    """Mistral-7B at 32K: Megatron-Core (window_size) and transformers run its window; KempnerForge's SDPA and
+    torchtitan's Llama model do not, so there every layer is timed and counted full and the answer says so."""
+    from meshplan.api import estimate_throughput
+    from meshplan.estimate.attention_time import trained_model
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+
+    fields = {"model": "mistral-7b", "framework": framework, "num_gpus": 8, "seq_length": 32768,
+              "recompute": "full"}
+    job, _ = resolve(parse_request(fields))
+    arch = trained_model(job)
+    assert (arch.windowed_layers == 32) is windowed and trained_model(job) is arch
+    report = estimate_throughput(parse_request(fields))
+    assert report.model_flops_per_step == pytest.approx(
+        model_flops_per_token(arch, 32768) * 32768 * job.global_batch_size, rel=1e-9)
+    ignored = [w for w in report.warnings if "no sliding window" in w]
+    assert bool(ignored) is not windowed
+
+
+@pytest.mark.parametrize(("framework", "model", "comm"), [("megatron-bridge", "mistral-7b", "allgather"),
+                                                          ("megatron-core", "gpt-oss-20b", "allgather"),
+                                                          ("megatron-bridge", "llama-3.1-8b", "p2p"),
+                                                          ("torchtitan", "gpt-oss-20b", "p2p"),
+                                                          ("kempnerforge", "mistral-7b", "p2p")])
+def test_cp_comm_type_default_runs_the_window(framework, model, comm):
+    """TE's context parallelism asserts a2a or all-gather under a window (rule CP006): a windowed model on the
+    Megatron frameworks gets all-gather where cp_comm_type is left out; the ring elsewhere."""
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+
+    _, plan = resolve(parse_request({"model": model, "framework": framework, "num_gpus": 8, "cp": 2,
+                                     "seq_length": 16384}))
+    assert plan.cp_comm_type == comm
