@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import NearMiss, Recommendation
@@ -58,7 +59,15 @@ def below_settled(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
     but in the job's budget-free memos, which hold the same figures whoever asks first. False (the probe runs) where
     any node reaches the rules at or under the cutoff, a group of layouts over the budget's model states may hold one,
     a group has no micro-batch (the batch rule's nodes) or the tier across the NVLink domain may be searched. The
-    lowest keys are asked first: where the probe has work, they most often show it."""
+    lowest keys are asked first: where the probe has work, they most often show it. A bound that cannot be worked out
+    here (an error the probe may never meet, on a node whose key there is over the cutoff) leaves it to the probe."""
+    try:
+        return _below_settled(job, fixed, engine, search, cutoff)
+    except MeshplanError:
+        return False
+
+
+def _below_settled(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch, cutoff: float) -> bool:
     below, tiers, seeds = search.below, search.caches.tiers, search.caches.seeds.get(0)
     if below is None or below.unsized or tiers is None or seeds is None:
         return False
@@ -71,18 +80,19 @@ def below_settled(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
     ideal, capacity = ideal_time(job, engine), probe.budget
     if any(group.states <= capacity and probe.keyed(group, ideal) <= cutoff for group in below.groups):
         return False
-    raised: dict[int, tuple] = {}  # per group of the dead layouts: its DP bound (group_syncs, not kept)
+    raised: dict[int, tuple | None] = {}  # per group of the dead layouts: its DP bound (group_syncs, not kept)
     for lay, entry, group in below.members:
-        if group.floor.get(ideal, 0.0) > cutoff or probe.is_dead(lay):  # (its group floor: under each seed key)
+        if id(group) not in raised:  # its group floor raised to its DP bound at its fewest micro-batches: under each
+            syncs = probe.group_syncs([one for one, _, _ in group.members], keep=False)  # of its raised seed keys
+            floor, ms = group.floor.get(ideal, 0.0), probe.microbatches(lay, group.sizes[-1])
+            over = (probe.synced([floor], [ms], syncs)[0] if syncs else floor) > cutoff
+            raised[id(group)] = None if over else syncs
+        syncs = raised[id(group)]
+        if syncs is None or probe.is_dead(lay):
             continue
         sizes, keys = group.sizes, entry[1]
         if keys is None:  # never worked out (group_under's dead members)
             keys = probe.seed_keys(lay, sizes, ideal, probe.seed_rate(lay, sizes[0], probe.seed_rates), entry[4])
-        if min(keys) > cutoff:
-            continue
-        syncs = raised.get(id(group))
-        if syncs is None:
-            syncs = raised[id(group)] = probe.group_syncs([one for one, _, _ in group.members], keep=False)
         if syncs and not entry[3]:  # raised as the probe's opening of the group would (engine.raise_live)
             keys = probe.synced(keys, [probe.microbatches(lay, mbs) for mbs in sizes], syncs)
         if any(key <= cutoff and reaches_rules(probe, key, lay, mbs, cutoff, syncs)
