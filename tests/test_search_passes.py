@@ -17,6 +17,7 @@ from test_search_oracle import sampled_request
 import meshplan.search.bounds as search_bounds
 import meshplan.search.engine as search_engine
 import meshplan.search.gpu_count as gpu_count
+import meshplan.search.impossible as impossible
 import meshplan.search.ranking as ranking
 import meshplan.search.seeding as search_seeding
 from meshplan.core.errors import MeshplanError
@@ -458,6 +459,8 @@ def test_the_probe_enters_a_group_the_ranked_search_worked_out_at_its_least_seed
 
     monkeypatch.setattr(BestFirstSearch, "push_seeds", seeding)
     monkeypatch.setattr(BestFirstSearch, "open_group", opening)
+    # the probe run even where the ranked search's record proves it empty (impossible.below_settled): its mechanics
+    monkeypatch.setattr(impossible, "below_settled", lambda *args: False)
     recommend(Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"), top_k=5)
     assert above[0] > 10 and not below[0]
 

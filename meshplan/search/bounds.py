@@ -576,7 +576,8 @@ class StepTimeBounds(SearchPlans):
         stage = StageSync(self.sharding_per_micro(lay, zero), floor.seconds, floor.hidden)
         return self.synced([pipe], [self.microbatches(lay, mbs)], (stage,))[0]
 
-    def group_syncs(self, lays: list[Layout], seeds: list[tuple[float, int]] | None = None) -> tuple[StageSync, ...]:
+    def group_syncs(self, lays: list[Layout], seeds: list[tuple[float, int]] | None = None,
+                    keep: bool = True) -> tuple[StageSync, ...]:
         """Per ZeRO stage of the search, for these layouts (one grid: a seed group's): the sharding traffic's seconds
         per micro-batch (sharding_per_micro) and the SyncFloor (seconds, hidden) of the least first-rank parameters of
         each kind among them (the floor only grows with either; none where one of them has no stages at that ZeRO
@@ -584,7 +585,9 @@ class StepTimeBounds(SearchPlans):
         where a stage raises none of `seeds` (per micro-batch size, the least pipeline bound of the seeds to raise
         and their micro-batches: synced's own test, which only grows easier with a larger bound, so that stage keeps
         every later key of those layouts too, and the least over the stages is the key; the later stages are not
-        worked out). Each stage's is grid_syncs.grid_stage_sync's, shared by the grids alike in what it reads."""
+        worked out). Each stage's is grid_syncs.grid_stage_sync's, shared by the grids alike in what it reads. Kept per
+        grid for grid_stage_keys, unless `keep` is False (impossible.below_settled: without `seeds`, the same keys from
+        synced as the seeds' own would give, since a stage that raises none of them raises none of theirs)."""
         lay, syncs = lays[0], []
         for zero in self.zeros:
             least = self.bounds_memo.get(("least rank0", lay.pp, zero)) if lay.pp > 1 else None
@@ -601,7 +604,8 @@ class StepTimeBounds(SearchPlans):
                 break
             syncs.append(stage)
         found = () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
-        self.bounds_memo[("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)] = found
+        if keep:
+            self.bounds_memo[("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)] = found
         return found
 
     def grid_stage_keys(self, lay: Layout, mbs: int, pipe: float) -> list[float]:

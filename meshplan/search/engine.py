@@ -61,6 +61,21 @@ class Found:
     throughput: ThroughputReport
 
 
+@dataclass
+class Below:
+    """What a ranked search settled of its seeds, kept for the thinner-headroom probe (impossible.below_settled), which
+    asks the same seeds again at the GPU's full capacity: the (key, layout, micro-batch) of every seed node it popped at
+    Level.FLOOR or found dead when its layout's first node released it (`nodes`); the layouts it found dead before
+    queueing them, with their shape's entry (its seed keys, None where never worked out) and group (`members`);
+    the seed groups whose model-state bound is over its budget (`groups`); and whether a group had no micro-batch
+    (`unsized`: its nodes go to the batch rule at key 0, which the probe's proof does not replay)."""
+
+    nodes: list[tuple[float, Layout, int]] = field(default_factory=list)
+    members: list[tuple[Layout, list, SeedGroup]] = field(default_factory=list)
+    groups: list[SeedGroup] = field(default_factory=list)
+    unsized: bool = False
+
+
 @dataclass(kw_only=True)
 class BestFirstSearch(StepTimeBounds, Seeding):
     """One best-first search of a job's layouts under one memory budget (see the module docstring)."""
@@ -86,6 +101,7 @@ class BestFirstSearch(StepTimeBounds, Seeding):
     # False where no count is read (the thinner-headroom probe, the GPU-count scan: only what it ranks): the dead
     # seeds and what is left in the queue are then not counted (settle_dead, drain), which decides nothing
     tallied: bool = True
+    below: Below | None = None  # what it settled of its seeds, where a thinner-headroom probe will read it (Below)
 
     @classmethod
     def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, *,
@@ -136,6 +152,8 @@ class BestFirstSearch(StepTimeBounds, Seeding):
         no plan of the layout can: dropped) and the per-token bound with it, the DP term after it added as to the
         seeds (grid_stage_keys: its seed group's). `held`: the layout's other seeds, which its first node holds until
         it pops (open_group), released first; `floor`: need_floor where release already read it."""
+        if self.below is not None:
+            self.below.nodes.append((key, lay, mbs))
         if held:
             self.release(lay, held)
         if floor < 0:
@@ -163,6 +181,8 @@ class BestFirstSearch(StepTimeBounds, Seeding):
             floor = row[mbs] if mbs in row else need_floor(lay, mbs)
             if floor >= n_r:
                 dead.append((seed_key, seq))
+                if self.below is not None:
+                    self.below.nodes.append((seed_key, lay, mbs))
             else:
                 heapq.heappush(heap, (seed_key, FLOOR, seq, (lay, mbs, (), floor)))
 
@@ -362,6 +382,9 @@ class BestFirstSearch(StepTimeBounds, Seeding):
         members, sizes, variants = group.members, group.sizes, self.variants()
         if self.is_dead(members[group.pick][0]):
             deads = self.group_dead([lay for lay, _, _ in members])
+            if self.below is not None:
+                self.below.members += [(lay, entry, group) for (lay, entry, _), dead in zip(members, deads, strict=True)
+                                       if dead]
             members = [member for member, dead in zip(members, deads, strict=True) if not dead]
             self.rejected[self.engine.memory_rule] += variants * len(sizes) * (len(group.members) - len(members))
         for lay, entry, _ in members:
@@ -396,6 +419,8 @@ class BestFirstSearch(StepTimeBounds, Seeding):
         cutoff, sizes, heap, dead_seeds, left_out = self.cutoff, group.sizes, self.heap, self.dead, 0
         for (lay, entry, index), dead in zip(members, deads, strict=True):
             if dead:  # (most members of the groups opened dead: no zip, whose strict= builds a dict per call)
+                if self.below is not None:
+                    self.below.members.append((lay, entry, group))
                 for seq, seed_key in enumerate(entry[1], base + index + 1):
                     if seed_key > cutoff:
                         left_out += 1
@@ -550,23 +575,35 @@ class BestFirstSearch(StepTimeBounds, Seeding):
         self.heap.clear()
 
 
-def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: list[str],
-               budget_bytes: int = 0, share: BestFirstSearch | None = None,
-               cutoff: float = math.inf, counted: bool = True, tallied: bool = True) -> tuple[BestFirstSearch, int]:
-    """Search the whole space of `job` (TP inside the NVLink domain first, across it only when nothing inside
-    fits) and count every plan considered. `share`: a search of the same job whose estimates this one reuses;
-    `cutoff`: no slower step time is wanted (the TP-across tier is then left out whole where its floor, across_floor,
-    is over it); `counted`: False where only what it ranks is read (the MEM003 count is then not told apart);
-    `tallied`: False where no count is read at all (the dead seeds and what the queue holds at the end are not
-    counted: the time a search spends on counts alone, BestFirstSearch.tallied).
-    Appends to `warnings` what the answer must say about the run."""
+def shared_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, budget_bytes: int,
+                  share: BestFirstSearch | None) -> BestFirstSearch:
+    """A search of `job` under this budget; `share`: a search of the same job whose estimates and budget-free memos
+    it reuses (run_search's)."""
     search = BestFirstSearch.for_job(job, fixed, engine, top_k, budget_bytes=budget_bytes)
-    search.cutoff, search.count_host, search.tallied = cutoff, counted, tallied
     if share is not None:  # what does not depend on the budget: the estimates, and the per-search memos below
         search.caches = share.caches.shared()
         search.overlaps, search.pipeline_overlap = share.overlaps, share.pipeline_overlap
         search.sizes_by_dp, search.floor_parts = share.sizes_by_dp, share.floor_parts
         search.bounds_memo = share.bounds_memo
+    return search
+
+
+def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: list[str],
+               budget_bytes: int = 0, share: BestFirstSearch | None = None,
+               cutoff: float = math.inf, counted: bool = True, tallied: bool = True,
+               recorded: bool = False) -> tuple[BestFirstSearch, int]:
+    """Search the whole space of `job` (TP inside the NVLink domain first, across it only when nothing inside
+    fits) and count every plan considered. `share`: a search of the same job whose estimates this one reuses;
+    `cutoff`: no slower step time is wanted (the TP-across tier is then left out whole where its floor, across_floor,
+    is over it); `counted`: False where only what it ranks is read (the MEM003 count is then not told apart);
+    `tallied`: False where no count is read at all (the dead seeds and what the queue holds at the end are not
+    counted: the time a search spends on counts alone, BestFirstSearch.tallied); `recorded`: it keeps what it settled
+    of its seeds for a thinner-headroom probe (Below).
+    Appends to `warnings` what the answer must say about the run."""
+    search = shared_search(job, fixed, engine, top_k, budget_bytes, share)
+    search.cutoff, search.count_host, search.tallied = cutoff, counted, tallied
+    if recorded:
+        search.below = Below()
     tiers = search.caches.tiers
     if tiers is None:
         tiers = search.caches.tiers = split_space(search)

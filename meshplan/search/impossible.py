@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 
+from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import NearMiss, Recommendation
 from meshplan.search.answer import candidate, headroom_text, knob_words, percent, plan_words
-from meshplan.search.engine import BestFirstSearch, Found, run_search
-from meshplan.search.estimators import Engine
+from meshplan.search.engine import BestFirstSearch, Found, run_search, shared_search
+from meshplan.search.estimators import Engine, ideal_time
 from meshplan.search.gpu_count import scan_minimum
 from meshplan.search.policy import (
     HEADROOM_RULE,
@@ -23,7 +24,8 @@ from meshplan.search.policy import (
     slower_by,
 )
 from meshplan.search.refusal import empty_space_words
-from meshplan.search.space import Fixed, enumerate_layouts, micro_batches
+from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches
+from meshplan.search.tiers import across_floor
 
 
 def fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch) -> Found | None:
@@ -35,12 +37,97 @@ def fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: BestF
     cutoff = math.inf
     if search.found:
         cutoff = min(f.time for f in search.found) * (1.0 - search_comparison().below_headroom_gain)
+        if below_settled(job, fixed, engine, search, cutoff):
+            return None
     probe, _ = run_search(job, fixed, engine, 1, [], job.gpu.memory_bytes, share=search, cutoff=cutoff,
                           counted=False, tallied=False)  # its found plan alone is read
     if not probe.found or probe.stopped_by_budget:
         return None
     fastest = min(probe.found, key=lambda f: f.time)
     return fastest if fastest.memory.fit_bytes > search.budget else None  # the figure the search's budget reads
+
+
+def below_settled(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch, cutoff: float) -> bool:
+    """Whether the ranked search's own record (BestFirstSearch.below) proves that the probe would find nothing at or
+    under `cutoff`, so it need not run. The probe pops, at full capacity, only nodes whose keys are at most the cutoff,
+    which is under the ranked search's fastest row and so under where it stopped: every seed of such a key was popped
+    at Level.FLOOR by the ranked search, or found dead, or left out with its group's model states over the budget
+    (Below). Each is asked here as the probe's FLOOR and SHARD levels would ask it at capacity (reaches_rules), with
+    keys never above the probe's: no least recompute learnt from other nodes (need_range), and the seed keys of a
+    layout the ranked search found dead raised to its group's DP bound without the early stop that group_syncs' seeds
+    allow (the same keys: a stage that raises none of the seeds raises none of theirs). Nothing it works out is kept
+    but in the job's budget-free memos, which hold the same figures whoever asks first. False (the probe runs) where
+    any node reaches the rules at or under the cutoff, a group of layouts over the budget's model states may hold one,
+    a group has no micro-batch (the batch rule's nodes) or the tier across the NVLink domain may be searched. The
+    lowest keys are asked first: where the probe has work, they most often show it. A bound that cannot be worked out
+    here (an error the probe may never meet, on a node whose key there is over the cutoff) leaves it to the probe."""
+    try:
+        return _below_settled(job, fixed, engine, search, cutoff)
+    except MeshplanError:
+        return False
+
+
+def _below_settled(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch, cutoff: float) -> bool:
+    below, tiers, seeds = search.below, search.caches.tiers, search.caches.seeds.get(0)
+    if below is None or below.unsized or tiers is None or seeds is None:
+        return False
+    probe = shared_search(job, fixed, engine, 1, job.gpu.memory_bytes, search)
+    probe.cp_mbs.update(seeds.cp_mbs)  # as its seeding of the tier inside the domain sets them (Seeding.seed)
+    probe.work_mbs.update(seeds.work_mbs)
+    nodes = sorted((node for node in below.nodes if node[0] <= cutoff), key=lambda node: node[0])
+    if any(reaches_rules(probe, key, lay, mbs, cutoff, ranked=search) for key, lay, mbs in nodes):
+        return False
+    ideal, capacity = ideal_time(job, engine), probe.budget
+    if any(group.states <= capacity and probe.keyed(group, ideal) <= cutoff for group in below.groups):
+        return False
+    raised: dict[int, tuple | None] = {}  # per group of the dead layouts: its DP bound (group_syncs, not kept)
+    for lay, entry, group in below.members:
+        if id(group) not in raised:  # its group floor raised to its DP bound at its fewest micro-batches: under each
+            syncs = probe.group_syncs([one for one, _, _ in group.members], keep=False)  # of its raised seed keys
+            floor, ms = group.floor.get(ideal, 0.0), probe.microbatches(lay, group.sizes[-1])
+            over = (probe.synced([floor], [ms], syncs)[0] if syncs else floor) > cutoff
+            raised[id(group)] = None if over else syncs
+        syncs = raised[id(group)]
+        if syncs is None or probe.is_dead(lay):
+            continue
+        sizes, keys = group.sizes, entry[1]
+        if keys is None:  # never worked out (group_under's dead members)
+            keys = probe.seed_keys(lay, sizes, ideal, probe.seed_rate(lay, sizes[0], probe.seed_rates), entry[4])
+        if syncs and not entry[3]:  # raised as the probe's opening of the group would (engine.raise_live)
+            keys = probe.synced(keys, [probe.microbatches(lay, mbs) for mbs in sizes], syncs)
+        if any(key <= cutoff and reaches_rules(probe, key, lay, mbs, cutoff, syncs)
+               for mbs, key in zip(sizes, keys, strict=True)):
+            return False
+    return not tiers.across or across_floor(probe, tiers) > cutoff
+
+
+def reaches_rules(probe: BestFirstSearch, key: float, lay: Layout, mbs: int, cutoff: float,
+                  syncs: tuple | None = None, ranked: BestFirstSearch | None = None) -> bool:
+    """Whether a seed node of this key reaches the probe's rules at or under the cutoff: its FLOOR pop (engine.
+    refine_bound) and SHARD pop (refine_shard) at the probe's budget, its key the least over the ZeRO stages of
+    grid_stage_keys (the probe pushes a RULES node per stage; the least pops first) where its grid keeps its DP bound,
+    else `syncs` (its group's, below_settled), else none (synced never lowers a key). `ranked`: the ranked search,
+    under a smaller budget, whose verdicts the probe's cannot exceed: a layout that may fit there may here, and a
+    need_floor of none there is none here (a floor under the smaller budget is under the larger)."""
+    if (ranked is None or ranked.dead_layouts.get(lay) is not False) and probe.is_dead(lay):
+        return False
+    known = None if ranked is None else ranked.floor_least.get(lay)
+    floor = 0 if known is not None and known.get(mbs) == 0 else probe.need_floor(lay, mbs)
+    if floor >= len(probe.recomputes):
+        return False
+    recompute = probe.recomputes[floor]
+    if floor > 0:
+        key = max(key, least_dp_key(probe, lay, mbs, probe.token_bound(lay, mbs, recompute), syncs))
+        if key > cutoff:
+            return False
+    return least_dp_key(probe, lay, mbs, probe.pipeline_bound(lay, mbs, recompute, interleave=True), syncs) <= cutoff
+
+
+def least_dp_key(probe: BestFirstSearch, lay: Layout, mbs: int, pipe: float, syncs: tuple | None) -> float:
+    """The least over the ZeRO stages of grid_stage_keys (synced of each stage alone: their least is synced of all),
+    from the DP bound the grid keeps, else `syncs`, else `pipe`."""
+    kept = probe.bounds_memo.get(("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp), syncs)
+    return probe.synced([pipe], [probe.microbatches(lay, mbs)], kept)[0] if kept else pipe  # type: ignore[arg-type]
 
 
 def report_below_headroom(rec: Recommendation, job: Job, engine: Engine, thin: Found, headroom: float) -> None:

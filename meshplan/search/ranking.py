@@ -81,7 +81,7 @@ def _recommend(req: Request, top_k: int, engine: Engine | None, rows_only: bool 
     headroom = headroom_for(req)
     default_headroom = req.headroom is None
     search, considered = run_search(job, fixed, engine, top_k, warnings, memory_budget(job, headroom),
-                                    counted=not rows_only)
+                                    counted=not rows_only, recorded=not rows_only)
     thin = None if rows_only else fastest_below_headroom(job, fixed, engine, search)
     notes = [*notes, headroom_assumption(job, headroom, default_headroom)]
     rec = ranked_answer(job, fixed, engine, search, considered, top_k, notes, warnings, headroom, default_headroom)

@@ -76,10 +76,14 @@ class Seeding:
             if bound > self.budget:
                 # even the most sharded model states do not fit: no variant of these layouts can
                 self.rejected[self.memory_rule_for(bound)] += variants * group.nodes
+                if self.below is not None:
+                    self.below.groups.append(group)
                 continue
             if not group.sizes:
                 # No micro-batch divides these layouts' share of the batch: let the batch rule say so.
                 mbs = int(self.fixed.values.get("micro_batch_size", 1))  # type: ignore[call-overload]
+                if self.below is not None:
+                    self.below.unsized = True
                 for lay, _, index in group.members:
                     heapq.heappush(self.heap, (0.0, RULES, base + index + 1, (lay, mbs, 0)))
                 continue
