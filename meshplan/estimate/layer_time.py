@@ -19,7 +19,12 @@ from meshplan.estimate.attention_time import attention_seconds
 from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime
 from meshplan.estimate.lora_gemms import lora_gemm_seconds
-from meshplan.estimate.moe_time import busiest_rank_experts, dispatch_and_router_bytes, exposed_ep
+from meshplan.estimate.moe_time import (
+    busiest_rank_experts,
+    dispatch_and_router_bytes,
+    expert_launch_floor,
+    exposed_ep,
+)
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
 
@@ -75,6 +80,14 @@ def gemm_time(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float
         return lora_gemm_seconds(ctx, gemms, moe, kind)
     if terms is None:
         terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    if moe and any(ctx.expert_launches):  # the routed experts' GEMMs no faster than the host launches them
+        experts = summed([t for g, t in zip(gemms, terms) if g.name.startswith("expert_")])
+        floored = expert_launch_floor(ctx, experts)
+        if floored > experts:
+            rest = summed([t for g, t in zip(gemms, terms) if not g.name.startswith("expert_")])
+            fwd = rest / TRAINING_PASSES_PER_FORWARD + max(experts / TRAINING_PASSES_PER_FORWARD,
+                                                           ctx.expert_launches[0] * ctx.cal.grouped_gemm_launch_s)
+            return rest + floored, fwd
     total = summed(terms)
     return total, total / TRAINING_PASSES_PER_FORWARD
 

@@ -7,6 +7,8 @@ from dataclasses import replace
 
 from meshplan.arithmetic.comm import Links, allreduce_time, dispatch_time, ring_time
 from meshplan.arithmetic.flops import Gemm
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
+from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
 from meshplan.schema.plan import Job, Plan
@@ -36,6 +38,34 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
     if facts is None:
         return 1.0
     return float(facts.with_ep if plan.ep > 1 else facts.without_ep)
+
+
+def expert_launches(job: Job, plan: Plan) -> tuple[float, float]:
+    """(forward, backward) kernels one MoE layer's grouped GEMMs launch on a rank per micro-batch, where the framework's
+    grouped GEMM launches per local expert (its card's grouped_gemm_launches; (0, 0) where it is one kernel): each of
+    the num_experts / ep local experts' GEMMs, and under FP8 its quantized tensors times the recipe's kernels each."""
+    facts, moe = job.card.grouped_gemm_launches, job.model.moe
+    if facts is None or moe is None:
+        return 0.0, 0.0
+    recipe = fp8_recipe(job, plan)
+    per_tensor = facts.quantize_kernels.get(recipe, 0) if recipe is not None else 0
+    local = moe.num_experts / plan.ep
+    return (local * (facts.forward_gemms + facts.forward_quantized * per_tensor),
+            local * (facts.backward_gemms + facts.backward_quantized * per_tensor))
+
+
+def expert_launch_floor(ctx: LayerContext, expert_gemms: float) -> float:
+    """The routed experts' GEMM seconds of one MoE layer per micro-batch, forward + backward, where the host issues
+    them one expert at a time (ctx.expert_launches): each pass takes the longer of its GPU time (`expert_gemms`,
+    a third of it in the forward as TRAINING_PASSES_PER_FORWARD counts) and its launches' host time
+    (grouped_gemm_launch_s each). The forward's launches follow the dispatcher's host sync, so the host has no lead
+    to hide them behind; the backward's are assumed issued the same way (one host thread, no lead either)."""
+    fwd_launches, bwd_launches = ctx.expert_launches
+    if not fwd_launches and not bwd_launches:
+        return expert_gemms
+    fwd = expert_gemms / TRAINING_PASSES_PER_FORWARD
+    launch = ctx.cal.grouped_gemm_launch_s
+    return max(fwd, fwd_launches * launch) + max(expert_gemms - fwd, bwd_launches * launch)
 
 
 def dispatch_and_router_bytes(ctx: LayerContext) -> tuple[float, float]:
