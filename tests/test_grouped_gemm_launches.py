@@ -8,8 +8,9 @@ import dataclasses
 
 import pytest
 
-from meshplan.estimate.layer_time import layer_time
-from meshplan.estimate.moe_time import expert_launch_floor, expert_launches
+from meshplan.arithmetic.gemm import gemm_terms
+from meshplan.estimate.layer_time import layer_gemms, layer_time
+from meshplan.estimate.moe_time import backward_launch_wait, expert_launch_floor, expert_launches
 from meshplan.estimate.perf import estimate_throughput, step_terms
 from meshplan.knowledge.calibration import calibration
 from meshplan.request.resolve import resolve
@@ -49,23 +50,34 @@ def test_a_grouped_gemm_of_one_kernel_has_no_floor():
     assert expert_launches(job, plan) == (0.0, 0.0)
 
 
-def test_the_floor_takes_the_longer_of_each_pass():
-    job, plan = job_plan(precision="bf16")
-    ctx = step_terms(job, plan).ctx
-    launch = ctx.cal.grouped_gemm_launch_s
-    fwd, bwd = ctx.expert_launches
-    assert expert_launch_floor(ctx, 0.0) == pytest.approx((fwd + bwd) * launch)
-    big = 30 * (fwd + bwd) * launch  # each pass's GPU time longer than its launches
-    assert expert_launch_floor(ctx, big) == big
-    # tensorwise FP8: 8 launches an expert forward, 10 backward; a forward under its launches and a backward (twice
-    # the forward's GPU time) over its own: each pass floored apart
+def test_the_forward_takes_the_longer_of_its_gpu_time_and_its_launches():
     job, plan = job_plan(precision="fp8", fp8_recipe="tensorwise")
     ctx = step_terms(job, plan).ctx
-    fwd, bwd = ctx.expert_launches
-    assert (fwd, bwd) == (16 * 8, 16 * 10)
-    gpu_fwd = 0.8 * fwd * launch
-    assert 2 * gpu_fwd > bwd * launch
-    assert expert_launch_floor(ctx, 3 * gpu_fwd) == pytest.approx(fwd * launch + 2 * gpu_fwd)
+    launch = ctx.cal.grouped_gemm_launch_s
+    fwd, _ = ctx.expert_launches
+    assert fwd == 16 * 8
+    # a forward under its launches: floored to them, the backward's two thirds kept
+    gpu = 3 * 0.5 * fwd * launch
+    assert expert_launch_floor(ctx, gpu) == pytest.approx(fwd * launch + 2 * gpu / 3)
+    # a forward over them: unchanged
+    big = 3 * 2 * fwd * launch
+    assert expert_launch_floor(ctx, big) == big
+
+
+def test_the_backward_waits_only_for_what_its_other_work_does_not_hide():
+    job, plan = job_plan(precision="bf16")
+    ctx = step_terms(job, plan).ctx
+    launches = ctx.expert_launches[1] * ctx.cal.grouped_gemm_launch_s
+    assert backward_launch_wait(ctx, 0.0) == pytest.approx(launches)
+    assert backward_launch_wait(ctx, launches / 4) == pytest.approx(3 * launches / 4)
+    assert backward_launch_wait(ctx, 2 * launches) == 0.0
+
+
+def expert_forward(ctx) -> float:
+    """The forward seconds of the routed experts' GEMMs on the GPU (a third of their three passes)."""
+    gemms = layer_gemms(ctx, True)
+    terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    return sum(t for g, t in zip(gemms, terms) if g.name.startswith("expert_")) / 3
 
 
 def test_the_moe_layer_gemm_time_gains_what_the_floor_adds():
@@ -74,9 +86,13 @@ def test_the_moe_layer_gemm_time_gains_what_the_floor_adds():
     floored = layer_time(ctx, True)
     plain = layer_time(dataclasses.replace(ctx, expert_launches=(0.0, 0.0)), True)
     launch = ctx.cal.grouped_gemm_launch_s
-    assert floored.gemm > plain.gemm  # 16 experts' 10 launches (4.7 ms) over micro-batch 1's expert GEMMs
-    assert floored.gemm - plain.gemm <= sum(ctx.expert_launches) * launch
-    assert floored.gemm >= plain.gemm - 1e-12
+    # 16 experts' 4 forward launches (1.9 ms) over micro-batch 1's forward expert GEMMs (0.2 ms)
+    assert expert_forward(ctx) < ctx.expert_launches[0] * launch
+    assert floored.fwd_compute - plain.fwd_compute == pytest.approx(
+        ctx.expert_launches[0] * launch - expert_forward(ctx), rel=1e-9)
+    backward = plain.gemm + plain.attention + plain.elementwise - plain.fwd_compute
+    wait = backward_launch_wait(ctx, backward)
+    assert floored.gemm - plain.gemm == pytest.approx(floored.fwd_compute - plain.fwd_compute + wait)
     dense = layer_time(ctx, False)
     assert dense.gemm == layer_time(dataclasses.replace(ctx, expert_launches=(0.0, 0.0)), False).gemm
 

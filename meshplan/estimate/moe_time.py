@@ -43,9 +43,10 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
 def expert_launches(job: Job, plan: Plan) -> tuple[float, float]:
     """(forward, backward) kernels one MoE layer's grouped GEMMs launch on a rank per micro-batch, where the framework's
     grouped GEMM launches per local expert (its card's grouped_gemm_launches; (0, 0) where it is one kernel): each of
-    the num_experts / ep local experts' GEMMs, and under FP8 its quantized tensors times the recipe's kernels each."""
+    the num_experts / ep local experts' GEMMs, and under FP8 its quantized tensors times the recipe's kernels each.
+    Full-model training only: a LoRA job's frozen experts (no weight gradients) are not counted, (0, 0)."""
     facts, moe = job.card.grouped_gemm_launches, job.model.moe
-    if facts is None or moe is None:
+    if facts is None or moe is None or job.lora is not None:
         return 0.0, 0.0
     recipe = fp8_recipe(job, plan)
     per_tensor = facts.quantize_kernels.get(recipe, 0) if recipe is not None else 0
@@ -55,17 +56,24 @@ def expert_launches(job: Job, plan: Plan) -> tuple[float, float]:
 
 
 def expert_launch_floor(ctx: LayerContext, expert_gemms: float) -> float:
-    """The routed experts' GEMM seconds of one MoE layer per micro-batch, forward + backward, where the host issues
-    them one expert at a time (ctx.expert_launches): each pass takes the longer of its GPU time (`expert_gemms`,
-    a third of it in the forward as TRAINING_PASSES_PER_FORWARD counts) and its launches' host time
-    (grouped_gemm_launch_s each). The forward's launches follow the dispatcher's host sync, so the host has no lead
-    to hide them behind; the backward's are assumed issued the same way (one host thread, no lead either)."""
-    fwd_launches, bwd_launches = ctx.expert_launches
-    if not fwd_launches and not bwd_launches:
-        return expert_gemms
+    """The routed experts' GEMM seconds of one MoE layer per micro-batch, forward + backward (`expert_gemms`, a third
+    of it in the forward as TRAINING_PASSES_PER_FORWARD counts), with the forward's no shorter than its launches'
+    host time (ctx.expert_launches, grouped_gemm_launch_s each): they are issued right after the dispatcher's host
+    sync, so the host has no lead over the GPU to hide them behind (the backward's: backward_launch_wait)."""
+    fwd_launches = ctx.expert_launches[0]
     fwd = expert_gemms / TRAINING_PASSES_PER_FORWARD
-    launch = ctx.cal.grouped_gemm_launch_s
-    return max(fwd, fwd_launches * launch) + max(expert_gemms - fwd, bwd_launches * launch)
+    floor = fwd_launches * ctx.cal.grouped_gemm_launch_s
+    if floor <= fwd:
+        return expert_gemms
+    return floor + (expert_gemms - fwd)
+
+
+def backward_launch_wait(ctx: LayerContext, backward: float) -> float:
+    """Seconds one MoE layer's backward waits for the host to launch its experts' kernels one expert at a time
+    (ctx.expert_launches' backward, grouped_gemm_launch_s each), beyond its GPU seconds `backward`: no host sync stops
+    the autograd thread there, so the lead it gains while the GPU runs the layer's other backward work hides them, up
+    to that work."""
+    return max(0.0, ctx.expert_launches[1] * ctx.cal.grouped_gemm_launch_s - backward)
 
 
 def dispatch_and_router_bytes(ctx: LayerContext) -> tuple[float, float]:
