@@ -26,7 +26,8 @@ card's default tensorwise current scaling (the table's parenthesised blockwise f
 recipe sets how many quantize kernels each local expert's grouped GEMM launches (the framework card's
 grouped_gemm_launches). Not recorded: the CUDA-graph scope of each preset (attn / moe_router / moe_preprocess on
 the Blackwell MoE rows, none on H100 FP8): meshplan has no CUDA-graph knob for Megatron, and none of these scopes
-covers the routed experts' grouped GEMMs, whose launches the estimate floors. The `tp_comm_overlap` column is read from the same perf recipes: the Llama rows with TP > 1 run
+covers the routed experts' grouped GEMMs, whose launches the estimate floors.
+The `tp_comm_overlap` column is read from the same perf recipes: the Llama rows with TP > 1 run
 Transformer Engine's userbuffers (src/megatron/bridge/perf_recipes/llama/*: tp_comm_overlap_cfg on the base recipes'
 tp_comm_overlap=True, recipes/llama/h100/llama3.py; NVFP4 turns it off, and those rows are left out), Qwen3-235B on
 H100 sets tp_comm_overlap=False (perf_recipes/qwen/h100/qwen3_moe.py), DeepSeek-V3 on H100 leaves it unset (off).

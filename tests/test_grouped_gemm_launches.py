@@ -77,7 +77,7 @@ def expert_forward(ctx) -> float:
     """The forward seconds of the routed experts' GEMMs on the GPU (a third of their three passes)."""
     gemms = layer_gemms(ctx, True)
     terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
-    return sum(t for g, t in zip(gemms, terms) if g.name.startswith("expert_")) / 3
+    return sum(t for g, t in zip(gemms, terms, strict=True) if g.name.startswith("expert_")) / 3
 
 
 def test_the_moe_layer_gemm_time_gains_what_the_floor_adds():

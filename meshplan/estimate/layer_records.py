@@ -168,9 +168,10 @@ MOE_ONLY_CONTEXT = frozenset({"a2a_steady_share", "routed_load", "moe_host_syncs
                               "stacked_experts", "expert_launches"})
 """Plan fields and LayerContext fields a dense layer's time (layer_time.layer_time(ctx, False)) without LoRA never
 reads, beside PER_STEP_FIELDS, nor the shard's ep and etp: the expert grid, the dispatcher and its all-to-all's
-overlap, the routed tokens' load, host syncs and grouped-GEMM launches, the routed experts' fused activation (an MoE layer's own terms: its
-expert GEMMs, dispatch, expert TP, routed FFN elements). So a dense layer is shared by plans that differ only in these
-(layer_key); tests/test_layer_memo.py holds it field by field. A LoRA job's dense key keeps them all."""
+overlap, the routed tokens' load, host syncs and grouped-GEMM launches, the routed experts' fused activation (an MoE
+layer's own terms: its expert GEMMs, dispatch, expert TP, routed FFN elements). So a dense layer is shared by plans that
+differ only in these (layer_key); tests/test_layer_memo.py holds it field by field. A LoRA job's dense key keeps them
+all."""
 _DENSE_PLAN_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if name not in MOE_ONLY_FIELDS)
 _DENSE_CONTEXT_AT = tuple(k for k, name in enumerate(_CONTEXT_FIELDS) if name not in MOE_ONLY_CONTEXT)
 _SHARD_AT = _CONTEXT_FIELDS.index("shard")

@@ -20,8 +20,8 @@ from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime
 from meshplan.estimate.lora_gemms import lora_gemm_seconds
 from meshplan.estimate.moe_time import (
-    busiest_rank_experts,
     backward_launch_wait,
+    busiest_rank_experts,
     dispatch_and_router_bytes,
     expert_launch_floor,
     exposed_ep,
@@ -84,10 +84,10 @@ def gemm_time(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float
     if terms is None:
         terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
     if moe and ctx.expert_launches[0]:  # the routed experts' forward GEMMs no faster than the host launches them
-        experts = summed([t for g, t in zip(gemms, terms) if g.name.startswith("expert_")])
+        experts = summed([t for g, t in zip(gemms, terms, strict=True) if g.name.startswith("expert_")])
         floored = expert_launch_floor(ctx, experts)
         if floored > experts:
-            rest = summed([t for g, t in zip(gemms, terms) if not g.name.startswith("expert_")])
+            rest = summed([t for g, t in zip(gemms, terms, strict=True) if not g.name.startswith("expert_")])
             return rest + floored, rest / TRAINING_PASSES_PER_FORWARD + (floored - 2.0 * experts / 3.0)
     total = summed(terms)
     return total, total / TRAINING_PASSES_PER_FORWARD
