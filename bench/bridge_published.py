@@ -15,7 +15,19 @@ overlap flags beyond meshplan's Megatron defaults. The `dispatcher` column is re
 configs (scripts/performance/configs/*/..._workload_base_configs.py: rows whose preset sets
 moe_flex_dispatcher_backend are `flex`); those files are newer than some of the published rows, so it is
 an assumption too. Only cross-node EP is affected by it (inside an NVLink domain flex and alltoall cost the
-same in meshplan). The `tp_comm_overlap` column is read from the same perf recipes: the Llama rows with TP > 1 run
+same in meshplan). Qwen3-30B-A3B's rows read the preset of their own release: a preset that sets no
+moe_flex_dispatcher_backend leaves Megatron-Bridge's Qwen3-MoE provider default, alltoall (qwen_provider.py
+moe_token_dispatcher_type "alltoall"; training/flex_dispatcher_backend.py apply_flex_dispatcher_backend returns on
+None, "Not a valid flex dispatcher backend"): B200 at v0.2.0 (25.11) and v0.3.0 (26.02), H100 at v0.2.0, all
+`alltoall`; H100 at v0.3.0 sets deepep (scripts/performance/configs/qwen/qwen3_workload_base_configs.py, added by
+"qwen x86 flex backend", #2351) and GB200 hybridep, `flex` (B200 moved to hybridep and micro-batch 4 only in #2499,
+after 26.02). The precision column's MXFP8 is passed as Transformer Engine's mxfp8 recipe, its FP8 (FP8-CS) as the
+card's default tensorwise current scaling (the table's parenthesised blockwise figures are not transcribed); the
+recipe sets how many quantize kernels each local expert's grouped GEMM launches (the framework card's
+grouped_gemm_launches). Not recorded: the CUDA-graph scope of each preset (attn / moe_router / moe_preprocess on
+the Blackwell MoE rows, none on H100 FP8): meshplan has no CUDA-graph knob for Megatron, and none of these scopes
+covers the routed experts' grouped GEMMs, whose launches the estimate floors.
+The `tp_comm_overlap` column is read from the same perf recipes: the Llama rows with TP > 1 run
 Transformer Engine's userbuffers (src/megatron/bridge/perf_recipes/llama/*: tp_comm_overlap_cfg on the base recipes'
 tp_comm_overlap=True, recipes/llama/h100/llama3.py; NVFP4 turns it off, and those rows are left out), Qwen3-235B on
 H100 sets tp_comm_overlap=False (perf_recipes/qwen/h100/qwen3_moe.py), DeepSeek-V3 on H100 leaves it unset (off).
@@ -72,6 +84,9 @@ def cases(path: Path = DATA):
             req = Request(
                 model=r["model"], gpu=r["system"], num_gpus=gpus, framework="megatron-bridge",
                 precision="bf16" if r["precision"] == "bf16" else "fp8",
+                # the table's MXFP8 is Transformer Engine's mxfp8 recipe, its FP8 / FP8-CS the card's default
+                # (Megatron-Bridge's tensorwise current scaling)
+                fp8_recipe="mxfp8" if r["precision"] == "mxfp8" else None,
                 seq_length=int(r["seq"]), global_batch_size=int(r["gbs"]), micro_batch_size=int(r["mbs"]),
                 tp=tp, pp=pp, vpp=int(r["vp"]), cp=cp, ep=ep, etp=1 if ep > 1 else None,
                 dp=gpus // (tp * pp * cp), sequence_parallel=tp > 1,

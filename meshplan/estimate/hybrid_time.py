@@ -31,7 +31,7 @@ from meshplan.estimate.layer_records import (
     scope_memo,
 )
 from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds, gemm_time, layer_overhead
-from meshplan.estimate.moe_time import busiest_rank_experts, exposed_ep
+from meshplan.estimate.moe_time import backward_launch_wait, busiest_rank_experts, exposed_ep
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
 from meshplan.schema.model import LAYER_KINDS, MIXER_KINDS
@@ -75,6 +75,8 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
     overhead = layer_overhead(ctx, moe)
     copy = load.weight_copy_bytes / ctx.hbm
     fwd_compute = gemm_fwd + attention_fwd + (elementwise + mixer - copy) / TRAINING_PASSES_PER_FORWARD + copy
+    if moe and ctx.lora is None:  # the backward waiting for its experts' launches (layer_time's)
+        gemm += backward_launch_wait(ctx, gemm + attention + elementwise + mixer - fwd_compute)
     tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms, pairs=layer_pairs(ctx, kind))
     cp_fwd, cp = cp_time(ctx, attention_fwd, attention) if kind == "*" else mamba_cp(ctx) if kind == "M" \
         else gdn_cp(ctx) if kind == "G" else (0.0, 0.0)

@@ -61,6 +61,7 @@ class LayerContext:
     a2a_steady_share: float = 0.0  # moe_a2a_overlap: the share of micro-batch chunks in the 1F1B steady state
     stacked_experts: bool = False  # MoE layers copy their local experts' weights each forward (stacks_experts)
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
+    expert_launches: tuple[float, float] = (0.0, 0.0)  # (fwd, bwd) per-expert grouped-GEMM launches (expert_launches)
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
     hf_eager: bool = False  # transformers' modeling code run eagerly (the card's eager_model_code): hf_eager_* passes
     experts_fused: bool = False  # ... but the routed experts' activation is a fused kernel (compile.experts_fused)
@@ -168,12 +169,13 @@ _CONTEXT_VALUES = itemgetter(*_CONTEXT_FIELDS)
 _LIST_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if name in PLAN_LIST_FIELDS)
 MOE_ONLY_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher", "moe_a2a_overlap"})
 MOE_ONLY_CONTEXT = frozenset({"a2a_steady_share", "routed_load", "moe_host_syncs", "gather_dispatch", "experts_fused",
-                              "stacked_experts"})
+                              "stacked_experts", "expert_launches"})
 """Plan fields and LayerContext fields a dense layer's time (layer_time.layer_time(ctx, False)) without LoRA never
 reads, beside PER_STEP_FIELDS, nor the shard's ep and etp: the expert grid, the dispatcher and its all-to-all's
-overlap, the routed tokens' load and host syncs, the routed experts' fused activation (an MoE layer's own terms: its
-expert GEMMs, dispatch, expert TP, routed FFN elements). So a dense layer is shared by plans that differ only in these
-(layer_key); tests/test_layer_memo.py holds it field by field. A LoRA job's dense key keeps them all."""
+overlap, the routed tokens' load, host syncs and grouped-GEMM launches, the routed experts' fused activation (an MoE
+layer's own terms: its expert GEMMs, dispatch, expert TP, routed FFN elements). So a dense layer is shared by plans that
+differ only in these (layer_key); tests/test_layer_memo.py holds it field by field. A LoRA job's dense key keeps them
+all."""
 _DENSE_PLAN_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if name not in MOE_ONLY_FIELDS)
 _DENSE_CONTEXT_AT = tuple(k for k, name in enumerate(_CONTEXT_FIELDS) if name not in MOE_ONLY_CONTEXT)
 _SHARD_AT = _CONTEXT_FIELDS.index("shard")

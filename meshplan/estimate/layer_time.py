@@ -19,7 +19,13 @@ from meshplan.estimate.attention_time import attention_seconds
 from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime
 from meshplan.estimate.lora_gemms import lora_gemm_seconds
-from meshplan.estimate.moe_time import busiest_rank_experts, dispatch_and_router_bytes, exposed_ep
+from meshplan.estimate.moe_time import (
+    backward_launch_wait,
+    busiest_rank_experts,
+    dispatch_and_router_bytes,
+    expert_launch_floor,
+    exposed_ep,
+)
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
 
@@ -35,6 +41,8 @@ def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
     overhead = layer_overhead(ctx, moe)
     copy = load.weight_copy_bytes / ctx.hbm  # all in the forward (stacked weights), the rest a third of the passes
     fwd_compute = gemm_fwd + attention_fwd + (elementwise - copy) / TRAINING_PASSES_PER_FORWARD + copy
+    if moe and ctx.lora is None:  # the backward waiting for its experts' launches beyond what its other work hides
+        gemm += backward_launch_wait(ctx, gemm + attention + elementwise - fwd_compute)
     tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms)
     cp_fwd, cp = cp_time(ctx, attention_fwd, attention)
     compute = gemm + attention + elementwise + overhead  # LayerTime.compute
@@ -75,6 +83,12 @@ def gemm_time(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float
         return lora_gemm_seconds(ctx, gemms, moe, kind)
     if terms is None:
         terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    if moe and ctx.expert_launches[0]:  # the routed experts' forward GEMMs no faster than the host launches them
+        experts = summed([t for g, t in zip(gemms, terms, strict=True) if g.name.startswith("expert_")])
+        floored = expert_launch_floor(ctx, experts)
+        if floored > experts:
+            rest = summed([t for g, t in zip(gemms, terms, strict=True) if not g.name.startswith("expert_")])
+            return rest + floored, rest / TRAINING_PASSES_PER_FORWARD + (floored - 2.0 * experts / 3.0)
     total = summed(terms)
     return total, total / TRAINING_PASSES_PER_FORWARD
 

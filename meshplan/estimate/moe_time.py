@@ -7,6 +7,8 @@ from dataclasses import replace
 
 from meshplan.arithmetic.comm import Links, allreduce_time, dispatch_time, ring_time
 from meshplan.arithmetic.flops import Gemm
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
+from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
 from meshplan.schema.plan import Job, Plan
@@ -36,6 +38,42 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
     if facts is None:
         return 1.0
     return float(facts.with_ep if plan.ep > 1 else facts.without_ep)
+
+
+def expert_launches(job: Job, plan: Plan) -> tuple[float, float]:
+    """(forward, backward) kernels one MoE layer's grouped GEMMs launch on a rank per micro-batch, where the framework's
+    grouped GEMM launches per local expert (its card's grouped_gemm_launches; (0, 0) where it is one kernel): each of
+    the num_experts / ep local experts' GEMMs, and under FP8 its quantized tensors times the recipe's kernels each.
+    Full-model training only: a LoRA job's frozen experts (no weight gradients) are not counted, (0, 0)."""
+    facts, moe = job.card.grouped_gemm_launches, job.model.moe
+    if facts is None or moe is None or job.lora is not None:
+        return 0.0, 0.0
+    recipe = fp8_recipe(job, plan)
+    per_tensor = facts.quantize_kernels.get(recipe, 0) if recipe is not None else 0
+    local = moe.num_experts / plan.ep
+    return (local * (facts.forward_gemms + facts.forward_quantized * per_tensor),
+            local * (facts.backward_gemms + facts.backward_quantized * per_tensor))
+
+
+def expert_launch_floor(ctx: LayerContext, expert_gemms: float) -> float:
+    """The routed experts' GEMM seconds of one MoE layer per micro-batch, forward + backward (`expert_gemms`, a third
+    of it in the forward as TRAINING_PASSES_PER_FORWARD counts), with the forward's no shorter than its launches'
+    host time (ctx.expert_launches, grouped_gemm_launch_s each): they are issued right after the dispatcher's host
+    sync, so the host has no lead over the GPU to hide them behind (the backward's: backward_launch_wait)."""
+    fwd_launches = ctx.expert_launches[0]
+    fwd = expert_gemms / TRAINING_PASSES_PER_FORWARD
+    floor = fwd_launches * ctx.cal.grouped_gemm_launch_s
+    if floor <= fwd:
+        return expert_gemms
+    return floor + (expert_gemms - fwd)
+
+
+def backward_launch_wait(ctx: LayerContext, backward: float) -> float:
+    """Seconds one MoE layer's backward waits for the host to launch its experts' kernels one expert at a time
+    (ctx.expert_launches' backward, grouped_gemm_launch_s each), beyond its GPU seconds `backward`: no host sync stops
+    the autograd thread there, so the lead it gains while the GPU runs the layer's other backward work hides them, up
+    to that work."""
+    return max(0.0, ctx.expert_launches[1] * ctx.cal.grouped_gemm_launch_s - backward)
 
 
 def dispatch_and_router_bytes(ctx: LayerContext) -> tuple[float, float]:

@@ -50,7 +50,7 @@ from meshplan.estimate.memory import (
     step_offload_time,
 )
 from meshplan.estimate.memory_terms import time_rank_parts
-from meshplan.estimate.moe_time import a2a_steady_share, moe_host_syncs
+from meshplan.estimate.moe_time import a2a_steady_share, expert_launches, moe_host_syncs
 from meshplan.estimate.mtp_time import head_with_mtp
 from meshplan.estimate.sharding_traffic import (
     DpTraffic,
@@ -373,6 +373,7 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
         plan=plan, law=job.card.world_size_law, shard=shard,
         a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
         moe_host_syncs=moe_host_syncs(job, plan), routed_load=ep_rank_load(job, plan),
+        expert_launches=expert_launches(job, plan),
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
         **job_facts(job, plan, cal, lk, peaks, attention_kernel))
 

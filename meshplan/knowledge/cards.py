@@ -25,6 +25,7 @@ from meshplan.knowledge.fsdp_card import GradAccumulationFacts, ShardingOverlapO
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.moe_card import (
     FlexDispatcherEngines,
+    GroupedGemmLaunches,
     MoeDispatch,
     MoeExpertWeights,
     MoeHostSyncs,
@@ -236,6 +237,8 @@ class FrameworkCard(_Card):
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
     moe_host_syncs: MoeHostSyncs | None = Field(None, description="Absent: Megatron-Core's one per MoE layer forward")
     moe_expert_weights: MoeExpertWeights | None = Field(None, description="Absent: read in place by the grouped GEMM")
+    grouped_gemm_launches: GroupedGemmLaunches | None = Field(
+        None, description="Absent: the routed experts' grouped GEMM is one kernel per pass (no per-expert launches)")
     output_head_tp: OutputHeadTp | None = Field(None, description="Absent: the head vocabulary-parallel over TP")
     tp_input_linears: TpInputLinears | None = Field(
         None, description="Absent: a TP pair's input is gathered once and its gradient reduced once, each way")

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.schema.choices import Engine
+from meshplan.schema.choices import Engine, Fp8Recipe
 
 
 class MoeHostSyncs(BaseModel):
@@ -20,6 +20,22 @@ class MoeHostSyncs(BaseModel):
 
     without_ep: int = Field(ge=0, description="With the experts all on the rank (ep 1)")
     with_ep: int = Field(ge=0, description="With expert parallelism (ep > 1)")
+    source: str
+
+
+class GroupedGemmLaunches(BaseModel):
+    """How many kernels the framework's grouped GEMM launches per local expert, where it is not one kernel for all the
+    experts: one GEMM per expert and pass, and under FP8 each expert's input and gradient quantized on their own. The
+    estimate puts a floor of these launches under the routed experts' GEMM time (moe_time.expert_launch_floor)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    forward_gemms: int = Field(ge=0, description="GEMM launches per local expert in the forward (fc1, fc2)")
+    backward_gemms: int = Field(ge=0, description="... in the backward (each linear's data and weight gradients)")
+    forward_quantized: int = Field(ge=0, description="Tensors quantized per local expert in the forward (FP8)")
+    backward_quantized: int = Field(ge=0, description="... in the backward (the output gradients, FP8)")
+    quantize_kernels: dict[Fp8Recipe, int] = Field(
+        description="Kernel launches per quantized tensor per FP8 recipe (0: one fused kernel for every expert)")
     source: str
 
 
