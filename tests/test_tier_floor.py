@@ -105,6 +105,8 @@ def test_skipping_the_tier_changes_no_answer(monkeypatch):
         return value
 
     monkeypatch.setattr(search_engine, "across_floor", floor)
+    # the probe run even where the ranked search's record proves it empty (impossible.below_settled): its tier skip
+    monkeypatch.setattr(impossible, "below_settled", lambda *args: False)
     fast = recommend(req).model_dump()
     assert skipped[0] == 1 and len(probes) == 1
     monkeypatch.setattr(search_engine, "across_floor", lambda search, tiers: 0.0)
