@@ -114,10 +114,11 @@ def step_cases(models: dict | None = None, world: int = WORLD, foreach: bool | N
             for name, spec in (models or STEP_MODELS).items() for policy in POLICIES for reduce in reduces]
 
 
-def run_harness(request_cases: list[dict], timeout: int = 1800) -> dict:
-    """Build (or reuse) the venv, run the harness on the cases, return its parsed result."""
+def run_harness(request_cases: list[dict], timeout: int = 1800, harness: Path = HARNESS) -> dict:
+    """Build (or reuse) the HF venv, run a harness of it (this bench's, or another that prints the same RESULT line:
+    bench/step_op_census.py's) on the cases, return its parsed result."""
     python = venv_python("transformers", HF_VENV, python_version="3.11")
-    proc = subprocess.run([str(python), str(HARNESS)], input=json.dumps({"cases": request_cases}),
+    proc = subprocess.run([str(python), str(harness)], input=json.dumps({"cases": request_cases}),
                           capture_output=True, text=True, timeout=timeout)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:

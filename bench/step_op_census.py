@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
-from framework_packages import HF_VENV, venv_python  # noqa: E402
+from fake_tensor_hf import run_harness  # noqa: E402
 from gpu_steps import cases  # noqa: E402
 
 from meshplan.knowledge.calibration import calibration  # noqa: E402
@@ -65,16 +64,6 @@ def census_cases() -> list[dict]:
             out += [half | {"case": f"{c['case']}-half-heads2", "override": {**over, **more_heads}},
                     half | {"case": f"{c['case']}-half-kv2", "override": {**over, **more_kv}}]
     return out
-
-
-def run_census(todo: list[dict]) -> dict:
-    python = venv_python("transformers", HF_VENV, python_version="3.11")
-    proc = subprocess.run([str(python), str(HARNESS)], input=json.dumps({"cases": todo}), capture_output=True,
-                          text=True, cwd=ROOT / "bench", timeout=3600)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"harness failed: {proc.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
 
 
 def memory_bytes(result: dict, group: str = "model") -> int:
@@ -149,7 +138,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args()
-    data = run_census(census_cases())
+    data = run_harness(census_cases(), timeout=3600, harness=HARNESS)
     res = {r["case"]: r for r in data["results"]}
     bad = [r for r in data["results"] if not r.get("ok")]
     if bad:

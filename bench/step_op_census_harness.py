@@ -26,6 +26,7 @@ from collections import defaultdict
 
 import torch
 from fake_tensor_hf_harness import build, token_row, verl_fsdp2_wrap, verl_loss
+from gpu_step_harness import ChunkedCrossEntropy  # the GPU step's own loss, so the census counts what ran
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -154,31 +155,6 @@ def register() -> None:
 
     AttentionInterface.register("census_attention", attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register("census_attention", flash_attention_mask)
-
-
-class ChunkedCrossEntropy(torch.autograd.Function):
-    """bench/gpu_step_harness.py's ChunkedCrossEntropy, the same ops (what the GPU step ran)."""
-
-    @staticmethod
-    def forward(ctx, logits, labels):
-        rows = 128
-        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-        for start in range(0, logits.shape[0], rows):
-            lse[start:start + rows] = torch.logsumexp(logits[start:start + rows].float(), dim=-1)
-        picked = logits.gather(1, labels.unsqueeze(1)).squeeze(1).float()
-        ctx.save_for_backward(logits, lse, labels)
-        return lse - picked
-
-    @staticmethod
-    def backward(ctx, grad_losses):
-        logits, lse, labels = ctx.saved_tensors
-        rows = 128
-        for start in range(0, logits.shape[0], rows):
-            r = slice(start, start + rows)
-            probs = torch.exp(logits[r].float() - lse[r].unsqueeze(1))
-            probs.scatter_add_(1, labels[r].unsqueeze(1), -torch.ones_like(lse[r]).unsqueeze(1))
-            logits[r].copy_(probs * grad_losses[r].unsqueeze(1))
-        return logits, None
 
 
 def census(case: dict) -> dict:
