@@ -224,11 +224,14 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
     walks = [(held_other, accumulation.through_forward, "")]
     if accumulation.cooldown_other is not None and not accumulation.through_forward:
         walks.append((accumulation.cooldown_other, True, ", after a backward"))
+    stored = [0]  # stored[k]: sum(v.stored for v in units[:k]), added in the same order as that sum
+    for v in units:
+        stored.append(stored[-1] + v.stored)
     out = []
     for other, all_gathered, when in walks:
         for k in range(len(units) - 1, -1, -1):
             u = units[k]
-            before = other + sum(v.stored for v in units[:k])
+            before = other + stored[k]
             if all_gathered:
                 gathered = gathered_all + (conv.unsharded_param_bytes * u.params if u.in_loss else 0.0)
             else:
