@@ -399,7 +399,15 @@ def adapter_params(arch: Architecture, layers: list[int], spec: LoraSpec, engine
     ParamWrappers on the experts' 3D weights (LoraSpec.target_parameters, arithmetic/param_wrapper.py) are one adapter
     per expert, counted with the expert parameters."""
     shared = engine is None or engine.experts == "shared"
-    adapted = [a for i in layers for a in layer_adapters(arch, i, spec, engine)]
+    # layer_adapters reads its layer's index only through its kind and whether it is an MoE layer: one call per pair
+    # (the search asks this for thousands of stages; the list, its order and every figure are the same)
+    by_kind: dict[tuple[str, bool], list[Adapted]] = {}
+    adapted: list[Adapted] = []
+    for i in layers:
+        key = (arch.layer_kind(i), arch.is_moe_layer(i))
+        if key not in by_kind:
+            by_kind[key] = layer_adapters(arch, i, spec, engine)
+        adapted += by_kind[key]
     if mtp:
         adapted += mtp_adapters(arch, spec, engine)
     dense = expert = 0.0

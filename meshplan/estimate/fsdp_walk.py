@@ -224,11 +224,14 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
     walks = [(held_other, accumulation.through_forward, "")]
     if accumulation.cooldown_other is not None and not accumulation.through_forward:
         walks.append((accumulation.cooldown_other, True, ", after a backward"))
+    stored = [0]  # stored[k]: sum(v.stored for v in units[:k]), added in the same order as that sum
+    for v in units:
+        stored.append(stored[-1] + v.stored)
     out = []
     for other, all_gathered, when in walks:
         for k in range(len(units) - 1, -1, -1):
             u = units[k]
-            before = other + sum(v.stored for v in units[:k])
+            before = other + stored[k]
             if all_gathered:
                 gathered = gathered_all + (conv.unsharded_param_bytes * u.params if u.in_loss else 0.0)
             else:
@@ -285,7 +288,12 @@ def fsdp_step_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_abse
                    reserve_fraction: float, accumulation: Accumulation = NO_ACCUMULATION) -> StepMoment:
     """The moment of the backward walk with the largest peak: activations and transient (plus the caching
     allocator's reserve over them, as the estimate counts it) less the gradients not allocated yet."""
-    moments = fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation)
+    return reserved_peak(conv, fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation),
+                         reserve_fraction)
+
+
+def reserved_peak(conv, moments: list[StepMoment], reserve_fraction: float) -> StepMoment:
+    """fsdp_step_peak's pick among walked moments (the first of equal ones)."""
     return max(moments, key=lambda s: (1 + reserve_fraction) * (s.activations + s.transient + s.accumulated)
                - s.absent_grads + freed_grads_reserved(conv, s.absent_grads))
 
@@ -296,7 +304,11 @@ def fsdp_allocated_peak(conv, units: list[FsdpUnit], held_other: float, *, grads
     not allocated yet, with no allocator reserve. It can be another moment than fsdp_step_peak's: the reserve favours
     moments with much churning memory (the loss), while late in the backward, with few activations left, a large
     unit's reduce-scatter beside the gradients already reduced holds more allocated bytes."""
-    moments = fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation)
+    return allocated_peak(fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation))
+
+
+def allocated_peak(moments: list[StepMoment]) -> StepMoment:
+    """fsdp_allocated_peak's pick among walked moments (the first of equal ones)."""
     return max(moments, key=lambda s: s.activations + s.transient + s.accumulated - s.absent_grads)
 
 
@@ -344,9 +356,9 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     # reduce-scatter that writes it (under a pipeline: in the schedule's first run of the step)
     once = terms.plan.schedule_runs(terms.job.global_batch_size) == 1 if accumulation.pipeline else terms.m == 1
     absent = terms.conv.grads_set_to_none and (once or bool(accumulation.bytes_per_param and not accumulation.pipeline))
-    return (fsdp_step_peak(terms.conv, units, held, grads_absent=absent,
-                           reserve_fraction=terms.card.allocator_reserve_fraction, accumulation=accumulation),
-            fsdp_allocated_peak(terms.conv, units, held, grads_absent=absent, accumulation=accumulation))
+    # one walk serves both picks (fsdp_step_peak and fsdp_allocated_peak each walk the same moments)
+    moments = fsdp_backward_moments(terms.conv, units, held, absent, accumulation)
+    return reserved_peak(terms.conv, moments, terms.card.allocator_reserve_fraction), allocated_peak(moments)
 
 
 def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
