@@ -73,6 +73,11 @@ class AttentionSemantics(_Card):
         None, description="The cp_comm_types its context parallelism runs a sliding window with, the default first "
                           "(rule CP006); None: every one")
     windowed_source: str = ""
+    no_cp_model_types: list[str] = Field(
+        default_factory=list, description="The model types (config.json model_type) whose model code in this "
+                                          "framework builds a core attention that refuses context parallelism at "
+                                          "construction (rule CP007); empty: none")
+    no_cp_source: str = ""
     source: str
 
     def builds_window(self, model_type: str) -> bool:
