@@ -205,3 +205,18 @@ def test_cp_comm_type_default_runs_the_window(framework, model, comm):
     _, plan = resolve(parse_request({"model": model, "framework": framework, "num_gpus": 8, "cp": 2,
                                      "seq_length": 16384}))
     assert plan.cp_comm_type == comm
+
+
+def test_gemma2_on_megatron_bridge_is_searched_without_context_parallelism():
+    """Megatron-Bridge's Gemma 2 attention (its own FlexAttention module) raises on context_parallel_size != 1
+    (rule CP007): recommend offers no cp > 1 there and its refusals name the rule; Megatron-Core, which runs the
+    window through TE, keeps cp in its space."""
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+
+    ask = {"model": "gemma-2-27b", "num_gpus": 64, "seq_length": 32768}
+    bridge = api.recommend(parse_request({**ask, "framework": "megatron-bridge"}), top_k=5)
+    assert bridge.candidates and all(c.plan.cp == 1 for c in bridge.candidates)
+    assert bridge.rejected.get("CP007", 0) > 0
+    core = api.recommend(parse_request({**ask, "framework": "megatron-core"}), top_k=5)
+    assert "CP007" not in core.rejected
