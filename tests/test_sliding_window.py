@@ -143,13 +143,13 @@ def _rl_job(engine: str = "vllm"):
 def test_a_windowed_layer_holds_its_window_in_vllm():
     """gpt-oss-20b: 12 of 24 layers windowed at 128. vLLM's SlidingWindowSpec keeps their last window, so one
     sequence of L tokens holds per-layer bytes x (12 L + 12 x 128); an engine that keeps every token, 24 L."""
-    from meshplan.rl.engine import engine_memory, engine_windowed_kv, kv_bytes_per_sequence, kv_bytes_per_token
+    from meshplan.rl.engine import engine_kv_bytes_per_sequence, engine_memory, kv_bytes_per_sequence, kv_bytes_per_token
 
     job, plan = _rl_job()
     arch = job.model
     per_layer = kv_bytes_per_token(arch, 2) / arch.num_layers
     length = job.rl.prompt_length + job.rl.response_length
-    assert engine_windowed_kv(job, plan)
+    assert engine_kv_bytes_per_sequence(job, plan, length) == kv_bytes_per_sequence(arch, 2, length, True)
     assert kv_bytes_per_sequence(arch, 2, length, True) == per_layer * (12 * length + 12 * 128)
     assert kv_bytes_per_sequence(arch, 2, length, False) == per_layer * 24 * length
     assert kv_bytes_per_sequence(arch, 2, 100, True) == per_layer * 24 * 100  # shorter than the window
@@ -158,12 +158,54 @@ def test_a_windowed_layer_holds_its_window_in_vllm():
     assert memory.sequences_at_once == min(held, job.rl_card.defaults.max_num_seqs) * plan.rollout_dp
 
 
-def test_sglang_is_held_to_every_token():
-    """SGLang's windowed pool is not read from its source: its windowed layers are counted at every token."""
-    from meshplan.rl.engine import engine_windowed_kv
+def _sglang_pool(available: int, full_bytes: int, swa_bytes: int, full_layers: int, swa_layers: int,
+                 ratio: float = 0.8) -> tuple[int, int]:
+    """sglang 0.5.12 model_executor/pool_configurator.py HybridSWAPoolConfigurator as written there (page size 1):
+    cell_size, then max_total_num_tokens = available // cell_size = the full pool, swa_tokens = int(full x ratio)."""
+    cell_size = full_bytes * full_layers + ratio * swa_bytes * swa_layers
+    full_tokens = int(available // cell_size)
+    return full_tokens, int(full_tokens * ratio)
+
+
+def test_sglang_splits_a_gpt_oss_pool_as_its_configurator_does():
+    """gpt-oss-20b on verl's SGLang (0.5.12): full layers get full_tokens slots, the 12 windowed layers 0.8 x as
+    many; a sequence of L tokens takes L full slots and at most 2 x 128 windowed ones (evicted every window steps),
+    so the full pool binds: the sequences held are SGLang's full_tokens // L, between vLLM's and every token's."""
+    from meshplan.rl.engine import (
+        engine_kv_bytes_per_sequence,
+        engine_memory,
+        kv_bytes_per_sequence,
+        kv_bytes_per_token,
+        swa_pool_bytes_per_sequence,
+    )
 
     job, plan = _rl_job("sglang")
-    assert not engine_windowed_kv(job, plan)
+    arch, pool = job.model, job.rl_card.engines["sglang"].swa_pool
+    length = job.rl.prompt_length + job.rl.response_length
+    per_layer = int(kv_bytes_per_token(arch, 2) / arch.num_layers)
+    memory = engine_memory(job, plan, free_bytes=60 * 2**30)
+    full_tokens, swa_tokens = _sglang_pool(int(memory.kv_bytes), per_layer, per_layer, 12, 12)
+    assert swa_tokens >= (full_tokens // length) * 2 * 128  # the windowed pool does not bind
+    assert memory.sequences_at_once == min(full_tokens // length, job.rl_card.defaults.max_num_seqs) * plan.rollout_dp
+    sequence = engine_kv_bytes_per_sequence(job, plan, length)
+    assert sequence == swa_pool_bytes_per_sequence(arch, 2, length, pool) == per_layer * (12 + 0.8 * 12) * length
+    assert kv_bytes_per_sequence(arch, 2, length, True) < sequence < kv_bytes_per_sequence(arch, 2, length, False)
+    # a sequence shorter than the 0.8 share of what it holds windowed: the windowed pool binds (held / ratio)
+    assert swa_pool_bytes_per_sequence(arch, 2, 200, pool) == pytest.approx(per_layer * (12 + 0.8 * 12) * 200 / 0.8)
+
+
+@pytest.mark.parametrize("model", ["mistral-7b", "gemma-2-27b"])
+def test_sglang_keeps_every_token_where_it_does_not_split_the_pool(model):
+    """SGLang 0.5.12 pools apart only the architectures is_hybrid_swa_model lists (gpt-oss, Llama 4, ...); Mistral is
+    not listed and server_args turns the split off for Gemma 2: every windowed layer keeps every token."""
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+    from meshplan.rl.engine import engine_kv_bytes_per_sequence, kv_bytes_per_sequence
+
+    job, plan = resolve(parse_request({"model": model, "framework": "verl", "num_gpus": 8, "job": "rl",
+                                       "response_length": 8192, "rollout_tp": 2, "rollout_engine": "sglang"}))
+    assert job.model.windowed_layers
+    assert engine_kv_bytes_per_sequence(job, plan, 9000) == kv_bytes_per_sequence(job.model, 2, 9000, False)
 
 
 # --------------------------------------------------------------------------- frameworks that ignore the window
