@@ -262,3 +262,76 @@ def test_gemma2_on_megatron_bridge_is_searched_without_context_parallelism():
     assert bridge.rejected.get("CP007", 0) > 0
     core = api.recommend(parse_request({**ask, "framework": "megatron-core"}), top_k=5)
     assert "CP007" not in core.rejected
+
+
+# --------------------------------------------------------------------------- Llama 4's chunked attention (iRoPE)
+
+
+@pytest.mark.parametrize(("seq", "chunk"), [(32768, 8192), (20000, 8192), (8192, 8192), (4096, 8192), (300, 7)])
+def test_chunk_keys_are_the_position_within_the_chunk(seq, chunk):
+    """transformers' chunked_overlay under the causal mask: query i (0-based) sees keys j <= i with j // c == i // c,
+    (i mod c) + 1 of them; a chunk no shorter than the sequence counts as full causal, s/2."""
+    from meshplan.arithmetic.flops import chunk_attended_keys
+
+    counted = sum(sum(1 for j in range(i + 1) if j // chunk == i // chunk) for i in range(seq)) / seq \
+        if seq <= 4096 else sum((i % chunk) + 1 for i in range(seq)) / seq
+    expected = seq / 2 if chunk >= seq else counted
+    assert chunk_attended_keys(seq, chunk) == pytest.approx(expected, rel=1e-12)
+
+
+def test_llama4_chunks_three_layers_of_four_as_its_config_does():
+    """Llama4TextConfig (transformers 5.9.0): attention_chunk_size 8192, no_rope_layers empty -> every fourth layer
+    ((i + 1) % 4 == 0) NoPE and full, the rest chunked; an explicit layer_types or no_rope_layers wins; a null
+    chunk is none."""
+    from meshplan.knowledge.model_config import architecture_from_config
+
+    scout = resolve_model("llama-4-scout")
+    assert (scout.attention_chunk_size, scout.chunked_layers, scout.local_attention) == (8192, 36, (36, 8192))
+    assert resolve_model("llama-3.1-8b").local_attention == (0, None)
+    text = {"model_type": "llama4_text", "num_hidden_layers": 8, "hidden_size": 512, "intermediate_size": 256,
+            "intermediate_size_mlp": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+            "vocab_size": 1000, "num_local_experts": 4, "num_experts_per_tok": 1}
+    assert architecture_from_config(text).chunked_layers == 6
+    assert architecture_from_config({**text, "no_rope_layers": [1, 0] * 4}).chunked_layers == 4
+    kinds = ["chunked_attention"] * 7 + ["full_attention"]
+    assert architecture_from_config({**text, "layer_types": kinds, "attention_chunk_size": 1024}).local_attention \
+        == (7, 1024)
+    assert architecture_from_config({**text, "attention_chunk_size": None}).chunked_layers == 0
+
+
+def test_chunked_layers_count_in_mfu_where_the_framework_runs_them():
+    """Llama 4 Scout at 32K: torchtitan's llama4 (flex, fixed_attn_block_size) and transformers run the chunk, so the
+    attention core counts 36 layers at chunk_attended_keys and 12 at s/2; Megatron-Core / Bridge (no chunked
+    attention) train and count every layer full (trained_model)."""
+    from meshplan.arithmetic.flops import chunk_attended_keys
+    from meshplan.estimate.attention_time import trained_model
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+
+    arch = resolve_model("llama-4-scout")
+    keys = (36 * chunk_attended_keys(32768, 8192) + 12 * 32768 / 2) / 48
+    assert attended_keys(arch, 32768) == pytest.approx(keys) and keys == pytest.approx((36 * 4096.5 + 12 * 16384) / 48)
+    core = attention_core_flops(arch, Shard(tokens=32768, tp=1, ep=1, etp=1, sp=False), 32768)
+    assert core == pytest.approx(attention_core_flops(_full_chunks(arch), Shard(tokens=32768, tp=1, ep=1, etp=1, sp=False), 32768)
+                                 * keys / 16384)
+    assert model_flops_per_token(arch, 32768) < model_flops_per_token(_full_chunks(arch), 32768)
+    for framework, runs in [("torchtitan", True), ("verl", True), ("megatron-bridge", False),
+                            ("megatron-core", False), ("kempnerforge", False)]:
+        job, _ = resolve(parse_request({"model": "llama-4-scout", "framework": framework, "num_gpus": 64,
+                                        "seq_length": 32768}))
+        assert (trained_model(job).chunked_layers == 36) is runs, framework
+
+
+def _full_chunks(arch):
+    return arch.model_copy(update={"attention_chunk_size": None, "chunked_attention_layers": None})
+
+
+def test_a_chunked_layer_holds_its_chunk_in_the_rollout_cache():
+    """vLLM's ChunkedLocalAttentionManager frees the blocks before a sequence's current chunk, and SGLang pools a
+    chunked layer as a window of the chunk: per-layer bytes x (12 L + 36 min(L, 8192)) on vLLM."""
+    from meshplan.rl.engine import kv_bytes_per_sequence, kv_bytes_per_token
+
+    arch = resolve_model("llama-4-scout")
+    per_layer = kv_bytes_per_token(arch, 8) / arch.num_layers
+    assert kv_bytes_per_sequence(arch, 8, 20000, True) == pytest.approx(per_layer * (12 * 20000 + 36 * 8192))
+    assert kv_bytes_per_sequence(arch, 8, 20000, False) == pytest.approx(per_layer * 48 * 20000)

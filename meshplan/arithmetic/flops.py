@@ -9,6 +9,7 @@ run?", because the achievable fraction of peak depends on those shapes, not on t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from meshplan.schema.model import Architecture
@@ -35,17 +36,32 @@ def window_attended_keys(seq_length: float, window: int) -> float:
     return w - w * (w - 1) / (2 * s) if w < s else s / 2
 
 
+def chunk_attended_keys(seq_length: float, chunk: int) -> float:
+    """Keys a query attends to on average in a chunked layer of `chunk` tokens (Llama 4's iRoPE RoPE layers:
+    transformers masking_utils chunked_overlay, kv // chunk == q // chunk, under the causal mask): query i (1-based)
+    sees ((i - 1) mod c) + 1 keys, so s = qc + r averages (q c(c + 1)/2 + r(r + 1)/2) / s while c < s, else the
+    causal half s/2 as full attention is counted."""
+    s, c = float(seq_length), float(chunk)
+    if c >= s:
+        return s / 2
+    whole = math.floor(s / c)
+    rest = s - whole * c
+    return (whole * c * (c + 1) / 2 + rest * (rest + 1) / 2) / s
+
+
 def attended_keys(arch: Architecture, seq_length: float) -> float:
     """Keys a query attends to on average over the model's layers: s/2 in a full causal layer, window_attended_keys
-    in each of its windowed ones (Architecture.windowed_layers). The one count every attention-core FLOP reads: the
-    model FLOPs (MFU), the core's time and its weight-gradient share."""
+    in each of its windowed ones (Architecture.windowed_layers), chunk_attended_keys in each chunked one
+    (Architecture.chunked_layers). The one count every attention-core FLOP reads: the model FLOPs (MFU), the core's
+    time and its weight-gradient share."""
     full = seq_length / 2
-    windowed = arch.windowed_layers
-    if not windowed:
+    local, span = arch.local_attention
+    if not local:
         return full
-    assert arch.sliding_window is not None
-    keys = window_attended_keys(seq_length, arch.sliding_window)
-    return (full * (arch.num_layers - windowed) + keys * windowed) / arch.num_layers
+    assert span is not None
+    keys = (window_attended_keys(seq_length, span) if arch.windowed_layers
+            else chunk_attended_keys(seq_length, span))
+    return (full * (arch.num_layers - local) + keys * local) / arch.num_layers
 
 
 def _attention_per_layer(arch: Architecture, seq_length: int) -> float:

@@ -27,19 +27,23 @@ _UNWINDOWED: dict[int, tuple[Architecture, Architecture]] = {}  # id(model) -> (
 
 def trained_model(job: Job) -> Architecture:
     """The model as the job's framework builds it: job.model, or, where its model code ignores the model's sliding
-    window (the card's attention.windowed_model_types: KempnerForge's SDPA, torchtitan's Llama and Qwen models), the
-    same model with every layer full, which its attention then runs and its MFU counts. The copy is kept per model
-    object so every call hands back the same one (the layer memos key on it)."""
+    window (the card's attention.windowed_model_types: KempnerForge's SDPA, torchtitan's Llama and Qwen models) or its
+    chunked attention (attention.chunked_model_types: Megatron-Core and Megatron-Bridge run Llama 4's every layer
+    full), the same model with every layer full, which its attention then runs and its MFU counts. The copy is kept
+    per model object so every call hands back the same one (the layer memos key on it)."""
     arch = job.model
     card = job.card.attention
-    if not arch.windowed_layers or card is None or card.builds_window(arch.model_type):
+    windowed = arch.windowed_layers and card is not None and not card.builds_window(arch.model_type)
+    chunked = arch.chunked_layers and (card is None or not card.builds_chunks(arch.model_type))
+    if not windowed and not chunked:
         return arch
     hit = _UNWINDOWED.get(id(arch))
     if hit is None or hit[0] is not arch:
         if len(_UNWINDOWED) > 64:
             _UNWINDOWED.clear()
-        hit = _UNWINDOWED[id(arch)] = (arch, arch.model_copy(update={"sliding_window": None,
-                                                                     "sliding_window_layers": None}))
+        hit = _UNWINDOWED[id(arch)] = (arch, arch.model_copy(update={
+            "sliding_window": None, "sliding_window_layers": None, "attention_chunk_size": None,
+            "chunked_attention_layers": None}))
     return hit[1]
 
 

@@ -73,6 +73,11 @@ class AttentionSemantics(_Card):
         None, description="The cp_comm_types its context parallelism runs a sliding window with, the default first "
                           "(rule CP006); None: every one")
     windowed_source: str = ""
+    chunked_model_types: list[str] = Field(
+        default_factory=list, description="The model types whose chunked attention (Llama 4's attention_chunk_size on "
+                                          "its RoPE layers) the framework's model code runs; a chunked model of "
+                                          "another type trains every layer full causal. Empty: none")
+    chunked_source: str = ""
     no_cp_model_types: list[str] = Field(
         default_factory=list, description="The model types (config.json model_type) whose model code in this "
                                           "framework builds a core attention that refuses context parallelism at "
@@ -83,6 +88,10 @@ class AttentionSemantics(_Card):
     def builds_window(self, model_type: str) -> bool:
         """Whether the framework's model code runs a `model_type` model's sliding window (windowed_model_types)."""
         return self.windowed_model_types is None or model_type in self.windowed_model_types
+
+    def builds_chunks(self, model_type: str) -> bool:
+        """Whether the framework's model code runs a `model_type` model's chunked attention (chunked_model_types)."""
+        return model_type in self.chunked_model_types
 
     @model_validator(mode="after")
     def _mla_backend_has_a_kernel(self) -> AttentionSemantics:

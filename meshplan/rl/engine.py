@@ -60,14 +60,16 @@ def kv_bytes_per_token(arch, tp: int) -> float:
 
 def kv_bytes_per_sequence(arch, tp: int, tokens: float, window_only: bool) -> float:
     """KV cache one sequence of `tokens` tokens takes (or one decode step reads) on one engine GPU: kv_bytes_per_token's
-    bytes per layer for every token in a full layer, and in each sliding-window layer (Architecture.windowed_layers)
-    min(tokens, window) where `window_only` (an engine that frees what the window has passed, the card's
-    windowed_kv: vLLM's SlidingWindowSpec; a decode step's attention reads the window alone on every engine), else
-    every token. vLLM's block rounding (at most two blocks per windowed layer) is not counted."""
+    bytes per layer for every token in a full layer, and in each local layer (Architecture.local_attention: a
+    sliding-window layer, or a chunked one whose query sees its own chunk) min(tokens, span) where `window_only` (an
+    engine that frees what the window or chunk has passed, the card's windowed_kv: vLLM's SlidingWindowSpec and
+    ChunkedLocalAttentionSpec; a decode step's attention reads the span alone on every engine), else every token.
+    vLLM's block rounding (at most two blocks per local layer) is not counted."""
     per_layer = kv_bytes_per_token(arch, tp) / arch.num_layers
-    windowed = arch.windowed_layers if window_only else 0
-    kept = min(tokens, arch.sliding_window) if windowed else tokens
-    return per_layer * ((arch.num_layers - windowed) * tokens + windowed * kept)
+    local, span = arch.local_attention
+    local = local if window_only else 0
+    kept = min(tokens, span) if local else tokens
+    return per_layer * ((arch.num_layers - local) * tokens + local * kept)
 
 
 def swa_pool_bytes_per_sequence(arch, tp: int, tokens: float, pool: SWAPool) -> float:
@@ -77,9 +79,9 @@ def swa_pool_bytes_per_sequence(arch, tp: int, tokens: float, pool: SWAPool) -> 
     window x (1 + eviction interval) (what a decoding sequence holds before its next eviction), which binds where
     that over the ratio exceeds `tokens`. With no full layer the pool is the windowed one alone (no ratio)."""
     per_layer = kv_bytes_per_token(arch, tp) / arch.num_layers
-    windowed = arch.windowed_layers
+    windowed, span = arch.local_attention  # SGLang pools a chunked layer as a window of the chunk (model_runner.py)
     full = arch.num_layers - windowed
-    held = min(tokens, arch.sliding_window * (1 + pool.eviction_interval_windows)) if windowed else tokens
+    held = min(tokens, span * (1 + pool.eviction_interval_windows)) if windowed else tokens
     if full == 0:
         return per_layer * windowed * held
     cell = per_layer * (full + pool.full_tokens_ratio * windowed)
@@ -91,7 +93,7 @@ def engine_kv_bytes_per_sequence(job, plan: Plan, tokens: float) -> float:
     rl.engines.<engine>): the split pool (swa_pool_bytes_per_sequence) for a windowed model type the engine pools
     apart, else kv_bytes_per_sequence with the window freed (windowed_kv: window) or every token kept."""
     facts, arch = job.rl_card.engines[plan.rollout_engine], job.model
-    if facts.swa_pool is not None and arch.windowed_layers and arch.model_type in facts.swa_pool.model_types:
+    if facts.swa_pool is not None and arch.local_attention[0] and arch.model_type in facts.swa_pool.model_types:
         return swa_pool_bytes_per_sequence(arch, plan.rollout_tp, tokens, facts.swa_pool)
     return kv_bytes_per_sequence(arch, plan.rollout_tp, tokens, facts.windowed_kv == "window")
 
