@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from meshplan.schema.choices import Engine
+from meshplan.schema.choices import AttentionBackend, Engine
 
 
 class _Card(BaseModel):
@@ -78,6 +78,10 @@ class AttentionSemantics(_Card):
                                           "its RoPE layers) the framework's model code runs; a chunked model of "
                                           "another type trains every layer full causal. Empty: none")
     chunked_source: str = ""
+    chunk_refused_backends: list[AttentionBackend] = Field(
+        default_factory=list, description="The attention_backend values under which the FSDP engine loads "
+                                          "transformers with flash_attention_2, which refuses a chunked layer once "
+                                          "the keys pass its chunk (rule CH001); empty: none")
     no_cp_model_types: list[str] = Field(
         default_factory=list, description="The model types (config.json model_type) whose model code in this "
                                           "framework builds a core attention that refuses context parallelism at "
