@@ -335,3 +335,48 @@ def test_a_chunked_layer_holds_its_chunk_in_the_rollout_cache():
     per_layer = kv_bytes_per_token(arch, 8) / arch.num_layers
     assert kv_bytes_per_sequence(arch, 8, 20000, True) == pytest.approx(per_layer * (12 * 20000 + 36 * 8192))
     assert kv_bytes_per_sequence(arch, 8, 20000, False) == pytest.approx(per_layer * 48 * 20000)
+
+
+# --------------------------------------------------------------------------- a flash kernel's tiles under a window
+
+
+def _tiles_by_hand(seq, window, block_m, block_n):
+    """FlashAttention-2 v2.8.3 compute_attn_1rowblock, query block by query block: key blocks n_block_min =
+    max(0, (m x block_m - (window - 1)) // block_n) up to n_block_max = ceil((m + 1) x block_m / block_n), whole."""
+    import math
+
+    total = 0
+    for m in range(math.ceil(seq / block_m)):
+        rows = min(block_m, seq - m * block_m)
+        first = max(0, (m * block_m - (window - 1)) // block_n)
+        last = min(math.ceil(seq / block_n), math.ceil((m + 1) * block_m / block_n))
+        total += rows * (last - first) * block_n
+    return total / seq
+
+
+@pytest.mark.parametrize(("seq", "window", "tiles"), [(4096, 128, (128, 128)), (131072, 128, (128, 128)),
+                                                      (8192, 4096, (128, 64)), (1000, 100, (128, 64)),
+                                                      (4100, 128, (128, 128)), (8192, 1024, (64, 64))])
+def test_a_window_runs_whole_tiles(seq, window, tiles):
+    """The tiles a window's query blocks overlap, against the kernel's loop bounds counted by hand; a 128-token window
+    on 128 x 128 tiles computes 2 key blocks a query past the first (256 keys, where it attends 128)."""
+    from meshplan.arithmetic.flops import tiled_window_keys
+
+    assert tiled_window_keys(seq, window, *tiles) == pytest.approx(_tiles_by_hand(seq, window, *tiles), rel=1e-12)
+    assert tiled_window_keys(seq, window, *tiles) >= window_attended_keys(seq, window)
+
+
+def test_flash_attention_2_times_gpt_oss_windows_in_whole_tiles():
+    """gpt-oss (head dim 64) on FlashAttention-2 runs 128 x 128 forward tiles (calibration.yaml attention_kernels
+    local_tiles); cuDNN lists none: its time counts the window's keys exactly. MFU's count is unchanged."""
+    from meshplan.arithmetic.flops import tiled_window_keys
+    from meshplan.knowledge.calibration import attention_tiles
+
+    arch = resolve_model("gpt-oss-20b")
+    assert attention_tiles("flash_attn_2", arch.head_dim) == (128, 128)
+    assert attention_tiles("flash_attn_2", 80) == (128, 64) and attention_tiles("cudnn", 64) is None
+    sh = Shard(tokens=8192, tp=1, ep=1, etp=1, sp=False)
+    tiled = attention_core_flops(arch, sh, 8192, (128, 128))
+    keys = (12 * 4096 + 12 * tiled_window_keys(8192, 128, 128, 128)) / 24
+    assert tiled == pytest.approx(attention_core_flops(arch, sh, 8192) * keys / attended_keys(arch, 8192))
+    assert attended_keys(arch, 8192) == pytest.approx((12 * 4096 + 12 * window_attended_keys(8192, 128)) / 24)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshplan.arithmetic.flops import Gemm, attention_core_flops, dsa_loss_target_flops, indexer_score_flops
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.estimate.layer_records import LayerContext
-from meshplan.knowledge.calibration import Calibration, attention_fraction
+from meshplan.knowledge.calibration import Calibration, attention_fraction, attention_tiles
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job
 
@@ -110,13 +110,15 @@ def dsa_indexer_seconds(ctx: LayerContext) -> tuple[float, float]:
 
 def attention_seconds(ctx: LayerContext) -> tuple[float, float]:
     """(forward, forward + backward) of one layer's attention core: flash attention's FLOPs at the kernel's
-    fraction of BF16 peak with a 2.5x backward, or unfused attention; a DSA model's sparse core (its own kernels
+    fraction of BF16 peak with a 2.5x backward (a window in the whole tiles the kernel computes: calibration.yaml
+    attention_kernels local_tiles), or unfused attention; a DSA model's sparse core (its own kernels
     whatever the backend) with its indexer (dsa_indexer_seconds)."""
     if ctx.arch.dsa is not None:
         forward = attention_core_flops(ctx.arch, ctx.shard, ctx.seq) / (ctx.bf16_peak * ctx.attention_fraction)
         index_fwd, index = dsa_indexer_seconds(ctx)
         return forward + index_fwd, FLASH_ATTENTION_PASSES_PER_FORWARD * forward + index
     if ctx.flash:
-        forward = attention_core_flops(ctx.arch, ctx.shard, ctx.seq) / (ctx.bf16_peak * ctx.attention_fraction)
+        tiles = attention_tiles(ctx.attention_kernel, ctx.arch.head_dim) if ctx.arch.windowed_layers else None
+        forward = attention_core_flops(ctx.arch, ctx.shard, ctx.seq, tiles) / (ctx.bf16_peak * ctx.attention_fraction)
         return forward, FLASH_ATTENTION_PASSES_PER_FORWARD * forward
     return unfused_attention_seconds(ctx)
