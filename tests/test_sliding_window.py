@@ -380,3 +380,16 @@ def test_flash_attention_2_times_gpt_oss_windows_in_whole_tiles():
     keys = (12 * 4096 + 12 * tiled_window_keys(8192, 128, 128, 128)) / 24
     assert tiled == pytest.approx(attention_core_flops(arch, sh, 8192) * keys / attended_keys(arch, 8192))
     assert attended_keys(arch, 8192) == pytest.approx((12 * 4096 + 12 * window_attended_keys(8192, 128)) / 24)
+
+
+def test_sglang_pools_llama4_chunks_as_a_window_of_the_chunk():
+    """sglang 0.5.12 lists Llama4ForConditionalGeneration in is_hybrid_swa_model, its chunked layers ((i + 1) % 4 != 0)
+    as SWA with sliding_window_size = attention_chunk_size (model_runner.py): 12 full and 36 pooled layers."""
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+    from meshplan.rl.engine import engine_kv_bytes_per_sequence, kv_bytes_per_token
+
+    job, plan = resolve(parse_request({"model": "llama-4-scout", "framework": "verl", "num_gpus": 16, "job": "rl",
+                                       "response_length": 8192, "rollout_tp": 8, "rollout_engine": "sglang"}))
+    per_layer = kv_bytes_per_token(job.model, 8) / job.model.num_layers
+    assert engine_kv_bytes_per_sequence(job, plan, 40000) == pytest.approx(per_layer * (12 + 0.8 * 36) * 40000)
