@@ -126,6 +126,14 @@ CASES: dict[str, tuple[dict, dict]] = {
     # default where cp_comm_type is left out
     "CP006": ({"model": "mistral-7b", "num_gpus": 8, "cp": 2, "seq_length": 16384, "cp_comm_type": "p2p"},
               {"model": "mistral-7b", "num_gpus": 8, "cp": 2, "seq_length": 16384}),
+    # Megatron-Bridge builds Gemma 2's attention itself (FlexAttention), which raises on context_parallel_size != 1;
+    # its fix, cp=1 with the ranks to dp, passes; Megatron-Core runs the window through TE, which takes CP
+    "CP007": ({"model": "gemma-2-27b", "framework": "megatron-bridge", "num_gpus": 16, "tp": 8, "cp": 2},
+              {"model": "gemma-2-27b", "framework": "megatron-bridge", "num_gpus": 16, "tp": 8, "dp": 2}),
+    # Llama 4's chunked layers (8,192 tokens) on verl's FSDP engine: transformers' flash_attention_2 refuses them
+    # past the chunk; at the chunk chunked and full causal attention are the same
+    "CH001": ({"model": "llama-4-scout", "framework": "verl", "zero_stage": 3, "num_gpus": 16, "seq_length": 16384},
+              {"model": "llama-4-scout", "framework": "verl", "zero_stage": 3, "num_gpus": 16, "seq_length": 8192}),
     "PP016": ({"model": "nemotron-h-8b", "num_gpus": 8, "pp": 2, "vpp": 2},
               {"model": "nemotron-h-8b", "num_gpus": 8, "pp": 4}),
     "TP006": ({"model": "nemotron-h-8b", "num_gpus": 16, "tp": 16},

@@ -143,13 +143,13 @@ def _rl_job(engine: str = "vllm"):
 def test_a_windowed_layer_holds_its_window_in_vllm():
     """gpt-oss-20b: 12 of 24 layers windowed at 128. vLLM's SlidingWindowSpec keeps their last window, so one
     sequence of L tokens holds per-layer bytes x (12 L + 12 x 128); an engine that keeps every token, 24 L."""
-    from meshplan.rl.engine import engine_memory, engine_windowed_kv, kv_bytes_per_sequence, kv_bytes_per_token
+    from meshplan.rl.engine import engine_kv_bytes_per_sequence, engine_memory, kv_bytes_per_sequence, kv_bytes_per_token
 
     job, plan = _rl_job()
     arch = job.model
     per_layer = kv_bytes_per_token(arch, 2) / arch.num_layers
     length = job.rl.prompt_length + job.rl.response_length
-    assert engine_windowed_kv(job, plan)
+    assert engine_kv_bytes_per_sequence(job, plan, length) == kv_bytes_per_sequence(arch, 2, length, True)
     assert kv_bytes_per_sequence(arch, 2, length, True) == per_layer * (12 * length + 12 * 128)
     assert kv_bytes_per_sequence(arch, 2, length, False) == per_layer * 24 * length
     assert kv_bytes_per_sequence(arch, 2, 100, True) == per_layer * 24 * 100  # shorter than the window
@@ -158,12 +158,54 @@ def test_a_windowed_layer_holds_its_window_in_vllm():
     assert memory.sequences_at_once == min(held, job.rl_card.defaults.max_num_seqs) * plan.rollout_dp
 
 
-def test_sglang_is_held_to_every_token():
-    """SGLang's windowed pool is not read from its source: its windowed layers are counted at every token."""
-    from meshplan.rl.engine import engine_windowed_kv
+def _sglang_pool(available: int, full_bytes: int, swa_bytes: int, full_layers: int, swa_layers: int,
+                 ratio: float = 0.8) -> tuple[int, int]:
+    """sglang 0.5.12 model_executor/pool_configurator.py HybridSWAPoolConfigurator as written there (page size 1):
+    cell_size, then max_total_num_tokens = available // cell_size = the full pool, swa_tokens = int(full x ratio)."""
+    cell_size = full_bytes * full_layers + ratio * swa_bytes * swa_layers
+    full_tokens = int(available // cell_size)
+    return full_tokens, int(full_tokens * ratio)
+
+
+def test_sglang_splits_a_gpt_oss_pool_as_its_configurator_does():
+    """gpt-oss-20b on verl's SGLang (0.5.12): full layers get full_tokens slots, the 12 windowed layers 0.8 x as
+    many; a sequence of L tokens takes L full slots and at most 2 x 128 windowed ones (evicted every window steps),
+    so the full pool binds: the sequences held are SGLang's full_tokens // L, between vLLM's and every token's."""
+    from meshplan.rl.engine import (
+        engine_kv_bytes_per_sequence,
+        engine_memory,
+        kv_bytes_per_sequence,
+        kv_bytes_per_token,
+        swa_pool_bytes_per_sequence,
+    )
 
     job, plan = _rl_job("sglang")
-    assert not engine_windowed_kv(job, plan)
+    arch, pool = job.model, job.rl_card.engines["sglang"].swa_pool
+    length = job.rl.prompt_length + job.rl.response_length
+    per_layer = int(kv_bytes_per_token(arch, 2) / arch.num_layers)
+    memory = engine_memory(job, plan, free_bytes=60 * 2**30)
+    full_tokens, swa_tokens = _sglang_pool(int(memory.kv_bytes), per_layer, per_layer, 12, 12)
+    assert swa_tokens >= (full_tokens // length) * 2 * 128  # the windowed pool does not bind
+    assert memory.sequences_at_once == min(full_tokens // length, job.rl_card.defaults.max_num_seqs) * plan.rollout_dp
+    sequence = engine_kv_bytes_per_sequence(job, plan, length)
+    assert sequence == swa_pool_bytes_per_sequence(arch, 2, length, pool) == per_layer * (12 + 0.8 * 12) * length
+    assert kv_bytes_per_sequence(arch, 2, length, True) < sequence < kv_bytes_per_sequence(arch, 2, length, False)
+    # a sequence shorter than the 0.8 share of what it holds windowed: the windowed pool binds (held / ratio)
+    assert swa_pool_bytes_per_sequence(arch, 2, 200, pool) == pytest.approx(per_layer * (12 + 0.8 * 12) * 200 / 0.8)
+
+
+@pytest.mark.parametrize("model", ["mistral-7b", "gemma-2-27b"])
+def test_sglang_keeps_every_token_where_it_does_not_split_the_pool(model):
+    """SGLang 0.5.12 pools apart only the architectures is_hybrid_swa_model lists (gpt-oss, Llama 4, ...); Mistral is
+    not listed and server_args turns the split off for Gemma 2: every windowed layer keeps every token."""
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+    from meshplan.rl.engine import engine_kv_bytes_per_sequence, kv_bytes_per_sequence
+
+    job, plan = resolve(parse_request({"model": model, "framework": "verl", "num_gpus": 8, "job": "rl",
+                                       "response_length": 8192, "rollout_tp": 2, "rollout_engine": "sglang"}))
+    assert job.model.windowed_layers
+    assert engine_kv_bytes_per_sequence(job, plan, 9000) == kv_bytes_per_sequence(job.model, 2, 9000, False)
 
 
 # --------------------------------------------------------------------------- frameworks that ignore the window
@@ -205,3 +247,149 @@ def test_cp_comm_type_default_runs_the_window(framework, model, comm):
     _, plan = resolve(parse_request({"model": model, "framework": framework, "num_gpus": 8, "cp": 2,
                                      "seq_length": 16384}))
     assert plan.cp_comm_type == comm
+
+
+def test_gemma2_on_megatron_bridge_is_searched_without_context_parallelism():
+    """Megatron-Bridge's Gemma 2 attention (its own FlexAttention module) raises on context_parallel_size != 1
+    (rule CP007): recommend offers no cp > 1 there and its refusals name the rule; Megatron-Core, which runs the
+    window through TE, keeps cp in its space."""
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+
+    ask = {"model": "gemma-2-27b", "num_gpus": 64, "seq_length": 32768}
+    bridge = api.recommend(parse_request({**ask, "framework": "megatron-bridge"}), top_k=5)
+    assert bridge.candidates and all(c.plan.cp == 1 for c in bridge.candidates)
+    assert bridge.rejected.get("CP007", 0) > 0
+    core = api.recommend(parse_request({**ask, "framework": "megatron-core"}), top_k=5)
+    assert "CP007" not in core.rejected
+
+
+# --------------------------------------------------------------------------- Llama 4's chunked attention (iRoPE)
+
+
+@pytest.mark.parametrize(("seq", "chunk"), [(32768, 8192), (20000, 8192), (8192, 8192), (4096, 8192), (300, 7)])
+def test_chunk_keys_are_the_position_within_the_chunk(seq, chunk):
+    """transformers' chunked_overlay under the causal mask: query i (0-based) sees keys j <= i with j // c == i // c,
+    (i mod c) + 1 of them; a chunk no shorter than the sequence counts as full causal, s/2."""
+    from meshplan.arithmetic.flops import chunk_attended_keys
+
+    counted = sum(sum(1 for j in range(i + 1) if j // chunk == i // chunk) for i in range(seq)) / seq \
+        if seq <= 4096 else sum((i % chunk) + 1 for i in range(seq)) / seq
+    expected = seq / 2 if chunk >= seq else counted
+    assert chunk_attended_keys(seq, chunk) == pytest.approx(expected, rel=1e-12)
+
+
+def test_llama4_chunks_three_layers_of_four_as_its_config_does():
+    """Llama4TextConfig (transformers 5.9.0): attention_chunk_size 8192, no_rope_layers empty -> every fourth layer
+    ((i + 1) % 4 == 0) NoPE and full, the rest chunked; an explicit layer_types or no_rope_layers wins; a null
+    chunk is none."""
+    from meshplan.knowledge.model_config import architecture_from_config
+
+    scout = resolve_model("llama-4-scout")
+    assert (scout.attention_chunk_size, scout.chunked_layers, scout.local_attention) == (8192, 36, (36, 8192))
+    assert resolve_model("llama-3.1-8b").local_attention == (0, None)
+    text = {"model_type": "llama4_text", "num_hidden_layers": 8, "hidden_size": 512, "intermediate_size": 256,
+            "intermediate_size_mlp": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+            "vocab_size": 1000, "num_local_experts": 4, "num_experts_per_tok": 1}
+    assert architecture_from_config(text).chunked_layers == 6
+    assert architecture_from_config({**text, "no_rope_layers": [1, 0] * 4}).chunked_layers == 4
+    kinds = ["chunked_attention"] * 7 + ["full_attention"]
+    assert architecture_from_config({**text, "layer_types": kinds, "attention_chunk_size": 1024}).local_attention \
+        == (7, 1024)
+    assert architecture_from_config({**text, "attention_chunk_size": None}).chunked_layers == 0
+
+
+def test_chunked_layers_count_in_mfu_where_the_framework_runs_them():
+    """Llama 4 Scout at 32K: torchtitan's llama4 (flex, fixed_attn_block_size) and transformers run the chunk, so the
+    attention core counts 36 layers at chunk_attended_keys and 12 at s/2; Megatron-Core / Bridge (no chunked
+    attention) train and count every layer full (trained_model)."""
+    from meshplan.arithmetic.flops import chunk_attended_keys
+    from meshplan.estimate.attention_time import trained_model
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+
+    arch = resolve_model("llama-4-scout")
+    keys = (36 * chunk_attended_keys(32768, 8192) + 12 * 32768 / 2) / 48
+    assert attended_keys(arch, 32768) == pytest.approx(keys) and keys == pytest.approx((36 * 4096.5 + 12 * 16384) / 48)
+    core = attention_core_flops(arch, Shard(tokens=32768, tp=1, ep=1, etp=1, sp=False), 32768)
+    assert core == pytest.approx(attention_core_flops(_full_chunks(arch), Shard(tokens=32768, tp=1, ep=1, etp=1, sp=False), 32768)
+                                 * keys / 16384)
+    assert model_flops_per_token(arch, 32768) < model_flops_per_token(_full_chunks(arch), 32768)
+    for framework, runs in [("torchtitan", True), ("verl", True), ("megatron-bridge", False),
+                            ("megatron-core", False), ("kempnerforge", False)]:
+        job, _ = resolve(parse_request({"model": "llama-4-scout", "framework": framework, "num_gpus": 64,
+                                        "seq_length": 32768}))
+        assert (trained_model(job).chunked_layers == 36) is runs, framework
+
+
+def _full_chunks(arch):
+    return arch.model_copy(update={"attention_chunk_size": None, "chunked_attention_layers": None})
+
+
+def test_a_chunked_layer_holds_its_chunk_in_the_rollout_cache():
+    """vLLM's ChunkedLocalAttentionManager frees the blocks before a sequence's current chunk, and SGLang pools a
+    chunked layer as a window of the chunk: per-layer bytes x (12 L + 36 min(L, 8192)) on vLLM."""
+    from meshplan.rl.engine import kv_bytes_per_sequence, kv_bytes_per_token
+
+    arch = resolve_model("llama-4-scout")
+    per_layer = kv_bytes_per_token(arch, 8) / arch.num_layers
+    assert kv_bytes_per_sequence(arch, 8, 20000, True) == pytest.approx(per_layer * (12 * 20000 + 36 * 8192))
+    assert kv_bytes_per_sequence(arch, 8, 20000, False) == pytest.approx(per_layer * 48 * 20000)
+
+
+# --------------------------------------------------------------------------- a flash kernel's tiles under a window
+
+
+def _tiles_by_hand(seq, window, block_m, block_n):
+    """FlashAttention-2 v2.8.3 compute_attn_1rowblock, query block by query block: key blocks n_block_min =
+    max(0, (m x block_m - (window - 1)) // block_n) up to n_block_max = ceil((m + 1) x block_m / block_n), whole."""
+    import math
+
+    total = 0
+    for m in range(math.ceil(seq / block_m)):
+        rows = min(block_m, seq - m * block_m)
+        first = max(0, (m * block_m - (window - 1)) // block_n)
+        last = min(math.ceil(seq / block_n), math.ceil((m + 1) * block_m / block_n))
+        total += rows * (last - first) * block_n
+    return total / seq
+
+
+@pytest.mark.parametrize(("seq", "window", "tiles"), [(4096, 128, (128, 128)), (131072, 128, (128, 128)),
+                                                      (8192, 4096, (128, 64)), (1000, 100, (128, 64)),
+                                                      (4100, 128, (128, 128)), (8192, 1024, (64, 64))])
+def test_a_window_runs_whole_tiles(seq, window, tiles):
+    """The tiles a window's query blocks overlap, against the kernel's loop bounds counted by hand; a 128-token window
+    on 128 x 128 tiles computes 2 key blocks a query past the first (256 keys, where it attends 128)."""
+    from meshplan.arithmetic.flops import tiled_window_keys
+
+    assert tiled_window_keys(seq, window, *tiles) == pytest.approx(_tiles_by_hand(seq, window, *tiles), rel=1e-12)
+    assert tiled_window_keys(seq, window, *tiles) >= window_attended_keys(seq, window)
+
+
+def test_flash_attention_2_times_gpt_oss_windows_in_whole_tiles():
+    """gpt-oss (head dim 64) on FlashAttention-2 runs 128 x 128 forward tiles (calibration.yaml attention_kernels
+    local_tiles); cuDNN lists none: its time counts the window's keys exactly. MFU's count is unchanged."""
+    from meshplan.arithmetic.flops import tiled_window_keys
+    from meshplan.knowledge.calibration import attention_tiles
+
+    arch = resolve_model("gpt-oss-20b")
+    assert attention_tiles("flash_attn_2", arch.head_dim) == (128, 128)
+    assert attention_tiles("flash_attn_2", 80) == (128, 64) and attention_tiles("cudnn", 64) is None
+    sh = Shard(tokens=8192, tp=1, ep=1, etp=1, sp=False)
+    tiled = attention_core_flops(arch, sh, 8192, (128, 128))
+    keys = (12 * 4096 + 12 * tiled_window_keys(8192, 128, 128, 128)) / 24
+    assert tiled == pytest.approx(attention_core_flops(arch, sh, 8192) * keys / attended_keys(arch, 8192))
+    assert attended_keys(arch, 8192) == pytest.approx((12 * 4096 + 12 * window_attended_keys(8192, 128)) / 24)
+
+
+def test_sglang_pools_llama4_chunks_as_a_window_of_the_chunk():
+    """sglang 0.5.12 lists Llama4ForConditionalGeneration in is_hybrid_swa_model, its chunked layers ((i + 1) % 4 != 0)
+    as SWA with sliding_window_size = attention_chunk_size (model_runner.py): 12 full and 36 pooled layers."""
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+    from meshplan.rl.engine import engine_kv_bytes_per_sequence, kv_bytes_per_token
+
+    job, plan = resolve(parse_request({"model": "llama-4-scout", "framework": "verl", "num_gpus": 16, "job": "rl",
+                                       "response_length": 8192, "rollout_tp": 8, "rollout_engine": "sglang"}))
+    per_layer = kv_bytes_per_token(job.model, 8) / job.model.num_layers
+    assert engine_kv_bytes_per_sequence(job, plan, 40000) == pytest.approx(per_layer * (12 + 0.8 * 36) * 40000)

@@ -185,9 +185,12 @@ def _features(m: Architecture, seq_length: int) -> list[str]:
                 "(post_self_attn_layernorm, post_mlp_layernorm: 4 norms per layer); pretrain_gpt.py's GPT layer "
                 "has neither: build a layer spec with them to match the checkpoint."]
     if m.model_type == "llama4_text":
-        return [f"{name} skips RoPE on every fourth layer, uses chunked attention and (where use_qk_norm) a weightless "
-                "L2 norm on q and k; pretrain_gpt.py cannot build that layer pattern: train it through "
-                "Megatron-Bridge's Llama 4 bridge."]
+        chunk = (f"attends within {m.attention_chunk_size:,}-token chunks on {m.chunked_layers} of its "
+                 f"{m.num_layers} layers" if m.chunked_layers else "has no chunked layer")
+        return [f"{name} skips RoPE on every fourth layer, {chunk} and (where use_qk_norm) applies a weightless L2 "
+                "norm to q and k; pretrain_gpt.py cannot build that layer pattern (--no-rope-freq skips the rotary, "
+                "nothing chunks), and Megatron-Bridge 0.6.2 registers no Llama 4 bridge: train it through "
+                "torchtitan 0.2.2's llama4 or a transformers engine (the framework card's attention.chunked_source)."]
     if m.model_type == "gpt_oss":
         return [f"{name} also has learned attention sinks and a {m.sliding_window}-token window on every other layer: "
                 f"add --softmax-type learnable --window-size {(m.sliding_window or 1) - 1},0 "

@@ -9,6 +9,7 @@ run?", because the achievable fraction of peak depends on those shapes, not on t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from meshplan.schema.model import Architecture
@@ -35,17 +36,65 @@ def window_attended_keys(seq_length: float, window: int) -> float:
     return w - w * (w - 1) / (2 * s) if w < s else s / 2
 
 
-def attended_keys(arch: Architecture, seq_length: float) -> float:
+def tiled_window_keys(seq_length: float, window: int, block_m: int, block_n: int) -> float:
+    """Keys per query a flash kernel computes in a causal sliding-window layer, whole tiles: query block m (block_m
+    rows) runs key blocks floor((m block_m - (window - 1)) / block_n) (at least 0) to the one holding its last row
+    (FlashAttention-2 compute_attn_1rowblock's n_block_min / n_block_max), block_n keys each, masked or not; the mean
+    over the sequence's rows. Past the first blocks that is block_m + block_n x ceil((window - 1) / block_n): a
+    128-token window on 128 x 128 tiles computes 256 keys a query where it attends 128."""
+    s = float(seq_length)
+    if window >= s:
+        return window_attended_keys(s, window)
+    blocks = math.ceil(s / block_m)
+    total = 0.0
+    for m in range(blocks):
+        rows = min(block_m, s - m * block_m)
+        first = max(0, (m * block_m - (window - 1)) // block_n)
+        last = min(math.ceil(s / block_n), math.ceil((m + 1) * block_m / block_n))
+        total += rows * (last - first) * block_n
+        if first > 0 and m * block_m + 2 * block_m <= s:  # from here every full block runs the same tiles
+            steady = (last - first) * block_n
+            full = math.floor(s / block_m) - m - 1
+            total += full * block_m * steady
+            for tail in range(m + 1 + full, blocks):
+                rows = min(block_m, s - tail * block_m)
+                first = max(0, (tail * block_m - (window - 1)) // block_n)
+                last = min(math.ceil(s / block_n), math.ceil((tail + 1) * block_m / block_n))
+                total += rows * (last - first) * block_n
+            break
+    return total / s
+
+
+def chunk_attended_keys(seq_length: float, chunk: int) -> float:
+    """Keys a query attends to on average in a chunked layer of `chunk` tokens (Llama 4's iRoPE RoPE layers:
+    transformers masking_utils chunked_overlay, kv // chunk == q // chunk, under the causal mask): query i (1-based)
+    sees ((i - 1) mod c) + 1 keys, so s = qc + r averages (q c(c + 1)/2 + r(r + 1)/2) / s while c < s, else the
+    causal half s/2 as full attention is counted."""
+    s, c = float(seq_length), float(chunk)
+    if c >= s:
+        return s / 2
+    whole = math.floor(s / c)
+    rest = s - whole * c
+    return (whole * c * (c + 1) / 2 + rest * (rest + 1) / 2) / s
+
+
+def attended_keys(arch: Architecture, seq_length: float, tiles: tuple[int, int] | None = None) -> float:
     """Keys a query attends to on average over the model's layers: s/2 in a full causal layer, window_attended_keys
-    in each of its windowed ones (Architecture.windowed_layers). The one count every attention-core FLOP reads: the
-    model FLOPs (MFU), the core's time and its weight-gradient share."""
+    in each of its windowed ones (Architecture.windowed_layers), chunk_attended_keys in each chunked one
+    (Architecture.chunked_layers). The one count every attention-core FLOP reads: the model FLOPs (MFU), the core's
+    time and its weight-gradient share. `tiles` (the core's time only): the (block_m, block_n) a flash kernel runs a
+    window with, the windowed layers at the whole tiles it computes (tiled_window_keys)."""
     full = seq_length / 2
-    windowed = arch.windowed_layers
-    if not windowed:
+    local, span = arch.local_attention
+    if not local:
         return full
-    assert arch.sliding_window is not None
-    keys = window_attended_keys(seq_length, arch.sliding_window)
-    return (full * (arch.num_layers - windowed) + keys * windowed) / arch.num_layers
+    assert span is not None
+    if arch.windowed_layers:
+        keys = (tiled_window_keys(seq_length, span, *tiles) if tiles is not None
+                else window_attended_keys(seq_length, span))
+    else:
+        keys = chunk_attended_keys(seq_length, span)
+    return (full * (arch.num_layers - local) + keys * local) / arch.num_layers
 
 
 def _attention_per_layer(arch: Architecture, seq_length: int) -> float:
@@ -327,10 +376,12 @@ def indexer_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
             Gemm("indexer_weights_proj", sh.tokens, d.index_n_heads, arch.hidden_size, fp8=False)]
 
 
-def attention_core_flops(arch: Architecture, sh: Shard, seq_length: int) -> float:
+def attention_core_flops(arch: Architecture, sh: Shard, seq_length: int,
+                         tiles: tuple[int, int] | None = None) -> float:
     """Forward FLOPs of causal softmax(QK^T)V on one rank: each query sees attended_keys keys on average (s/2, or
-    a window's in windowed layers: flash kernels skip the tiles a window masks, so the window's FLOPs are what runs);
-    DSA's sparse core where the model has it (dsa_core_flops; the indexer is indexer_score_flops)."""
+    a window's in windowed layers: flash kernels skip the tiles a window masks, so the window's FLOPs are what runs,
+    in whole tiles where `tiles` gives the kernel's); DSA's sparse core where the model has it (dsa_core_flops; the
+    indexer is indexer_score_flops)."""
     if arch.dsa is not None and arch.mla is not None:
         return dsa_core_flops(arch, sh, seq_length)
     heads = arch.num_attention_heads / sh.tp
@@ -339,7 +390,7 @@ def attention_core_flops(arch: Architecture, sh: Shard, seq_length: int) -> floa
         width = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
     else:
         width = 2 * arch.head_dim
-    return 2.0 * sh.tokens * attended_keys(arch, seq_length) * heads * width
+    return 2.0 * sh.tokens * attended_keys(arch, seq_length, tiles) * heads * width
 
 
 def mlp_gemms(arch: Architecture, sh: Shard, width: int, name: str, count: float = 1.0, rows: float | None = None,

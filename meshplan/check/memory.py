@@ -18,7 +18,7 @@ from meshplan.check.split import headroom_threshold
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, gib
 from meshplan.estimate.memory import estimate_memory, memory_budget
-from meshplan.rl.engine import engine_weight_bytes, engine_windowed_kv, engine_working_bytes, kv_bytes_per_sequence
+from meshplan.rl.engine import engine_kv_bytes_per_sequence, engine_weight_bytes, engine_working_bytes
 from meshplan.rl.memory import job_memory
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.rollout import phase_knobs
@@ -306,5 +306,5 @@ def _engine_needs(job, plan, length: int) -> tuple[float, float, float, float]:
     """(the least budget the engine starts with, its weights, its activations, one sequence's KV cache), bytes."""
     weights = engine_weight_bytes(job.model, plan)
     working = engine_working_bytes(job.model, plan, job.rl_card.defaults)
-    sequence = kv_bytes_per_sequence(job.model, plan.rollout_tp, length, engine_windowed_kv(job, plan))
+    sequence = engine_kv_bytes_per_sequence(job, plan, length)
     return weights + working + sequence, weights, working, sequence

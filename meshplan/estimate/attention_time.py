@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshplan.arithmetic.flops import Gemm, attention_core_flops, dsa_loss_target_flops, indexer_score_flops
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.estimate.layer_records import LayerContext
-from meshplan.knowledge.calibration import Calibration, attention_fraction
+from meshplan.knowledge.calibration import Calibration, attention_fraction, attention_tiles
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job
 
@@ -27,19 +27,23 @@ _UNWINDOWED: dict[int, tuple[Architecture, Architecture]] = {}  # id(model) -> (
 
 def trained_model(job: Job) -> Architecture:
     """The model as the job's framework builds it: job.model, or, where its model code ignores the model's sliding
-    window (the card's attention.windowed_model_types: KempnerForge's SDPA, torchtitan's Llama and Qwen models), the
-    same model with every layer full, which its attention then runs and its MFU counts. The copy is kept per model
-    object so every call hands back the same one (the layer memos key on it)."""
+    window (the card's attention.windowed_model_types: KempnerForge's SDPA, torchtitan's Llama and Qwen models) or its
+    chunked attention (attention.chunked_model_types: Megatron-Core and Megatron-Bridge run Llama 4's every layer
+    full), the same model with every layer full, which its attention then runs and its MFU counts. The copy is kept
+    per model object so every call hands back the same one (the layer memos key on it)."""
     arch = job.model
     card = job.card.attention
-    if not arch.windowed_layers or card is None or card.builds_window(arch.model_type):
+    windowed = arch.windowed_layers and card is not None and not card.builds_window(arch.model_type)
+    chunked = arch.chunked_layers and (card is None or not card.builds_chunks(arch.model_type))
+    if not windowed and not chunked:
         return arch
     hit = _UNWINDOWED.get(id(arch))
     if hit is None or hit[0] is not arch:
         if len(_UNWINDOWED) > 64:
             _UNWINDOWED.clear()
-        hit = _UNWINDOWED[id(arch)] = (arch, arch.model_copy(update={"sliding_window": None,
-                                                                     "sliding_window_layers": None}))
+        hit = _UNWINDOWED[id(arch)] = (arch, arch.model_copy(update={
+            "sliding_window": None, "sliding_window_layers": None, "attention_chunk_size": None,
+            "chunked_attention_layers": None}))
     return hit[1]
 
 
@@ -106,13 +110,15 @@ def dsa_indexer_seconds(ctx: LayerContext) -> tuple[float, float]:
 
 def attention_seconds(ctx: LayerContext) -> tuple[float, float]:
     """(forward, forward + backward) of one layer's attention core: flash attention's FLOPs at the kernel's
-    fraction of BF16 peak with a 2.5x backward, or unfused attention; a DSA model's sparse core (its own kernels
+    fraction of BF16 peak with a 2.5x backward (a window in the whole tiles the kernel computes: calibration.yaml
+    attention_kernels local_tiles), or unfused attention; a DSA model's sparse core (its own kernels
     whatever the backend) with its indexer (dsa_indexer_seconds)."""
     if ctx.arch.dsa is not None:
         forward = attention_core_flops(ctx.arch, ctx.shard, ctx.seq) / (ctx.bf16_peak * ctx.attention_fraction)
         index_fwd, index = dsa_indexer_seconds(ctx)
         return forward + index_fwd, FLASH_ATTENTION_PASSES_PER_FORWARD * forward + index
     if ctx.flash:
-        forward = attention_core_flops(ctx.arch, ctx.shard, ctx.seq) / (ctx.bf16_peak * ctx.attention_fraction)
+        tiles = attention_tiles(ctx.attention_kernel, ctx.arch.head_dim) if ctx.arch.windowed_layers else None
+        forward = attention_core_flops(ctx.arch, ctx.shard, ctx.seq, tiles) / (ctx.bf16_peak * ctx.attention_fraction)
         return forward, FLASH_ATTENTION_PASSES_PER_FORWARD * forward
     return unfused_attention_seconds(ctx)

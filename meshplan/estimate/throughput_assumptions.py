@@ -79,7 +79,17 @@ def layout_warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
         out.append(f"{m.windowed_layers} of {m.num_layers} layers attend over a {m.sliding_window:,}-token window: "
                    "their attention core is counted (MFU) and timed at the keys the window leaves, as Megatron-"
                    "Bridge's flop_utils counts them (Megatron-LM's MFU formula counts them full); flash kernels skip "
-                   "the masked tiles, unfused attention computes the whole score matrix whatever the window.")
+                   "the masked tiles (FlashAttention-2's time counts the whole tiles its query blocks overlap, "
+                   "calibration.yaml attention_kernels local_tiles), unfused attention computes the whole score "
+                   "matrix whatever the window.")
+    if m.chunked_layers and (job.card.attention is None or not job.card.attention.builds_chunks(m.model_type)):
+        out.append(f"{job.card.display_name}'s model code has no chunked attention for {m.model_type}: its "
+                   f"{m.chunked_layers} chunked layers ({m.attention_chunk_size:,}-token chunks) train, are timed "
+                   "and counted (MFU) as full causal attention (the card's attention.chunked_source).")
+    elif m.chunked_layers:
+        out.append(f"{m.chunked_layers} of {m.num_layers} layers attend within {m.attention_chunk_size:,}-token "
+                   "chunks (iRoPE; the others full causal): their attention core is counted (MFU) and timed at the "
+                   "keys a query's chunk holds up to it (flops.chunk_attended_keys).")
     return out
 
 

@@ -41,9 +41,21 @@ class AttentionKernel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     by_arch: dict[str, float] = Field(default_factory=dict, description="GPU arch (cards/hardware.yaml) -> fraction")
+    local_tiles: dict[int, tuple[int, int]] = Field(
+        default_factory=dict, description="Head dim (the kernel's rounded-up size) -> (block_m, block_n) of the "
+                                          "forward tiles it runs a sliding window with: it computes whole tiles, "
+                                          "so a window attends the key blocks its query block overlaps "
+                                          "(flops.tiled_window_keys); empty: the keys the window leaves, exactly")
+    local_tiles_source: str = ""
     meaning: str
     source: str
     fitted: str | None = None
+
+    def tiles_for(self, head_dim: int) -> tuple[int, int] | None:
+        """The (block_m, block_n) the kernel runs a `head_dim` window with: the smallest listed head dim at least
+        as wide (the kernel rounds the head size up to its instantiations), or None."""
+        wide = [d for d in self.local_tiles if d >= head_dim]
+        return self.local_tiles[min(wide)] if wide else None
 
 
 class GdnKernel(BaseModel):
@@ -191,6 +203,13 @@ def attention_fraction(cal: Calibration, kernel: str | None, arch: str | None) -
     if entry is None or arch is None or arch not in entry.by_arch:
         return cal.attention_peak_fraction
     return entry.by_arch[arch]
+
+
+def attention_tiles(kernel: str | None, head_dim: int) -> tuple[int, int] | None:
+    """(block_m, block_n) of the forward tiles `kernel` runs a sliding window of `head_dim` heads with (its
+    attention_kernels entry's local_tiles), or None where the card counts none (the window's keys exactly)."""
+    entry = calibration_card().attention_kernels.get(kernel) if kernel else None
+    return entry.tiles_for(head_dim) if entry is not None else None
 
 
 def calibration_summary(framework: str | None = None) -> str:

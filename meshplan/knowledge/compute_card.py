@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from meshplan.schema.choices import Engine
+from meshplan.schema.choices import AttentionBackend, Engine
 
 
 class _Card(BaseModel):
@@ -73,11 +73,29 @@ class AttentionSemantics(_Card):
         None, description="The cp_comm_types its context parallelism runs a sliding window with, the default first "
                           "(rule CP006); None: every one")
     windowed_source: str = ""
+    chunked_model_types: list[str] = Field(
+        default_factory=list, description="The model types whose chunked attention (Llama 4's attention_chunk_size on "
+                                          "its RoPE layers) the framework's model code runs; a chunked model of "
+                                          "another type trains every layer full causal. Empty: none")
+    chunked_source: str = ""
+    chunk_refused_backends: list[AttentionBackend] = Field(
+        default_factory=list, description="The attention_backend values under which the FSDP engine loads "
+                                          "transformers with flash_attention_2, which refuses a chunked layer once "
+                                          "the keys pass its chunk (rule CH001); empty: none")
+    no_cp_model_types: list[str] = Field(
+        default_factory=list, description="The model types (config.json model_type) whose model code in this "
+                                          "framework builds a core attention that refuses context parallelism at "
+                                          "construction (rule CP007); empty: none")
+    no_cp_source: str = ""
     source: str
 
     def builds_window(self, model_type: str) -> bool:
         """Whether the framework's model code runs a `model_type` model's sliding window (windowed_model_types)."""
         return self.windowed_model_types is None or model_type in self.windowed_model_types
+
+    def builds_chunks(self, model_type: str) -> bool:
+        """Whether the framework's model code runs a `model_type` model's chunked attention (chunked_model_types)."""
+        return model_type in self.chunked_model_types
 
     @model_validator(mode="after")
     def _mla_backend_has_a_kernel(self) -> AttentionSemantics:

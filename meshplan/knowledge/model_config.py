@@ -566,6 +566,38 @@ _WINDOW_SWITCHED = {"qwen2", "qwen3", "qwen3_moe", "qwen2_moe"}
 _LAYER_TYPES_READ = {"gpt_oss", "gemma2", "gemma3_text", "qwen2", "qwen3", "qwen2_moe"}
 
 
+def _chunked_attention(model_type: str, f: _Fields) -> tuple[int | None, int | None]:
+    """(chunk, chunked layers) as transformers 5.9.0's Llama4TextConfig lays them out (configuration_llama4.py
+    __post_init__): attention_chunk_size (default 8192; null: none) on the layers layer_types marks
+    'chunked_attention', else those no_rope_layers marks 1 (RoPE), else all but each no_rope_layer_interval-th
+    (default 4: (i + 1) % 4 != 0); the modeling code masks those layers with create_chunked_causal_mask and the
+    others causally. The chunked count is None where every layer is chunked; (None, None) where none is."""
+    if model_type != "llama4_text":
+        return None, None
+    chunk = f.int("attention_chunk_size", "max_position_embeddings", default=8192) \
+        if f.cfg.get("attention_chunk_size", 8192) is not None else None
+    if chunk is None:
+        return None, None
+    layers = f.int("num_hidden_layers")
+    kinds, rope = f.cfg.get("layer_types"), f.cfg.get("no_rope_layers")
+    if kinds is not None:
+        if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= {"chunked_attention",
+                                                                                       "full_attention"}:
+            raise f.fail(f"layer_types must list {layers} entries, each 'chunked_attention' or 'full_attention', "
+                         f"got {_show(kinds)}.")
+        chunked = kinds.count("chunked_attention")
+    elif rope:  # an empty list falls back to the interval, as the config does
+        if not isinstance(rope, list) or len(rope) != layers or not set(rope) <= {0, 1}:
+            raise f.fail(f"no_rope_layers must list {layers} entries of 0 or 1, got {_show(rope)}.")
+        chunked = sum(rope)
+    else:
+        interval = f.int("no_rope_layer_interval", "num_hidden_layers", default=4, lo=1)
+        chunked = sum(1 for i in range(layers) if (i + 1) % interval)
+    if not chunked:
+        return None, None
+    return chunk, (None if chunked == layers else chunked)
+
+
 def _sliding_window(model_type: str, f: _Fields) -> tuple[int | None, int | None]:
     """(window, windowed layers) as the family's transformers config applies them (_WINDOW_RULE): the layers a
     layer_types list marks 'sliding_attention' where the family reads one, else the family's own rule; (None, None)
@@ -630,6 +662,7 @@ def architecture_from_config(
     dense_ffn = f.int(dense_key, "intermediate_size", default=None)
     positions = f.int("max_position_embeddings", default=None)
     sliding, windowed = _sliding_window(model_type, f)
+    chunk, chunked = _chunked_attention(model_type, f)
     moe = _moe_spec(cfg, model_type, layers, f)
     mla = _mla_spec(cfg, model_type, f)
     dsa = _dsa_spec(cfg, model_type, f, mla)
@@ -660,6 +693,8 @@ def architecture_from_config(
         output_bias=model_type == "gptj",
         sliding_window=sliding,
         sliding_window_layers=windowed,
+        attention_chunk_size=chunk,
+        chunked_attention_layers=chunked,
         rope=_rope_spec(cfg, model_type, f),
         norm_eps=_norm_eps(cfg, f),
         moe=moe,

@@ -37,6 +37,20 @@ class RLDefaults(_Card):
     source: str
 
 
+class SWAPool(_Card):
+    """An engine that sizes its KV cache as two pools (SGLang's HybridSWAPoolConfigurator): full layers take
+    full_tokens slots, windowed layers full_tokens_ratio x as many; a running sequence frees the windowed slots the
+    window has passed every eviction_interval_windows x window decode steps."""
+
+    model_types: list[str] = Field(description="The model types (config.json model_type) the engine gives the split "
+                                               "pool; the others keep every token in one pool")
+    full_tokens_ratio: float = Field(gt=0, le=1, description="Windowed slots per full slot (swa_full_tokens_ratio)")
+    eviction_interval_windows: float = Field(
+        gt=0, description="Decode steps between a sequence's windowed-slot evictions, in windows "
+                          "(SGLANG_SWA_EVICTION_INTERVAL_MULTIPLIER): it holds at most window x (1 + this)")
+    source: str
+
+
 class RolloutEngineFacts(_Card):
     """One rollout engine as the framework runs it."""
 
@@ -52,8 +66,12 @@ class RolloutEngineFacts(_Card):
     windowed_kv: Literal["window", "every_token"] = Field(
         "every_token", description="What a sliding-window layer's KV cache holds per sequence: window, the last "
                                    "window tokens (the engine frees the blocks the window has passed); every_token, "
-                                   "every token as a full layer (an upper bound where the engine's pool is not read)")
+                                   "every token as a full layer (the engine's one pool, where swa_pool leaves the "
+                                   "model type out)")
     windowed_kv_source: str = ""
+    swa_pool: SWAPool | None = Field(
+        None, description="The engine's split pool for the model types it names (SGLang's hybrid SWA memory pool); "
+                          "None: windowed_kv alone")
     why: str
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from meshplan.core.units import GIB
 from meshplan.knowledge.calibration import calibration_card
 from meshplan.knowledge.model_counts import layer_params, per_architecture
-from meshplan.knowledge.rl_card import RLDefaults
+from meshplan.knowledge.rl_card import RLDefaults, SWAPool
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import EngineMemory
 
@@ -60,20 +60,42 @@ def kv_bytes_per_token(arch, tp: int) -> float:
 
 def kv_bytes_per_sequence(arch, tp: int, tokens: float, window_only: bool) -> float:
     """KV cache one sequence of `tokens` tokens takes (or one decode step reads) on one engine GPU: kv_bytes_per_token's
-    bytes per layer for every token in a full layer, and in each sliding-window layer (Architecture.windowed_layers)
-    min(tokens, window) where `window_only` (an engine that frees what the window has passed, the card's
-    windowed_kv: vLLM's SlidingWindowSpec; a decode step's attention reads the window alone on every engine), else
-    every token. vLLM's block rounding (at most two blocks per windowed layer) is not counted."""
+    bytes per layer for every token in a full layer, and in each local layer (Architecture.local_attention: a
+    sliding-window layer, or a chunked one whose query sees its own chunk) min(tokens, span) where `window_only` (an
+    engine that frees what the window or chunk has passed, the card's windowed_kv: vLLM's SlidingWindowSpec and
+    ChunkedLocalAttentionSpec; a decode step's attention reads the span alone on every engine), else every token.
+    vLLM's block rounding (at most two blocks per local layer) is not counted."""
     per_layer = kv_bytes_per_token(arch, tp) / arch.num_layers
-    windowed = arch.windowed_layers if window_only else 0
-    kept = min(tokens, arch.sliding_window) if windowed else tokens
-    return per_layer * ((arch.num_layers - windowed) * tokens + windowed * kept)
+    local, span = arch.local_attention
+    local = local if window_only else 0
+    kept = min(tokens, span) if local else tokens
+    return per_layer * ((arch.num_layers - local) * tokens + local * kept)
 
 
-def engine_windowed_kv(job, plan: Plan) -> bool:
-    """Whether the job's rollout engine keeps only the window in a sliding-window layer's KV cache (the framework
-    card's rl.engines.<engine>.windowed_kv)."""
-    return job.rl_card.engines[plan.rollout_engine].windowed_kv == "window"
+def swa_pool_bytes_per_sequence(arch, tp: int, tokens: float, pool: SWAPool) -> float:
+    """KV budget one sequence of `tokens` tokens takes in a split pool (SGLang's HybridSWAPoolConfigurator, the card's
+    swa_pool): each full slot costs cell = per-layer bytes x (full layers + ratio x windowed layers), since the pool
+    keeps ratio windowed slots per full slot; a sequence takes `tokens` full slots and, in the windowed pool, at most
+    window x (1 + eviction interval) (what a decoding sequence holds before its next eviction), which binds where
+    that over the ratio exceeds `tokens`. With no full layer the pool is the windowed one alone (no ratio)."""
+    per_layer = kv_bytes_per_token(arch, tp) / arch.num_layers
+    windowed, span = arch.local_attention  # SGLang pools a chunked layer as a window of the chunk (model_runner.py)
+    full = arch.num_layers - windowed
+    held = min(tokens, span * (1 + pool.eviction_interval_windows)) if windowed else tokens
+    if full == 0:
+        return per_layer * windowed * held
+    cell = per_layer * (full + pool.full_tokens_ratio * windowed)
+    return cell * max(tokens, held / pool.full_tokens_ratio if windowed else 0.0)
+
+
+def engine_kv_bytes_per_sequence(job, plan: Plan, tokens: float) -> float:
+    """KV budget one sequence of `tokens` tokens takes in the job's rollout engine (the framework card's
+    rl.engines.<engine>): the split pool (swa_pool_bytes_per_sequence) for a windowed model type the engine pools
+    apart, else kv_bytes_per_sequence with the window freed (windowed_kv: window) or every token kept."""
+    facts, arch = job.rl_card.engines[plan.rollout_engine], job.model
+    if facts.swa_pool is not None and arch.local_attention[0] and arch.model_type in facts.swa_pool.model_types:
+        return swa_pool_bytes_per_sequence(arch, plan.rollout_tp, tokens, facts.swa_pool)
+    return kv_bytes_per_sequence(arch, plan.rollout_tp, tokens, facts.windowed_kv == "window")
 
 
 def engine_working_bytes(arch, plan: Plan, defaults: RLDefaults) -> float:
@@ -122,7 +144,7 @@ def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:
     per_token = kv_bytes_per_token(arch, plan.rollout_tp)
     length = rl.prompt_length + rl.response_length
     # an engine of TP x DP GPUs: each DP rank caches its own sequences over its TP ranks
-    per_rank = int(kv // kv_bytes_per_sequence(arch, plan.rollout_tp, length, engine_windowed_kv(job, plan)))
+    per_rank = int(kv // engine_kv_bytes_per_sequence(job, plan, length))
     seqs = min(per_rank, card.defaults.max_num_seqs) * plan.rollout_dp
     graphs = graph_bytes(plan)
     on_gpu = budget + outside_budget(job, plan, working)

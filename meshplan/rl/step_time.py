@@ -14,7 +14,7 @@ from meshplan.core.units import GIB, plural
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration, calibration_card
 from meshplan.knowledge.model_counts import expert_params, total_params
-from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, engine_windowed_kv, ep_words, kv_bytes_per_sequence
+from meshplan.rl.engine import ENGINE_BYTES, engine_kv_bytes_per_sequence, engine_weight_bytes, ep_words, kv_bytes_per_sequence
 from meshplan.rl.launches import eager_launches
 from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
 from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
@@ -147,10 +147,8 @@ def sequences_per_rank(job, plan: Plan, rollout: dict) -> tuple[int, int]:
     rl = job.rl
     prompt, longest = rl.mean_prompt, rl.response_length
     cap = job.rl_card.defaults.max_num_seqs
-    windowed = engine_windowed_kv(job, plan)
-
     def sequence(tokens: float) -> float:
-        return kv_bytes_per_sequence(job.model, plan.rollout_tp, tokens, windowed)
+        return engine_kv_bytes_per_sequence(job, plan, tokens)
 
     if prompt < rl.prompt_length:  # every response at the longest, the prompts at their mean
         planned = max(planned, min(int(rollout.get("kv_cache", 0) // sequence(prompt + longest)), cap))

@@ -1,5 +1,5 @@
-"""The kernel-setting rules of cards/rules.yaml (AT*, CO001): an attention backend, dropout or torch.compile the
-framework can run and write.
+"""The kernel-setting rules of cards/rules.yaml (AT*, CH001, CO001): an attention backend, dropout or torch.compile
+the framework can run and write, and one that cannot run the model's chunked attention.
 
 Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
 it states the framework's own test (the source the card names), not a tidier version of it.
@@ -46,6 +46,35 @@ def flash_on_unequal_head_widths(ctx: Context) -> Values:
         return None
     return {"model": ctx.job.model.name, "qk": qk, "v": v}
 
+
+
+@rule("CH001", reads=("zero_stage", "attention_backend"))
+def flash_refuses_chunks(ctx: Context) -> Values:
+    """A chunked model (Llama 4) longer than its chunk on an FSDP engine that loads transformers with
+    flash_attention_2 under this attention_backend (the card's attention.chunk_refused_backends):
+    create_chunked_causal_mask raises in the model's first forward."""
+    arch, card, p = ctx.arch, ctx.card.attention, ctx.plan
+    if card is None or ctx.backend != "fsdp" or p.attention_backend not in card.chunk_refused_backends:
+        return None
+    if not arch.chunked_layers or ctx.job.seq_length <= (arch.attention_chunk_size or 0):
+        return None
+    knob = card_knob(ctx, "attention_backend")
+    eager = ("unfused" not in card.chunk_refused_backends and knob is not None and knob.values is not None
+             and knob.values.get("unfused") is not None)
+    return {"model": arch.name, "seq": ctx.job.seq_length, "chunk": arch.attention_chunk_size,
+            "layers": arch.chunked_layers, "framework": ctx.card.display_name, "backend": p.attention_backend,
+            "other": (", or attention_backend=unfused (transformers' eager attention, which holds the whole score "
+                      "matrix)") if eager else ""}
+
+
+def card_knob(ctx: Context, name: str):
+    """The adapter knob `name` on the engine the plan's ZeRO stage selects (the card's variant_knobs over its
+    release's knobs), or None."""
+    section = ctx.card.adapter
+    if section is None:
+        return None
+    table = {**section.versions[section.default_version].knobs, **section.variant_knobs.get(ctx.backend, {})}
+    return table.get(name)
 
 
 @rule("CO001", reads=("torch_compile",))

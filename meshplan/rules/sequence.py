@@ -1,5 +1,5 @@
 """The sequence rules of cards/rules.yaml (CP*, TT002, UL001, SQ*): context-parallel and Ulysses splits of the
-sequence, and a sequence longer than the positions the model knows.
+sequence (and a model whose attention takes none), and a sequence longer than the positions the model knows.
 
 Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
 it states the framework's own test (the source the card names), not a tidier version of it.
@@ -50,6 +50,17 @@ def cp_window_comm(ctx: Context) -> Values:
         return None
     return {"cp": p.cp, "comm": p.cp_comm_type, "layers": arch.windowed_layers, "window": arch.sliding_window,
             "kinds": fmt_set(kinds)}
+
+
+@rule("CP007", reads=("cp", "dp"))
+def cp_model_code_refuses(ctx: Context) -> Values:
+    """Context parallelism on a model whose core attention the framework builds itself and refuses CP at
+    construction (the card's attention.no_cp_model_types: Megatron-Bridge's Gemma 2)."""
+    p, card = ctx.plan, ctx.card.attention
+    if p.cp == 1 or card is None or ctx.arch.model_type not in card.no_cp_model_types:
+        return None
+    return {"cp": p.cp, "type": ctx.arch.model_type, "model": ctx.arch.name, "framework": ctx.card.display_name,
+            "dp": p.dp * p.cp}
 
 
 @rule("CP004", reads=("cp",))

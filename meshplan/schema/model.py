@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from meshplan.schema.choices import StrictModel
 
@@ -224,6 +224,14 @@ class Architecture(StrictModel):
     sliding_window_layers: int | None = Field(None, ge=0, description="How many layers attend over the window (HF "
                                                                       "layer_types 'sliding_attention'); None: every "
                                                                       "layer where sliding_window is set")
+    attention_chunk_size: int | None = Field(None, ge=1, description="Tokens per chunk of a chunked layer (HF "
+                                                                     "Llama4TextConfig attention_chunk_size): query i "
+                                                                     "attends to the keys of its own chunk up to "
+                                                                     "itself; None: no chunked layer")
+    chunked_attention_layers: int | None = Field(None, ge=0, description="How many layers attend within the chunk "
+                                                                         "(HF layer_types 'chunked_attention', the "
+                                                                         "RoPE layers of Llama 4's iRoPE); None: "
+                                                                         "every layer where the chunk is set")
     rope: RopeSpec | None = Field(None, description="Rotary embedding; None with learned absolute positions")
     norm_eps: float | None = Field(None, gt=0, lt=1, description="Norm epsilon; None when the config omits it")
     moe: MoESpec | None = None
@@ -257,6 +265,31 @@ class Architecture(StrictModel):
             return 0
         return self.num_layers if self.sliding_window_layers is None else min(self.sliding_window_layers,
                                                                               self.num_layers)
+
+    @property
+    def chunked_layers(self) -> int:
+        """Layers that attend within their attention_chunk_size chunk; the others as windowed_layers says."""
+        if self.attention_chunk_size is None:
+            return 0
+        return self.num_layers if self.chunked_attention_layers is None else min(self.chunked_attention_layers,
+                                                                                 self.num_layers)
+
+    @property
+    def local_attention(self) -> tuple[int, int | None]:
+        """(layers, span): the layers whose query reaches back at most `span` keys, so an engine's KV cache and a
+        decode step need only those: the windowed layers at their window, else the chunked layers at their chunk
+        (a query sees its own chunk); (0, None) where every layer is full."""
+        if self.windowed_layers:
+            return self.windowed_layers, self.sliding_window
+        if self.chunked_layers:
+            return self.chunked_layers, self.attention_chunk_size
+        return 0, None
+
+    @model_validator(mode="after")
+    def _one_kind_of_local_attention(self) -> Architecture:
+        if self.windowed_layers and self.chunked_layers:
+            raise ValueError("a model with both sliding-window and chunked layers is not modelled")
+        return self
 
     @property
     def is_moe(self) -> bool:
