@@ -1,6 +1,7 @@
 """The CUDA-graph rules of cards/rules.yaml (CG*): what Megatron-Core 0.19's TransformerConfig.__post_init__ refuses of
 cuda_graph_impl and cuda_graph_modules beside the rest of the plan (CG001), and the MoE layers it cannot capture under
-dropless routing (CG002); and, first, a framework whose adapter writes no CUDA-graph key (CG001)."""
+dropless routing (CG002), the moe and mlp graphs beside the EP overlap (CG003); and, first, a framework whose adapter
+writes no CUDA-graph key (CG001)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ def _graphs_on(values: dict, job: object) -> tuple | None:
     return tuple(tuple(v) if isinstance(v := values[k], list) else v for k in CG_READS)
 
 
-CG_READS = ("cuda_graph_impl", "cuda_graph_modules", "recompute", "recompute_modules", "dropout", "moe_a2a_overlap",
-            "activation_offload")
+CG_READS = ("cuda_graph_impl", "cuda_graph_modules", "recompute", "recompute_modules", "dropout", "activation_offload")
 
 
 def captures_whole_layer(impl: str, modules: tuple[str, ...]) -> bool:
@@ -80,11 +80,6 @@ def _first_assert(ctx: Context) -> dict[str, str] | None:
                               "recompute takes no random numbers)",
                     "fix": "Use dropout=false, or leave the recomputed modules out of the graphs "
                            "(cuda_graph_modules without attn / mlp / moe)."}
-    if p.moe_a2a_overlap and impl == "transformer_engine" and modules & {"moe", "mlp"}:
-        return {"reason": "Transformer Engine graphs of moe or mlp with moe_a2a_overlap "
-                          "(overlap_moe_expert_parallel_comm)",
-                "fix": "Drop moe and mlp from cuda_graph_modules (attn, moe_router, moe_preprocess), or "
-                       "moe_a2a_overlap=false."}
     if p.activation_offload and impl == "local":
         return {"reason": "activation_offload offloads the dense modules' inputs too, and local graphs take "
                           "fine-grained offloading of expert_fc1, moe_act and fused_group_mlp only",
@@ -94,6 +89,21 @@ def _first_assert(ctx: Context) -> dict[str, str] | None:
                           "fine_grained_offloading_max_inflight_offloads, which meshplan does not render",
                 "fix": "Use cuda_graph_impl=transformer_engine, or activation_offload=false."}
     return None
+
+
+@rule("CG003", reads=("cuda_graph_impl", "cuda_graph_modules", "moe_a2a_overlap"))
+def graphs_beside_ep_overlap(ctx: Context) -> Values:
+    """Transformer Engine graphs of the moe or mlp module beside the EP overlap (overlap_moe_expert_parallel_comm):
+    Megatron-Core asserts them apart. One of the rules that refuse moe_a2a_overlap (search/plans.OVERLAP_RULES)."""
+    p = ctx.plan
+    if not (p.moe_a2a_overlap and p.cuda_graph_impl == "transformer_engine"):
+        return None
+    named = [m for m in ("moe", "mlp") if m in p.cuda_graph_modules]
+    if not named:
+        return None
+    return {"modules": " and ".join(named),
+            "fix": "Drop moe and mlp from cuda_graph_modules (attn, moe_router, moe_preprocess), or "
+                   "moe_a2a_overlap=false."}
 
 
 @rule("CG002", reads=("cuda_graph_impl", "cuda_graph_modules"))
