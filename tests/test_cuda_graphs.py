@@ -130,3 +130,12 @@ def test_the_estimate_times_the_graphs_as_eager_and_says_so():
     assert any("routed experts stay eager" in a for a in graphed.assumptions)
     memory = api.estimate_memory(graphs)
     assert any("CUDA-graph pools (cuda_graph_impl=transformer_engine" in a for a in memory.assumptions)
+
+
+def test_recommend_carries_the_graphs_given_and_says_nothing_of_them_otherwise():
+    given = api.recommend(Request(**QWEN, cuda_graph_impl="transformer_engine", cuda_graph_modules=MOE_SAFE), top_k=2)
+    assert given.candidates and all((c.plan.cuda_graph_impl, c.plan.cuda_graph_modules)
+                                    == ("transformer_engine", tuple(MOE_SAFE)) for c in given.candidates)
+    assert any("cuda_graph_impl=transformer_engine (given)" in a for a in given.assumptions)
+    plain = api.recommend(Request(**QWEN), top_k=2)
+    assert not any("cuda_graph" in a for a in plain.assumptions)

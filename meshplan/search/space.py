@@ -329,14 +329,15 @@ each ZeRO stage's engine is the card's offload section; a stage whose engine lac
 
 CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
                   "torch_compile", "expandable_segments", "defer_fsdp_grad_sync", "grad_reduce_overlap",
-                  "attention_backend", "dropout", "cuda_graph_impl", "cuda_graph_modules", *OFFLOAD_FIELDS)
+                  "attention_backend", "dropout", *OFFLOAD_FIELDS)
 """Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
 framework's default, as `meshplan memory` and `throughput` take it). The optimizer is a training decision, not a
 layout (Muon's memory and Newton-Schulz time are estimated for the optimizer asked for)."""
 
 # never chosen, carried only when given: hybrid sharding's replicas (DP001); the layers per stage full recompute takes
-# and how (Megatron's recompute_num_layers / recompute_method; RC001 refuses them at a lighter recompute)
-GIVEN_ONLY_FIELDS = ("dp_replicate", "recompute_layers", "recompute_method")
+# and how (Megatron's recompute_num_layers / recompute_method; RC001 refuses them at a lighter recompute);
+# Megatron-Core's CUDA graphs (rules CG001-CG003; timed as eager, so they rank no plan apart)
+GIVEN_ONLY_FIELDS = ("dp_replicate", "recompute_layers", "recompute_method", "cuda_graph_impl", "cuda_graph_modules")
 
 
 @dataclass
@@ -384,8 +385,9 @@ def carried_fields(req: Request) -> dict[str, object]:
               "expandable_segments": _expandable_segments(req, card, [], is_rl_request(req)),
               "defer_fsdp_grad_sync": _defer_grad_sync(req, card, []),
               "grad_reduce_overlap": _grad_reduce_overlap(req, card, []),
-              "attention_backend": req.attention_backend or "auto", "dropout": req.dropout, **_cuda_graph_fields(req),
+              "attention_backend": req.attention_backend or "auto", "dropout": req.dropout,
               **_offload_fields(req, card.offload_at(zero), [], is_rl_request(req))}
+    _cuda_graph_fields(req)  # refuses modules without a per-layer implementation, as resolve does
     given = {k: getattr(req, k) for k in GIVEN_ONLY_FIELDS if getattr(req, k) is not None}
     return {**{k: fields[k] for k in CARRIED_FIELDS}, **given}
 
