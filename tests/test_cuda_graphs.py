@@ -139,3 +139,16 @@ def test_recommend_carries_the_graphs_given_and_says_nothing_of_them_otherwise()
     assert any("cuda_graph_impl=transformer_engine (given)" in a for a in given.assumptions)
     plain = api.recommend(Request(**QWEN), top_k=2)
     assert not any("cuda_graph" in a for a in plain.assumptions)
+
+
+@pytest.mark.parametrize("lines,impl,modules", [
+    ("cfg.model.cuda_graph_impl = 'local'\ncfg.model.cuda_graph_scope = ['full_iteration']", "full_iteration", None),
+    ("cfg.model.cuda_graph_impl = 'transformer_engine'\ncfg.model.cuda_graph_scope = ['attn', 'mlp']",
+     "transformer_engine", ["attn", "mlp"]),  # Bridge's perf recipes still write the older key
+    ("cfg.model.cuda_graph_impl = 'none'\ncfg.model.cuda_graph_scope = 'full'", "none", None),
+])
+def test_bridge_import_reads_the_older_scope_key(lines, impl, modules):
+    req = Request(**{**LLAMA, "framework": "megatron-bridge", "zero_stage": 1})
+    text = api.render_config("megatron-bridge", req, force=True).text + "\n" + lines + "\n"
+    request = api.import_config(text, framework="megatron-bridge").request
+    assert (request.get("cuda_graph_impl"), request.get("cuda_graph_modules")) == (impl, modules)
