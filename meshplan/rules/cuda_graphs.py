@@ -5,13 +5,12 @@ writes no CUDA-graph key (CG001)."""
 
 from __future__ import annotations
 
+from meshplan.arithmetic.activations import DEFAULT_RECOMPUTE_MODULES
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.context import Context
 from meshplan.rules.engine import Values, rule
 from meshplan.schema.choices import FRAMEWORKS
 
-# The modules fine-grained activation offloading may move under local per-layer graphs (transformer_config.py)
-LOCAL_OFFLOAD_MODULES = frozenset({"expert_fc1", "moe_act", "fused_group_mlp"})
 # The per-layer capture that leaves a dropless MoE layer's experts eager: the router, the dispatcher's preprocess
 # and attention (Megatron-LM megatron/core/transformer/moe/README.md "CUDA Graph")
 DROPLESS_MODULES = ["attn", "moe_router", "moe_preprocess"]
@@ -52,7 +51,7 @@ def _first_assert(ctx: Context) -> dict[str, str] | None:
                   and c.adapter.renders("cuda_graphs")]
         return {"reason": f"{ctx.job.framework} has no Megatron-Core CUDA-graph setting meshplan renders",
                 "fix": f"Leave cuda_graph_impl out, or use {', '.join(writes)}."}
-    recompute = set(p.recompute_modules or ("core_attn",)) if p.recompute == "selective" else set()
+    recompute = set(p.recompute_modules or DEFAULT_RECOMPUTE_MODULES) if p.recompute == "selective" else set()
     whole = captures_whole_layer(impl, p.cuda_graph_modules)
     if "moe" in modules and "moe_router" in modules:
         return {"reason": "cuda_graph_modules names both moe and moe_router",
