@@ -19,7 +19,13 @@ MoE pair it finds moves with that value: the card's three values come from bench
 three on the Megatron-family and MoE pools together (its leave-one-source-out too); this module gives the pool, the
 grid and the MoE-only views. No per-row or per-model constant: each split refits the same two numbers.
 
-Run: python bench/moe_fit.py [--validation DIR]
+The per-expert launch floor (--launch): cards/calibration.yaml grouped_gemm_launch_s is assumed (29.2 us, rl's
+eager launch). Whether these rows can fit it: LAUNCH_GRID x LAUNCH_PAIRS (the MoE pair on a coarser grid, the launch
+floor and the host sync both per-layer host time that trade off) in one error table; the launch value fitted with the
+pair on all rows, the least loss at each launch value, and leave one source out with the launch value fitted too
+against held at the card's.
+
+Run: python bench/moe_fit.py [--validation DIR] [--launch]
 """
 
 from __future__ import annotations
@@ -48,6 +54,13 @@ GRID = {
     "moe_gemm_half_ridges": [0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 14.0, 20.0, 28.0],
     "moe_host_sync_s": [round(0.25e-3 * i, 5) for i in range(0, 25)],
 }
+
+
+# grouped_gemm_launch_s's values (--launch): 0 (no floor) to about twice the card's assumed value, which is one of them
+LAUNCH_GRID = sorted({0.0, 10e-6, 20e-6, calibration().grouped_gemm_launch_s, 40e-6, 60e-6})
+# the MoE pair beside it, coarser than GRID (the table is LAUNCH_GRID x this, every row once per point)
+LAUNCH_PAIRS = [{"moe_gemm_half_ridges": r, "moe_host_sync_s": round(0.5e-3 * i, 5)}
+                for r in (1.0, 2.0, 3.0, 4.0, 6.0) for i in range(0, 11)]
 
 
 # The publication bench/data/megatron_bridge_published.csv was transcribed from (bench/bridge_published.py): its rows
@@ -157,11 +170,75 @@ def show(ov: dict[str, float]) -> str:
     return f"half_ridges {ov['moe_gemm_half_ridges']:g}, sync {ov['moe_host_sync_s'] * 1e3:.2f} ms"
 
 
+def launch_points() -> list[dict[str, float]]:
+    return [{"grouped_gemm_launch_s": launch, **pair} for launch in LAUNCH_GRID for pair in LAUNCH_PAIRS]
+
+
+def launch_table(data: list[Row]) -> list[list[float | None]]:
+    """error_table's log errors at every launch_points() point (the other constants at the card's values)."""
+    table = []
+    for ov in launch_points():
+        row = []
+        for r in data:
+            try:
+                pred = estimate_throughput(r.job, r.plan, calibration(r.job.framework).with_overrides(**ov))
+                row.append(math.log(pred.tokens_per_s_per_gpu / r.measured_tps))
+            except MeshplanError:
+                row.append(None)
+        table.append(row)
+    return table
+
+
+def show_launch(ov: dict[str, float]) -> str:
+    return f"launch {ov['grouped_gemm_launch_s'] * 1e6:.1f} us, {show(ov)}"
+
+
+def launch_report(data: list[Row]) -> None:
+    """Whether grouped_gemm_launch_s can be fitted: the least loss at each launch value (the pair refitted), the
+    three fitted on all rows and per data set, and leave one source out with the launch value fitted or held."""
+    table, points = launch_table(data), launch_points()
+    every = [True] * len(data)
+    print("| grouped_gemm_launch_s | best pair | all rows | Bridge table | dev set |")
+    print("|---|---|---|---|---|")
+    for launch in LAUNCH_GRID:
+        idx = [i for i, p in enumerate(points) if p["grouped_gemm_launch_s"] == launch]
+        best = min(idx, key=lambda i: (loss([e for e in table[i] if e is not None]), i))
+        cells = [pct([e for e, r in zip(table[best], data, strict=True) if e is not None and src in (None, r.source)])
+                 for src in (None, "bridge", "dev")]
+        print(f"| {launch * 1e6:.1f} us | {show(points[best])} | " + " | ".join(cells) + " |")
+    for name, keep in (("all rows", every), ("Bridge table", [r.source == "bridge" for r in data]),
+                       ("dev set", [r.source == "dev" for r in data])):
+        print(f"fitted on {name}: {show_launch(points[fit_on(table, keep)])}")
+    assumed = calibration().grouped_gemm_launch_s
+    card = [i for i, p in enumerate(points) if math.isclose(p["grouped_gemm_launch_s"], assumed)]
+    fitted: list[float] = []
+    held: list[float] = []
+    print(f"| held-out source | dev rows | launch fitted too | held-out | launch held at {assumed * 1e6:.1f} us "
+          "| held-out |")
+    print("|---|---|---|---|---|---|")
+    for source in sorted({r.publication for r in data if r.source == "dev"}):
+        keep = [r.publication != source for r in data]
+        free = fit_on(table, keep)
+        sub = [table[i] for i in card]
+        fixed = card[fit_on(sub, keep)]
+        cols = [j for j, r in enumerate(data) if r.publication == source]
+        a = [table[free][j] for j in cols if table[free][j] is not None]
+        b = [table[fixed][j] for j in cols if table[fixed][j] is not None]
+        fitted += a
+        held += b
+        print(f"| {source} | {len(cols)} | {show_launch(points[free])} | {pct(a)} | {show(points[fixed])} | {pct(b)} |")
+    print(f"leave-one-source-out, pooled over the dev rows: launch fitted {pct(fitted)}, launch held {pct(held)}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--validation", type=Path, default=prow.DEFAULT_VALIDATION)
+    ap.add_argument("--launch", action="store_true", help="only the grouped_gemm_launch_s report")
     args = ap.parse_args()
     data = rows(args.validation)
+    if args.launch:
+        launch_report(data)
+        return 0
     card = {k: getattr(calibration("megatron-bridge"), k) for k in GRID}
     print(f"{len(data)} MoE rows ({sum(r.source == 'bridge' for r in data)} Bridge table, "
           f"{sum(r.source == 'dev' for r in data)} dev set), {len({r.model for r in data})} models")

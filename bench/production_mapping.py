@@ -34,6 +34,7 @@ from production_sources import (
     defer_field,
     dynamic_batch_fields,
     framework_version_for,
+    graph_fields,
     lora_for,
     nemo_2407_tp_overlap,
     perf_table_fields,
@@ -112,7 +113,8 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     knobs |= k
     knobs |= run_knobs(row)
     k, n = recipe_moe(row)
-    knobs |= k
+    recipe_graphs = k.get("cuda_graphs")
+    knobs = {**k, **knobs}  # what the row states over what the recipe it cites sets (its CUDA graphs)
     notes += n
     tp_facts = framework_card(framework).tp_overlap
     if (framework == "megatron-bridge" and "performance-summary" in row_text(row["source"]["citation"])
@@ -137,6 +139,10 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     moe = bool(row["model"]["num_experts"]) or row["model"]["arch_type"] != "dense"
     if moe and knobs.pop("moe_a2a_overlap", None):  # a plan knob since issue 15 item 1
         fields["moe_a2a_overlap"] = True
+    if "cuda_graphs" in knobs and (graphs := graph_fields(knobs["cuda_graphs"], moe)
+                                   or (recipe_graphs and graph_fields(recipe_graphs, moe))) is not None:
+        fields |= graphs  # a plan knob since lane graphs42 (timed as eager: rule CG002 keeps the experts eager)
+        knobs.pop("cuda_graphs")
     if batch := dynamic_batch_fields(row, framework):  # verl's token-budget micro-batch: the knob is expressed
         w = {**w, **batch}
         knobs.pop("dynamic_batch", None)

@@ -56,7 +56,9 @@ KNOBS: dict[str, tuple[str, str]] = {
     "gpu": ("time", "a GPU outside the catalog; scored on the nearest catalog GPU, fit judged against the "
             "row's own memory"),
     "model_type": ("memory, time", "an architecture meshplan cannot describe; scored as the nearest model_type"),
-    "cuda_graphs": ("memory, time", "CUDA graphs (static memory pools); scored without"),
+    "cuda_graphs": ("memory, time", "CUDA graphs meshplan cannot express: a full-iteration graph of an MoE model "
+                    "(its static expert capacity), or per-layer graphs of an MoE model whose modules neither the row "
+                    "nor its recipe states (production_sources.graph_fields); scored without"),
     "row_field": ("memory, time", "a setting the row gives as text that is not a value (a count, a measure, yes/no); "
                   "scored as unstated"),
     "torch_compile": ("memory, time", "torch.compile of the blocks only (torchtitan before it compiled the loss too, "

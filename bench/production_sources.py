@@ -192,8 +192,9 @@ def nemo_2407_tp_overlap(row: dict[str, Any]) -> str | None:
 def recipe_moe(row: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
     """(knobs, notes) from the Megatron-Bridge perf recipe a row cites (RECIPE_MOE): the function it names, or, where
     it names only the recipe file, that file's function for its GPU count, system and precision (the recipes'
-    <model>_pretrain_<n>gpu_<system>_<precision>_config naming). moe_a2a_overlap becomes the plan knob (map_row); a
-    full-iteration graph stays a knob meshplan cannot express (the host syncs it removes are still timed)."""
+    <model>_pretrain_<n>gpu_<system>_<precision>_config naming). moe_a2a_overlap becomes the plan knob (map_row); its
+    CUDA graphs the knob cuda_graphs, which graph_fields reads (a full-iteration graph with its static expert capacity
+    stays one meshplan cannot express: the host syncs it removes are still timed)."""
     cited = row_text(row["source"]["citation"])
     if BRIDGE.lower() not in cited.lower():
         return {}, []
@@ -209,7 +210,32 @@ def recipe_moe(row: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
         knobs["moe_a2a_overlap"] = f"{BRIDGE} {r.source} {name}"
     if r.full_iteration_graph:
         knobs["cuda_graphs"] = f"full-iteration CUDA graph, static expert capacity ({BRIDGE} {r.source} {name})"
+    elif r.graphs is not None:
+        impl, modules = r.graphs
+        knobs["cuda_graphs"] = f"{impl} CUDA graphs ({', '.join(modules)}) ({BRIDGE} {r.source} {name})"
     return knobs, [f"MoE overlap and graphs from {BRIDGE} {name}"] if knobs else []
+
+
+GRAPH_MODULES = ("attn", "mlp", "moe_router", "moe_preprocess", "moe", "mamba")
+
+
+def graph_fields(text: str, moe: bool) -> dict[str, Any] | None:
+    """cuda_graph_impl and cuda_graph_modules from the words of a row or of the recipe it cites (the knob
+    cuda_graphs): the modules it names ('TE CUDA graphs (attn, moe_router, moe_preprocess)', 'moe_router+
+    moe_preprocess'); local where it says so ('CUDA graphs (local)'), else Transformer Engine's, the only per-layer
+    implementation Megatron-Bridge's performance scripts take module scopes with (scripts/performance/
+    argument_parser.py: 'local is reserved for full_iteration'); no module named: the whole layer, Megatron-Core's
+    default. None where meshplan cannot express it: a full-iteration graph of an MoE model (its static expert
+    capacity), or the whole layer of an MoE model (which the row did not run: the modules are not stated, rule
+    CG002)."""
+    low = text.lower()
+    modules = [m for m in GRAPH_MODULES if re.search(rf"(?<![a-z_]){m}(?![a-z_])", low)]
+    if re.search(r"full[- ]iteration", low):
+        return None if moe else {"cuda_graph_impl": "full_iteration"}
+    if not modules and moe:
+        return None
+    impl = "local" if re.search(r"\blocal\b", low) else "transformer_engine"
+    return {"cuda_graph_impl": impl, "cuda_graph_modules": modules or None}
 
 
 # A row stating it ran eager, where its framework compiles by default (KempnerForge's train.compile_model)

@@ -218,3 +218,16 @@ def test_an_rl_row_runs_its_own_split_and_offloads(production_rows):
         assert res["num_gpus"] == 128
         hosts.append(res["host_tb_per_node"])
     assert hosts[0] < hosts[1]  # half the optimizer on the host holds less of it there
+
+
+def test_the_launch_profile_holds_the_card_value_among_its_points():
+    """bench/moe_fit.py --launch compares fitting grouped_gemm_launch_s with holding it at the card's assumed value:
+    that value is a grid point, and every launch value meets every MoE pair once."""
+    import moe_fit
+
+    from meshplan.knowledge.calibration import calibration
+    assumed = calibration().grouped_gemm_launch_s
+    assert any(v == assumed for v in moe_fit.LAUNCH_GRID) and 0.0 in moe_fit.LAUNCH_GRID
+    points = moe_fit.launch_points()
+    assert len(points) == len(moe_fit.LAUNCH_GRID) * len(moe_fit.LAUNCH_PAIRS)
+    assert len({tuple(sorted(p.items())) for p in points}) == len(points)

@@ -281,3 +281,28 @@ def test_peaks_are_gigabytes_in_the_rows_convention(run):
     assert titan.convention == "reserved"
     context = memory_card().cuda_context_bytes
     assert titan.compared_peak_bytes == titan.peak_bytes - context
+
+
+@pytest.mark.parametrize("row_id,impl,modules", [
+    ("mbridge_gb200_dsv3_256_mxfp8", "transformer_engine", ["attn", "moe_router", "moe_preprocess"]),  # the row's own
+    ("mbridge_card_qwen3_30b_16_h100_hybridep", "transformer_engine", ["moe_router", "moe_preprocess"]),
+    ("mbridge_h100_qwen3_30b_16_fp8_ep16", "transformer_engine", ["attn", "moe_router", "moe_preprocess"]),  # recipe
+    ("mbridge_b200_llama3_8b_8_fp8", "local", None),  # dense, no module named: the whole layer
+    ("mbridge_gb200_qwen3_30b_8_mxfp8", None, None),  # the recipe's full-iteration graph: static expert capacity
+])
+def test_rows_state_their_cuda_graphs(production_rows, tmp_path, row_id, impl, modules):
+    """A row's CUDA graphs as it states them, else as the recipe it cites sets them; what meshplan cannot express (a
+    full-iteration graph of an MoE model with its static expert capacity) stays the knob, and the rules pass."""
+    m = pmap.map_row(production_rows[row_id], tmp_path)
+    assert (m.request.cuda_graph_impl, m.request.cuda_graph_modules) == (impl, modules)
+    assert ("cuda_graphs" in m.knobs) == (impl is None)
+    if impl is not None:
+        found = api.check_config(m.request).findings
+        assert not [f.id for f in found if f.id.startswith("CG")]
+
+
+def test_graph_words():
+    assert psrc.graph_fields("TE CUDA graphs (attn, moe_router, moe_preprocess)", True) == {
+        "cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["attn", "moe_router", "moe_preprocess"]}
+    assert psrc.graph_fields("TE CUDA graphs", True) is None  # an MoE model's whole layer: not what it ran
+    assert psrc.graph_fields("full-iteration CUDA graph", False) == {"cuda_graph_impl": "full_iteration"}

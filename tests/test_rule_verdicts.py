@@ -47,6 +47,8 @@ def _choices(name: str) -> list:
     """Values a plan field takes in the fuzz: its Literal choices, None, both booleans, a few sizes and strings."""
     annotation = Plan.model_fields[name].annotation
     out: list = []
+    if typing.get_origin(annotation) is tuple:  # cuda_graph_modules
+        return [(), ("attn",), ("moe_router", "moe_preprocess"), ("moe",), ("mlp",)]
     args = (annotation,) if typing.get_origin(annotation) is typing.Literal else typing.get_args(annotation)
     for arg in args or (annotation,):
         if typing.get_origin(arg) is typing.Literal:

@@ -149,6 +149,12 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
         flags.append(("--sequence-parallel", None))
     if plan.tp_comm_overlap:  # Transformer Engine userbuffers (rule TP005: needs --sequence-parallel)
         flags.append(("--tp-comm-overlap", None))
+    if plan.cuda_graph_impl != "none":  # rules CG001/CG002; arguments.py turns the TE RNG tracker on for graphs
+        flags.append(("--cuda-graph-impl", plan.cuda_graph_impl))
+        if plan.cuda_graph_modules:
+            flags.append(("--cuda-graph-modules", list(plan.cuda_graph_modules)))
+        if plan.cuda_graph_impl == "full_iteration":  # arguments.py asserts it off under the full-iteration graph
+            flags.append(("--no-check-for-nan-in-loss-and-grad", None))
     backend = attention_value("megatron-core", "pretrain_gpt", plan.attention_backend)
     if backend:
         flags.append(("--attention-backend", backend))
@@ -316,6 +322,12 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     s.append(("model.sequence_parallel", plan.sequence_parallel))
     if plan.tp_comm_overlap:  # Bridge passes it to Megatron-Core's tp_comm_overlap (training/comm_overlap.py)
         s.append(("comm_overlap.tp_comm_overlap", True))
+    if plan.cuda_graph_impl != "none":  # as Bridge's scripts/performance/utils/overrides.py _set_cuda_graph_overrides
+        s += [("model.cuda_graph_impl", plan.cuda_graph_impl),
+              ("model.cuda_graph_modules", list(plan.cuda_graph_modules)),
+              ("rng.te_rng_tracker", True), ("model.use_te_rng_tracker", True)]
+        if plan.cuda_graph_impl == "full_iteration":
+            s.append(("rerun_state_machine.check_for_nan_in_loss", False))
     backend = attention_value("megatron-bridge", "python", plan.attention_backend)
     if backend:  # AttnBackend (an override names it: model.attention_backend=flash; build_bridge codes it in python)
         s.append(("model.attention_backend", backend))

@@ -153,6 +153,9 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     if "--overlap-moe-expert-parallel-comm" in f:
         out["moe_a2a_overlap"] = True
     out["tp_comm_overlap"] = "--tp-comm-overlap" in f
+    out["cuda_graph_impl"] = f.get("--cuda-graph-impl", "none")
+    modules = f.get("--cuda-graph-modules") or []
+    out["cuda_graph_modules"] = tuple([modules] if isinstance(modules, str) else modules)
     out.update(_attention("megatron-core", "pretrain_gpt", f.get("--attention-backend"), f.get("--attention-dropout")))
     if cp > 1:
         out["cp_comm_type"] = f["--cp-comm-type"]
@@ -199,6 +202,8 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     if s.get("comm_overlap.overlap_moe_expert_parallel_comm"):
         out["moe_a2a_overlap"] = True
     out["tp_comm_overlap"] = bool(s.get("comm_overlap.tp_comm_overlap"))
+    out["cuda_graph_impl"] = m.get("cuda_graph_impl", "none")
+    out["cuda_graph_modules"] = tuple(m.get("cuda_graph_modules") or ())
     backend = m.get("attention_backend")
     out.update(_attention("megatron-bridge", "python", str(backend).removeprefix("AttnBackend.") if backend else None,
                           m.get("attention_dropout")))

@@ -563,7 +563,9 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
             if card.conventions[conv_name].step_peak == "backward_walk"
             else "; FSDP/ZeRO-3 gathered units at the worst unit's backward peak (cards/memory.yaml).")
            if any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors) else "."),
-        "Not modelled: CUDA-graph pools.",
+        "Not modelled: CUDA-graph pools" + (f" (cuda_graph_impl={plan.cuda_graph_impl}: Megatron-Core measures "
+                                            "them at capture, cuda_graphs.py; no source gives a figure to count)."
+                                            if plan.cuda_graph_impl != "none" else "."),
     ]
     if job.model.moe is not None:
         out.append(routing_assumption(job, plan))

@@ -157,6 +157,8 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
         out.append(_hybrid_assumption(job, cal))
     if job.model.moe is not None:
         out.append(_moe_assumption(job, plan, cal))
+    if plan.cuda_graph_impl != "none":
+        out.append(cuda_graph_assumption(job, plan))
         out.append(routing_assumption(job, plan))
     if job.precision == "fp8":
         out.append(f"FP8: transformer linears at FP8 peak x {cal.fp8_gemm_relative_efficiency:.2f}; attention, "
@@ -265,6 +267,21 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
             + ("expert all-to-all hidden behind the other micro-batch's compute of the layer in the 1F1B "
                "steady state (moe_a2a_overlap), exposed in warm-up and cool-down."
                if plan.moe_a2a_overlap else "expert all-to-all exposed (moe_a2a_overlap off)."))
+
+
+def cuda_graph_assumption(job: Job, plan: Plan) -> str:
+    """What the plan's CUDA graphs change in the estimate: nothing meshplan times. Rule CG002 refuses every capture of a
+    dropless MoE layer's experts, so the dispatcher's host sync (moe_host_sync_s) and the per-expert grouped-GEMM
+    launches (grouped_gemm_launch_s) stand; the captured modules' kernels are launched as one graph, and meshplan
+    times no host launch for them eager either (the host runs ahead of the GPU there)."""
+    what = ("the whole forward-backward iteration" if plan.cuda_graph_impl == "full_iteration" else
+            f"each layer's {', '.join(plan.cuda_graph_modules)}" if plan.cuda_graph_modules else "each whole layer")
+    experts = (" The routed experts stay eager (dropless routing: Megatron-Core cannot capture them, rule CG002): "
+               "their host sync and per-expert launches are timed as without graphs."
+               if job.model.moe is not None else "")
+    return (f"CUDA graphs ({plan.cuda_graph_impl}) of {what}: timed as eager, since meshplan times no host launch for "
+            "the captured kernels either way (the host runs ahead of the GPU outside an MoE layer's sync)." + experts
+            + " Their memory pools are not counted.")
 
 
 def _muon_assumption(job: Job, cal: Calibration) -> str:

@@ -105,6 +105,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("torch_compile")
     if plan.tp_comm_overlap:
         used.append("tp_comm_overlap")
+    if plan.cuda_graph_impl != "none":
+        used.append("cuda_graphs")
     if job.lora is not None:  # a LoRA job (meshplan/arithmetic/lora.py): rank and targets
         used += ["lora_rank", "lora_targets"]
     if job.mtp_asked:  # the MTP depth (and repeated layer) the request set (request/mtp_depth.py)
@@ -152,7 +154,9 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
         "moe_a2a_overlap": "moe_a2a_overlap=true", "torch_compile": "torch_compile=true",
-        "tp_comm_overlap": "tp_comm_overlap=true", "attention_backend": f"attention_backend={plan.attention_backend}",
+        "tp_comm_overlap": "tp_comm_overlap=true",
+        "cuda_graphs": f"cuda_graph_impl={plan.cuda_graph_impl}, cuda_graph_modules={list(plan.cuda_graph_modules)}",
+        "attention_backend": f"attention_backend={plan.attention_backend}",
         "dropout": "dropout=true", "pipeline_schedule": f"pipeline_schedule={plan.pipeline_schedule}",
         "pipeline_layout": f"pipeline_layout={plan.pipeline_layout!r}", "account_for_embedding":
         "account_for_embedding=true", "account_for_loss": "account_for_loss=true",

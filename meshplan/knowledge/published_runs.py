@@ -212,14 +212,19 @@ class RecipeMoe:
     source: str  # path under src/megatron/bridge/ (NVIDIA-NeMo/Megatron-Bridge 067f987, 2026-08-22)
     a2a_overlap: bool
     full_iteration_graph: bool = False
+    # per-layer CUDA graphs the recipe sets: cfg.model.cuda_graph_impl and the modules of its cuda_graph_scope
+    graphs: tuple[str, tuple[str, ...]] | None = None
 
 
+# Transformer Engine graphs of the attention, router and dispatcher preprocess, the experts eager (dropless)
+TE_MOE_GRAPHS = ("transformer_engine", ("attn", "moe_router", "moe_preprocess"))
 HYBRIDEP_FULL = "perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8"
 DSV3_FULL = "perf_recipes/deepseek/common.py _enable_deepseek_full_iteration_mxfp8"
 RECIPE_MOE: dict[str, RecipeMoe] = {
     "deepseek_v3_pretrain_256gpu_b200_fp8mx_config": RecipeMoe("perf_recipes/deepseek/b200/deepseek_v3.py", True),
     # partial (TE-scoped) CUDA graph there: "B200's 180 GB cannot hold the full-iteration graph for this model"
-    "qwen3_30b_a3b_pretrain_8gpu_b200_fp8mx_config": RecipeMoe("perf_recipes/qwen/b200/qwen3_moe.py", True),
+    "qwen3_30b_a3b_pretrain_8gpu_b200_fp8mx_config": RecipeMoe("perf_recipes/qwen/b200/qwen3_moe.py", True,
+                                                               graphs=TE_MOE_GRAPHS),  # its lines 314-315
     "qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config": RecipeMoe(
         f"perf_recipes/qwen/gb200/qwen3_moe.py, {HYBRIDEP_FULL}", True, True),
     "qwen3_235b_a22b_pretrain_256gpu_gb200_fp8mx_config": RecipeMoe(
@@ -227,7 +232,8 @@ RECIPE_MOE: dict[str, RecipeMoe] = {
     "deepseek_v3_pretrain_256gpu_gb200_fp8mx_config": RecipeMoe(
         f"perf_recipes/deepseek/gb200/deepseek_v3.py, {DSV3_FULL}", True, True),
     "deepseek_v3_pretrain_1024gpu_h100_fp8cs_config": RecipeMoe("perf_recipes/deepseek/h100/deepseek_v3.py", False),
-    "qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config": RecipeMoe("perf_recipes/qwen/h100/qwen3_moe.py", False),
+    "qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config": RecipeMoe("perf_recipes/qwen/h100/qwen3_moe.py", False,
+                                                                graphs=TE_MOE_GRAPHS),  # its lines 94-95
 }
 RECIPE_PRECISION = {"mxfp8": "fp8mx", "bf16": "bf16", "fp8": "fp8cs"}
 

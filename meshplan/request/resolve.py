@@ -172,6 +172,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         pipeline_microbatches=_pipeline_microbatches(req, card, pp=pp, m=max(1, gbs // (mbs * dp)), notes=notes),
         torch_compile=_torch_compile(req, card, notes),
         tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
+        **_cuda_graph_fields(req),
         expandable_segments=_expandable_segments(req, card, notes, rl is not None),
         defer_fsdp_grad_sync=_defer_grad_sync(req, card, notes),
         grad_reduce_overlap=_grad_reduce_overlap(req, card, notes),
@@ -238,6 +239,22 @@ def _schedule_chunks(req: Request, pp: int, vpp: int, notes: list[str]) -> int:
                      "torchtitan's default for a multi-stage schedule).")
         return 2
     return vpp
+
+
+def _cuda_graph_fields(req: Request) -> dict[str, object]:
+    """cuda_graph_impl and cuda_graph_modules as asked (none: eager, Megatron-Core's default); modules without a
+    per-layer implementation are refused: Megatron-Core 0.19 ignores cuda_graph_modules under cuda_graph_impl "none"
+    and asserts them empty under "full_iteration" (transformer_config.py __post_init__). What the framework refuses
+    of the rest is rules CG001/CG002's (meshplan/rules/cuda_graphs.py)."""
+    impl = req.cuda_graph_impl or "none"
+    if impl in ("none", "full_iteration") and req.cuda_graph_modules:
+        raise MeshplanError(
+            f"cuda_graph_modules={req.cuda_graph_modules} with cuda_graph_impl={impl}: Megatron-Core captures modules "
+            "only in per-layer graphs (" + ("none captures nothing" if impl == "none" else
+                                            "full_iteration asserts cuda_graph_modules empty") + ").",
+            fix="Use cuda_graph_impl=transformer_engine or local for per-layer graphs of those modules, or leave "
+                "cuda_graph_modules out.")
+    return {"cuda_graph_impl": impl, "cuda_graph_modules": tuple(req.cuda_graph_modules or ())}
 
 
 def _a2a_overlap(req: Request, notes: list[str]) -> bool:

@@ -131,7 +131,7 @@ RULE_MODULES: tuple[str, ...] = (
     "meshplan.rules.world", "meshplan.rules.tensor", "meshplan.rules.sequence", "meshplan.rules.experts",
     "meshplan.rules.attention", "meshplan.rules.frameworks", "meshplan.rules.pipeline", "meshplan.rules.batch",
     "meshplan.rules.precision", "meshplan.rules.recompute", "meshplan.rules.offload", "meshplan.rules.lora",
-    "meshplan.rules.rollout", "meshplan.check.memory", "meshplan.check.context_parallel",
+    "meshplan.rules.rollout", "meshplan.rules.cuda_graphs", "meshplan.check.memory", "meshplan.check.context_parallel",
 )
 
 

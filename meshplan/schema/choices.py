@@ -45,6 +45,12 @@ Optimizer = Literal["adam", "muon"]
 # FP8 scaling recipes: Transformer Engine's as Megatron-Core's --fp8-recipe names them (transformer_config.py
 # fp8_recipe), and torchao's per-row scaling (torchtitan's float8 recipe_name rowwise)
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
+# Megatron-Core 0.19's CUDA graphs (transformer_config.py cuda_graph_impl and cuda_graph_modules, CudaGraphModule;
+# Megatron-Bridge's model.cuda_graph_impl / model.cuda_graph_modules): per-layer graphs (local, transformer_engine)
+# of the modules named, an empty list the whole transformer layer, or one graph of the forward-backward iteration
+# (full_iteration, no modules). Older releases' cuda_graph_scope, full_iteration among its values, is read as these.
+CudaGraphImpl = Literal["none", "local", "transformer_engine", "full_iteration"]
+CudaGraphModule = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"]
 # An RL post-training job (meshplan/rl/): what is run, with which algorithm, engine and placement.
 JobKind = Literal["pretrain", "sft", "lora", "rl"]
 # Megatron-Core linear names LoRA adapts (Megatron-Bridge peft/lora.py LoRA.target_modules; its default: these four)

@@ -13,6 +13,8 @@ from meshplan.core.errors import MeshplanError
 from meshplan.schema.choices import (
     AttentionBackend,
     CpCommType,
+    CudaGraphImpl,
+    CudaGraphModule,
     ExpertWeight,
     Fp8Recipe,
     Framework,
@@ -237,6 +239,10 @@ class Plan(StrictModel):
     # (torchtitan: local_batch_size / pipeline_parallel_microbatch_size); None: every micro-batch of the step in one run
     pipeline_microbatches: int | None = Field(None, ge=1)
     tp_comm_overlap: bool = False  # TP/SP collectives pipelined with their GEMMs (the framework card's tp_overlap)
+    # Megatron-Core's CUDA graphs: implementation and the modules each layer's graphs capture (empty: the whole layer;
+    # none under full_iteration); rules CG001, CG002
+    cuda_graph_impl: CudaGraphImpl = "none"
+    cuda_graph_modules: tuple[CudaGraphModule, ...] = ()
     # the data-parallel gradient reduction (and ZeRO-1/2's gather of the updated parameters) hidden behind the compute
     # by the calibrated share (cards/calibration.yaml dp_overlap, zero_grad_overlap, param_gather_overlap), as
     # meshplan's render runs it; false: run after the backward, exposed (Megatron-Core without

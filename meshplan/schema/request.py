@@ -14,6 +14,8 @@ from pydantic import ConfigDict, Field, field_validator
 from meshplan.schema.choices import (
     AttentionBackend,
     CpCommType,
+    CudaGraphImpl,
+    CudaGraphModule,
     ExpertWeight,
     Fp8Recipe,
     Framework,
@@ -170,6 +172,20 @@ class Request(StrictModel):
                           "enable_async_tensor_parallel (needs torch_compile and tp > 1) (default: the framework's, "
                           "off; without it Megatron still hides the backward reduce-scatter behind the weight "
                           "gradient GEMM)",
+    )
+    cuda_graph_impl: CudaGraphImpl | None = Field(
+        None, description="Megatron-Core CUDA graphs (--cuda-graph-impl / Megatron-Bridge model.cuda_graph_impl): "
+                          "local (Megatron-Core's graph manager) or transformer_engine (TE make_graphed_callables), "
+                          "per layer, of cuda_graph_modules; full_iteration, one graph of the forward-backward "
+                          "iteration; none (default) runs eager. Dropless MoE layers cannot be captured (their token "
+                          "counts vary): their experts stay eager, with their host launches and sync; graph memory "
+                          "pools are not counted",
+    )
+    cuda_graph_modules: list[CudaGraphModule] | None = Field(
+        None, description="What each layer's CUDA graphs capture (--cuda-graph-modules / model.cuda_graph_modules; "
+                          "older releases' cuda_graph_scope): attn, mlp (dense layers), moe (drop-padding MoE only), "
+                          "moe_router, moe_preprocess (with moe_router), mamba; left out or empty: the whole layer. "
+                          "None under full_iteration",
     )
     moe_routing_imbalance: float | None = Field(
         None, ge=1.0, le=1024.0,
@@ -407,7 +423,7 @@ class Request(StrictModel):
                           "'.*vision_model.*')",
     )
 
-    @field_validator("recompute_modules", "lora_targets", "lora_target_parameters")
+    @field_validator("recompute_modules", "lora_targets", "lora_target_parameters", "cuda_graph_modules")
     @classmethod
     def _each_once(cls, names: list[str] | None) -> list[str] | None:
         """A list of names is a set: a name given twice is refused, naming it (not silently kept or dropped)."""

@@ -46,12 +46,13 @@ from meshplan.search.space import (
 )
 
 # The rules that refuse moe_a2a_overlap on a plan (Megatron-Core's asserts: EP009 its preconditions, PP015 a named
-# schedule other than combined 1F1B, or Megatron-FSDP over virtual stages), and the Plan fields they read (their
-# `reads`): of a search's plan (`SearchPlans.plan`) these vary with pp, vpp, ep, the ZeRO stage, the recompute and the
-# layout's named schedule only (recompute_modules is never set, the overlap is on in a2a_overlap's probe).
-OVERLAP_RULES = ("EP009", "PP015")
+# schedule other than combined 1F1B, or Megatron-FSDP over virtual stages, CG003 Transformer Engine graphs of the moe
+# or mlp module), and the Plan fields they read (their `reads`): of a search's plan (`SearchPlans.plan`) these vary
+# with pp, vpp, ep, the ZeRO stage, the recompute and the layout's named schedule only (recompute_modules is never
+# set, the CUDA-graph fields are the request's in every plan, the overlap is on in a2a_overlap's probe).
+OVERLAP_RULES = ("EP009", "PP015", "CG003")
 OVERLAP_READS = ("pp", "vpp", "ep", "zero_stage", "recompute", "recompute_modules", "pipeline_schedule",
-                 "moe_a2a_overlap")
+                 "moe_a2a_overlap", "cuda_graph_impl", "cuda_graph_modules")
 
 PlanKey = tuple[Layout, int, str, int]  # (layout, ZeRO stage, recompute, micro-batch size)
 Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)

@@ -52,6 +52,7 @@ from meshplan.knowledge.defaults_card import SearchKnobs
 from meshplan.knowledge.gdn_config import pipeline_unit, split_layers
 from meshplan.knowledge.model_counts import layer_params
 from meshplan.request.resolve import (
+    _cuda_graph_fields,
     _defer_grad_sync,
     _expandable_segments,
     _grad_reduce_overlap,
@@ -334,8 +335,9 @@ framework's default, as `meshplan memory` and `throughput` take it). The optimiz
 layout (Muon's memory and Newton-Schulz time are estimated for the optimizer asked for)."""
 
 # never chosen, carried only when given: hybrid sharding's replicas (DP001); the layers per stage full recompute takes
-# and how (Megatron's recompute_num_layers / recompute_method; RC001 refuses them at a lighter recompute)
-GIVEN_ONLY_FIELDS = ("dp_replicate", "recompute_layers", "recompute_method")
+# and how (Megatron's recompute_num_layers / recompute_method; RC001 refuses them at a lighter recompute);
+# Megatron-Core's CUDA graphs (rules CG001-CG003; timed as eager, so they rank no plan apart)
+GIVEN_ONLY_FIELDS = ("dp_replicate", "recompute_layers", "recompute_method", "cuda_graph_impl", "cuda_graph_modules")
 
 
 @dataclass
@@ -385,6 +387,7 @@ def carried_fields(req: Request) -> dict[str, object]:
               "grad_reduce_overlap": _grad_reduce_overlap(req, card, []),
               "attention_backend": req.attention_backend or "auto", "dropout": req.dropout,
               **_offload_fields(req, card.offload_at(zero), [], is_rl_request(req))}
+    _cuda_graph_fields(req)  # refuses modules without a per-layer implementation, as resolve does
     given = {k: getattr(req, k) for k in GIVEN_ONLY_FIELDS if getattr(req, k) is not None}
     return {**{k: fields[k] for k in CARRIED_FIELDS}, **given}
 

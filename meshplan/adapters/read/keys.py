@@ -434,6 +434,8 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         _schedule(reading, s)
     elif m.target == "moe_flex_dispatcher":  # Megatron-Core's moe_token_dispatcher_type: the dispatcher by its name
         _dispatcher(reading, s)
+    elif m.target in CUDA_GRAPH_TARGETS:
+        cuda_graph_setting(reading, s, m.target)
     elif m.target == "optimizer_state_dtype":  # the key is the precision-aware switch (precision_aware_optimizer)
         reading.extra["precision_aware_optimizer"] = (value, s)
     elif m.target in Request.model_fields:
@@ -445,6 +447,41 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         reading.extra.setdefault(m.target, (value, s))
         return True
     return True
+
+
+# Megatron-Core's CUDA-graph keys (the card's cuda_graphs knob key, cuda_graph_impl, and its read.keys): 0.19's
+# cuda_graph_modules, the cuda_graph_scope it replaced, and the enable_cuda_graph / external_cuda_graph switches before
+CUDA_GRAPH_TARGETS = frozenset({"cuda_graphs", "cuda_graph_modules", "cuda_graph_scope", "enable_cuda_graph",
+                                "external_cuda_graph"})
+LEGACY_GRAPH_SWITCHES = {"enable_cuda_graph": "local", "external_cuda_graph": "transformer_engine"}
+
+
+def cuda_graph_setting(reading: Reading, s: Setting, target: str) -> None:
+    """A CUDA-graph key as Megatron-Core 0.19's TransformerConfig.__post_init__ reads it: cuda_graph_impl; the modules
+    ('full', deprecated, is the whole layer: no module); the older cuda_graph_scope, whose 'full_iteration' is the
+    full-iteration implementation (get_deprecated_cuda_graph_modules_migration) and whose other values are modules;
+    enable_cuda_graph (local) and external_cuda_graph (transformer_engine). Modules under no implementation have no
+    effect there and are not read."""
+    if target in LEGACY_GRAPH_SWITCHES:
+        if as_bool(s.value):
+            reading.state("cuda_graph_impl", LEGACY_GRAPH_SWITCHES[target], s)
+        return
+    if target == "cuda_graphs":
+        impl = str(s.value).strip().strip("'\"")
+        if reading.request.get("cuda_graph_impl") == "full_iteration" and impl == "local":
+            return  # the older API's full iteration: --cuda-graph-impl local with --cuda-graph-scope full_iteration
+        reading.state("cuda_graph_impl", impl, s)
+        if impl == "none" and reading.request.pop("cuda_graph_modules", None) is not None:
+            reading.notes.append(f"{s.where(reading.path)} = none: the CUDA-graph modules have no effect")
+        return
+    modules = [m for m in convert("cuda_graph_modules", list_value("cuda_graph_modules", s)) if m != "full"]
+    if target == "cuda_graph_scope" and "full_iteration" in modules:
+        reading.state("cuda_graph_impl", "full_iteration", s)
+        modules = [m for m in modules if m != "full_iteration"]
+    if reading.request.get("cuda_graph_impl") == "none":
+        reading.notes.append(f"{s.where(reading.path)} = {s.value}: no effect under cuda_graph_impl none")
+    elif modules:
+        reading.state("cuda_graph_modules", modules, s)
 
 
 def list_value(name: str, s: Setting) -> Any:
@@ -749,6 +786,10 @@ def fill_defaults(reading: Reading) -> None:
     if "recompute" not in reading.unread:  # (a ds_config's is its own: files.read_deepspeed_json)
         reading.default("recompute", "none", "no recompute unless the file turns it on")
     reading.default("attention_backend", "auto", f"the framework's own pick, {where} attention")
+    if request.get("cuda_graph_modules") and request.get("cuda_graph_impl", "none") == "none":
+        request.pop("cuda_graph_modules")  # Megatron-Core captures nothing under cuda_graph_impl none (its default)
+        reading.notes.append(f"cuda_graph_modules at {reading.sources.pop('cuda_graph_modules')}: no effect without "
+                             "cuda_graph_impl (Megatron-Core's default none)")
     if getattr(card, "compile", None) is not None:
         reading.default("torch_compile", card.compile.default, f"{where} compile.default")
     allocator = card.allocator_for(request.get("job") == "rl")  # verl's SFT trainer sets none, its RL workers do
