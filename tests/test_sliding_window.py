@@ -143,7 +143,12 @@ def _rl_job(engine: str = "vllm"):
 def test_a_windowed_layer_holds_its_window_in_vllm():
     """gpt-oss-20b: 12 of 24 layers windowed at 128. vLLM's SlidingWindowSpec keeps their last window, so one
     sequence of L tokens holds per-layer bytes x (12 L + 12 x 128); an engine that keeps every token, 24 L."""
-    from meshplan.rl.engine import engine_kv_bytes_per_sequence, engine_memory, kv_bytes_per_sequence, kv_bytes_per_token
+    from meshplan.rl.engine import (
+        engine_kv_bytes_per_sequence,
+        engine_memory,
+        kv_bytes_per_sequence,
+        kv_bytes_per_token,
+    )
 
     job, plan = _rl_job()
     arch = job.model
@@ -311,9 +316,9 @@ def test_chunked_layers_count_in_mfu_where_the_framework_runs_them():
     arch = resolve_model("llama-4-scout")
     keys = (36 * chunk_attended_keys(32768, 8192) + 12 * 32768 / 2) / 48
     assert attended_keys(arch, 32768) == pytest.approx(keys) and keys == pytest.approx((36 * 4096.5 + 12 * 16384) / 48)
-    core = attention_core_flops(arch, Shard(tokens=32768, tp=1, ep=1, etp=1, sp=False), 32768)
-    assert core == pytest.approx(attention_core_flops(_full_chunks(arch), Shard(tokens=32768, tp=1, ep=1, etp=1, sp=False), 32768)
-                                 * keys / 16384)
+    shard = Shard(tokens=32768, tp=1, ep=1, etp=1, sp=False)
+    core = attention_core_flops(arch, shard, 32768)
+    assert core == pytest.approx(attention_core_flops(_full_chunks(arch), shard, 32768) * keys / 16384)
     assert model_flops_per_token(arch, 32768) < model_flops_per_token(_full_chunks(arch), 32768)
     for framework, runs in [("torchtitan", True), ("verl", True), ("megatron-bridge", False),
                             ("megatron-core", False), ("kempnerforge", False)]:

@@ -14,7 +14,13 @@ from meshplan.core.units import GIB, plural
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration, calibration_card
 from meshplan.knowledge.model_counts import expert_params, total_params
-from meshplan.rl.engine import ENGINE_BYTES, engine_kv_bytes_per_sequence, engine_weight_bytes, ep_words, kv_bytes_per_sequence
+from meshplan.rl.engine import (
+    ENGINE_BYTES,
+    engine_kv_bytes_per_sequence,
+    engine_weight_bytes,
+    ep_words,
+    kv_bytes_per_sequence,
+)
 from meshplan.rl.launches import eager_launches
 from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
 from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
