@@ -17,6 +17,7 @@ from meshplan.arithmetic.memory_states import (
     unsharded_grad_bytes,
 )
 from meshplan.core.units import GIB
+from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_terms import MemoryTerms, StageParams
 from meshplan.schema.reports import StageMemory
 
@@ -356,9 +357,20 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     # reduce-scatter that writes it (under a pipeline: in the schedule's first run of the step)
     once = terms.plan.schedule_runs(terms.job.global_batch_size) == 1 if accumulation.pipeline else terms.m == 1
     absent = terms.conv.grads_set_to_none and (once or bool(accumulation.bytes_per_param and not accumulation.pipeline))
-    # one walk serves both picks (fsdp_step_peak and fsdp_allocated_peak each walk the same moments)
+    # one walk serves both picks (fsdp_step_peak and fsdp_allocated_peak each walk the same moments), once per
+    # search for the same walk: what it reads, the convention (its object, kept alive in the entry so its id stays
+    # its own), the units, the other activations, the switches and the reserve
+    reserve = terms.card.allocator_reserve_fraction
+    memo = scope_memo("fsdp_walks")
+    key = (id(terms.conv), reserve, held, absent, accumulation, tuple(units))
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None:
+        return hit[1]
     moments = fsdp_backward_moments(terms.conv, units, held, absent, accumulation)
-    return reserved_peak(terms.conv, moments, terms.card.allocator_reserve_fraction), allocated_peak(moments)
+    picks = reserved_peak(terms.conv, moments, reserve), allocated_peak(moments)
+    if memo is not None:
+        memo[key] = (terms.conv, picks)
+    return picks
 
 
 def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
@@ -370,9 +382,14 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
     plan, conv, table, per_kind = terms.plan, terms.conv, terms.table, terms.per_kind
     ep_etp = plan.ep * plan.etp
 
+    worked: dict[tuple[float, float], float] = {}  # the stage's layers repeat a few shapes: each worked out once
+
     def grads(dense: float, experts: float = 0.0) -> float:
-        return (state_bytes(terms.tensors, dense, terms.dense_dp)["gradients"]
-                + state_bytes(terms.tensors, experts, terms.expert_dp)["gradients"])
+        got = worked.get((dense, experts))
+        if got is None:
+            got = worked[(dense, experts)] = (state_bytes(terms.tensors, dense, terms.dense_dp)["gradients"]
+                                              + state_bytes(terms.tensors, experts, terms.expert_dp)["gradients"])
+        return got
 
     units = []
     emb, in_root = params.embedding, embedding_in_root(stage)
