@@ -93,12 +93,13 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         return pipeline_moments(conv, units, held_other, accumulation, grads_absent)
     out, at = [], []
     root = units[-1] if units and units[-1].loss and conv.output_held_bytes else None
+    stored, grads = prefix_sums([v.stored for v in units]), prefix_sums([v.grads for v in units])
     for k in range(len(units) - 1, -1, -1):
         u = units[k]
-        before = held_other + sum(v.stored for v in units[:k])
+        before = held_other + stored[k]
         prefetch = conv.prefetched_bytes * units[k - 1].params if k else 0.0
         held = root_held(conv, root) if root and u is not root else 0.0
-        absent = (sum(v.grads for v in units[:k + 1]) + (root.grads if held else 0.0)) if grads_absent else 0.0
+        absent = (grads[k + 1] + (root.grads if held else 0.0)) if grads_absent else 0.0
         gathered = 0.0 if u.loss and conv.output_resharded_at_loss else conv.unsharded_param_bytes * u.params
         # the last reduce-scatter input still held: this unit's previous chunk, or the unit reduced just before
         last = u if u.in_loss else units[k + 1] if k + 1 < len(units) and not units[k + 1].in_loss else None
@@ -196,11 +197,12 @@ def accumulated_moments(moments: list[StepMoment], at: list[int], units: list[Fs
         return [s._replace(name=f"{s.name} (a middle micro-batch)", absent_grads=all_grads, accumulated=every)
                 for s in moments]
     rooted = per[-1] if root is not None else 0.0
+    after, before = suffix_sums(per), prefix_sums(per)
     out = []
     for s, k in zip(moments, at, strict=True):
-        passed = every - rooted if k < 0 else sum(per[k + 1:]) - (rooted if k + 1 < len(units) else 0.0)
+        passed = every - rooted if k < 0 else after[k + 1] - (rooted if k + 1 < len(units) else 0.0)
         out.append(s._replace(name=f"{s.name} (first micro-batch)", absent_grads=all_grads, accumulated=passed))
-        left = rooted if k < 0 else sum(per[:k + 1]) + (rooted if k + 1 < len(units) else 0.0)
+        left = rooted if k < 0 else before[k + 1] + (rooted if k + 1 < len(units) else 0.0)
         out.append(s._replace(name=f"{s.name} (last micro-batch)", accumulated=left))
     return out
 
@@ -225,9 +227,13 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
     walks = [(held_other, accumulation.through_forward, "")]
     if accumulation.cooldown_other is not None and not accumulation.through_forward:
         walks.append((accumulation.cooldown_other, True, ", after a backward"))
-    stored = [0]  # stored[k]: sum(v.stored for v in units[:k]), added in the same order as that sum
+    stored = prefix_sums([v.stored for v in units])  # stored[k]: sum(v.stored for v in units[:k])
+    # passed[c]: sum of the params of the units after the c-th gathered one that the walk holds gathered
+    passed, kept = suffix_sums([v.params for v in units if not v.in_loss]), 0
+    gathered_before = []  # gathered_before[k]: how many of units[:k + 1] are not in_loss
     for v in units:
-        stored.append(stored[-1] + v.stored)
+        kept += not v.in_loss
+        gathered_before.append(kept)
     out = []
     for other, all_gathered, when in walks:
         for k in range(len(units) - 1, -1, -1):
@@ -236,7 +242,6 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
             if all_gathered:
                 gathered = gathered_all + (conv.unsharded_param_bytes * u.params if u.in_loss else 0.0)
             else:
-                passed = [v.params for v in units[k + 1:] if not v.in_loss]
                 prefetch = conv.prefetched_bytes * units[k - 1].params if k and not u.loss else 0.0
                 # the unit's own too, the loss unit's included: its pre_backward hook (torch 2.13 _fsdp_state.py
                 # _pre_backward -> _fsdp_param_group.py pre_backward -> unshard) gathers it again for the head's
@@ -244,7 +249,7 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
                 # forward (`output_resharded_at_loss`) is ungathered only at that peak, which holds no more
                 # activations than this moment and less transient, so the walk does not list it apart; its copy-out,
                 # the all-gather output beside it, is listed below (as head_moments lists it without a pipeline)
-                gathered = conv.unsharded_param_bytes * (sum(passed) + u.params) + prefetch
+                gathered = conv.unsharded_param_bytes * (passed[gathered_before[k]] + u.params) + prefetch
             name = f"{u.name} backward (a middle micro-batch{when})"
             if u.in_loss:  # its reduce-scatter per chunk, as fsdp_backward_moments counts it
                 retained = conv.retained_reduce_bytes * u.params
@@ -274,15 +279,57 @@ def stage_post_backward(conv, held: list[FsdpUnit], bytes_per_param: float, grad
     (`retained_reduce_bytes`); the units after it are still gathered with their gradients, and with `grads_absent`
     their sharded gradients not yet written."""
     out = []
+    params = suffix_sums([v.params for v in held])  # params[k]: sum(v.params for v in held[k:])
+    grads = suffix_sums([v.grads for v in held]) if grads_absent else []
     for k, u in enumerate(held):
-        rest = held[k + 1:]
         retained = conv.retained_reduce_bytes * held[k - 1].params if k else 0.0
         out.append(StepMoment(
             f"{u.name} reduce-scatter (the schedule's post-backward)", 0.0,
-            conv.unsharded_param_bytes * sum(v.params for v in rest) + bytes_per_param * u.params + retained,
-            sum(v.grads for v in [u, *rest]) if grads_absent else 0.0,
-            bytes_per_param * sum(v.params for v in [u, *rest])))
+            conv.unsharded_param_bytes * params[k + 1] + bytes_per_param * u.params + retained,
+            grads[k] if grads_absent else 0.0,
+            bytes_per_param * params[k]))
     return out
+
+
+def prefix_sums(values: list[float]) -> list[float]:
+    """out[k] == sum(values[:k]) bit for bit, k = 0 .. len(values): Python's sum adds from 0 left to right, as a
+    running sum does."""
+    out, total = [0], 0
+    for v in values:
+        total = total + v
+        out.append(total)
+    return out
+
+
+def suffix_sums(values: list[float]) -> list[float]:
+    """out[k] == sum(values[k:]) bit for bit, k = 0 .. len(values) (the walk's sums over the units it has not
+    passed): Python's sum adds from 0 left to right, so a suffix's sum is no running sum taken from the end; but a
+    suffix that starts inside a run of equal values (a stage's uniform layers) adds that value the same number of
+    times from 0 whatever the run's start, so each run's partial sums are worked out once and only the values after
+    the run are added per start: about linear for a stage of uniform layers between an embedding and an output unit."""
+    n = len(values)
+    out: list[float] = [0] * (n + 1)
+    end = n
+    while end > 0:
+        start = end - 1
+        v = values[start]
+        while start > 0 and same_value(values[start - 1], v):
+            start -= 1
+        total = 0
+        for k in range(end - 1, start - 1, -1):  # the suffix from k adds v end - k times, then values[end:]
+            total = total + v
+            rest = total
+            for w in values[end:]:
+                rest = rest + w
+            out[k] = rest
+        end = start
+    return out
+
+
+def same_value(a: float, b: float) -> bool:
+    """Whether adding `a` and adding `b` give the same result bit for bit: equal, of one type, and of one sign where
+    zero (0.0 and -0.0 are equal)."""
+    return a == b and type(a) is type(b) and (a != 0 or str(a) == str(b))
 
 
 def fsdp_step_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool,
