@@ -388,7 +388,7 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     """The moments this stage peaks at, walking its FSDP units through the backward: on the reserved basis
     (fsdp_step_peak) and on the allocated one (fsdp_allocated_peak), each at its own moment."""
     terms = stage.terms
-    units, held_other = walk_units(stage)
+    units, held_other, units_key = stage_units(stage)
     card, pp = terms.job.card, terms.plan.pp
     # the MTP blocks' activations and, where the root unit holds the embedding, its saved input: alive to the end
     held = held_other + stage.mtp_acts + (stage.emb_acts if embedding_in_root(stage) else 0)
@@ -405,57 +405,37 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     once = terms.plan.schedule_runs(terms.job.global_batch_size) == 1 if accumulation.pipeline else terms.m == 1
     absent = terms.conv.grads_set_to_none and (once or bool(accumulation.bytes_per_param and not accumulation.pipeline))
     # one walk serves both picks (fsdp_step_peak and fsdp_allocated_peak each walk the same moments), once per
-    # search for the same walk: what it reads, the convention (its object, kept alive in the entry so its id stays
-    # its own), the units, the other activations, the switches and the reserve
+    # search for the same walk: what it reads, the convention (its object), the units (stage_units' key, by the
+    # objects they were worked out from), the other activations, the switches and the reserve; the entry keeps those
+    # objects alive, so their ids stay their own
     reserve = terms.card.allocator_reserve_fraction
     memo = scope_memo("fsdp_walks")
-    key = (id(terms.conv), reserve, held, absent, accumulation, tuple(units))
+    key = (id(terms.conv), reserve, held, absent, accumulation, units_key)
     hit = memo.get(key) if memo is not None else None
     if hit is not None:
-        return hit[1]
-    moments = fsdp_backward_moments(terms.conv, units, held, absent, accumulation)
+        return hit[-1]
+    moments = fsdp_backward_moments(terms.conv, list(units), held, absent, accumulation)
     picks = reserved_peak(terms.conv, moments, reserve), allocated_peak(moments)
     if memo is not None:
-        memo[key] = (terms.conv, picks)
+        memo[key] = (terms.conv, terms.table, terms.per_kind, terms.tensors, picks)
     return picks
 
 
-def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
+def stage_units(stage: WalkStage) -> tuple[tuple[FsdpUnit, ...], float, tuple]:
     """The stage's FSDP units in forward order (embedding on the first stage, each decoder layer, the output layer
     with the final norm on the last; torchtitan's apply_fsdp_to_decoder; the embedding inside the output layer's root
-    unit where embedding_in_root) with one micro-batch's activations each, and the activations of the other
-    micro-batches in flight."""
+    unit where embedding_in_root) with one micro-batch's activations each, the activations of the other micro-batches
+    in flight, and a key that tells the units apart: the decoder layers' (layer_units_of's key) and the embedding's
+    and output layer's units themselves."""
     terms, params = stage.terms, stage.params
-    plan, conv, table, per_kind = terms.plan, terms.conv, terms.table, terms.per_kind
-    ep_etp = plan.ep * plan.etp
-
-    worked: dict[tuple[float, float], float] = {}  # the stage's layers repeat a few shapes: each worked out once
-
-    def grads(dense: float, experts: float = 0.0) -> float:
-        got = worked.get((dense, experts))
-        if got is None:
-            got = worked[(dense, experts)] = (state_bytes(terms.tensors, dense, terms.dense_dp)["gradients"]
-                                              + state_bytes(terms.tensors, experts, terms.expert_dp)["gradients"])
-        return got
-
-    units = []
+    plan, conv = terms.plan, terms.conv
+    layers, one_batch, layers_key = layer_units_of(terms, params.layers, stage.modes)
+    pre: tuple[FsdpUnit, ...] = ()
+    post: tuple[FsdpUnit, ...] = ()
     emb, in_root = params.embedding, embedding_in_root(stage)
     if params.first and not in_root:
-        units.append(FsdpUnit("embedding", emb, stage.emb_acts, grads=grads(emb)))
-    one_batch = 0.0
-    for i in params.layers:
-        moe, mode = table.kind[i], stage.modes[i]
-        stored = per_kind[(moe, mode)]
-        one_batch += stored
-        if mode == "full":  # checkpointed: its backward rebuilds the layer's activations
-            working = per_kind[(moe, "none")]
-        elif mode == "selective" and terms.selective == "op_sac":  # op-level SAC: what the recompute rebuilds
-            working = per_kind[(moe, "none")] - stored
-        else:
-            working = 0.0
-        dense = table.tp_sharded[i] / plan.tp + table.replicated[i]
-        experts = table.experts[i] / ep_etp
-        units.append(FsdpUnit(f"layer {i}", dense + experts, stored, working, grads(dense, experts)))
+        pre = (FsdpUnit("embedding", emb, stage.emb_acts, grads=unit_grads(terms.tensors, terms.dense_dp,
+                                                                            terms.expert_dp, emb)),)
     if params.last:
         head = params.output_layer + terms.norm_width
         logits = loss_logits(conv, terms.tokens, terms.vocab, plan.tp)
@@ -466,12 +446,66 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
         at_head = loss_left(conv, stage.out_acts, logits, conv.head_backward_bytes_per_element) \
             if conv.head_backward_bytes_per_element else 0.0
         if in_root:
-            units.append(FsdpUnit("embedding, output layer and loss", emb + head, stage.out_acts,
-                                  grads=grads(emb + head), kept=kept, loss=True, grads_last=emb, head=at_head))
+            post = (FsdpUnit("embedding, output layer and loss", emb + head, stage.out_acts,
+                             grads=unit_grads(terms.tensors, terms.dense_dp, terms.expert_dp, emb + head), kept=kept,
+                             loss=True, grads_last=emb, head=at_head),)
         else:
-            units.append(FsdpUnit("output layer and loss", head, stage.out_acts, grads=grads(head),
-                                  in_loss=conv.output_reduce_in_loss, kept=kept, loss=True, head=at_head))
-    return units, max(0.0, stage.layer_acts - one_batch)
+            post = (FsdpUnit("output layer and loss", head, stage.out_acts,
+                             grads=unit_grads(terms.tensors, terms.dense_dp, terms.expert_dp, head),
+                             in_loss=conv.output_reduce_in_loss, kept=kept, loss=True, head=at_head),)
+    return pre + layers + post, max(0.0, stage.layer_acts - one_batch), (layers_key, pre, post)
+
+
+def layer_units_of(terms: MemoryTerms, layers, modes: dict[int, str]) -> tuple[tuple[FsdpUnit, ...], float, tuple]:
+    """layer_units for the stage's decoder layers, once per search for the same arguments (scope_memo
+    'fsdp_layer_units', keyed by them: the objects by id, kept alive in the entry so their ids stay their own), with
+    that key: the plans of a search repeat a few stages."""
+    plan = terms.plan
+    layers = tuple(layers)
+    ran = tuple(modes[i] for i in layers)
+    args = (terms.table, terms.per_kind, terms.tensors, terms.dense_dp, terms.expert_dp, terms.selective, plan.tp,
+            plan.ep * plan.etp, layers, ran)
+    memo = scope_memo("fsdp_layer_units")
+    if memo is None:
+        return (*layer_units(*args), None)
+    key = (id(terms.table), id(terms.per_kind), id(terms.tensors), *args[3:])
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (args, *layer_units(*args))
+    return hit[1], hit[2], key
+
+
+def layer_units(table, per_kind: dict, tensors: list, dense_dp: int, expert_dp: float, selective: str, tp: int,
+                ep_etp: int, layers: tuple[int, ...], modes: tuple[str, ...]) -> tuple[tuple[FsdpUnit, ...], float]:
+    """The decoder layers' FSDP units (`modes`: the recompute mode each ran in) and one micro-batch's activations of
+    them all, from these arguments alone."""
+    worked: dict[tuple[float, float], float] = {}  # the stage's layers repeat a few shapes: each worked out once
+    units = []
+    one_batch = 0.0
+    for i, mode in zip(layers, modes, strict=True):
+        moe = table.kind[i]
+        stored = per_kind[(moe, mode)]
+        one_batch += stored
+        if mode == "full":  # checkpointed: its backward rebuilds the layer's activations
+            working = per_kind[(moe, "none")]
+        elif mode == "selective" and selective == "op_sac":  # op-level SAC: what the recompute rebuilds
+            working = per_kind[(moe, "none")] - stored
+        else:
+            working = 0.0
+        dense = table.tp_sharded[i] / tp + table.replicated[i]
+        experts = table.experts[i] / ep_etp
+        grads = worked.get((dense, experts))
+        if grads is None:
+            grads = worked[(dense, experts)] = unit_grads(tensors, dense_dp, expert_dp, dense, experts)
+        units.append(FsdpUnit(f"layer {i}", dense + experts, stored, working, grads))
+    return tuple(units), one_batch
+
+
+def unit_grads(tensors: list, dense_dp: int, expert_dp: float, dense: float, experts: float = 0.0) -> float:
+    """A unit's sharded gradient bytes: its dense parameters' over the dense data-parallel ranks, its routed experts'
+    over the expert ones."""
+    return (state_bytes(tensors, dense, dense_dp)["gradients"]
+            + state_bytes(tensors, experts, expert_dp)["gradients"])
 
 
 def embedding_in_root(stage: WalkStage) -> bool:
