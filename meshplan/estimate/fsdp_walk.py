@@ -336,14 +336,8 @@ def fsdp_step_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_abse
                    reserve_fraction: float, accumulation: Accumulation = NO_ACCUMULATION) -> StepMoment:
     """The moment of the backward walk with the largest peak: activations and transient (plus the caching
     allocator's reserve over them, as the estimate counts it) less the gradients not allocated yet."""
-    return reserved_peak(conv, fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation),
-                         reserve_fraction)
-
-
-def reserved_peak(conv, moments: list[StepMoment], reserve_fraction: float) -> StepMoment:
-    """fsdp_step_peak's pick among walked moments (the first of equal ones)."""
-    return max(moments, key=lambda s: (1 + reserve_fraction) * (s.activations + s.transient + s.accumulated)
-               - s.absent_grads + freed_grads_reserved(conv, s.absent_grads))
+    return peaks(conv, fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation),
+                 reserve_fraction)[0]
 
 
 def fsdp_allocated_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool,
@@ -352,12 +346,31 @@ def fsdp_allocated_peak(conv, units: list[FsdpUnit], held_other: float, *, grads
     not allocated yet, with no allocator reserve. It can be another moment than fsdp_step_peak's: the reserve favours
     moments with much churning memory (the loss), while late in the backward, with few activations left, a large
     unit's reduce-scatter beside the gradients already reduced holds more allocated bytes."""
-    return allocated_peak(fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation))
+    return peaks(conv, fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation), 0.0)[1]
 
 
-def allocated_peak(moments: list[StepMoment]) -> StepMoment:
-    """fsdp_allocated_peak's pick among walked moments (the first of equal ones)."""
-    return max(moments, key=lambda s: s.activations + s.transient + s.accumulated - s.absent_grads)
+def peaks(conv, moments: list[StepMoment], reserve_fraction: float) -> tuple[StepMoment, StepMoment]:
+    """fsdp_step_peak's and fsdp_allocated_peak's picks among walked moments, in one pass: the reserved figure
+    (activations, transient and held gradients with the allocator's reserve over them, less the gradients not
+    allocated yet, plus the freed ones still reserved) and the allocated one (the same with no reserve); each the
+    first of equal ones, as max() picks (a later moment replaces a pick only where its figure is larger)."""
+    scale = 1 + reserve_fraction
+    if not moments:
+        raise ValueError("no moments to pick a peak from")  # as max() of none
+    reserved = allocated = moments[0]
+    top_reserved = top_allocated = None
+    for s in moments:
+        held = s.activations + s.transient + s.accumulated
+        figure = scale * held - s.absent_grads + freed_grads_reserved(conv, s.absent_grads)
+        alloc = held - s.absent_grads
+        if top_reserved is None:
+            top_reserved, top_allocated = figure, alloc
+            continue
+        if figure > top_reserved:
+            reserved, top_reserved = s, figure
+        if alloc > top_allocated:
+            allocated, top_allocated = s, alloc
+    return reserved, allocated
 
 
 def freed_grads_reserved(conv, absent: float) -> float:
@@ -415,7 +428,7 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     if hit is not None:
         return hit[-1]
     moments = fsdp_backward_moments(terms.conv, list(units), held, absent, accumulation)
-    picks = reserved_peak(terms.conv, moments, reserve), allocated_peak(moments)
+    picks = peaks(terms.conv, moments, reserve)
     if memo is not None:
         memo[key] = (terms.conv, terms.table, terms.per_kind, terms.tensors, picks)
     return picks
