@@ -401,7 +401,8 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     """The moments this stage peaks at, walking its FSDP units through the backward: on the reserved basis
     (fsdp_step_peak) and on the allocated one (fsdp_allocated_peak), each at its own moment."""
     terms = stage.terms
-    units, held_other, units_key = stage_units(stage)
+    units = stage_units(stage)
+    held_other = units.held_other
     card, pp = terms.job.card, terms.plan.pp
     # the MTP blocks' activations and, where the root unit holds the embedding, its saved input: alive to the end
     held = held_other + stage.mtp_acts + (stage.emb_acts if embedding_in_root(stage) else 0)
@@ -423,26 +424,42 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     # objects alive, so their ids stay their own
     reserve = terms.card.allocator_reserve_fraction
     memo = scope_memo("fsdp_walks")
-    key = (id(terms.conv), reserve, held, absent, accumulation, units_key)
+    key = (id(terms.conv), reserve, held, absent, accumulation, units.key)
     hit = memo.get(key) if memo is not None else None
     if hit is not None:
         return hit[-1]
-    moments = fsdp_backward_moments(terms.conv, list(units), held, absent, accumulation)
+    moments = fsdp_backward_moments(terms.conv, units.walked(), held, absent, accumulation)
     picks = peaks(terms.conv, moments, reserve)
     if memo is not None:
         memo[key] = (terms.conv, terms.table, terms.per_kind, terms.tensors, picks)
     return picks
 
 
-def stage_units(stage: WalkStage) -> tuple[tuple[FsdpUnit, ...], float, tuple]:
+class StageUnits(NamedTuple):
+    """A stage's FSDP units as the walk reads them (stage_units): the embedding's and output layer's units, the
+    decoder layers' as layer_units' arguments (worked out only where the walk runs: walked), the activations of the
+    other micro-batches in flight, and a key that tells the units apart (the layers' arguments, the objects by id, and
+    the edge units themselves)."""
+
+    pre: tuple[FsdpUnit, ...]
+    layers: tuple  # layer_units' arguments
+    post: tuple[FsdpUnit, ...]
+    held_other: float
+    key: tuple
+
+    def walked(self) -> list[FsdpUnit]:
+        """The units in forward order."""
+        return [*self.pre, *layer_units(*self.layers)[0], *self.post]
+
+
+def stage_units(stage: WalkStage) -> StageUnits:
     """The stage's FSDP units in forward order (embedding on the first stage, each decoder layer, the output layer
     with the final norm on the last; torchtitan's apply_fsdp_to_decoder; the embedding inside the output layer's root
-    unit where embedding_in_root) with one micro-batch's activations each, the activations of the other micro-batches
-    in flight, and a key that tells the units apart: the decoder layers' (layer_units_of's key) and the embedding's
-    and output layer's units themselves."""
+    unit where embedding_in_root) with one micro-batch's activations each, and the activations of the other
+    micro-batches in flight."""
     terms, params = stage.terms, stage.params
     plan, conv = terms.plan, terms.conv
-    layers, one_batch, layers_key = layer_units_of(terms, params.layers, stage.modes)
+    args, one_batch, layers_key = layer_units_of(terms, params.layers, stage.modes)
     pre: tuple[FsdpUnit, ...] = ()
     post: tuple[FsdpUnit, ...] = ()
     emb, in_root = params.embedding, embedding_in_root(stage)
@@ -466,13 +483,14 @@ def stage_units(stage: WalkStage) -> tuple[tuple[FsdpUnit, ...], float, tuple]:
             post = (FsdpUnit("output layer and loss", head, stage.out_acts,
                              grads=unit_grads(terms.tensors, terms.dense_dp, terms.expert_dp, head),
                              in_loss=conv.output_reduce_in_loss, kept=kept, loss=True, head=at_head),)
-    return pre + layers + post, max(0.0, stage.layer_acts - one_batch), (layers_key, pre, post)
+    return StageUnits(pre, args, post, max(0.0, stage.layer_acts - one_batch), (layers_key, pre, post))
 
 
-def layer_units_of(terms: MemoryTerms, layers, modes: dict[int, str]) -> tuple[tuple[FsdpUnit, ...], float, tuple]:
-    """layer_units for the stage's decoder layers, once per search for the same arguments (scope_memo
-    'fsdp_layer_units', keyed by them: the objects by id, kept alive in the entry so their ids stay their own), with
-    that key: the plans of a search repeat a few stages."""
+def layer_units_of(terms: MemoryTerms, layers, modes: dict[int, str]) -> tuple[tuple, float, tuple]:
+    """layer_units' arguments for the stage's decoder layers, one micro-batch's activations of them (worked out once
+    per search for the same arguments: scope_memo 'fsdp_layer_units', keyed by them, the objects by id, kept alive in
+    the entry so their ids stay their own; the plans of a search repeat a few stages), and that key. The units
+    themselves are not kept: only a walk the memo has not seen needs them."""
     plan = terms.plan
     layers = tuple(layers)
     ran = tuple(modes[i] for i in layers)
@@ -480,12 +498,12 @@ def layer_units_of(terms: MemoryTerms, layers, modes: dict[int, str]) -> tuple[t
             plan.ep * plan.etp, layers, ran)
     memo = scope_memo("fsdp_layer_units")
     if memo is None:
-        return (*layer_units(*args), None)
+        return args, layer_units(*args)[1], None
     key = (id(terms.table), id(terms.per_kind), id(terms.tensors), *args[3:])
     hit = memo.get(key)
     if hit is None:
-        hit = memo[key] = (args, *layer_units(*args))
-    return hit[1], hit[2], key
+        hit = memo[key] = (args, layer_units(*args)[1])
+    return hit[0], hit[1], key
 
 
 def layer_units(table, per_kind: dict, tensors: list, dense_dp: int, expert_dp: float, selective: str, tp: int,
