@@ -1,7 +1,7 @@
 """Whole answers of `recommend` on a fixed set of requests, written to a folder or compared byte for byte with one:
 the check a constant-factor speed change (same arithmetic, same order) must pass before its instruction count is read
 (bench/instruction_counts.py). The requests: recommend_speed.py's CASES, 12 of the oracle test's sampled requests and
-8 of its requests that fix knobs (tests/test_search_oracle.py's samplers, one home), 28 in all; each answer is its
+8 of its requests that fix knobs (tests/test_search_oracle.py's samplers, one home), 31 in all; each answer is its
 model_dump_json, or the error's text where the request is refused.
 
     python bench/answer_snapshot.py write DIR      # on the unmodified tree

@@ -51,6 +51,14 @@ CASES: list[tuple[str, Callable[[], object], float | None]] = [
      lambda: api.minimum_gpus(Request(model="deepseek-v3", **H100)), None),
     ("recommend Llama-3.1-8B, 2^30 H100 (absurd)",
      lambda: api.recommend(Request(model="llama-3.1-8b", num_gpus=2**30, **H100)), None),
+    # a user's sweep (issue 23, lane sweep41): FSDP2's backward walk per stage; the first two fit nowhere (the
+    # thinner-headroom probe and the GPU-count scan run), the third stops at the search's estimate budget
+    ("recommend Qwen3-235B-A22B, 16 B200, torchtitan (none fits)",
+     lambda: api.recommend(Request(model="qwen3-235b-a22b", num_gpus=16, framework="torchtitan", gpu="b200")), None),
+    ("recommend BLOOM-176B, 16 H100, verl (none fits)",
+     lambda: api.recommend(Request(model="bloom-176b", num_gpus=16, framework="verl", **H100)), None),
+    ("recommend Qwen3-30B-A3B, 64 H20, NeMo AutoModel",
+     lambda: api.recommend(Request(model="qwen3-30b-a3b", num_gpus=64, framework="nemo-automodel", gpu="h20")), None),
 ]
 
 

@@ -27,6 +27,7 @@ def zero_bubble_actions(p: int, v: int, m: int, g: int, rank: int) -> tuple[Acti
     count = {"F": [0] * v, "I": [0] * v, "W": [0] * v}
     ops: list[Action] = []
     backward_steps: list[int] = []
+    weights = 0  # the W ops added so far (every chunk's): the oldest backward whose W has not run is this one
 
     def add(kind: Literal["F", "I", "W"], chunk: int) -> None:
         ops.append(Action(kind, chunk, count[kind][chunk]))
@@ -43,14 +44,12 @@ def zero_bubble_actions(p: int, v: int, m: int, g: int, rank: int) -> tuple[Acti
         add("I", backward_chunk(step))
         backward_steps.append(step)
         if step - warmup >= rank:  # the W of the oldest backward whose W has not run
-            add("W", backward_chunk(backward_steps[_count_w(count)]))
-    while _count_w(count) < len(backward_steps):
-        add("W", backward_chunk(backward_steps[_count_w(count)]))
+            add("W", backward_chunk(backward_steps[weights]))
+            weights += 1
+    while weights < len(backward_steps):
+        add("W", backward_chunk(backward_steps[weights]))
+        weights += 1
     return tuple(ops)
-
-
-def _count_w(count: dict[str, list[int]]) -> int:
-    return sum(count["W"])
 
 
 def zbv_actions(p: int, m: int, rank: int) -> tuple[Action, ...]:

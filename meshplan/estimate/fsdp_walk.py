@@ -17,6 +17,7 @@ from meshplan.arithmetic.memory_states import (
     unsharded_grad_bytes,
 )
 from meshplan.core.units import GIB
+from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_terms import MemoryTerms, StageParams
 from meshplan.schema.reports import StageMemory
 
@@ -92,12 +93,13 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         return pipeline_moments(conv, units, held_other, accumulation, grads_absent)
     out, at = [], []
     root = units[-1] if units and units[-1].loss and conv.output_held_bytes else None
+    stored, grads = prefix_sums([v.stored for v in units]), prefix_sums([v.grads for v in units])
     for k in range(len(units) - 1, -1, -1):
         u = units[k]
-        before = held_other + sum(v.stored for v in units[:k])
+        before = held_other + stored[k]
         prefetch = conv.prefetched_bytes * units[k - 1].params if k else 0.0
         held = root_held(conv, root) if root and u is not root else 0.0
-        absent = (sum(v.grads for v in units[:k + 1]) + (root.grads if held else 0.0)) if grads_absent else 0.0
+        absent = (grads[k + 1] + (root.grads if held else 0.0)) if grads_absent else 0.0
         gathered = 0.0 if u.loss and conv.output_resharded_at_loss else conv.unsharded_param_bytes * u.params
         # the last reduce-scatter input still held: this unit's previous chunk, or the unit reduced just before
         last = u if u.in_loss else units[k + 1] if k + 1 < len(units) and not units[k + 1].in_loss else None
@@ -195,11 +197,12 @@ def accumulated_moments(moments: list[StepMoment], at: list[int], units: list[Fs
         return [s._replace(name=f"{s.name} (a middle micro-batch)", absent_grads=all_grads, accumulated=every)
                 for s in moments]
     rooted = per[-1] if root is not None else 0.0
+    after, before = suffix_sums(per), prefix_sums(per)
     out = []
     for s, k in zip(moments, at, strict=True):
-        passed = every - rooted if k < 0 else sum(per[k + 1:]) - (rooted if k + 1 < len(units) else 0.0)
+        passed = every - rooted if k < 0 else after[k + 1] - (rooted if k + 1 < len(units) else 0.0)
         out.append(s._replace(name=f"{s.name} (first micro-batch)", absent_grads=all_grads, accumulated=passed))
-        left = rooted if k < 0 else sum(per[:k + 1]) + (rooted if k + 1 < len(units) else 0.0)
+        left = rooted if k < 0 else before[k + 1] + (rooted if k + 1 < len(units) else 0.0)
         out.append(s._replace(name=f"{s.name} (last micro-batch)", accumulated=left))
     return out
 
@@ -224,9 +227,13 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
     walks = [(held_other, accumulation.through_forward, "")]
     if accumulation.cooldown_other is not None and not accumulation.through_forward:
         walks.append((accumulation.cooldown_other, True, ", after a backward"))
-    stored = [0]  # stored[k]: sum(v.stored for v in units[:k]), added in the same order as that sum
+    stored = prefix_sums([v.stored for v in units])  # stored[k]: sum(v.stored for v in units[:k])
+    # passed[c]: sum of the params of the units after the c-th gathered one that the walk holds gathered
+    passed, kept = suffix_sums([v.params for v in units if not v.in_loss]), 0
+    gathered_before = []  # gathered_before[k]: how many of units[:k + 1] are not in_loss
     for v in units:
-        stored.append(stored[-1] + v.stored)
+        kept += not v.in_loss
+        gathered_before.append(kept)
     out = []
     for other, all_gathered, when in walks:
         for k in range(len(units) - 1, -1, -1):
@@ -235,7 +242,6 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
             if all_gathered:
                 gathered = gathered_all + (conv.unsharded_param_bytes * u.params if u.in_loss else 0.0)
             else:
-                passed = [v.params for v in units[k + 1:] if not v.in_loss]
                 prefetch = conv.prefetched_bytes * units[k - 1].params if k and not u.loss else 0.0
                 # the unit's own too, the loss unit's included: its pre_backward hook (torch 2.13 _fsdp_state.py
                 # _pre_backward -> _fsdp_param_group.py pre_backward -> unshard) gathers it again for the head's
@@ -243,7 +249,7 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
                 # forward (`output_resharded_at_loss`) is ungathered only at that peak, which holds no more
                 # activations than this moment and less transient, so the walk does not list it apart; its copy-out,
                 # the all-gather output beside it, is listed below (as head_moments lists it without a pipeline)
-                gathered = conv.unsharded_param_bytes * (sum(passed) + u.params) + prefetch
+                gathered = conv.unsharded_param_bytes * (passed[gathered_before[k]] + u.params) + prefetch
             name = f"{u.name} backward (a middle micro-batch{when})"
             if u.in_loss:  # its reduce-scatter per chunk, as fsdp_backward_moments counts it
                 retained = conv.retained_reduce_bytes * u.params
@@ -273,29 +279,65 @@ def stage_post_backward(conv, held: list[FsdpUnit], bytes_per_param: float, grad
     (`retained_reduce_bytes`); the units after it are still gathered with their gradients, and with `grads_absent`
     their sharded gradients not yet written."""
     out = []
+    params = suffix_sums([v.params for v in held])  # params[k]: sum(v.params for v in held[k:])
+    grads = suffix_sums([v.grads for v in held]) if grads_absent else []
     for k, u in enumerate(held):
-        rest = held[k + 1:]
         retained = conv.retained_reduce_bytes * held[k - 1].params if k else 0.0
         out.append(StepMoment(
             f"{u.name} reduce-scatter (the schedule's post-backward)", 0.0,
-            conv.unsharded_param_bytes * sum(v.params for v in rest) + bytes_per_param * u.params + retained,
-            sum(v.grads for v in [u, *rest]) if grads_absent else 0.0,
-            bytes_per_param * sum(v.params for v in [u, *rest])))
+            conv.unsharded_param_bytes * params[k + 1] + bytes_per_param * u.params + retained,
+            grads[k] if grads_absent else 0.0,
+            bytes_per_param * params[k]))
     return out
+
+
+def prefix_sums(values: list[float]) -> list[float]:
+    """out[k] == sum(values[:k]) bit for bit, k = 0 .. len(values): Python's sum adds from 0 left to right, as a
+    running sum does."""
+    out, total = [0], 0
+    for v in values:
+        total = total + v
+        out.append(total)
+    return out
+
+
+def suffix_sums(values: list[float]) -> list[float]:
+    """out[k] == sum(values[k:]) bit for bit, k = 0 .. len(values) (the walk's sums over the units it has not
+    passed): Python's sum adds from 0 left to right, so a suffix's sum is no running sum taken from the end; but a
+    suffix that starts inside a run of equal values (a stage's uniform layers) adds that value the same number of
+    times from 0 whatever the run's start, so each run's partial sums are worked out once and only the values after
+    the run are added per start: about linear for a stage of uniform layers between an embedding and an output unit."""
+    n = len(values)
+    out: list[float] = [0] * (n + 1)
+    end = n
+    while end > 0:
+        start = end - 1
+        v = values[start]
+        while start > 0 and same_value(values[start - 1], v):
+            start -= 1
+        total = 0
+        for k in range(end - 1, start - 1, -1):  # the suffix from k adds v end - k times, then values[end:]
+            total = total + v
+            rest = total
+            for w in values[end:]:
+                rest = rest + w
+            out[k] = rest
+        end = start
+    return out
+
+
+def same_value(a: float, b: float) -> bool:
+    """Whether adding `a` and adding `b` give the same result bit for bit: equal, of one type, and of one sign where
+    zero (0.0 and -0.0 are equal)."""
+    return a == b and type(a) is type(b) and (a != 0 or str(a) == str(b))
 
 
 def fsdp_step_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool,
                    reserve_fraction: float, accumulation: Accumulation = NO_ACCUMULATION) -> StepMoment:
     """The moment of the backward walk with the largest peak: activations and transient (plus the caching
     allocator's reserve over them, as the estimate counts it) less the gradients not allocated yet."""
-    return reserved_peak(conv, fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation),
-                         reserve_fraction)
-
-
-def reserved_peak(conv, moments: list[StepMoment], reserve_fraction: float) -> StepMoment:
-    """fsdp_step_peak's pick among walked moments (the first of equal ones)."""
-    return max(moments, key=lambda s: (1 + reserve_fraction) * (s.activations + s.transient + s.accumulated)
-               - s.absent_grads + freed_grads_reserved(conv, s.absent_grads))
+    return peaks(conv, fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation),
+                 reserve_fraction)[0]
 
 
 def fsdp_allocated_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool,
@@ -304,12 +346,31 @@ def fsdp_allocated_peak(conv, units: list[FsdpUnit], held_other: float, *, grads
     not allocated yet, with no allocator reserve. It can be another moment than fsdp_step_peak's: the reserve favours
     moments with much churning memory (the loss), while late in the backward, with few activations left, a large
     unit's reduce-scatter beside the gradients already reduced holds more allocated bytes."""
-    return allocated_peak(fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation))
+    return peaks(conv, fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation), 0.0)[1]
 
 
-def allocated_peak(moments: list[StepMoment]) -> StepMoment:
-    """fsdp_allocated_peak's pick among walked moments (the first of equal ones)."""
-    return max(moments, key=lambda s: s.activations + s.transient + s.accumulated - s.absent_grads)
+def peaks(conv, moments: list[StepMoment], reserve_fraction: float) -> tuple[StepMoment, StepMoment]:
+    """fsdp_step_peak's and fsdp_allocated_peak's picks among walked moments, in one pass: the reserved figure
+    (activations, transient and held gradients with the allocator's reserve over them, less the gradients not
+    allocated yet, plus the freed ones still reserved) and the allocated one (the same with no reserve); each the
+    first of equal ones, as max() picks (a later moment replaces a pick only where its figure is larger)."""
+    scale = 1 + reserve_fraction
+    if not moments:
+        raise ValueError("no moments to pick a peak from")  # as max() of none
+    reserved = allocated = moments[0]
+    top_reserved = top_allocated = None
+    for s in moments:
+        held = s.activations + s.transient + s.accumulated
+        figure = scale * held - s.absent_grads + freed_grads_reserved(conv, s.absent_grads)
+        alloc = held - s.absent_grads
+        if top_reserved is None:
+            top_reserved, top_allocated = figure, alloc
+            continue
+        if figure > top_reserved:
+            reserved, top_reserved = s, figure
+        if alloc > top_allocated:
+            allocated, top_allocated = s, alloc
+    return reserved, allocated
 
 
 def freed_grads_reserved(conv, absent: float) -> float:
@@ -340,7 +401,8 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     """The moments this stage peaks at, walking its FSDP units through the backward: on the reserved basis
     (fsdp_step_peak) and on the allocated one (fsdp_allocated_peak), each at its own moment."""
     terms = stage.terms
-    units, held_other = walk_units(stage)
+    units = stage_units(stage)
+    held_other = units.held_other
     card, pp = terms.job.card, terms.plan.pp
     # the MTP blocks' activations and, where the root unit holds the embedding, its saved input: alive to the end
     held = held_other + stage.mtp_acts + (stage.emb_acts if embedding_in_root(stage) else 0)
@@ -356,42 +418,54 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     # reduce-scatter that writes it (under a pipeline: in the schedule's first run of the step)
     once = terms.plan.schedule_runs(terms.job.global_batch_size) == 1 if accumulation.pipeline else terms.m == 1
     absent = terms.conv.grads_set_to_none and (once or bool(accumulation.bytes_per_param and not accumulation.pipeline))
-    # one walk serves both picks (fsdp_step_peak and fsdp_allocated_peak each walk the same moments)
-    moments = fsdp_backward_moments(terms.conv, units, held, absent, accumulation)
-    return reserved_peak(terms.conv, moments, terms.card.allocator_reserve_fraction), allocated_peak(moments)
+    # one walk serves both picks (fsdp_step_peak and fsdp_allocated_peak each walk the same moments), once per
+    # search for the same walk: what it reads, the convention (its object), the units (stage_units' key, by the
+    # objects they were worked out from), the other activations, the switches and the reserve; the entry keeps those
+    # objects alive, so their ids stay their own
+    reserve = terms.card.allocator_reserve_fraction
+    memo = scope_memo("fsdp_walks")
+    key = (id(terms.conv), reserve, held, absent, accumulation, units.key)
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None:
+        return hit[-1]
+    moments = fsdp_backward_moments(terms.conv, units.walked(), held, absent, accumulation)
+    picks = peaks(terms.conv, moments, reserve)
+    if memo is not None:
+        memo[key] = (terms.conv, terms.table, terms.per_kind, terms.tensors, picks)
+    return picks
 
 
-def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
+class StageUnits(NamedTuple):
+    """A stage's FSDP units as the walk reads them (stage_units): the embedding's and output layer's units, the
+    decoder layers' as layer_units' arguments (worked out only where the walk runs: walked), the activations of the
+    other micro-batches in flight, and a key that tells the units apart (the layers' arguments, the objects by id, and
+    the edge units themselves)."""
+
+    pre: tuple[FsdpUnit, ...]
+    layers: tuple  # layer_units' arguments
+    post: tuple[FsdpUnit, ...]
+    held_other: float
+    key: tuple
+
+    def walked(self) -> list[FsdpUnit]:
+        """The units in forward order."""
+        return [*self.pre, *layer_units(*self.layers)[0], *self.post]
+
+
+def stage_units(stage: WalkStage) -> StageUnits:
     """The stage's FSDP units in forward order (embedding on the first stage, each decoder layer, the output layer
     with the final norm on the last; torchtitan's apply_fsdp_to_decoder; the embedding inside the output layer's root
     unit where embedding_in_root) with one micro-batch's activations each, and the activations of the other
     micro-batches in flight."""
     terms, params = stage.terms, stage.params
-    plan, conv, table, per_kind = terms.plan, terms.conv, terms.table, terms.per_kind
-    ep_etp = plan.ep * plan.etp
-
-    def grads(dense: float, experts: float = 0.0) -> float:
-        return (state_bytes(terms.tensors, dense, terms.dense_dp)["gradients"]
-                + state_bytes(terms.tensors, experts, terms.expert_dp)["gradients"])
-
-    units = []
+    plan, conv = terms.plan, terms.conv
+    args, one_batch, layers_key = layer_units_of(terms, params.layers, stage.modes)
+    pre: tuple[FsdpUnit, ...] = ()
+    post: tuple[FsdpUnit, ...] = ()
     emb, in_root = params.embedding, embedding_in_root(stage)
     if params.first and not in_root:
-        units.append(FsdpUnit("embedding", emb, stage.emb_acts, grads=grads(emb)))
-    one_batch = 0.0
-    for i in params.layers:
-        moe, mode = table.kind[i], stage.modes[i]
-        stored = per_kind[(moe, mode)]
-        one_batch += stored
-        if mode == "full":  # checkpointed: its backward rebuilds the layer's activations
-            working = per_kind[(moe, "none")]
-        elif mode == "selective" and terms.selective == "op_sac":  # op-level SAC: what the recompute rebuilds
-            working = per_kind[(moe, "none")] - stored
-        else:
-            working = 0.0
-        dense = table.tp_sharded[i] / plan.tp + table.replicated[i]
-        experts = table.experts[i] / ep_etp
-        units.append(FsdpUnit(f"layer {i}", dense + experts, stored, working, grads(dense, experts)))
+        pre = (FsdpUnit("embedding", emb, stage.emb_acts, grads=unit_grads(terms.tensors, terms.dense_dp,
+                                                                            terms.expert_dp, emb)),)
     if params.last:
         head = params.output_layer + terms.norm_width
         logits = loss_logits(conv, terms.tokens, terms.vocab, plan.tp)
@@ -402,12 +476,67 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
         at_head = loss_left(conv, stage.out_acts, logits, conv.head_backward_bytes_per_element) \
             if conv.head_backward_bytes_per_element else 0.0
         if in_root:
-            units.append(FsdpUnit("embedding, output layer and loss", emb + head, stage.out_acts,
-                                  grads=grads(emb + head), kept=kept, loss=True, grads_last=emb, head=at_head))
+            post = (FsdpUnit("embedding, output layer and loss", emb + head, stage.out_acts,
+                             grads=unit_grads(terms.tensors, terms.dense_dp, terms.expert_dp, emb + head), kept=kept,
+                             loss=True, grads_last=emb, head=at_head),)
         else:
-            units.append(FsdpUnit("output layer and loss", head, stage.out_acts, grads=grads(head),
-                                  in_loss=conv.output_reduce_in_loss, kept=kept, loss=True, head=at_head))
-    return units, max(0.0, stage.layer_acts - one_batch)
+            post = (FsdpUnit("output layer and loss", head, stage.out_acts,
+                             grads=unit_grads(terms.tensors, terms.dense_dp, terms.expert_dp, head),
+                             in_loss=conv.output_reduce_in_loss, kept=kept, loss=True, head=at_head),)
+    return StageUnits(pre, args, post, max(0.0, stage.layer_acts - one_batch), (layers_key, pre, post))
+
+
+def layer_units_of(terms: MemoryTerms, layers, modes: dict[int, str]) -> tuple[tuple, float, tuple]:
+    """layer_units' arguments for the stage's decoder layers, one micro-batch's activations of them (worked out once
+    per search for the same arguments: scope_memo 'fsdp_layer_units', keyed by them, the objects by id, kept alive in
+    the entry so their ids stay their own; the plans of a search repeat a few stages), and that key. The units
+    themselves are not kept: only a walk the memo has not seen needs them."""
+    plan = terms.plan
+    layers = tuple(layers)
+    ran = tuple(modes[i] for i in layers)
+    args = (terms.table, terms.per_kind, terms.tensors, terms.dense_dp, terms.expert_dp, terms.selective, plan.tp,
+            plan.ep * plan.etp, layers, ran)
+    memo = scope_memo("fsdp_layer_units")
+    if memo is None:
+        return args, layer_units(*args)[1], None
+    key = (id(terms.table), id(terms.per_kind), id(terms.tensors), *args[3:])
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (args, layer_units(*args)[1])
+    return hit[0], hit[1], key
+
+
+def layer_units(table, per_kind: dict, tensors: list, dense_dp: int, expert_dp: float, selective: str, tp: int,
+                ep_etp: int, layers: tuple[int, ...], modes: tuple[str, ...]) -> tuple[tuple[FsdpUnit, ...], float]:
+    """The decoder layers' FSDP units (`modes`: the recompute mode each ran in) and one micro-batch's activations of
+    them all, from these arguments alone."""
+    worked: dict[tuple[float, float], float] = {}  # the stage's layers repeat a few shapes: each worked out once
+    units = []
+    one_batch = 0.0
+    for i, mode in zip(layers, modes, strict=True):
+        moe = table.kind[i]
+        stored = per_kind[(moe, mode)]
+        one_batch += stored
+        if mode == "full":  # checkpointed: its backward rebuilds the layer's activations
+            working = per_kind[(moe, "none")]
+        elif mode == "selective" and selective == "op_sac":  # op-level SAC: what the recompute rebuilds
+            working = per_kind[(moe, "none")] - stored
+        else:
+            working = 0.0
+        dense = table.tp_sharded[i] / tp + table.replicated[i]
+        experts = table.experts[i] / ep_etp
+        grads = worked.get((dense, experts))
+        if grads is None:
+            grads = worked[(dense, experts)] = unit_grads(tensors, dense_dp, expert_dp, dense, experts)
+        units.append(FsdpUnit(f"layer {i}", dense + experts, stored, working, grads))
+    return tuple(units), one_batch
+
+
+def unit_grads(tensors: list, dense_dp: int, expert_dp: float, dense: float, experts: float = 0.0) -> float:
+    """A unit's sharded gradient bytes: its dense parameters' over the dense data-parallel ranks, its routed experts'
+    over the expert ones."""
+    return (state_bytes(tensors, dense, dense_dp)["gradients"]
+            + state_bytes(tensors, experts, expert_dp)["gradients"])
 
 
 def embedding_in_root(stage: WalkStage) -> bool:

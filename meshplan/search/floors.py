@@ -506,7 +506,7 @@ def _walk_floor(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: 
     a middle micro-batch (m >= 3) holds every unit's at every moment, and of two (fsdp_walk.accumulated_moments) the
     first holds those backward has passed and the last those it has not reduced, at least half of them at either
     copy of a moment: the decoder layers' sum, whole or halved, is added. The units are the floor's _layer_units
-    (the estimate's walk_units split alike), the embedding's and output layer's left out, and no allocator reserve:
+    (the estimate's stage_units split alike), the embedding's and output layer's left out, and no allocator reserve:
     every term is one the walk counts at that moment, so its peak, and the estimate's fit figure, are at least this.
     Kept in `memo` per layout, ZeRO stage and m's class (1, 2, more)."""
     if (not part.walk or lay.pp != 1 or activation_offload or job.lora is not None or not part.n0
