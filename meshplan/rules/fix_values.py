@@ -204,10 +204,15 @@ def _batch_changes(at: Context):
                     "global_batch_size": rl.step_sequences})
     span = at.world * p.micro_batch_size  # the largest unit a step rule divides by (verl's FSDP world, dp x micro)
     least = rl.prompts_per_mini_batch or 1
-    for prompts in sorted(range(least, rl.prompts_per_step + span + 1),
-                          key=lambda q: (abs(q - rl.prompts_per_step), q)):
+    steps = sorted(range(least, rl.prompts_per_step + span + 1), key=lambda q: (abs(q - rl.prompts_per_step), q))
+    for prompts in steps:
         yield step_words(at, prompts), job.model_copy(
             update={"rl": rl.model_copy(update={"prompts_per_step": prompts}), "global_batch_size": prompts * n})
+    if rl.prompts_per_mini_batch is not None:  # both refuse (VL001, VL004 at pp=1 on 64 GPUs): the step, one mini-batch
+        for prompts in steps:
+            yield f"{step_words(at, prompts)}, drop prompts_per_mini_batch", job.model_copy(update={
+                "rl": rl.model_copy(update={"prompts_per_step": prompts, "prompts_per_mini_batch": None}),
+                "global_batch_size": prompts * n})
 
 
 def _nearest(below: int, unit: int, value: int) -> list[int]:

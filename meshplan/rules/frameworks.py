@@ -318,7 +318,8 @@ def adapter_cannot_write(ctx: Context) -> Values:
         instead = _zero_stage_instead(ctx, missing.instead)
     elif missing.knob in DP_DEGREES and f"{missing.knob}=1" in instead:  # the card's 'use cp=1': dp grows with it
         follows = layout_words(ctx, {missing.knob: 1})
-        instead = f"{instead.rstrip('.')} with {follows}." if follows else instead
+        at = f"{missing.knob}=1"  # beside the degree, before any other alternative the card's words name after it
+        instead = instead.replace(at, f"{at} with {follows}", 1) if follows else instead
     return {"setting": missing.setting, "display": ctx.card.display_name, "version": version,
             "variant": variant, "reason": missing.reason, "instead": instead, "knob": missing.knob}
 

@@ -174,7 +174,7 @@ def gdn_heads_divisible(ctx: Context) -> Values:
             "working": fmt_set(inside or good) if good else "none (lower cp)"}
 
 
-@rule("TP006", reads=("tp", "pp", "cp", "ep", "etp"))
+@rule("TP006", reads=(*BATCH_READS, "etp", "tp_comm_overlap"))
 def mamba_heads_divisible(ctx: Context) -> Values:
     """A hybrid model's Mamba-2 mixer: Megatron-Core's MambaMixer asserts that tp divides its heads and its groups;
     the fix names the tps that also pass the attention layers' head rules (TP001, TP002)."""
@@ -185,4 +185,4 @@ def mamba_heads_divisible(ctx: Context) -> Values:
     good = tiling(ctx, "tp", [t for t in divisors(m.n_groups) if m.num_heads % t == 0 and heads % t == 0
                               and (kv % t == 0 or t % kv == 0)])
     inside = [t for t in good if t <= ctx.fix_domain]
-    return {"tp": tp, "heads": m.num_heads, "groups": m.n_groups, "working": fmt_set(inside or good)}
+    return {"tp": tp, "heads": m.num_heads, "groups": m.n_groups, "working": _tp_set(ctx, inside or good)}
