@@ -387,3 +387,27 @@ def test_a_ds_config_drop_dp_fix_is_the_edit_deepspeed_accepts(tmp_path):
     again = api.check_config(api.request_from_config(api.import_file(str(path)),
                                                      {"model": "llama-3.1-8b", "num_gpus": 12}))
     assert not {f.id for f in again.findings if f.severity == "error"} - set(ESTIMATE_RULES), again.findings
+
+
+def test_every_face_names_the_batch_beside_the_degree(capsys):
+    """The CLI's check, the MCP tool check_config and the api give the same AD001 fix, the batch beside cp=1."""
+    import anyio
+
+    from meshplan.faces import cli
+    from meshplan.faces.mcp.server import app
+
+    req = DP_MOVING[1][1]
+    fix = _errors(req)["AD001"].fix
+    assert "use cp=1 with global_batch_size = 96." in fix
+    args = ["check", req["model"], "--framework", req["framework"], "--gpu", req["gpu"], "--num-gpus",
+            str(req["num_gpus"]), "--cp", "4", "--lora-rank", "64", "--micro-batch-size", "1", "--global-batch-size",
+            "100", "--json"]
+    cli.main(args)
+    out = json.loads(capsys.readouterr().out)
+    assert next(f["fix"] for f in out["findings"] if f["id"] == "AD001") == fix
+
+    async def call():
+        return await app.call_tool("check_config", dict(req))
+
+    structured = anyio.run(call).structured_content
+    assert next(f["fix"] for f in structured["findings"] if f["id"] == "AD001") == fix
