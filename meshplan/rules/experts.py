@@ -15,7 +15,7 @@ from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job
 
 
-@rule("EP001", reads=(*BATCH_READS, "etp"))
+@rule("EP001", reads=("ep",), words=BATCH_READS)
 def ep_needs_moe(ctx: Context) -> Values:
     """ep=1 is the fix; where ep is a mesh dimension of its own (KempnerForge's), dp grows with it, and the fix names
     what must follow (fix_values.layout_words: the batch at the new dp, a stated dp)."""
@@ -26,7 +26,7 @@ def ep_needs_moe(ctx: Context) -> Values:
 
 
 
-@rule("EP002", reads=(*BATCH_READS, "etp"))
+@rule("EP002", reads=("tp", "pp", "cp", "ep", "etp"), words=BATCH_READS)
 def experts_divisible(ctx: Context) -> Values:
     if not ctx.arch.is_moe or ctx.num_experts % ctx.plan.ep == 0:
         return None

@@ -17,7 +17,7 @@ from meshplan.schema.plan import Job
 BATCH_RULES = ("BS001", "VL001", "VL003", "VL004", "SK001")
 # What a rule whose fix calls kept_degrees or layout_words reads beside its own fields: the degrees that derive dp,
 # the ZeRO stage that picks the engine whose dp the batch rules count, the micro-batch and the batch.
-BATCH_READS = ("tp", "pp", "cp", "ep", "dp", "zero_stage", "micro_batch_size", "global_batch_size")
+BATCH_READS = ("tp", "pp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "global_batch_size")
 BATCH_TRIES = 8  # batches a fix tries each side of the stated one: the nearest multiples of the new micro-batch x dp
 
 # How much a computed fix lists: presentation, not physics (a fix names a few values that work, not all).

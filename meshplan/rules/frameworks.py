@@ -177,7 +177,7 @@ def _one_stage(ctx: Context) -> str:
             + (f" ({', '.join(dropped)})" if dropped else ""))
 
 
-@rule("KF001", reads=(*ONE_STAGE_READS, *BATCH_READS))
+@rule("KF001", reads=ONE_STAGE_READS, words=BATCH_READS)
 def kempnerforge_moe_pp(ctx: Context) -> Values:
     if not ctx.arch.is_moe or ctx.plan.pp == 1:
         return None
@@ -185,7 +185,7 @@ def kempnerforge_moe_pp(ctx: Context) -> Values:
 
 
 
-@rule("KF002", reads=(*ONE_STAGE_READS, *BATCH_READS))
+@rule("KF002", reads=ONE_STAGE_READS, words=BATCH_READS)
 def kempnerforge_tied_pp(ctx: Context) -> Values:
     if not ctx.arch.tie_word_embeddings or ctx.plan.pp == 1:
         return None
@@ -227,7 +227,7 @@ def verl_ulysses_padding(ctx: Context) -> Values:
     return {"u": ctx.plan.cp, "key": f"{trainer}model.use_remove_padding"}
 
 
-@rule("AM001", reads=BATCH_READS)
+@rule("AM001", reads=("tp", "pp", "cp", "dp"), words=BATCH_READS)
 def automodel_mesh_product(ctx: Context) -> Values:
     """_create_fsdp2_device_mesh: the mesh (pp, dp_replicate, dp_shard, cp, tp) covers the world, as torchtitan's;
     dp_size left out (null) is derived (_infer_dp_size)."""
@@ -302,9 +302,9 @@ def _layout_knobs_used(values: dict, job: Job) -> tuple:
             v["account_for_loss"] not in (None, False))
 
 
-@rule("AD001", reads=(*BATCH_READS, "vpp", "etp", "dp_replicate", "pipeline_schedule",
+@rule("AD001", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "dp_replicate", "pipeline_schedule",
       "attention_backend", "first_stage_layers", "last_stage_layers", "pipeline_layout", "account_for_embedding",
-      "account_for_loss"), screen=_layout_knobs_used)
+      "account_for_loss"), screen=_layout_knobs_used, words=BATCH_READS)
 def adapter_cannot_write(ctx: Context) -> Values:
     """A layout knob (degree or ZeRO stage) `render` would refuse: the same card function, on the version and variant
     it writes by default; and a pipeline split given to a framework that partitions the layers itself (SPLIT_KNOBS),

@@ -65,8 +65,8 @@ def _even_or_given(values: dict, job: Job) -> bool:
             or job.model.num_layers % values["pp"] == 0 or _explicit(values))
 
 
-@rule("PP001", reads=(*BATCH_READS, "etp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
-      "account_for_embedding", "account_for_loss"), screen=_even_or_given)
+@rule("PP001", reads=("tp", "pp", "cp", "ep", "etp", "vpp", "first_stage_layers", "last_stage_layers",
+      "pipeline_layout", "account_for_embedding", "account_for_loss"), screen=_even_or_given, words=BATCH_READS)
 def layers_divisible_by_pp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     if _even_or_given(p.__dict__, ctx.job):

@@ -49,7 +49,7 @@ def _tp_set(ctx: Context, tps: list[int]) -> str:
 
 
 
-@rule("TP001", reads=(*BATCH_READS, "etp", "tp_comm_overlap"))
+@rule("TP001", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"), words=BATCH_READS)
 def heads_divisible(ctx: Context) -> Values:
     tp, heads = ctx.plan.tp, ctx.arch.num_attention_heads
     if heads % tp == 0:
@@ -58,7 +58,7 @@ def heads_divisible(ctx: Context) -> Values:
 
 
 
-@rule("TP002", reads=(*BATCH_READS, "etp", "tp_comm_overlap"))
+@rule("TP002", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"), words=BATCH_READS)
 def kv_groups_megatron(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if kv % tp == 0 or tp % kv == 0:
@@ -67,7 +67,7 @@ def kv_groups_megatron(ctx: Context) -> Values:
 
 
 
-@rule("TP003", reads=(*BATCH_READS, "etp", "tp_comm_overlap"))
+@rule("TP003", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"), words=BATCH_READS)
 def kv_heads_divisible(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if tp == 1 or kv % tp == 0:
@@ -76,7 +76,7 @@ def kv_heads_divisible(ctx: Context) -> Values:
 
 
 
-@rule("TP004", reads=(*BATCH_READS, "tp_comm_overlap"))
+@rule("TP004", reads=("tp", "tp_comm_overlap"), words=BATCH_READS)
 def tp_inside_nvlink(ctx: Context) -> Values:
     gpu, tp = ctx.job.gpu, ctx.plan.tp
     domain = ctx.fast_domain
@@ -174,7 +174,7 @@ def gdn_heads_divisible(ctx: Context) -> Values:
             "working": fmt_set(inside or good) if good else "none (lower cp)"}
 
 
-@rule("TP006", reads=(*BATCH_READS, "etp", "tp_comm_overlap"))
+@rule("TP006", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"), words=BATCH_READS)
 def mamba_heads_divisible(ctx: Context) -> Values:
     """A hybrid model's Mamba-2 mixer: Megatron-Core's MambaMixer asserts that tp divides its heads and its groups;
     the fix names the tps that also pass the attention layers' head rules (TP001, TP002)."""

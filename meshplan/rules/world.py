@@ -106,7 +106,7 @@ def expert_grid_divides_world(ctx: Context) -> Values:
 
 
 
-@rule("WS003", reads=(*BATCH_READS, "placement", "rollout_gpus"))
+@rule("WS003", reads=("tp", "pp", "cp", "dp", "placement", "rollout_gpus"), words=BATCH_READS)
 def dp_matches_law(ctx: Context) -> Values:
     """Dropping dp takes the derived one, at which the stated batch may no longer divide: the fix names the batch
     change beside it there (a ds_config's train_batch_size, whose dp the file states through its accumulation)."""
@@ -147,7 +147,7 @@ def product_fix(ctx: Context, unit: int, formula: str, derive: str) -> dict[str,
 
 
 
-@rule("WS004", reads=BATCH_READS)
+@rule("WS004", reads=("tp", "pp", "cp", "dp"), words=BATCH_READS)
 def torchtitan_product(ctx: Context) -> Values:
     return mesh_product(ctx, "data_parallel_shard_degree=-1")
 
@@ -178,7 +178,7 @@ def torchtitan_ep_divides(ctx: Context) -> Values:
 
 
 
-@rule("WS006", reads=BATCH_READS)
+@rule("WS006", reads=("tp", "pp", "cp", "ep", "dp"), words=BATCH_READS)
 def kempnerforge_product(ctx: Context) -> Values:
     p = ctx.plan
     product = p.dp * p.tp * p.pp * p.cp * p.ep
