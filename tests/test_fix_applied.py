@@ -6,6 +6,7 @@ random training and RL requests."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import sys
@@ -243,10 +244,10 @@ def test_a_pipeline_fix_counts_the_default_batch_the_fixed_request_takes(req):
         assert not {"PP003", "PP005", "PP011", "BS001"} & set(_errors(fixed)), (fixed, list(_errors(fixed)))
 
 
-# Left open, each a fix whose change is right for its own rule but moves what another rule reads, named here so that
-# any other pair fails: a degree's fix (tp, pp, cp, num_gpus) changes dp, and with it whether the batch divides
-# (BS001, VL001, VL003, VL004, SK001).
-OPEN_PAIRS = {("*", "BS001"), ("*", "VL001"), ("*", "VL003"), ("*", "VL004"), ("*", "SK001")}
+# Left open: none. A degree's fix (tp, pp, cp, ep) changes dp, and with it whether the batch divides (BS001, VL001,
+# VL003, VL004, SK001): it names the degrees at which the batch rules pass, else the batch change beside them
+# (rules/fix_values.kept_degrees, layout_words), so no pair is left open.
+OPEN_PAIRS: set[tuple[str, str]] = set()
 OPEN_AGAIN: set[str] = set()
 
 
@@ -272,3 +273,141 @@ def test_every_fix_that_names_a_change_passes_its_rule_when_applied(seed):
                          if not _open(found.id, why)]
     assert tried > 250 and len(rules) > 25, (tried, sorted(rules))
     assert not failures, "\n".join(failures[:6])
+
+
+# --------------------------------------------------------------------------- a degree fix that moves dp
+
+# The pairs the sweep left open (lane sweep41: seeds 0, 1, 5, 14, 15 of tests/test_fix_applied.py's draws): each fix
+# changed a degree, and dp with it, against a stated batch.
+DP_MOVING = [
+    ("TP004", dict(model="nemotron-4-340b", framework="nanotron", gpu="h100", num_gpus=8, pp=1, global_batch_size=100,
+                   etp=1, tp=3)),
+    ("AD001", dict(model="deepseek-v2-lite", framework="deepspeed", gpu="h100", num_gpus=16, cp=4, lora_rank=64,
+                   micro_batch_size=1, global_batch_size=100)),
+    ("AD001", dict(model="llama-3.1-70b", framework="deepspeed", gpu="h200", num_gpus=256, cp=4, global_batch_size=64,
+                   sequence_parallel=False)),
+    ("EP001", dict(model="llama-3-70b", framework="kempnerforge", gpu="h200", num_gpus=24, activation_offload=True,
+                   ep=16, seq_length=131072, global_batch_size=256)),
+    ("PP001", dict(model="deepseek-v2-lite", framework="verl", gpu="h20", num_gpus=64, job="rl", pp=2,
+                   prompts_per_mini_batch=32, param_offload=True, optimizer_offload=True, update_epochs=2,
+                   rollout_engine="sglang", rollout_enforce_eager=True)),
+    ("PP001", dict(model="deepseek-v2-lite", framework="verl", gpu="gb200", num_gpus=16, micro_batch_size=2,
+                   global_batch_size=100, pp=8, cp=2)),
+    ("PP001", dict(model="moonlight-16b-a3b", framework="verl", gpu="a100-40gb", num_gpus=16, job="rl", pp=2,
+                   micro_batch_size=2, prompts_per_mini_batch=8, response_length=4096, rollout_memory_fraction=0.7,
+                   update_epochs=2, rollout_enforce_eager=True)),
+]
+
+
+@pytest.mark.parametrize("rule_id, req", DP_MOVING, ids=[f"{r}-{q['framework']}-{q['num_gpus']}" for r, q in DP_MOVING])
+def test_a_degree_fix_that_moves_dp_keeps_the_batch_whole(rule_id, req):
+    """TP004's 'tp in {1, 2, 4, 8}' at global_batch_size=100 on 8 GPUs applied as tp=1 brought BS001 in (dp 8);
+    DeepSpeed's 'use cp=1' (AD001), KempnerForge's 'Set ep=1' (EP001, ep a mesh dimension of its own) and verl's
+    'pp in {1}' (PP001: VL003, VL004 at the doubled dp) the same. The fix names the degrees at which the batch rules
+    pass, else the batch change beside the degree (rules/fix_values.kept_degrees, layout_words), in the field the
+    request states its batch in; each alternative applied passes check."""
+    before = api.check_config(Request(**req))
+    found = next(f for f in before.findings if f.id == rule_id)
+    in_effect = resolve(Request(**req))[1].model_dump()
+    fixes = [f for f in (applied(req, a, in_effect) for a in alternatives(found.fix, rule_id)) if f]
+    assert fixes, found.fix
+    for fixed in fixes:
+        after = {f.id for f in api.check_config(Request(**fixed)).findings if f.severity == "error"}
+        brought = after - {f.id for f in before.findings} - set(ESTIMATE_RULES)
+        assert rule_id not in after and not brought, (fixed, after)
+
+
+@pytest.mark.parametrize("rule_id, req, words", [
+    (*DP_MOVING[0], "tp in {2, 4, 8}"),  # tp=1 leaves dp 8, which 100 does not divide: left out
+    (*DP_MOVING[1], "use cp=1 with global_batch_size = 96."),  # the only value: the batch beside it
+    (*DP_MOVING[3], "Set ep=1 (and etp=1) with global_batch_size = 264 for a dense model."),
+    (*DP_MOVING[4], "pp in {1} with prompts_per_mini_batch = 64 splits evenly"),  # an RL job: its stated mini-batch
+])
+def test_the_batch_a_degree_fix_names_beside_it(rule_id, req, words):
+    assert words in next(f for f in api.check_config(Request(**req)).findings if f.id == rule_id).fix
+
+
+KF_MOE_TOML = (Path(__file__).resolve().parent / "configs" / "kempnerforge_70b_32gpu_tp4_pp4.toml")
+
+
+def test_kempnerforge_one_stage_fix_names_the_dp_shard_the_file_states(tmp_path):
+    """KF001's 'Set pp=1' on a KempnerForge TOML with dp_shard=1, tp=2, pp=4 on 8 GPUs: the file edit changed pp
+    alone, and the fixed file's dp_shard*tp*pp = 1*2*1 = 2 no longer tiled the 8 GPUs (WS006: KempnerForge's
+    JobConfig.validate asserts the product). A stated dp (Job.dp_stated) is named beside the degree the fix changes,
+    and the file edit writes it in the file's dp_shard."""
+    text = KF_MOE_TOML.read_text().replace("dp_shard = 2", "dp_shard = 1").replace("tp = 4\npp = 4", "tp = 2\npp = 4")
+    path = tmp_path / "kf_moe.toml"
+    path.write_text(text)
+    imported = api.import_file(str(path))
+    req = api.request_from_config(imported, {"model": "qwen3-30b-a3b", "num_gpus": 8})
+    report = api.check_config(req, config=imported)
+    found = next(f for f in report.findings if f.id == "KF001")
+    assert found.fix == "Set pp=1, dp=4 and scale with EP, TP and FSDP.", found.fix
+    edits = next(f for f in report.config_fixes if f.finding == "KF001").options[0]
+    assert sorted(c.text.split("  #")[0] for c in edits) == ["[distributed] dp_shard = 4", "[distributed] pp = 1"]
+    fixed = path.read_text().replace("dp_shard = 1", "dp_shard = 4").replace("pp = 4", "pp = 1")
+    path.write_text(fixed)
+    again = api.import_file(str(path))
+    report = api.check_config(api.request_from_config(again, {"model": "qwen3-30b-a3b", "num_gpus": 8}))
+    assert not {f.id for f in report.findings if f.severity == "error"} - set(ESTIMATE_RULES), report.findings
+
+
+def _deepspeed_batch(config: dict, world: int) -> tuple[int, int, int]:
+    """DeepSpeed edaa722 deepspeed/runtime/config.py _set_batch_related_parameters and _batch_assertion, for the three
+    keys a ds_config may state (the branches a config with train_batch_size and the micro-batch takes)."""
+    train, micro, acc = (config.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                  "gradient_accumulation_steps"))
+    if acc is None:
+        acc = train // micro // world
+    assert train == micro * acc * world, (train, micro, acc, world)
+    return train, micro, acc
+
+
+def test_a_ds_config_drop_dp_fix_is_the_edit_deepspeed_accepts(tmp_path):
+    """WS003 on a ds_config stating train_batch_size 256, micro 4 and accumulation 8 (dp 8) checked on 12 GPUs:
+    'Drop dp (it is derived: 12)' was written '(leave dp out)', no edit of the file, and dp 12 does not divide 256
+    (BS001). The fix names the batch at the derived dp beside it, and the file edit removes
+    gradient_accumulation_steps, the key the file states dp through (the card's read.dp_through), which DeepSpeed then
+    derives (240 // 4 // 12 = 5): the file DeepSpeed's batch assertion accepts."""
+    config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
+              "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config, indent=2))
+    imported = api.import_file(str(path))
+    req = api.request_from_config(imported, {"model": "llama-3.1-8b", "num_gpus": 12})
+    report = api.check_config(req, config=imported)
+    found = next(f for f in report.findings if f.id == "WS003")
+    assert found.fix.startswith("Drop dp (it is derived: 12) with global_batch_size = 240 or "), found.fix
+    edits = next(f for f in report.config_fixes if f.finding == "WS003").options[0]
+    assert [c.text for c in edits] == ['{"train_batch_size": 240}  # line 2, was 256',
+                                       "(remove gradient_accumulation_steps)  # line 4"]
+    fixed = {k: v for k, v in config.items() if k != "gradient_accumulation_steps"} | {"train_batch_size": 240}
+    assert _deepspeed_batch(fixed, 12) == (240, 4, 5)
+    path.write_text(json.dumps(fixed, indent=2))
+    again = api.check_config(api.request_from_config(api.import_file(str(path)),
+                                                     {"model": "llama-3.1-8b", "num_gpus": 12}))
+    assert not {f.id for f in again.findings if f.severity == "error"} - set(ESTIMATE_RULES), again.findings
+
+
+def test_every_face_names_the_batch_beside_the_degree(capsys):
+    """The CLI's check, the MCP tool check_config and the api give the same AD001 fix, the batch beside cp=1."""
+    import anyio
+
+    from meshplan.faces import cli
+    from meshplan.faces.mcp.server import app
+
+    req = DP_MOVING[1][1]
+    fix = _errors(req)["AD001"].fix
+    assert "use cp=1 with global_batch_size = 96." in fix
+    args = ["check", req["model"], "--framework", req["framework"], "--gpu", req["gpu"], "--num-gpus",
+            str(req["num_gpus"]), "--cp", "4", "--lora-rank", "64", "--micro-batch-size", "1", "--global-batch-size",
+            "100", "--json"]
+    cli.main(args)
+    out = json.loads(capsys.readouterr().out)
+    assert next(f["fix"] for f in out["findings"] if f["id"] == "AD001") == fix
+
+    async def call():
+        return await app.call_tool("check_config", dict(req))
+
+    structured = anyio.run(call).structured_content
+    assert next(f["fix"] for f in structured["findings"] if f["id"] == "AD001") == fix

@@ -21,6 +21,7 @@ from meshplan.rules.engine import (
     Context,
     Verdicts,
     first_blocking,
+    keyed_reads,
     load_rules,
     rule_specs,
     structural_findings,
@@ -152,17 +153,17 @@ def test_a_rules_verdict_depends_only_on_the_fields_it_reads():
     rng = random.Random(7)
     specs = rule_specs()
     structural = [(rid, cond) for rid, cond in load_rules().items() if not specs[rid].memory]
-    assert all(cond.reads is not None for _, cond in structural)
+    assert all(keyed_reads(cond) is not None for _, cond in structural)
     twins = 0
     for job, base in JOBS[::2]:
         for plan in fuzzed_plans(rng, base, 25):
             for rid, cond in structural:
-                others = [f for f in FIELDS if f not in cond.reads]
+                others = [f for f in FIELDS if f not in keyed_reads(cond)]
                 twin = _plan(rng, plan, others)
                 if twin is None:
                     continue
                 twins += 1
-                twin_job = job if "global_batch_size" in cond.reads else job.model_copy(
+                twin_job = job if "global_batch_size" in keyed_reads(cond) else job.model_copy(
                     update={"global_batch_size": rng.choice((1, 3, 64, 4096))})
                 assert _outcome(_values, cond, job, plan) == _outcome(_values, cond, twin_job, twin), (rid, plan, twin)
     assert twins > 0.8 * len(structural) * 25 * len(JOBS[::2])  # most twins are plans the schema takes
@@ -212,7 +213,7 @@ def test_each_rule_reads_no_field_beyond_its_declared_ones():
                     cond(Context(recording_job, recording))
                 except Exception:  # what it read before raising still counts
                     pass
-                assert READ <= set(cond.reads), (rid, sorted(READ - set(cond.reads)))
+                assert READ <= set(keyed_reads(cond)), (rid, sorted(READ - set(keyed_reads(cond))))
 
 
 def test_a_condition_that_raises_runs_the_plain_loop(monkeypatch):
@@ -302,12 +303,12 @@ def test_a_rule_reading_fewer_fields_than_its_group_keeps_its_own_verdicts():
         for group in groups:
             for *_, cond, own in group.runs:
                 if group.screen is not None:  # its own verdicts per screen (test_a_screened_rule_runs_once_per_...)
-                    assert own[0] is cond.screen and frozenset(cond.reads) == frozenset(group.fields)
+                    assert own[0] is cond.screen and frozenset(keyed_reads(cond)) == frozenset(group.fields)
                     continue
                 if own is None:
-                    assert frozenset(cond.reads) == frozenset(group.fields)
+                    assert frozenset(keyed_reads(cond)) == frozenset(group.fields)
                     continue
-                assert frozenset(cond.reads) < frozenset(group.fields)
+                assert frozenset(keyed_reads(cond)) < frozenset(group.fields)
                 assert len(own[2]) <= len(group.memo)
                 narrower += len(own[2]) < len(group.memo)
     assert narrower > 0

@@ -252,6 +252,11 @@ class ReadSection(_Card):
                                           "the framework's own config file: a file holding none of them is not its "
                                           "config and is refused with the keys it holds, not read as an empty one")
     sections_source: str | None = None
+    dp_through: str | None = Field(
+        None, description="The key a file states its dp through beside the batch keys (a ds_config's "
+                          "gradient_accumulation_steps), which a fix that drops dp removes: the framework then derives "
+                          "it from the GPU count")
+    dp_through_source: str | None = None
     recipe_names: RecipeNames | None = None
     sft_keys: dict[str, str] = Field(
         default_factory=dict, description="A second entry point's keys as the first's (SkyRL's main_sft: a key, or "

@@ -138,8 +138,8 @@ RULE_MODULES: tuple[str, ...] = (
 Screen = Callable[[dict[str, Any], Job], Any]  # a plan's field values and its job -> a hashable value
 
 
-def rule(rule_id: str, reads: tuple[str, ...] | None = None,
-         screen: Screen | None = None) -> Callable[[Condition], Condition]:
+def rule(rule_id: str, reads: tuple[str, ...] | None = None, screen: Screen | None = None,
+         words: tuple[str, ...] = ()) -> Callable[[Condition], Condition]:
     """Tag a function as the condition of one rule of cards/rules.yaml; load_rules() collects it. `reads`: every Plan
     field its verdict depends on, directly or through Context (backend: zero_stage; model_parallel: tp, pp, cp;
     expert_grid: pp, ep, etp; microbatches: micro_batch_size, dp, pipeline_microbatches, and the job's
@@ -148,7 +148,10 @@ def rule(rule_id: str, reads: tuple[str, ...] | None = None,
     (Plan.__dict__) and its job, equal on two plans of one job only where the rule passes on both or fires on both
     (its words may read all of `reads`): where a rule's reads make every plan distinct (AD001, PP003, PP013) but a few
     of their values decide whether it fires, Verdicts keeps per screen that it passes (RuleGroup.runs, in_parts) and
-    runs the condition only on plans whose screen it has not passed."""
+    runs the condition only on plans whose screen it has not passed. `words` (with reads): the fields only the
+    finding's words read beside `reads`, never its verdict (a degree fix naming the batch at the dp it leaves:
+    fix_values.BATCH_READS); the kept findings are keyed by both (keyed_reads), while what asks a rule's verdict
+    alone (the search's count-free floor and refusals: reads_of) reads `reads`."""
     if screen is not None and reads is None:
         raise ValueError(f"rule {rule_id}: a screen needs the fields the rule reads")
 
@@ -156,6 +159,7 @@ def rule(rule_id: str, reads: tuple[str, ...] | None = None,
         fn.rule_id = rule_id  # type: ignore[attr-defined]
         fn.reads = reads  # type: ignore[attr-defined]
         fn.screen = screen  # type: ignore[attr-defined]
+        fn.words = words  # type: ignore[attr-defined]
         return fn
 
     return tag
@@ -164,6 +168,13 @@ def rule(rule_id: str, reads: tuple[str, ...] | None = None,
 def reads_of(cond: Condition) -> tuple[str, ...] | None:
     """The fields `rule` tagged the condition with (None: it runs on every plan; an untagged callable reads all)."""
     return getattr(cond, "reads", None)
+
+
+def keyed_reads(cond: Condition) -> tuple[str, ...] | None:
+    """What a rule's kept findings are keyed by: its verdict's reads and its words' (`rule`'s words); None where it
+    declares no reads."""
+    reads = reads_of(cond)
+    return None if reads is None else tuple(dict.fromkeys((*reads, *getattr(cond, "words", ()))))
 
 
 def screen_of(cond: Condition) -> Screen | None:
@@ -196,7 +207,7 @@ def load_rules() -> dict[str, Condition]:
             + ("; " if only_card and only_code else "")
             + (f"no card entry for {', '.join(only_code)}" if only_code else "")
         )
-    unknown = sorted(f"{rule_id}: {name}" for rule_id, fn in found.items() for name in (fn.reads or ())
+    unknown = sorted(f"{rule_id}: {name}" for rule_id, fn in found.items() for name in (keyed_reads(fn) or ())
                      if name not in Plan.model_fields and name not in JOB_READS)
     if unknown:
         raise CardError(f"a rule reads a field that is neither a Plan field nor one of {JOB_READS}: "
@@ -310,8 +321,8 @@ class RuleGroup:
         rule's own verdicts are kept per its screen, where it passes only (_Passes): AD001 runs on 49 screens, not on
         562 layouts and ZeRO stages."""
         fields = frozenset(self.fields)
-        own = {i: RuleGroup(tuple(sorted(cond.reads)), (), {}) for i, _, cond in self.rules
-               if frozenset(cond.reads) < fields and screen_of(cond) is None}
+        own = {i: RuleGroup(tuple(sorted(keyed_reads(cond))), (), {}) for i, _, cond in self.rules
+               if frozenset(keyed_reads(cond)) < fields and screen_of(cond) is None}
         return tuple((i, spec, cond, (cond.screen, True, _Passes()) if screen_of(cond) is not None
                       else None if i not in own else (own[i].key, bool(own[i].job_fields), own[i].memo))
                      for i, spec, cond in self.rules)
@@ -361,7 +372,7 @@ def rule_groups(rules: tuple[tuple[RuleSpec, Condition], ...]) -> tuple[tuple[Ru
     the smallest key changes least often: Kimi-K2's layout rules no longer miss with each ZeRO stage AD001 keys);
     each rule with a screen in a group of its own, after them (RuleGroup.screen); the rules without reads are returned
     apart (card position, spec, condition), to run on every plan."""
-    declared = [(i, spec, cond, frozenset(cond.reads)) for i, (spec, cond) in enumerate(rules)
+    declared = [(i, spec, cond, frozenset(keyed_reads(cond))) for i, (spec, cond) in enumerate(rules)
                 if reads_of(cond) is not None and screen_of(cond) is None]
     tops: list[frozenset[str]] = []
     for fields in sorted({d[3] for d in declared}, key=lambda f: (-len(f), sorted(f))):
@@ -371,7 +382,7 @@ def rule_groups(rules: tuple[tuple[RuleSpec, Condition], ...]) -> tuple[tuple[Ru
     for i, spec, cond, fields in declared:
         members[min((top for top in tops if fields <= top), key=len)].append((i, spec, cond))
     always = tuple((i, spec, cond) for i, (spec, cond) in enumerate(rules) if reads_of(cond) is None)
-    screened = tuple(RuleGroup(tuple(sorted(cond.reads)), ((i, spec, cond),), {}, cond.screen)
+    screened = tuple(RuleGroup(tuple(sorted(keyed_reads(cond))), ((i, spec, cond),), {}, cond.screen)
                      for i, (spec, cond) in enumerate(rules) if screen_of(cond) is not None)
     return tuple(RuleGroup(tuple(sorted(top)), tuple(m), {}) for top, m in members.items()) + screened, always
 

@@ -9,26 +9,29 @@ from __future__ import annotations
 
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import divisors, fmt_set
+from meshplan.rules.fix_values import BATCH_READS, divisors, kept_degrees, layout_words
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job
 
 
-@rule("EP001", reads=("ep",))
+@rule("EP001", reads=("ep",), words=BATCH_READS)
 def ep_needs_moe(ctx: Context) -> Values:
+    """ep=1 is the fix; where ep is a mesh dimension of its own (KempnerForge's), dp grows with it, and the fix names
+    what must follow (fix_values.layout_words: the batch at the new dp, a stated dp)."""
     if ctx.plan.ep == 1 or ctx.arch.is_moe:
         return None
-    return {"ep": ctx.plan.ep, "model": ctx.arch.name}
+    follows = layout_words(ctx, {"ep": 1, "etp": 1})
+    return {"ep": ctx.plan.ep, "model": ctx.arch.name, "follows": f" with {follows}" if follows else ""}
 
 
 
-@rule("EP002", reads=("tp", "pp", "cp", "ep", "etp"))
+@rule("EP002", reads=("tp", "pp", "cp", "ep", "etp"), words=BATCH_READS)
 def experts_divisible(ctx: Context) -> Values:
     if not ctx.arch.is_moe or ctx.num_experts % ctx.plan.ep == 0:
         return None
     working = tiling(ctx, "ep", divisors(ctx.num_experts))
-    return {"ep": ctx.plan.ep, "experts": ctx.num_experts, "working": fmt_set(working)}
+    return {"ep": ctx.plan.ep, "experts": ctx.num_experts, "working": kept_degrees(ctx, "ep", working)}
 
 
 

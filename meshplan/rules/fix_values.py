@@ -7,9 +7,18 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from meshplan.arithmetic import mesh
 from meshplan.arithmetic.mesh import default_global_batch
-from meshplan.rules.engine import Context, rule_specs
+from meshplan.rules.engine import Context, load_rules, rule_specs
 from meshplan.schema.plan import Job
+
+# The rules that hold the global batch against dp (each framework's own law, rules/batch.py): a fix that moves dp (a
+# degree, the GPU count) names only values they pass there, or the batch change beside it that they pass (batch_words).
+BATCH_RULES = ("BS001", "VL001", "VL003", "VL004", "SK001")
+# What a rule whose fix calls kept_degrees or layout_words reads beside its own fields: the degrees that derive dp,
+# the ZeRO stage that picks the engine whose dp the batch rules count, the micro-batch and the batch.
+BATCH_READS = ("tp", "pp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "global_batch_size")
+BATCH_TRIES = 8  # batches a fix tries each side of the stated one: the nearest multiples of the new micro-batch x dp
 
 # How much a computed fix lists: presentation, not physics (a fix names a few values that work, not all).
 LISTED = 6  # values a list in a fix shows at most: the ones nearest the request
@@ -106,3 +115,107 @@ def step_words(ctx: Context, prompts: int) -> str:
     said = {"prompts_per_step": f"prompts_per_step = {prompts}",
             "global_batch_size": f"global_batch_size = {prompts * rl.samples_per_prompt}"}
     return " with ".join(said[name] for name in ctx.job.rl_step_stated or ("prompts_per_step",))
+
+
+def at_layout(ctx: Context, degrees: dict[str, int]) -> Context:
+    """The check's context at the plan with `degrees` changed, as the request with that change resolves: the GPU count
+    the degrees imply where the request left it out (Job.world_follows_layout), dp derived from it (a dp the request
+    stated is named beside the change: layout_words), a default global batch moved with dp (batch_at)."""
+    p, job = ctx.plan, ctx.job
+    d = {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "etp": p.etp, **degrees}
+    world = ctx.world
+    if job.world_follows_layout:
+        world = mesh.smallest_world(ctx.law, d["tp"], d["pp"], d["cp"], p.dp if job.dp_stated else 1, d["ep"],
+                                    d["etp"])
+    dp = mesh.derived_dp(ctx.law, world, d["tp"], d["pp"], d["cp"], d["ep"])
+    update: dict[str, Any] = {"num_gpus": world} if world != job.num_gpus else {}
+    if world != job.num_gpus:
+        job = job.model_copy(update=update)
+    gbs = batch_at(job, p.micro_batch_size, dp)
+    if gbs != job.global_batch_size:
+        job = job.model_copy(update={"global_batch_size": gbs})
+    return Context(job, p.model_copy(update={**degrees, "dp": dp}))
+
+
+def refusals_at(at: Context, rule_ids: Iterable[str]) -> list[str]:
+    """Those of `rule_ids` the job's framework runs (on the engine at's ZeRO stage selects) that refuse at's plan:
+    each rule's own condition, run on it."""
+    specs, conditions = rule_specs(), load_rules()
+    return [r for r in rule_ids if specs[r].applies_to(at.framework, at.backend) and conditions[r](at)]
+
+
+def kept_degrees(ctx: Context, degree: str, values: Iterable[int]) -> str:
+    """The values of one degree a fix lists ('{2, 4}'): those at which the batch rules pass, dp moved with the degree
+    (TP004's 'tp in {1, 2, 4, 8}' applied as tp=1 at global_batch_size=100 on 8 GPUs: BS001 at dp=8); where none
+    does, all of them with the batch change beside the first (layout_words). Reads BATCH_READS."""
+    pool = list(values)
+    kept = [v for v in pool if not refusals_at(at_layout(ctx, {degree: v}), BATCH_RULES)]
+    if kept or not pool:
+        return fmt_set(kept or pool)
+    beside = layout_words(ctx, {degree: pool[0]})
+    if not beside:
+        return fmt_set(pool)
+    return fmt_set(pool) + (f" with {beside}" if len(pool) == 1 else f" ({degree}={pool[0]} with {beside})")
+
+
+def layout_words(ctx: Context, degrees: dict[str, int]) -> str:
+    """What a fix that changes `degrees` names with them so that the request with it passes: the new dp where the
+    request stated one (Job.dp_stated: KempnerForge's 'pp=1' left the file's dp_shard=1, which no longer tiled the
+    GPUs, WS006), and the batch change the batch rules pass at the new dp (batch_words); empty where nothing must
+    follow. Reads BATCH_READS."""
+    at = at_layout(ctx, degrees)
+    words = [f"dp={at.plan.dp}"] if ctx.job.dp_stated and at.plan.dp != ctx.plan.dp else []
+    batch = batch_words(at)
+    return ", ".join(words + ([batch] if batch else []))
+
+
+def batch_words(at: Context) -> str:
+    """The one batch change at which every batch rule passes at at's plan, in the field the request states it in
+    (nearest the request's first), or empty where they pass as it is, or where none of the changes tried does. A
+    training job's global_batch_size, the nearest multiples of micro-batch x dp; an RL job's stated mini-batch
+    (prompts_per_mini_batch, or left out), else its step (step_words)."""
+    if not refusals_at(at, BATCH_RULES):
+        return ""
+    for words, job in _batch_changes(at):
+        if not refusals_at(Context(job, at.plan), BATCH_RULES):
+            return words
+    return ""
+
+
+def _batch_changes(at: Context):
+    """(words, the job with them) of the batch changes batch_words tries, nearest first."""
+    job, p = at.job, at.plan
+    rl = job.rl
+    if rl is None:
+        if job.batch_follows_layout:
+            return
+        unit = p.micro_batch_size * p.dp
+        below = job.global_batch_size // unit * unit
+        for g in _nearest(below, unit, job.global_batch_size):
+            yield f"global_batch_size = {g}", job.model_copy(update={"global_batch_size": g})
+        return
+    n = rl.samples_per_prompt
+    if rl.prompts_per_mini_batch is not None:
+        for m in sorted(range(1, rl.prompts_per_step + 1), key=lambda m: (abs(m - rl.prompts_per_mini_batch), m)):
+            yield f"prompts_per_mini_batch = {m}", job.model_copy(
+                update={"rl": rl.model_copy(update={"prompts_per_mini_batch": m})})
+        yield "drop prompts_per_mini_batch", job.model_copy(
+            update={"rl": rl.model_copy(update={"prompts_per_mini_batch": None}),
+                    "global_batch_size": rl.step_sequences})
+    span = at.world * p.micro_batch_size  # the largest unit a step rule divides by (verl's FSDP world, dp x micro)
+    least = rl.prompts_per_mini_batch or 1
+    steps = sorted(range(least, rl.prompts_per_step + span + 1), key=lambda q: (abs(q - rl.prompts_per_step), q))
+    for prompts in steps:
+        yield step_words(at, prompts), job.model_copy(
+            update={"rl": rl.model_copy(update={"prompts_per_step": prompts}), "global_batch_size": prompts * n})
+    if rl.prompts_per_mini_batch is not None:  # both refuse (VL001, VL004 at pp=1 on 64 GPUs): the step, one mini-batch
+        for prompts in steps:
+            yield f"{step_words(at, prompts)}, drop prompts_per_mini_batch", job.model_copy(update={
+                "rl": rl.model_copy(update={"prompts_per_step": prompts, "prompts_per_mini_batch": None}),
+                "global_batch_size": prompts * n})
+
+
+def _nearest(below: int, unit: int, value: int) -> list[int]:
+    """Multiples of `unit` nearest `value` (BATCH_TRIES each side, none under one unit), nearest first."""
+    near = {below + k * unit for k in range(-BATCH_TRIES, BATCH_TRIES + 1)}
+    return sorted((g for g in near if g >= unit), key=lambda g: (abs(g - value), g))

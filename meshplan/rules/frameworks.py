@@ -18,7 +18,7 @@ from meshplan.knowledge.adapter_knobs import (
 )
 from meshplan.knowledge.engine_card import ZERO_STAGES
 from meshplan.rules.engine import Context, Values, rule, rule_specs
-from meshplan.rules.fix_values import fmt_set
+from meshplan.rules.fix_values import BATCH_READS, fmt_set, layout_words
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
 from meshplan.rules.world import mesh_product, torchtitan_ep_divides, working_ep
 from meshplan.schema.choices import FRAMEWORKS
@@ -162,18 +162,22 @@ def deepspeed_moe_zero3(ctx: Context) -> Values:
 
 
 
+DP_DEGREES = ("tp", "pp", "cp", "ep")  # the degrees whose change moves dp (on some framework's law)
 ONE_STAGE_READS = ("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout")
 
 
 def _one_stage(ctx: Context) -> str:
     """pp=1 as a fix names it, with the pipeline settings it clears: 'Set pp=1' on a plan at vpp=2 left the virtual
-    stages, which PP003 then refuses (no pipeline at pp=1), and a stage split set beside it."""
+    stages, which PP003 then refuses (no pipeline at pp=1), and a stage split set beside it; and what follows the dp
+    it leaves (fix_values.layout_words): a file's dp_shard=1 kept beside pp=1 no longer tiled the GPUs (WS006)."""
     p = ctx.plan
     dropped = [f"drop {name}" for name in ONE_STAGE_READS[2:] if getattr(p, name) is not None]
-    return "pp=1" + (", vpp=1" if p.vpp > 1 else "") + (f" ({', '.join(dropped)})" if dropped else "")
+    follows = layout_words(ctx, {"pp": 1, "vpp": 1})
+    return ("pp=1" + (", vpp=1" if p.vpp > 1 else "") + (f", {follows}" if follows else "")
+            + (f" ({', '.join(dropped)})" if dropped else ""))
 
 
-@rule("KF001", reads=ONE_STAGE_READS)
+@rule("KF001", reads=ONE_STAGE_READS, words=BATCH_READS)
 def kempnerforge_moe_pp(ctx: Context) -> Values:
     if not ctx.arch.is_moe or ctx.plan.pp == 1:
         return None
@@ -181,7 +185,7 @@ def kempnerforge_moe_pp(ctx: Context) -> Values:
 
 
 
-@rule("KF002", reads=ONE_STAGE_READS)
+@rule("KF002", reads=ONE_STAGE_READS, words=BATCH_READS)
 def kempnerforge_tied_pp(ctx: Context) -> Values:
     if not ctx.arch.tie_word_embeddings or ctx.plan.pp == 1:
         return None
@@ -223,7 +227,7 @@ def verl_ulysses_padding(ctx: Context) -> Values:
     return {"u": ctx.plan.cp, "key": f"{trainer}model.use_remove_padding"}
 
 
-@rule("AM001", reads=("tp", "pp", "cp", "dp"))
+@rule("AM001", reads=("tp", "pp", "cp", "dp"), words=BATCH_READS)
 def automodel_mesh_product(ctx: Context) -> Values:
     """_create_fsdp2_device_mesh: the mesh (pp, dp_replicate, dp_shard, cp, tp) covers the world, as torchtitan's;
     dp_size left out (null) is derived (_infer_dp_size)."""
@@ -300,7 +304,7 @@ def _layout_knobs_used(values: dict, job: Job) -> tuple:
 
 @rule("AD001", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "dp_replicate", "pipeline_schedule",
       "attention_backend", "first_stage_layers", "last_stage_layers", "pipeline_layout", "account_for_embedding",
-      "account_for_loss"), screen=_layout_knobs_used)
+      "account_for_loss"), screen=_layout_knobs_used, words=BATCH_READS)
 def adapter_cannot_write(ctx: Context) -> Values:
     """A layout knob (degree or ZeRO stage) `render` would refuse: the same card function, on the version and variant
     it writes by default; and a pipeline split given to a framework that partitions the layers itself (SPLIT_KNOBS),
@@ -312,6 +316,10 @@ def adapter_cannot_write(ctx: Context) -> Values:
     instead = missing.instead
     if missing.knob.startswith("zero_"):
         instead = _zero_stage_instead(ctx, missing.instead)
+    elif missing.knob in DP_DEGREES and f"{missing.knob}=1" in instead:  # the card's 'use cp=1': dp grows with it
+        follows = layout_words(ctx, {missing.knob: 1})
+        at = f"{missing.knob}=1"  # beside the degree, before any other alternative the card's words name after it
+        instead = instead.replace(at, f"{at} with {follows}", 1) if follows else instead
     return {"setting": missing.setting, "display": ctx.card.display_name, "version": version,
             "variant": variant, "reason": missing.reason, "instead": instead, "knob": missing.knob}
 

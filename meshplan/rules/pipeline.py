@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from typing import get_args
 
-from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import uses_fsdp
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_order
 from meshplan.arithmetic.schedule import (
@@ -23,8 +22,17 @@ from meshplan.arithmetic.schedule import (
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.knowledge.gdn_config import decoder_layers, split_layers
-from meshplan.rules.engine import Context, Values, load_rules, rule, rule_specs
-from meshplan.rules.fix_values import batch_at, ctx_param, divisors, fmt_set, rl_batch_fix
+from meshplan.rules.engine import Context, Values, rule
+from meshplan.rules.fix_values import (
+    BATCH_READS,
+    at_layout,
+    ctx_param,
+    divisors,
+    fmt_set,
+    kept_degrees,
+    refusals_at,
+    rl_batch_fix,
+)
 from meshplan.rules.world import tiled, tiling
 from meshplan.schema.choices import FRAMEWORKS, PipelineSchedule
 from meshplan.schema.plan import Job, Plan
@@ -58,8 +66,7 @@ def _even_or_given(values: dict, job: Job) -> bool:
 
 
 @rule("PP001", reads=("tp", "pp", "cp", "ep", "etp", "vpp", "first_stage_layers", "last_stage_layers",
-      "pipeline_layout",
-      "account_for_embedding", "account_for_loss"), screen=_even_or_given)
+      "pipeline_layout", "account_for_embedding", "account_for_loss"), screen=_even_or_given, words=BATCH_READS)
 def layers_divisible_by_pp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     if _even_or_given(p.__dict__, ctx.job):
@@ -67,9 +74,9 @@ def layers_divisible_by_pp(ctx: Context) -> Values:
     working = tiling(ctx, "pp", divisors(layers, upto=MAX_LISTED_PP))
     if p.vpp > 1:  # the plan's virtual stages stay: pp=1 would be PP003's, a pp they do not split PP002's
         keep = [d for d in working if d > 1 and layers % (d * p.vpp) == 0]
-        named = fmt_set(keep) if keep else f"{fmt_set(working)} with vpp=1"
-    else:
-        named = fmt_set(working)
+        named = kept_degrees(ctx, "pp", keep) if keep else f"{kept_degrees(ctx, 'pp', working)} with vpp=1"
+    else:  # at the dp each leaves, the batch rules pass (fix_values.kept_degrees): pp=1 on 64 GPUs broke VL004
+        named = kept_degrees(ctx, "pp", working)
     return {"layers": layers, "pp": p.pp, "working": named, "uneven": _uneven_hint(ctx, p.pp)}
 
 
@@ -166,17 +173,10 @@ def splitting_pps(ctx: Context, vpp: int) -> list[int]:
 
 
 def microbatch_refusals(ctx: Context, pp: int, vpp: int) -> list[str]:
-    """The MICROBATCH_RULES the job's framework runs that refuse its plan at `pp` and `vpp`, dp derived from the GPU
-    count as the resolver derives it (dp left out), at the job's global batch: each rule's own condition, run on that
+    """The MICROBATCH_RULES the job's framework runs that refuse its plan at `pp` and `vpp`, as the request with them
+    resolves (fix_values.at_layout: dp derived, a default batch moved with it): each rule's own condition, run on that
     plan. Reads tp, cp, ep, zero_stage and MICROBATCH_READS."""
-    p, job = ctx.plan, ctx.job
-    dp = mesh.derived_dp(ctx.law, ctx.world, p.tp, pp, p.cp, p.ep)
-    gbs = batch_at(job, p.micro_batch_size, dp)  # a default batch moves with dp
-    if gbs != job.global_batch_size:
-        job = job.model_copy(update={"global_batch_size": gbs})
-    at = Context(job, p.model_copy(update={"pp": pp, "vpp": vpp, "dp": dp}))
-    specs, conditions = rule_specs(), load_rules()
-    return [r for r in MICROBATCH_RULES if specs[r].applies_to(ctx.framework, at.backend) and conditions[r](at)]
+    return refusals_at(at_layout(ctx, {"pp": pp, "vpp": vpp}), MICROBATCH_RULES)
 
 
 

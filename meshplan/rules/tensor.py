@@ -13,7 +13,7 @@ from meshplan.knowledge.adapter_knobs import unwritable
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.context import backend_of
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import divisors, fmt_set
+from meshplan.rules.fix_values import BATCH_READS, divisors, fmt_set, kept_degrees
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
@@ -40,15 +40,16 @@ def _working_tp(ctx: Context, kv_rule: str) -> str:
 def _tp_set(ctx: Context, tps: list[int]) -> str:
     """The tp values a fix names ('{2, 4}'), less tp=1 where the plan overlaps TP communication (tp_comm_overlap),
     which TP005 then refuses (no TP communication to overlap): 'tp in {1, 2, 4}' applied as tp=1 brought it in;
-    where 1 is the only one, named with the overlap off. A rule calling it reads tp_comm_overlap."""
+    where 1 is the only one, named with the overlap off. Of those, the ones at which the batch rules pass at the dp
+    they leave (fix_values.kept_degrees). A rule calling it reads tp_comm_overlap and BATCH_READS."""
     if not ctx.plan.tp_comm_overlap:
-        return fmt_set(tps)
+        return kept_degrees(ctx, "tp", tps)
     wider = [t for t in tps if t > 1]
-    return fmt_set(wider) if wider else f"{fmt_set(tps)} with tp_comm_overlap=false"
+    return kept_degrees(ctx, "tp", wider) if wider else f"{kept_degrees(ctx, 'tp', tps)} with tp_comm_overlap=false"
 
 
 
-@rule("TP001", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"))
+@rule("TP001", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"), words=BATCH_READS)
 def heads_divisible(ctx: Context) -> Values:
     tp, heads = ctx.plan.tp, ctx.arch.num_attention_heads
     if heads % tp == 0:
@@ -57,7 +58,7 @@ def heads_divisible(ctx: Context) -> Values:
 
 
 
-@rule("TP002", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"))
+@rule("TP002", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"), words=BATCH_READS)
 def kv_groups_megatron(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if kv % tp == 0 or tp % kv == 0:
@@ -66,7 +67,7 @@ def kv_groups_megatron(ctx: Context) -> Values:
 
 
 
-@rule("TP003", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"))
+@rule("TP003", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"), words=BATCH_READS)
 def kv_heads_divisible(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if tp == 1 or kv % tp == 0:
@@ -75,7 +76,7 @@ def kv_heads_divisible(ctx: Context) -> Values:
 
 
 
-@rule("TP004", reads=("tp", "tp_comm_overlap"))
+@rule("TP004", reads=("tp", "tp_comm_overlap"), words=BATCH_READS)
 def tp_inside_nvlink(ctx: Context) -> Values:
     gpu, tp = ctx.job.gpu, ctx.plan.tp
     domain = ctx.fast_domain
@@ -173,7 +174,7 @@ def gdn_heads_divisible(ctx: Context) -> Values:
             "working": fmt_set(inside or good) if good else "none (lower cp)"}
 
 
-@rule("TP006", reads=("tp", "pp", "cp", "ep", "etp"))
+@rule("TP006", reads=("tp", "pp", "cp", "ep", "etp", "tp_comm_overlap"), words=BATCH_READS)
 def mamba_heads_divisible(ctx: Context) -> Values:
     """A hybrid model's Mamba-2 mixer: Megatron-Core's MambaMixer asserts that tp divides its heads and its groups;
     the fix names the tps that also pass the attention layers' head rules (TP001, TP002)."""
@@ -184,4 +185,4 @@ def mamba_heads_divisible(ctx: Context) -> Values:
     good = tiling(ctx, "tp", [t for t in divisors(m.n_groups) if m.num_heads % t == 0 and heads % t == 0
                               and (kv % t == 0 or t % kv == 0)])
     inside = [t for t in good if t <= ctx.fix_domain]
-    return {"tp": tp, "heads": m.num_heads, "groups": m.n_groups, "working": fmt_set(inside or good)}
+    return {"tp": tp, "heads": m.num_heads, "groups": m.n_groups, "working": _tp_set(ctx, inside or good)}

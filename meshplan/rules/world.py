@@ -11,7 +11,7 @@ from typing import Literal
 
 from meshplan.arithmetic import mesh
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import LISTED, divisors, fmt_set, neighbours
+from meshplan.rules.fix_values import BATCH_READS, LISTED, at_layout, batch_words, divisors, fmt_set, neighbours
 
 PRODUCT_REACH = 4  # WS001 lists tp*pp*cp products up to 4x the requested one: two doublings of a degree away
 
@@ -106,14 +106,24 @@ def expert_grid_divides_world(ctx: Context) -> Values:
 
 
 
-@rule("WS003", reads=("tp", "pp", "cp", "dp", "placement", "rollout_gpus"))
+@rule("WS003", reads=("tp", "pp", "cp", "dp", "placement", "rollout_gpus"), words=BATCH_READS)
 def dp_matches_law(ctx: Context) -> Values:
+    """Dropping dp takes the derived one, at which the stated batch may no longer divide: the fix names the batch
+    change beside it there (a ds_config's train_batch_size, whose dp the file states through its accumulation)."""
     mp = ctx.model_parallel
     if ctx.world % mp or ctx.plan.dp == ctx.world // mp:
         return None
     needed = ctx.request_gpus(ctx.plan.dp * mp)
+    batch = derived_dp_batch(ctx)
     return {"dp": ctx.plan.dp, "world": ctx.world, "mp": mp, "derived": ctx.world // mp,
+            "batch": f" with {batch}" if batch else "",
             "needed": needed if needed == ctx.plan.dp * mp else f"{needed} (the trainer's {ctx.plan.dp * mp})"}
+
+
+def derived_dp_batch(ctx: Context) -> str:
+    """The batch change a fix that drops a stated dp names beside it: the batch rules at the dp the law derives
+    (fix_values.batch_words); empty where they pass there. Reads BATCH_READS."""
+    return batch_words(at_layout(ctx, {}))
 
 
 
@@ -129,13 +139,15 @@ def product_fix(ctx: Context, unit: int, formula: str, derive: str) -> dict[str,
     if p.dp == derived:
         return {"gpus": f"{neighbours(ctx.world, unit)} (multiples of {formula} = {unit}; dp = num_gpus/{unit})",
                 "derive": ""}
+    batch = "" if ctx.world % unit else derived_dp_batch(ctx)
     return {"gpus": f"dp*{formula} = {p.dp}*{unit} = {p.dp * unit}",
             "derive": "" if ctx.world % unit else
-            f", or drop dp ({derive} derives {ctx.world}/({formula}) = {ctx.world}/{unit} = {derived})"}
+            f", or drop dp ({derive} derives {ctx.world}/({formula}) = {ctx.world}/{unit} = {derived})"
+            + (f" with {batch}" if batch else "")}
 
 
 
-@rule("WS004", reads=("tp", "pp", "cp", "dp"))
+@rule("WS004", reads=("tp", "pp", "cp", "dp"), words=BATCH_READS)
 def torchtitan_product(ctx: Context) -> Values:
     return mesh_product(ctx, "data_parallel_shard_degree=-1")
 
@@ -166,7 +178,7 @@ def torchtitan_ep_divides(ctx: Context) -> Values:
 
 
 
-@rule("WS006", reads=("tp", "pp", "cp", "ep", "dp"))
+@rule("WS006", reads=("tp", "pp", "cp", "ep", "dp"), words=BATCH_READS)
 def kempnerforge_product(ctx: Context) -> Values:
     p = ctx.plan
     product = p.dp * p.tp * p.pp * p.cp * p.ep

@@ -130,6 +130,10 @@ class Job(StrictModel):
     world_follows_layout: bool = Field(
         False, description="num_gpus was left out: it is the degrees' product (request/resolve.py), so a fix that "
                            "changes a degree changes the GPU count with it (rules/world.py tiled)")
+    dp_stated: bool = Field(
+        False, description="The request stated dp (a KempnerForge file's dp_shard, a ds_config's batch keys): a fix "
+                           "that changes a degree names the dp it leaves beside it, or the request keeps the old one "
+                           "(rules/fix_values.layout_words)")
     batch_follows_layout: bool = Field(
         False, description="A training job's global_batch_size was left out: it is request/resolve."
                            "default_global_batch for the GPU count and the plan's micro-batch x dp, so a fix that "

@@ -188,7 +188,8 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
     fmt = imported.config_format or "shell"
     source = SOURCE.match(imported.sources.get(field, ""))
     if value is None:  # a field the fix drops: the file's own key taken out, so the framework's default holds
-        where = (source.group("key"), int(source.group("line"))) if source is not None else (None, None)
+        where = (source.group("key"), int(source.group("line"))) if source is not None else _stated_through(
+            imported, field)
         return FileChange(field=field, value=None, key=where[0], line=where[1],
                           text=f"(remove {where[0]})  # line {where[1]}" if where[0] else f"(leave {field} out)")
     if source is not None and _same_key(imported, field, value, source.group("key")):
@@ -218,6 +219,15 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
     if flag and fmt in ("toml", "json"):  # a ds_config's Megatron-DeepSpeed flags: the launcher's, not the file's
         text += "  # on the launch command line, not in this file"
     return FileChange(field=field, value=value, key=key, text=text)
+
+
+def _stated_through(imported: ImportedConfig, field: str) -> tuple[str | None, int | None]:
+    """(key, line) of the key a file states `field` through where no key of its own sets it: a ds_config's dp, the
+    quotient of its batch keys, is dropped by removing gradient_accumulation_steps (the card's read.dp_through),
+    which DeepSpeed then derives from the GPU count; '(leave dp out)' named no edit of the file."""
+    key = read_section(imported.framework).dp_through if field == "dp" else None
+    found = re.search(rf":(\d+) {re.escape(key)}\b", imported.sources.get(field, "")) if key else None
+    return (key, int(found.group(1))) if found else (None, None)
 
 
 def config_fixes(imported: ImportedConfig, findings: list[Finding],
