@@ -60,7 +60,7 @@ KNOBS: dict[str, tuple[str, str]] = {
     "row_field": ("memory, time", "a setting the row gives as text that is not a value (a count, a measure, yes/no); "
                   "scored as unstated"),
     "torch_compile": ("memory, time", "torch.compile of the blocks only (torchtitan before it compiled the loss too, "
-                      "TORCHTITAN_LOSS_COMPILED_SINCE), or on a framework without a compile card; scored eager"),
+                      "its compile card's loss_since), or on a framework without a compile card; scored eager"),
 }
 
 # HF model_type of each model family of the file; families meshplan cannot describe have a nearest type.

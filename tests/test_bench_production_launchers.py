@@ -96,6 +96,28 @@ def test_bridge_perf_table_llama_rows_run_the_perf_recipes_tp_overlap(tmp_path, 
     assert bridge_perf_tp_overlap("NVIDIA-NeMo/Megatron-Bridge recipes/llama", "llama3", 4) is None
 
 
+def test_compile_counts_the_loss_only_from_the_card_s_loss_since():
+    """A torchtitan row that states compile is scored compiled (blocks and loss) only when dated from its compile
+    card's loss_since (pytorch/torchtitan bbb1b616e, 2025-04-02); before it, or dated by month only, the knob stays
+    (blocks only, which the bool torch_compile cannot say); a framework whose compile card has no such date is
+    scored compiled whatever the date."""
+    from meshplan.knowledge.cards import framework_card
+
+    assert framework_card("torchtitan").compile.loss_since == "2025-04-02"
+    row = {"name": "some run", "outcome": {"other": None}, "source": {"version_or_date": "2025-06-13"}}
+    knobs = {"torch_compile": "compile on"}
+    assert psrc.compile_field(row, "torchtitan", dict(knobs)) == {"torch_compile": True}
+    for when in ("2024-12-26", "2025-04"):
+        older = {**row, "source": {"version_or_date": when}}
+        kept = dict(knobs)
+        assert psrc.compile_field(older, "torchtitan", kept) == {} and "torch_compile" in kept, when
+    others = [n for n in ("kempnerforge", "nemo-automodel") if (c := framework_card(n).compile) and not c.loss_since]
+    assert others
+    for name in others:
+        assert psrc.compile_field({**row, "source": {"version_or_date": "2024-12"}}, name, dict(knobs)) == {
+            "torch_compile": True}, name
+
+
 def test_a_measured_study_gets_the_optimizer_precision_of_the_recipe_it_ran(tmp_path, production_rows):
     # Bridge's Moonlight recompute study ran moonlight_16b_pretrain_8gpu_h100_bf16_config: bf16 Adam moments and
     # bf16 main grads (STUDY_RECIPES); the 8-GPU recipe row itself states no optimizer and keeps the defaults.

@@ -20,9 +20,6 @@ MODELZOO = "Megatron-MoE-ModelZoo"
 # --------------------------------------------------------------------------- framework releases, by date
 
 
-# torchtitan compiles the loss with the blocks when compile is on since pytorch/torchtitan bbb1b616e (2025-04-02,
-# build_loss_fn); its 2024-12 benchmarks compiled the blocks only, which the bool torch_compile cannot say.
-TORCHTITAN_LOSS_COMPILED_SINCE = "2025-04-02"
 # torchtitan's loss became chunked with ChunkedCELoss (pytorch/torchtitan PR #2937, merged 2026-04-27; the card's
 # memory_convention_why): a torchtitan row measured before that ran the whole-sequence loss of the 0.2 line.
 TORCHTITAN_CHUNKED_LOSS_SINCE = "2026-04-27"
