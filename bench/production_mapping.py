@@ -48,7 +48,7 @@ from meshplan.adapters.common import torchtitan_batch
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.published_runs import LLAMA_PERF_TP_OVERLAP, torchtitan_pipeline_microbatches
+from meshplan.knowledge.published_runs import bridge_perf_tp_overlap, torchtitan_pipeline_microbatches
 from meshplan.schema.request import Request
 
 
@@ -117,9 +117,9 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     knobs = {**k, **knobs}  # what the row states over what the recipe it cites sets (its CUDA graphs)
     notes += n
     tp_facts = framework_card(framework).tp_overlap
-    if (framework == "megatron-bridge" and "performance-summary" in row_text(row["source"]["citation"])
-            and str(key).startswith("llama") and (p["tp"] or 1) > 1):
-        knobs.setdefault("tp_comm_overlap", LLAMA_PERF_TP_OVERLAP)
+    if framework == "megatron-bridge" and (perf := bridge_perf_tp_overlap(
+            row_text(row["source"]["citation"]), row["model"].get("family"), p["tp"])):
+        knobs.setdefault("tp_comm_overlap", perf)
     launcher = nemo_2407_tp_overlap(row)
     if launcher:
         knobs.setdefault("tp_comm_overlap", f"NeMo-Framework-Launcher 1ab2c781 {launcher}.yaml ub_tp_comm_overlap")

@@ -62,7 +62,7 @@ KNOBS: dict[str, tuple[str, str]] = {
     "row_field": ("memory, time", "a setting the row gives as text that is not a value (a count, a measure, yes/no); "
                   "scored as unstated"),
     "torch_compile": ("memory, time", "torch.compile of the blocks only (torchtitan before it compiled the loss too, "
-                      "TORCHTITAN_LOSS_COMPILED_SINCE), or on a framework without a compile card; scored eager"),
+                      "its compile card's loss_since), or on a framework without a compile card; scored eager"),
 }
 
 # HF model_type of each model family of the file; families meshplan cannot describe have a nearest type.
@@ -653,15 +653,26 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
 
 def peak_convention(row: dict[str, Any], framework: str | None = None) -> str:
     """What the row's measured peak is: allocated, reserved or not stated, from the row itself, else the basis of
-    the memory report its framework's harness reads when the row's source is that harness (harness_report)."""
+    the memory report its framework's harness reads when the row's source is that harness (harness_report), else
+    the peak the training log of the row's own framework reports (its card's memory_log)."""
     words = row_text(row["outcome"]["other"], row["flags"]["memory_note"], row["source"]["location"]).lower()
     if "allocated" in words:
         return "allocated"
     if framework is not None and (report := harness_report(row, framework)) is not None:
         return report.basis
-    if "torchtitan" in str(row["framework"]).lower():
-        return "reserved"  # torchtitan's logged memory is max_reserved_gib (components/metrics.py)
+    if (own := own_framework(row)) is not None and (log := framework_card(own).memory_log) is not None:
+        return log.basis
     return "not stated"
+
+
+def own_framework(row: dict[str, Any]) -> str | None:
+    """The framework card the row's own framework names; None where it names none, or a framework without a card
+    that is scored with its nearest (that card's training log is not the one the row quotes)."""
+    try:
+        name, knobs = framework_for(row["framework"])
+    except Unmapped:
+        return None
+    return None if "framework" in knobs else name
 
 
 def harness_report(row: dict[str, Any], framework: str) -> MemoryReportFacts | None:

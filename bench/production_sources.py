@@ -24,7 +24,6 @@ from meshplan.knowledge.published_runs import (
     RECIPE_PRECISION,
     RECIPE_SPLITS,
     STUDY_RECIPES,
-    TORCHTITAN_LOSS_COMPILED_SINCE,
     VERL_DYNAMIC_BSZ_SCRIPTS,
     RecipeSplit,
     attention_kernel_of_run,
@@ -243,8 +242,8 @@ NOT_COMPILED = re.compile(r"without torch\.compile|compile_model\s*=\s*false")
 
 
 def compile_field(row: dict[str, Any], framework: str, knobs: dict[str, str]) -> dict[str, Any]:
-    """torch_compile=True for a row that states compile on a framework whose card compiles what it ran (torchtitan
-    rows measured once the loss was compiled too), False for one that states it ran without (NOT_COMPILED) on a
+    """torch_compile=True for a row that states compile on a framework whose card compiles what it ran (a row dated
+    from its compile card's loss_since, where it has one: torchtitan's runs once the loss was compiled too), False for one that states it ran without (NOT_COMPILED) on a
     framework that compiles by default; the knob stays recorded otherwise."""
     when = str(row["source"].get("version_or_date") or "")
     scope = framework_card(framework).compile
@@ -253,7 +252,7 @@ def compile_field(row: dict[str, Any], framework: str, knobs: dict[str, str]) ->
         return {"torch_compile": False}
     if "torch_compile" not in knobs or scope is None:
         return {}
-    if framework == "torchtitan" and not (re.match(r"\d{4}-\d{2}", when) and when >= TORCHTITAN_LOSS_COMPILED_SINCE):
+    if scope.loss_since and not (re.match(r"\d{4}-\d{2}", when) and when >= scope.loss_since):
         return {}
     knobs.pop("torch_compile")
     return {"torch_compile": True}

@@ -56,6 +56,19 @@ def test_a_row_from_the_harness_is_read_at_the_harness_moment():
     assert prow.peak_convention(other, "megatron-bridge") == "not stated"
 
 
+def test_a_row_quoting_its_framework_s_log_reads_the_log_s_peak():
+    """torchtitan's training log reports the reserved peak (its card's memory_log); a row of a framework scored with
+    torchtitan as its nearest card quotes another log and stays unstated, and the row's own words decide first."""
+    assert framework_card("torchtitan").memory_log.basis == "reserved"
+    assert framework_card("megatron-core").memory_log is None
+    titan = {**_row("someone's benchmark table"), "framework": "torchtitan"}
+    assert prow.peak_convention(titan) == prow.peak_convention(titan, "torchtitan") == "reserved"
+    assert prow.peak_convention({**titan, "outcome": {"other": "max allocated 61 GB"}}) == "allocated"
+    stand_in = {**titan, "framework": "LLM Foundry"}
+    assert prow.framework_for("LLM Foundry")[0] == "torchtitan" and prow.own_framework(stand_in) is None
+    assert prow.peak_convention(stand_in, "torchtitan") == "not stated"
+
+
 def test_the_row_s_own_words_decide_before_the_harness():
     harness = "run by scripts/performance"
     assert prow.peak_moment(_row(harness, other="peak allocated after iteration 2"), "megatron-bridge") == "steady"

@@ -18,6 +18,7 @@ import pytest
 
 from meshplan import api
 from meshplan.core.units import GIB
+from meshplan.knowledge.published_runs import bridge_perf_tp_overlap
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import production_mapping as pmap
@@ -79,6 +80,42 @@ def test_nemo_2407_rows_run_the_launchers_tp_overlap(tmp_path, production_rows):
     assert not pmap.map_row(production_rows["nemo2407_h100_gpt3_175b_128gpu"], tmp_path).request.tp_comm_overlap
     assert not pmap.map_row(production_rows["nemo2407_h100_sft_llama2_70b_16gpu"], tmp_path).request.tp_comm_overlap
     assert psrc.nemo_2407_tp_overlap(production_rows["nemo2407_h100_gpt3_5b_64gpu"]) is None
+
+
+def test_bridge_perf_table_llama_rows_run_the_perf_recipes_tp_overlap(tmp_path, production_rows):
+    """Megatron-Bridge's performance tables ran its perf recipes: userbuffers TP overlap for the Llama 3 family at
+    TP > 1 (published_runs.bridge_perf_tp_overlap, by the row's model family), not at TP 1, not for Qwen3-235B
+    (its H100 recipe sets it False) or DeepSeek-V3, and not for a row citing another source."""
+    assert pmap.map_row(production_rows["mbridge_h100_llama3_70b_64_fp8"], tmp_path).request.tp_comm_overlap is True
+    assert not pmap.map_row(production_rows["mbridge_h100_llama3_8b_8_fp8_fsdp"], tmp_path).request.tp_comm_overlap
+    assert not pmap.map_row(production_rows["mbridge_h100_qwen3_235b_256_fp8"], tmp_path).request.tp_comm_overlap
+    table = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"
+    assert "perf_recipes/llama" in bridge_perf_tp_overlap(table, "llama3", 4)
+    assert bridge_perf_tp_overlap(table, "llama3", 1) is None
+    assert bridge_perf_tp_overlap(table, "deepseek_v3", 2) is None
+    assert bridge_perf_tp_overlap("NVIDIA-NeMo/Megatron-Bridge recipes/llama", "llama3", 4) is None
+
+
+def test_compile_counts_the_loss_only_from_the_card_s_loss_since():
+    """A torchtitan row that states compile is scored compiled (blocks and loss) only when dated from its compile
+    card's loss_since (pytorch/torchtitan bbb1b616e, 2025-04-02); before it, or dated by month only, the knob stays
+    (blocks only, which the bool torch_compile cannot say); a framework whose compile card has no such date is
+    scored compiled whatever the date."""
+    from meshplan.knowledge.cards import framework_card
+
+    assert framework_card("torchtitan").compile.loss_since == "2025-04-02"
+    row = {"name": "some run", "outcome": {"other": None}, "source": {"version_or_date": "2025-06-13"}}
+    knobs = {"torch_compile": "compile on"}
+    assert psrc.compile_field(row, "torchtitan", dict(knobs)) == {"torch_compile": True}
+    for when in ("2024-12-26", "2025-04"):
+        older = {**row, "source": {"version_or_date": when}}
+        kept = dict(knobs)
+        assert psrc.compile_field(older, "torchtitan", kept) == {} and "torch_compile" in kept, when
+    others = [n for n in ("kempnerforge", "nemo-automodel") if (c := framework_card(n).compile) and not c.loss_since]
+    assert others
+    for name in others:
+        assert psrc.compile_field({**row, "source": {"version_or_date": "2024-12"}}, name, dict(knobs)) == {
+            "torch_compile": True}, name
 
 
 def test_a_measured_study_gets_the_optimizer_precision_of_the_recipe_it_ran(tmp_path, production_rows):

@@ -182,6 +182,14 @@ class MemoryReportFacts(_Card):
     source: str
 
 
+class MemoryLogFacts(_Card):
+    """Which peak the framework's training log reports in every run, whatever launched it (a measured row that quotes
+    the log and does not say which peak is this one)."""
+
+    basis: Literal["allocated", "reserved"]
+    source: str
+
+
 class FrameworkAliases(_Card):
     """Other names published runs give the framework besides its name and display name, with where they come from."""
 
@@ -232,6 +240,9 @@ class FrameworkCard(_Card):
         None, description="Absent: the framework launches with PyTorch's default allocator (no expandable segments)")
     memory_report: MemoryReportFacts | None = Field(
         None, description="Absent: no harness of the framework publishes peaks (a measured row says its own moment)")
+    memory_log: MemoryLogFacts | None = Field(
+        None, description="Absent: the training log's peak was not read (a row that does not say which peak it is "
+                          "stays 'not stated')")
     optimizer_step: OptimizerStepFacts | None = Field(
         None, description="Absent: the step's implementation was not read; counted as fused (no temporaries)")
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")

@@ -33,6 +33,9 @@ class CompileSemantics(_Card):
     loss: bool = False
     # the routed experts' activation (and routing-weight multiply) is one fused kernel even in eager blocks
     experts_fused: bool = False
+    # the date (YYYY-MM-DD) from which the switch compiled the loss too; a run dated before it, or by month only,
+    # compiled the blocks only, which the bool torch_compile cannot say (None: the loss as `loss` says, always)
+    loss_since: str | None = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}$")
     source: str
 
 

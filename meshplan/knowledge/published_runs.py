@@ -20,9 +20,6 @@ MODELZOO = "Megatron-MoE-ModelZoo"
 # --------------------------------------------------------------------------- framework releases, by date
 
 
-# torchtitan compiles the loss with the blocks when compile is on since pytorch/torchtitan bbb1b616e (2025-04-02,
-# build_loss_fn); its 2024-12 benchmarks compiled the blocks only, which the bool torch_compile cannot say.
-TORCHTITAN_LOSS_COMPILED_SINCE = "2025-04-02"
 # torchtitan's loss became chunked with ChunkedCELoss (pytorch/torchtitan PR #2937, merged 2026-04-27; the card's
 # memory_convention_why): a torchtitan row measured before that ran the whole-sequence loss of the 0.2 line.
 TORCHTITAN_CHUNKED_LOSS_SINCE = "2026-04-27"
@@ -163,10 +160,23 @@ VERL_DYNAMIC_BSZ_SCRIPTS = (
     "run_qwen3moe-30b_megatron_96gb.sh",  # c281ea779 (2025-11-11): 2048 + 1024*8
 )
 
-# Megatron-Bridge's published Llama runs with TP > 1 use its perf recipes' userbuffers (the same fact as
-# bench/data/megatron_bridge_published.csv's tp_comm_overlap column).
-LLAMA_PERF_TP_OVERLAP = (f"{BRIDGE} perf_recipes/llama/*: tp_comm_overlap_cfg userbuffers on the base recipes' "
-                         "tp_comm_overlap=True (recipes/llama/h100/llama3.py) wherever TP > 1")
+# Megatron-Bridge's performance tables (BRIDGE_PERF_TABLE) ran its perf recipes, which set userbuffers TP overlap
+# wherever TP > 1 for these model families (the row's model.family) and leave it off for the others the tables list:
+# perf_recipes/qwen/h100/qwen3_moe.py sets tp_comm_overlap=False for Qwen3-235B, DeepSeek-V3's leave it unset (the
+# same fact as bench/data/megatron_bridge_published.csv's tp_comm_overlap column): family -> source.
+BRIDGE_PERF_TP_OVERLAP = {
+    "llama3": (f"{BRIDGE} perf_recipes/llama/*: tp_comm_overlap_cfg userbuffers on the base recipes' "
+               "tp_comm_overlap=True (recipes/llama/h100/llama3.py) wherever TP > 1"),
+}
+
+
+def bridge_perf_tp_overlap(citation: str, family: str | None, tp: int | None) -> str | None:
+    """The perf recipe (its source) that ran a Megatron-Bridge performance-table run of this model family with
+    userbuffers TP overlap (BRIDGE_PERF_TP_OVERLAP), else None: not that table, another family, or TP 1 (nothing to
+    overlap)."""
+    if BRIDGE_PERF_TABLE not in citation.lower() or (tp or 1) <= 1:
+        return None
+    return BRIDGE_PERF_TP_OVERLAP.get(str(family or ""))
 
 
 # NeMo 24.07's pretraining table (NVIDIA/NeMo docs/source/performance/performance_summary.md) ran the NeMo Framework
