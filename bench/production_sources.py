@@ -243,8 +243,9 @@ NOT_COMPILED = re.compile(r"without torch\.compile|compile_model\s*=\s*false")
 
 def compile_field(row: dict[str, Any], framework: str, knobs: dict[str, str]) -> dict[str, Any]:
     """torch_compile=True for a row that states compile on a framework whose card compiles what it ran (a row dated
-    from its compile card's loss_since, where it has one: torchtitan's runs once the loss was compiled too), False for one that states it ran without (NOT_COMPILED) on a
-    framework that compiles by default; the knob stays recorded otherwise."""
+    from its compile card's loss_since, where it has one: torchtitan's runs once the loss was compiled too), False
+    for one that states it ran without (NOT_COMPILED) on a framework that compiles by default; the knob stays
+    recorded otherwise."""
     when = str(row["source"].get("version_or_date") or "")
     scope = framework_card(framework).compile
     if scope is not None and NOT_COMPILED.search(row_text(row["name"], row["outcome"]["other"]).lower()):
