@@ -198,7 +198,8 @@ def step_terms(job: Job, plan: Plan, calibration_override: Calibration | None = 
     syncs: dict[tuple[float, float], StepSync] = {}  # step_sync per a stage's parameters (stages alike share them)
     for s, row in enumerate(rows):
         dp_exposed = max(dp_exposed, _dp_exposed(s, row, inputs, syncs))
-        optimizer = max(optimizer, _optimizer_seconds(row, inputs, m))
+        # with it, the sharding engine's once-per-step copies on the compute stream (other_s: not communication)
+        optimizer = max(optimizer, _optimizer_seconds(row, inputs, m) + row.sharding.step_copies)
     # a framework that runs its schedule once per accumulation step syncs the gradients at each run's last backward
     # (FSDP reshards there too, gathering again in the next run): Plan.pipeline_microbatches
     dp_exposed *= plan.schedule_runs(job.global_batch_size)
@@ -345,7 +346,7 @@ def throughput_of(t: StepTerms) -> ThroughputReport:
         pp_comm_s=m * row.pp,
         bubble_s=pipeline.bubble,
         recompute_s=m * row.recompute,
-        other_s=optimizer + m * row.launch_bound,
+        other_s=optimizer + m * (row.launch_bound + row.sharding.copies),
         offload_s=t.offload_s,
     )
     warnings = t.warnings + layout_warnings(job, plan, ctx.lk, m)
