@@ -161,7 +161,7 @@ def census(case: dict) -> dict:
     from fake_tensor_harness import fake_fsdp_mesh
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mesh = fake_fsdp_mesh(1)
+    mesh = fake_fsdp_mesh(case.get("world", 1))  # one world per process (fake_fsdp_mesh): one run per world
     with FakeTensorMode():
         model = build(case, dtype=torch.float32, attention="census_attention")
         verl_fsdp2_wrap(model, mesh)

@@ -82,6 +82,9 @@ class Convention(_Card):
     output_held_bytes: float = Field(0, ge=0)
     embedding_in_root: bool = False  # the embedding is a parameter of that root unit (its output layer's stage's)
     retained_reduce_bytes: float = Field(0, ge=0)  # per parameter of the last reduced unit, kept into the next unit
+    # HBM bytes per logit of the engine's loss, forward + backward (perf.head_seconds); None: a fused cross-entropy's,
+    # the calibration's cross_entropy_bytes_per_logit
+    loss_hbm_bytes_per_logit: float | None = Field(None, gt=0)
     # whose copies run on the compute stream at each gather and reduce of a unit: torch's fully_shard (fsdp_copy_bytes)
     compute_stream_copies: Literal["none", "fully_shard"] = "none"
     loss_reduce_bytes_per_element: float = Field(0, ge=0)  # per logit of a chunk, alive at the output unit's reduce
