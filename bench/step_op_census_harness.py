@@ -174,10 +174,10 @@ def census(case: dict) -> dict:
                 verl_loss(model, ids, positions, labels, case, ChunkedCrossEntropy).backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-    top = sorted(mode.ops.items(), key=lambda kv: -kv[1][1])[:40]
+    top = sorted(mode.ops.items(), key=lambda kv: -kv[1][1])
     return {"rows": [{"group": g, "kind": k, "launches": v[0], "read": v[1], "written": v[2]}
                      for (g, k), v in sorted(mode.rows.items())],
-            "top_memory_ops": [{"group": g, "op": n, "launches": v[0], "bytes": v[1]} for (g, n), v in top],
+            "memory_ops": [{"group": g, "op": n, "launches": v[0], "bytes": v[1]} for (g, n), v in top],
             "params": int(sum(p.numel() for p in model.parameters())),
             "layer_params": int(sum(p.numel() for p in model.model.layers[-1].parameters()))}
 
