@@ -11,7 +11,10 @@ expandable segments. The same cut models go to meshplan as `bench/fake_tensor_hf
 - reserved peak (max_memory_reserved) against the stage total less the context, with expandable segments off and on;
 - what the device holds outside torch's pool (used memory at the end less the reserved peak) against the context
   and fixed overhead of cards/memory.yaml;
-- the step time (median of the timed steps) against `estimate_throughput`'s step_time_s.
+- the step time (median of the timed steps) against `estimate_throughput`'s step_time_s, and against it with the
+  loss the harness ran: its chunked torch cross-entropy (bench/step_op_census.py's count per logit as CUDA runs it,
+  stored in bench/data/step_op_census.json) in place of flash_attn's Triton kernels, which verl calls and meshplan
+  times (FLASH_CROSS_ENTROPY_BYTES_PER_LOGIT of cards/memory.yaml fsdp2_hf loss_hbm_bytes_per_logit).
 Nothing here is fitted; the figures are reported, and their errors go to bench/README.md.
 
     python bench/gpu_steps.py prepare                      # writes bench/data/gpu_cases.json (travels to the GPU)
@@ -38,7 +41,7 @@ from pathlib import Path
 
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.estimate.memory import estimate_memory, stage_allocated
-from meshplan.estimate.perf import estimate_throughput
+from meshplan.estimate.perf import estimate_throughput, step_terms
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import carry_cards
 from meshplan.schema.plan import Job, Plan
@@ -50,6 +53,10 @@ from fake_tensor_hf import FRAMEWORK, card_config, catalog  # noqa: E402
 from fake_tensor_memory import cut, pct  # noqa: E402
 
 CASES_JSON = ROOT / "bench" / "data" / "gpu_cases.json"
+CENSUS_JSON = ROOT / "bench" / "data" / "step_op_census.json"
+# flash_attn/ops/triton/cross_entropy.py: cross_entropy_fwd_kernel reads each bf16 logit once, cross_entropy_bwd_kernel
+# reads it and writes its gradient in place (verl's inplace_backward): 2 + 4 B of fsdp2_hf's loss_hbm_bytes_per_logit
+FLASH_CROSS_ENTROPY_BYTES_PER_LOGIT = 6
 DEFAULT_JSON = ROOT / "bench" / "data" / "gpu_h200_steps.json"
 GIB = 1 << 30
 GPU = "h200"
@@ -105,6 +112,7 @@ def row(case: dict, measured: dict) -> dict:
     ours_alloc = stage_allocated(stage) - card.cuda_context_bytes
     ours_reserved = stage.total_bytes - card.cuda_context_bytes
     step = estimate_throughput(job, plan).step_time_s
+    as_run = step + harness_loss_seconds(job, plan, case)
     outside = measured["used_at_end"] - measured["peak_reserved"]
     return {**out, "params": measured["params"], "model_class": measured["model_class"],
             "experts_implementation": measured.get("experts_implementation"),
@@ -118,7 +126,18 @@ def row(case: dict, measured: dict) -> dict:
             "measured_outside_pool_gib": outside / GIB,
             "meshplan_context_and_overhead_gib": (card.cuda_context_bytes + card.fixed_overhead_bytes) / GIB,
             "measured_step_s": measured["step_seconds_median"], "meshplan_step_s": step,
-            "step_err_pct": pct(step, measured["step_seconds_median"])}
+            "step_err_pct": pct(step, measured["step_seconds_median"]),
+            "meshplan_harness_loss_step_s": as_run, "harness_loss_step_err_pct": pct(as_run,
+                                                                                     measured["step_seconds_median"])}
+
+
+def harness_loss_seconds(job: Job, plan: Plan, case: dict) -> float:
+    """What the harness's chunked cross-entropy moves beyond flash_attn's kernels, at meshplan's HBM bandwidth:
+    (its bytes per logit as bench/step_op_census.py counts them - FLASH_CROSS_ENTROPY_BYTES_PER_LOGIT) x the
+    case's logits."""
+    counted = json.loads(CENSUS_JSON.read_text())["counted"]["harness_cross_entropy_bytes_per_logit"]
+    logits = case["tokens"] * case["config"]["vocab_size"]
+    return (counted - FLASH_CROSS_ENTROPY_BYTES_PER_LOGIT) * logits / step_terms(job, plan).ctx.hbm
 
 
 def compare(results_path: Path, json_path: Path) -> None:
@@ -126,7 +145,7 @@ def compare(results_path: Path, json_path: Path) -> None:
     by_name = {c["case"]: c for c in cases()}
     rows = [row(by_name[m["case"]], m) for m in data["results"] if m["case"] in by_name]
     print(f"{'case':26} {'alloc':5} {'allocated GiB meas/ours':>24} {'err':>7} {'reserved GiB meas/ours':>23} "
-          f"{'err':>7} {'step s meas/ours':>18} {'err':>7}")
+          f"{'err':>7} {'step s meas/ours':>18} {'err':>7} {'+harness loss':>14} {'err':>7}")
     for r in rows:
         alloc = "exp" if r["expandable_segments"] else "def"
         if "error" in r:
@@ -135,10 +154,11 @@ def compare(results_path: Path, json_path: Path) -> None:
         print(f"{r['case']:26} {alloc:5} {r['measured_allocated_gib']:11.2f} {r['meshplan_allocated_gib']:11.2f} "
               f"{r['allocated_err_pct']:+6.1f}% {r['measured_reserved_gib']:11.2f} {r['meshplan_reserved_gib']:10.2f} "
               f"{r['reserved_err_pct']:+6.1f}% {r['measured_step_s']:8.3f} {r['meshplan_step_s']:8.3f} "
-              f"{r['step_err_pct']:+6.1f}%")
+              f"{r['step_err_pct']:+6.1f}% {r['meshplan_harness_loss_step_s']:14.3f} "
+              f"{r['harness_loss_step_err_pct']:+6.1f}%")
     good = [r for r in rows if "error" not in r]
     summary = {key: statistics.median(abs(r[key]) for r in good) for key in
-               ("allocated_err_pct", "reserved_err_pct", "step_err_pct")} if good else {}
+               ("allocated_err_pct", "reserved_err_pct", "step_err_pct", "harness_loss_step_err_pct")} if good else {}
     print("median |error|:", {k: round(v, 1) for k, v in summary.items()})
     first = next((m for m in data["results"] if m.get("ok")), {})
     json_path.write_text(json.dumps({

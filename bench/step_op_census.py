@@ -16,8 +16,18 @@ enters them:
   other counts and the router's bytes (moe_router_bytes_per_logit), over 2 B x tokens x top_k x hidden;
 - out of sample: DeepSeek-V2-Lite's MoE layer (MLA: its per-head keys and values, its latent norm) against what the
   counts give.
-Also printed: each case's memory-bound seconds by group at meshplan's HBM bandwidth (H200 x hbm_efficiency), the
-FSDP2 casts and copies and the loss's passes, which meshplan does not time at one rank.
+Also printed: each case's memory-bound seconds by group at meshplan's HBM bandwidth (H200 x hbm_efficiency), and
+three checks of what meshplan times against the census (`checks`):
+- FSDP2's copies (memory_states.fsdp_copy_bytes, cards/memory.yaml fsdp2 compute_stream_copies): at one rank every
+  byte fully_shard issues is the compute stream's two gathers and one reduce plus the reduce-scatter stream's copy
+  (2 x the reduce input's bytes); at two ranks (a small Llama cut, its own run: one fake process group a process)
+  the compute stream's copy-out (split_with_sizes_copy) and chunk_cat;
+- the model code outside the decoder layers (each case less its layers, Llama and Qwen3: DeepSeek-V2-Lite's first
+  layer is dense, its others MoE) against layer_time.eager_edge_seconds (final norm, embedding) and the autograd
+  part of verl's loss (cards/memory.yaml fsdp2_hf loss_hbm_bytes_per_logit less its division and flash_attn's
+  kernels);
+- the GPU harness's chunked cross-entropy per logit as CUDA runs it (its logsumexp at LOGSUMEXP_PASSES), which
+  bench/gpu_steps.py counts for the measured runs in place of flash_attn's kernels.
 
     python bench/step_op_census.py [--json bench/data/step_op_census.json]
 """
@@ -33,14 +43,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 from fake_tensor_hf import run_harness  # noqa: E402
-from gpu_steps import cases  # noqa: E402
+from gpu_steps import FLASH_CROSS_ENTROPY_BYTES_PER_LOGIT, cases, job_and_plan  # noqa: E402
 
+from meshplan.arithmetic.memory_states import fsdp_copy_bytes, with_precision  # noqa: E402
+from meshplan.estimate.layer_time import eager_edge_seconds  # noqa: E402
+from meshplan.estimate.perf import step_terms  # noqa: E402
 from meshplan.knowledge.calibration import calibration  # noqa: E402
 from meshplan.knowledge.hardware import get_gpu  # noqa: E402
 
 HARNESS = ROOT / "bench" / "step_op_census_harness.py"
 DEFAULT_JSON = ROOT / "bench" / "data" / "step_op_census.json"
 GROUPS = ("model", "fsdp", "loss", "optimizer")
+BASES = ("llama-3.1-8b-none", "qwen3-30b-a3b-none", "deepseek-v2-lite-none")  # the GPU bench's no-recompute cases
+# aten/src/ATen/native/ReduceOps.cpp logsumexp_out_impl, which CUDA runs as amax (a read), self - maxes (a read and a
+# write), exp_ (a read and a write) and sum (a read) of its fp32 input: six passes where the census counts the
+# composite op's one read
+LOGSUMEXP_PASSES = 6
+TWO_RANK_LAYERS, TWO_RANK_TOKENS = 2, 1024  # the two-rank FSDP2 check's Llama cut (FakeTensorMode: sizes cost nothing)
 
 
 def census_cases() -> list[dict]:
@@ -64,6 +83,21 @@ def census_cases() -> list[dict]:
             out += [half | {"case": f"{c['case']}-half-heads2", "override": {**over, **more_heads}},
                     half | {"case": f"{c['case']}-half-kv2", "override": {**over, **more_kv}}]
     return out
+
+
+def two_rank_case() -> dict:
+    base = next(c for c in cases() if c["case"] == "llama-3.1-8b-none")
+    return base | {"case": "llama-3.1-8b-none-two-ranks", "num_layers": TWO_RANK_LAYERS, "tokens": TWO_RANK_TOKENS,
+                   "world": 2}
+
+
+def vocab_of(result: dict) -> int:
+    """A result's vocabulary (the harness's results leave the config out)."""
+    return next(c["config"]["vocab_size"] for c in cases() if c["model"] == result["model"])
+
+
+def op_bytes(result: dict, group: str, op: str) -> int:
+    return sum(o["bytes"] for o in result["memory_ops"] if o["group"] == group and o["op"] == op)
 
 
 def memory_bytes(result: dict, group: str = "model") -> int:
@@ -134,13 +168,60 @@ def passes(res: dict) -> dict:
             "deepseek_v2_lite_err_pct": 100 * (ds_pred / ds_layer - 1)}
 
 
+def _verl(res: dict):
+    """meshplan's verl job and plan of a census case (one GPU, as the GPU bench's), its step's LayerContext and its
+    convention and tensors (with_precision)."""
+    job, plan = job_and_plan(res, False)
+    return step_terms(job, plan).ctx, with_precision(job, plan)
+
+
+def fsdp_check(res: dict, two: dict) -> dict:
+    """Bytes per parameter fully_shard issues, (counted, by fsdp_copy_bytes) under verl's convention (the census's
+    MixedPrecisionPolicy): at one rank every fsdp byte (two gathers, one reduce, the reduce-scatter stream's copy);
+    at two ranks the compute stream's copy-out and chunk_cat (the copy-in runs on the all-gather copy-in stream)."""
+    _, (_, conv, tensors) = _verl(res[BASES[0]])
+    b = fsdp_copy_bytes(conv, tensors)
+    one_rank = 2 * b.gather_one_rank + b.reduce + 2 * conv.retained_reduce_bytes
+    out = {f"{name}, one rank": (memory_bytes(res[name], "fsdp") / res[name]["params"], one_rank) for name in BASES}
+    out["two ranks, copy-out"] = (op_bytes(two, "fsdp", "split_with_sizes_copy") / two["params"], 2 * b.gather)
+    out["two ranks, chunk_cat"] = (op_bytes(two, "fsdp", "chunk_cat") / two["params"], b.reduce)
+    return out
+
+
+def harness_loss_bytes(r: dict) -> float:
+    """The GPU harness's chunked cross-entropy per logit as CUDA runs it: the loss group's bytes (its policy loss's
+    few included) with its logsumexp at LOGSUMEXP_PASSES, less verl's temperature division (the div_)."""
+    logits = r["tokens"] * vocab_of(r)
+    counted = (memory_bytes(r, "loss") + (LOGSUMEXP_PASSES - 1) * op_bytes(r, "loss", "logsumexp")
+               - op_bytes(r, "loss", "div_"))
+    return counted / logits
+
+
+def edges_check(res: dict) -> dict:
+    """Bytes of the model group outside the decoder layers (a case less its layers), (counted, by meshplan):
+    layer_time.eager_edge_seconds at the case's bandwidth and the autograd part of verl's loss (the convention's
+    loss_hbm_bytes_per_logit less the division counted in the loss group and flash_attn's kernels)."""
+    out = {}
+    for name in BASES[:2]:
+        r = res[name]
+        rest = memory_bytes(r) - r["num_layers"] * per_layer(res, name)
+        ctx, (_, conv, _) = _verl(r)
+        vocab = vocab_of(r)
+        logits = r["tokens"] * vocab
+        autograd = (conv.loss_hbm_bytes_per_logit - op_bytes(r, "loss", "div_") / logits
+                    - FLASH_CROSS_ENTROPY_BYTES_PER_LOGIT)
+        out[name] = (rest, eager_edge_seconds(ctx, vocab) * ctx.hbm + autograd * logits)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args()
     data = run_harness(census_cases(), timeout=3600, harness=HARNESS)
+    two = run_harness([two_rank_case()], timeout=1800, harness=HARNESS)["results"][0]
     res = {r["case"]: r for r in data["results"]}
-    bad = [r for r in data["results"] if not r.get("ok")]
+    bad = [r for r in data["results"] + [two] if not r.get("ok")]
     if bad:
         raise SystemExit(f"failed: {bad[0]['case']}: {bad[0]['error'][:2000]}")
     cal = calibration("verl")
@@ -150,11 +231,22 @@ def main() -> None:
         print(f"{r['case']:34} {r['num_layers']:6} " + " ".join(
             f"{memory_bytes(r, g) / hbm * 1e3:13.2f}" for g in GROUPS))
     counted = passes(res)
+    losses = {name: harness_loss_bytes(res[name]) for name in BASES}
+    counted["harness_cross_entropy_bytes_per_logit"] = losses[BASES[0]]  # the three agree (checks)
     for key, value in counted.items():
         print(f"{key:36} {value:,.2f}" + (f"   (card {getattr(cal, key):g})" if hasattr(cal, key) else ""))
+    checks = {"fsdp_bytes_per_param": fsdp_check(res, two), "outside_layers_bytes": edges_check(res),
+              "harness_cross_entropy_bytes_per_logit": losses}
+    for check, values in checks.items():
+        for case, value in values.items():
+            if isinstance(value, tuple):
+                print(f"{check:30} {case:32} counted {value[0]:,.1f}  meshplan {value[1]:,.1f} "
+                      f"({100 * (value[1] / value[0] - 1):+.1f}%)")
+            else:
+                print(f"{check:30} {case:32} {value:,.2f}")
     args.json.write_text(json.dumps({"torch": data["torch"], "transformers": data["transformers"],
-                                     "hbm_bytes_per_s": hbm, "counted": counted,
-                                     "results": data["results"]}, indent=1) + "\n")
+                                     "hbm_bytes_per_s": hbm, "counted": counted, "checks": checks,
+                                     "results": data["results"] + [two]}, indent=1) + "\n")
     print(f"wrote {args.json}")
 
 

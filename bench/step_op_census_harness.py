@@ -161,7 +161,7 @@ def census(case: dict) -> dict:
     from fake_tensor_harness import fake_fsdp_mesh
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mesh = fake_fsdp_mesh(1)
+    mesh = fake_fsdp_mesh(case.get("world", 1))  # one world per process (fake_fsdp_mesh): one run per world
     with FakeTensorMode():
         model = build(case, dtype=torch.float32, attention="census_attention")
         verl_fsdp2_wrap(model, mesh)
@@ -174,10 +174,10 @@ def census(case: dict) -> dict:
                 verl_loss(model, ids, positions, labels, case, ChunkedCrossEntropy).backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-    top = sorted(mode.ops.items(), key=lambda kv: -kv[1][1])[:40]
+    top = sorted(mode.ops.items(), key=lambda kv: -kv[1][1])
     return {"rows": [{"group": g, "kind": k, "launches": v[0], "read": v[1], "written": v[2]}
                      for (g, k), v in sorted(mode.rows.items())],
-            "top_memory_ops": [{"group": g, "op": n, "launches": v[0], "bytes": v[1]} for (g, n), v in top],
+            "memory_ops": [{"group": g, "op": n, "launches": v[0], "bytes": v[1]} for (g, n), v in top],
             "params": int(sum(p.numel() for p in model.parameters())),
             "layer_params": int(sum(p.numel() for p in model.model.layers[-1].parameters()))}
 

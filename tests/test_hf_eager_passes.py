@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan.estimate.layer_records import BF16
-from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds
+from meshplan.estimate.layer_time import eager_edge_seconds, elementwise_load, elementwise_seconds
 from meshplan.estimate.moe_time import dispatch_and_router_bytes
 from meshplan.estimate.perf import estimate_throughput, hf_eager_code, step_terms
 from meshplan.knowledge.calibration import calibration
@@ -79,8 +79,9 @@ def test_the_moe_block_moves_its_dispatch_count_over_the_routed_copies():
 
 @pytest.mark.parametrize("fields", [L8B, QWEN])
 def test_at_the_fused_counts_the_step_is_the_fused_one(fields):
-    """With hf_eager_* set to the fused kernels' counts the eager engine's step is the step without the card fact:
-    the counts are the only thing the fact changes."""
+    """With hf_eager_* set to the fused kernels' counts the eager engine's step is the step without the card fact but
+    for the embedding's own passes (eager_edge_seconds, not a count): the counts are the only other thing the fact
+    changes."""
     job, plan = _job("verl", 3, fields)
     cal = calibration("verl")
     fused = cal.with_overrides(hf_eager_hidden_passes=cal.elementwise_passes,
@@ -89,18 +90,49 @@ def test_at_the_fused_counts_the_step_is_the_fused_one(fields):
                                hf_eager_dispatch_passes=cal.moe_dispatch_passes)
     plain = job.model_copy().attach_cards(job.card.model_copy(update={"eager_model_code": None}))
     assert not hf_eager_code(plain, plan)
-    assert estimate_throughput(job, plan, fused).step_time_s == pytest.approx(
+    ctx = step_terms(job, plan).ctx
+    embedding = BF16 * (3 * 8192 * job.model.hidden_size + job.model.vocab_size * job.model.hidden_size) / ctx.hbm
+    steps = plan.num_microbatches(job.global_batch_size)
+    assert estimate_throughput(job, plan, fused).step_time_s - steps * embedding == pytest.approx(
         estimate_throughput(plain, plan, fused).step_time_s, rel=1e-12)
     assert estimate_throughput(job, plan).step_time_s > estimate_throughput(plain, plan).step_time_s
 
 
-def test_the_counts_are_the_census_of_transformers_code():
-    """cards/calibration.yaml's hf_eager_* are bench/step_op_census.py's counts, rounded (its stored output)."""
-    import json
-    from pathlib import Path
+@pytest.mark.parametrize("fields", [L8B, QWEN])
+def test_the_final_norm_and_the_embedding_outside_the_layers(fields):
+    """eager_edge_seconds: the final RMSNorm at one fp32 RMSNorm's count over tokens x hidden, the embedding's
+    gather (read and written) and its dense backward (the hidden gradient read, vocab x hidden written); none on
+    the fused engine."""
+    job, plan = _job("verl", 3, fields)
+    terms = step_terms(job, plan)
+    ctx, arch, tokens = terms.ctx, job.model, 8192
+    norm = ctx.cal.hf_eager_qk_norm_passes * BF16 * tokens * arch.hidden_size
+    embedding = BF16 * (3 * tokens * arch.hidden_size + arch.vocab_size * arch.hidden_size)
+    assert eager_edge_seconds(ctx, arch.vocab_size) == pytest.approx((norm + embedding) / ctx.hbm, rel=1e-12)
 
-    stored = json.loads((Path(__file__).resolve().parents[1] / "bench" / "data" / "step_op_census.json").read_text())
-    cal = calibration("verl")
-    for key in ("hf_eager_hidden_passes", "hf_eager_query_passes", "hf_eager_key_value_passes",
-                "hf_eager_qk_norm_passes", "hf_eager_ffn_passes", "hf_eager_dispatch_passes"):
-        assert getattr(cal, key) == round(stored["counted"][key]), key
+
+def test_verl_fsdp_loss_moves_its_own_bytes_per_logit():
+    """verl's FSDP engine's loss (the temperature's in-place division, flash_attn's Triton kernels and autograd's
+    CopySlices) moves the convention's 26 B per logit whatever the fused cross-entropy's calibration says; the
+    Megatron engine's loss is that calibration's."""
+    from dataclasses import replace
+
+    from meshplan.arithmetic.memory_states import with_precision
+    from meshplan.estimate.perf import head_seconds
+
+    job, plan = _job("verl", 3)
+    assert with_precision(job, plan)[1].loss_hbm_bytes_per_logit == 26
+    ctx = step_terms(job, plan).ctx
+    bare = replace(ctx, hf_eager=False)
+    assert head_seconds(job, plan, ctx) - head_seconds(job, plan, bare) == pytest.approx(
+        eager_edge_seconds(ctx, job.model.vocab_size), rel=1e-9)
+    more = replace(bare, cal=ctx.cal.with_overrides(cross_entropy_bytes_per_logit=99.0))
+    assert head_seconds(job, plan, more) == head_seconds(job, plan, bare)
+    less = replace(bare, hbm=bare.hbm * 2)  # only the loss's passes read the bandwidth
+    loss = 26 * 8192 * job.model.vocab_size / bare.hbm
+    assert head_seconds(job, plan, bare) - head_seconds(job, plan, less) == pytest.approx(loss / 2, rel=1e-9)
+    mjob, mplan = _job("verl", 1)
+    assert with_precision(mjob, mplan)[1].loss_hbm_bytes_per_logit is None
+    mctx = step_terms(mjob, mplan).ctx
+    assert head_seconds(mjob, mplan, replace(mctx, cal=mctx.cal.with_overrides(cross_entropy_bytes_per_logit=99.0))) \
+        > head_seconds(mjob, mplan, mctx)

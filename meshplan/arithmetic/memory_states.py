@@ -7,7 +7,7 @@ ZeRO paper's Figure 1 and Megatron's `6 + 12/d` come out of the same arithmetic.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -82,6 +82,11 @@ class Convention(_Card):
     output_held_bytes: float = Field(0, ge=0)
     embedding_in_root: bool = False  # the embedding is a parameter of that root unit (its output layer's stage's)
     retained_reduce_bytes: float = Field(0, ge=0)  # per parameter of the last reduced unit, kept into the next unit
+    # HBM bytes per logit of the engine's loss, forward + backward (perf.head_seconds); None: a fused cross-entropy's,
+    # the calibration's cross_entropy_bytes_per_logit
+    loss_hbm_bytes_per_logit: float | None = Field(None, gt=0)
+    # whose copies run on the compute stream at each gather and reduce of a unit: torch's fully_shard (fsdp_copy_bytes)
+    compute_stream_copies: Literal["none", "fully_shard"] = "none"
     loss_reduce_bytes_per_element: float = Field(0, ge=0)  # per logit of a chunk, alive at the output unit's reduce
     # per logit alive at the backward of a root output unit's head, gathered again after the loss's peak (its copy-out
     # and the head's matmul; fsdp_walk.head_moments); 0: not derived, the walk lists no such moment
@@ -322,6 +327,30 @@ def reduce_input_in(conv: Convention, dtype_bytes: float) -> dict[str, float]:
     unit's `gathered_bytes` (unsharded gradients + input) and the input the next unit's backward still holds
     (`retained_reduce_bytes`, the input's own bytes) the input moves to `dtype_bytes`; the gradients do not."""
     return {"gathered_bytes": unsharded_grad_bytes(conv) + dtype_bytes, "retained_reduce_bytes": dtype_bytes}
+
+
+class FsdpCopyBytes(NamedTuple):
+    """HBM bytes per parameter of a unit that FSDP2's own copies move on the compute stream (cards/memory.yaml
+    fsdp2 compute_stream_copies, with the source): at each gather over one rank, over more ranks, and at each
+    reduce."""
+
+    gather_one_rank: float  # the cast to param_dtype (where the storage differs) and the copy into the unsharded
+    gather: float  # the copy-out of the all-gather output into the unsharded parameters
+    reduce: float  # the chunk_cat of the unsharded gradients into the reduce-scatter input
+
+
+def fsdp_copy_bytes(conv: Convention, tensors: list[StateTensor]) -> FsdpCopyBytes | None:
+    """What fully_shard copies on the compute stream per parameter of a unit (`conv` and `tensors` as with_precision
+    gives them: the unsharded bytes of an fp8 all-gather, the reduce_dtype of grad_reduce_in_fp32); None where the
+    convention's engine is not torch's fully_shard, or nothing is sharded (no sharded weight: no unit gathers)."""
+    if conv.compute_stream_copies != "fully_shard":
+        return None
+    stored = next((t.bytes for t in tensors if t.tensor_class == "weights" and t.shard == "dp"), None)
+    if stored is None:
+        return None
+    unsharded = conv.unsharded_param_bytes
+    cast = stored + unsharded if stored != unsharded else 0.0
+    return FsdpCopyBytes(gather_one_rank=cast + 2 * unsharded, gather=2 * unsharded, reduce=conv.gathered_bytes)
 
 
 def unsharded_grad_bytes(conv: Convention) -> float:

@@ -160,6 +160,19 @@ def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
     return elem_bytes / ctx.hbm
 
 
+def eager_edge_seconds(ctx: LayerContext, vocab: int) -> float:
+    """Forward + backward seconds of the memory-bound work of transformers' eager code outside its decoder layers
+    (ctx.hf_eager), counted by bench/step_op_census.py: the final RMSNorm, one fp32 RMSNorm of that code
+    (hf_eager_qk_norm_passes over the hidden elements), and the token embedding: the forward's gather (the picked rows
+    read and written) and torch's embedding_dense_backward (the hidden gradient read, the dense [vocab, hidden]
+    weight gradient written), bf16."""
+    arch, sh = ctx.arch, ctx.shard
+    hidden = sh.tokens * arch.hidden_size
+    norm = ctx.cal.hf_eager_qk_norm_passes * BF16 * hidden
+    embedding = BF16 * (3 * hidden + vocab * arch.hidden_size)
+    return (norm + embedding) / ctx.hbm
+
+
 def layer_overhead(ctx: LayerContext, moe: bool) -> float:
     """The layer's fixed launch overhead (card), plus in an MoE layer the dispatcher's host syncs, each a stall
     while the host refills the GPU's queue."""

@@ -41,7 +41,7 @@ from meshplan.estimate.attention_time import attention_efficiency, attention_sec
 from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.hybrid_time import hybrid_layers
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer, scope_memo
-from meshplan.estimate.layer_time import layer_time, overlapped_twin
+from meshplan.estimate.layer_time import eager_edge_seconds, layer_time, overlapped_twin
 from meshplan.estimate.memory import (
     attention_switches,
     ep_rank_load,
@@ -198,7 +198,8 @@ def step_terms(job: Job, plan: Plan, calibration_override: Calibration | None = 
     syncs: dict[tuple[float, float], StepSync] = {}  # step_sync per a stage's parameters (stages alike share them)
     for s, row in enumerate(rows):
         dp_exposed = max(dp_exposed, _dp_exposed(s, row, inputs, syncs))
-        optimizer = max(optimizer, _optimizer_seconds(row, inputs, m))
+        # with it, the sharding engine's once-per-step copies on the compute stream (other_s: not communication)
+        optimizer = max(optimizer, _optimizer_seconds(row, inputs, m) + row.sharding.step_copies)
     # a framework that runs its schedule once per accumulation step syncs the gradients at each run's last backward
     # (FSDP reshards there too, gathering again in the next run): Plan.pipeline_microbatches
     dp_exposed *= plan.schedule_runs(job.global_batch_size)
@@ -345,7 +346,7 @@ def throughput_of(t: StepTerms) -> ThroughputReport:
         pp_comm_s=m * row.pp,
         bubble_s=pipeline.bubble,
         recompute_s=m * row.recompute,
-        other_s=optimizer + m * row.launch_bound,
+        other_s=optimizer + m * (row.launch_bound + row.sharding.copies),
         offload_s=t.offload_s,
     )
     warnings = t.warnings + layout_warnings(job, plan, ctx.lk, m)
@@ -423,8 +424,10 @@ def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
     """The output layer's logits GEMM and cross-entropy per micro-batch on the head stage, forward + backward: the GEMM
     over the head's vocabulary shard (the whole vocabulary where the card leaves the head whole without sequence
     parallelism: tp_card.head_tp), the loss's memory-bound passes over the logits each rank holds (all of them where
-    the convention keeps them whole on every TP rank, logits_over_tp), and the all-gather of the shards' logits into
-    them where the head is split."""
+    the convention keeps them whole on every TP rank, logits_over_tp: the convention's own loss where it counts one,
+    loss_hbm_bytes_per_logit, else a fused cross-entropy's), and the all-gather of the shards' logits into them where
+    the head is split. An engine that trains transformers' code eagerly adds its final norm's and embedding's passes
+    (layer_time.eager_edge_seconds; on the one stage those engines run)."""
     arch, cal = job.model, ctx.cal
     conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
     vocab = built_vocab(arch.vocab_size, conv, plan.tp)  # as the memory's embedding, head and logits
@@ -434,7 +437,10 @@ def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
     if job.lora is not None:  # a frozen output layer: forward and data gradient only
         head *= FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
     whole = conv.logits_over_tp == "replicated"
-    head += cal.cross_entropy_bytes_per_logit * ctx.shard.tokens * vocab / (1 if whole else plan.tp) / ctx.hbm
+    loss_bytes = conv.loss_hbm_bytes_per_logit or cal.cross_entropy_bytes_per_logit  # the engine's loss, else fused
+    head += loss_bytes * ctx.shard.tokens * vocab / (1 if whole else plan.tp) / ctx.hbm
+    if ctx.hf_eager and plan.pp == 1:  # transformers' final norm and embedding, eager (those engines run no pipeline)
+        head += eager_edge_seconds(ctx, vocab)
     if whole and split > 1:
         groups = mesh.mesh_groups(plan, law=ctx.law)
         head += ring_time(ctx.shard.tokens * vocab * BF16, groups.tp.size, groups.tp.stride, ctx.lk)

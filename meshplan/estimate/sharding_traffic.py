@@ -11,7 +11,7 @@ from typing import NamedTuple
 from meshplan.arithmetic.comm import Links, allreduce_time, ring_time
 from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
-from meshplan.arithmetic.memory_states import holds_grads, keeps_gathered, uses_fsdp
+from meshplan.arithmetic.memory_states import FsdpCopyBytes, holds_grads, keeps_gathered, uses_fsdp
 from meshplan.arithmetic.mesh import Group
 from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.memory_terms import RankParts
@@ -33,6 +33,8 @@ class ShardUnit(NamedTuple):
     resharded: bool = True  # freed after its forward, so gathered again for its backward
     waits_fwd: float = 0.0  # share of its all-gather no prefetch can start early, forward (unprefetched_shares)
     waits_bwd: float = 0.0  # the same in the backward
+    copy_gather: float = 0.0  # seconds of the engine's own copies on the compute stream at each gather (UnitCopies)
+    copy_reduce: float = 0.0  # ... and at each reduce
 
     def moved(self, gathered: bool, reduced: bool) -> float:
         """Seconds of all its traffic in one forward and backward, hidden or not: each unit's all-gather forward
@@ -174,6 +176,22 @@ class DpTraffic:
         return self.seen[key]
 
 
+class UnitCopies(NamedTuple):
+    """What a sharding engine copies on the compute stream per parameter of a unit (memory_states.fsdp_copy_bytes:
+    torch's fully_shard), and the HBM bandwidth its memory-bound copies run at."""
+
+    bytes: FsdpCopyBytes
+    hbm: float  # bytes per second
+
+    def seconds(self, dense: float, expert: float, traffic: DpTraffic) -> tuple[float, float]:
+        """(each gather, each reduce) of a unit of `dense` and `expert` parameters on this rank: a gather over one
+        rank copies as fully_shard's world_size == 1 path does, over more its copy-out; each group apart."""
+        b = self.bytes
+        gather = sum(n * (b.gather_one_rank if group.size <= 1 else b.gather)
+                     for n, group in ((dense, traffic.dense), (expert, traffic.expert)) if n > 0)
+        return gather / self.hbm, (dense + expert) * b.reduce / self.hbm
+
+
 class StageShards(NamedTuple):
     """One pipeline stage as its FSDP units see it: its decoder layers and their kinds (True: MoE; MTP blocks
     appended), each kind's (forward, backward) window, whether it holds the embedding and the output head."""
@@ -196,7 +214,8 @@ def layer_weights(arch: Architecture, plan: Plan, moe: bool) -> list[float]:
 
 def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Architecture, head: float,
                 traffic: DpTraffic, grad_bytes: float, max_live: float | None = None,
-                weight_bytes: float = BF16) -> list[ShardUnit]:
+                weight_bytes: float = BF16, copies: UnitCopies | None = None,
+                head_resharded: bool = False) -> list[ShardUnit]:
     """A stage's FSDP units in forward order: the embedding on the first stage (no compute to hide the next
     gather behind), one unit per decoder layer (runs of one kind summed), the output head on the last stage
     (kept gathered into its backward: torchtitan does not reshard norm + output, Megatron-FSDP's root keeps
@@ -205,10 +224,12 @@ def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Archi
     weights that follow one of at least max_live elements wait whole (unprefetched_shares), and a dense layer's
     weights are gathered one collective each (DeepSpeed fetches per submodule). A decoder layer's weights move
     `weight_bytes` each (param_gather_bytes), the embedding and the output head bf16. Each unit's parameters on this
-    rank: RankParts, as the memory holds them."""
+    rank: RankParts, as the memory holds them. `copies`: what the engine copies on the compute stream at each
+    gather and reduce (UnitCopies; None: nothing). `head_resharded`: the output head's unit is freed after its
+    forward (edge_units)."""
     units: list[ShardUnit] = []
     kinds = stage.kinds
-    embedding, output = edge_units(arch, plan, parts, head, traffic, grad_bytes)
+    embedding, output = edge_units(arch, plan, parts, head, traffic, grad_bytes, copies, head_resharded)
     if stage.first:
         units.append(embedding)
     # MTP blocks cost like the last layer
@@ -227,7 +248,9 @@ def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Archi
             waits = unprefetched_shares(weights, max_live)
             if not kinds[start]:  # a dense layer's weights, one collective each (each pays its ring's latency)
                 gather = sum(traffic(w, 0.0, weight_bytes) for w in weights)
-        units.append(ShardUnit(end - start, gather, traffic.reduce(dense, expert, grad_bytes), fwd, bwd, True, *waits))
+        copied = copies.seconds(dense, expert, traffic) if copies is not None else (0.0, 0.0)
+        units.append(ShardUnit(end - start, gather, traffic.reduce(dense, expert, grad_bytes), fwd, bwd, True, *waits,
+                               *copied))
         start = end
     if stage.head_stage:
         units.append(output)
@@ -235,20 +258,24 @@ def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Archi
 
 
 def edge_units(arch: Architecture, plan: Plan, parts: RankParts, head: float, traffic: DpTraffic,
-               grad_bytes: float) -> tuple[ShardUnit, ShardUnit]:
+               grad_bytes: float, copies: UnitCopies | None = None,
+               head_resharded: bool = False) -> tuple[ShardUnit, ShardUnit]:
     """The embedding's unit (first stage: no compute before it to hide its gather) and the output head's (head
     stage: `head` its seconds, kept gathered into its backward: torchtitan does not reshard norm + output,
-    Megatron-FSDP's root keeps the output layer), bf16 each. Tied embeddings without PP are one unit (torchtitan
+    Megatron-FSDP's root keeps the output layer; `head_resharded`: freed after its forward and gathered again, verl's
+    root, the convention's output_resharded_at_loss), bf16 each. Tied embeddings without PP are one unit (torchtitan
     groups them, not resharded): the head's moves nothing of its own. Their parameters on this rank: RankParts (the
-    head with the final norm)."""
+    head with the final norm). `copies`: the engine's compute-stream copies (shard_units)."""
     tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
     embed_params = parts.embedding
     head_params = 0.0 if tied_one_unit else parts.head + parts.norm
+    embed_copies = copies.seconds(embed_params, 0.0, traffic) if copies is not None else (0.0, 0.0)
+    head_copies = copies.seconds(head_params, 0.0, traffic) if copies is not None else (0.0, 0.0)
     return (ShardUnit(1, traffic(embed_params, 0.0, BF16), traffic.reduce(embed_params, 0.0, grad_bytes), 0.0, 0.0,
-                      resharded=not tied_one_unit),
+                      not tied_one_unit, 0.0, 0.0, *embed_copies),
             ShardUnit(1, traffic(head_params, 0.0, BF16), traffic.reduce(head_params, 0.0, grad_bytes),
                       head / TRAINING_PASSES_PER_FORWARD, head * (1 - 1 / TRAINING_PASSES_PER_FORWARD),
-                      resharded=False))
+                      head_resharded and not tied_one_unit, 0.0, 0.0, *head_copies))
 
 
 @dataclass(frozen=True)
@@ -308,6 +335,8 @@ class ShardingExposed(NamedTuple):
     micro: float = 0.0
     step_gather: float = 0.0
     step_reduce: float = 0.0
+    copies: float = 0.0  # the engine's compute-stream copies per micro-batch (ShardUnit.copy_*): nothing hides them
+    step_copies: float = 0.0  # ... and those of the once-per-step gathers and reduces
 
 
 def in_line_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, reduce: bool) -> float:
@@ -317,10 +346,21 @@ def in_line_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: b
                           + (u.reduce if reduce else 0.0)) for u in units)
 
 
+def unit_copies(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, reduce: bool) -> float:
+    """Seconds of the units' compute-stream copies in one pass (forward, then backward): one per gather and reduce
+    in_line_sharding counts, on the compute stream whatever the collectives' overlap."""
+    return sum(u.count * ((u.copy_gather if gather_fwd else 0.0) + (u.copy_gather if gather_bwd and u.resharded
+                                                                    else 0.0) + (u.copy_reduce if reduce else 0.0))
+               for u in units)
+
+
 def exposed_by_schedule(units: Sequence[ShardUnit], sched: ShardingSchedule) -> ShardingExposed:
-    """The units' exposed traffic split as the schedule runs it: per micro-batch or once per step."""
+    """The units' exposed traffic split as the schedule runs it: per micro-batch or once per step; and their
+    compute-stream copies, likewise."""
     exposed = exposed_sharding if sched.overlapped else in_line_sharding
+    each = (sched.gather_each_microbatch, sched.gather_each_microbatch, sched.reduce_each_microbatch)
+    step_gather = sched.params_sharded and not sched.gather_each_microbatch
+    step_reduce = sched.grads_sharded and not sched.reduce_each_microbatch
     return ShardingExposed(
-        exposed(units, sched.gather_each_microbatch, sched.gather_each_microbatch, sched.reduce_each_microbatch),
-        exposed(units, sched.params_sharded and not sched.gather_each_microbatch, False, False),
-        exposed(units, False, False, sched.grads_sharded and not sched.reduce_each_microbatch))
+        exposed(units, *each), exposed(units, step_gather, False, False), exposed(units, False, False, step_reduce),
+        unit_copies(units, *each), unit_copies(units, step_gather, False, step_reduce))

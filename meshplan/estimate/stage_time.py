@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.lora import adapter_params
+from meshplan.arithmetic.memory_states import fsdp_copy_bytes, with_precision
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.arithmetic.muon import matrix_params, newton_schulz_seconds
 from meshplan.arithmetic.schedule import Stages
@@ -23,6 +24,7 @@ from meshplan.estimate.sharding_traffic import (
     ShardingSchedule,
     ShardUnit,
     StageShards,
+    UnitCopies,
     exposed_by_schedule,
     grad_reduce_bytes,
     param_gather_bytes,
@@ -155,7 +157,7 @@ def finished_stage(compute: float, fwd: float, comm: tuple[float, float, float, 
                    inp: StageInputs) -> StageTime:
     """The stage's row from its parts (`comm`: TP, CP, EP, recompute): its GPU seconds, the host floor's wait."""
     tp, cp, ep, recompute = comm
-    gpu = sum((compute, tp, cp, ep, recompute, pp, sharding.micro))
+    gpu = sum((compute, tp, cp, ep, recompute, pp, sharding.micro, sharding.copies))
     launch_bound = max(0.0, host - gpu) + inp.host_sync * min(host, gpu)
     return StageTime(compute=compute, fwd=fwd, tp=tp, cp=cp, ep=ep, recompute=recompute, pp=pp, host=host,
                      sharding=sharding, dense_params=params[0], expert_params=params[1], muon=muon,
@@ -506,18 +508,23 @@ def sharding_key(stage: StageShards, inp: StageInputs) -> tuple:
     layers = len(stage.layers) if uniform_layers(inp.ctx.arch) else tuple(stage.layers)
     return (layers, tuple(stage.kinds), tuple(stage.windows.items()), stage.first, stage.head_stage,
             plan.tp, plan.ep, plan.etp, plan.pp == 1, plan.sequence_parallel, plan.grad_reduce_in_fp32,
-            plan.fp8_param_gather, inp.head, traffic.dense, traffic.expert, traffic.lk, traffic.replicas,
-            traffic.replicas_with_each_reduce, inp.sharding, inp.job.framework, inp.job.precision, id(inp.ctx.arch),
-            id(inp.ctx.cal), id(inp.parts.table), inp.parts.embedding, inp.parts.head)
+            plan.fp8_param_gather, plan.zero_stage, inp.head, traffic.dense, traffic.expert, traffic.lk,
+            traffic.replicas, traffic.replicas_with_each_reduce, inp.sharding, inp.job.framework,
+            inp.job.framework_version, inp.job.precision, inp.ctx.hbm, id(inp.ctx.arch), id(inp.ctx.cal),
+            id(inp.parts.table), inp.parts.embedding, inp.parts.head)
 
 
 def _stage_sharding(stage: StageShards, inp: StageInputs) -> ShardingExposed:
     """stage_sharding's figure, computed (per StageInputs once per distinct units: stages repeat layers)."""
     arch, plan = inp.ctx.arch, inp.plan
     prefetch = inp.job.card.zero3_prefetch  # DeepSpeed's live-parameter limit
+    _, conv, tensors = with_precision(inp.job, plan)
+    copied = fsdp_copy_bytes(conv, tensors)  # torch's fully_shard copies on the compute stream
     units = tuple(shard_units(stage, parts=inp.parts, plan=plan, arch=arch, head=inp.head, traffic=inp.traffic,
                               grad_bytes=grad_reduce_bytes(plan, inp.ctx.cal), weight_bytes=param_gather_bytes(
-                                  inp.job, plan), max_live=prefetch.max_live_parameters if prefetch else None))
+                                  inp.job, plan), max_live=prefetch.max_live_parameters if prefetch else None,
+                              copies=UnitCopies(copied, inp.ctx.hbm) if copied is not None else None,
+                              head_resharded=conv.output_resharded_at_loss))
     if units not in inp.seen:  # pipeline stages often hold the same layers
         inp.seen[units] = exposed_by_schedule(units, inp.sharding)
     return inp.seen[units]
