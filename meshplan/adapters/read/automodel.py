@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import replace
-from pathlib import Path
 
 from meshplan.adapters.lora import known_projections, read_targets, unknown_projections
 from meshplan.adapters.read.keys import (
@@ -23,7 +22,7 @@ from meshplan.adapters.read.keys import (
     state_stage_split,
     whole_value,
 )
-from meshplan.adapters.read.launch import RANK_LAUNCHERS, read_launch, usage_comment_world, world
+from meshplan.adapters.read.launch import RANK_LAUNCHERS, named_file, read_launch, usage_comment_world, world
 from meshplan.adapters.read.settings import Setting, yaml_settings
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import resolve_model
@@ -197,7 +196,7 @@ def read_automodel_launch(text: str, path: str) -> Reading:
         raise MeshplanError(f"{path}:{command.line} {command.words[k].text}: no --config (or -c) recipe is given, "
                             "and AutoModel's parse_cli_argv then stops ('You must specify --config <path>').",
                             fix="Pass the recipe YAML the script runs, or add --config RECIPE.yaml to the command.")
-    recipe_path, recipe_text = _recipe_file(reading, recipe, command)
+    recipe_path, recipe_text = named_file(reading, recipe, "--config", (".yaml", ".yml"), "AutoModel's")
     named = {normalize(s.key) for s in overrides}
     kept = [replace(s, file=recipe_path) for s in recipe_settings(recipe_text, recipe_path)
             if not any(s.key == key or s.key.startswith(key + ".") for key in named)]
@@ -253,37 +252,6 @@ def translate_value(text: str) -> object:
         return ast.literal_eval(text) if len(text) <= 1000 else text
     except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
         return text
-
-
-def _recipe_file(reading: Reading, recipe, command) -> tuple[str, str]:
-    """The recipe YAML the command's --config names: an absolute path as is, a relative one from the folder the
-    script runs in, which the file does not say: taken as the nearest folder above the script that holds the path
-    (AutoModel's scripts run from the repository root, tests/functional_tests/*/L2_*.sh naming examples/...), and
-    said as assumed."""
-    where = f"{reading.path}:{recipe.line} --config {recipe.text}"
-    if "$" in recipe.text or not recipe.text.endswith((".yaml", ".yml")):
-        raise MeshplanError(f"{where}: the recipe path is not a YAML path meshplan can resolve from the file.",
-                            fix="Pass the recipe YAML the script runs (meshplan import RECIPE.yaml).")
-    given = Path(recipe.text)
-    folders = [] if reading.path.startswith("<") else [Path(reading.path).resolve().parent,
-                                                       *Path(reading.path).resolve().parents]
-    found = given if given.is_absolute() and given.is_file() else next(
-        (folder / given for folder in folders if not given.is_absolute() and (folder / given).is_file()), None)
-    if found is None:
-        raise MeshplanError(f"{where}: the recipe is not found "
-                            + ("(a pasted script has no folder)" if not folders else
-                               f"in any folder above {Path(reading.path).parent}") + ", and the script's settings "
-                            "are overrides over it.",
-                            fix="Pass the script from inside its repository, or the recipe YAML itself.")
-    try:
-        text = found.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MeshplanError(f"{where}: {found} cannot be read ({exc}).", fix="Pass the recipe YAML itself.") from None
-    if not given.is_absolute():
-        reading.assumed.append(f"{where}: read from {found}: the path is relative to the folder the script runs in, "
-                               f"taken as {found.parents[len(given.parts) - 1]} (the nearest folder above the script "
-                               "holding it; AutoModel's scripts run from the repository root)")
-    return str(found), text
 
 
 def _launcher_counts(reading: Reading, command, k: int, launcher: list[Setting]) -> list[Setting]:

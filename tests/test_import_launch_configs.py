@@ -1,4 +1,4 @@
-"""AutoModel launch scripts (its functional tests' L2_*.sh): the recipe the command's --config names, read with the
+"""Launch scripts that name their config file. AutoModel launch scripts (its functional tests' L2_*.sh): the recipe the command's --config names, read with the
 command's --dotted.key overrides over it (components/config/_arg_parser.py parse_cli_argv, loader.translate_value),
 and the GPU count from the command's launcher. Refused before as 'cannot tell which framework this shell file is
 for'. Fixtures: excerpts of NVIDIA-NeMo/Automodel 36044ad files."""
@@ -114,7 +114,7 @@ def test_the_request_resolves_through_check(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("script, said", [
-    (TP2_SCRIPT.replace(f"--config {RECIPE_PATH}", "--config examples/missing.yaml"), "the recipe is not found"),
+    (TP2_SCRIPT.replace(f"--config {RECIPE_PATH}", "--config examples/missing.yaml"), "the file is not found"),
     (TP2_SCRIPT.replace(f"--config {RECIPE_PATH} ", ""), "no --config (or -c) recipe is given"),
 ])
 def test_a_recipe_that_cannot_be_read_is_a_clear_error_on_every_face(tmp_path, capsys, script, said):
@@ -130,3 +130,89 @@ def test_a_pasted_script_names_a_recipe_it_cannot_follow(tmp_path):
     """The MCP face takes the script's text: no folder to find the recipe in, said so."""
     with pytest.raises(MeshplanError, match="a pasted script has no folder"):
         api.import_config(TP2_SCRIPT)
+
+
+# KempnerForge scripts/slurm/7b_requeue.sh at 5666d0d (excerpt): srun starts a rank per task, 4 nodes x 4 tasks
+KF_SCRIPT = """#!/bin/bash
+#SBATCH --job-name=kf-7b-adamw
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+set -euo pipefail
+
+CONFIG="configs/train/7b_16gpu_adamw.toml"
+
+OVERRIDES="$@"
+
+srun --kill-on-bad-exit=1 \\
+    uv run python scripts/train.py "${{CONFIG}}" ${{OVERRIDES}} {extra}
+"""
+
+# configs/train/7b_16gpu_adamw.toml at 5666d0d (excerpt): dp_shard -1, the GPUs left over
+KF_TOML = """[model]
+dim = 4096
+n_layers = 32
+n_heads = 32
+n_kv_heads = 8
+vocab_size = 128256
+ffn_dim_multiplier = 1.3
+norm_type = "rmsnorm"
+activation = "silu"
+max_seq_len = 4096
+rope_theta = 500000.0
+tie_embeddings = false
+
+[train]
+batch_size = 8
+seq_len = 4096
+grad_accum_steps = 4
+
+[distributed]
+dp_shard = {dp_shard}
+dp_replicate = 1
+tp = 1
+pp = 1
+"""
+
+
+def _kf(tmp_path, nodes: int = 4, dp_shard: int = -1, extra: str = ""):
+    toml = tmp_path / "configs/train/7b_16gpu_adamw.toml"
+    toml.parent.mkdir(parents=True)
+    toml.write_text(KF_TOML.format(dp_shard=dp_shard))
+    path = tmp_path / "scripts/slurm/7b_requeue.sh"
+    path.parent.mkdir(parents=True)
+    path.write_text(KF_SCRIPT.format(nodes=nodes, extra=extra))
+    return path, toml
+
+
+def test_a_kempnerforge_slurm_script_reads_the_toml_it_runs_on_the_ranks_srun_starts(tmp_path):
+    path, toml = _kf(tmp_path)
+    got = api.import_file(str(path))
+    assert (got.framework, got.variant) == ("kempnerforge", "launch")
+    assert got.request["model"] == "llama-3-8b" and got.sources["model"].startswith(f"{toml} [model]")
+    assert got.request["micro_batch_size"] == 8 and got.sources["micro_batch_size"].startswith(f"{toml}:")
+    # the TOML leaves dp to the GPUs: srun's 4 nodes x 4 tasks per node
+    assert got.request["num_gpus"] == 16 and "#SBATCH --ntasks-per-node" in got.sources["num_gpus"]
+    req = api.request_from_config(got)
+    assert (req.model, req.num_gpus, req.framework) == ("llama-3-8b", 16, "kempnerforge")
+
+
+def test_the_tomls_degrees_state_the_count_and_a_launch_that_differs_is_said(tmp_path):
+    path, _ = _kf(tmp_path, nodes=6, dp_shard=16)
+    got = api.import_file(str(path))
+    assert got.request["num_gpus"] == 16 and "validate_world_size" in got.sources["num_gpus"]
+    assert any("starts 24 ranks" in u and "refuses the run" in u for u in got.unsupported)
+
+
+def test_a_commands_override_wins_over_the_toml(tmp_path):
+    path, _ = _kf(tmp_path, extra="--train.batch_size=2")
+    got = api.import_file(str(path))
+    assert got.request["micro_batch_size"] == 2 and f"{path}:" in got.sources["micro_batch_size"]
+
+
+def test_a_script_taking_its_toml_as_an_argument_is_refused_with_what_to_pass(tmp_path, capsys):
+    path, _ = _kf(tmp_path)
+    path.write_text(path.read_text().replace('CONFIG="configs/train/7b_16gpu_adamw.toml"', 'CONFIG="${1:?Usage}"'))
+    assert main(["import", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert "Pass the config file the script runs" in err and "Traceback" not in err
