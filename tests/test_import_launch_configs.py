@@ -216,3 +216,11 @@ def test_a_script_taking_its_toml_as_an_argument_is_refused_with_what_to_pass(tm
     assert main(["import", str(path)]) != 0
     err = capsys.readouterr().err
     assert "Pass the config file the script runs" in err and "Traceback" not in err
+
+
+def test_srun_starting_the_entry_point_counts_a_rank_per_task(tmp_path):
+    script = "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n" + ONE_PROCESS_SCRIPT.replace(
+        "TRANSFORMERS_OFFLINE=1 coverage run", "srun python")
+    path, _ = _repo(tmp_path, script)
+    got = api.import_file(str(path))
+    assert got.request["num_gpus"] == 16 and "#SBATCH --ntasks-per-node" in got.sources["num_gpus"]
