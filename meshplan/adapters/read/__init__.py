@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from meshplan.adapters.read.automodel import read_automodel_yaml
+from meshplan.adapters.read.automodel import automodel_entry, read_automodel_launch, read_automodel_yaml
 from meshplan.adapters.read.bridge_recipe import DETECT as BRIDGE_RECIPE
 from meshplan.adapters.read.decoder_split import (
     STAGE_SIZES,
@@ -39,6 +39,7 @@ from meshplan.adapters.read.detect import (
 from meshplan.adapters.read.files import (
     read_deepspeed_json,
     read_kempnerforge,
+    read_kempnerforge_launch,
     read_toml_any,
     read_torchtitan_cli,
     read_torchtitan_toml,
@@ -117,6 +118,8 @@ def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
                             (r"main_dapo", read_verl),
                             (BRIDGE_SCRIPT.pattern, read_bridge_python),
                             (r"run_recipe\.py", read_bridge), (r"torchtitan\.train", read_torchtitan_cli),
+                            (automodel_entry(), read_automodel_launch),
+                            (r"(?:^|[\s/])scripts/train\.py\s", read_kempnerforge_launch),
                             (r"pretrain_\w+\.py|finetune_llama\.py", _megatron_or_deepspeed)):
         if re.search(pattern, text):
             return reader
@@ -139,7 +142,9 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
         t, p),
     ("torchtitan", "toml"): read_torchtitan_toml,
     ("kempnerforge", "toml"): read_kempnerforge,
+    ("kempnerforge", "shell"): read_kempnerforge_launch,
     ("nemo-automodel", "yaml"): read_automodel_yaml,
+    ("nemo-automodel", "shell"): read_automodel_launch,
 }
 
 

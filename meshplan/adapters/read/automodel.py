@@ -6,7 +6,9 @@ The YAML is parsed with yaml's safe loader (no `_target_` is imported or run).
 
 from __future__ import annotations
 
+import ast
 import re
+from dataclasses import replace
 
 from meshplan.adapters.lora import known_projections, read_targets, unknown_projections
 from meshplan.adapters.read.keys import (
@@ -15,11 +17,12 @@ from meshplan.adapters.read.keys import (
     apply,
     as_bool,
     key_table,
+    normalize,
     read_section,
     state_stage_split,
     whole_value,
 )
-from meshplan.adapters.read.launch import usage_comment_world, world
+from meshplan.adapters.read.launch import RANK_LAUNCHERS, named_file, read_launch, usage_comment_world, world
 from meshplan.adapters.read.settings import Setting, yaml_settings
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import resolve_model
@@ -168,7 +171,108 @@ def _model(reading: Reading) -> int | None:
 def read_automodel_yaml(text: str, path: str) -> Reading:
     """An AutoModel recipe YAML (`automodel <recipe>.yaml --nproc-per-node N`)."""
     reading = Reading(FRAMEWORK, path, variant="yaml")
-    settings = recipe_settings(text, path)
+    _read_settings(reading, recipe_settings(text, path))
+    _ci_world(reading, text)
+    usage_comment_world(reading, text)
+    world(reading)
+    return reading
+
+
+def automodel_entry() -> str:
+    """A pattern for a command running one of AutoModel's example entry points (its card's read.launcher)."""
+    return "(?:^|[\\s/])(?:" + "|".join(re.escape(name) for name in read_section(FRAMEWORK).launcher) + r")(?:\s|$)"
+
+
+def read_automodel_launch(text: str, path: str) -> Reading:
+    """A script that launches an AutoModel example entry point (`[torchrun --nproc_per_node=2] examples/llm_finetune/
+    finetune.py --config RECIPE.yaml --distributed.tp_size 2 ...`, as its functional tests do): the recipe it names
+    read, with the command's --dotted.key overrides over it as AutoModel's parse_args_and_load_config sets them (the
+    card's read.launcher_source), and the GPU count from the command's launcher. Refused before, as a shell file of
+    no framework meshplan could tell."""
+    launch = read_launch(text, path, FRAMEWORK, variant="launch")
+    reading, command, k = launch.reading, launch.command, launch.k
+    recipe, overrides = _cli_overrides(command.words[k + 1:])
+    if recipe is None:
+        raise MeshplanError(f"{path}:{command.line} {command.words[k].text}: no --config (or -c) recipe is given, "
+                            "and AutoModel's parse_cli_argv then stops ('You must specify --config <path>').",
+                            fix="Pass the recipe YAML the script runs, or add --config RECIPE.yaml to the command.")
+    recipe_path, recipe_text = named_file(reading, recipe, "--config", (".yaml", ".yml"), "AutoModel's")
+    named = {normalize(s.key) for s in overrides}
+    kept = [replace(s, file=recipe_path) for s in recipe_settings(recipe_text, recipe_path)
+            if not any(s.key == key or s.key.startswith(key + ".") for key in named)]
+    counts = _launcher_counts(reading, command, k, launch.settings)
+    if any(normalize(s.key) == "--nnodes" for s in counts):  # the launcher's nodes start the ranks: a recipe's
+        for s in [s for s in kept + overrides if s.key == "benchmark.num_nodes"]:  # benchmark.num_nodes starts none
+            reading.notes.append(f"{s.where(reading.path)} = {s.value}: the recipe's word for its nodes, which "
+                                 "launches nothing (benchmark.py at 36044ad does not read it); the launcher's --nnodes "
+                                 "sets the nodes the ranks run on, and is read")
+        kept, overrides = ([s for s in group if s.key != "benchmark.num_nodes"] for group in (kept, overrides))
+    _read_settings(reading, kept + overrides + counts)
+    world(reading)
+    return reading
+
+
+def _cli_overrides(words: list) -> tuple[object | None, list[Setting]]:
+    """The --config word and the --dotted.key overrides of an AutoModel entry point's argv, as parse_cli_argv splits
+    them (--config / -c the recipe; --a.b=v, --a.b v, a bare --a.b is True; other words skipped), each value as
+    loader.translate_value reads it; only the sections the recipe reader reads are kept (recipe_settings)."""
+    recipe, out, i = None, [], 0
+    while i < len(words):
+        text = words[i].text
+        if text in ("--config", "-c") and i + 1 < len(words):
+            recipe, i = words[i + 1], i + 2
+            continue
+        if text.startswith("--"):
+            key = text.lstrip("-")
+            if "=" in key:
+                key, value, at = *key.split("=", 1), words[i]
+                i += 1
+            elif i + 1 < len(words) and not words[i + 1].text.startswith("--"):
+                value, at = words[i + 1].text, words[i + 1]
+                i += 2
+            else:
+                value, at = "True", words[i]
+                i += 1
+            if key.split(".")[0] in READ_SECTIONS and not key.endswith("._target_") and \
+                    (not key.startswith("benchmark.") or key == "benchmark.num_nodes"):
+                via = f"{at.var} at line {at.var_line}" if at.var and at.var_line else None
+                read = translate_value(value)  # a null as the recipe's own YAML null reads ("null")
+                out.append(Setting(key, "null" if read is None else read, words[i - 1].line, via, written=f"--{key}"))
+            continue
+        i += 1
+    return recipe, out
+
+
+def translate_value(text: str) -> object:
+    """AutoModel's loader.translate_value: none/None, true/True, false/False, else ast.literal_eval, else the text."""
+    special = {"none": None, "None": None, "true": True, "True": True, "false": False, "False": False}
+    if text in special:
+        return special[text]
+    try:
+        return ast.literal_eval(text) if len(text) <= 1000 else text
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return text
+
+
+def _launcher_counts(reading: Reading, command, k: int, launcher: list[Setting]) -> list[Setting]:
+    """The ranks the command starts: srun's tasks (read by read_launch), torch.distributed.run's --nproc-per-node and
+    --nnodes (read by the card's keys), and where no launcher starts ranks (`python finetune.py`, `coverage run finetune.py`), one process: one GPU."""
+    if "gpus_per_node" in reading.extra:  # srun starts a rank per task (launch._srun_ranks): its count is read
+        return []
+    before = " ".join(w.text for w in command.words[:k])
+    if any(name in before for name in RANK_LAUNCHERS):
+        counts = [s for s in launcher if normalize(s.key) in ("--nproc-per-node", "--nnodes")]
+        if not any(normalize(s.key) == "--nproc-per-node" for s in counts):
+            reading.notes.append(f"{reading.path}:{command.line}: torch.distributed.run without --nproc-per-node "
+                                 "starts one process per node (its default 1)")
+            counts.append(Setting("--nproc-per-node", 1, command.line, written="torchrun's default --nproc-per-node"))
+        return counts
+    return [Setting("--nproc-per-node", 1, command.line,
+                    written=f"{command.words[k].text} started by no launcher (one process)")]
+
+
+def _read_settings(reading: Reading, settings: list[Setting]) -> None:
+    """A recipe's settings (or a launch script's recipe with its overrides) read into the request."""
     left = apply(reading, settings, key_table(FRAMEWORK), SPECIAL)
     _strategy(reading, left)
     _expert_reshard(reading)
@@ -197,10 +301,6 @@ def read_automodel_yaml(text: str, path: str) -> Reading:
     if "lora_rank" in reading.request:
         _lora_notes(reading)
     _pipeline(reading, _model(reading))
-    _ci_world(reading, text)
-    usage_comment_world(reading, text)
-    world(reading)
-    return reading
 
 
 def _ci_world(reading: Reading, text: str) -> None:

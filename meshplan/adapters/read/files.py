@@ -4,6 +4,7 @@ and a DeepSpeed JSON config. The keys' meanings come from the framework cards (k
 
 from __future__ import annotations
 
+import ast
 from dataclasses import replace
 
 from meshplan.adapters.common import torchtitan_batch
@@ -13,13 +14,14 @@ from meshplan.adapters.read.keys import (
     apply,
     as_bool,
     key_table,
+    normalize,
     read_section,
     state_stage_split,
     whole_value,
 )
-from meshplan.adapters.read.launch import read_deepspeed_settings, read_launch, usage_comment_world, world
+from meshplan.adapters.read.launch import named_file, read_deepspeed_settings, read_launch, usage_comment_world, world
 from meshplan.adapters.read.model_match import section_model
-from meshplan.adapters.read.settings import Setting, json_settings, toml_settings
+from meshplan.adapters.read.settings import Setting, flag_settings, json_settings, toml_settings
 from meshplan.arithmetic.mesh import replica_size
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
@@ -289,7 +291,69 @@ def read_torchtitan_cli(text: str, path: str) -> Reading:
 def read_kempnerforge(text: str, path: str) -> Reading:
     """A KempnerForge configs/train/*.toml: [distributed], [train] and the [model] shape."""
     reading = Reading("kempnerforge", path, variant="toml")
-    settings = toml_settings(text, path)
+    _kempnerforge_settings(reading, toml_settings(text, path))
+    if not _kempnerforge_world(reading):
+        usage_comment_world(reading, text)
+        world(reading)
+    return reading
+
+
+def read_kempnerforge_launch(text: str, path: str) -> Reading:
+    """A script launching KempnerForge's scripts/train.py (its slurm jobs: `srun ... python scripts/train.py
+    configs/train/13b_24gpu_validation.toml`): the TOML it names read (train.py's sys.argv[1], load_config), with the
+    command's --section.key=value overrides over it (loader._parse_cli_overrides, ast.literal_eval), and the ranks
+    srun starts (a rank per task) beside the count the TOML's degrees state. Refused before as a shell file of no
+    framework meshplan could tell."""
+    launch = read_launch(text, path, "kempnerforge", variant="launch")
+    reading, words = launch.reading, launch.command.words[launch.k + 1:]
+    if not words:
+        raise MeshplanError(f"{path}:{launch.command.line} {launch.command.words[launch.k].text}: no config TOML is "
+                            "given (train.py prints its usage: 'train.py <config.toml> [--section.key=value ...]').",
+                            fix="Pass the TOML the script runs, or add it to the command.")
+    toml_path, toml_text = named_file(reading, words[0], "", (".toml",), "KempnerForge's")
+    overrides = [replace(s, key=normalize(s.key), value=_literal(s.value), written=s.key)
+                 for s in flag_settings(words[1:]) if s.key.startswith("--")]
+    named = {s.key for s in overrides}
+    kept = [replace(s, file=toml_path) for s in toml_settings(toml_text, toml_path) if s.key not in named]
+    _kempnerforge_settings(reading, kept + overrides)
+    launched = {name: reading.extra.pop(name) for name in ("nodes", "gpus_per_node") if name in reading.extra}
+    if _kempnerforge_world(reading):
+        count = _launched_count(launched)
+        if count is not None and count != reading.request["num_gpus"]:
+            reading.unsupported.append(
+                f"{path}: the script starts {count} ranks ({_launched_where(reading, launched)}), the TOML's degrees "
+                f"{reading.request['num_gpus']}: KempnerForge's DistributedConfig.validate_world_size refuses the run")
+        return reading
+    reading.extra.update(launched)
+    world(reading)
+    return reading
+
+
+def _literal(value: object) -> object:
+    """KempnerForge's _parse_cli_overrides value: ast.literal_eval, else the text (a bare --a.b is true)."""
+    if value is True:
+        return True
+    try:
+        return ast.literal_eval(str(value))
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return value
+
+
+def _launched_count(launched: dict) -> int | None:
+    """nodes x ranks per node the launch starts, where both are whole numbers (one node where only ranks are given)."""
+    try:
+        return int(launched["gpus_per_node"][0]) * int(launched.get("nodes", (1,))[0])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _launched_where(reading: Reading, launched: dict) -> str:
+    return " x ".join(s.where(reading.path) if isinstance(s, Setting) else str(s) for _, s in launched.values())
+
+
+def _kempnerforge_settings(reading: Reading, settings: list[Setting]) -> None:
+    """A configs/train/*.toml's settings (or a launch's TOML with its overrides) read into the request."""
+    path = reading.path
     section = read_section("kempnerforge")
     built = section.model_section
     assert built is not None, "KempnerForge's card has a read.model_section"
@@ -314,10 +378,6 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     if "torch_compile" not in reading.request:
         reading.default("torch_compile", True, "TrainConfig.compile_model, cards/frameworks/kempnerforge.yaml")
     section_model(reading, settings)
-    if not _kempnerforge_world(reading):
-        usage_comment_world(reading, text)
-        world(reading)
-    return reading
 
 
 def _kempnerforge_world(reading: Reading) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -228,6 +229,39 @@ def launch_command(script: Script, framework: str) -> tuple[Command, int, bool]:
                             fix="Pass --framework NAME if it is another framework's, or the script that runs the "
                                 "training (a loop or function around the launch line is not read).")
     return found
+
+
+def named_file(reading: Reading, word: Word, flag: str, suffixes: tuple[str, ...], whose: str) -> tuple[str, str]:
+    """The path and text of the config file a launch command names (AutoModel's --config recipe, KempnerForge's
+    train.py TOML): an absolute path as is, a relative one from the folder the script runs in, which the file does not
+    say: taken as the nearest folder above the script that holds the path (the frameworks' scripts run from the
+    repository root: AutoModel's tests/functional_tests/*/L2_*.sh naming examples/..., KempnerForge's scripts/slurm/
+    naming configs/train/...), and said as assumed."""
+    where = f"{reading.path}:{word.line} " + (" ".join(x for x in (flag, word.text) if x) or "(an empty word)")
+    if "$" in word.text or not word.text.endswith(suffixes):
+        raise MeshplanError(f"{where}: the file the command runs is not a {' or '.join(suffixes)} path meshplan can "
+                            "resolve from the script (a variable set at launch, or no path).",
+                            fix="Pass the config file the script runs (meshplan import FILE).")
+    given = Path(word.text)
+    here = Path(reading.path).resolve()
+    folders = [] if reading.path.startswith("<") else [here.parent, *here.parents]
+    found = given if given.is_absolute() and given.is_file() else next(
+        (folder / given for folder in folders if not given.is_absolute() and (folder / given).is_file()), None)
+    if found is None:
+        raise MeshplanError(f"{where}: the file is not found "
+                            + ("(a pasted script has no folder)" if not folders else
+                               f"in any folder above {Path(reading.path).parent}") + f", and {whose} run reads its "
+                            "settings from it.",
+                            fix="Pass the script from inside its repository, or the config file itself.")
+    try:
+        text = found.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MeshplanError(f"{where}: {found} cannot be read ({exc}).", fix="Pass the config file itself.") from None
+    if not given.is_absolute():
+        reading.assumed.append(f"{where}: read from {found}: the path is relative to the folder the script runs in, "
+                               f"taken as {found.parents[len(given.parts) - 1]} (the nearest folder above the script "
+                               "holding it; the framework's scripts run from the repository root)")
+    return str(found), text
 
 
 SCRIPT_RUNNERS = ("bash", "sh", "zsh")  # what runs another script in a child shell (`source` reads one into this)

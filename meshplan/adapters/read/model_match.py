@@ -448,13 +448,14 @@ def section_model(reading: Reading, settings: list[Setting]) -> None:
     said = "; ".join(f"{f.name} {f.value} ({given[f.name].where(reading.path)})" for f in built.fields if f.given)
     left = "; ".join(f"{f.name} {f.value}" for f in built.fields if not f.given)
     display = framework_card(reading.framework).display_name
+    home = next((s.file for s in given.values() if s.file), reading.path)  # the TOML a launch script names
     if hits:
-        reading.state("model", hits[0], f"{reading.path} [{spec.section}] ({count:,} parameters as {display} builds "
+        reading.state("model", hits[0], f"{home} [{spec.section}] ({count:,} parameters as {display} builds "
                                         f"it: the architecture of {hits[0]})")
         if len(hits) > 1:
             reading.notes.append(f"model: {', '.join(hits)} share this architecture; {hits[0]} taken")
     else:
-        reading.state("model", built.arch.origin, f"{reading.path} [{spec.section}] (built as {display} builds it, "
+        reading.state("model", built.arch.origin, f"{home} [{spec.section}] (built as {display} builds it, "
                                                   f"{count:,} parameters: no catalog model has this architecture)")
     reading.notes.append(f"model: the [{spec.section}] section's architecture as {display}'s model code builds it: "
                          f"{said}" + (f"; left to its defaults (cards/frameworks/{reading.framework}.yaml "

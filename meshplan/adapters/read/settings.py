@@ -27,10 +27,11 @@ class Setting:
     alone: bool = False  # a flag with no value word after it (a switch, or a value flag whose variable is unset)
     written: str | None = None  # the key as the file writes it, where a reader reads it as another (SkyRL main_sft's)
     more: tuple[str, ...] = ()  # the bare words after a flag's value: an argparse list (--recompute-modules a b)
+    file: str | None = None  # the file that sets it where not the one read (the recipe an AutoModel script passes)
 
     def where(self, path: str) -> str:
         """Where the file sets it, in the file's own key: what an import cites and a fix edits."""
-        return f"{path}:{self.line} {self.written or self.key}" + (f" (${self.via})" if self.via else "")
+        return f"{self.file or path}:{self.line} {self.written or self.key}" + (f" (${self.via})" if self.via else "")
 
 
 def flag_settings(words: list[Word]) -> list[Setting]:
