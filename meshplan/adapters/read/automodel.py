@@ -256,7 +256,8 @@ def translate_value(text: str) -> object:
 
 def _launcher_counts(reading: Reading, command, k: int, launcher: list[Setting]) -> list[Setting]:
     """The ranks the command starts: srun's tasks (read by read_launch), torch.distributed.run's --nproc-per-node and
-    --nnodes (read by the card's keys), and where no launcher starts ranks (`python finetune.py`, `coverage run finetune.py`), one process: one GPU."""
+    --nnodes (read by the card's keys), and where no launcher starts ranks (`python finetune.py`,
+    `coverage run finetune.py`), one process: one GPU."""
     if "gpus_per_node" in reading.extra:  # srun starts a rank per task (launch._srun_ranks): its count is read
         return []
     before = " ".join(w.text for w in command.words[:k])

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from meshplan.adapters.architecture import core_restated
