@@ -1,5 +1,6 @@
 """Launch scripts that name their config file. AutoModel launch scripts (its functional tests' L2_*.sh): the
-recipe the command's --config names, read with the command's --dotted.key overrides over it (components/config/_arg_parser.py parse_cli_argv, loader.translate_value),
+recipe the command's --config names, read with the command's --dotted.key overrides over it
+(components/config/_arg_parser.py parse_cli_argv, loader.translate_value),
 and the GPU count from the command's launcher. Refused before as 'cannot tell which framework this shell file is
 for'. Fixtures: excerpts of NVIDIA-NeMo/Automodel 36044ad files."""
 
