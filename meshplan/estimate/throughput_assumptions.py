@@ -157,9 +157,9 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
         out.append(_hybrid_assumption(job, cal))
     if job.model.moe is not None:
         out.append(_moe_assumption(job, plan, cal))
+        out.append(routing_assumption(job, plan))
     if plan.cuda_graph_impl != "none":
         out.append(cuda_graph_assumption(job, plan))
-        out.append(routing_assumption(job, plan))
     if job.precision == "fp8":
         out.append(f"FP8: transformer linears at FP8 peak x {cal.fp8_gemm_relative_efficiency:.2f}; attention, "
                    "router and logits stay BF16.")

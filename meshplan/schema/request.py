@@ -423,6 +423,13 @@ class Request(StrictModel):
                           "'.*vision_model.*')",
     )
 
+    @field_validator("cuda_graph_modules", mode="before")
+    @classmethod
+    def _plan_tuple(cls, names: object) -> object:
+        """A Plan holds its modules as a tuple (hashable, for the memos); a plan's fields fed back as a request
+        (api, MCP) take them as the list they are. Anything else meets the strict list check as given."""
+        return list(names) if isinstance(names, tuple) else names
+
     @field_validator("recompute_modules", "lora_targets", "lora_target_parameters", "cuda_graph_modules")
     @classmethod
     def _each_once(cls, names: list[str] | None) -> list[str] | None:
