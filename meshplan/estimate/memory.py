@@ -539,8 +539,7 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
            "selective": "core attention recomputed (its s^2 / log-sum-exp tensors are not stored).",
            "full": "only each recomputed layer's input is stored, plus one layer's full activations while it "
                    "is recomputed in the backward"
-                   + (f" ({plan.recompute_layers} layers per chunk recomputed)." if plan.recompute_layers
-                      is not None else ".")}[plan.recompute],
+                   + _recompute_layers_words(plan)}[plan.recompute],
         ("Layers per stage balanced by compute as nanotron does (decoder layers and the output layer, "
          "models/base.py build_model), so the first stages hold more layers than L/pp."
          if card.conventions[conv_name].pipeline_partition == "compute_balanced" and plan.pp > 1
@@ -698,3 +697,16 @@ def step_offload_time(job: Job, plan: Plan, *, compute_s: float) -> tuple[float,
         host_activation_bytes=stage.detail.get("host_activations", 0) / in_flight,
         param_bytes_moved=2 * stage.detail.get("optimizer_params", 0), compute_s=compute_s,
     )
+
+
+def _recompute_layers_words(plan: Plan) -> str:
+    """Which layers full recompute covers, in the words of the method memory_stage.held_activations applies:
+    uniform chunks every layer; block (given, or left out with recompute_layers set) only the first
+    recompute_layers of each stage, the rest store every tensor (so the text never names chunks the figure lacks)."""
+    if plan.recompute_layers is None:
+        return "."
+    if plan.recompute_method == "uniform":
+        return f" (every layer, in chunks of {plan.recompute_layers} recomputed together)."
+    given = "block" if plan.recompute_method == "block" else "block, the method taken when recompute_layers is set"
+    return (f" (only the first {plan.recompute_layers} layers of each stage recomputed (recompute_method {given});"
+            " the other layers store every tensor above).")

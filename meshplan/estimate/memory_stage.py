@@ -37,6 +37,7 @@ from meshplan.estimate.memory_terms import (
     vision_weight_bytes,
 )
 from meshplan.estimate.muon_memory import muon_saved, muon_step_bytes
+from meshplan.estimate.recompute import recomputed_layers
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Plan
@@ -455,8 +456,7 @@ def held_activations(terms: MemoryTerms, rank: int, chunks, modes: bool = True) 
         for pos, i in enumerate(chunk):
             built += 1
             mode = terms.stored_mode
-            full = plan.recompute == "full" and (plan.recompute_layers is None or plan.recompute_method == "uniform"
-                                                 or pos < plan.recompute_layers)
+            full = plan.recompute == "full" and pos < recomputed_layers(plan, len(chunk))
             if full and group and pos % group:
                 continue  # inside a checkpointed chunk (memory.checkpoint_group): only its first input is kept
             if full:

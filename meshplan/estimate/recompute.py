@@ -9,6 +9,7 @@ from meshplan.arithmetic.flops import Gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, summed
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, ElementwiseLoad, LayerContext, LayerTime
 from meshplan.knowledge.calibration import Calibration
+from meshplan.schema.plan import Plan
 
 # Megatron's recompute_modules -> the GEMMs (flops.py names) each one's recompute runs again; the memory-bound
 # passes each repeats are counted in module_memory_bound.
@@ -124,3 +125,13 @@ def recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: s
         return sum(lt.attention_fwd if m == "core_attn" else lt.module_fwd.get(m, 0.0)
                    + (lt.ep / FORWARD_AND_BACKWARD if m == "moe" else 0.0) for m in modules)
     return 0.0
+
+
+def recomputed_layers(plan: Plan, n_layers: int) -> int:
+    """How many of a stage's (or chunk's) n_layers, from its first, Megatron's full recompute reruns: every one
+    under the uniform method or with recompute_layers left out, else the block method's first recompute_layers
+    (transformer_block.py _checkpointed_forward). Memory and step time both read it, so they recompute the same
+    layers."""
+    if plan.recompute_layers is None or plan.recompute_method == "uniform":
+        return n_layers
+    return min(n_layers, plan.recompute_layers)

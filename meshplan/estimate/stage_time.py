@@ -17,7 +17,7 @@ from meshplan.arithmetic.schedule import Stages
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.layer_records import LayerContext, LayerTime, scope_memo
 from meshplan.estimate.memory_terms import RankParts
-from meshplan.estimate.recompute import recompute_time
+from meshplan.estimate.recompute import recompute_time, recomputed_layers
 from meshplan.estimate.sharding_traffic import (
     DpTraffic,
     ShardingExposed,
@@ -313,8 +313,7 @@ def recomputed_counts(n_layers: int, kinds: list[bool], inp: StageInputs) -> tup
     """(mode, layers, MoE layers) of the stage that recompute: the first recompute_layers of the stage (uniform:
     every layer, in chunks), or torchtitan 0.2.x's every N-th block built on the rank, fully checkpointed."""
     plan = inp.plan
-    n_recompute = n_layers if plan.recompute_layers is None or plan.recompute_method == "uniform" \
-        else min(n_layers, plan.recompute_layers)
+    n_recompute = recomputed_layers(plan, n_layers)
     n_moe_recompute = sum(kinds[:n_recompute])
     every_nth = inp.recompute.every_nth
     if every_nth:
@@ -338,8 +337,7 @@ def hybrid_sums(n_layers: int, kinds: list, inp: StageInputs) -> LayerSums:
     the recompute of those among the first recompute_layers (every layer where uniform or left out)."""
     plan = inp.plan
     assert inp.hybrid is not None
-    n_recompute = n_layers if plan.recompute_layers is None or plan.recompute_method == "uniform" \
-        else min(n_layers, plan.recompute_layers)
+    n_recompute = recomputed_layers(plan, n_layers)
     recomputing = kinds[:n_recompute]
     return kind_sums(((kind, lt, kinds.count(kind), recomputing.count(kind), kind == "E")
                       for kind, lt in inp.hybrid.items()), plan.recompute, inp)
@@ -399,8 +397,7 @@ def hybrid_one_layer_work(n_layers: int, kinds: list, inp: StageInputs) -> tuple
     chains take (search/rank_chains.py), never exceeds the stage's own layers."""
     plan, cal, rc = inp.plan, inp.ctx.cal, inp.recompute
     assert inp.hybrid is not None
-    n_recompute = n_layers if plan.recompute_layers is None or plan.recompute_method == "uniform" \
-        else min(n_layers, plan.recompute_layers)
+    n_recompute = recomputed_layers(plan, n_layers)
     dense: list[tuple[float, float]] = []
     moe = (0.0, 0.0)
     for kind, lt in inp.hybrid.items():
