@@ -46,21 +46,23 @@ def tiled_window_keys(seq_length: float, window: int, block_m: int, block_n: int
     if window >= s:
         return window_attended_keys(s, window)
     blocks = math.ceil(s / block_m)
-    total = 0.0
-    for m in range(blocks):
-        rows = min(block_m, s - m * block_m)
+
+    def block(m: int) -> tuple[float, int, int]:
+        """(rows, first key block, keys per row) of query block m."""
         first = max(0, (m * block_m - (window - 1)) // block_n)
         last = min(math.ceil(s / block_n), math.ceil((m + 1) * block_m / block_n))
-        total += rows * (last - first) * block_n
+        return min(block_m, s - m * block_m), first, (last - first) * block_n
+
+    total = 0.0
+    for m in range(blocks):
+        rows, first, keys = block(m)
+        total += rows * keys
         if first > 0 and m * block_m + 2 * block_m <= s:  # from here every full block runs the same tiles
-            steady = (last - first) * block_n
             full = math.floor(s / block_m) - m - 1
-            total += full * block_m * steady
+            total += full * block_m * keys
             for tail in range(m + 1 + full, blocks):
-                rows = min(block_m, s - tail * block_m)
-                first = max(0, (tail * block_m - (window - 1)) // block_n)
-                last = min(math.ceil(s / block_n), math.ceil((tail + 1) * block_m / block_n))
-                total += rows * (last - first) * block_n
+                rows, _, keys = block(tail)
+                total += rows * keys
             break
     return total / s
 

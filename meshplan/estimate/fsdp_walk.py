@@ -7,6 +7,7 @@ whether the memory they leave stays reserved in the reduce-scatter stream's pool
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import NamedTuple
 
 from meshplan.arithmetic.memory_states import (
@@ -229,11 +230,9 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
         walks.append((accumulation.cooldown_other, True, ", after a backward"))
     stored = prefix_sums([v.stored for v in units])  # stored[k]: sum(v.stored for v in units[:k])
     # passed[c]: sum of the params of the units after the c-th gathered one that the walk holds gathered
-    passed, kept = suffix_sums([v.params for v in units if not v.in_loss]), 0
-    gathered_before = []  # gathered_before[k]: how many of units[:k + 1] are not in_loss
-    for v in units:
-        kept += not v.in_loss
-        gathered_before.append(kept)
+    passed = suffix_sums([v.params for v in units if not v.in_loss])
+    # gathered_before[k]: how many of units[:k + 1] are not in_loss
+    gathered_before = list(accumulate(0 if v.in_loss else 1 for v in units))
     out = []
     for other, all_gathered, when in walks:
         for k in range(len(units) - 1, -1, -1):
@@ -294,11 +293,7 @@ def stage_post_backward(conv, held: list[FsdpUnit], bytes_per_param: float, grad
 def prefix_sums(values: list[float]) -> list[float]:
     """out[k] == sum(values[:k]) bit for bit, k = 0 .. len(values): Python's sum adds from 0 left to right, as a
     running sum does."""
-    out, total = [0], 0
-    for v in values:
-        total = total + v
-        out.append(total)
-    return out
+    return list(accumulate(values, initial=0))
 
 
 def suffix_sums(values: list[float]) -> list[float]:

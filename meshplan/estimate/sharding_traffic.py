@@ -212,6 +212,12 @@ def layer_weights(arch: Architecture, plan: Plan, moe: bool) -> list[float]:
     return [g.n * g.k for g in gemms for _ in range(max(1, round(g.count)))]
 
 
+def copy_seconds(copies: UnitCopies | None, dense: float, expert: float, traffic: DpTraffic) -> tuple[float, float]:
+    """(each gather, each reduce) seconds of a unit's compute-stream copies (UnitCopies.seconds); none without
+    copies."""
+    return copies.seconds(dense, expert, traffic) if copies is not None else (0.0, 0.0)
+
+
 def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Architecture, head: float,
                 traffic: DpTraffic, grad_bytes: float, max_live: float | None = None,
                 weight_bytes: float = BF16, copies: UnitCopies | None = None,
@@ -248,7 +254,7 @@ def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Archi
             waits = unprefetched_shares(weights, max_live)
             if not kinds[start]:  # a dense layer's weights, one collective each (each pays its ring's latency)
                 gather = sum(traffic(w, 0.0, weight_bytes) for w in weights)
-        copied = copies.seconds(dense, expert, traffic) if copies is not None else (0.0, 0.0)
+        copied = copy_seconds(copies, dense, expert, traffic)
         units.append(ShardUnit(end - start, gather, traffic.reduce(dense, expert, grad_bytes), fwd, bwd, True, *waits,
                                *copied))
         start = end
@@ -269,8 +275,8 @@ def edge_units(arch: Architecture, plan: Plan, parts: RankParts, head: float, tr
     tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
     embed_params = parts.embedding
     head_params = 0.0 if tied_one_unit else parts.head + parts.norm
-    embed_copies = copies.seconds(embed_params, 0.0, traffic) if copies is not None else (0.0, 0.0)
-    head_copies = copies.seconds(head_params, 0.0, traffic) if copies is not None else (0.0, 0.0)
+    embed_copies = copy_seconds(copies, embed_params, 0.0, traffic)
+    head_copies = copy_seconds(copies, head_params, 0.0, traffic)
     return (ShardUnit(1, traffic(embed_params, 0.0, BF16), traffic.reduce(embed_params, 0.0, grad_bytes), 0.0, 0.0,
                       not tied_one_unit, 0.0, 0.0, *embed_copies),
             ShardUnit(1, traffic(head_params, 0.0, BF16), traffic.reduce(head_params, 0.0, grad_bytes),

@@ -261,18 +261,19 @@ class Architecture(StrictModel):
     @property
     def windowed_layers(self) -> int:
         """Layers that attend over sliding_window tokens; the others attend to every earlier token."""
-        if self.sliding_window is None:
-            return 0
-        return self.num_layers if self.sliding_window_layers is None else min(self.sliding_window_layers,
-                                                                              self.num_layers)
+        return self._local_layers(self.sliding_window, self.sliding_window_layers)
 
     @property
     def chunked_layers(self) -> int:
         """Layers that attend within their attention_chunk_size chunk; the others as windowed_layers says."""
-        if self.attention_chunk_size is None:
+        return self._local_layers(self.attention_chunk_size, self.chunked_attention_layers)
+
+    def _local_layers(self, span: int | None, layers: int | None) -> int:
+        """How many layers a local-attention kind covers: none without its span, every layer where the config gives
+        the span alone, else the count it gives (at most the model's layers)."""
+        if span is None:
             return 0
-        return self.num_layers if self.chunked_attention_layers is None else min(self.chunked_attention_layers,
-                                                                                 self.num_layers)
+        return self.num_layers if layers is None else min(layers, self.num_layers)
 
     @property
     def local_attention(self) -> tuple[int, int | None]:
