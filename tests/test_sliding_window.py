@@ -361,7 +361,8 @@ def _tiles_by_hand(seq, window, block_m, block_n):
 
 @pytest.mark.parametrize(("seq", "window", "tiles"), [(4096, 128, (128, 128)), (131072, 128, (128, 128)),
                                                       (8192, 4096, (128, 64)), (1000, 100, (128, 64)),
-                                                      (4100, 128, (128, 128)), (8192, 1024, (64, 64))])
+                                                      (4100, 128, (128, 128)), (8192, 1024, (64, 64)),
+                                                      (4096, 64, (64, 128)), (32768, 200, (64, 128))])
 def test_a_window_runs_whole_tiles(seq, window, tiles):
     """The tiles a window's query blocks overlap, against the kernel's loop bounds counted by hand; a 128-token window
     on 128 x 128 tiles computes 2 key blocks a query past the first (256 keys, where it attends 128)."""

@@ -57,7 +57,9 @@ def tiled_window_keys(seq_length: float, window: int, block_m: int, block_n: int
     for m in range(blocks):
         rows, first, keys = block(m)
         total += rows * keys
-        if first > 0 and m * block_m + 2 * block_m <= s:  # from here every full block runs the same tiles
+        # from here every full block runs the same tiles, where a query block spans whole key blocks (each block
+        # then moves both bounds by block_m / block_n); else the key blocks alternate and each is counted
+        if first > 0 and block_m % block_n == 0 and m * block_m + 2 * block_m <= s:
             full = math.floor(s / block_m) - m - 1
             total += full * block_m * keys
             for tail in range(m + 1 + full, blocks):
