@@ -409,3 +409,43 @@ def test_a_verl_lora_rank_above_zero_is_still_a_lora_job():
     imported = api.import_config(text, path="ppo_trainer.yaml")
     assert imported.request["lora_rank"] == 32
     assert imported.sources["lora_rank"].endswith(":14 actor_rollout_ref.model.lora_rank")
+
+
+AUTOMODEL_CLI = DATA / "automodel_cli"
+
+
+def test_automodels_cli_reads_its_positional_recipe_with_the_overrides_and_nproc():
+    """`automodel RECIPE.yaml --nproc-per-node 8 --distributed.tp_size 2` (the recipes' own 'To run this recipe' line,
+    nemo_automodel/cli/app.py: the recipe positional, --nproc-per-node argparse's, the rest parse_cli_argv's
+    overrides): refused before as a shell file of no framework."""
+    imported = api.import_file(str(AUTOMODEL_CLI / "scripts" / "benchmark_llama3_1_8b.sh"))
+    assert imported.framework == "nemo-automodel"
+    assert imported.request["model"] == "meta-llama/Llama-3.1-8B" and imported.request["lora_rank"] == 16
+    assert imported.request["tp"] == 2 and "--distributed.tp_size" in imported.sources["tp"]
+    assert imported.request["num_gpus"] == 8 and "automodel --nproc-per-node" in imported.sources["num_gpus"]
+    assert imported.sources["global_batch_size"].endswith("llama3_1_8b_peft_benchmark.yaml:8 "
+                                                          "step_scheduler.global_batch_size")
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert (req.tp, req.num_gpus) == (2, 8)
+
+
+def test_automodels_cli_module_under_torchrun_runs_on_torchruns_ranks():
+    """slurm.sub's `torchrun ... -m nemo_automodel.cli.app ${CONFIG}`: the CLI runs the recipe in-process on
+    torchrun's 2 x 8 ranks (InteractiveLauncher); the override written `--a.b=v`."""
+    imported = api.import_file(str(AUTOMODEL_CLI / "scripts" / "torchrun_app.sh"))
+    assert imported.request["num_gpus"] == 16 and imported.request["tp"] == 4
+    assert any("in-process on its ranks" in n for n in imported.notes)
+
+
+def test_automodels_cli_without_a_count_or_a_recipe_says_which(tmp_path):
+    """No --nproc-per-node: the CLI takes every GPU of the node, which the script does not say (left to the request);
+    no recipe: refused with the CLI's own usage."""
+    script = (AUTOMODEL_CLI / "scripts" / "benchmark_llama3_1_8b.sh").read_text()
+    at = AUTOMODEL_CLI / "scripts" / "x.sh"
+    no_count = api.import_config(script.replace(" --nproc-per-node 8", ""), path=str(at))
+    assert "num_gpus" not in no_count.request
+    assert any("every GPU of the node" in line for line in no_count.unresolved)
+    assert api.request_from_config(no_count, {"num_gpus": 8, "gpu": "h100"}).num_gpus == 8
+    with pytest.raises(MeshplanError) as err:
+        api.import_config("#!/bin/bash\nautomodel --nproc-per-node 8\n", path=str(at))
+    assert "no recipe YAML is given" in str(err.value) and "automodel <config.yaml>" in str(err.value)

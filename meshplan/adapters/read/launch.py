@@ -207,7 +207,8 @@ def launch_command(script: Script, framework: str) -> tuple[Command, int, bool]:
     command passing at least CUSTOM_ENTRY_LEAST_KEYS Hydra overrides the framework's card knows (a custom entry point
     over its config, as most of SkyRL's examples launch: examples.train.multiply.main_multiply); refused before, with
     'not a SkyRL launch script', though its keys had told the format."""
-    launchers = read_section(framework).launcher
+    read = read_section(framework)
+    launchers = [*read.launcher, *read.cli]
     commands = [*script.commands, *_shell_c_commands(script)]
     found = None
     for command in commands:
