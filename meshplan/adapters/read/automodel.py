@@ -214,7 +214,7 @@ def read_automodel_launch(text: str, path: str) -> Reading:
             if not any(s.key == key or s.key.startswith(key + ".") for key in named)]
     if not cli:
         counts = _launcher_counts(reading, command, k, launch.settings)
-    if _other_launcher(reading, recipe_text, recipe_path) and cli:
+    if cli and _other_launcher(reading, recipe_text, recipe_path):
         counts = []
     if any(normalize(s.key) == "--nnodes" for s in counts):  # the launcher's nodes start the ranks: a recipe's
         for s in [s for s in kept + overrides if s.key == "benchmark.num_nodes"]:  # benchmark.num_nodes starts none
