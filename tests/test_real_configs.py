@@ -449,3 +449,51 @@ def test_automodels_cli_without_a_count_or_a_recipe_says_which(tmp_path):
     with pytest.raises(MeshplanError) as err:
         api.import_config("#!/bin/bash\nautomodel --nproc-per-node 8\n", path=str(at))
     assert "no recipe YAML is given" in str(err.value) and "automodel <config.yaml>" in str(err.value)
+
+
+KEMPNERFORGE = DATA / "kempnerforge_repo"
+
+
+def test_a_kempnerforge_benchmark_reads_its_launch_functions_first_call():
+    """benchmarks/moe_packed/retry_e64.sh: `run_experiment NAME "ARGS"` twice, the function's body launching `srun ...
+    python scripts/train.py configs/train/debug.toml $args ...`: read with the first call's arguments ($1, $2 and
+    `local args="$2"`), every call said. Refused before ('no command launches scripts/train.py')."""
+    imported = api.import_file(str(KEMPNERFORGE / "benchmarks" / "moe_packed" / "retry_e64.sh"))
+    request = imported.request
+    assert imported.framework == "kempnerforge"
+    assert (request["ep"], request["dp"], request["num_gpus"], request["micro_batch_size"]) == (4, 2, 8, 1)
+    assert request["model"].startswith("kempnerforge model section: dim=2048 n_layers=24") and \
+        "num_experts=64" in request["model"]
+    said = next(a for a in imported.assumed if "the function `run_experiment` is called 2 times" in a)
+    assert "05b_8gpu_moe_e64_fsdp2_ep4_unpacked_bs1" in said
+    assert "line 61: 06b_8gpu_moe_e64_fsdp2_ep4_packed_bs1" in said
+    assert api.request_from_config(imported, {"gpu": "h200"}).num_gpus == 8
+
+
+def test_a_kempnerforge_script_whose_config_is_its_own_argument_is_refused_with_the_argument_named():
+    """scripts/slurm/multinode.sh: CONFIG="${1:?Usage: ...}" then `srun ... python scripts/train.py "${CONFIG}"`: the
+    TOML is given when the script runs, not in it (said before as 'an empty word')."""
+    with pytest.raises(MeshplanError) as err:
+        api.import_file(str(KEMPNERFORGE / "scripts" / "slurm" / "multinode.sh"))
+    said = str(err.value)
+    assert "the config TOML is CONFIG, set at line 33 from the script's own argument $1" in said
+    assert "meshplan import configs/train/7b.toml" in said and "an empty word" not in said
+
+
+def test_a_kempnerforge_loop_over_stated_tomls_is_a_job_each_and_a_glob_is_refused():
+    """`for CONFIG in A.toml B.toml; do srun python scripts/train.py $CONFIG; done`: each path a job, the first read
+    and every one said; a loop over a glob (files the script does not state) is refused, naming the loop."""
+    at = KEMPNERFORGE / "scripts" / "slurm" / "sweep.sh"
+    loop = ("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=4\n"
+            "for CONFIG in configs/train/debug.toml configs/train/7b.toml; do\n"
+            "    srun uv run python scripts/train.py \"$CONFIG\" --distributed.dp_shard=4\ndone\n")
+    imported = api.import_config(loop, path=str(at))
+    assert imported.request["dp"] == 4 and "configs/train/debug.toml" in imported.sources["micro_batch_size"]
+    said = next(a for a in imported.assumed if "`for CONFIG in ...` runs its body 2 times" in a)
+    assert "configs/train/debug.toml; configs/train/7b.toml" in said
+    with pytest.raises(MeshplanError) as err:
+        api.import_config(loop.replace("configs/train/debug.toml configs/train/7b.toml", "configs/train/*.toml"),
+                          path=str(at))
+    said = str(err.value)
+    assert "sweep.sh:5: the command launching scripts/train.py is inside a block meshplan cannot read statically" in \
+        said and "sweep.sh:4 a `for` block is not run" in said
