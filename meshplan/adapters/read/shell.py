@@ -622,7 +622,7 @@ class Reader:
             return False
         items = [w for r in raws[3:] for w in self.expand.words(r, line)]
         if not items or any("$(" in t for t in texts[3:]) or any(
-                re.search(r"[*?[]", "".join(t for t, q in r.parts if not q)) for r in raws[3:]):
+                re.search(r"[*?[]", VAR_REF.sub("", "".join(t for t, q in r.parts if not q))) for r in raws[3:]):
             return False  # a command's output or a glob over files: words the script does not state
         name = texts[1]
         self.script.env[name] = Var(items[0].text, line)
