@@ -491,6 +491,9 @@ def test_a_kempnerforge_loop_over_stated_tomls_is_a_job_each_and_a_glob_is_refus
     assert imported.request["dp"] == 4 and "configs/train/debug.toml" in imported.sources["micro_batch_size"]
     said = next(a for a in imported.assumed if "`for CONFIG in ...` runs its body 2 times" in a)
     assert "configs/train/debug.toml; configs/train/7b.toml" in said
+    array = loop.replace("for CONFIG in configs/train/debug.toml configs/train/7b.toml",
+                         "CONFIGS=(configs/train/debug.toml configs/train/7b.toml)\nfor CONFIG in ${CONFIGS[@]}")
+    assert api.import_config(array, path=str(at)).request["dp"] == 4  # an array's words: stated, no glob
     with pytest.raises(MeshplanError) as err:
         api.import_config(loop.replace("configs/train/debug.toml configs/train/7b.toml", "configs/train/*.toml"),
                           path=str(at))
