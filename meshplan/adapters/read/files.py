@@ -344,9 +344,9 @@ def _refuse_argument(text: str, path: str, script, command, word) -> None:
         f"{path}:{command.line} scripts/train.py ${word.var}: the config TOML is {word.var}, set at line "
         f"{script.env[word.var].line} from the script's own argument {argument}, given on the command line that runs "
         "the script (SCRIPT ... CONFIG.toml [--section.key=value ...]), not in it: the script holds no job to read.",
-        fix="Pass the TOML the script is run with" + (f" (its usage comment runs {usage}: meshplan import {usage})"
-                                                     if usage else " (meshplan import CONFIG.toml)")
-            + ", the overrides given after it as flags beside it.")
+        fix="Pass the config file the script runs, the TOML it is run with" + (
+            f" (its usage comment runs {usage}: meshplan import {usage})" if usage else
+            " (meshplan import CONFIG.toml)") + ", the overrides given after it as flags beside it.")
 
 
 def _literal(value: object) -> object:
