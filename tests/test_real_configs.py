@@ -409,3 +409,94 @@ def test_a_verl_lora_rank_above_zero_is_still_a_lora_job():
     imported = api.import_config(text, path="ppo_trainer.yaml")
     assert imported.request["lora_rank"] == 32
     assert imported.sources["lora_rank"].endswith(":14 actor_rollout_ref.model.lora_rank")
+
+
+AUTOMODEL_CLI = DATA / "automodel_cli"
+
+
+def test_automodels_cli_reads_its_positional_recipe_with_the_overrides_and_nproc():
+    """`automodel RECIPE.yaml --nproc-per-node 8 --distributed.tp_size 2` (the recipes' own 'To run this recipe' line,
+    nemo_automodel/cli/app.py: the recipe positional, --nproc-per-node argparse's, the rest parse_cli_argv's
+    overrides): refused before as a shell file of no framework."""
+    imported = api.import_file(str(AUTOMODEL_CLI / "scripts" / "benchmark_llama3_1_8b.sh"))
+    assert imported.framework == "nemo-automodel"
+    assert imported.request["model"] == "meta-llama/Llama-3.1-8B" and imported.request["lora_rank"] == 16
+    assert imported.request["tp"] == 2 and "--distributed.tp_size" in imported.sources["tp"]
+    assert imported.request["num_gpus"] == 8 and "automodel --nproc-per-node" in imported.sources["num_gpus"]
+    assert imported.sources["global_batch_size"].endswith("llama3_1_8b_peft_benchmark.yaml:8 "
+                                                          "step_scheduler.global_batch_size")
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert (req.tp, req.num_gpus) == (2, 8)
+
+
+def test_automodels_cli_module_under_torchrun_runs_on_torchruns_ranks():
+    """slurm.sub's `torchrun ... -m nemo_automodel.cli.app ${CONFIG}`: the CLI runs the recipe in-process on
+    torchrun's 2 x 8 ranks (InteractiveLauncher); the override written `--a.b=v`."""
+    imported = api.import_file(str(AUTOMODEL_CLI / "scripts" / "torchrun_app.sh"))
+    assert imported.request["num_gpus"] == 16 and imported.request["tp"] == 4
+    assert any("in-process on its ranks" in n for n in imported.notes)
+
+
+def test_automodels_cli_without_a_count_or_a_recipe_says_which(tmp_path):
+    """No --nproc-per-node: the CLI takes every GPU of the node, which the script does not say (left to the request);
+    no recipe: refused with the CLI's own usage."""
+    script = (AUTOMODEL_CLI / "scripts" / "benchmark_llama3_1_8b.sh").read_text()
+    at = AUTOMODEL_CLI / "scripts" / "x.sh"
+    no_count = api.import_config(script.replace(" --nproc-per-node 8", ""), path=str(at))
+    assert "num_gpus" not in no_count.request
+    assert any("every GPU of the node" in line for line in no_count.unresolved)
+    assert api.request_from_config(no_count, {"num_gpus": 8, "gpu": "h100"}).num_gpus == 8
+    with pytest.raises(MeshplanError) as err:
+        api.import_config("#!/bin/bash\nautomodel --nproc-per-node 8\n", path=str(at))
+    assert "no recipe YAML is given" in str(err.value) and "automodel <config.yaml>" in str(err.value)
+
+
+KEMPNERFORGE = DATA / "kempnerforge_repo"
+
+
+def test_a_kempnerforge_benchmark_reads_its_launch_functions_first_call():
+    """benchmarks/moe_packed/retry_e64.sh: `run_experiment NAME "ARGS"` twice, the function's body launching `srun ...
+    python scripts/train.py configs/train/debug.toml $args ...`: read with the first call's arguments ($1, $2 and
+    `local args="$2"`), every call said. Refused before ('no command launches scripts/train.py')."""
+    imported = api.import_file(str(KEMPNERFORGE / "benchmarks" / "moe_packed" / "retry_e64.sh"))
+    request = imported.request
+    assert imported.framework == "kempnerforge"
+    assert (request["ep"], request["dp"], request["num_gpus"], request["micro_batch_size"]) == (4, 2, 8, 1)
+    assert request["model"].startswith("kempnerforge model section: dim=2048 n_layers=24") and \
+        "num_experts=64" in request["model"]
+    said = next(a for a in imported.assumed if "the function `run_experiment` is called 2 times" in a)
+    assert "05b_8gpu_moe_e64_fsdp2_ep4_unpacked_bs1" in said
+    assert "line 61: 06b_8gpu_moe_e64_fsdp2_ep4_packed_bs1" in said
+    assert api.request_from_config(imported, {"gpu": "h200"}).num_gpus == 8
+
+
+def test_a_kempnerforge_script_whose_config_is_its_own_argument_is_refused_with_the_argument_named():
+    """scripts/slurm/multinode.sh: CONFIG="${1:?Usage: ...}" then `srun ... python scripts/train.py "${CONFIG}"`: the
+    TOML is given when the script runs, not in it (said before as 'an empty word')."""
+    with pytest.raises(MeshplanError) as err:
+        api.import_file(str(KEMPNERFORGE / "scripts" / "slurm" / "multinode.sh"))
+    said = str(err.value)
+    assert "the config TOML is CONFIG, set at line 33 from the script's own argument $1" in said
+    assert "meshplan import configs/train/7b.toml" in said and "an empty word" not in said
+
+
+def test_a_kempnerforge_loop_over_stated_tomls_is_a_job_each_and_a_glob_is_refused():
+    """`for CONFIG in A.toml B.toml; do srun python scripts/train.py $CONFIG; done`: each path a job, the first read
+    and every one said; a loop over a glob (files the script does not state) is refused, naming the loop."""
+    at = KEMPNERFORGE / "scripts" / "slurm" / "sweep.sh"
+    loop = ("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=4\n"
+            "for CONFIG in configs/train/debug.toml configs/train/7b.toml; do\n"
+            "    srun uv run python scripts/train.py \"$CONFIG\" --distributed.dp_shard=4\ndone\n")
+    imported = api.import_config(loop, path=str(at))
+    assert imported.request["dp"] == 4 and "configs/train/debug.toml" in imported.sources["micro_batch_size"]
+    said = next(a for a in imported.assumed if "`for CONFIG in ...` runs its body 2 times" in a)
+    assert "configs/train/debug.toml; configs/train/7b.toml" in said
+    array = loop.replace("for CONFIG in configs/train/debug.toml configs/train/7b.toml",
+                         "CONFIGS=(configs/train/debug.toml configs/train/7b.toml)\nfor CONFIG in ${CONFIGS[@]}")
+    assert api.import_config(array, path=str(at)).request["dp"] == 4  # an array's words: stated, no glob
+    with pytest.raises(MeshplanError) as err:
+        api.import_config(loop.replace("configs/train/debug.toml configs/train/7b.toml", "configs/train/*.toml"),
+                          path=str(at))
+    said = str(err.value)
+    assert "sweep.sh:5: the command launching scripts/train.py is inside a block meshplan cannot read statically" in \
+        said and "sweep.sh:4 a `for` block is not run" in said

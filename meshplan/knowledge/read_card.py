@@ -209,6 +209,9 @@ class ReadSection(_Card):
 
     launcher: list[str] = Field(default_factory=list, description="The scripts or modules a launch command runs")
     launcher_source: str | None = None
+    cli: list[str] = Field(default_factory=list, description="The command-line entry points that take the config "
+                                                             "file as their first positional argument, not --config")
+    cli_source: str | None = None
     keys: dict[str, str] = Field(
         default_factory=dict, description="A file's key and what it sets: a request field, an adapter knob or a name "
                                           "the reader takes (nodes, dp_shard, ...)")

@@ -179,8 +179,10 @@ def read_automodel_yaml(text: str, path: str) -> Reading:
 
 
 def automodel_entry() -> str:
-    """A pattern for a command running one of AutoModel's example entry points (its card's read.launcher)."""
-    return "(?:^|[\\s/])(?:" + "|".join(re.escape(name) for name in read_section(FRAMEWORK).launcher) + r")(?:\s|$)"
+    """A pattern for a command running one of AutoModel's example entry points or its CLI (its card's read.launcher
+    and read.cli)."""
+    read = read_section(FRAMEWORK)
+    return "(?:^|[\\s/])(?:" + "|".join(re.escape(name) for name in [*read.launcher, *read.cli]) + r")(?:\s|$)"
 
 
 def read_automodel_launch(text: str, path: str) -> Reading:
@@ -191,16 +193,29 @@ def read_automodel_launch(text: str, path: str) -> Reading:
     no framework meshplan could tell."""
     launch = read_launch(text, path, FRAMEWORK, variant="launch")
     reading, command, k = launch.reading, launch.command, launch.k
-    recipe, overrides = _cli_overrides(command.words[k + 1:])
+    cli = _is_cli(command.words[k].text)
+    if cli:
+        recipe, overrides, counts = _app_argv(reading, command, k, launch.settings)
+    else:
+        recipe, overrides = _cli_overrides(command.words[k + 1:])
+    if recipe is None and cli:
+        raise MeshplanError(f"{path}:{command.line} {command.words[k].text}: no recipe YAML is given; AutoModel's CLI "
+                            "takes it as its first argument (`automodel <config.yaml> [--nproc-per-node N] "
+                            "[--key.subkey=override ...]`) and argparse stops without it.",
+                            fix="Pass the recipe YAML the script runs, or add it to the command.")
     if recipe is None:
         raise MeshplanError(f"{path}:{command.line} {command.words[k].text}: no --config (or -c) recipe is given, "
                             "and AutoModel's parse_cli_argv then stops ('You must specify --config <path>').",
                             fix="Pass the recipe YAML the script runs, or add --config RECIPE.yaml to the command.")
-    recipe_path, recipe_text = named_file(reading, recipe, "--config", (".yaml", ".yml"), "AutoModel's")
+    recipe_path, recipe_text = named_file(reading, recipe, "" if cli else "--config", (".yaml", ".yml"),
+                                           "AutoModel's")
     named = {normalize(s.key) for s in overrides}
     kept = [replace(s, file=recipe_path) for s in recipe_settings(recipe_text, recipe_path)
             if not any(s.key == key or s.key.startswith(key + ".") for key in named)]
-    counts = _launcher_counts(reading, command, k, launch.settings)
+    if not cli:
+        counts = _launcher_counts(reading, command, k, launch.settings)
+    if cli and _other_launcher(reading, recipe_text, recipe_path):
+        counts = []
     if any(normalize(s.key) == "--nnodes" for s in counts):  # the launcher's nodes start the ranks: a recipe's
         for s in [s for s in kept + overrides if s.key == "benchmark.num_nodes"]:  # benchmark.num_nodes starts none
             reading.notes.append(f"{s.where(reading.path)} = {s.value}: the recipe's word for its nodes, which "
@@ -241,6 +256,65 @@ def _cli_overrides(words: list) -> tuple[object | None, list[Setting]]:
             continue
         i += 1
     return recipe, out
+
+
+def _is_cli(word: str) -> bool:
+    """Whether a launch word is AutoModel's CLI (the card's read.cli: `automodel`, `-m nemo_automodel.cli.app`)."""
+    return any(word == name or word.endswith("/" + name) for name in read_section(FRAMEWORK).cli)
+
+
+NPROC = ("--nproc-per-node", "--nproc_per_node")
+"""The one option of AutoModel's CLI parser (cli/app.py build_parser) besides its positional recipe."""
+
+
+def _app_argv(reading: Reading, command, k: int, launcher: list[Setting]) -> tuple[object | None, list[Setting],
+                                                                                    list[Setting]]:
+    """AutoModel's CLI argv as cli/app.py reads it: argparse's parse_known_args takes --nproc-per-node (or
+    --nproc_per_node, `=N` or `N`) and the first word that is no option as the recipe (an option it does not know
+    takes no value from argparse, so it belongs before its value); the words left are passed to
+    parse_args_and_load_config as parse_cli_argv's overrides (a --config there replaces the recipe). The ranks: a
+    torchrun around it (the CLI then runs the recipe in-process on torchrun's ranks, InteractiveLauncher), else
+    --nproc-per-node, else every GPU of the node (determine_local_world_size), which the script does not say."""
+    words, recipe, nproc, extra, i = command.words[k + 1:], None, None, [], 0
+    while i < len(words):
+        text = words[i].text
+        name, eq, value = text.partition("=")
+        if name in NPROC and eq:
+            nproc, i = (value, words[i]), i + 1
+        elif text in NPROC and i + 1 < len(words):
+            nproc, i = (words[i + 1].text, words[i + 1]), i + 2
+        elif recipe is None and not text.startswith("-"):
+            recipe, i = words[i], i + 1
+        else:
+            extra.append(words[i])
+            i += 1
+    given, overrides = _cli_overrides(extra)
+    recipe = given if given is not None else recipe
+    before = " ".join(w.text for w in command.words[:k])
+    if any(name in before for name in RANK_LAUNCHERS):
+        reading.notes.append(f"{reading.path}:{command.line} {command.words[k].text}: run under "
+                             "torch.distributed.run, AutoModel's CLI runs the recipe in-process on its ranks "
+                             "(InteractiveLauncher): the launcher's counts are read, not its own --nproc-per-node")
+        return recipe, overrides, _launcher_counts(reading, command, k, launcher)
+    if nproc is not None:
+        return recipe, overrides, [Setting("--nproc-per-node", nproc[0], nproc[1].line, written="automodel "
+                                           "--nproc-per-node")]
+    if "gpus_per_node" not in reading.extra:
+        reading.leave(("num_gpus",), f"{reading.path}:{command.line} {command.words[k].text}: no --nproc-per-node, "
+                                     "so AutoModel's CLI starts a process on every GPU of the node it runs on "
+                                     "(determine_local_world_size), which the script does not say (pass --num-gpus)")
+    return recipe, overrides, []
+
+
+def _other_launcher(reading: Reading, text: str, path: str) -> bool:
+    """A recipe with a skypilot: or nemo_run: section, which AutoModel's CLI launches through that launcher (its
+    nodes and GPUs in that section, not read): said, and the command's own counts not read."""
+    sections = [name for name in ("skypilot", "nemo_run") if re.search(rf"^{name}\s*:", text, re.M)]
+    if sections:
+        reading.leave(("num_gpus",), f"{path}: its {sections[0]}: section makes AutoModel's CLI launch the recipe "
+                                     f"through {sections[0]}, whose nodes and GPUs meshplan does not read (pass "
+                                     "--num-gpus)")
+    return bool(sections)
 
 
 def translate_value(text: str) -> object:

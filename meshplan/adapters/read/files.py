@@ -5,6 +5,7 @@ and a DeepSpeed JSON config. The keys' meanings come from the framework cards (k
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import replace
 
 from meshplan.adapters.common import torchtitan_batch
@@ -310,6 +311,7 @@ def read_kempnerforge_launch(text: str, path: str) -> Reading:
         raise MeshplanError(f"{path}:{launch.command.line} {launch.command.words[launch.k].text}: no config TOML is "
                             "given (train.py prints its usage: 'train.py <config.toml> [--section.key=value ...]').",
                             fix="Pass the TOML the script runs, or add it to the command.")
+    _refuse_argument(text, path, launch.script, launch.command, words[0])
     toml_path, toml_text = named_file(reading, words[0], "", (".toml",), "KempnerForge's")
     overrides = [replace(s, key=normalize(s.key), value=_literal(s.value), written=s.key)
                  for s in flag_settings(words[1:]) if s.key.startswith("--")]
@@ -327,6 +329,24 @@ def read_kempnerforge_launch(text: str, path: str) -> Reading:
     reading.extra.update(launched)
     world(reading)
     return reading
+
+
+def _refuse_argument(text: str, path: str, script, command, word) -> None:
+    """A TOML path that is the script's own argument (multinode.sh's CONFIG="${1:?Usage: ...}", then `srun ... python
+    scripts/train.py "${CONFIG}"`): given when the script is run, not in it, so nothing can be read; refused with the
+    argument named and the TOML its usage comment runs it with (read before as an empty word)."""
+    argument = script.arguments.get(word.var or "")
+    if argument is None:
+        return
+    usage = next((m.group(0) for line in text.splitlines() if line.lstrip().startswith("#")
+                  for m in [re.search(r"[\w./-]+\.toml", line)] if m), None)
+    raise MeshplanError(
+        f"{path}:{command.line} scripts/train.py ${word.var}: the config TOML is {word.var}, set at line "
+        f"{script.env[word.var].line} from the script's own argument {argument}, given on the command line that runs "
+        "the script (SCRIPT ... CONFIG.toml [--section.key=value ...]), not in it: the script holds no job to read.",
+        fix="Pass the config file the script runs, the TOML it is run with" + (
+            f" (its usage comment runs {usage}: meshplan import {usage})" if usage else
+            " (meshplan import CONFIG.toml)") + ", the overrides given after it as flags beside it.")
 
 
 def _literal(value: object) -> object:

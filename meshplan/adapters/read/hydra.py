@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from meshplan.adapters.read.hydra_compose import compose_defaults, said_composed
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, lora_rank, read_section, whole_value
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, flag_settings, yaml_settings
@@ -77,7 +78,9 @@ def _yaml(text: str, path: str, framework: str) -> tuple[Reading, list[Setting]]
     every = yaml_settings(text, path, f"{name}'s Hydra config", f"Pass {name}'s trainer YAML or the launch script.",
                           refuses_duplicates=f"{name}'s Hydra loader (OmegaConf)")
     reading = Reading(framework, path)
-    for s in every:
+    composed = compose_defaults(text, path, every, f"{name}'s Hydra config", f"Pass {name}'s trainer YAML or the "
+                                "launch script.", f"{name}'s Hydra loader (OmegaConf)")
+    for s in [] if composed is not None else every:
         if s.key == "defaults" and isinstance(s.value, list):
             pulled = [str(item) if not isinstance(item, dict) else ", ".join(f"{k}: {v}" for k, v in item.items())
                       for item in s.value if item != "_self_"]
@@ -87,7 +90,10 @@ def _yaml(text: str, path: str, framework: str) -> tuple[Reading, list[Setting]]
                     "files, which are not given: a key this file leaves out is read at meshplan's default for "
                     f"{name} (cards/frameworks/{framework}.yaml), not at theirs. Pass the launch script, or those "
                     "keys as flags")
-    raw = [s for s in every if s.key.split(".")[0] not in ("defaults", "hydra") and not s.key.endswith("_target_")]
+    if composed is not None:
+        said_composed(reading, composed, name, framework)
+    raw = [s for s in (every if composed is None else composed.settings)
+           if s.key.split(".")[0] not in ("defaults", "hydra") and not s.key.endswith("_target_")]
     base = next((Setting("--config-name", item, s.line) for s in every if s.key == "defaults" and
                  isinstance(s.value, list) for item in s.value if isinstance(item, str) and item != "_self_"), None)
     if base is not None:  # the primary config it composes over, as a launch script's --config-name names it

@@ -50,7 +50,7 @@ def read_launch(text: str, path: str, framework: str, variant: str | None = None
     command, k, custom = launch_command(script, framework)
     reading = Reading(framework, path, variant=variant)
     reading.unresolved += script.unresolved
-    reading.assumed += script.loops
+    reading.assumed += script.loops + ([command.call] if command.call else [])
     if custom:
         launchers = read_section(framework).launcher
         reading.notes.append(
@@ -207,7 +207,8 @@ def launch_command(script: Script, framework: str) -> tuple[Command, int, bool]:
     command passing at least CUSTOM_ENTRY_LEAST_KEYS Hydra overrides the framework's card knows (a custom entry point
     over its config, as most of SkyRL's examples launch: examples.train.multiply.main_multiply); refused before, with
     'not a SkyRL launch script', though its keys had told the format."""
-    launchers = read_section(framework).launcher
+    read = read_section(framework)
+    launchers = [*read.launcher, *read.cli]
     commands = [*script.commands, *_shell_c_commands(script)]
     found = None
     for command in commands:
@@ -223,6 +224,16 @@ def launch_command(script: Script, framework: str) -> tuple[Command, int, bool]:
                 found = (command, k, True)
     if found is None and (called := called_scripts(script)):
         raise wrapper_script(script.path, called, f"no command launches {' or '.join(launchers)}: this file")
+    hidden = next(((line, name) for line, text in script.unread for name in launchers
+                   if re.search(rf"(?:^|[\s/]){re.escape(name)}(?:\s|$)", text)), None)
+    if found is None and hidden is not None:
+        why = [note for note in script.unresolved if "block is not run" in note or "neither branch read" in note]
+        raise NoLaunch(f"{script.path}:{hidden[0]}: the command launching {hidden[1]} is inside a block meshplan "
+                       f"cannot read statically ({'; '.join(why[:3]) or 'a loop, a condition or a function'}): a "
+                       "loop over words the script does not state (a command's output, a glob), a condition on a "
+                       "value known only at run time, or a function never called.",
+                       fix="Pass the config file the run reads (with its overrides as flags beside it), or a script "
+                           "whose launch line runs at its top level or in a loop over stated words.")
     if found is None:
         raise NoLaunch(f"{script.path}: no command launches {' or '.join(launchers)}, so this is not a "
                             f"{framework_card(framework).display_name} launch script meshplan can read.",

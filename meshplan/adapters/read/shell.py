@@ -14,6 +14,7 @@ unresolved.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass, field, replace
 
@@ -43,6 +44,7 @@ class Command:
     words: list[Word]
     line: int
     runner: list[Word] = field(default_factory=list)  # what runs a `bash -c` string's command (srun ... bash -c)
+    call: str | None = None  # the shell function whose first call ran it, with every call (Reader.call)
 
 
 @dataclass
@@ -53,6 +55,8 @@ class Script:
     files: dict[str, tuple[str, int]] = field(default_factory=dict)  # heredoc text written to a path, first line
     unresolved: list[str] = field(default_factory=list)
     loops: list[str] = field(default_factory=list)  # each `for` loop read once: its values, and the one read
+    arguments: dict[str, str] = field(default_factory=dict)  # a variable set from the script's own argument: "$1"
+    unread: list[tuple[int, str]] = field(default_factory=list)  # lines of blocks not read (a loop, an `if`)
 
     def note(self, line: int, text: str) -> None:
         entry = f"{self.path}:{line} {text}"
@@ -220,7 +224,7 @@ def split_words(text: str) -> list[_Raw | str]:
 
 # a default may hold one level of ${...} itself: ${X:-"${HOME}/verl"}
 VAR_REF = re.compile(r"\$(?:\{(#?)([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(\[[@*0-9]+\])?"
-                     r"(?:(:?[-=+?])((?:\$\{[^}]*\}|[^}])*))?\}"
+                     r"(?:(:?[-=+?]|##?|%%?)((?:\$\{[^}]*\}|[^}])*))?\}"
                      r"|([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$])|(\(\((.*)\)\))|(\((.*?)\)))", re.S)
 
 
@@ -270,6 +274,8 @@ class Expander:
         var = env.get(name)
         if var is not None and ref.group(3) and var.items is not None:
             return " ".join(w.text for w in var.items), name, var.items
+        if var is not None and op in ("#", "##", "%", "%%"):  # the shortest / longest prefix or suffix removed
+            return _trimmed(var.value, op, self.text(default or "", line)), name, None
         if var is not None and (var.value or op not in (":-", ":=")):
             return var.value, name, None
         if op in ("-", ":-", "=", ":="):
@@ -338,6 +344,17 @@ MAX_EVAL_DEPTH = 4  # `X='eval $X'; eval $X` would never end: evals nested deepe
 ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
 
 
+def _trimmed(value: str, op: str, pattern: str) -> str:
+    """`${X#pat}`, `${X##pat}`, `${X%pat}`, `${X%%pat}`: the shortest (one sign) or longest (two) prefix (#) or suffix
+    (%) matching the glob pattern removed, as the shell's parameter expansion does."""
+    cuts = range(len(value) + 1) if len(op) == 1 else range(len(value), -1, -1)
+    for n in cuts:
+        part = value[:n] if op[0] == "#" else value[len(value) - n:]
+        if fnmatch.fnmatchcase(part, pattern):
+            return value[n:] if op[0] == "#" else value[:len(value) - n]
+    return value
+
+
 def _condition(words: list[str]) -> bool | None:
     """A `[ ... ]`, `[[ ... ]]` or `test ...` condition of string or integer comparisons, joined by || and &&
     (left to right, as the shell does); None for anything else (a file test, a command's status)."""
@@ -348,13 +365,15 @@ def _condition(words: list[str]) -> bool | None:
             if op in ("||", "-o"):
                 return True if True in (left, right) else None if None in (left, right) else False
             return False if False in (left, right) else None if None in (left, right) else True
+    pattern = words[:1] == ["[["]  # [[ a == b ]]: b a glob pattern (unquoted in the script, as its words are here)
     while words and words[0] in ("[", "[[", "test"):
         words = words[1:-1] if words[0] != "test" else words[1:]
     negate = words[:1] == ["!"]
     words = words[1:] if negate else words
     result: bool | None = None
     if len(words) == 3 and words[1] in ("=", "==", "!="):
-        result = (words[0] == words[2]) == (words[1] != "!=")
+        same = fnmatch.fnmatchcase(words[0], words[2]) if pattern else words[0] == words[2]
+        result = same == (words[1] != "!=")
     elif len(words) == 3 and words[1] in ("-eq", "-ne", "-gt", "-lt", "-ge", "-le"):
         try:
             a, b = int(words[0]), int(words[2])
@@ -378,6 +397,11 @@ class Reader:
         self.skip_depth = 0  # open loops, functions and case blocks: their bodies are not read
         self.eval_depth = 0  # evals being read inside one another
         self.loops: list[str] = []  # open `for` loops whose body is read once (their variables)
+        self.functions: dict[str, list[_Line]] = {}  # shell functions defined so far: their bodies' lines
+        self.capture: tuple[str, list[_Line]] | None = None  # a function definition being read: its name, body
+        self.calls: dict[str, list[tuple[int, list[Word]]]] = {}  # each function's calls: line, arguments
+        self.call_depth = 0
+        self.first_calls: dict[str, tuple[int, int]] = {}  # the commands each function's first call added
         self.lines = logical_lines(text)
         self._slurm_nodes(text)
 
@@ -402,7 +426,17 @@ class Reader:
 
     def read(self) -> Script:
         for logical in self.lines:
+            capturing = self.capture is not None
+            if self.skip_depth or not self.active():
+                self.script.unread.append((logical.starts[0][1], logical.text))
             self.read_line(logical)
+            if capturing and self.capture is not None:
+                if self.skip_depth == 0:
+                    self.functions[self.capture[0]] = self.capture[1]
+                    self.capture = None
+                else:
+                    self.capture[1].append(logical)
+        self._said_calls()
         if self.branches:
             raise MeshplanError(f"{self.script.path}: an `if` is never closed by `fi`.",
                                 fix="Check the script's if/fi pairs.")
@@ -455,7 +489,14 @@ class Reader:
             return
         if head in ("for", "while", "until", "select", "case", "function") or re.fullmatch(r"[\w-]+\(\)", head) \
                 or second == "()":
+            reading = self.skip_depth == 0 and self.active()
             self.skip_depth += 1
+            name = second.removesuffix("()") if head == "function" else head.removesuffix("()")
+            function = head == "function" or head.endswith("()") or second == "()"
+            if function and reading and self.capture is None and \
+                    re.fullmatch(r"[\w-]+", name) and not any("".join(t for t, _ in r.parts) == "}" for r in raws):
+                self.capture = (name, [])  # its body kept, read at its first call (Reader.call)
+                return
             if self.skip_depth == 1:
                 self.script.note(line, f"a `{head.rstrip('()')}` block is not run: what it sets or launches is not "
                                        "read")
@@ -516,12 +557,60 @@ class Reader:
         if len(words) > 1 and words[0].text == "eval":
             self.eval(words[1:], line)
             return
+        if words and words[0].text in self.functions:
+            self.call(words[0].text, words[1:], line)
+            return
         if words and words[0].text == "read" and "<<<" in [w.text for w in words]:
             self.read_here_string(words, line)
             return
         if logical.heredoc is not None:
             self.heredoc(words, logical, line)
         self.script.commands.append(Command(words, line))
+
+    def call(self, name: str, args: list[Word], line: int) -> None:
+        """A call of a function the script defines: its body read at the first call, as the shell runs it ($1, $2 ...
+        and "$@" the call's words; `local` read as an assignment), and each later call only counted: a script calling
+        its launch function once per layout (KempnerForge's benchmarks' run_experiment) launches each in turn, and
+        meshplan plans one, the first (its commands name every call, `Command.call`, said by the launch readers)."""
+        calls = self.calls.setdefault(name, [])
+        calls.append((line, args))
+        if len(calls) > 1 or self.call_depth >= MAX_EVAL_DEPTH:
+            return
+        saved = {k: self.script.env.get(k) for k in ("@", "*", "#", *map(str, range(1, 10)))}
+        for k in saved:
+            self.script.env.pop(k, None)
+        for n, word in enumerate(args[:9], start=1):
+            self.script.env[str(n)] = Var(word.text, word.line)
+        for k in ("@", "*"):
+            self.script.env[k] = Var(" ".join(w.text for w in args), line, list(args))
+        self.script.env["#"] = Var(str(len(args)), line)
+        first = len(self.script.commands)
+        self.call_depth += 1
+        try:
+            for logical in self.functions[name]:
+                self.read_line(logical)
+        finally:
+            self.call_depth -= 1
+            for k, var in saved.items():
+                if var is None:
+                    self.script.env.pop(k, None)
+                else:
+                    self.script.env[k] = var
+        self.first_calls[name] = (first, len(self.script.commands))
+
+    def _said_calls(self) -> None:
+        """Each command a function's first call ran, told every call of that function (its first word, the name a
+        benchmark script gives each run)."""
+        for name, (start, end) in self.first_calls.items():
+            calls = self.calls[name]
+            shown = "; ".join(f"line {at}: {' '.join(w.text for w in args[:2])}" for at, args in calls[:8]) + (
+                f"; and {len(calls) - 8} more" if len(calls) > 8 else "")
+            said = (f"{self.script.path}:{calls[0][0]} the function `{name}` is called {len(calls)} time"
+                    + ("s" if len(calls) > 1 else "") + f" ({shown}): each call a run; read once, with the first "
+                    "call's arguments" + (" (pass the others' fields beside the file to plan them)"
+                                          if len(calls) > 1 else ""))
+            for command in self.script.commands[start:end]:
+                command.call = command.call or said
 
     def read_loop(self, raws: list[_Raw], line: int) -> bool:
         """`for NAME in WORDS; do ... done` with words the script states: its body read once, NAME the first word,
@@ -532,8 +621,9 @@ class Reader:
         if len(raws) < 3 or texts[2] != "in" or not re.fullmatch(r"[A-Za-z_]\w*", texts[1]) or "done" in texts:
             return False
         items = [w for r in raws[3:] for w in self.expand.words(r, line)]
-        if not items or any("$(" in t for t in texts[3:]):
-            return False
+        if not items or any("$(" in t for t in texts[3:]) or any(
+                re.search(r"[*?[]", VAR_REF.sub("", "".join(t for t, q in r.parts if not q))) for r in raws[3:]):
+            return False  # a command's output or a glob over files: words the script does not state
         name = texts[1]
         self.script.env[name] = Var(items[0].text, line)
         self.loops.append(name)
@@ -589,6 +679,12 @@ class Reader:
         tail = _Raw([(rest, ""), *raw.parts[1:]], raw.offset)
         value = "".join(w.text for w in self.expand.words(tail, line)) if rest or len(raw.parts) > 1 else ""
         self.script.env[name] = Var((old.value if append and old else "") + value, line)
+        source = "".join(t for t, _ in tail.parts)
+        positional = re.fullmatch(r"\$(?:\{([0-9@*])(?::?[-?=][^}]*)?\}|([0-9@*]))", source)
+        if positional and self.call_depth == 0 and not value:  # CONFIG="${1:?usage}": the script's own argument
+            self.script.arguments[name] = f"${positional.group(1) or positional.group(2)}"
+        else:
+            self.script.arguments.pop(name, None)
         return 1
 
     def heredoc(self, words: list[Word], logical: _Line, line: int) -> None:

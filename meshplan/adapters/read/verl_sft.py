@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from meshplan.adapters.read.hydra import granularity, megatron_fsdp, model_named_by_path
+from meshplan.adapters.read.hydra_compose import compose_defaults, said_composed
 from meshplan.adapters.read.keys import (
     Reading,
     apply,
@@ -62,14 +63,19 @@ def read_verl_sft_yaml(text: str, path: str) -> Reading:
     defaults list's engine group (`- engine@engine: megatron`) read as the `engine=` override it is."""
     every = yaml_settings(text, path, "verl's SFT config", "Pass sft_trainer.yaml or a copy.",
                           refuses_duplicates="verl's Hydra loader (OmegaConf)")
-    settings = [s for s in every if s.key.split(".")[0] != "defaults" and not s.key.endswith("_target_")]
+    composed = compose_defaults(text, path, every, "verl's SFT config", "Pass sft_trainer.yaml or a copy.",
+                                "verl's Hydra loader (OmegaConf)")
+    reading = Reading("verl", path)
+    if composed is not None:
+        said_composed(reading, composed, "verl", "verl")
+    settings = [s for s in (every if composed is None else composed.settings)
+                if s.key.split(".")[0] not in ("defaults", "hydra") and not s.key.endswith("_target_")]
     for s in every:
         if s.key == "defaults" and isinstance(s.value, list):
             settings += [Setting(group.split("@")[0], value, s.line) for item in s.value if isinstance(item, dict)
                          for group, value in item.items() if group.split("@")[0] in ("engine", "optim")]
     legacy = any(s.key in ("model.partial_pretrain", "ulysses_sequence_parallel_size") for s in settings)
     entry = _sft().entries[-1 if legacy else 0]
-    reading = Reading("verl", path)
     reading.state("job", "sft", f"{path} (verl's SFT trainer config, run by {entry.launcher})")
     return _read(reading, settings, entry)
 
