@@ -135,6 +135,11 @@ def test_a_choice_nothing_resembles_gets_no_guess():
     ("headroom", "0.1", "Send headroom as a JSON number, headroom=0.1, not the string '0.1'."),
     ("tp", "x", None),  # nothing to convert: no hint
     ("headroom", "inf", None),  # text that reads as a number JSON cannot send: no hint (it said 'headroom=None')
+    # a whole number as a JSON float (Python's json.dumps(8.0)): JSON Schema's integer admits it, the strict field
+    # does not, and the refusal gave no hint
+    ("num_gpus", 8.0, "Send num_gpus as a JSON integer, num_gpus=8, not the float 8.0."),
+    ("tp", 1e3, "Send tp as a JSON integer, tp=1000, not the float 1000.0."),
+    ("tp", 2.5, None),  # no whole number: no value to send
 ])
 def test_a_number_sent_as_text_says_what_to_send_on_the_api_and_mcp(field, given, hint):
     from meshplan.core.errors import MeshplanError
@@ -212,6 +217,10 @@ def test_a_missing_model_beside_a_bad_value_names_the_value_first_on_every_face(
     assert capsys.readouterr().err.strip() == f"meshplan: {said}"
     with pytest.raises(MeshplanError, match=r"^A model is required"):
         parse_request({"gpu": "h100", "num_gpus": 8})
+    # the CLI's answer named MCP's tool alone ('a catalog key (see list_models)'): each face's way is named
+    assert cli.main(["memory", "--num-gpus", "8"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "MODEL or --model" in err and "meshplan models" in err and "list_models" in err
 
 
 def test_an_empty_name_gets_no_guess():
