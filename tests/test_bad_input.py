@@ -223,6 +223,21 @@ def test_a_missing_model_beside_a_bad_value_names_the_value_first_on_every_face(
     assert "MODEL or --model" in err and "meshplan models" in err and "list_models" in err
 
 
+def test_recommend_without_a_gpu_count_names_an_unknown_model_first(capsys):
+    """`meshplan recommend no-such-model` (and the page without a count) said 'recommend needs the GPU count'; given
+    the count, it then said 'Unknown model': two tries for one slip each. The model is named first now."""
+    from meshplan import api
+    from meshplan.core.errors import MeshplanError
+    from meshplan.schema.request import Request
+
+    with pytest.raises(MeshplanError, match=r"^Unknown model 'lama-3.1-8b'.*Did you mean: llama-3.1-8b"):
+        api.recommend(Request(model="lama-3.1-8b"))
+    with pytest.raises(MeshplanError, match=r"^recommend needs the GPU count"):
+        api.recommend(Request(model="llama-3.1-8b"))
+    assert cli.main(["recommend", "lama-3.1-8b"]) == cli.EXIT_USAGE
+    assert "Unknown model 'lama-3.1-8b'" in capsys.readouterr().err
+
+
 def test_an_empty_name_gets_no_guess():
     """closest('') matched every name (the empty string is in each) and offered the first five as 'did you mean'."""
     from meshplan.core.errors import closest
