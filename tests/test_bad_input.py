@@ -32,6 +32,11 @@ def cli_error(capsys, *flags: str) -> str:
     # A bad value of a known flag given before the unknown flag: the unknown name is still the first error.
     (["--tp", "x", "--tpp", "2"], "unknown flag '--tpp' (did you mean '--tp'?)"),
     (["--tp=x", "--tpp=2"], "unknown flag '--tpp' (did you mean '--tp'?)"),
+    # a single-dash flag and an extra word: argparse said 'meshplan: error: unrecognized arguments: -n 8' from the top,
+    # pointing at 'meshplan --help', without the subcommand or the flag meant
+    (["-tp", "2"], "unknown flag '-tp' (did you mean '--tp'?)"),
+    (["-n", "8"], "unknown flag '-n'"),
+    (["llama-3.1-70b"], "unrecognized arguments: llama-3.1-70b"),
 ])
 def test_cli_names_an_unknown_flag_first_with_the_subcommand_and_a_hint(capsys, flags, said):
     assert cli_error(capsys, *flags) == f"meshplan recommend: error: {said}"
