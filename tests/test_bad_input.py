@@ -169,14 +169,15 @@ def test_a_missing_argument_and_an_argument_to_a_tool_that_takes_none_are_said_p
 
 
 def test_the_page_refuses_a_field_its_form_does_not_have():
-    """A hand-made URL (?vpp=3) was answered as if vpp were left to the search: the page now names the field, the
-    closest form field and where the other fields are set."""
+    """A hand-made URL (?vpp=3) was answered as if vpp were left to the search: the page now names the field and
+    where the other fields are set; a misspelt one (num_gpu) the closest form field. vpp, a request field meant as
+    it is, was offered 'did you mean 'pp'?', a different field."""
     from meshplan.faces.report.page import FORM_FIELDS, answer
 
     base = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": "8"}
     said = answer({**base, "vpp": "3"})[2]
-    assert said.startswith(f"The page has no field 'vpp' (did you mean 'pp'?); it takes {', '.join(FORM_FIELDS)}. "
-                           "Fix: Set the request's other fields")
+    assert said.startswith(f"The page has no field 'vpp' (a request field the form does not hold); it takes "
+                           f"{', '.join(FORM_FIELDS)}. Fix: Set the request's other fields")
     assert "(did you mean 'num_gpus'?)" in answer({**base, "num_gpu": "8"})[2]
 
 
@@ -197,7 +198,7 @@ def test_the_page_s_route_refuses_a_field_its_form_does_not_have():
     from meshplan.faces.report.page import _form_values, page
 
     html = page(_form_values(parse_qs("model=llama-3.1-8b&gpu=h100&num_gpus=8&vpp=3")))
-    assert "The page has no field &#39;vpp&#39; (did you mean &#39;pp&#39;?)" in html
+    assert "The page has no field &#39;vpp&#39; (a request field the form does not hold)" in html
     assert 'id="answer-json"' not in html
 
 
