@@ -32,6 +32,11 @@ def cli_error(capsys, *flags: str) -> str:
     # A bad value of a known flag given before the unknown flag: the unknown name is still the first error.
     (["--tp", "x", "--tpp", "2"], "unknown flag '--tpp' (did you mean '--tp'?)"),
     (["--tp=x", "--tpp=2"], "unknown flag '--tpp' (did you mean '--tp'?)"),
+    # a single-dash flag and an extra word: argparse said 'meshplan: error: unrecognized arguments: -n 8' from the top,
+    # pointing at 'meshplan --help', without the subcommand or the flag meant
+    (["-tp", "2"], "unknown flag '-tp' (did you mean '--tp'?)"),
+    (["-n", "8"], "unknown flag '-n'"),
+    (["llama-3.1-70b"], "unrecognized arguments: llama-3.1-70b"),
 ])
 def test_cli_names_an_unknown_flag_first_with_the_subcommand_and_a_hint(capsys, flags, said):
     assert cli_error(capsys, *flags) == f"meshplan recommend: error: {said}"
@@ -135,6 +140,11 @@ def test_a_choice_nothing_resembles_gets_no_guess():
     ("headroom", "0.1", "Send headroom as a JSON number, headroom=0.1, not the string '0.1'."),
     ("tp", "x", None),  # nothing to convert: no hint
     ("headroom", "inf", None),  # text that reads as a number JSON cannot send: no hint (it said 'headroom=None')
+    # a whole number as a JSON float (Python's json.dumps(8.0)): JSON Schema's integer admits it, the strict field
+    # does not, and the refusal gave no hint
+    ("num_gpus", 8.0, "Send num_gpus as a JSON integer, num_gpus=8, not the float 8.0."),
+    ("tp", 1e3, "Send tp as a JSON integer, tp=1000, not the float 1000.0."),
+    ("tp", 2.5, None),  # no whole number: no value to send
 ])
 def test_a_number_sent_as_text_says_what_to_send_on_the_api_and_mcp(field, given, hint):
     from meshplan.core.errors import MeshplanError
@@ -159,14 +169,15 @@ def test_a_missing_argument_and_an_argument_to_a_tool_that_takes_none_are_said_p
 
 
 def test_the_page_refuses_a_field_its_form_does_not_have():
-    """A hand-made URL (?vpp=3) was answered as if vpp were left to the search: the page now names the field, the
-    closest form field and where the other fields are set."""
+    """A hand-made URL (?vpp=3) was answered as if vpp were left to the search: the page now names the field and
+    where the other fields are set; a misspelt one (num_gpu) the closest form field. vpp, a request field meant as
+    it is, was offered 'did you mean 'pp'?', a different field."""
     from meshplan.faces.report.page import FORM_FIELDS, answer
 
     base = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": "8"}
     said = answer({**base, "vpp": "3"})[2]
-    assert said.startswith(f"The page has no field 'vpp' (did you mean 'pp'?); it takes {', '.join(FORM_FIELDS)}. "
-                           "Fix: Set the request's other fields")
+    assert said.startswith(f"The page has no field 'vpp' (a request field the form does not hold); it takes "
+                           f"{', '.join(FORM_FIELDS)}. Fix: Set the request's other fields")
     assert "(did you mean 'num_gpus'?)" in answer({**base, "num_gpu": "8"})[2]
 
 
@@ -187,7 +198,7 @@ def test_the_page_s_route_refuses_a_field_its_form_does_not_have():
     from meshplan.faces.report.page import _form_values, page
 
     html = page(_form_values(parse_qs("model=llama-3.1-8b&gpu=h100&num_gpus=8&vpp=3")))
-    assert "The page has no field &#39;vpp&#39; (did you mean &#39;pp&#39;?)" in html
+    assert "The page has no field &#39;vpp&#39; (a request field the form does not hold)" in html
     assert 'id="answer-json"' not in html
 
 
@@ -212,6 +223,25 @@ def test_a_missing_model_beside_a_bad_value_names_the_value_first_on_every_face(
     assert capsys.readouterr().err.strip() == f"meshplan: {said}"
     with pytest.raises(MeshplanError, match=r"^A model is required"):
         parse_request({"gpu": "h100", "num_gpus": 8})
+    # the CLI's answer named MCP's tool alone ('a catalog key (see list_models)'): each face's way is named
+    assert cli.main(["memory", "--num-gpus", "8"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "MODEL or --model" in err and "meshplan models" in err and "list_models" in err
+
+
+def test_recommend_without_a_gpu_count_names_an_unknown_model_first(capsys):
+    """`meshplan recommend no-such-model` (and the page without a count) said 'recommend needs the GPU count'; given
+    the count, it then said 'Unknown model': two tries for one slip each. The model is named first now."""
+    from meshplan import api
+    from meshplan.core.errors import MeshplanError
+    from meshplan.schema.request import Request
+
+    with pytest.raises(MeshplanError, match=r"^Unknown model 'lama-3.1-8b'.*Did you mean: llama-3.1-8b"):
+        api.recommend(Request(model="lama-3.1-8b"))
+    with pytest.raises(MeshplanError, match=r"^recommend needs the GPU count"):
+        api.recommend(Request(model="llama-3.1-8b"))
+    assert cli.main(["recommend", "lama-3.1-8b"]) == cli.EXIT_USAGE
+    assert "Unknown model 'lama-3.1-8b'" in capsys.readouterr().err
 
 
 def test_an_empty_name_gets_no_guess():

@@ -58,10 +58,12 @@ def test_the_forward_takes_the_longer_of_its_gpu_time_and_its_launches():
     assert fwd == 16 * 8
     # a forward under its launches: floored to them, the backward's two thirds kept
     gpu = 3 * 0.5 * fwd * launch
-    assert expert_launch_floor(ctx, gpu) == pytest.approx(fwd * launch + 2 * gpu / 3)
-    # a forward over them: unchanged
+    total, forward = expert_launch_floor(ctx, gpu)
+    assert total == pytest.approx(fwd * launch + 2 * gpu / 3) and forward == pytest.approx(fwd * launch)
+    assert total - forward == pytest.approx(2 * gpu / 3)  # the one split layer_time reads, no 2/3 of its own
+    # a forward over them: unchanged, a third of it forward
     big = 3 * 2 * fwd * launch
-    assert expert_launch_floor(ctx, big) == big
+    assert expert_launch_floor(ctx, big) == (big, big / 3)
 
 
 def test_the_backward_waits_only_for_what_its_other_work_does_not_hide():

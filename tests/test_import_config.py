@@ -14,6 +14,7 @@ import pytest
 
 from meshplan import api
 from meshplan.adapters.read import import_config, import_file
+from meshplan.adapters.read.keys import convert
 from meshplan.adapters.read.shell import read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
@@ -305,6 +306,20 @@ def test_a_whole_number_field_refuses_a_fraction_or_an_infinity_instead_of_trunc
     assert import_config('{"zero_optimization": {"stage": 3.0}}', "ds.json").request["zero_stage"] == 3
     with pytest.raises(MeshplanError, match=r"'2.5' is not a valid tp \(expected a whole number"):
         import_config("torchrun pretrain_gpt.py \\\n  --tensor-model-parallel-size 2.5\n", "job.sh")
+
+
+def test_a_value_no_whole_number_or_number_is_worded_as_the_file_error_not_as_python_s():
+    """'1e3' for a degree (argparse's type=int refuses it) said "invalid literal for int() with base 10: '1e3'", a
+    TOML list [2] "int() argument must be a string, a bytes-like object or a real number, not 'list'", and a list
+    for a real field float()'s words: each is now the reader's own sentence."""
+    with pytest.raises(MeshplanError, match=r"'1e3' is not a valid tp \(expected a whole number, got '1e3'\)\. Fix"):
+        import_config("torchrun pretrain_gpt.py \\\n  --tensor-model-parallel-size 1e3\n", "job.sh")
+    with pytest.raises(MeshplanError, match=r"parallelism.tensor_parallel_degree: \[2\] is not a valid tp "
+                                            r"\(expected a whole number, got \[2\]\)\. Fix"):
+        import_config("[parallelism]\ntensor_parallel_degree = [2]\n", "job.toml")
+    assert convert("headroom", "0.2") == 0.2 and convert("tp", "8.0") == 8
+    with pytest.raises(ValueError, match=r"^expected a number, got \[0.2\]$"):
+        convert("headroom", [0.2])
 
 
 def test_a_framework_given_for_a_format_it_is_not_read_from_names_what_would_work():

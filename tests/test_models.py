@@ -65,6 +65,27 @@ def test_unknown_model_suggests_close_names():
     assert "llama-3.1-70b" in str(exc.value) or "llama-3.1-8b" in str(exc.value)
 
 
+def test_a_folder_in_the_working_directory_is_read_as_its_config_json(tmp_path, monkeypatch):
+    """`meshplan describe my-model` beside a clone of a Hugging Face repository said 'Unknown model' (only './my-model'
+    or a name with a slash was read as a path); a catalog name or size still wins over a folder of that name, and a
+    folder without a config.json or a file is still no model."""
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**model_card("llama-3.1-8b").config, "num_hidden_layers": 4}))
+    (tmp_path / "70B").mkdir()
+    (tmp_path / "llama-3.1-8b").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("my-model").num_layers == 4
+    assert resolve_model("llama-3.1-8b").key == "llama-3.1-8b" and resolve_model("70B").generic
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes").write_text("not a model")
+    for name in ("empty", "notes"):  # a folder without a config.json, a file: no model, as before
+        with pytest.raises(MeshplanError, match=f"Unknown model '{name}'"):
+            resolve_model(name)
+    with pytest.raises(MeshplanError, match="Unknown model 'my-modle'"):
+        resolve_model("my-modle")
+
+
 @pytest.mark.parametrize("size,expected", [("70B", 70e9), ("7e9", 7e9), ("1.5T", 1.5e12), ("350M", 350e6)])
 def test_size_alone_gives_a_generic_model_of_about_that_size(size, expected):
     r = describe_model(size)

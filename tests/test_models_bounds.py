@@ -2,6 +2,7 @@
 with the field, the value and the range; whatever is accepted stays bounded in time and in its counts."""
 
 import json
+import re
 import time
 
 import pytest
@@ -142,6 +143,14 @@ def test_flag_and_text_fields_refuse_other_types():
         architecture_from_config(config("llama-3.1-8b", tie_word_embeddings="no"))
     with pytest.raises(MeshplanError, match="hidden_act must be a string, got 3"):
         architecture_from_config(config("llama-3.1-8b", hidden_act=3))
+
+
+@pytest.mark.parametrize("value", [["llama"], {"name": "llama"}, 3])
+def test_a_model_type_that_is_not_a_string_is_refused(value):
+    """A list or object as model_type was looked up in the unmodelled-layer table and raised TypeError (unhashable
+    type: 'list'): a traceback on the CLI and the HTTP page's 500."""
+    with pytest.raises(MeshplanError, match=r"model_type must be a string, got " + re.escape(json.dumps(value))):
+        architecture_from_config(config("llama-3.1-8b", model_type=value))
 
 
 def test_layer_lists_and_steps_stay_within_the_layers():

@@ -85,10 +85,10 @@ def gemm_time(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float
         terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
     if moe and ctx.expert_launches[0]:  # the routed experts' forward GEMMs no faster than the host launches them
         experts = summed([t for g, t in zip(gemms, terms, strict=True) if g.name.startswith("expert_")])
-        floored = expert_launch_floor(ctx, experts)
+        floored, floored_fwd = expert_launch_floor(ctx, experts)
         if floored > experts:
             rest = summed([t for g, t in zip(gemms, terms, strict=True) if not g.name.startswith("expert_")])
-            return rest + floored, rest / TRAINING_PASSES_PER_FORWARD + (floored - 2.0 * experts / 3.0)
+            return rest + floored, rest / TRAINING_PASSES_PER_FORWARD + floored_fwd
     total = summed(terms)
     return total, total / TRAINING_PASSES_PER_FORWARD
 

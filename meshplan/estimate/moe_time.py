@@ -55,17 +55,20 @@ def expert_launches(job: Job, plan: Plan) -> tuple[float, float]:
             local * (facts.backward_gemms + facts.backward_quantized * per_tensor))
 
 
-def expert_launch_floor(ctx: LayerContext, expert_gemms: float) -> float:
-    """The routed experts' GEMM seconds of one MoE layer per micro-batch, forward + backward (`expert_gemms`, a third
-    of it in the forward as TRAINING_PASSES_PER_FORWARD counts), with the forward's no shorter than its launches'
-    host time (ctx.expert_launches, grouped_gemm_launch_s each): they are issued right after the dispatcher's host
-    sync, so the host has no lead over the GPU to hide them behind (the backward's: backward_launch_wait)."""
-    fwd_launches = ctx.expert_launches[0]
+def expert_launch_floor(ctx: LayerContext, expert_gemms: float) -> tuple[float, float]:
+    """(forward + backward, forward) seconds of one MoE layer's routed experts' GEMMs per micro-batch (`expert_gemms`
+    their three passes on the GPU, a third of it in the forward as TRAINING_PASSES_PER_FORWARD counts), with the
+    forward no shorter than its launches' host time (ctx.expert_launches, grouped_gemm_launch_s each): they are
+    issued right after the dispatcher's host sync, so the host has no lead over the GPU to hide them behind (the
+    backward's: backward_launch_wait). The backward's passes are kept as they are. The floored forward is the total
+    less those passes, (passes - 1) / passes of `expert_gemms`, rather than the floor itself: the same real number,
+    whose float differs from it in the last bit now and then, and that bit moves recommend's answers."""
     fwd = expert_gemms / TRAINING_PASSES_PER_FORWARD
-    floor = fwd_launches * ctx.cal.grouped_gemm_launch_s
+    floor = ctx.expert_launches[0] * ctx.cal.grouped_gemm_launch_s
     if floor <= fwd:
-        return expert_gemms
-    return floor + (expert_gemms - fwd)
+        return expert_gemms, fwd
+    total = floor + (expert_gemms - fwd)
+    return total, total - (TRAINING_PASSES_PER_FORWARD - 1.0) * expert_gemms / TRAINING_PASSES_PER_FORWARD
 
 
 def backward_launch_wait(ctx: LayerContext, backward: float) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import sys
 import textwrap
 import types
@@ -43,6 +44,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
+SHORT_FLAG = re.compile(r"-[A-Za-z][\w-]*")  # '-n', '-tp': a single-dash flag (a negative number is a value)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with short usage errors: the flag, the value, the closest valid one and that flag's choices."""
 
@@ -64,18 +68,31 @@ class Parser(argparse.ArgumentParser):
         unknown flags last, without the subcommand or a hint)."""
         argv = list(sys.argv[1:] if args is None else args)
         self._refuse_unknown_flags(argv)
-        return super().parse_args(argv, namespace)
+        parsed, extras = self.parse_known_args(argv, namespace)
+        if extras:  # argparse said this from the top ('meshplan: error: ... (see 'meshplan --help')')
+            found = self._subcommand(argv)
+            (found[1] if found else self).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
-    def _refuse_unknown_flags(self, argv: list[str]) -> None:
+    def _subcommand(self, argv: list[str]) -> tuple[int, argparse.ArgumentParser] | None:
+        """(its place in argv, its parser) of the subcommand argv names; None before one is named."""
         commands = next((a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
         at = next((i for i, token in enumerate(argv) if commands and token in commands), None)
-        if at is None:
+        return None if commands is None or at is None else (at, commands[argv[at]])
+
+    def _refuse_unknown_flags(self, argv: list[str]) -> None:
+        found = self._subcommand(argv)
+        if found is None:
             return  # no subcommand yet: argparse says what is missing
-        sub = commands[argv[at]]
+        at, sub = found
         known = [o for o in sub._option_string_actions if o.startswith("--")]
         for token in argv[at + 1:]:
             if token == "--":
                 return
+            if SHORT_FLAG.fullmatch(token) and token not in sub._option_string_actions:  # '-n 8': argparse took it
+                # for a flag and named it from the top, without the subcommand or the flag it likely means
+                field = likely_field(token[1:], [o[2:].replace("-", "_") for o in known])
+                sub.error(f"unknown flag {token!r}" + (f" (did you mean {_flag(field)!r}?)" if field else ""))
             name = token.split("=", 1)[0]
             abbreviates = sub.allow_abbrev and any(o.startswith(name) for o in known)  # argparse takes a unique prefix
             # a prefix that is another field's synonym is that field's, as parse_request reads it ('--gpus 8' set

@@ -111,7 +111,23 @@ def resolve_model(name: str) -> Architecture:
             raise MeshplanError(f"Cannot expand the home directory in {name[:200]!r}: {exc}",
                                 fix="Give the config.json path without '~', or a catalog key.") from exc
         return architecture_from_file(path)
-    return _resolve_name(name)
+    try:
+        return _resolve_name(name)
+    except MeshplanError:
+        if not _in_working_directory(name):
+            raise
+    # a folder here holding a config.json, named like no catalog model or size ('my-model', a clone of a Hugging Face
+    # repository): read as './my-model' reads it, where 'Unknown model' was the answer
+    return architecture_from_file(Path(name))
+
+
+def _in_working_directory(name: str) -> bool:
+    """Whether `name` (no catalog model, variant or size) is a folder in the working directory holding a config.json
+    (any other file or folder of that name stays an unknown model: the MCP server's directory is the host's)."""
+    try:
+        return (Path(name) / "config.json").is_file()
+    except (OSError, ValueError):
+        return False
 
 
 @lru_cache(maxsize=256)

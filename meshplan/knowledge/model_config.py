@@ -379,6 +379,10 @@ def _supported_config(config: Any) -> tuple[str, dict[str, Any]]:
     if not isinstance(config, dict):
         raise MeshplanError("A config.json must be a JSON object.")
     model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):  # a list or object here is no type to look up
+        raise MeshplanError(f"The config.json's model_type must be a string, got {_show(model_type)}.",
+                            fix="Write the model's Hugging Face model_type as a string: one of "
+                                f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}.")
     if model_type in ("llama4", "gemma3") and isinstance(config.get("text_config"), dict):
         model_type = f"{model_type}_text"
         config = {**config["text_config"], "model_type": model_type}

@@ -176,8 +176,10 @@ def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Req
     try:
         if "model" not in fields:  # the other values are checked first, as MCP's argument check does before this
             Request.model_validate({**fields, "model": "unnamed"})
-            raise MeshplanError("A model is required.", fix="Pass model: a catalog key (see list_models), a Hugging "
-                                                             "Face id, a config.json path, or a size such as '70B'.")
+            raise MeshplanError("A model is required.",  # every face's words: the CLI has no list_models
+                                fix="Name the model (MODEL or --model; MCP: model): a catalog key (meshplan models; "
+                                    "MCP: list_models), a Hugging Face id, a config.json path, or a size such as "
+                                    "'70B'.")
         return Request.model_validate(fields)
     except ValidationError as exc:
         raise request_error(exc) from exc
@@ -191,7 +193,10 @@ def request_error(exc: ValidationError) -> MeshplanError:
 
 def _as_json(kind: str, given: Any) -> tuple[str, str] | None:
     """A number or switch sent as text ("8", "true") where the field takes the JSON value (fields are strict on every
-    face): the JSON type and the value to send; None for anything else."""
+    face), or a whole number sent as a JSON float (8.0, which JSON Schema's "integer" admits and a strict field does
+    not): the JSON type and the value to send; None for anything else."""
+    if kind == "int_type" and isinstance(given, float) and given.is_integer() and abs(given) < 2**53:
+        return "integer", str(int(given))
     if not isinstance(given, str):
         return None
     text = given.strip()
@@ -218,7 +223,8 @@ def _choice_hint(exc: ValidationError) -> str | None:
         if err["loc"] == ("pipeline_schedule",) and (said := _schedule_hint(given)):
             return said
         if (typed := _as_json(err["type"], given)) is not None:
-            return f"Send {where} as a JSON {typed[0]}, {where}={typed[1]}, not the string {given!r}."
+            sent = f"the string {given!r}" if isinstance(given, str) else f"the float {given!r}"
+            return f"Send {where} as a JSON {typed[0]}, {where}={typed[1]}, not {sent}."
         if err["type"] != "literal_error" or not isinstance(given, str) or not isinstance(expected, str):
             continue
         allowed = re.findall(r"'([^']*)'", expected)

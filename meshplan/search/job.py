@@ -5,6 +5,7 @@ the same request take)."""
 from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import (
     batch_unit_text,
     default_batch_note,
@@ -27,6 +28,7 @@ def search_job(req: Request) -> tuple[Job, list[str]]:
         if all(v is not None for v in fixed):
             req = req.model_copy(update={"num_gpus": req.tp * req.pp * req.cp * req.dp})  # type: ignore[operator]
         else:
+            resolve_model(req.model)  # a misspelt model is named first: the count alone fixed, it was refused next
             raise MeshplanError(
                 "recommend needs the GPU count to search over.",
                 fix="Pass num_gpus (e.g. --num-gpus 64), or fix every degree (tp, pp, cp, dp).",

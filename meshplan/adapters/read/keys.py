@@ -183,13 +183,28 @@ def as_bool(value: Any) -> bool | None:
 
 
 def _whole(value: Any) -> int:
-    """A whole number as a file writes it (8, "8", 8.0, "8.0"); 2.5 or inf is an error, never truncated to 2."""
-    if isinstance(value, float) or (isinstance(value, str) and "." in value):
-        number = float(value)
-        if not number.is_integer():
-            raise ValueError(f"expected a whole number, got {value!r}")
-        return int(number)
-    return int(value)
+    """A whole number as a file writes it (8, "8", 8.0, "8.0"); 2.5, inf, '1e3' (argparse's type=int refuses it) or a
+    list is an error in these words, never truncated to 2 nor worded as int()'s own message."""
+    try:
+        if isinstance(value, float) or (isinstance(value, str) and "." in value):
+            number = float(value)
+            if number.is_integer():
+                return int(number)
+        elif isinstance(value, (int, str)):
+            return int(value)
+    except ValueError:
+        pass
+    raise ValueError(f"expected a whole number, got {value!r}")
+
+
+def _real(value: Any) -> float:
+    """A number as a file writes it (0.5, "0.5", 1, "1e-3"); anything else an error in these words."""
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ValueError(f"expected a number, got {value!r}")
 
 
 def convert(name: str, value: Any) -> Any:
@@ -207,7 +222,7 @@ def convert(name: str, value: Any) -> Any:
             raise ValueError(f"expected a whole number, got {value!r}")
         return _whole(value)
     if kind is float:
-        return float(value)
+        return _real(value)
     if get_origin(kind) is list:
         items = value if isinstance(value, list) else re.split(r"[,\s]+", str(value).strip("[]"))
         return [str(i).strip().strip("'\"") for i in items if str(i).strip()]

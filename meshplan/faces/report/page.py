@@ -30,6 +30,7 @@ from meshplan.faces.report.render import environment, render_html
 from meshplan.knowledge.hardware import gpu_catalog
 from meshplan.request.parse import parse_request, request_error
 from meshplan.schema.choices import FRAMEWORKS, JobKind, Precision
+from meshplan.schema.request import Request
 
 PAGE_PATHS = ("/", "/index.html")
 MAX_FORM_BYTES = 1 << 20  # a config.json is a few kilobytes; a larger form is refused before it is read whole
@@ -66,7 +67,9 @@ def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
     """The form as request fields; a pasted config.json is written to a file the resolver reads as a path."""
     unknown = [k for k in values if k not in FORM_FIELDS]
     if unknown:  # a hand-made URL (?tp=2) would otherwise be answered as if tp were searched
-        hint = "".join(f" (did you mean {h!r}?)" for h in closest(unknown[0], FORM_FIELDS, n=1))
+        # a request field the form lacks (?vpp=3) is meant as it is: no form field's spelling to offer for it
+        hint = (" (a request field the form does not hold)" if unknown[0] in Request.model_fields else
+                "".join(f" (did you mean {h!r}?)" for h in closest(unknown[0], FORM_FIELDS, n=1)))
         raise MeshplanError(f"The page has no field {unknown[0][:40]!r}{hint}; it takes {', '.join(FORM_FIELDS)}.",
                             fix="Set the request's other fields (vpp, micro_batch_size, recompute ...) with the CLI "
                                 "(meshplan report) or the MCP tools.")
