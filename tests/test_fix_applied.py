@@ -66,6 +66,23 @@ def test_a_mini_batch_fix_never_names_a_mini_batch_over_the_step():
         assert "SK001" not in _errors(fixed)
 
 
+@pytest.mark.parametrize("step, words", [
+    ({"prompts_per_step": 32}, "Use prompts_per_step = 64 with prompts_per_mini_batch = 64 (x samples_per_prompt 1"),
+    ({"global_batch_size": 32}, "Use global_batch_size = 64 with prompts_per_mini_batch = 64 (prompts_per_step 64"),
+    ({"prompts_per_step": 8, "prompts_per_mini_batch": 8, "samples_per_prompt": 4},
+     "Use prompts_per_step = 16 with prompts_per_mini_batch = 16 (x samples_per_prompt 4 = 64 sequences)")])
+def test_a_step_fix_names_the_mini_batch_the_new_step_needs(step, words):
+    """VL001 (bench/random_requests.py rlfixes 0) on verl's FSDP engine over 64 GPUs, 32 prompts a step in mini-batches
+    of 32: 'prompts_per_step = 64' applied left the stated mini-batch's 32 sequences over 64 ranks, an empty share
+    (VL004). Where no step it names passes the batch rules beside the stated mini-batch, it names the first with the
+    mini-batch change they pass there (fix_values.batch_words), in the field the request stated."""
+    req = dict(model="llama-3.1-70b", framework="verl", gpu="a100-40gb", num_gpus=64, job="rl", zero_stage=3,
+               prompts_per_mini_batch=32, update_epochs=2) | step
+    assert _errors(req)["VL001"].fix.startswith(words), _errors(req)["VL001"].fix
+    for fixed in _each_fix_applied(req, "VL001"):  # a 70B model on 40 GB GPUs: the memory rules refuse it throughout
+        assert not set(_errors(fixed)) - set(ESTIMATE_RULES), (fixed, list(_errors(fixed)))
+
+
 MEM002_CASES = [
     dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, micro_batch_size=1, tp=1),
     dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=16, micro_batch_size=4, tp=2),

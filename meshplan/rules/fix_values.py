@@ -98,13 +98,33 @@ def rl_batch_fix(ctx: Context, gbs: int, unit: int, mini_batch: bool = False) ->
             return f"prompts_per_mini_batch = {prompts[0]} with {step_words(ctx, prompts[0])}"
         return f"prompts_per_mini_batch = {' or '.join(map(str, within))} (x samples_per_prompt {n} = " \
                f"{' or '.join(f'{p * n:,}' for p in within)} sequences)"
+    prompts, beside = _steps_kept(ctx, prompts)
     if ctx.job.rl_step_stated == ("prompts_per_step",) or not ctx.job.rl_step_stated:
-        return f"prompts_per_step = {' or '.join(map(str, prompts))} (x samples_per_prompt {n} = " \
+        return f"prompts_per_step = {' or '.join(map(str, prompts))}{beside} (x samples_per_prompt {n} = " \
                f"{' or '.join(f'{p * n:,}' for p in prompts)} sequences)"
     if ctx.job.rl_step_stated == ("global_batch_size",):
-        return f"global_batch_size = {' or '.join(str(p * n) for p in prompts)} (prompts_per_step " \
+        return f"global_batch_size = {' or '.join(str(p * n) for p in prompts)}{beside} (prompts_per_step " \
                f"{' or '.join(map(str, prompts))} x samples_per_prompt {n})"
-    return " or ".join(step_words(ctx, p) for p in prompts) + f" (x samples_per_prompt {n})"
+    return " or ".join(step_words(ctx, p) for p in prompts) + f"{beside} (x samples_per_prompt {n})"
+
+
+def _steps_kept(ctx: Context, prompts: list[int]) -> tuple[list[int], str]:
+    """Of the steps a batch fix names (`prompts` prompts each), those at which every batch rule passes beside a stated
+    prompts_per_mini_batch, with '' beside them; where none does, the first with the mini-batch change the batch rules
+    pass there (' with prompts_per_mini_batch = 64', batch_words). VL001's 'prompts_per_step = 64' under a stated
+    mini-batch of 32 on verl's FSDP engine over 64 GPUs: 32 sequences over 64 ranks, an empty share (VL004). Without
+    a stated mini-batch, all of them: the step rule that names them passes at each."""
+    rl = ctx.job.rl
+    if rl is None or rl.prompts_per_mini_batch is None:
+        return prompts, ""
+    at = {p: Context(ctx.job.model_copy(update={"rl": rl.model_copy(update={"prompts_per_step": p}),
+                                                "global_batch_size": p * rl.samples_per_prompt}), ctx.plan)
+          for p in prompts}
+    kept = [p for p in prompts if not refusals_at(at[p], BATCH_RULES)]
+    if kept:
+        return kept, ""
+    words = batch_words(at[prompts[0]])
+    return prompts[:1], f" with {words}" if words else ""
 
 
 def step_words(ctx: Context, prompts: int) -> str:
