@@ -152,9 +152,40 @@ def test_a_gpu_count_fix_tiles_the_expert_grid_too():
     both (mesh.smallest_world, WS002's)."""
     req = dict(model="qwen3-30b-a3b", framework="megatron-bridge", gpu="b200", num_gpus=128, tp=3, ep=16, etp=1,
                global_batch_size=1024)
-    assert _errors(req)["WS001"].fix.startswith("Use num_gpus = 96 or 144 (multiples of 48)")
+    # 144 GPUs leave dp 48, which 1,024 sequences do not divide (BS001): 96 alone (fix_values.kept_counts)
+    assert _errors(req)["WS001"].fix.startswith("Use num_gpus = 96 (multiples of 48), ")
     for fixed in _each_fix_applied(req, "WS001"):
         assert not {"WS001", "WS002"} & set(_errors(fixed)), fixed
+
+
+def test_a_gpu_count_fix_names_the_batch_the_count_divides():
+    """WS001 at tp=3 on 1 GPU with a 1-sequence global batch (bench/random_requests.py fixes 2 1000) named
+    'num_gpus = 24': dp 8 there, which the batch does not divide (BS001). It names the counts at which the batch rules
+    pass at the dp each derives, else the first with the batch change beside it (fix_values.kept_counts)."""
+    req = dict(model="olmoe-1b-7b", framework="megatron-bridge", gpu="b200", num_gpus=1, global_batch_size=1, tp=3,
+               ep=8, grad_reduce_in_fp32=False)
+    assert _errors(req)["WS001"].fix.startswith("Use num_gpus = 24 (multiples of 24) with global_batch_size = 8, ")
+    for fixed in _each_fix_applied(req, "WS001"):
+        assert not {"WS001", "WS002", "BS001"} & set(_errors(fixed)), fixed
+    # counts the batch divides are named alone: 48 sequences divide at dp 8 (24 GPUs) and 16 (48 GPUs)
+    assert _errors(req | {"num_gpus": 25, "global_batch_size": 48})["WS001"].fix.startswith(
+        "Use num_gpus = 24 or 48 (multiples of 24), ")
+
+
+def test_a_degree_fix_keeps_the_world_size_rules_passing():
+    """TP004 on torchtitan at tp=8, ep=8 on 12 H20 (4-GPU NVLink domains; tests/test_fix_applied.py's draws, seed 13)
+    named 'tp in {2, 4}': at tp=2 dp_shard is 6 and ep 8 does not divide dp_shard*tp = 12 (WS005), at tp=4 neither.
+    The values it names keep the world-size rules that pass now passing, else the first comes with the ep at which
+    they do (fix_values.kept_degrees, ep_beside): ep=1, the dense model's."""
+    req = dict(model="llama-3-8b", framework="torchtitan", gpu="h20", num_gpus=12, tp_comm_overlap=True, tp=8, ep=8,
+               grad_reduce_in_fp32=False)
+    before = api.check_config(Request(**req))
+    found = next(f for f in before.findings if f.id == "TP004")
+    assert "tp in {2, 4} (tp=2 with ep=1)" in found.fix, found.fix
+    in_effect = resolve(Request(**req))[1].model_dump()
+    for alternative in alternatives(found.fix, "TP004"):
+        if fixed := applied(req, alternative, in_effect):
+            assert "WS005" not in _errors(fixed), (alternative, list(_errors(fixed)))
 
 
 # --------------------------------------------------------------------------- every rule's fix, applied

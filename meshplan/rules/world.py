@@ -11,7 +11,16 @@ from typing import Literal
 
 from meshplan.arithmetic import mesh
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import BATCH_READS, LISTED, at_layout, batch_words, divisors, fmt_set, neighbours
+from meshplan.rules.fix_values import (
+    BATCH_READS,
+    LISTED,
+    at_layout,
+    batch_words,
+    divisors,
+    fmt_set,
+    kept_counts,
+    neighbours,
+)
 
 PRODUCT_REACH = 4  # WS001 lists tp*pp*cp products up to 4x the requested one: two doublings of a degree away
 
@@ -54,18 +63,25 @@ def tiled(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterabl
 
 
 
-@rule("WS001", reads=("tp", "pp", "cp", "ep", "etp", "placement", "rollout_gpus"))
+def counts_fix(ctx: Context, unit: int) -> str:
+    """The GPU counts WS001's fix names (Context.gpus_fix), those at which the batch rules pass at the dp each
+    derives, else the first with the batch change beside it (fix_values.kept_counts). Reads BATCH_READS."""
+    counts, beside = kept_counts(ctx, ctx.gpu_counts(unit))
+    return ctx.gpus_fix(unit, counts=counts) + beside
+
+
+@rule("WS001", reads=("tp", "pp", "cp", "ep", "etp", "placement", "rollout_gpus"), words=BATCH_READS)
 def dense_grid_divides_world(ctx: Context) -> Values:
     """The counts are the request's num_gpus (Context.request_gpus): an RL job placed apart said 'num_gpus=30' of a
     request for 32 and offered the trainer's counts, which the request's count then splits again. They are multiples
     of the fewest GPUs that hold the expert grid too (mesh.smallest_world, WS002's): 'num_gpus = 126' at tp=3, ep=16
-    tiled tp*pp*cp and left the experts untiled (WS002)."""
+    tiled tp*pp*cp and left the experts untiled (WS002); and those at which the batch divides (counts_fix)."""
     p, mp = ctx.plan, ctx.model_parallel
     if ctx.world % mp == 0:
         return None
     unit = mesh.smallest_world(ctx.law, p.tp, p.pp, p.cp, 1, p.ep, p.etp)
     return {"world": ctx.world, "count": ctx.world_words(), "mp": mp, "tp": p.tp, "pp": p.pp,
-            "cp": p.cp, "gpus": ctx.gpus_fix(unit), "products": _product_divisors(ctx)}
+            "cp": p.cp, "gpus": counts_fix(ctx, unit), "products": _product_divisors(ctx)}
 
 
 
