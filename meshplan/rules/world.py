@@ -125,13 +125,16 @@ def expert_grid_divides_world(ctx: Context) -> Values:
 @rule("WS003", reads=("tp", "pp", "cp", "dp", "placement", "rollout_gpus"), words=BATCH_READS)
 def dp_matches_law(ctx: Context) -> Values:
     """Dropping dp takes the derived one, at which the stated batch may no longer divide: the fix names the batch
-    change beside it there (a ds_config's train_batch_size, whose dp the file states through its accumulation)."""
+    change beside it there (a ds_config's train_batch_size, whose dp the file states through its accumulation). The
+    message says how the framework sets dp (its card's limits.data_parallel): on DeepSpeed it said 'Megatron derives
+    dp', Megatron-DeepSpeed's arguments and DeepSpeed's batch assertion being what refuse it."""
     mp = ctx.model_parallel
     if ctx.world % mp or ctx.plan.dp == ctx.world // mp:
         return None
     needed = ctx.request_gpus(ctx.plan.dp * mp)
     batch = derived_dp_batch(ctx)
     return {"dp": ctx.plan.dp, "world": ctx.world, "mp": mp, "derived": ctx.world // mp,
+            "how": ctx.card.limits.data_parallel,
             "batch": f" with {batch}" if batch else "",
             "needed": needed if needed == ctx.plan.dp * mp else f"{needed} (the trainer's {ctx.plan.dp * mp})"}
 
