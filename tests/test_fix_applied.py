@@ -188,6 +188,58 @@ def test_a_degree_fix_keeps_the_world_size_rules_passing():
             assert "WS005" not in _errors(fixed), (alternative, list(_errors(fixed)))
 
 
+NEW_RULE_CASES = [
+    ("CP007", dict(model="gemma-2-27b", framework="megatron-bridge", gpu="h100", num_gpus=8, cp=2)),
+    ("CP007", dict(model="gemma-2-27b", framework="megatron-bridge", gpu="h100", num_gpus=8, cp=2,
+                   global_batch_size=4)),
+    ("CG001", dict(model="llama-3.1-8b", framework="megatron-core", gpu="h100", num_gpus=8,
+                   cuda_graph_impl="transformer_engine", recompute="full")),
+    ("CG001", dict(model="llama-3.1-8b", framework="torchtitan", gpu="h100", num_gpus=8,
+                   cuda_graph_impl="transformer_engine")),
+    ("CG001", dict(model="llama-3.1-8b", framework="megatron-core", gpu="h100", num_gpus=8,
+                   cuda_graph_impl="transformer_engine", cuda_graph_modules=["attn", "moe_router"])),
+    ("CG001", dict(model="llama-3.1-8b", framework="megatron-core", gpu="h100", num_gpus=8, cuda_graph_impl="local",
+                   activation_offload=True, recompute="full")),
+    ("CG001", dict(model="qwen3-30b-a3b", framework="megatron-core", gpu="h100", num_gpus=8, ep=8,
+                   cuda_graph_impl="transformer_engine", cuda_graph_modules=["attn", "moe_preprocess"])),
+    ("CG001", dict(model="qwen3-30b-a3b", framework="megatron-core", gpu="h100", num_gpus=8, ep=8,
+                   cuda_graph_impl="transformer_engine", cuda_graph_modules=["moe", "moe_router"])),
+    ("CG001", dict(model="llama-3.1-8b", framework="megatron-core", gpu="h100", num_gpus=8,
+                   cuda_graph_impl="transformer_engine", cuda_graph_modules=["attn"], dropout=True,
+                   recompute="selective", recompute_modules=["core_attn"])),
+    ("CG002", dict(model="qwen3-30b-a3b", framework="megatron-core", gpu="h100", num_gpus=8, ep=8,
+                   cuda_graph_impl="transformer_engine")),
+    ("CG002", dict(model="qwen3-30b-a3b", framework="megatron-bridge", gpu="h100", num_gpus=8, ep=8,
+                   cuda_graph_impl="full_iteration")),
+    ("CG003", dict(model="deepseek-v2-lite", framework="megatron-core", gpu="h100", num_gpus=8, ep=8,
+                   cuda_graph_impl="transformer_engine", cuda_graph_modules=["attn", "mlp"], moe_a2a_overlap=True)),
+    ("CH001", dict(model="llama-4-scout", framework="verl", gpu="h200", num_gpus=16, zero_stage=3, seq_length=32768,
+                   job="sft")),
+    ("CH001", dict(model="llama-4-scout", framework="skyrl", gpu="h200", num_gpus=16, zero_stage=3, seq_length=32768,
+                   job="sft")),
+]
+
+
+@pytest.mark.parametrize("rule_id, req", NEW_RULE_CASES,
+                         ids=[f"{r}-{q['framework']}-{i}" for i, (r, q) in enumerate(NEW_RULE_CASES)])
+def test_the_newer_rules_name_fixes_that_apply(rule_id, req):
+    """CP007, CG001-CG003 and CH001 named changes check --config could not apply ('Drop the MoE modules from
+    cuda_graph_modules', 'Keep one: moe_router ... or moe', 'seq_length <= 8192'), a change that brought in the next
+    assert ('recompute=selective' beside local graphs and activation_offload) or the batch rules (CP007's 'cp=1' at a
+    stated batch of 4 on 8 GPUs: BS001). Each names values (cuda_graph_modules="attn" written whole), every CUDA-graph
+    rule passing at each alternative (rules/cuda_graphs.graph_fix), CP007 the batch beside cp=1 (layout_words); each
+    alternative applied passes its rule and brings no error in."""
+    before = api.check_config(Request(**req))
+    found = next(f for f in before.findings if f.id == rule_id)
+    in_effect = resolve(Request(**req))[1].model_dump()
+    fixes = [f for f in (applied(req, a, in_effect) for a in alternatives(found.fix, rule_id)) if f]
+    assert fixes, found.fix
+    for fixed in fixes:
+        after = {f.id for f in api.check_config(Request(**fixed)).findings if f.severity == "error"}
+        brought = after - {f.id for f in before.findings} - set(ESTIMATE_RULES)
+        assert rule_id not in after and not brought, (found.fix, fixed, after)
+
+
 # --------------------------------------------------------------------------- every rule's fix, applied
 
 # Rules that name the first of several settings a framework lacks (or an RL phase's first shortfall): fixing it may
