@@ -434,6 +434,13 @@ def _nothing_ranked(rec: Recommendation) -> str:
         text += (f" The fastest that fits with less: {thin.plan.short()}, micro-batch {thin.plan.micro_batch_size}, "
                  f"recompute {thin.plan.recompute}, {thin.throughput.tokens_per_s_per_gpu:,.0f} tokens/s per GPU with "
                  f"{gib(thin.memory.headroom_bytes)} ({free:.1%}) free.")
+    elif rec.closest:  # each miss named as the CLI's table names it: a split where two would read alike
+        from meshplan.check.split import layout_cells  # loaded already: recommend just ran
+
+        misses = [f"{layout} (micro-batch {m.plan.micro_batch_size}, ZeRO {m.plan.zero_stage}, recompute "
+                  f"{m.plan.recompute}: {gib(m.memory.peak_bytes)} of {gib(m.memory.capacity_bytes)})"
+                  for m, layout in zip(rec.closest, layout_cells([m.plan for m in rec.closest]), strict=True)]
+        text += " Closest misses: " + "; ".join(misses) + "."
     if rec.min_gpus:
         text += f" The smallest GPU count that keeps the headroom is {rec.min_gpus}."
     return text
