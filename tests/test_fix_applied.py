@@ -188,6 +188,20 @@ def test_a_degree_fix_keeps_the_world_size_rules_passing():
             assert "WS005" not in _errors(fixed), (alternative, list(_errors(fixed)))
 
 
+@pytest.mark.parametrize("req", [
+    dict(model="glm-4.5", framework="megatron-bridge", gpu="a100-80gb", num_gpus=4, sequence_parallel=True, ep=8,
+         activation_offload=True, moe_a2a_overlap=True),
+    dict(model="qwen3-235b-a22b", framework="megatron-core", gpu="a100-80gb", num_gpus=4, global_batch_size=64,
+         moe_a2a_overlap=True, recompute="selective", ep=8)])
+def test_an_ep_fix_never_names_ep_1_beside_the_a2a_overlap(req):
+    """WS002's 'ep in {1, 2, 4} at this GPU count' beside moe_a2a_overlap=true (bench/random_requests.py fixes 4 and 7
+    x 200): applied as ep=1, EP009 came in (no expert all-to-all to hide). It leaves 1 out there."""
+    fix = _errors(req)["WS002"].fix
+    assert fix.endswith("or ep in {2, 4} at this GPU count."), fix
+    for fixed in _each_fix_applied(req, "WS002"):
+        assert not {"WS002", "EP009"} & set(_errors(fixed)), fixed
+
+
 NEW_RULE_CASES = [
     ("CP007", dict(model="gemma-2-27b", framework="megatron-bridge", gpu="h100", num_gpus=8, cp=2)),
     ("CP007", dict(model="gemma-2-27b", framework="megatron-bridge", gpu="h100", num_gpus=8, cp=2,
