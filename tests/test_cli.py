@@ -58,13 +58,14 @@ def test_recommend_table_for_an_impossible_job_shows_the_closest_misses(capsys):
     assert re.search(r"smallest GPU count that fits: \d+", out)  # the count itself: tests/test_search.py
 
 
-def test_closest_misses_that_differ_only_in_their_split_say_which_split(capsys):
+def test_closest_misses_that_differ_only_in_their_split_say_which_split(capsys, monkeypatch):
     """Llama-3.1-8B on 7 H100 at 131,072 tokens: the closest misses held two 'TP1 PP7 DP1' rows at micro-batch 1,
     ZeRO 3, full recompute (150.47 and 155.23 GiB) that differed only in first/last stage layers, and the table and
     the MCP summary (which named none of them) could not tell them apart. Both name the split where two rows would
     read alike (check/split.layout_cells)."""
     from meshplan.faces.mcp import tools
 
+    monkeypatch.setenv("COLUMNS", "200")  # each row on one line (at 80 columns the layout cell wraps its split)
     args = dict(model="llama-3.1-8b", gpu="h100", num_gpus=7, seq_length=131072)
     assert main(["recommend", *(f"--{k.replace('_', '-')}={v}" for k, v in args.items() if k != "model"),
                  args["model"]]) == 1

@@ -28,6 +28,8 @@ def _graphs_on(values: dict, job: object) -> tuple | None:
 
 
 CG_READS = ("cuda_graph_impl", "cuda_graph_modules", "recompute", "recompute_modules", "dropout", "activation_offload")
+# What a CUDA-graph rule's fix reads beside its verdict: every CUDA-graph rule run at each alternative (graph_fix)
+CG_WORDS = (*CG_READS, "moe_a2a_overlap")
 
 
 def captures_whole_layer(impl: str, modules: tuple[str, ...]) -> bool:
@@ -36,7 +38,7 @@ def captures_whole_layer(impl: str, modules: tuple[str, ...]) -> bool:
     return impl == "full_iteration" or (impl != "none" and not modules)
 
 
-@rule("CG001", reads=CG_READS, screen=_graphs_on)
+@rule("CG001", reads=CG_READS, screen=_graphs_on, words=CG_WORDS)
 def cuda_graph_asserts(ctx: Context) -> Values:
     """The first of Megatron-Core's CUDA-graph asserts the plan breaks, with a fix that works."""
     if ctx.plan.cuda_graph_impl == "none":
@@ -161,7 +163,7 @@ def graph_fix(ctx: Context, alternatives: list[Alternative]) -> str:
     return "Use " + ", or ".join(named) + "."
 
 
-@rule("CG003", reads=("cuda_graph_impl", "cuda_graph_modules", "moe_a2a_overlap"))
+@rule("CG003", reads=("cuda_graph_impl", "cuda_graph_modules", "moe_a2a_overlap"), words=CG_WORDS)
 def graphs_beside_ep_overlap(ctx: Context) -> Values:
     """Transformer Engine graphs of the moe or mlp module beside the EP overlap (overlap_moe_expert_parallel_comm):
     Megatron-Core asserts them apart. One of the rules that refuse moe_a2a_overlap (search/plans.OVERLAP_RULES)."""
@@ -184,7 +186,7 @@ def _overlap_alternatives(ctx: Context) -> list[Alternative] | None:
     return [_without(p, {"moe", "mlp"}), ("moe_a2a_overlap=false", {"moe_a2a_overlap": False})]
 
 
-@rule("CG002", reads=("cuda_graph_impl", "cuda_graph_modules"))
+@rule("CG002", reads=("cuda_graph_impl", "cuda_graph_modules"), words=CG_WORDS)
 def dropless_moe_capture(ctx: Context) -> Values:
     """MoE layers captured (moe, the whole layer, or the full iteration) where routing is dropless, as every
     meshplan plan routes: their token counts per expert change every step, so the graph cannot be replayed."""

@@ -20,9 +20,9 @@ BATCH_RULES = ("BS001", "VL001", "VL003", "VL004", "SK001")
 WORLD_RULES = ("WS001", "WS002", "WS004", "WS005", "WS006")
 # What a rule whose fix calls kept_degrees or layout_words reads beside its own fields: the degrees that derive dp,
 # the ZeRO stage that picks the engine whose dp the batch rules count, the micro-batch and the batch, and what the
-# world-size rules read (hybrid sharding's replicas, an RL job's placement).
+# world-size rules read (hybrid sharding's replicas, an RL job's placement, WS002's words the EP overlap).
 BATCH_READS = ("tp", "pp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "global_batch_size",
-               "dp_replicate", "placement", "rollout_gpus")
+               "dp_replicate", "placement", "rollout_gpus", "moe_a2a_overlap")
 BATCH_TRIES = 8  # batches a fix tries each side of the stated one: the nearest multiples of the new micro-batch x dp
 
 # How much a computed fix lists: presentation, not physics (a fix names a few values that work, not all).
