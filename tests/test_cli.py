@@ -58,6 +58,24 @@ def test_recommend_table_for_an_impossible_job_shows_the_closest_misses(capsys):
     assert re.search(r"smallest GPU count that fits: \d+", out)  # the count itself: tests/test_search.py
 
 
+def test_closest_misses_that_differ_only_in_their_split_say_which_split(capsys, monkeypatch):
+    """Llama-3.1-8B on 7 H100 at 131,072 tokens: the closest misses held two 'TP1 PP7 DP1' rows at micro-batch 1,
+    ZeRO 3, full recompute (150.47 and 155.23 GiB) that differed only in first/last stage layers, and the table and
+    the MCP summary (which named none of them) could not tell them apart. Both name the split where two rows would
+    read alike (check/split.layout_cells)."""
+    from meshplan.faces.mcp import tools
+
+    monkeypatch.setenv("COLUMNS", "200")  # each row on one line (at 80 columns the layout cell wraps its split)
+    args = dict(model="llama-3.1-8b", gpu="h100", num_gpus=7, seq_length=131072)
+    assert main(["recommend", *(f"--{k.replace('_', '-')}={v}" for k, v in args.items() if k != "model"),
+                 args["model"]]) == 1
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("TP1 PP7 DP1")]
+    assert len(rows) == 2 and len(set(rows)) == 2 and all("first_stage_layers=" in row for row in rows), rows
+    summary = tools.recommend_parallelism(**args).summary
+    named = re.findall(r"TP1 PP7 DP1 first_stage_layers=\d+ last_stage_layers=\d+", summary)
+    assert len(set(named)) == 2 and "TP1 PP1 DP7 (micro-batch 1" in summary, summary
+
+
 def test_model_given_twice_must_agree(capsys):
     """The positional MODEL and --model used to disagree silently (the flag won)."""
     assert main(["memory", "llama-3.1-8b", "--model", "llama-3.1-70b", "--num-gpus", "8"]) == 2

@@ -273,7 +273,8 @@ def _candidate(rank: int, plan, peak_gib: float):
 def test_rows_and_folded_plans_that_differ_only_in_their_split_say_which_split():
     """Llama-3.1-70B on 96 A100-40GB ranked TP4 PP12 CP2 DP1 twice (first/last 7/3, then 5/5: 33.5 and 29.4 GiB)
     and the table printed two identical rows; a split spelt as a layout was folded as 'also:' the row itself."""
-    from meshplan.faces.display import _folded, layout_cells
+    from meshplan.check.split import layout_cells
+    from meshplan.faces.display import _folded
     from meshplan.schema.plan import Plan
 
     base = {"tp": 4, "pp": 12, "cp": 2, "dp": 1, "micro_batch_size": 1, "zero_stage": 1, "recompute": "none"}
@@ -281,7 +282,7 @@ def test_rows_and_folded_plans_that_differ_only_in_their_split_say_which_split()
     even_ends = Plan(**base, first_stage_layers=5, last_stage_layers=5)
     other = Plan(**{**base, "zero_stage": 3}, first_stage_layers=5, last_stage_layers=5)
     rows = [_candidate(1, uneven, 33.5), _candidate(2, even_ends, 29.4), _candidate(3, other, 27.9)]
-    assert layout_cells(rows) == ["TP4 PP12 CP2 DP1 first_stage_layers=7 last_stage_layers=3",
+    assert layout_cells([c.plan for c in rows]) == ["TP4 PP12 CP2 DP1 first_stage_layers=7 last_stage_layers=3",
                                   "TP4 PP12 CP2 DP1 first_stage_layers=5 last_stage_layers=5",
                                   "TP4 PP12 CP2 DP1"]  # ZeRO 3 tells the third apart already
     row = Plan(tp=1, pp=3, vpp=2, dp=4, first_stage_layers=10, last_stage_layers=8)

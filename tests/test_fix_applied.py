@@ -66,6 +66,23 @@ def test_a_mini_batch_fix_never_names_a_mini_batch_over_the_step():
         assert "SK001" not in _errors(fixed)
 
 
+@pytest.mark.parametrize("step, words", [
+    ({"prompts_per_step": 32}, "Use prompts_per_step = 64 with prompts_per_mini_batch = 64 (x samples_per_prompt 1"),
+    ({"global_batch_size": 32}, "Use global_batch_size = 64 with prompts_per_mini_batch = 64 (prompts_per_step 64"),
+    ({"prompts_per_step": 8, "prompts_per_mini_batch": 8, "samples_per_prompt": 4},
+     "Use prompts_per_step = 16 with prompts_per_mini_batch = 16 (x samples_per_prompt 4 = 64 sequences)")])
+def test_a_step_fix_names_the_mini_batch_the_new_step_needs(step, words):
+    """VL001 (bench/random_requests.py rlfixes 0) on verl's FSDP engine over 64 GPUs, 32 prompts a step in mini-batches
+    of 32: 'prompts_per_step = 64' applied left the stated mini-batch's 32 sequences over 64 ranks, an empty share
+    (VL004). Where no step it names passes the batch rules beside the stated mini-batch, it names the first with the
+    mini-batch change they pass there (fix_values.batch_words), in the field the request stated."""
+    req = dict(model="llama-3.1-70b", framework="verl", gpu="a100-40gb", num_gpus=64, job="rl", zero_stage=3,
+               prompts_per_mini_batch=32, update_epochs=2) | step
+    assert _errors(req)["VL001"].fix.startswith(words), _errors(req)["VL001"].fix
+    for fixed in _each_fix_applied(req, "VL001"):  # a 70B model on 40 GB GPUs: the memory rules refuse it throughout
+        assert not set(_errors(fixed)) - set(ESTIMATE_RULES), (fixed, list(_errors(fixed)))
+
+
 MEM002_CASES = [
     dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, micro_batch_size=1, tp=1),
     dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=16, micro_batch_size=4, tp=2),
@@ -135,9 +152,106 @@ def test_a_gpu_count_fix_tiles_the_expert_grid_too():
     both (mesh.smallest_world, WS002's)."""
     req = dict(model="qwen3-30b-a3b", framework="megatron-bridge", gpu="b200", num_gpus=128, tp=3, ep=16, etp=1,
                global_batch_size=1024)
-    assert _errors(req)["WS001"].fix.startswith("Use num_gpus = 96 or 144 (multiples of 48)")
+    # 144 GPUs leave dp 48, which 1,024 sequences do not divide (BS001): 96 alone (fix_values.kept_counts)
+    assert _errors(req)["WS001"].fix.startswith("Use num_gpus = 96 (multiples of 48), ")
     for fixed in _each_fix_applied(req, "WS001"):
         assert not {"WS001", "WS002"} & set(_errors(fixed)), fixed
+
+
+def test_a_gpu_count_fix_names_the_batch_the_count_divides():
+    """WS001 at tp=3 on 1 GPU with a 1-sequence global batch (bench/random_requests.py fixes 2 1000) named
+    'num_gpus = 24': dp 8 there, which the batch does not divide (BS001). It names the counts at which the batch rules
+    pass at the dp each derives, else the first with the batch change beside it (fix_values.kept_counts)."""
+    req = dict(model="olmoe-1b-7b", framework="megatron-bridge", gpu="b200", num_gpus=1, global_batch_size=1, tp=3,
+               ep=8, grad_reduce_in_fp32=False)
+    assert _errors(req)["WS001"].fix.startswith("Use num_gpus = 24 (multiples of 24) with global_batch_size = 8, ")
+    for fixed in _each_fix_applied(req, "WS001"):
+        assert not {"WS001", "WS002", "BS001"} & set(_errors(fixed)), fixed
+    # counts the batch divides are named alone: 48 sequences divide at dp 8 (24 GPUs) and 16 (48 GPUs)
+    assert _errors(req | {"num_gpus": 25, "global_batch_size": 48})["WS001"].fix.startswith(
+        "Use num_gpus = 24 or 48 (multiples of 24), ")
+
+
+def test_a_degree_fix_keeps_the_world_size_rules_passing():
+    """TP004 on torchtitan at tp=8, ep=8 on 12 H20 (4-GPU NVLink domains; tests/test_fix_applied.py's draws, seed 13)
+    named 'tp in {2, 4}': at tp=2 dp_shard is 6 and ep 8 does not divide dp_shard*tp = 12 (WS005), at tp=4 neither.
+    The values it names keep the world-size rules that pass now passing, else the first comes with the ep at which
+    they do (fix_values.kept_degrees, ep_beside): ep=1, the dense model's."""
+    req = dict(model="llama-3-8b", framework="torchtitan", gpu="h20", num_gpus=12, tp_comm_overlap=True, tp=8, ep=8,
+               grad_reduce_in_fp32=False)
+    before = api.check_config(Request(**req))
+    found = next(f for f in before.findings if f.id == "TP004")
+    assert "tp in {2, 4} (tp=2 with ep=1)" in found.fix, found.fix
+    in_effect = resolve(Request(**req))[1].model_dump()
+    for alternative in alternatives(found.fix, "TP004"):
+        if fixed := applied(req, alternative, in_effect):
+            assert "WS005" not in _errors(fixed), (alternative, list(_errors(fixed)))
+
+
+@pytest.mark.parametrize("req", [
+    dict(model="glm-4.5", framework="megatron-bridge", gpu="a100-80gb", num_gpus=4, sequence_parallel=True, ep=8,
+         activation_offload=True, moe_a2a_overlap=True),
+    dict(model="qwen3-235b-a22b", framework="megatron-core", gpu="a100-80gb", num_gpus=4, global_batch_size=64,
+         moe_a2a_overlap=True, recompute="selective", ep=8)])
+def test_an_ep_fix_never_names_ep_1_beside_the_a2a_overlap(req):
+    """WS002's 'ep in {1, 2, 4} at this GPU count' beside moe_a2a_overlap=true (bench/random_requests.py fixes 4 and 7
+    x 200): applied as ep=1, EP009 came in (no expert all-to-all to hide). It leaves 1 out there."""
+    fix = _errors(req)["WS002"].fix
+    assert fix.endswith("or ep in {2, 4} at this GPU count."), fix
+    for fixed in _each_fix_applied(req, "WS002"):
+        assert not {"WS002", "EP009"} & set(_errors(fixed)), fixed
+
+
+NEW_RULE_CASES = [
+    ("CP007", dict(model="gemma-2-27b", framework="megatron-bridge", gpu="h100", num_gpus=8, cp=2)),
+    ("CP007", dict(model="gemma-2-27b", framework="megatron-bridge", gpu="h100", num_gpus=8, cp=2,
+                   global_batch_size=4)),
+    ("CG001", dict(model="llama-3.1-8b", framework="megatron-core", gpu="h100", num_gpus=8,
+                   cuda_graph_impl="transformer_engine", recompute="full")),
+    ("CG001", dict(model="llama-3.1-8b", framework="torchtitan", gpu="h100", num_gpus=8,
+                   cuda_graph_impl="transformer_engine")),
+    ("CG001", dict(model="llama-3.1-8b", framework="megatron-core", gpu="h100", num_gpus=8,
+                   cuda_graph_impl="transformer_engine", cuda_graph_modules=["attn", "moe_router"])),
+    ("CG001", dict(model="llama-3.1-8b", framework="megatron-core", gpu="h100", num_gpus=8, cuda_graph_impl="local",
+                   activation_offload=True, recompute="full")),
+    ("CG001", dict(model="qwen3-30b-a3b", framework="megatron-core", gpu="h100", num_gpus=8, ep=8,
+                   cuda_graph_impl="transformer_engine", cuda_graph_modules=["attn", "moe_preprocess"])),
+    ("CG001", dict(model="qwen3-30b-a3b", framework="megatron-core", gpu="h100", num_gpus=8, ep=8,
+                   cuda_graph_impl="transformer_engine", cuda_graph_modules=["moe", "moe_router"])),
+    ("CG001", dict(model="llama-3.1-8b", framework="megatron-core", gpu="h100", num_gpus=8,
+                   cuda_graph_impl="transformer_engine", cuda_graph_modules=["attn"], dropout=True,
+                   recompute="selective", recompute_modules=["core_attn"])),
+    ("CG002", dict(model="qwen3-30b-a3b", framework="megatron-core", gpu="h100", num_gpus=8, ep=8,
+                   cuda_graph_impl="transformer_engine")),
+    ("CG002", dict(model="qwen3-30b-a3b", framework="megatron-bridge", gpu="h100", num_gpus=8, ep=8,
+                   cuda_graph_impl="full_iteration")),
+    ("CG003", dict(model="deepseek-v2-lite", framework="megatron-core", gpu="h100", num_gpus=8, ep=8,
+                   cuda_graph_impl="transformer_engine", cuda_graph_modules=["attn", "mlp"], moe_a2a_overlap=True)),
+    ("CH001", dict(model="llama-4-scout", framework="verl", gpu="h200", num_gpus=16, zero_stage=3, seq_length=32768,
+                   job="sft")),
+    ("CH001", dict(model="llama-4-scout", framework="skyrl", gpu="h200", num_gpus=16, zero_stage=3, seq_length=32768,
+                   job="sft")),
+]
+
+
+@pytest.mark.parametrize("rule_id, req", NEW_RULE_CASES,
+                         ids=[f"{r}-{q['framework']}-{i}" for i, (r, q) in enumerate(NEW_RULE_CASES)])
+def test_the_newer_rules_name_fixes_that_apply(rule_id, req):
+    """CP007, CG001-CG003 and CH001 named changes check --config could not apply ('Drop the MoE modules from
+    cuda_graph_modules', 'Keep one: moe_router ... or moe', 'seq_length <= 8192'), a change that brought in the next
+    assert ('recompute=selective' beside local graphs and activation_offload) or the batch rules (CP007's 'cp=1' at a
+    stated batch of 4 on 8 GPUs: BS001). Each names values (cuda_graph_modules="attn" written whole), every CUDA-graph
+    rule passing at each alternative (rules/cuda_graphs.graph_fix), CP007 the batch beside cp=1 (layout_words); each
+    alternative applied passes its rule and brings no error in."""
+    before = api.check_config(Request(**req))
+    found = next(f for f in before.findings if f.id == rule_id)
+    in_effect = resolve(Request(**req))[1].model_dump()
+    fixes = [f for f in (applied(req, a, in_effect) for a in alternatives(found.fix, rule_id)) if f]
+    assert fixes, found.fix
+    for fixed in fixes:
+        after = {f.id for f in api.check_config(Request(**fixed)).findings if f.severity == "error"}
+        brought = after - {f.id for f in before.findings} - set(ESTIMATE_RULES)
+        assert rule_id not in after and not brought, (found.fix, fixed, after)
 
 
 # --------------------------------------------------------------------------- every rule's fix, applied

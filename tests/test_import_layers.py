@@ -59,6 +59,8 @@ LAZY = {
                                                       "first call",
     ("meshplan.faces.mcp.tools", "meshplan.check.headline"): "the framework cards load on the first check_config, "
                                                               "not with another tool's first call",
+    ("meshplan.faces.mcp.tools", "meshplan.check.split"): "a nothing-fits recommend names its closest misses as the "
+                                                           "CLI's table does: loaded with the search that found them",
     ("meshplan.faces.mcp.resources", "meshplan.api"): "the model catalog loads on the first read of catalog://models",
     ("meshplan.faces.mcp.resources", "meshplan.knowledge.cards"): "the card loader (yaml, the card schemas) loads on "
                                                                    "the first card read",

@@ -1188,3 +1188,17 @@ def test_a_memory_fix_turning_sequence_parallelism_on_with_tp_says_so():
     (change,) = fix_changes("tp=2, sequence_parallel=true", fields, resolve(Request(**fields))[1].model_dump())
     assert change == {"tp": 2, "sequence_parallel": True}
     assert gib(api.check_config(Request(**(fields | change))).memory.fit_bytes) in f.fix
+
+
+@pytest.mark.parametrize("framework", rule_specs()["WS003"].frameworks)
+def test_a_dp_against_the_gpu_count_is_refused_in_the_framework_s_own_words(framework):
+    """WS003 said 'Megatron derives dp from the GPU count' on every framework it runs on, DeepSpeed and nanotron too:
+    on DeepSpeed it is Megatron-DeepSpeed's arguments and DeepSpeed's batch assertion, on nanotron its own config's
+    dp, asserted against the world size. Each card says how it sets dp (limits.data_parallel, with its source), and
+    the message says that."""
+    card = framework_card(framework)
+    assert card.limits.data_parallel and card.limits.data_parallel_source, framework
+    req = Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, dp=4, framework=framework)
+    found = next(f for f in api.check_config(req).findings if f.id == "WS003")
+    assert found.message.endswith(f": {card.limits.data_parallel}."), found.message
+    assert ("Megatron derives" not in found.message) and (framework != "deepspeed" or "DeepSpeed" in found.message)

@@ -170,6 +170,20 @@ def split_words(plan: Plan) -> str:
     return "the even split"
 
 
+def layout_cells(plans: list[Plan]) -> list[str]:
+    """Each row's layout as a table or a list names it: its degrees (Plan.short), and its pipeline split where another
+    row reads the same in degrees, micro-batch, ZeRO stage and recompute (the search ranks, and keeps as closest
+    misses, each split of one layout as a row of its own: two 'TP1 PP7 DP1' rows, mbs 1, ZeRO 3, full recompute, at
+    150.47 and 155.23 GiB differed only in first/last stage layers). The split is written as request fields, without
+    the comma a list of folded plans separates them with."""
+    def cells(p: Plan) -> tuple:
+        return p.short(), p.micro_batch_size, p.zero_stage, p.recompute
+
+    seen = [cells(p) for p in plans]
+    return [f"{p.short()} {split_words(p).replace(', ', ' ')}" if seen.count(cells(p)) > 1 else p.short()
+            for p in plans]
+
+
 class SplitChoice(NamedTuple):
     """split_choice's answer: the plan with its split, whether it fits, and the bytes that decide the fit."""
 

@@ -16,7 +16,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from meshplan.check.headline import layout_text
-from meshplan.check.split import split_words
+from meshplan.check.split import layout_cells, split_words
 from meshplan.core.units import GIB, percent, plural, si_count
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
@@ -338,17 +338,6 @@ def _folded(row: Plan, other: Plan) -> str:
     return " ".join([other.short(), f"mbs {other.micro_batch_size}", *knobs, *split])
 
 
-def layout_cells(candidates: list[Candidate]) -> list[str]:
-    """Each ranked row's layout cell: its degrees, and its pipeline split where another row would read the same
-    (recommend ranks each split of one layout as a row of its own, with its own peak and step time)."""
-    def cells(c: Candidate) -> tuple:
-        return c.plan.short(), c.plan.micro_batch_size, c.plan.zero_stage, c.plan.recompute
-
-    seen = [cells(c) for c in candidates]
-    return [f"{c.plan.short()} {split_cell(c.plan)}" if seen.count(cells(c)) > 1 else c.plan.short()
-            for c in candidates]
-
-
 def below_headroom_line(thin: Candidate, headroom: float | None) -> str:
     """The one line naming the fastest layout the headroom keeps out of the ranking, from its report's numbers."""
     p, m = thin.plan, thin.memory
@@ -393,7 +382,7 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
         table = _table(_col("#", right=True), _col("layout", wrap=True), _col("mbs", right=True),
                        _col("ZeRO", right=True), "recompute", _col("peak GiB", right=True),
                        _col("tokens/s/GPU", right=True), _col("MFU", right=True), _col("step s", right=True))
-        for c, layout in zip(rec.candidates, layout_cells(rec.candidates), strict=True):
+        for c, layout in zip(rec.candidates, layout_cells([c.plan for c in rec.candidates]), strict=True):
             table.add_row(str(c.rank), layout, str(c.plan.micro_batch_size), str(c.plan.zero_stage),
                           c.plan.recompute, gib_figure(c.memory.peak_bytes),
                           f"{c.throughput.tokens_per_s_per_gpu:,.0f}", f"{c.throughput.mfu:.1%}",
@@ -408,8 +397,8 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
         table = _table(_col("layout", wrap=True), _col("mbs", right=True), _col("ZeRO", right=True), "recompute",
                        _col("peak GiB", right=True), _col("capacity GiB", right=True),
                        _col("over by GiB", right=True))
-        for miss in rec.closest:
-            table.add_row(miss.plan.short(), str(miss.plan.micro_batch_size), str(miss.plan.zero_stage),
+        for miss, layout in zip(rec.closest, layout_cells([m.plan for m in rec.closest]), strict=True):
+            table.add_row(layout, str(miss.plan.micro_batch_size), str(miss.plan.zero_stage),
                           miss.plan.recompute, gib_figure(miss.memory.peak_bytes),
                           gib_figure(miss.memory.capacity_bytes), gib_figure(miss.over_bytes))
         _print_whole(console, table)

@@ -72,11 +72,17 @@ class FrameworkLimits(_Card):
 
     moe_with_pipeline: bool = True
     why: str | None = None
+    data_parallel: str | None = Field(
+        None, description="How the framework sets its data-parallel size against the GPU count, as rule WS003's "
+                          "message says it (its source in data_parallel_source); None: the card states none")
+    data_parallel_source: str | None = None
 
     @model_validator(mode="after")
     def _claim_has_why(self) -> FrameworkLimits:
         if not self.moe_with_pipeline and not self.why:
             raise ValueError("a limit needs a why (the framework source that imposes it)")
+        if self.data_parallel and not self.data_parallel_source:
+            raise ValueError("data_parallel needs data_parallel_source (the framework source that sets dp so)")
         return self
 
 

@@ -34,7 +34,7 @@ def batch_divisible(ctx: Context) -> Values:
 
 
 
-@rule("VL001", reads=("dp", "zero_stage", "micro_batch_size"))
+@rule("VL001", reads=("dp", "zero_stage", "micro_batch_size"), words=("cp",))  # cp: VL004 at the named step
 def verl_batch(ctx: Context) -> Values:
     """verl's validate_config: the whole step's sequences (train_batch_size x rollout.n) in multiples of its minimal
     batch. The step's, also where the job estimated is one mini-batch's update (rl/step_time.mini_batch_update), whose

@@ -104,12 +104,16 @@ class Context:
         total = self.request_gpus(self.world)
         return f"num_gpus={total}" if total == self.world else f"num_gpus={total} (the trainer's {self.world} GPUs)"
 
-    def gpus_fix(self, unit: int, multiples: bool = True) -> str:
-        """The GPU counts just below and above the trainer's world that `unit` divides, as the request's num_gpus
-        ('24 or 32 (multiples of 8)'; an RL job placed apart: '26 or 34 (the trainer's 24 or 32, multiples of 8)');
-        without `multiples`, '24 or 32' or '26 or 34: the trainer's 24 or 32'."""
+    def gpu_counts(self, unit: int) -> list[int]:
+        """The trainer's GPU counts just below and above its world that `unit` divides (none under one unit)."""
         below = (self.world // unit) * unit
-        counts = [c for c in (below, below + unit) if c > 0]
+        return [c for c in (below, below + unit) if c > 0]
+
+    def gpus_fix(self, unit: int, multiples: bool = True, counts: list[int] | None = None) -> str:
+        """The GPU counts just below and above the trainer's world that `unit` divides (gpu_counts, or `counts` of
+        them), as the request's num_gpus ('24 or 32 (multiples of 8)'; an RL job placed apart: '26 or 34 (the
+        trainer's 24 or 32, multiples of 8)'); without `multiples`, '24 or 32' or '26 or 34: the trainer's 24 or 32'."""
+        counts = self.gpu_counts(unit) if counts is None else counts
         said = " or ".join(str(self.request_gpus(c)) for c in counts)
         trainer = " or ".join(map(str, counts))
         if not multiples:

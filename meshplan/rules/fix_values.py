@@ -15,9 +15,14 @@ from meshplan.schema.plan import Job
 # The rules that hold the global batch against dp (each framework's own law, rules/batch.py): a fix that moves dp (a
 # degree, the GPU count) names only values they pass there, or the batch change beside it that they pass (batch_words).
 BATCH_RULES = ("BS001", "VL001", "VL003", "VL004", "SK001")
+# The world-size rules a degree's fix can bring in (the GPUs no longer tile the new replica, or torchtitan's EP no
+# longer divides the ranks it borrows): a fix names values at which those passing now still pass, or the ep beside it.
+WORLD_RULES = ("WS001", "WS002", "WS004", "WS005", "WS006")
 # What a rule whose fix calls kept_degrees or layout_words reads beside its own fields: the degrees that derive dp,
-# the ZeRO stage that picks the engine whose dp the batch rules count, the micro-batch and the batch.
-BATCH_READS = ("tp", "pp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "global_batch_size")
+# the ZeRO stage that picks the engine whose dp the batch rules count, the micro-batch and the batch, and what the
+# world-size rules read (hybrid sharding's replicas, an RL job's placement, WS002's words the EP overlap).
+BATCH_READS = ("tp", "pp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "global_batch_size",
+               "dp_replicate", "placement", "rollout_gpus", "moe_a2a_overlap")
 BATCH_TRIES = 8  # batches a fix tries each side of the stated one: the nearest multiples of the new micro-batch x dp
 
 # How much a computed fix lists: presentation, not physics (a fix names a few values that work, not all).
@@ -98,13 +103,33 @@ def rl_batch_fix(ctx: Context, gbs: int, unit: int, mini_batch: bool = False) ->
             return f"prompts_per_mini_batch = {prompts[0]} with {step_words(ctx, prompts[0])}"
         return f"prompts_per_mini_batch = {' or '.join(map(str, within))} (x samples_per_prompt {n} = " \
                f"{' or '.join(f'{p * n:,}' for p in within)} sequences)"
+    prompts, beside = _steps_kept(ctx, prompts)
     if ctx.job.rl_step_stated == ("prompts_per_step",) or not ctx.job.rl_step_stated:
-        return f"prompts_per_step = {' or '.join(map(str, prompts))} (x samples_per_prompt {n} = " \
+        return f"prompts_per_step = {' or '.join(map(str, prompts))}{beside} (x samples_per_prompt {n} = " \
                f"{' or '.join(f'{p * n:,}' for p in prompts)} sequences)"
     if ctx.job.rl_step_stated == ("global_batch_size",):
-        return f"global_batch_size = {' or '.join(str(p * n) for p in prompts)} (prompts_per_step " \
+        return f"global_batch_size = {' or '.join(str(p * n) for p in prompts)}{beside} (prompts_per_step " \
                f"{' or '.join(map(str, prompts))} x samples_per_prompt {n})"
-    return " or ".join(step_words(ctx, p) for p in prompts) + f" (x samples_per_prompt {n})"
+    return " or ".join(step_words(ctx, p) for p in prompts) + f"{beside} (x samples_per_prompt {n})"
+
+
+def _steps_kept(ctx: Context, prompts: list[int]) -> tuple[list[int], str]:
+    """Of the steps a batch fix names (`prompts` prompts each), those at which every batch rule passes beside a stated
+    prompts_per_mini_batch, with '' beside them; where none does, the first with the mini-batch change the batch rules
+    pass there (' with prompts_per_mini_batch = 64', batch_words). VL001's 'prompts_per_step = 64' under a stated
+    mini-batch of 32 on verl's FSDP engine over 64 GPUs: 32 sequences over 64 ranks, an empty share (VL004). Without
+    a stated mini-batch, all of them: the step rule that names them passes at each."""
+    rl = ctx.job.rl
+    if rl is None or rl.prompts_per_mini_batch is None:
+        return prompts, ""
+    at = {p: Context(ctx.job.model_copy(update={"rl": rl.model_copy(update={"prompts_per_step": p}),
+                                                "global_batch_size": p * rl.samples_per_prompt}), ctx.plan)
+          for p in prompts}
+    kept = [p for p in prompts if not refusals_at(at[p], BATCH_RULES)]
+    if kept:
+        return kept, ""
+    words = batch_words(at[prompts[0]])
+    return prompts[:1], f" with {words}" if words else ""
 
 
 def step_words(ctx: Context, prompts: int) -> str:
@@ -137,6 +162,31 @@ def at_layout(ctx: Context, degrees: dict[str, int]) -> Context:
     return Context(job, p.model_copy(update={**degrees, "dp": dp}))
 
 
+def at_world(ctx: Context, world: int) -> Context:
+    """The check's context at another trainer GPU count, as the request with num_gpus at it resolves: dp derived from
+    it at the plan's degrees, a default global batch moved with dp (batch_at)."""
+    p, job = ctx.plan, ctx.job
+    dp = mesh.derived_dp(ctx.law, world, p.tp, p.pp, p.cp, p.ep)
+    if world != job.num_gpus:
+        job = job.model_copy(update={"num_gpus": world})
+    gbs = batch_at(job, p.micro_batch_size, dp)
+    if gbs != job.global_batch_size:
+        job = job.model_copy(update={"global_batch_size": gbs})
+    return Context(job, p.model_copy(update={"dp": dp}))
+
+
+def kept_counts(ctx: Context, counts: list[int]) -> tuple[list[int], str]:
+    """Of the GPU counts a world-size fix names, those at which the batch rules pass at the dp each derives, with ''
+    beside them; where none does, the first with the batch change they pass there (' with global_batch_size = 8',
+    batch_words): WS001's 'num_gpus = 24' at tp=3 and a 1-sequence global batch left dp 8, which BS001 refuses. Reads
+    BATCH_READS."""
+    kept = [c for c in counts if not refusals_at(at_world(ctx, c), BATCH_RULES)]
+    if kept or not counts:
+        return kept or counts, ""
+    words = batch_words(at_world(ctx, counts[0]))
+    return counts[:1], f" with {words}" if words else ""
+
+
 def refusals_at(at: Context, rule_ids: Iterable[str]) -> list[str]:
     """Those of `rule_ids` the job's framework runs (on the engine at's ZeRO stage selects) that refuse at's plan:
     each rule's own condition, run on it."""
@@ -146,10 +196,13 @@ def refusals_at(at: Context, rule_ids: Iterable[str]) -> list[str]:
 
 def kept_degrees(ctx: Context, degree: str, values: Iterable[int]) -> str:
     """The values of one degree a fix lists ('{2, 4}'): those at which the batch rules pass, dp moved with the degree
-    (TP004's 'tp in {1, 2, 4, 8}' applied as tp=1 at global_batch_size=100 on 8 GPUs: BS001 at dp=8); where none
-    does, all of them with the batch change beside the first (layout_words). Reads BATCH_READS."""
+    (TP004's 'tp in {1, 2, 4, 8}' applied as tp=1 at global_batch_size=100 on 8 GPUs: BS001 at dp=8), and the
+    world-size rules that pass now still do (TP004's tp=2 beside ep=8 on 12 torchtitan GPUs: dp_shard 6, and ep 8
+    does not divide dp_shard*tp = 12, WS005); where none does, all of them with the change beside the first
+    (layout_words). Reads BATCH_READS."""
     pool = list(values)
-    kept = [v for v in pool if not refusals_at(at_layout(ctx, {degree: v}), BATCH_RULES)]
+    rules = BATCH_RULES + passing_world_rules(ctx)
+    kept = [v for v in pool if not refusals_at(at_layout(ctx, {degree: v}), rules)]
     if kept or not pool:
         return fmt_set(kept or pool)
     beside = layout_words(ctx, {degree: pool[0]})
@@ -159,14 +212,36 @@ def kept_degrees(ctx: Context, degree: str, values: Iterable[int]) -> str:
 
 
 def layout_words(ctx: Context, degrees: dict[str, int]) -> str:
-    """What a fix that changes `degrees` names with them so that the request with it passes: the new dp where the
-    request stated one (Job.dp_stated: KempnerForge's 'pp=1' left the file's dp_shard=1, which no longer tiled the
-    GPUs, WS006), and the batch change the batch rules pass at the new dp (batch_words); empty where nothing must
-    follow. Reads BATCH_READS."""
-    at = at_layout(ctx, degrees)
-    words = [f"dp={at.plan.dp}"] if ctx.job.dp_stated and at.plan.dp != ctx.plan.dp else []
+    """What a fix that changes `degrees` names with them so that the request with it passes: the ep at which the
+    world-size rules passing now still pass, where they refuse the degrees at the plan's ep (ep_beside); the new dp
+    where the request stated one (Job.dp_stated: KempnerForge's 'pp=1' left the file's dp_shard=1, which no longer
+    tiled the GPUs, WS006), and the batch change the batch rules pass at the new dp (batch_words); empty where nothing
+    must follow. Reads BATCH_READS."""
+    ep = ep_beside(ctx, degrees)
+    at = at_layout(ctx, degrees | ep)
+    words = [f"ep={ep['ep']}"] if ep else []
+    words += [f"dp={at.plan.dp}"] if ctx.job.dp_stated and at.plan.dp != ctx.plan.dp else []
     batch = batch_words(at)
     return ", ".join(words + ([batch] if batch else []))
+
+
+def passing_world_rules(ctx: Context) -> tuple[str, ...]:
+    """The world-size rules (WORLD_RULES) the job's framework runs that pass at ctx's plan: those a fix must not
+    bring in."""
+    refused = set(refusals_at(ctx, WORLD_RULES))
+    return tuple(r for r in WORLD_RULES if r not in refused)
+
+
+def ep_beside(ctx: Context, degrees: dict[str, int]) -> dict[str, int]:
+    """{'ep': e}: where the world-size rules passing now refuse the plan with `degrees` changed, the ep nearest the
+    plan's at which they pass (a divisor of the expert count; 1 for a dense model, whose ep EP001 refuses anyway);
+    empty where they pass, where the fix changes ep itself, or where no ep helps."""
+    rules = passing_world_rules(ctx)
+    if "ep" in degrees or not refusals_at(at_layout(ctx, degrees), rules):
+        return {}
+    eps = sorted(divisors(ctx.num_experts) if ctx.num_experts else [1], key=lambda e: (abs(e - ctx.plan.ep), e))
+    return next(({"ep": e} for e in eps if e != ctx.plan.ep
+                 and not refusals_at(at_layout(ctx, {**degrees, "ep": e}), rules)), {})
 
 
 def batch_words(at: Context) -> str:

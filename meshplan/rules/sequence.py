@@ -8,7 +8,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import LISTED, divisors, fmt_set, neighbours
+from meshplan.rules.fix_values import BATCH_READS, LISTED, divisors, fmt_set, layout_words, neighbours
 from meshplan.rules.world import tiling
 
 
@@ -52,15 +52,18 @@ def cp_window_comm(ctx: Context) -> Values:
             "kinds": fmt_set(kinds)}
 
 
-@rule("CP007", reads=("cp", "dp"))
+@rule("CP007", reads=("cp", "dp"), words=BATCH_READS)
 def cp_model_code_refuses(ctx: Context) -> Values:
     """Context parallelism on a model whose core attention the framework builds itself and refuses CP at
-    construction (the card's attention.no_cp_model_types: Megatron-Bridge's Gemma 2)."""
+    construction (the card's attention.no_cp_model_types: Megatron-Bridge's Gemma 2). Its cp=1 moves dp: the batch
+    change the batch rules pass there is named beside it (fix_values.layout_words; 'cp=1' at a stated batch of 4 on
+    8 GPUs left dp 8, BS001)."""
     p, card = ctx.plan, ctx.card.attention
     if p.cp == 1 or card is None or ctx.arch.model_type not in card.no_cp_model_types:
         return None
+    follows = layout_words(ctx, {"cp": 1})
     return {"cp": p.cp, "type": ctx.arch.model_type, "model": ctx.arch.name, "framework": ctx.card.display_name,
-            "dp": p.dp * p.cp}
+            "dp": p.dp * p.cp, "follows": f" with {follows}" if follows else ""}
 
 
 @rule("CP004", reads=("cp",))

@@ -11,7 +11,16 @@ from typing import Literal
 
 from meshplan.arithmetic import mesh
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import BATCH_READS, LISTED, at_layout, batch_words, divisors, fmt_set, neighbours
+from meshplan.rules.fix_values import (
+    BATCH_READS,
+    LISTED,
+    at_layout,
+    batch_words,
+    divisors,
+    fmt_set,
+    kept_counts,
+    neighbours,
+)
 
 PRODUCT_REACH = 4  # WS001 lists tp*pp*cp products up to 4x the requested one: two doublings of a degree away
 
@@ -54,18 +63,25 @@ def tiled(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterabl
 
 
 
-@rule("WS001", reads=("tp", "pp", "cp", "ep", "etp", "placement", "rollout_gpus"))
+def counts_fix(ctx: Context, unit: int) -> str:
+    """The GPU counts WS001's fix names (Context.gpus_fix), those at which the batch rules pass at the dp each
+    derives, else the first with the batch change beside it (fix_values.kept_counts). Reads BATCH_READS."""
+    counts, beside = kept_counts(ctx, ctx.gpu_counts(unit))
+    return ctx.gpus_fix(unit, counts=counts) + beside
+
+
+@rule("WS001", reads=("tp", "pp", "cp", "ep", "etp", "placement", "rollout_gpus"), words=BATCH_READS)
 def dense_grid_divides_world(ctx: Context) -> Values:
     """The counts are the request's num_gpus (Context.request_gpus): an RL job placed apart said 'num_gpus=30' of a
     request for 32 and offered the trainer's counts, which the request's count then splits again. They are multiples
     of the fewest GPUs that hold the expert grid too (mesh.smallest_world, WS002's): 'num_gpus = 126' at tp=3, ep=16
-    tiled tp*pp*cp and left the experts untiled (WS002)."""
+    tiled tp*pp*cp and left the experts untiled (WS002); and those at which the batch divides (counts_fix)."""
     p, mp = ctx.plan, ctx.model_parallel
     if ctx.world % mp == 0:
         return None
     unit = mesh.smallest_world(ctx.law, p.tp, p.pp, p.cp, 1, p.ep, p.etp)
     return {"world": ctx.world, "count": ctx.world_words(), "mp": mp, "tp": p.tp, "pp": p.pp,
-            "cp": p.cp, "gpus": ctx.gpus_fix(unit), "products": _product_divisors(ctx)}
+            "cp": p.cp, "gpus": counts_fix(ctx, unit), "products": _product_divisors(ctx)}
 
 
 
@@ -89,8 +105,11 @@ def _etp_one_fix(ctx: Context) -> str:
 
 
 
-@rule("WS002", reads=("tp", "pp", "cp", "ep", "etp", "dp", "placement", "rollout_gpus"))
+@rule("WS002", reads=("tp", "pp", "cp", "ep", "etp", "dp", "placement", "rollout_gpus"), words=("moe_a2a_overlap",))
 def expert_grid_divides_world(ctx: Context) -> Values:
+    """The eps it names leave 1 out beside moe_a2a_overlap, which EP009 then refuses (no all-to-all to hide: 'ep in
+    {1, 2, 4}' applied as ep=1, bench/random_requests.py fixes 4 and 7); where 1 is the only one, with the overlap
+    off."""
     p = ctx.plan
     grid = ctx.expert_grid
     if ctx.world % grid == 0:
@@ -98,10 +117,12 @@ def expert_grid_divides_world(ctx: Context) -> Values:
     minimum = mesh.smallest_world(ctx.law, p.tp, p.pp, p.cp, 1, p.ep, p.etp)
     room = ctx.world // (p.pp * p.etp) if ctx.world % (p.pp * p.etp) == 0 else 0
     eps = working_ep(ctx, room)
+    wider = [e for e in eps if e > 1] if p.moe_a2a_overlap else eps
+    said = fmt_set(wider) if wider else f"{fmt_set(eps)} with moe_a2a_overlap=false"
     return {"world": ctx.world, "count": ctx.world_words(), "grid": grid, "etp": p.etp, "ep": p.ep, "pp": p.pp,
             "minimum": minimum, "etp_one": _etp_one_fix(ctx),
             "gpus": ctx.gpus_fix(minimum, multiples=False),
-            "eps": f", or ep in {fmt_set(eps)} at this GPU count" if eps
+            "eps": f", or ep in {said} at this GPU count" if eps
             else f"; no ep tiles {ctx.world} GPUs at pp={p.pp}, etp={p.etp}"}
 
 
@@ -109,13 +130,16 @@ def expert_grid_divides_world(ctx: Context) -> Values:
 @rule("WS003", reads=("tp", "pp", "cp", "dp", "placement", "rollout_gpus"), words=BATCH_READS)
 def dp_matches_law(ctx: Context) -> Values:
     """Dropping dp takes the derived one, at which the stated batch may no longer divide: the fix names the batch
-    change beside it there (a ds_config's train_batch_size, whose dp the file states through its accumulation)."""
+    change beside it there (a ds_config's train_batch_size, whose dp the file states through its accumulation). The
+    message says how the framework sets dp (its card's limits.data_parallel): on DeepSpeed it said 'Megatron derives
+    dp', Megatron-DeepSpeed's arguments and DeepSpeed's batch assertion being what refuse it."""
     mp = ctx.model_parallel
     if ctx.world % mp or ctx.plan.dp == ctx.world // mp:
         return None
     needed = ctx.request_gpus(ctx.plan.dp * mp)
     batch = derived_dp_batch(ctx)
     return {"dp": ctx.plan.dp, "world": ctx.world, "mp": mp, "derived": ctx.world // mp,
+            "how": ctx.card.limits.data_parallel,
             "batch": f" with {batch}" if batch else "",
             "needed": needed if needed == ctx.plan.dp * mp else f"{needed} (the trainer's {ctx.plan.dp * mp})"}
 

@@ -6,14 +6,14 @@ explicit act on their own machine); it reports a factor already stored and what 
 
 from __future__ import annotations
 
-import inspect
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import Field
 
+from meshplan.schema.choices import StrictModel
 from meshplan.schema.measured import RunComparison
 
-from .tools import _KW, api, request_parameters, to_request, tool_errors, with_signature
+from .tools import api, option_parameters, request_parameters, take_options, to_request, tool_errors, with_signature
 
 
 class CompareAnswer(RunComparison):
@@ -32,18 +32,18 @@ COMPARE_RUN = (
 )
 
 
-@with_signature(
-    [
-        *request_parameters(),
-        inspect.Parameter("log_text", _KW, annotation=Annotated[str, Field(
-            min_length=1, max_length=1 << 24, description="The run's training log (its stdout, or the part with "
-                                                          "the iteration / step metrics and memory lines)")]),
-    ],
-    CompareAnswer,
-)
+class CompareOptions(StrictModel):
+    """compare_run's argument beside the request: the log, required."""
+
+    log_text: str = Field(min_length=1, max_length=1 << 24, description="The run's training log (its stdout, or the "
+                                                                        "part with the iteration / step metrics and "
+                                                                        "memory lines)")
+
+
+@with_signature([*request_parameters(), *option_parameters(CompareOptions)], CompareAnswer)
 def compare_run(**args: Any) -> CompareAnswer:
-    log_text = args.pop("log_text")
     with tool_errors():
+        log_text = take_options(CompareOptions, args).log_text
         result = api.compare_run(to_request(args), log_text)
     outside = [f.label for f in result.figures if f.inside is False]
     steps = ["Call check_config with the same arguments for the rules' findings on this layout."]

@@ -9,16 +9,16 @@ pictures' names and the plan, so hosts that read only that still get the answer.
 from __future__ import annotations
 
 import base64
-import inspect
 from typing import Annotated, Any
 
 from mcp.types import CallToolResult, EmbeddedResource, ImageContent, TextContent, TextResourceContents
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.core.units import gib
+from meshplan.schema.choices import StrictModel
 from meshplan.schema.plan import Plan
 
-from .tools import _KW, request_parameters, to_request, tool_errors, with_signature
+from .tools import option_parameters, request_parameters, take_options, to_request, tool_errors, with_signature
 
 REPORT_URI = "report://meshplan/report.html"
 
@@ -60,22 +60,22 @@ def _summary(found: Any) -> str:
     return text + "."
 
 
-@with_signature(
-    [
-        *request_parameters(),
-        inspect.Parameter("recommend", _KW, default=False, annotation=Annotated[bool, Field(
-            description="Search first (as recommend_parallelism) and draw the best layout and the candidates")]),
-        inspect.Parameter("top_k", _KW, default=5, annotation=Annotated[int, Field(
-            ge=1, le=50, description="With recommend: how many ranked layouts to compare")]),
-    ],
-    Annotated[CallToolResult, ReportAnswer],  # type: ignore[arg-type]
-)
+class ReportOptions(StrictModel):
+    """render_report's arguments beside the request."""
+
+    recommend: bool = Field(False, description="Search first (as recommend_parallelism) and draw the best layout and "
+                                               "the candidates")
+    top_k: int = Field(5, ge=1, le=50, description="With recommend: how many ranked layouts to compare")
+
+
+@with_signature([*request_parameters(), *option_parameters(ReportOptions)],
+                Annotated[CallToolResult, ReportAnswer])  # type: ignore[arg-type]
 def render_report(**args: Any) -> CallToolResult:
     from meshplan.faces import report
 
-    recommend, top_k = args.pop("recommend"), args.pop("top_k")
     with tool_errors():
-        found = report.gather(to_request(args), recommend=recommend, top_k=top_k)
+        options = take_options(ReportOptions, args)
+        found = report.gather(to_request(args), recommend=options.recommend, top_k=options.top_k)
     pictures = report.figures(found)
     html = report.render_html(found)
     answer = ReportAnswer(

@@ -13,7 +13,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
@@ -26,6 +26,7 @@ from meshplan.core.card_files import frameworks_with_section
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib, percent, plural
 from meshplan.request.parse import parse_request, request_error, unknown_field_error
+from meshplan.schema.choices import StrictModel
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.reports import ErrorBand, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
@@ -52,6 +53,7 @@ READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempot
 RenderTarget = Literal[frameworks_with_section("adapter")]  # type: ignore[valid-type]
 
 _KW = inspect.Parameter.KEYWORD_ONLY
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
 _MODEL = Request.model_fields["model"]
 ModelName = Annotated[(str, *_MODEL.metadata, Field(description=_MODEL.description))]
 
@@ -107,6 +109,23 @@ def with_signature(params: list[inspect.Parameter], returns: type) -> Callable[[
         return fn
 
     return apply
+
+
+def option_parameters(options: type[BaseModel]) -> list[inspect.Parameter]:
+    """One keyword parameter per field of a tool's options model (the arguments it takes beside the request), with
+    that field's type, bounds, default and description: the model is their one home, so the published schema and a
+    direct Python call (which fills no default) read the same defaults."""
+    return [inspect.Parameter(name, _KW, annotation=Annotated[(field.annotation, *field.metadata, Field(
+                description=field.description))],
+                              default=inspect.Parameter.empty if field.is_required() else field.default)
+            for name, field in options.model_fields.items()]
+
+
+def take_options(options: type[OptionsT], args: dict[str, Any]) -> OptionsT:
+    """The tool's options taken out of `args` (the request's fields stay), validated by their model: a value left out
+    takes the model's default, as the SDK fills it from the schema. Call inside tool_errors."""
+    return options.model_validate({name: args.pop(name) for name in options.model_fields if name in args},
+                                  strict=True)
 
 
 @contextmanager
@@ -374,20 +393,18 @@ RECOMMEND = (
 )
 
 
-@with_signature(
-    [
-        *request_parameters(),  # num_gpus too may come from config_text; without either the api says to pass it
-        inspect.Parameter(
-            "top_k", _KW, default=5,
-            annotation=Annotated[int, Field(ge=1, le=50, description="How many ranked layouts to return")],
-        ),
-    ],
-    RecommendationAnswer,
-)
+class RecommendOptions(StrictModel):
+    """recommend_parallelism's argument beside the request."""
+
+    top_k: int = Field(5, ge=1, le=50, description="How many ranked layouts to return")
+
+
+# num_gpus too may come from config_text; without either the api says to pass it
+@with_signature([*request_parameters(), *option_parameters(RecommendOptions)], RecommendationAnswer)
 def recommend_parallelism(**args: Any) -> RecommendationAnswer:
-    top_k = args.pop("top_k")
     with tool_errors():
-        rec = api.recommend(to_request(args), top_k=top_k)
+        options = take_options(RecommendOptions, args)
+        rec = api.recommend(to_request(args), top_k=options.top_k)
     if not rec.candidates:
         # Nothing ranked is still an answer (the same one the CLI and the api give): say why and what would work.
         return extend(rec, RecommendationAnswer, summary=_nothing_ranked(rec), next_steps=_retry_steps(rec))
@@ -417,6 +434,13 @@ def _nothing_ranked(rec: Recommendation) -> str:
         text += (f" The fastest that fits with less: {thin.plan.short()}, micro-batch {thin.plan.micro_batch_size}, "
                  f"recompute {thin.plan.recompute}, {thin.throughput.tokens_per_s_per_gpu:,.0f} tokens/s per GPU with "
                  f"{gib(thin.memory.headroom_bytes)} ({free:.1%}) free.")
+    elif rec.closest:  # each miss named as the CLI's table names it: a split where two would read alike
+        from meshplan.check.split import layout_cells  # loaded already: recommend just ran
+
+        misses = [f"{layout} (micro-batch {m.plan.micro_batch_size}, ZeRO {m.plan.zero_stage}, recompute "
+                  f"{m.plan.recompute}: {gib(m.memory.peak_bytes)} of {gib(m.memory.capacity_bytes)})"
+                  for m, layout in zip(rec.closest, layout_cells([m.plan for m in rec.closest]), strict=True)]
+        text += " Closest misses: " + "; ".join(misses) + "."
     if rec.min_gpus:
         text += f" The smallest GPU count that keeps the headroom is {rec.min_gpus}."
     return text
@@ -446,41 +470,31 @@ RENDER_CONFIG = (
 )
 
 
-@with_signature(
-    [
-        inspect.Parameter(
-            "framework", _KW,
-            annotation=Annotated[RenderTarget, Field(description="Framework whose config to write")],
-        ),
-        *request_parameters(skip=("framework",)),
-        inspect.Parameter(
-            "variant", _KW, default=None,
-            annotation=Annotated[
-                str | None,
-                Field(max_length=64, description="Framework-specific form (verl: megatron|fsdp; skyrl: rl|sft)"),
-            ],
-        ),
-        inspect.Parameter(
-            "version", _KW, default=None,
-            annotation=Annotated[
-                str | None, Field(max_length=32, description="Framework version to target (e.g. torchtitan 0.2)")
-            ],
-        ),
-        inspect.Parameter(
-            "force", _KW, default=False,
-            annotation=Annotated[bool, Field(description=(
-                "Render even when the layout breaks a rule of the framework (it would be rejected or not fit); "
-                "the findings then come back in `warnings`. Leave false unless the user insists"))],
-        ),
-    ],
-    RenderAnswer,
-)
+class RenderTargetOption(StrictModel):
+    """render_config's first argument: the framework to write, required (a request defaults it; a render does not)."""
+
+    framework: RenderTarget = Field(description="Framework whose config to write")
+
+
+class RenderOptions(StrictModel):
+    """render_config's arguments after the request's."""
+
+    variant: str | None = Field(None, max_length=64, description="Framework-specific form (verl: megatron|fsdp; "
+                                                                 "skyrl: rl|sft)")
+    version: str | None = Field(None, max_length=32, description="Framework version to target (e.g. torchtitan 0.2)")
+    force: bool = Field(False, description=(
+        "Render even when the layout breaks a rule of the framework (it would be rejected or not fit); the findings "
+        "then come back in `warnings`. Leave false unless the user insists"))
+
+
+@with_signature([*option_parameters(RenderTargetOption), *request_parameters(skip=("framework",)),
+                 *option_parameters(RenderOptions)], RenderAnswer)
 def render_config(**args: Any) -> RenderAnswer:
-    framework = args.pop("framework")
-    variant, version, force = args.pop("variant"), args.pop("version"), args.pop("force")
-    options = {k: v for k, v in {"variant": variant, "version": version}.items() if v is not None}
     with tool_errors():
-        result = api.render_config(framework, to_request(args), force=force, **options)
+        framework = take_options(RenderTargetOption, args).framework
+        options = take_options(RenderOptions, args)
+        chosen = {k: v for k, v in {"variant": options.variant, "version": options.version}.items() if v is not None}
+        result = api.render_config(framework, to_request(args), force=options.force, **chosen)
     fields = {name: getattr(result, name) for name in RenderAnswer.model_fields if hasattr(result, name)}
     summary = (
         f"{result.plan.short()} written as {result.format} for {framework} {result.version} "
@@ -502,23 +516,18 @@ MINIMUM_GPUS = (
 )
 
 
-@with_signature(
-    [
-        *request_parameters(skip=("num_gpus",)),
-        inspect.Parameter(
-            "max_gpus", _KW, default=None,
-            annotation=Annotated[
-                int | None, Field(None, ge=1, le=MAX_GPUS, description="Largest GPU count to try (default: the "
-                                                                         "search card's limit)")
-            ],
-        ),
-    ],
-    MinimumGpusAnswer,
-)
+class MinimumGpusOptions(StrictModel):
+    """minimum_gpus' argument beside the request."""
+
+    max_gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="Largest GPU count to try (default: the search "
+                                                                       "card's limit)")
+
+
+@with_signature([*request_parameters(skip=("num_gpus",)), *option_parameters(MinimumGpusOptions)], MinimumGpusAnswer)
 def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
-    max_gpus = args.pop("max_gpus")
     with tool_errors():
-        report = api.minimum_gpus(to_request(args, scan_gpus=True), max_gpus=max_gpus)
+        options = take_options(MinimumGpusOptions, args)
+        report = api.minimum_gpus(to_request(args, scan_gpus=True), max_gpus=options.max_gpus)
     if report.num_gpus is not None and report.candidate is not None:
         best = report.candidate
         summary = (

@@ -10,6 +10,7 @@ from meshplan.arithmetic.mesh import MeshAxis
 from meshplan.arithmetic.pipeline_timeline import Shape as TimelineShape
 from meshplan.arithmetic.pipeline_timeline import rank_actions, timed_actions
 from meshplan.arithmetic.schedule import plan_shape
+from meshplan.check.split import layout_cells
 from meshplan.core.units import GIB, plural
 from meshplan.faces.report.gather import PlanReport
 from meshplan.faces.report.shapes import (
@@ -230,12 +231,13 @@ def candidates_figure(rec: Recommendation) -> Figure:
         ranked.append(("thin headroom", rec.best_below_headroom))
     ranked += [(f"miss {i + 1}", m) for i, m in enumerate(rec.closest)]
     fastest = max([c.throughput.tokens_per_s_per_gpu for _, c in ranked if isinstance(c, Candidate)], default=0.0)
-    for i, (label, c) in enumerate(ranked):
+    layouts = layout_cells([c.plan for _, c in ranked])  # a split where two rows would read alike
+    for i, ((label, c), layout) in enumerate(zip(ranked, layouts, strict=True)):
         speed = c.throughput.tokens_per_s_per_gpu if isinstance(c, Candidate) else 0.0
         css = "candidate" if isinstance(c, Candidate) and label.startswith("#") else "near-miss"
         shapes += _column(20 + i * 100, label, speed, fastest, c.memory.peak_bytes, c.memory.capacity_bytes, css)
         time = seconds(c.throughput.step_time_s) if isinstance(c, Candidate) else "-"
-        rows.append([label, c.plan.short(), str(c.plan.micro_batch_size), c.plan.recompute, time,
+        rows.append([label, layout, str(c.plan.micro_batch_size), c.plan.recompute, time,
                      f"{speed:,.1f}" if speed else "-", gib_text(c.memory.peak_bytes), c.rationale])
     if rec.candidates:
         caption = (f"The {len(rec.candidates)} fastest of {rec.considered:,} layouts for {rec.model} on "
