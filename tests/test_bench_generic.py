@@ -133,6 +133,28 @@ def test_the_harness_holds_no_row_comparison_recipe_or_date_table(production_row
             assert not DATE.match(value), (name, value)  # release dates too
 
 
+def test_the_model_family_vocabulary_is_the_package_s():
+    """A row's model family becomes a model_type through cards/model_families.yaml (knowledge/catalog.family_type), the
+    one vocabulary: no harness module keeps a table keyed by family names; a nearest model_type says what it misses."""
+    from meshplan.knowledge.catalog import families_card, family_type
+
+    card = families_card()
+    names = set(card.families) | set(card.nearest)
+    for name in HARNESS:
+        for node in ast.walk(ast.parse((BENCH / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict) and all(isinstance(v, ast.Constant | ast.Tuple) for v in node.values):
+                keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+                assert len(keys & names) < 2, (name, sorted(keys & names))  # family -> model_type
+    assert family_type("gpt3").model_type == "gpt2" and family_type("gpt3").leaves_out is None
+    assert family_type("mpt").leaves_out and family_type("bert") is None
+    config, _, knobs = prow.build_config({"model": {
+        "family": "mpt", "id": "mosaicml/mpt-7b", "attention": "MHA", "num_layers": 32, "hidden_size": 4096,
+        "num_attention_heads": 32, "num_kv_heads": 32, "ffn_hidden_size": 16384, "vocab_size": 50432,
+        "num_experts": None}, "workload": {"seq_length": 2048}})
+    assert config["model_type"] == "gpt2" and config["activation_function"] == "gelu_new"
+    assert knobs["model_type"].startswith(family_type("mpt").leaves_out)
+
+
 # --------------------------------------------------------------------------- leave one source out, fitted constants
 
 

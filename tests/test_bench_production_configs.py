@@ -127,7 +127,7 @@ def test_catalog_match_by_architecture(production_rows):
 
 def test_the_qwen3_next_row_is_scored_as_the_catalog_model_at_its_layout(production_rows, tmp_path):
     """Megatron-Bridge's MoE perf card's Qwen3-Next row (48 decoder layers, 512 experts, TP1 PP2 VPP4 EP32) was scored
-    as a glm4_moe stand-in (NEAREST_MODEL_TYPE, knob model_type): the row counts decoder layers, the catalog's pattern
+    as a glm4_moe stand-in (a nearest model_type, knob model_type): the row counts decoder layers, the catalog's pattern
     two layers each, so it matched nothing. It is the catalog's qwen3-next-80b-a3b now, at vpp 4, with no knob, and
     checks clean on megatron-core's GPTModel path."""
     row = production_rows["mbridge_card_qwen3_next_80b_gb200_64"]
