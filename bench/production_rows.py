@@ -463,16 +463,24 @@ def framework_for(text: str | None) -> tuple[str, dict[str, str]]:
 # --------------------------------------------------------------------------- memory and precision settings
 
 
-# torchtitan's llama3_8b.toml sets [activation_checkpoint] mode = "selective", selective_ac_option = "op"
-# (torchtitan/models/llama3/train_configs/llama3_8b.toml): a row that runs that file's default is op-level SAC.
-TITAN_OP_WORDS = ("per-op", "op-level", "llama3_8b.toml default")
+# Words that say a selective AC is op-level: torchtitan's llama3_8b.toml sets [activation_checkpoint] mode =
+# "selective", selective_ac_option = "op" (torchtitan/models/llama3/train_configs/llama3_8b.toml), so a row that runs
+# that file's default is op-level SAC.
+OP_SAC_WORDS = ("per-op", "op-level", "llama3_8b.toml default")
+
+
+def _op_sac(framework: str) -> bool:
+    """Whether the framework's selective recompute is op-level SAC with an option (its card's recompute.selective,
+    what rule RC002 reads); "" (no framework yet) is not."""
+    return bool(framework) and framework_card(framework).recompute.selective == "op_sac"
 
 
 def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict[str, Any], dict[str, str]]:
     """(Request.recompute, the other Request recompute fields, knobs). Megatron's selective modules the row lists
     are recompute_modules (its default core_attn left out); Megatron's "full, uniform, N layer" is
-    recompute_method=uniform with recompute_layers=N; torchtitan's per-op SAC is selective_ac_option="op". A
-    selective AC that does not say which option stays a knob (meshplan's torchtitan selective is op-level)."""
+    recompute_method=uniform with recompute_layers=N; per-op SAC on a framework whose selective is op-level SAC
+    (torchtitan's) is selective_ac_option="op". A selective AC there that does not say which option stays a knob
+    (scored as op-level)."""
     text = row["memory"]["recompute"]
     if text is None or str(text).lower().startswith(UNSTATED):
         return None, {}, {}
@@ -496,10 +504,10 @@ def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict
             fields["recompute_modules"] = sorted(names)
         elif names:
             knobs["recompute_modules"] = ", ".join(sorted(names))
-        elif framework == "torchtitan" and (any(w in low for w in TITAN_OP_WORDS) or (
+        elif _op_sac(framework) and (any(w in low for w in OP_SAC_WORDS) or (
                 row["model"]["family"], row["model"]["total_params_b"]) in TITAN_OP_TOMLS):
             fields["selective_ac_option"] = "op"
-        elif framework == "torchtitan" or "per-op" in low or "selective ac" in low:
+        elif _op_sac(framework) or "per-op" in low or "selective ac" in low:
             knobs["selective_ac_option"] = f"{text} (option not stated; scored as op-level SAC)"
         else:
             knobs["recompute_modules"] = str(text)
