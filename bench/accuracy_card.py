@@ -22,7 +22,6 @@ Run: python bench/accuracy_card.py [--validation DIR] [--check]   (--check: comp
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import os
 import statistics
@@ -171,18 +170,17 @@ def memory_runs(validation: Path) -> list[Run]:
         predicted = report.stages[0].total_bytes - context
         out.append(Run("memory", script, playbook, job, plan, predicted / measured - 1))
     megatron = "Megatron-LM functional tests, last stage"
-    with open(validation / "megatron_functional_golden_h100.csv", encoding="utf-8") as fh:
-        for row in csv.DictReader(fh):
-            if memory_accuracy.megatron_skip_reason(row):
-                continue
-            job, plan = memory_accuracy.megatron_case(row)
-            report = memory_accuracy.megatron_estimate(job, plan)
-            if isinstance(report, str):
-                continue
-            last = report.stages[-1]
-            predicted = stage_allocated(last) - context
-            measured = float(row["mem_maxalloc_GiB_max"]) * GIB
-            out.append(Run("memory", script, megatron, job, plan, predicted / measured - 1))
+    for row in memory_accuracy.megatron_rows(validation):
+        if memory_accuracy.megatron_skip_reason(row):
+            continue
+        job, plan = memory_accuracy.megatron_case(row)
+        report = memory_accuracy.megatron_estimate(job, plan)
+        if isinstance(report, str):
+            continue
+        last = report.stages[-1]
+        predicted = stage_allocated(last) - context
+        measured = float(row["mem_maxalloc_GiB_max"]) * GIB
+        out.append(Run("memory", script, megatron, job, plan, predicted / measured - 1))
     figures = memory_accuracy.run(validation, False, False)
     for name, key in ((playbook, "playbook sweep (first stage, ok rows)"),
                       (megatron, "megatron functional tests (last stage, all kept rows)")):

@@ -237,22 +237,19 @@ def _row(set_name: str, name: str, job: Job, plan: Plan, measured: float, conv: 
 
 def megatron_rows(validation: Path) -> tuple[list[Row], dict[str, int]]:
     """The functional-test rows memory_accuracy.py keeps (its loader), last stage, allocated."""
-    import csv
-
     rows, skipped = [], Counter()
-    with open(validation / "megatron_functional_golden_h100.csv", encoding="utf-8") as fh:
-        for raw in csv.DictReader(fh):
-            reason = memory_accuracy.megatron_skip_reason(raw)
-            if reason:
-                skipped[reason] += 1
-                continue
-            job, plan = memory_accuracy.megatron_case(raw)
-            report = memory_accuracy.megatron_estimate(job, plan)
-            if isinstance(report, str):
-                skipped[report] += 1
-                continue
-            rows.append(_row("megatron functional tests", raw["case"], job, plan,
-                             float(raw["mem_maxalloc_GiB_max"]) * GIB, "allocated", report, -1))
+    for raw in memory_accuracy.megatron_rows(validation):
+        reason = memory_accuracy.megatron_skip_reason(raw)
+        if reason:
+            skipped[reason] += 1
+            continue
+        job, plan = memory_accuracy.megatron_case(raw)
+        report = memory_accuracy.megatron_estimate(job, plan)
+        if isinstance(report, str):
+            skipped[report] += 1
+            continue
+        rows.append(_row("megatron functional tests", raw["case"], job, plan,
+                         float(raw["mem_maxalloc_GiB_max"]) * GIB, "allocated", report, -1))
     return rows, dict(skipped)
 
 

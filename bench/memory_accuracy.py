@@ -26,6 +26,9 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
+
+from meshplan.adapters.common import DROPOUT_ON, offload_modules
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory, stage_allocated
@@ -83,25 +86,15 @@ EXCLUDE = [
     (r"reruns_resume_check_grads", "rerun-state machine keeps extra copies to compare gradients"),
 ]
 
-# Settings the CSV has no column for but the case name and its model_config.yaml state (NVIDIA/Megatron-LM
-# tests/functional_tests/test_cases/...): --account-for-embedding/loss-in-pipeline-split, and
-# --fine-grained-activation-offloading with every offloadable module (expert_fc1 moe_act attn_norm mlp_norm
-# qkv_linear core_attn attn_proj), which is what meshplan's activation_offload renders.
-CASE_SETTINGS = {
-    "account_for_embedding_loss": {"account_for_embedding": True, "account_for_loss": True},
-    "fine_grained_offloading": {"activation_offload": True},
-}
-
-# Recipe settings the CSV has no column for, read from the real recipe files
-# NVIDIA/Megatron-LM tests/functional_tests/test_cases/<case>/model_config.yaml: the MoE recipes below set
-# `--attention-dropout: 0.0` and `--hidden-dropout: 0.0` in their model_config.yaml, where a blank CSV cell
-# would otherwise mean Megatron's default of 0.1 (5 bytes per attention score unfused).
-RECIPE_NO_DROPOUT = {
-    "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed",
-    "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8",
-    "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_resume_torch_dist_attn_cudagraph",
-}
+# The Megatron-LM arguments the CSV has no column for (dropout, the embedding and loss in the pipeline split,
+# fine-grained activation offloading), read from each case's model_config.yaml into a file of further columns beside
+# the CSV's (bench/data/megatron_functional_columns.yaml, with its source): megatron_rows gives every row all of them,
+# blank where the case does not set one (Megatron's default, as in the CSV).
+FURTHER_COLUMNS = Path(__file__).resolve().parent / "data" / "megatron_functional_columns.yaml"
 TOKENIZER_VOCAB = {"": 50257, "GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
+# The functional tests' full-size models (the 7B rows); the rest are tiny (hidden 512-3072) and their peaks and steps
+# are dominated by what does not scale with the model (buffers, launches).
+FULL_SIZE_HIDDEN = 4096
 
 
 def _int(row: dict[str, str], key: str, default: int | None = None) -> int | None:
@@ -119,6 +112,31 @@ def _moe_layers(pattern: str, num_layers: int) -> list[int]:
     return [i for i, flag in enumerate(flags) if flag]
 
 
+def _cell(value: object) -> str:
+    """A YAML value as the CSV writes its cells: True, 0.0, text."""
+    return value if isinstance(value, str) else str(value)
+
+
+def megatron_rows(validation: Path) -> Iterator[dict[str, str]]:
+    """Every functional-test row of the CSV with the further columns of FURTHER_COLUMNS (blank where the case sets
+    none): the one reading of the rows every bench takes."""
+    further = yaml.safe_load(FURTHER_COLUMNS.read_text(encoding="utf-8"))
+    blank = dict.fromkeys(further["columns"], "")
+    with open(validation / "megatron_functional_golden_h100.csv", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            set_here = further["cases"].get(row["case"], {})
+            unknown = set(set_here) - set(blank)
+            if unknown:
+                raise ValueError(f"{FURTHER_COLUMNS.name}: case {row['case']} sets {sorted(unknown)}, not among its "
+                                 f"columns {further['columns']}")
+            yield row | blank | {k: _cell(v) for k, v in set_here.items()}
+
+
+def _dropouts(row: dict[str, str]) -> tuple[float, float]:
+    """(attention, hidden) dropout probability of the row; a blank cell is Megatron's default."""
+    return (float(row["attention-dropout"] or DROPOUT_ON), float(row["hidden-dropout"] or DROPOUT_ON))
+
+
 def megatron_skip_reason(row: dict[str, str]) -> str | None:
     for pattern, reason in EXCLUDE:
         if re.search(pattern, row["case"]):
@@ -129,6 +147,13 @@ def megatron_skip_reason(row: dict[str, str]) -> str | None:
         return "Muon optimizer (meshplan models Adam)"
     if row["tokenizer-type"] not in TOKENIZER_VOCAB and not row["vocab-size"]:
         return f"vocabulary of {row['tokenizer-type']} unknown"
+    attention, hidden = _dropouts(row)
+    if (attention > 0) != (hidden > 0):
+        return "attention dropout without hidden dropout or the reverse (meshplan's dropout is one switch)"
+    if row["fine-grained-activation-offloading"] == "True":
+        job, plan = megatron_case(row)
+        if set(row["offload-modules"].strip("[]").split()) != set(offload_modules(job, plan)):
+            return "fine-grained offloading of some modules (meshplan's activation_offload offloads every one)"
     return None
 
 
@@ -187,17 +212,18 @@ def megatron_case(row: dict[str, str]) -> tuple[Job, Plan]:
                 recompute_method=row.get("recompute-method") or None if recompute == "full" else None,
                 recompute_modules=row["recompute-modules"].strip("[]").split() or None
                 if recompute == "selective" and row.get("recompute-modules") else None,
-                **{k: v for word, fields in CASE_SETTINGS.items() if word in row["case"] for k, v in fields.items()})
+                account_for_embedding=row["account-for-embedding-in-pipeline-split"] == "True",
+                account_for_loss=row["account-for-loss-in-pipeline-split"] == "True",
+                activation_offload=row["fine-grained-activation-offloading"] == "True")
     job = carry_cards(Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8,
                           seq_length=_int(row, "seq-length", 1024),
                           global_batch_size=_int(row, "global-batch-size", mbs * dp),
                           precision="fp8" if row["fp8-format"] else "bf16", framework="megatron-core"))
-    # --attention-backend as the row sets it (local: Megatron's own DotProductAttention, unfused too); Megatron's
-    # default attention and hidden dropout is 0.1 unless the recipe file says otherwise
+    # --attention-backend as the row sets it (local: Megatron's own DotProductAttention, unfused too); dropout as
+    # its columns set it (blank: Megatron's default, on; megatron_skip_reason keeps only rows whose two agree)
     backend = {"unfused": "unfused", "local": "unfused", "flash": "flash", "fused": "fused"}.get(
         row["attention-backend"], "auto")
-    return job, plan.model_copy(update={"attention_backend": backend,
-                                        "dropout": row["case"] not in RECIPE_NO_DROPOUT})
+    return job, plan.model_copy(update={"attention_backend": backend, "dropout": _dropouts(row)[0] > 0})
 
 
 # --------------------------------------------------------------------------- scoring
@@ -249,28 +275,27 @@ def run(validation: Path, show_rows: bool, fit_overhead: bool) -> dict[str, dict
     }
 
     meg_errors, meg_big, skipped = [], [], {}
-    with open(validation / "megatron_functional_golden_h100.csv", encoding="utf-8") as fh:
-        for row in csv.DictReader(fh):
-            reason = megatron_skip_reason(row)
-            if reason:
-                skipped[reason] = skipped.get(reason, 0) + 1
-                continue
-            job, plan = megatron_case(row)
-            report = megatron_estimate(job, plan)
-            if isinstance(report, str):
-                skipped[report] = skipped.get(report, 0) + 1
-                continue
-            last = report.stages[-1]
-            predicted = stage_allocated(last) - context  # allocated (at its own moment), not reserved
-            measured = float(row["mem_maxalloc_GiB_max"]) * GIB
-            err = abs(predicted - measured) / measured * 100
-            meg_errors.append(err)
-            if job.model.hidden_size >= 4096:
-                meg_big.append(err)
-                residuals.append(measured - (predicted - overhead))
-            if show_rows:
-                print(f"megatron {row['case'][:70]:70s} measured {measured / GIB:6.2f} predicted "
-                      f"{predicted / GIB:6.2f} GiB ({(predicted - measured) / measured:+.0%})")
+    for row in megatron_rows(validation):
+        reason = megatron_skip_reason(row)
+        if reason:
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        job, plan = megatron_case(row)
+        report = megatron_estimate(job, plan)
+        if isinstance(report, str):
+            skipped[report] = skipped.get(report, 0) + 1
+            continue
+        last = report.stages[-1]
+        predicted = stage_allocated(last) - context  # allocated (at its own moment), not reserved
+        measured = float(row["mem_maxalloc_GiB_max"]) * GIB
+        err = abs(predicted - measured) / measured * 100
+        meg_errors.append(err)
+        if job.model.hidden_size >= FULL_SIZE_HIDDEN:
+            meg_big.append(err)
+            residuals.append(measured - (predicted - overhead))
+        if show_rows:
+            print(f"megatron {row['case'][:70]:70s} measured {measured / GIB:6.2f} predicted "
+                  f"{predicted / GIB:6.2f} GiB ({(predicted - measured) / measured:+.0%})")
     results["megatron functional tests (last stage, all kept rows)"] = {
         "rows": len(meg_errors), "median_abs_pct": statistics.median(meg_errors),
         "p90_abs_pct": percentile(meg_errors, 0.9),

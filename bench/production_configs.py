@@ -10,7 +10,7 @@ Method (no per-row constants, nothing fitted):
   - model: the catalog key whose architecture agrees with every model field the row states (layers, hidden,
     FFN, heads, KV heads, vocabulary, experts, top-k, expert FFN, shared experts, dense layers, MLA); among
     equal architectures the one the row's model id names. Otherwise a config.json built from the row's
-    model fields (HF model_type from the row's family, FAMILY_MODEL_TYPE) in a temporary folder; a field the
+    model fields (HF model_type from the row's family, cards/model_families.yaml) in a temporary folder; a field the
     row leaves out comes from the catalog card of that model_type with the nearest hidden size (a note).
   - gpu: the catalog GPU the row's gpu_type names, when its memory is the row's gpu_memory_gb (within 3%);
   - framework: the meshplan framework the row's framework string names: the framework cards' names, display names

@@ -21,7 +21,7 @@ import yaml
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
 from meshplan.knowledge.cards import MemoryReportFacts, framework_card, model_card, model_card_names
-from meshplan.knowledge.catalog import catalog_architecture, resolve_model
+from meshplan.knowledge.catalog import catalog_architecture, families_card, family_type, resolve_model
 from meshplan.knowledge.gdn_config import decoder_flags
 from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 from meshplan.knowledge.published_runs import TITAN_OP_TOMLS
@@ -64,18 +64,6 @@ KNOBS: dict[str, tuple[str, str]] = {
     "torch_compile": ("memory, time", "torch.compile of the blocks only (torchtitan before it compiled the loss too, "
                       "its compile card's loss_since), or on a framework without a compile card; scored eager"),
 }
-
-# HF model_type of each model family of the file; families meshplan cannot describe have a nearest type.
-FAMILY_MODEL_TYPE = {
-    "llama2": "llama", "llama3": "llama", "gpt3": "gpt2", "nemotron3": "nemotron", "nemotron4": "nemotron",
-    "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v2",
-    "glm4_moe": "glm4_moe", "olmoe": "olmoe", "gpt_oss": "gpt_oss",
-}
-NEAREST_MODEL_TYPE = {  # (Qwen3-Next's rows match the catalog's qwen3-next-80b-a3b: catalog_match)
-    "mpt": ("gpt2", "MPT (ALiBi positions, no biases)"),
-}
-# Extra config.json fields of a model_type the row cannot state (its activation).
-MODEL_TYPE_EXTRAS = {"nemotron": {"hidden_act": "relu2"}, "gpt2": {"activation_function": "gelu_new"}}
 
 UNSTATED = ("not stated",)
 
@@ -321,14 +309,13 @@ def build_config(row: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[s
     m = row["model"]
     knobs: dict[str, str] = {}
     family = m["family"]
-    if family in FAMILY_MODEL_TYPE:
-        model_type = FAMILY_MODEL_TYPE[family]
-    elif family in NEAREST_MODEL_TYPE:
-        model_type, what = NEAREST_MODEL_TYPE[family]
-        knobs["model_type"] = f"{what}: scored as model_type {model_type}"
-    else:
+    built_as = family_type(family)  # the package's family vocabulary, cards/model_families.yaml
+    if built_as is None:
         raise Unmapped(f"model family {family!r} ({m['attention']}) has no meshplan model_type and the row "
                        "records no dimensions to build one")
+    model_type = built_as.model_type
+    if built_as.leaves_out:
+        knobs["model_type"] = f"{built_as.leaves_out}: scored as model_type {model_type}"
     missing = [f for f in ("num_layers", "hidden_size", "num_attention_heads") if m[f] is None]
     if missing:
         raise Unmapped(f"model dimensions not recorded ({', '.join(missing)}): {m['id']}")
@@ -337,7 +324,7 @@ def build_config(row: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[s
         "model_type": model_type, "num_hidden_layers": m["num_layers"], "hidden_size": h,
         "num_attention_heads": m["num_attention_heads"], "num_key_value_heads": m["num_kv_heads"],
         "intermediate_size": m["ffn_hidden_size"], "vocab_size": m["vocab_size"],
-        **MODEL_TYPE_EXTRAS.get(model_type, {}),
+        **families_card().config_defaults.get(model_type, {}),
     }
     if model_type == "gpt2":
         cfg.update(n_embd=h, n_layer=m["num_layers"], n_head=m["num_attention_heads"], n_inner=m["ffn_hidden_size"],
@@ -476,16 +463,24 @@ def framework_for(text: str | None) -> tuple[str, dict[str, str]]:
 # --------------------------------------------------------------------------- memory and precision settings
 
 
-# torchtitan's llama3_8b.toml sets [activation_checkpoint] mode = "selective", selective_ac_option = "op"
-# (torchtitan/models/llama3/train_configs/llama3_8b.toml): a row that runs that file's default is op-level SAC.
-TITAN_OP_WORDS = ("per-op", "op-level", "llama3_8b.toml default")
+# Words that say a selective AC is op-level: torchtitan's llama3_8b.toml sets [activation_checkpoint] mode =
+# "selective", selective_ac_option = "op" (torchtitan/models/llama3/train_configs/llama3_8b.toml), so a row that runs
+# that file's default is op-level SAC.
+OP_SAC_WORDS = ("per-op", "op-level", "llama3_8b.toml default")
+
+
+def _op_sac(framework: str) -> bool:
+    """Whether the framework's selective recompute is op-level SAC with an option (its card's recompute.selective,
+    what rule RC002 reads); "" (no framework yet) is not."""
+    return bool(framework) and framework_card(framework).recompute.selective == "op_sac"
 
 
 def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict[str, Any], dict[str, str]]:
     """(Request.recompute, the other Request recompute fields, knobs). Megatron's selective modules the row lists
     are recompute_modules (its default core_attn left out); Megatron's "full, uniform, N layer" is
-    recompute_method=uniform with recompute_layers=N; torchtitan's per-op SAC is selective_ac_option="op". A
-    selective AC that does not say which option stays a knob (meshplan's torchtitan selective is op-level)."""
+    recompute_method=uniform with recompute_layers=N; per-op SAC on a framework whose selective is op-level SAC
+    (torchtitan's) is selective_ac_option="op". A selective AC there that does not say which option stays a knob
+    (scored as op-level)."""
     text = row["memory"]["recompute"]
     if text is None or str(text).lower().startswith(UNSTATED):
         return None, {}, {}
@@ -509,10 +504,10 @@ def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict
             fields["recompute_modules"] = sorted(names)
         elif names:
             knobs["recompute_modules"] = ", ".join(sorted(names))
-        elif framework == "torchtitan" and (any(w in low for w in TITAN_OP_WORDS) or (
+        elif _op_sac(framework) and (any(w in low for w in OP_SAC_WORDS) or (
                 row["model"]["family"], row["model"]["total_params_b"]) in TITAN_OP_TOMLS):
             fields["selective_ac_option"] = "op"
-        elif framework == "torchtitan" or "per-op" in low or "selective ac" in low:
+        elif _op_sac(framework) or "per-op" in low or "selective ac" in low:
             knobs["selective_ac_option"] = f"{text} (option not stated; scored as op-level SAC)"
         else:
             knobs["recompute_modules"] = str(text)

@@ -12,6 +12,7 @@ from typing import Any
 
 from production_rows import row_text
 
+from meshplan.arithmetic.lora import lora_engines
 from meshplan.arithmetic.schedule import format_layout, parse_layout
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
@@ -295,12 +296,18 @@ def allocator_field(row: dict[str, Any], framework: str) -> dict[str, Any]:
 
 def lora_for(row: dict[str, Any], framework: str, what: str) -> tuple[str, dict[str, Any], dict[str, str]]:
     """(framework, Request LoRA fields, knobs) of a LoRA row: the cited recipe's rank and targets, else job=lora with
-    the framework's defaults (knob "lora"); a NeMo row is scored with megatron-bridge, whose LoRA is NeMo's
-    ParallelLinearAdapter carried over (megatron-core's pretrain_gpt has none, rule LORA001)."""
+    the framework's defaults (knob "lora"). A framework whose card runs no LoRA but names the framework that trains
+    the same model with it (its lora_rank knob's runs_on: Megatron-LM's pretrain_gpt -> Megatron-Bridge, whose LoRA is
+    NeMo's ParallelLinearAdapter carried over) has the row scored there; one that names none keeps it (rule
+    LORA001 says so)."""
     knobs: dict[str, str] = {}
-    if framework == "megatron-core":
-        knobs["framework"] = f"{row['framework']} LoRA: scored with megatron-bridge, whose LoRA is NeMo's"
-        framework = "megatron-bridge"
+    card = framework_card(framework)
+    elsewhere = None if lora_engines(card) or card.adapter is None else \
+        card.adapter.versions[card.adapter.default_version].knobs["lora_rank"].runs_on
+    if elsewhere is not None:
+        knobs["framework"] = (f"{row['framework']} LoRA: scored with {elsewhere}, which trains the same model with "
+                              "LoRA")
+        framework = elsewhere
     cited = row_text(row["source"]["citation"])
     for recipe, (rank, targets, _) in LORA_RECIPES.items():
         if recipe in cited:

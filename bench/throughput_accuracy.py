@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from memory_accuracy import FULL_SIZE_HIDDEN, megatron_rows, megatron_skip_reason
+
 from meshplan.arithmetic.flops import noncausal_flops_per_token
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput
@@ -173,30 +175,39 @@ def classic_cases() -> list[Case]:
     return cases
 
 
+def golden_row(r: dict[str, str]) -> bool:
+    """Whether a functional-test row is one golden_cases times: a row the memory bench keeps (a decoder-only GPT on
+    the node the CSV records, memory_accuracy.megatron_skip_reason), with a measured iteration time, at the memory
+    bench's full size (hidden >= memory_accuracy.FULL_SIZE_HIDDEN; the others are tiny models whose step is
+    launches), and of the shape golden_cases builds: dense, without MLA, in BF16. Read from the row's columns, never
+    its case name: today the two 7B cases."""
+    return (megatron_skip_reason(r) is None and bool(r["iter_time_s_median"])
+            and int(r["hidden-size"]) >= FULL_SIZE_HIDDEN and not r["num-experts"]
+            and r["multi-latent-attention"] != "True" and not r["fp8-format"])
+
+
 def golden_cases(validation: Path) -> list[Case]:
-    """The two 7B Megatron functional tests on one node of 8 H100 (the others are tiny models)."""
+    """The full-size dense Megatron functional tests on one node of 8 H100 (golden_row: the two 7B cases)."""
     h100 = get_gpu("h100")
     out = []
-    path = validation / "megatron_functional_golden_h100.csv"
-    with open(path, encoding="utf-8") as fh:
-        for r in csv.DictReader(fh):
-            if not r["case"].startswith("gpt/gpt3_7b_tp") or not r["iter_time_s_median"]:
-                continue
-            L, h, a = int(r["num-layers"]), int(r["hidden-size"]), int(r["num-attention-heads"])
-            g = int(r["num-query-groups"] or a)
-            ffn, vocab = int(r["ffn-hidden-size"] or 4 * h), int(r["vocab-size"] or 131072)
-            arch = llama_like("golden 7B", L, h, a, g, ffn, vocab, False, gated=r["swiglu"] == "True")
-            t, p = int(r["tensor-model-parallel-size"]), int(r["pipeline-model-parallel-size"])
-            v = int(r["num-virtual-stages-per-pipeline-rank"] or 0) or (
-                L // p // int(r["num-layers-per-virtual-pipeline-stage"])
-                if r["num-layers-per-virtual-pipeline-stage"] else 1)
-            gbs, mbs, s = int(r["global-batch-size"]), int(r["micro-batch-size"]), int(r["seq-length"])
-            job = carry_cards(Job(model=arch, gpu=h100, num_gpus=8, gpus_per_node=8, seq_length=s,
-                                  global_batch_size=gbs,
-                                  framework="megatron-core"))
-            plan = Plan(tp=t, pp=p, vpp=v, dp=8 // (t * p), sequence_parallel=r["sequence-parallel"] == "True",
-                        micro_batch_size=mbs, zero_stage=1 if r["use-distributed-optimizer"] == "True" else 0)
-            out.append(Case("Megatron golden", "classic", job, plan, gbs * s / float(r["iter_time_s_median"]) / 8))
+    for r in megatron_rows(validation):
+        if not golden_row(r):
+            continue
+        L, h, a = int(r["num-layers"]), int(r["hidden-size"]), int(r["num-attention-heads"])
+        g = int(r["num-query-groups"] or a)
+        ffn, vocab = int(r["ffn-hidden-size"] or 4 * h), int(r["vocab-size"] or 131072)
+        arch = llama_like("golden 7B", L, h, a, g, ffn, vocab, False, gated=r["swiglu"] == "True")
+        t, p = int(r["tensor-model-parallel-size"]), int(r["pipeline-model-parallel-size"])
+        v = int(r["num-virtual-stages-per-pipeline-rank"] or 0) or (
+            L // p // int(r["num-layers-per-virtual-pipeline-stage"])
+            if r["num-layers-per-virtual-pipeline-stage"] else 1)
+        gbs, mbs, s = int(r["global-batch-size"]), int(r["micro-batch-size"]), int(r["seq-length"])
+        job = carry_cards(Job(model=arch, gpu=h100, num_gpus=8, gpus_per_node=8, seq_length=s,
+                              global_batch_size=gbs,
+                              framework="megatron-core"))
+        plan = Plan(tp=t, pp=p, vpp=v, dp=8 // (t * p), sequence_parallel=r["sequence-parallel"] == "True",
+                    micro_batch_size=mbs, zero_stage=1 if r["use-distributed-optimizer"] == "True" else 0)
+        out.append(Case("Megatron golden", "classic", job, plan, gbs * s / float(r["iter_time_s_median"]) / 8))
     return out
 
 

@@ -133,6 +133,28 @@ def test_the_harness_holds_no_row_comparison_recipe_or_date_table(production_row
             assert not DATE.match(value), (name, value)  # release dates too
 
 
+def test_the_model_family_vocabulary_is_the_package_s():
+    """A row's model family becomes a model_type through cards/model_families.yaml (knowledge/catalog.family_type), the
+    one vocabulary: no harness module keeps a table keyed by family names; a nearest model_type says what it misses."""
+    from meshplan.knowledge.catalog import families_card, family_type
+
+    card = families_card()
+    names = set(card.families) | set(card.nearest)
+    for name in HARNESS:
+        for node in ast.walk(ast.parse((BENCH / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict) and all(isinstance(v, ast.Constant | ast.Tuple) for v in node.values):
+                keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+                assert len(keys & names) < 2, (name, sorted(keys & names))  # family -> model_type
+    assert family_type("gpt3").model_type == "gpt2" and family_type("gpt3").leaves_out is None
+    assert family_type("mpt").leaves_out and family_type("bert") is None
+    config, _, knobs = prow.build_config({"model": {
+        "family": "mpt", "id": "mosaicml/mpt-7b", "attention": "MHA", "num_layers": 32, "hidden_size": 4096,
+        "num_attention_heads": 32, "num_kv_heads": 32, "ffn_hidden_size": 16384, "vocab_size": 50432,
+        "num_experts": None}, "workload": {"seq_length": 2048}})
+    assert config["model_type"] == "gpt2" and config["activation_function"] == "gelu_new"
+    assert knobs["model_type"].startswith(family_type("mpt").leaves_out)
+
+
 # --------------------------------------------------------------------------- leave one source out, fitted constants
 
 
@@ -231,3 +253,37 @@ def test_the_launch_profile_holds_the_card_value_among_its_points():
     points = moe_fit.launch_points()
     assert len(points) == len(moe_fit.LAUNCH_GRID) * len(moe_fit.LAUNCH_PAIRS)
     assert len({tuple(sorted(p.items())) for p in points}) == len(points)
+
+
+# --------------------------------------------------------------------------- the functional tests' further columns
+
+
+def test_the_functional_tests_settings_come_from_columns_not_case_names():
+    """bench/memory_accuracy.py reads dropout, the embedding/loss in the pipeline split and fine-grained offloading from
+    columns (the CSV's, and bench/data/megatron_functional_columns.yaml's read from each case's model_config.yaml),
+    and bench/throughput_accuracy.py picks its timed rows by their columns: a row renamed keeps its plan and place."""
+    import memory_accuracy as ma
+    import throughput_accuracy as ta
+
+    rows = {r["case"]: r for r in ma.megatron_rows(prow.DEFAULT_VALIDATION)}
+    for row in rows.values():
+        if ma.megatron_skip_reason(row):
+            continue
+        _, plan = ma.megatron_case(row)
+        assert plan.dropout is (float(row["attention-dropout"] or 0.1) > 0), row["case"]
+        renamed = row | {"case": "unseen/a_renamed_case"}
+        assert ma.megatron_skip_reason(renamed) is None
+        assert ma.megatron_case(renamed)[1] == plan, row["case"]  # no setting keyed to the case's name
+        assert ta.golden_row(renamed) == ta.golden_row(row)
+    # the recipe sets dropout 0.0 (model_config.yaml), which a table of case names had left out: scored without masks
+    _, plan = ma.megatron_case(rows["moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental"])
+    assert plan.dropout is False
+    _, plan = ma.megatron_case(rows["gpt/gpt3_mcore_te_tp1_pp4_vp2_account_for_embedding_loss_in_pipeline_split"])
+    assert plan.account_for_embedding and plan.account_for_loss and plan.dropout
+    offloading = [r for r in rows.values() if r["fine-grained-activation-offloading"] == "True"]
+    assert offloading and all(ma.megatron_case(r)[1].activation_offload for r in offloading)
+    some = offloading[0] | {"offload-modules": "[core_attn]"}  # a subset meshplan's activation_offload cannot say
+    assert "some modules" in ma.megatron_skip_reason(some)
+    one_off = rows["gpt/gpt3_mcore_te_tp2_pp2_cp2"] | {"hidden-dropout": "0.1"}
+    assert "one switch" in ma.megatron_skip_reason(one_off)
+    assert [c.plan.short() for c in ta.golden_cases(prow.DEFAULT_VALIDATION)] == ["TP1 PP4 VPP8 DP2", "TP4 PP1 DP2"]

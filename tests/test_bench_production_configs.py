@@ -127,7 +127,7 @@ def test_catalog_match_by_architecture(production_rows):
 
 def test_the_qwen3_next_row_is_scored_as_the_catalog_model_at_its_layout(production_rows, tmp_path):
     """Megatron-Bridge's MoE perf card's Qwen3-Next row (48 decoder layers, 512 experts, TP1 PP2 VPP4 EP32) was scored
-    as a glm4_moe stand-in (NEAREST_MODEL_TYPE, knob model_type): the row counts decoder layers, the catalog's pattern
+    as a glm4_moe stand-in (a nearest model_type, knob model_type): the row counts decoder layers, the catalog's pattern
     two layers each, so it matched nothing. It is the catalog's qwen3-next-80b-a3b now, at vpp 4, with no knob, and
     checks clean on megatron-core's GPTModel path."""
     row = production_rows["mbridge_card_qwen3_next_80b_gb200_64"]
@@ -176,6 +176,11 @@ def test_recompute_reading(tmp_path, production_rows):
     rec, fields, knobs = prow.recompute_for({**row, "model": {**row["model"], "total_params_b": 70.0}}, "torchtitan")
     assert rec == "selective" and fields == {} and set(knobs) == {"selective_ac_option"}
     assert prow.recompute_for(production_rows["mcore_h100_weak_1p7b"], "megatron-core") == (None, {}, {})
+    # which frameworks' selective is op-level SAC is their card's recompute.selective (what RC002 reads), not a name:
+    # NeMo AutoModel's is too, so its per-op row is selective_ac_option "op"; Megatron's card says core_attention
+    asynctp = production_rows["torchtitan_asynctp_8b_64_bf16"]
+    assert prow.recompute_for(asynctp, "nemo-automodel") == ("selective", {"selective_ac_option": "op"}, {})
+    assert "selective_ac_option" in prow.recompute_for(asynctp, "megatron-core")[2]
     # a module Megatron does not have stays a knob
     row = {"memory": {"recompute": "selective: core_attn, attention_output"}}
     assert prow.recompute_for(row, "megatron-core") == (
@@ -306,3 +311,27 @@ def test_graph_words():
         "cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["attn", "moe_router", "moe_preprocess"]}
     assert psrc.graph_fields("TE CUDA graphs", True) is None  # an MoE model's whole layer: not what it ran
     assert psrc.graph_fields("full-iteration CUDA graph", False) == {"cuda_graph_impl": "full_iteration"}
+
+
+def test_a_lora_row_moves_only_where_the_card_names_the_framework_that_runs_it(production_rows, monkeypatch):
+    """A LoRA row of a framework without LoRA is scored on the framework its card's lora_rank knob names (runs_on:
+    Megatron-LM's pretrain_gpt -> Megatron-Bridge, which trains the same Megatron-Core model); where the card names
+    none it stays (rule LORA001 then says so), whatever the framework is called."""
+    import production_sources as psrc
+
+    from meshplan.knowledge.cards import framework_card
+
+    row = production_rows["nemo2407_h100_lora_llama2_70b_8gpu"]
+    framework, fields, knobs = psrc.lora_for(row, "megatron-core", "LoRA")
+    assert framework == "megatron-bridge" and fields == {"job": "lora"} and "megatron-bridge" in knobs["framework"]
+    assert psrc.lora_for(row, "deepspeed", "LoRA")[0] == "deepspeed"  # its card names no runs_on
+    assert psrc.lora_for(row, "verl", "LoRA")[0] == "verl"  # it runs LoRA itself
+
+    core = framework_card("megatron-core")
+    adapter = core.adapter
+    version = adapter.versions[adapter.default_version]
+    knobs_without = {**version.knobs, "lora_rank": version.knobs["lora_rank"].model_copy(update={"runs_on": None})}
+    unnamed = core.model_copy(update={"adapter": adapter.model_copy(update={"versions": {
+        **adapter.versions, adapter.default_version: version.model_copy(update={"knobs": knobs_without})}})})
+    monkeypatch.setattr(psrc, "framework_card", lambda f: unnamed if f == "megatron-core" else framework_card(f))
+    assert psrc.lora_for(row, "megatron-core", "LoRA")[0] == "megatron-core"

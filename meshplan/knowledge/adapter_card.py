@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from meshplan.schema.choices import Framework
+
 
 class _Card(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -45,6 +47,10 @@ class AdapterKnob(_Card):
     reason: str | None = Field(None, description="A missing knob a request gets when it leaves the field out "
                                                  "(REASON_KNOBS): what the run does instead, the words of the note "
                                                  "that says so (no final period)")
+    runs_on: Framework | None = Field(
+        None, description="A missing knob (key: null) that another framework has for the same model code: a job that "
+                          "needs the knob is that framework's job (Megatron-LM's pretrain_gpt has no LoRA; Megatron-"
+                          "Bridge trains the same Megatron-Core model with it), named in 'instead' too")
 
     @model_validator(mode="after")
     def _missing_says_instead(self) -> AdapterKnob:
@@ -52,6 +58,8 @@ class AdapterKnob(_Card):
             raise ValueError("a missing knob (key: null), value (null) or ZeRO stage (zero_stages) needs 'instead'")
         if self.reason is not None and (self.key is not None or self.reason.endswith(".")):
             raise ValueError("'reason' belongs to a missing knob (key: null) and ends without a period")
+        if self.runs_on is not None and (self.key is not None or self.runs_on not in (self.instead or "")):
+            raise ValueError("'runs_on' belongs to a missing knob (key: null) whose 'instead' names that framework")
         return self
 
 

@@ -10,8 +10,10 @@ import re
 from functools import cache, lru_cache
 from pathlib import Path
 
+from pydantic import model_validator
+
 from meshplan.core.errors import MeshplanError, closest
-from meshplan.knowledge.cards import ModelCard, model_card, model_card_names
+from meshplan.knowledge.cards import ModelCard, _Card, load_card, model_card, model_card_names
 from meshplan.knowledge.flag_models import NAME, flags_architecture, flags_report
 from meshplan.knowledge.generic_models import generic_architecture, parse_size
 from meshplan.knowledge.model_config import architecture_from_config, architecture_from_file
@@ -19,6 +21,44 @@ from meshplan.knowledge.model_counts import count_components, mtp_params, vision
 from meshplan.knowledge.section_models import NAME as SECTION_NAME
 from meshplan.knowledge.section_models import section_architecture, section_report
 from meshplan.schema.model import Architecture, ComponentCount, ModelReport, ModelSummary
+
+
+class FamilyType(_Card):
+    """The Hugging Face model_type a model family is built as; `leaves_out`: what a nearest model_type misses."""
+
+    model_type: str
+    leaves_out: str | None = None
+
+
+class ModelFamiliesCard(_Card):
+    description: str
+    families: dict[str, FamilyType]
+    nearest: dict[str, FamilyType]
+    config_defaults: dict[str, dict[str, str | int | float | bool]]
+
+    @model_validator(mode="after")
+    def _exact_or_nearest(self) -> ModelFamiliesCard:
+        """A nearest model_type says what it leaves out; an exact one leaves nothing out; no family is both."""
+        both = sorted(set(self.families) & set(self.nearest))
+        vague = sorted(k for k, v in self.nearest.items() if not v.leaves_out)
+        inexact = sorted(k for k, v in self.families.items() if v.leaves_out)
+        if both or vague or inexact:
+            raise ValueError(f"families both exact and nearest {both}; nearest without leaves_out {vague}; exact "
+                             f"with leaves_out {inexact}")
+        return self
+
+
+def families_card() -> ModelFamiliesCard:
+    """cards/model_families.yaml: model family names -> the model_type meshplan builds each as."""
+    return load_card("model_families", ModelFamiliesCard)
+
+
+def family_type(family: str) -> FamilyType | None:
+    """The model_type a family name is built as (exact: `leaves_out` None; nearest: what it misses), or None where
+    meshplan has none."""
+    card = families_card()
+    return card.families.get(family) or card.nearest.get(family)
+
 
 # Fine-tuned variants share their base model's architecture: "-Instruct", "-Base", "-Chat", Gemma's "-it".
 _VARIANT_RE = re.compile(r"[-_](instruct|base|chat|it)(?=$|[-_.])", re.IGNORECASE)
