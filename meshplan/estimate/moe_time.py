@@ -44,9 +44,12 @@ def expert_launches(job: Job, plan: Plan) -> tuple[float, float]:
     """(forward, backward) kernels one MoE layer's grouped GEMMs launch on a rank per micro-batch, where the framework's
     grouped GEMM launches per local expert (its card's grouped_gemm_launches; (0, 0) where it is one kernel): each of
     the num_experts / ep local experts' GEMMs, and under FP8 its quantized tensors times the recipe's kernels each.
-    Full-model training only: a LoRA job's frozen experts (no weight gradients) are not counted, (0, 0)."""
+    Full-model training only: a LoRA job's frozen experts (no weight gradients) are not counted, (0, 0); so are the
+    engines of the card that do not run that grouped GEMM (its `engines`: verl's and SkyRL's FSDP engines)."""
     facts, moe = job.card.grouped_gemm_launches, job.model.moe
     if facts is None or moe is None or job.lora is not None:
+        return 0.0, 0.0
+    if facts.engines is not None and job.card.engine.by_zero_stage[plan.zero_stage] not in facts.engines:
         return 0.0, 0.0
     recipe = fp8_recipe(job, plan)
     per_tensor = facts.quantize_kernels.get(recipe, 0) if recipe is not None else 0
