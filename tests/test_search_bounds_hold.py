@@ -364,7 +364,7 @@ def test_the_step_time_bounds_are_under_the_estimate_where_cp_runs_two_mechanism
     H200 with verl, missed its 4th plan so)."""
     req = Request(model="1B", framework=framework, gpu="b200", num_gpus=8, seq_length=4096, global_batch_size=16)
     job, _ = search_job(req)
-    assert reference_zeros(job, (0, 1, 3), 4) == (0, 3) and reference_zeros(job, (0, 1, 3), 1) == (0,)
+    assert reference_zeros(job, (0, 1, 3), 1, 4, 1) == (0, 3) and reference_zeros(job, (0, 1, 3), 1, 1, 1) == (0,)
     assert check_bounds(req, stride=1) > 250
 
 
@@ -386,13 +386,16 @@ def test_the_step_time_bounds_are_under_the_estimate_where_only_one_engine_launc
     """verl's and SkyRL's Megatron engine (ZeRO 0-2) launches the routed experts' grouped GEMMs one local expert at a
     time, so its forward is no shorter than those launches (estimate/moe_time.launches_per_expert); their FSDP engine
     (ZeRO 3) trains transformers' MoE block, without that floor. Neither's reference bounds the other's plans, so the
-    references are estimated at a stage of each and the least kept (zero_stages.reference_zeros). Taken at the first
-    stage alone (the Megatron engine's 128 local experts at EP1), the exact token bound of Qwen3-30B-A3B's TP1 EP1 DP8
-    at mbs 1 was 1.246 s over that ZeRO-3 plan's 0.950 s estimate (the oracle's sampled seed 7, on verl)."""
+    references with tp and ep at 1 (the FSDP engine runs no other: FS001) are estimated at a stage of each and the
+    least kept (zero_stages.reference_zeros). Taken at the first stage alone (the Megatron engine's 128 local experts
+    at EP1), the exact token bound of Qwen3-30B-A3B's TP1 EP1 DP8 at mbs 1 was 1.246 s over that ZeRO-3 plan's 0.950 s
+    estimate (the oracle's sampled seed 7, on verl)."""
     req = Request(model="qwen3-30b-a3b", framework=framework, gpu="h100", num_gpus=8, seq_length=1024,
                   global_batch_size=8)
     job, _ = search_job(req)
-    assert reference_zeros(job, (0, 1, 3), 1) == (0, 3)
+    assert reference_zeros(job, (0, 1, 3), 1, 1, 1) == (0, 3)
+    # at tp or ep over 1 the FSDP engine runs no plan (FS001): the Megatron engine's reference alone, floor and all
+    assert reference_zeros(job, (0, 1, 3), 1, 1, 8) == reference_zeros(job, (0, 1, 3), 2, 1, 1) == (0,)
     assert reference_zeros(job.model_copy(update={"model": job.model.model_copy(update={"moe": None})}),
-                           (0, 1, 3), 1) == (0,)
+                           (0, 1, 3), 1, 1, 1) == (0,)
     assert check_bounds(req, stride=1) > 100

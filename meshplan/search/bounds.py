@@ -139,7 +139,7 @@ class StepTimeBounds(SearchPlans):
         overlap = may_overlap and any(self.a2a_overlap(ref, zero, recompute) for zero in self.zeros)
         if may_overlap and not overlap:
             return self._plain_twin(key, tp, cp, ep, etp, b, recompute, part)
-        zeros = reference_zeros(self.job, self.zeros, cp)
+        zeros = reference_zeros(self.job, self.zeros, tp, cp, ep)
         alone = 0.0
         if overlap:
             # One micro-batch alone is all warm-up (its all-to-all exposed: the plain reference, key without overlap),
