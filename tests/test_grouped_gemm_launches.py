@@ -110,3 +110,18 @@ def test_the_step_slows_by_the_launches_at_small_micro_batches():
     with4 = estimate_throughput(job4, plan4, cal).step_time_s
     without4 = estimate_throughput(job4, plan4, cal.with_overrides(grouped_gemm_launch_s=0.0)).step_time_s
     assert with4 / without4 < with_floor / without
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_rl_megatron_engines_launch_as_megatron_core_and_their_fsdp_engines_do_not(framework):
+    """verl's and SkyRL's Megatron engines build Megatron-Core's TEGroupedMLP (their cards' grouped_gemm_launches,
+    engines [megatron]); their FSDP engines train transformers' MoE block, which the counts do not cover."""
+    common = dict(Q30, gpu="h100", precision="fp8", fp8_recipe="tensorwise")
+    core_job, core_plan = job_plan(**{**common, "framework": "megatron-core", "zero_stage": 1})
+    job, plan = job_plan(**{**common, "framework": framework, "zero_stage": 1})
+    assert job.card.engine.by_zero_stage[plan.zero_stage] == "megatron"
+    assert expert_launches(job, plan) == expert_launches(core_job, core_plan) == (16 * 8, 16 * 10)
+    fsdp = {k: v for k, v in common.items() if k not in ("ep", "etp")}
+    job3, plan3 = job_plan(**{**fsdp, "framework": framework, "zero_stage": 3, "ep": 1, "etp": None})
+    assert job3.card.engine.by_zero_stage[plan3.zero_stage] == "fsdp"
+    assert expert_launches(job3, plan3) == (0.0, 0.0)

@@ -275,13 +275,40 @@ def test_min_gpus_of_an_rl_job_whose_actor_search_is_empty_scans_without_error(m
 def test_the_rl_ranking_fits_a_step_on_the_figure_check_reads():
     """verl's RL workers run the training phases with expandable segments (cards/frameworks/verl.yaml allocator), so
     check's RL005 fits them on their allocated peak (rl/memory.worst_stage fit_bytes); the RL ranking compared the
-    reserved peak with the budget and refused (RL005, 60 here) the plans without offload whose reserved peak is over it
-    though their fit is not, ranking the offloaded step, 13.29 s, first (fails before: the top plan's reserved peak
-    was under the budget). It now ranks the 12.09 s step without offload."""
+    reserved peak with the budget and refused (RL005) the plans without offload whose reserved peak is over it though
+    their fit is not, ranking an offloaded step first (fails before: the top plan's reserved peak was under the
+    budget). Asked at the actor layout whose update phase decides its fit, TP4 PP2 EP1 (the free request's first
+    before the experts' launch floor: test_the_rl_ranking_follows_the_experts_launches), it ranks the 15.84 s step
+    without offload, 71.2 GiB allocated, 73.4 GiB reserved, of the 71.7 GiB the headroom leaves."""
+    rec = api.recommend(Request(**VERL, tp=4, pp=2, ep=1), top_k=1)
+    top = rec.candidates[0]
+    assert "RL005" not in rec.rejected and top.memory.fit_basis == "allocated"
+    assert top.memory.fit_bytes <= 0.9 * top.memory.capacity_bytes < top.memory.peak_bytes
+    assert not top.plan.param_offload and not top.plan.optimizer_offload
+
+
+def test_the_rl_ranking_follows_the_experts_launches():
+    """verl's Megatron engine launches the routed experts' grouped GEMMs one local expert at a time (its card's
+    grouped_gemm_launches: config_converter's moe_grouped_gemm=True, Transformer Engine's GroupedLinear), so TP4 PP2
+    EP1's 128 local experts take at least 256 launches of 29.2 us per MoE layer and micro-batch forward: its RL step
+    12.09 -> 15.84 s. The free request ranks first an EP4 layout (32 local experts), TP2 EP4 at micro-batch 32 with
+    param and optimizer offload, 13.55 s. Its twin without offload steps faster (12.28 s at memory fraction 0.25) but
+    keeps the reference model's 8.2 GiB on the GPU through the update, whose allocated peak, 74.7 GiB, is over the
+    71.7 GiB the default headroom leaves at any memory fraction: the figure check reads there too (MEM002, fits but
+    without the headroom), so the ranking refuses every memory fraction of it (counted under RL005)."""
     rec = api.recommend(Request(**VERL), top_k=1)
-    top = rec.candidates[0].memory
-    assert "RL005" not in rec.rejected and top.fit_basis == "allocated"
-    assert top.fit_bytes <= 0.9 * top.capacity_bytes < top.peak_bytes
+    top = rec.candidates[0]
+    pinned = api.recommend(Request(**VERL, tp=4, pp=2, ep=1), top_k=1).candidates[0]
+    assert top.plan.ep == 4 and top.plan.param_offload and top.plan.optimizer_offload
+    assert top.throughput.step_time_s < pinned.throughput.step_time_s
+    twin = {**VERL, **{k: getattr(top.plan, k) for k in ("tp", "pp", "ep", "etp", "micro_batch_size", "zero_stage",
+                                                         "recompute", "rollout_tp", "rollout_dp", "rollout_ep")},
+            "param_offload": False, "optimizer_offload": False, "rollout_memory_fraction": 0.25}
+    faster = api.estimate_throughput(Request(**twin)).step_time_s
+    assert faster < top.throughput.step_time_s
+    update = next(p for p in api.estimate_memory(Request(**twin)).phases if p.phase == "actor_update")
+    assert update.fit_bytes > 0.9 * top.memory.capacity_bytes > top.memory.fit_bytes
+    assert "MEM002" in {f.id for f in api.check_config(Request(**{**twin, "rollout_memory_fraction": 0.05})).findings}
 
 
 def _asked_again(monkeypatch, req: Request) -> tuple[int, int]:

@@ -44,15 +44,29 @@ def expert_launches(job: Job, plan: Plan) -> tuple[float, float]:
     """(forward, backward) kernels one MoE layer's grouped GEMMs launch on a rank per micro-batch, where the framework's
     grouped GEMM launches per local expert (its card's grouped_gemm_launches; (0, 0) where it is one kernel): each of
     the num_experts / ep local experts' GEMMs, and under FP8 its quantized tensors times the recipe's kernels each.
-    Full-model training only: a LoRA job's frozen experts (no weight gradients) are not counted, (0, 0)."""
-    facts, moe = job.card.grouped_gemm_launches, job.model.moe
-    if facts is None or moe is None or job.lora is not None:
+    (0, 0) where the plan's stage does not launch per expert (launches_per_expert)."""
+    if not launches_per_expert(job, plan.zero_stage):
         return 0.0, 0.0
+    facts, moe = job.card.grouped_gemm_launches, job.model.moe
+    assert facts is not None and moe is not None
     recipe = fp8_recipe(job, plan)
     per_tensor = facts.quantize_kernels.get(recipe, 0) if recipe is not None else 0
     local = moe.num_experts / plan.ep
     return (local * (facts.forward_gemms + facts.forward_quantized * per_tensor),
             local * (facts.backward_gemms + facts.backward_quantized * per_tensor))
+
+
+def launches_per_expert(job: Job, zero_stage: int) -> bool:
+    """Whether the job's plans at this ZeRO stage launch their routed experts' grouped GEMMs one local expert at a
+    time (expert_launches counts them, expert_launch_floor and backward_launch_wait time them): an MoE model trained
+    whole (a LoRA job's frozen experts, without weight gradients, are not counted) on a framework whose card has
+    grouped_gemm_launches, by an engine among its `engines` (verl's and SkyRL's Megatron engine, not their FSDP one,
+    which trains transformers' MoE block). The estimate and the search's single-stage references
+    (search/zero_stages.reference_zeros: one per answer of this, the least kept) read this one function."""
+    facts = job.card.grouped_gemm_launches
+    if facts is None or job.model.moe is None or job.lora is not None:
+        return False
+    return facts.engines is None or job.card.engine_at(zero_stage) in facts.engines
 
 
 def expert_launch_floor(ctx: LayerContext, expert_gemms: float) -> tuple[float, float]:

@@ -36,6 +36,9 @@ class GroupedGemmLaunches(BaseModel):
     backward_quantized: int = Field(ge=0, description="... in the backward (the output gradients, FP8)")
     quantize_kernels: dict[Fp8Recipe, int] = Field(
         description="Kernel launches per quantized tensor per FP8 recipe (0: one fused kernel for every expert)")
+    engines: list[Engine] | None = Field(
+        None, description="The card's engines that run this grouped GEMM (verl's and SkyRL's Megatron engine, not "
+                          "their FSDP one, which trains transformers' MoE block); None: every engine of the card")
     source: str
 
 

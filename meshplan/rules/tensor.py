@@ -12,7 +12,7 @@ from meshplan.core.units import either_or
 from meshplan.knowledge.adapter_knobs import unwritable
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.context import backend_of
-from meshplan.rules.engine import Context, Values, rule
+from meshplan.rules.engine import Context, Values, rule, rule_specs
 from meshplan.rules.fix_values import BATCH_READS, divisors, fmt_set, kept_degrees
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
@@ -118,10 +118,25 @@ def tp_overlap_preconditions(ctx: Context) -> Values:
 @rule("FS001", reads=("tp", "pp", "ep"))
 def fsdp_backend_degrees(ctx: Context) -> Values:
     p = ctx.plan
-    used = [f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if value > 1]
+    used = split_degrees(p.tp, p.pp, p.ep)
     if not used:
         return None
     return {"framework": ctx.framework, "used": ", ".join(used), "stages": either_or(megatron_stages(ctx.job))}
+
+
+def split_degrees(tp: int, pp: int, ep: int) -> list[str]:
+    """The model-parallel degrees over 1 among tp, pp and ep, as 'tp=2': what verl's and SkyRL's FSDP engine runs none
+    of (FS001)."""
+    return [f"{name}={value}" for name, value in (("tp", tp), ("pp", pp), ("ep", ep)) if value > 1]
+
+
+def stage_refuses_degrees(job: Job, zero_stage: int, tp: int, ep: int) -> bool:
+    """Whether FS001 refuses every plan with these tp and ep at this ZeRO stage, whatever its other fields: where the
+    rule applies to the stage's engine (cards/rules.yaml frameworks and backends: verl's and SkyRL's FSDP engine) and
+    one of them is over 1. The search's single-stage references leave such a stage out (search/zero_stages
+    .reference_zeros): no plan of a layout with those degrees runs there for a reference to bound."""
+    return bool(split_degrees(tp, 1, ep)) and rule_specs()["FS001"].applies_to(job.framework,
+                                                                            backend_of(job.card, zero_stage))
 
 
 def megatron_stages(job: Job) -> list[int]:

@@ -29,7 +29,7 @@ from meshplan.search.plans import PlanKey, SearchPlans
 from meshplan.search.rank_chains import Ranks, heavy_bound, heavy_chains, light_stages, pipeline_ranks, stages_bound
 from meshplan.search.seed_groups import SeedGroup, group_floor
 from meshplan.search.space import Layout, reference_split
-from meshplan.search.zero_stages import cp_zeros
+from meshplan.search.zero_stages import reference_zeros
 
 
 def pow2_at_least(x: float) -> int:
@@ -128,8 +128,9 @@ class StepTimeBounds(SearchPlans):
     def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str,
                    may_overlap: bool = False) -> float:
         """Seconds per token a rank computes (rules.context.rank_tokens: padding included) of a single-stage reference
-        plan, b sequences a rank; with `may_overlap`, its EP all-to-all overlapped wherever the reference can. With
-        cp > 1, the least of the reference at each CP mechanism the search's ZeRO stages run (zero_stages.cp_zeros)."""
+        plan, b sequences a rank; with `may_overlap`, its EP all-to-all overlapped wherever the reference can. The
+        least of the reference at each of the search's ZeRO stages that times it differently
+        (zero_stages.reference_zeros: the CP mechanism at cp > 1, the experts' launches one at a time)."""
         hit = self.caches.token_time.get(key)
         if hit is not None:
             return hit
@@ -138,7 +139,7 @@ class StepTimeBounds(SearchPlans):
         overlap = may_overlap and any(self.a2a_overlap(ref, zero, recompute) for zero in self.zeros)
         if may_overlap and not overlap:
             return self._plain_twin(key, tp, cp, ep, etp, b, recompute, part)
-        zeros = cp_zeros(self.job.card, self.zeros) if cp > 1 else self.zeros[:1]
+        zeros = reference_zeros(self.job, self.zeros, tp, cp, ep)
         alone = 0.0
         if overlap:
             # One micro-batch alone is all warm-up (its all-to-all exposed: the plain reference, key without overlap),
@@ -390,7 +391,7 @@ class StepTimeBounds(SearchPlans):
     def _keep_parts(self, key: tuple, work: StageWork, tokens: float, overlap: bool) -> None:
         """token_parts' layer and head parts per token of the work reference `key` of _per_token, from its StageWork:
         with EP overlap the second micro-batch's increment over one alone (whose own _per_token kept its parts); where
-        the key's references are several (zero_stages.cp_zeros), each part the least of theirs."""
+        the key's references are several (zero_stages.reference_zeros), each part the least of theirs."""
         parts = tuple(work.m * x for x in (work.dense, work.moe, work.dense_rec, work.moe_rec, work.head))
         kept = self.caches.token_parts
         alone = kept.get((*key[:-1], False)) if overlap else None
