@@ -295,7 +295,8 @@ def test_the_rl_ranking_follows_the_experts_launches():
     param and optimizer offload, 13.55 s. Its twin without offload steps faster (12.28 s at memory fraction 0.25) but
     keeps the reference model's 8.2 GiB on the GPU through the update, whose allocated peak, 74.7 GiB, is over the
     71.7 GiB the default headroom leaves at any memory fraction: the figure check reads there too (MEM002, fits but
-    without the headroom), so the ranking refuses every memory fraction of it (counted under RL005)."""
+    without the headroom), so the ranking refuses every memory fraction of it, counted under MEM002 as check names
+    it (under RL005, check's rule past the capacity, before)."""
     rec = api.recommend(Request(**VERL), top_k=1)
     top = rec.candidates[0]
     pinned = api.recommend(Request(**VERL, tp=4, pp=2, ep=1), top_k=1).candidates[0]
@@ -309,6 +310,7 @@ def test_the_rl_ranking_follows_the_experts_launches():
     update = next(p for p in api.estimate_memory(Request(**twin)).phases if p.phase == "actor_update")
     assert update.fit_bytes > 0.9 * top.memory.capacity_bytes > top.memory.fit_bytes
     assert "MEM002" in {f.id for f in api.check_config(Request(**{**twin, "rollout_memory_fraction": 0.05})).findings}
+    assert rec.rejected.get("MEM002") and "RL005" not in rec.rejected
 
 
 def _asked_again(monkeypatch, req: Request) -> tuple[int, int]:

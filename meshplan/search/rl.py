@@ -27,7 +27,7 @@ from meshplan.schema.reports import Candidate, Recommendation
 from meshplan.schema.request import Request
 from meshplan.search.answer import offload_words, plan_words
 from meshplan.search.job import OPEN_FOR_SEARCH, search_job
-from meshplan.search.policy import HOST_RULE, headroom_for
+from meshplan.search.policy import HEADROOM_RULE, HOST_RULE, headroom_for
 from meshplan.search.ranking import recommend
 from meshplan.search.refusal import HostRefused, nodes_to_hold
 from meshplan.search.rl_actor import actor_engine, actor_layout, offload_options
@@ -148,8 +148,9 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
             out.tried += 1
             shape = plan0.model_copy(update={"rollout_tp": tp, "rollout_dp": dp, "rollout_ep": ep})
             fraction = fixed.get("rollout_memory_fraction") or _largest_fraction(job, shape, reports, limit)
-            if fraction is None:
-                out.reject("RL005")
+            if fraction is None:  # none under the headroom: within capacity check warns (MEM002), past it refuses
+                fits = _largest_fraction(job, shape, reports, job.gpu.memory_bytes) is not None
+                out.reject(HEADROOM_RULE if fits else "RL005")
                 continue
             plan = shape.model_copy(update={"rollout_memory_fraction": fraction})
             if not out.first_time(plan):
@@ -158,7 +159,9 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
             rollout = next(p for p in memory.phases if p.phase == "rollout")
             over = memory.fit_bytes > limit  # the figure check's RL005 reads (memory.fit_figure), not the reserved peak
             if over or rollout.engine is None or rollout.engine.sequences_at_once < 1:
-                out.reject("RL005" if over else "RL006")  # as check names them
+                # as check names them: a phase past the capacity RL005, within it but over the headroom MEM002
+                out.reject(("RL005" if memory.fit_bytes > job.gpu.memory_bytes else HEADROOM_RULE) if over
+                           else "RL006")
                 continue
             if job.cpu_memory_per_node is not None and memory.host_bytes_per_node > job.cpu_memory_per_node:
                 out.reject(HOST_RULE)  # fits the GPUs, but the node's host cannot hold what it offloads, as check says
@@ -258,7 +261,8 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
                 "host cannot hold, on any phase offload, under MEM003)")
         rationale = f"No actor layout for the trainer's step{host}, so no RL step: {actors.rationale}"
     else:
-        why = {"RL005": "a phase over the headroom", "RL006": "no room for one sequence's KV cache",
+        why = {"RL005": "a phase over the GPU's memory", HEADROOM_RULE: "a phase within memory but over the headroom",
+               "RL006": "no room for one sequence's KV cache",
                HOST_RULE: "more offloaded state than the node's host holds (cpu_memory_per_node)"}
         counts = ", ".join(f"{why[rule]} ({rule}) x{n:,}" for rule, n in sorted(out.rejected.items(),
                                                                                 key=lambda kv: -kv[1]))
