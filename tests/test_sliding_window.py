@@ -269,6 +269,24 @@ def test_gemma2_on_megatron_bridge_is_searched_without_context_parallelism():
     assert "CP007" not in core.rejected
 
 
+def test_llama4_on_torchtitan_is_searched_on_the_releases_that_ship_it_without_context_parallelism():
+    """torchtitan ships Llama 4 in 0.1.x and 0.2.x only (models/llama4, gone before 0.3.0): on its default 0.3.0
+    recommend refuses every plan by TT003 and names 0.2.2; there its iRoPE flavors' FlexAttention refuses cp > 1
+    (CP007), so no candidate runs cp and the refusals name the rule (fails before: 0.3.0 ranked Llama 4 layouts,
+    and 0.2.2 ranked cp > 1)."""
+    from meshplan import api
+    from meshplan.core.errors import MeshplanError
+    from meshplan.request.parse import parse_request
+
+    ask = {"model": "llama-4-scout", "framework": "torchtitan", "num_gpus": 64, "seq_length": 32768}
+    with pytest.raises(MeshplanError, match="TT003") as refused:
+        api.recommend(parse_request(ask), top_k=3)
+    assert "framework_version=0.2.2" in str(refused.value)
+    ran = api.recommend(parse_request({**ask, "framework_version": "0.2.2"}), top_k=3)
+    assert ran.candidates and all(c.plan.cp == 1 for c in ran.candidates)
+    assert ran.rejected.get("CP007", 0) > 0 and "TT003" not in ran.rejected
+
+
 # --------------------------------------------------------------------------- Llama 4's chunked attention (iRoPE)
 
 
