@@ -94,6 +94,13 @@ class AttentionSemantics(_Card):
                                           "framework builds a core attention that refuses context parallelism at "
                                           "construction (rule CP007); empty: none")
     no_cp_source: str = ""
+    model_kernels: dict[str, str] = Field(
+        default_factory=dict, description="Model type (config.json model_type) -> the kernel (cards/calibration.yaml "
+                                          "attention_kernels) its core attention runs whatever the attention_backend "
+                                          "and GPU: the framework's model code builds that attention itself "
+                                          "(Megatron-Bridge's Gemma 2, torchtitan's Llama 4: FlexAttention). Empty: "
+                                          "none")
+    model_kernels_source: str = ""
     source: str
 
     def builds_window(self, model_type: str) -> bool:
