@@ -50,8 +50,44 @@ def test_every_kernel_a_card_names_is_in_the_table():
         section = framework_card(name).attention
         if section is None:
             continue
-        for table in (section.kernel, *section.by_version.values()):
+        for table in (section.kernel, *section.by_version.values(), section.backends, section.model_kernels):
             assert set(table.values()) <= kernels, name
+
+
+@pytest.mark.parametrize("backend", ["auto", "flash", "fused"])
+def test_a_model_whose_attention_the_framework_builds_runs_that_kernel_whatever_the_backend(backend):
+    """Megatron-Bridge builds Gemma 2's core attention itself (Gemma2FlexDotProductAttention: torch FlexAttention) and
+    torchtitan 0.2.x its Llama 4 (attn_type flex): both are timed at FlexAttention's fraction (0.38 of H100 peak),
+    whatever attention_backend says, where Megatron-Core (TE) keeps cuDNN. Fails before: Bridge's Gemma 2 at cudnn's
+    0.50 (auto, fused) or FA2's 0.35 (flash)."""
+    cal = calibration()
+    bridge, _ = resolve(Request(model="gemma-2-27b", framework="megatron-bridge", gpu="h100", num_gpus=64, tp=8,
+                                attention_backend=backend))
+    assert attention_efficiency(bridge, cal, backend=backend, zero_stage=1) == ("flex_attention", 0.38)
+    core, _ = resolve(Request(model="gemma-2-27b", framework="megatron-core", gpu="h100", num_gpus=64, tp=8))
+    assert attention_efficiency(core, cal, zero_stage=1)[0] == "cudnn"
+    titan, _ = resolve(Request(model="llama-4-scout", framework="torchtitan", framework_version="0.2.2", gpu="h100",
+                               num_gpus=64))
+    assert attention_efficiency(titan, cal, zero_stage=3) == ("flex_attention", 0.38)
+
+
+def test_flex_fraction_follows_from_the_cited_ratios():
+    """FlexAttention's fractions are FA2's (or the shared fused one on Ampere, where FA2 takes it) scaled by the PyTorch
+    team's measured ratios, a training step's attention being 1 forward + 2.5 forward-equivalents of backward."""
+    cal, flex = calibration(), calibration_card().attention_kernels["flex_attention"].by_arch
+    fa2_hopper = calibration_card().attention_kernels["flash_attn_2"].by_arch["hopper"]
+    assert flex["hopper"] == round(fa2_hopper * 3.5 / (1 / 1.25 + 2.5 / 1.03), 2)
+    assert flex["ampere"] == round(cal.attention_peak_fraction * 3.5 / (1 / 0.90 + 2.5 / 0.85), 2)
+
+
+def test_gemma2_on_bridge_runs_its_windows_in_flex_blocks():
+    """Bridge's Gemma 2 windows are block masks of 128 x 128 (create_block_mask's default): a windowed layer computes
+    the key blocks its query block overlaps, more than the window's keys exactly, so its attention core costs more than
+    cuDNN's exact count at the same fraction would."""
+    from meshplan.arithmetic.flops import tiled_window_keys, window_attended_keys
+
+    assert calibration_card().attention_kernels["flex_attention"].tiles_for(128) == (128, 128)
+    assert tiled_window_keys(8192, 4096, 128, 128) > window_attended_keys(8192, 4096)
 
 
 def test_torchtitan_0_1_times_attention_at_the_fa2_fraction_exactly():

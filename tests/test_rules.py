@@ -130,6 +130,9 @@ CASES: dict[str, tuple[dict, dict]] = {
     # its fix, cp=1 with the ranks to dp, passes; Megatron-Core runs the window through TE, which takes CP
     "CP007": ({"model": "gemma-2-27b", "framework": "megatron-bridge", "num_gpus": 16, "tp": 8, "cp": 2},
               {"model": "gemma-2-27b", "framework": "megatron-bridge", "num_gpus": 16, "tp": 8, "dp": 2}),
+    # torchtitan ships Llama 4 (models/llama4) in 0.1.x and 0.2.x only: 0.3.0 has no model code for it, 0.2.2 does
+    "TT003": ({"model": "llama-4-scout", "framework": "torchtitan", "num_gpus": 16},
+              {"model": "llama-4-scout", "framework": "torchtitan", "num_gpus": 16, "framework_version": "0.2.2"}),
     # Llama 4's chunked layers (8,192 tokens) on verl's FSDP engine: transformers' flash_attention_2 refuses them
     # past the chunk; at the chunk chunked and full causal attention are the same
     "CH001": ({"model": "llama-4-scout", "framework": "verl", "zero_stage": 3, "num_gpus": 16, "seq_length": 16384},

@@ -269,6 +269,24 @@ def test_gemma2_on_megatron_bridge_is_searched_without_context_parallelism():
     assert "CP007" not in core.rejected
 
 
+def test_llama4_on_torchtitan_is_searched_on_the_releases_that_ship_it_without_context_parallelism():
+    """torchtitan ships Llama 4 in 0.1.x and 0.2.x only (models/llama4, gone before 0.3.0): on its default 0.3.0
+    recommend refuses every plan by TT003 and names 0.2.2; there its iRoPE flavors' FlexAttention refuses cp > 1
+    (CP007), so no candidate runs cp and the refusals name the rule (fails before: 0.3.0 ranked Llama 4 layouts,
+    and 0.2.2 ranked cp > 1)."""
+    from meshplan import api
+    from meshplan.core.errors import MeshplanError
+    from meshplan.request.parse import parse_request
+
+    ask = {"model": "llama-4-scout", "framework": "torchtitan", "num_gpus": 64, "seq_length": 32768}
+    with pytest.raises(MeshplanError, match="TT003") as refused:
+        api.recommend(parse_request(ask), top_k=3)
+    assert "framework_version=0.2.2" in str(refused.value)
+    ran = api.recommend(parse_request({**ask, "framework_version": "0.2.2"}), top_k=3)
+    assert ran.candidates and all(c.plan.cp == 1 for c in ran.candidates)
+    assert ran.rejected.get("CP007", 0) > 0 and "TT003" not in ran.rejected
+
+
 # --------------------------------------------------------------------------- Llama 4's chunked attention (iRoPE)
 
 
@@ -386,6 +404,39 @@ def test_flash_attention_2_times_gpt_oss_windows_in_whole_tiles():
     keys = (12 * 4096 + 12 * tiled_window_keys(8192, 128, 128, 128)) / 24
     assert tiled == pytest.approx(attention_core_flops(arch, sh, 8192) * keys / attended_keys(arch, 8192))
     assert attended_keys(arch, 8192) == pytest.approx((12 * 4096 + 12 * window_attended_keys(8192, 128)) / 24)
+
+
+def test_ch001_reads_the_packed_row_the_mask_builder_sees():
+    """verl's FSDP engine packs a micro-batch into one row (use_remove_padding) and Ulysses hands each rank its share,
+    so transformers' create_chunked_causal_mask reads kv_length = micro_batch_size x seq_length / cp: 4 sequences of
+    4,096 tokens make a 16,384-key row that flash_attention_2 refuses on Llama 4's 8,192-token chunks, 2 of them or
+    cp 2 do not (fails before: CH001 read seq_length alone and passed all three)."""
+    from meshplan.check.config import check_config
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+
+    def fired(**fields):
+        job, plan = resolve(parse_request({"model": "llama-4-scout", "framework": "verl", "zero_stage": 3,
+                                           "num_gpus": 16, "seq_length": 4096, **fields}))
+        return [f for f in check_config(job, plan).findings if f.id == "CH001"]
+
+    four = fired(micro_batch_size=4)
+    assert four and "16,384 keys" in four[0].message and "micro_batch_size=2" in four[0].fix
+    assert not fired(micro_batch_size=2) and not fired(micro_batch_size=4, cp=2)
+
+
+def test_recommend_keeps_verls_packed_llama4_rows_within_the_chunk():
+    """recommend on verl's FSDP engine ranks no layout whose packed row passes the chunk: before, a LoRA job on 16
+    H200 at 4,096 tokens ranked micro_batch_size 8 first (a 32,768-key row transformers refuses at the first
+    forward)."""
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+
+    rec = api.recommend(parse_request({"model": "llama-4-scout", "framework": "verl", "gpu": "h200", "num_gpus": 16,
+                                       "seq_length": 4096, "global_batch_size": 256, "zero_stage": 3, "job": "lora"}),
+                        top_k=3)
+    assert rec.candidates and rec.rejected.get("CH001", 0) > 0
+    assert all(c.plan.micro_batch_size * 4096 // c.plan.cp <= 8192 for c in rec.candidates)
 
 
 def test_sglang_pools_llama4_chunks_as_a_window_of_the_chunk():

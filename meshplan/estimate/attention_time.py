@@ -52,7 +52,9 @@ def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
     """(kernel, fraction of BF16 peak) of the flash attention the job runs: with backend auto the kernel its framework
     release picks on the GPU's generation for the engine of `zero_stage` and for an MLA model (the framework card's
     attention section: AttentionSemantics.kernel_for), with flash or fused the kernel
-    that backend is in the framework (the card's attention.backends), at that kernel's fraction for the generation
+    that backend is in the framework (the card's attention.backends); a model whose core attention the framework's
+    model code builds itself the kernel that attention runs whatever the backend (attention.model_kernels:
+    Megatron-Bridge's Gemma 2, torchtitan's Llama 4, FlexAttention); at that kernel's fraction for the generation
     (cards/calibration.yaml attention_kernels; else attention_peak_fraction). FlashAttention-2 reaches ~35% of an
     H100's peak where cuDNN / FA3-class kernels reach ~50% (FA3 paper), so the same trainer runs attention slower
     on an older release that still picked FA2. `kernel` names the one a run used instead (bench only: a published
@@ -62,7 +64,9 @@ def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
     card = fw.attention
     if kernel is None and card is not None:
         engine = fw.engine_at(zero_stage) if zero_stage is not None else None
-        kernel = card.kernel_for(job.framework_version, job.gpu.arch, engine=engine, mla=job.model.mla is not None) \
+        own = card.model_kernels.get(job.model.model_type)
+        kernel = own if own is not None else card.kernel_for(
+            job.framework_version, job.gpu.arch, engine=engine, mla=job.model.mla is not None) \
             if backend == "auto" else card.backends.get(backend)  # type: ignore[call-overload]
     return kernel, attention_fraction(cal, kernel, job.gpu.arch)
 

@@ -80,6 +80,10 @@ class AttentionSemantics(_Card):
         default_factory=list, description="The model types whose chunked attention (Llama 4's attention_chunk_size on "
                                           "its RoPE layers) the framework's model code runs; a chunked model of "
                                           "another type trains every layer full causal. Empty: none")
+    chunked_releases: list[str] = Field(
+        default_factory=list, description="The release series (version prefixes: '0.2' for 0.2.x) whose model code "
+                                          "builds the chunked_model_types; a release outside them has no model code "
+                                          "for them (rule TT003). Empty: every release")
     chunked_source: str = ""
     chunk_refused_backends: list[AttentionBackend] = Field(
         default_factory=list, description="The attention_backend values under which the FSDP engine loads "
@@ -90,6 +94,13 @@ class AttentionSemantics(_Card):
                                           "framework builds a core attention that refuses context parallelism at "
                                           "construction (rule CP007); empty: none")
     no_cp_source: str = ""
+    model_kernels: dict[str, str] = Field(
+        default_factory=dict, description="Model type (config.json model_type) -> the kernel (cards/calibration.yaml "
+                                          "attention_kernels) its core attention runs whatever the attention_backend "
+                                          "and GPU: the framework's model code builds that attention itself "
+                                          "(Megatron-Bridge's Gemma 2, torchtitan's Llama 4: FlexAttention). Empty: "
+                                          "none")
+    model_kernels_source: str = ""
     source: str
 
     def builds_window(self, model_type: str) -> bool:
@@ -99,6 +110,12 @@ class AttentionSemantics(_Card):
     def builds_chunks(self, model_type: str) -> bool:
         """Whether the framework's model code runs a `model_type` model's chunked attention (chunked_model_types)."""
         return model_type in self.chunked_model_types
+
+    def ships_chunked(self, release: str) -> bool:
+        """Whether `release` (a known release: releases.resolve_release) has model code for the chunked_model_types
+        (chunked_releases: its series among them, or none listed)."""
+        return not self.chunked_releases or any(release == s or release.startswith(s + ".")
+                                                for s in self.chunked_releases)
 
     @model_validator(mode="after")
     def _mla_backend_has_a_kernel(self) -> AttentionSemantics:

@@ -8,6 +8,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.knowledge.cards import framework_card
+from meshplan.rules.context import cp_padding_of, rank_tokens
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.schema.choices import FRAMEWORKS
 
@@ -48,23 +49,48 @@ def flash_on_unequal_head_widths(ctx: Context) -> Values:
 
 
 
-@rule("CH001", reads=("zero_stage", "attention_backend"))
+@rule("CH001", reads=("zero_stage", "attention_backend", "micro_batch_size", "tp", "cp"))
 def flash_refuses_chunks(ctx: Context) -> Values:
-    """A chunked model (Llama 4) longer than its chunk on an FSDP engine that loads transformers with
-    flash_attention_2 under this attention_backend (the card's attention.chunk_refused_backends):
+    """A chunked model (Llama 4) on an FSDP engine that loads transformers with flash_attention_2 under this
+    attention_backend (the card's attention.chunk_refused_backends), where the row the model is handed holds more
+    keys than its chunk (row_keys: the packed micro-batch's share of a rank where the engine packs):
     create_chunked_causal_mask raises in the model's first forward."""
     arch, card, p = ctx.arch, ctx.card.attention, ctx.plan
     if card is None or ctx.backend != "fsdp" or p.attention_backend not in card.chunk_refused_backends:
         return None
-    if not arch.chunked_layers or ctx.job.seq_length <= (arch.attention_chunk_size or 0):
+    chunk = arch.attention_chunk_size or 0
+    keys = row_keys(ctx)
+    if not arch.chunked_layers or keys <= chunk:
         return None
     knob = card_knob(ctx, "attention_backend")
     eager = ("unfused" not in card.chunk_refused_backends and knob is not None and knob.values is not None
              and knob.values.get("unfused") is not None)
-    return {"model": arch.name, "seq": ctx.job.seq_length, "chunk": arch.attention_chunk_size,
-            "layers": arch.chunked_layers, "framework": ctx.card.display_name, "backend": p.attention_backend,
+    packed = cp_padding_of(ctx.card, p.zero_stage) == "packed"
+    seq, mbs = ctx.job.seq_length, p.micro_batch_size
+    if packed:
+        row = (f"micro_batch_size {mbs} x seq_length {seq:,}" + (f" over cp {p.cp}" if p.cp > 1 else "")
+               + f": {ctx.card.display_name}'s FSDP engine packs a micro-batch into one row"
+               + (" and Ulysses hands each rank its share" if p.cp > 1 else ""))
+        fits = chunk * p.cp // seq  # sequences a packed row of at most `chunk` keys per rank holds
+        fixes = [f"micro_batch_size={fits}"] if 1 <= fits < mbs else []
+        fixes.append(f"seq_length={chunk * p.cp // mbs} (at most)")
+    else:
+        row, fixes = f"seq_length {seq:,}", [f"seq_length={chunk} (the chunk, at most)"]
+    return {"model": arch.name, "keys": keys, "row": row, "chunk": chunk, "layers": arch.chunked_layers,
+            "framework": ctx.card.display_name, "backend": p.attention_backend, "fixes": " or ".join(fixes),
             "other": (", or attention_backend=unfused (transformers' eager attention, which holds the whole score "
                       "matrix)") if eager else ""}
+
+
+def row_keys(ctx: Context) -> int:
+    """The keys of one row of the input the model is handed on a rank, what transformers' mask builders read as
+    kv_length (inputs_embeds.shape[1]): where the engine packs a micro-batch's sequences into one row (the card's
+    engine.cp_padding 'packed': verl's use_remove_padding, SkyRL's sample packing) the micro-batch's tokens, over cp
+    as Ulysses pads and slices them before the forward (rank_tokens); else one sequence."""
+    p = ctx.plan
+    if cp_padding_of(ctx.card, p.zero_stage) != "packed":
+        return ctx.job.seq_length
+    return rank_tokens(ctx.job, p.micro_batch_size, p.tp, p.cp, p.zero_stage)
 
 
 def card_knob(ctx: Context, name: str):

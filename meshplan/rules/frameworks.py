@@ -1,4 +1,4 @@
-"""The rules one framework adds (HY001-HY004, DSA001-DSA003, TT001, DS*, KF*, AM*, SK002, VL002): no hybrid
+"""The rules one framework adds (HY001-HY004, DSA001-DSA003, TT001, TT003, DS*, KF*, AM*, SK002, VL002): no hybrid
 Mamba-2 or Gated DeltaNet model, nor DeepSeek Sparse Attention, where its model code builds none or meshplan does
 not model it, DSA's CP all-gather; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline micro-batches and
 dispatcher of NeMo AutoModel, and the padding its sequence splits need; and AD001, a setting the framework's
@@ -16,7 +16,9 @@ from meshplan.knowledge.adapter_knobs import (
     missing_knob,
     missing_layout_knob,
 )
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.engine_card import ZERO_STAGES
+from meshplan.knowledge.releases import numbers
 from meshplan.rules.engine import Context, Values, rule, rule_specs
 from meshplan.rules.fix_values import BATCH_READS, fmt_set, layout_words
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
@@ -108,6 +110,25 @@ def dsa_cp_allgather(ctx: Context) -> Values:
     if ctx.arch.dsa is None or p.cp == 1 or p.cp_comm_type == "allgather":
         return None
     return {"cp": p.cp, "comm": p.cp_comm_type}
+
+
+@rule("TT003", reads=())
+def release_without_the_model(ctx: Context) -> Values:
+    """A chunked model (Llama 4) on a release of the framework whose model code has none (the card's
+    attention.chunked_releases: torchtitan's llama4 in its 0.1.x and 0.2.x releases only); the fix names the newest
+    known release that ships it and the frameworks whose current model code runs its chunks."""
+    att, arch = ctx.card.attention, ctx.arch
+    if att is None or arch.model_type not in att.chunked_model_types:
+        return None
+    release = ctx.job.framework_version or ctx.card.version
+    if att.ships_chunked(release):
+        return None
+    shipping = sorted((v for v in ctx.card.known_versions() if att.ships_chunked(v)), key=lambda v: numbers(v) or ())
+    others = [f for f in FRAMEWORKS if (a := framework_card(f).attention) is not None
+              and a.builds_chunks(arch.model_type) and a.ships_chunked(framework_card(f).version)]
+    return {"framework": ctx.card.display_name, "release": release, "model": arch.name, "type": arch.model_type,
+            "series": either_or([f"{s}.x" for s in att.chunked_releases]), "release_fix": shipping[-1],
+            "others": either_or(others)}
 
 
 @rule("TT001", reads=("etp",))
