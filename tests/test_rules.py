@@ -133,6 +133,11 @@ CASES: dict[str, tuple[dict, dict]] = {
     # torchtitan ships Llama 4 (models/llama4) in 0.1.x and 0.2.x only: 0.3.0 has no model code for it, 0.2.2 does
     "TT003": ({"model": "llama-4-scout", "framework": "torchtitan", "num_gpus": 16},
               {"model": "llama-4-scout", "framework": "torchtitan", "num_gpus": 16, "framework_version": "0.2.2"}),
+    # torchtitan 0.1.0's Llama 4 (experiments/llama4, use_flex_attn) refuses selective AC; full passes, as does 0.2.2
+    "RC008": ({"model": "llama-4-scout", "framework": "torchtitan", "num_gpus": 16, "framework_version": "0.1.0",
+               "recompute": "selective"},
+              {"model": "llama-4-scout", "framework": "torchtitan", "num_gpus": 16, "framework_version": "0.1.0",
+               "recompute": "full"}),
     # Llama 4's chunked layers (8,192 tokens) on verl's FSDP engine: transformers' flash_attention_2 refuses them
     # past the chunk; at the chunk chunked and full causal attention are the same
     "CH001": ({"model": "llama-4-scout", "framework": "verl", "zero_stage": 3, "num_gpus": 16, "seq_length": 16384},

@@ -287,6 +287,22 @@ def test_llama4_on_torchtitan_is_searched_on_the_releases_that_ship_it_without_c
     assert ran.rejected.get("CP007", 0) > 0 and "TT003" not in ran.rejected
 
 
+
+def test_torchtitan_0_1_llama4_is_searched_without_selective_recompute():
+    """torchtitan v0.1.0's experiments/llama4 refuses selective AC with FlexAttention (RC008): recommend ranks no
+    selective plan there and counts the refusals under the rule; 0.2.2, whose op-level SAC takes a FlexAttention
+    block, is not refused by it (fails before: 0.1.0 ranked selective plans the job would raise on)."""
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+
+    ask = {"model": "llama-4-scout", "framework": "torchtitan", "num_gpus": 64, "seq_length": 8192}
+    old = api.recommend(parse_request({**ask, "framework_version": "0.1.0"}), top_k=5)
+    assert old.candidates and all(c.plan.recompute != "selective" for c in old.candidates)
+    assert old.rejected.get("RC008", 0) > 0
+    new = api.recommend(parse_request({**ask, "framework_version": "0.2.2"}), top_k=5)
+    assert "RC008" not in new.rejected
+
+
 # --------------------------------------------------------------------------- Llama 4's chunked attention (iRoPE)
 
 

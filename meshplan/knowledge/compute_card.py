@@ -94,6 +94,11 @@ class AttentionSemantics(_Card):
                                           "framework builds a core attention that refuses context parallelism at "
                                           "construction (rule CP007); empty: none")
     no_cp_source: str = ""
+    no_selective_releases: dict[str, list[str]] = Field(
+        default_factory=dict, description="Model type (config.json model_type) -> the release series (version "
+                                          "prefixes: '0.1' for 0.1.x) whose model code for it refuses selective "
+                                          "recompute when the job config is read (rule RC008); empty: none")
+    no_selective_source: str = ""
     model_kernels: dict[str, str] = Field(
         default_factory=dict, description="Model type (config.json model_type) -> the kernel (cards/calibration.yaml "
                                           "attention_kernels) its core attention runs whatever the attention_backend "
@@ -116,6 +121,10 @@ class AttentionSemantics(_Card):
         (chunked_releases: its series among them, or none listed)."""
         return not self.chunked_releases or any(release == s or release.startswith(s + ".")
                                                 for s in self.chunked_releases)
+
+    def refuses_selective(self, model_type: str, release: str) -> bool:
+        """Whether `release`'s model code for `model_type` refuses selective recompute (no_selective_releases)."""
+        return any(release == s or release.startswith(s + ".") for s in self.no_selective_releases.get(model_type, ()))
 
     @model_validator(mode="after")
     def _mla_backend_has_a_kernel(self) -> AttentionSemantics:

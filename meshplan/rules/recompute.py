@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from meshplan.knowledge.adapter_knobs import default_render, unwritable
 from meshplan.knowledge.gdn_config import PATTERN_LAYERS_PER_DECODER_LAYER, cuts_a_decoder_layer, decoder_layers
+from meshplan.knowledge.releases import numbers
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.schema.plan import Job
 
@@ -181,3 +182,23 @@ def recompute_layers_cut_a_decoder_layer(ctx: Context) -> Values:
             "decoder": decoder_layers(even),
             "plural": "" if even == PATTERN_LAYERS_PER_DECODER_LAYER else "s"}
 
+
+@rule("RC008", reads=("recompute",))
+def selective_refused_by_model_code(ctx: Context) -> Values:
+    """Selective recompute on a model whose model code in this release refuses it (the card's
+    attention.no_selective_releases: torchtitan 0.1.x's Llama 4 through FlexAttention); the fix names the newest known
+    release whose model code takes it."""
+    att, arch = ctx.card.attention, ctx.arch
+    if ctx.plan.recompute != "selective" or att is None:
+        return None
+    release = ctx.job.framework_version or ctx.card.version
+    if not att.refuses_selective(arch.model_type, release):
+        return None
+    chunked = arch.model_type in att.chunked_model_types
+    takes = sorted((v for v in ctx.card.known_versions()
+                    if not att.refuses_selective(arch.model_type, v) and (not chunked or att.ships_chunked(v))),
+                   key=lambda v: numbers(v) or ())
+    newer = (f", or framework_version={takes[-1]}, whose model code takes selective recompute with FlexAttention"
+             if takes else "")
+    return {"model": arch.name, "type": arch.model_type, "framework": ctx.card.display_name, "release": release,
+            "newer": newer}
