@@ -126,3 +126,25 @@ def test_a_render_version_is_the_release_the_layout_is_checked_at():
     small = dict(fields, micro_batch_size=1)
     assert api.render_config("torchtitan", parse_request(dict(small, framework_version="0.2.2")),
                              version="0.2").version == "0.2.2"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_torchtitan_0_2_llama4_renders_its_flavor_and_reads_back_to_the_same_plan(precision):
+    """torchtitan 0.2.2's TOML names the model by [model] name and flavor; render wrote neither for Llama 4 (its 0.3
+    registry has no llama4), so import could not say which model the file trains. It writes llama4 / 17bx16e_irope
+    (the iRoPE flavor: the chunked model meshplan estimates; card flavors), in the one [model] table fp8's converters
+    share, and import reads it back to the same plan."""
+    import tomllib
+
+    from meshplan.request.resolve import resolve
+
+    fields = dict(model="llama-4-scout", framework="torchtitan", framework_version="0.2.2", gpu="h200", num_gpus=64,
+                  ep=8, recompute="full", precision=precision)
+    out = api.render_config("torchtitan", parse_request(fields))
+    model = tomllib.loads(out.text)["model"]
+    assert (model["name"], model["flavor"]) == ("llama4", "17bx16e_irope")
+    imported = api.import_config(out.text, path="torchtitan_job.toml")
+    assert imported.request["model"] == "llama-4-scout"
+    back = api.request_from_config(imported, {"num_gpus": 64, "gpu": "h200", "framework_version": "0.2.2",
+                                              "precision": precision})
+    assert resolve(back)[1] == resolve(parse_request(fields))[1]

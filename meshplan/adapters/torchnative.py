@@ -16,6 +16,7 @@ from meshplan.arithmetic.memory_states import cuda_graphs_off, fp8_recipe
 from meshplan.arithmetic.pipeline_timeline import schedule_order
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.read_card import TomlModel
 from meshplan.schema.plan import Job, Plan
 
 
@@ -151,7 +152,8 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
     elif plan.tp_comm_overlap:  # 0.2.x: [parallelism] enable_async_tensor_parallel, still needing compile
         parallelism.append(("enable_async_tensor_parallel", True))
     warnings = []
-    if registry is None:
+    flavor = framework_card("torchtitan").flavors.get(job.model.key or "")
+    if registry is None and (flavor is None or version.startswith("0.3")):
         warnings.append(f"torchtitan has no registry config for {job.model.name}: write one (config_registry.py) "
                         "and set TORCHTITAN_MODULE and TORCHTITAN_CONFIG.")
     if version.startswith("0.3"):
@@ -172,12 +174,25 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
         notes.append("expert_parallel_comm_backend = deepep: DeepEP (github.com/deepseek-ai/DeepEP) must be "
                      "installed on every node; it sends a token once per destination node and fans it out over "
                      "NVLink.")
+    sections = toml_model_section(flavor, torchtitan_0_2_float8(job, plan))
     return Built(template="torchtitan_toml.j2",
                  context={"parallelism": parallelism, "training": training, "ac": ac_section,
-                          "registry": registry, "quantize": torchtitan_0_2_float8(job, plan), "compile": compile_keys},
+                          "registry": registry, "quantize": sections, "compile": compile_keys},
                  format="toml", filename="torchtitan_job.toml",
                  notes=[*notes, "torchtitan 0.2.x: pass with --job.config_file torchtitan_job.toml."],
                  warnings=warnings + dispatcher_warnings)
+
+
+def toml_model_section(flavor: TomlModel | None, sections: list[tuple[str, list[tuple[str, Any]]]]
+                       ) -> list[tuple[str, list[tuple[str, Any]]]]:
+    """The TOML sections with [model] name and flavor first where the card names the model's flavor (its `flavors`:
+    torchtitan 0.2.x's Llama 4), merged into the [model] table fp8's converters open (one table, not two)."""
+    if flavor is None:
+        return sections
+    keys: list[tuple[str, Any]] = [("name", flavor.name), ("flavor", flavor.flavor)]
+    rest = [(name, items) for name, items in sections if name != "model"]
+    given = [item for name, items in sections if name == "model" for item in items]
+    return [("model", keys + given), *rest]
 
 
 def torchtitan_0_2_float8(job: Job, plan: Plan) -> list[tuple[str, list[tuple[str, Any]]]]:

@@ -35,7 +35,7 @@ from meshplan.knowledge.muon_card import MuonFacts
 from meshplan.knowledge.offload_card import EngineOffload
 from meshplan.knowledge.pipeline_card import MEGATRON_PIPELINE, PipelineFacts
 from meshplan.knowledge.precision_card import MixedPrecisionPresets
-from meshplan.knowledge.read_card import ReadSection, RegistryEntry
+from meshplan.knowledge.read_card import ReadSection, RegistryEntry, TomlModel
 from meshplan.knowledge.rl_card import RLCard
 from meshplan.knowledge.tp_card import MoeTensorParallel, OutputHeadTp, TpInputLinears, TpOverlapFacts
 from meshplan.schema.choices import FRAMEWORKS, Engine
@@ -286,6 +286,10 @@ class FrameworkCard(_Card):
     search: SearchKnobs
     read: ReadSection | None = Field(None, description="Absent: meshplan reads none of the framework's files")
     registry: dict[str, RegistryEntry] = Field(default_factory=dict, description="Catalog models by registry name")
+    flavors: dict[str, TomlModel] = Field(
+        default_factory=dict, description="Catalog models by the [model] name and flavor of the framework's TOML "
+                                          "releases, where its registry has none for them (torchtitan 0.2.x's Llama 4)")
+    flavors_source: str = ""
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"
     )

@@ -310,4 +310,12 @@ class RegistryEntry(_Card):
     config: str
 
 
+class TomlModel(_Card):
+    """A catalog model as a torchtitan 0.1.x / 0.2.x TOML job file names it: [model] name (the train spec) and flavor
+    (a key of the model's args table), for a model the 0.3 registry no longer has."""
+
+    name: str
+    flavor: str
+
+
 NO_READ = ReadSection(source="the card has no read section: meshplan reads none of the framework's files")

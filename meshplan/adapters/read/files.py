@@ -238,8 +238,11 @@ def _torchtitan_model(reading: Reading) -> None:
     if wanted is None:
         reading.leave(("model",), "model: the file names no model (pass --model)")
         return
-    registry = framework_card("torchtitan").registry
-    hits = [key for key, entry in registry.items() if entry.config.lower() == wanted.lower()]
+    card = framework_card("torchtitan")
+    hits = [key for key, entry in card.registry.items() if entry.config.lower() == wanted.lower()]
+    if not config and name and flavor:  # a TOML release's own name and flavor (card flavors: 0.2.x's Llama 4)
+        hits += [key for key, entry in card.flavors.items()
+                 if (entry.name, entry.flavor) == (str(name), str(flavor))]
     source = reading.extra.get("model_config", reading.extra.get("model_flavor", reading.extra.get("model_name")))[1]
     if hits:
         reading.state("model", hits[0], source)
