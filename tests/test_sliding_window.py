@@ -466,3 +466,25 @@ def test_sglang_pools_llama4_chunks_as_a_window_of_the_chunk():
                                        "response_length": 8192, "rollout_tp": 8, "rollout_engine": "sglang"}))
     per_layer = kv_bytes_per_token(job.model, 8) / job.model.num_layers
     assert engine_kv_bytes_per_sequence(job, plan, 40000) == pytest.approx(per_layer * (12 + 0.8 * 36) * 40000)
+
+
+def test_bridge_gemma2_under_attention_dropout_runs_the_unfused_path():
+    """Megatron-Bridge's Gemma2FlexDotProductAttention takes FlexAttention only with dropout off in training
+    (fused_eligible = attention_mask is None and dropout_p == 0.0); with dropout on it falls back to
+    Gemma2DotProductAttention's unfused scores, softmax and dropout (card attention.unfused_with_dropout). The
+    estimate with dropout on is the unfused one, memory and time, whatever the backend; Megatron-Core's Gemma 2 (TE's
+    attention) keeps its fused kernel (fails before: Bridge's dropout estimate stayed the flash one, 55.3 GiB)."""
+    from meshplan import api
+    from meshplan.schema.request import Request
+
+    base = dict(model="gemma-2-27b", gpu="h100", num_gpus=16, tp=8, seq_length=8192, recompute="none", dropout=True)
+
+    def peak(**fields):
+        return max(s.total_bytes for s in api.estimate_memory(Request(**{**base, **fields})).stages)
+
+    bridge = dict(framework="megatron-bridge")
+    assert peak(**bridge) == peak(**bridge, attention_backend="unfused") > peak(**bridge, dropout=False)
+    assert (api.estimate_throughput(Request(**base, **bridge)).step_time_s
+            == api.estimate_throughput(Request(**base, **bridge, attention_backend="unfused")).step_time_s)
+    core = dict(framework="megatron-core")
+    assert peak(**core) < peak(**core, attention_backend="unfused")

@@ -108,12 +108,18 @@ def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
 # --------------------------------------------------------------------------- the estimate
 
 
-def attention_switches(conv, plan: Plan) -> tuple[bool, bool]:
+def attention_switches(job: Job, conv, plan: Plan) -> tuple[bool, bool]:
     """(flash, dropout) of the plan's attention: unfused attention materialises the scores, flash and fused keep only
     q, k, v, the output and the log-sum-exp; auto and a dropout left out are the framework's memory convention's
-    (cards/memory.yaml). Every estimator reads them here (Plan.attention_backend, Plan.dropout)."""
+    (cards/memory.yaml). A model whose framework-built attention falls back to the unfused path under dropout (the
+    card's attention.unfused_with_dropout: Megatron-Bridge's Gemma 2) is unfused whenever dropout is on, whatever
+    the backend. Every estimator reads them here (Plan.attention_backend, Plan.dropout)."""
     flash = conv.flash_attention if plan.attention_backend == "auto" else plan.attention_backend != "unfused"
-    return flash, conv.dropout if plan.dropout is None else plan.dropout
+    dropout = conv.dropout if plan.dropout is None else plan.dropout
+    att = job.card.attention
+    if dropout and att is not None and job.model.model_type in att.unfused_with_dropout:
+        flash = False
+    return flash, dropout
 
 
 def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
@@ -354,7 +360,7 @@ def selective_modules(plan: Plan) -> tuple[str, ...]:
 def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
     """What of the plan and the convention changes one layer's activations (no MEMORY_PER_PLAN_FIELDS but through
     `tokens`: memory_terms' tests hold it to it)."""
-    flash, dropout = attention_switches(conv, plan)
+    flash, dropout = attention_switches(job, conv, plan)
     return Layout(
         tokens=tokens, seq_kv=job.seq_length, tp=plan.tp, sp=plan.sequence_parallel, etp=plan.etp,
         flash=flash, dropout=dropout,

@@ -404,7 +404,7 @@ def job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
 def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
                attention_kernel: str | None) -> dict:
     _, conv, _ = convention(job.card, plan.zero_stage)
-    flash, dropout = attention_switches(conv, plan)
+    flash, dropout = attention_switches(job, conv, plan)
     kernel, fraction = attention_efficiency(job, cal, attention_kernel, plan.attention_backend, plan.zero_stage)
     overlap = job.card.tp_overlap
     eager = eager_blocks(job, plan)

@@ -106,6 +106,12 @@ class AttentionSemantics(_Card):
                                           "(Megatron-Bridge's Gemma 2, torchtitan's Llama 4: FlexAttention). Empty: "
                                           "none")
     model_kernels_source: str = ""
+    unfused_with_dropout: list[str] = Field(
+        default_factory=list, description="Model types (of model_kernels) whose framework-built core attention leaves "
+                                          "its fused kernel for the unfused path (the whole score matrix, softmax and "
+                                          "dropout materialised) whenever attention dropout is on in training. Empty: "
+                                          "none")
+    unfused_with_dropout_source: str = ""
     source: str
 
     def builds_window(self, model_type: str) -> bool:
