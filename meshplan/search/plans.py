@@ -134,7 +134,7 @@ class SearchPlans(HostCounts, OverlapChoice):
     refused: tuple = ()  # zero_stages.LeftOut: ZeRO stages left out, refused on every layout (search_ladder)
     floor_parts: dict = field(default_factory=dict)  # first_stage_floor's memo for this job and these presets
     sizes_by_dp: dict[int, tuple[int, ...]] = field(default_factory=dict)  # micro_batches per dp (all it reads)
-    floor_needs: dict[tuple[Layout, int], tuple[int, ...]] = field(default_factory=dict)  # zero_needs' memo
+    floor_needs: dict[Layout, dict[int, tuple[int, ...]]] = field(default_factory=dict)  # zero_needs' memo, per mbs
     floor_least: dict[Layout, dict[int, int]] = field(default_factory=dict)  # need_floor's memo, per micro-batch
     # The plans fits() rejected under cpu_memory_per_node that may be within the GPU budget: True where they are
     # (only the host rejected them: rule MEM003, as `check` names it), None until settled (host_counts.py); host_seen
@@ -144,10 +144,16 @@ class SearchPlans(HostCounts, OverlapChoice):
     gpu_over: dict[int, int] = field(default_factory=dict)
     count_host: bool = True  # False where nothing reads the counts (the GPU-count scan): no plan is noted
     plain: Plan | None = None  # the first layout's plan without a split, validated: first_plan copies the others
+    sp_by_pp: dict[tuple[bool, int], bool] = field(default_factory=dict)  # sequence_parallel's memo
 
     def sequence_parallel(self, lay: Layout) -> bool:
-        """The request's choice, else the framework default where there is TP to pair it with."""
-        return layout_sequence_parallel(self.job, self.fixed, self.sp, lay)
+        """The request's choice, else the framework default where there is TP to pair it with
+        (space.layout_sequence_parallel, once per whether the layout has TP and its pp: all it reads of a layout)."""
+        key = (lay.tp > 1, lay.pp)
+        hit = self.sp_by_pp.get(key)
+        if hit is None:
+            hit = self.sp_by_pp[key] = layout_sequence_parallel(self.job, self.fixed, self.sp, lay)
+        return hit
 
     def plan(self, lay: Layout, zero: int, recompute: str, mbs: int, overlap: bool | None = None) -> Plan:
         """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter),
@@ -535,9 +541,13 @@ class SearchPlans(HostCounts, OverlapChoice):
             sizes = self.sizes(own)
             if mbs in sizes:
                 self.zero_needs(lay, mbs)  # the row of every micro-batch of the layout
-                needs, least = self.floor_needs, self.least
-                for b in sizes:
-                    row[b] = least(lay, needs[(own, b)])
+                needs = self.floor_needs[own]
+                if self.lightest(lay) is self.zeros:  # (least's own shortcut, once per layout)
+                    for b in sizes:
+                        row[b] = min(needs[b])
+                else:
+                    for b in sizes:
+                        row[b] = self.least(lay, needs[b])
         hit = row.get(mbs)
         if hit is None:  # a micro-batch outside the layout's (a node the batch rule settles)
             hit = row[mbs] = self.least(lay, self.zero_needs(lay, mbs))
@@ -561,15 +571,16 @@ class SearchPlans(HostCounts, OverlapChoice):
         all that need_floor and may_fit read of a layout (its degrees, its TP's sequence parallelism and the floors
         of own_memory). Worked out for every micro-batch of the layout at once (needs_row), under this budget."""
         own = self.own(lay)
-        hit = self.floor_needs.get((own, mbs))
+        needs = self.floor_needs.get(own)
+        hit = None if needs is None else needs.get(mbs)
         if hit is None:
             sizes = self.sizes(own)
             if mbs not in sizes:  # a micro-batch outside the layout's (a node the batch rule settles)
                 sizes = (mbs,)
-            needs = self.floor_needs
-            for b, row in zip(sizes, self.needs_row(own, sizes), strict=True):
-                needs[(own, b)] = row
-            hit = needs[(own, mbs)]
+            if needs is None:
+                needs = self.floor_needs[own] = {}
+            needs.update(zip(sizes, self.needs_row(own, sizes), strict=True))
+            hit = needs[mbs]
         return hit
 
     def needs_row(self, own: Layout, sizes: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -7,11 +7,17 @@ on DeepSeek-V3 over 2,048 H100 the 3,689 groups make 802 SuperGroups (and 98 gro
 from __future__ import annotations
 
 import heapq
+from operator import itemgetter
 
 from meshplan.core.cancel import checkpoint
 from meshplan.search.levels import GROUP, RULES
 from meshplan.search.seed_groups import SeedGroup, Seeds, SuperGroup, seed_shape, super_floor
 from meshplan.search.space import Layout
+
+# what the seeding's loop reads of each layout (its fields' own dict, at C speed): its degrees, and its pipeline's
+# fields, all that seed_shape and bounds.last_ranks read of it
+_DEGREES = itemgetter("tp", "pp", "cp", "ep", "etp", "dp")
+_PIPE = itemgetter("pp", "vpp", "first", "last", "split", "schedule")
 
 
 class Seeding:
@@ -40,7 +46,8 @@ class Seeding:
         shapes: dict[tuple, tuple] = {}  # seed_shape per what it reads of a layout
         nodes = 0
         for lay in layouts:
-            degrees = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
+            fields = lay.__dict__
+            degrees = _DEGREES(fields)
             group = groups.get(degrees)
             if group is None:
                 sizes = self.sizes(lay)
@@ -50,7 +57,7 @@ class Seeding:
                     work = (lay.tp, lay.ep, lay.etp)
                     self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
                 group = groups[degrees] = SeedGroup(sizes, nodes, self.states_bound(lay, self.zeros[-1]))
-            pipe = (lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
+            pipe = _PIPE(fields)
             shape = shapes.get(pipe)
             if shape is None:
                 shape = shapes[pipe] = seed_shape(lay, self.last_ranks(lay))

@@ -583,9 +583,7 @@ def variants(template: Layout, experts: list[tuple[int, int]], schedules: tuple[
     for ep, etp in experts:
         for schedule in schedules:
             lay = new(Layout)
-            own = fields.copy()
-            own["ep"], own["etp"], own["schedule"] = ep, etp, schedule
-            set_fields(lay, "__dict__", own)
+            set_fields(lay, "__dict__", dict(fields, ep=ep, etp=etp, schedule=schedule))
             out.append(lay)
     return out
 
