@@ -179,8 +179,12 @@ class Job(StrictModel):
 
     @property
     def card(self) -> FrameworkCard:
-        """The job's framework card, as the resolver attached it."""
-        return self._attached()
+        """The job's framework card, as the resolver attached it (_attached's check, in this one frame: the
+        estimators and the search read it tens of thousands of times an ask)."""
+        card = self.__pydantic_private__["_card"]
+        if card is not None and card.name == self.framework:
+            return card
+        return self._attached()  # (refused there, with what to do instead)
 
     @property
     def rl_card(self) -> RLCard | None:
