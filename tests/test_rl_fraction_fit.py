@@ -46,5 +46,7 @@ class _Plan:
 def test_one_call_answers_headroom_and_capacity(monkeypatch, others, base, per, limit, fraction, within, estimates):
     asked = _stub(monkeypatch, others, base, per)
     fit = rl._fraction_fit(_job(80), _Plan(), (), limit * GIB)
-    assert fit == rl.FractionFit(fraction, within)
+    assert (fit.fraction, fit.within_capacity) == (fraction, within)
+    # the estimate at the chosen fraction is handed on where the line made one there (MAX_FRACTION), else none
+    assert (fit.memory is not None) == (fraction == rl.MAX_FRACTION)
     assert len(asked) == estimates == len(set(asked))  # no fraction estimated twice

@@ -92,6 +92,7 @@ class FractionFit:
 
     fraction: float | None
     within_capacity: bool
+    memory: object | None = None  # rl_memory at `fraction` where the line estimated it there (MAX_FRACTION), else None
 
 
 def _fraction_fit(job, plan: Plan, reports: tuple, limit: float) -> FractionFit:
@@ -100,10 +101,12 @@ def _fraction_fit(job, plan: Plan, reports: tuple, limit: float) -> FractionFit:
     allocated peak): only the rollout phase depends on it, linearly for both engines, so two estimates give the line;
     where none stays under `limit`, the same two estimates say whether one stays under the GPU's capacity."""
     at: dict[float, tuple[float, float]] = {}
+    estimated = {}
 
     def phases_at(fraction: float) -> tuple[float, float]:
         if fraction not in at:
-            m = rl_memory(job, plan.model_copy(update={"rollout_memory_fraction": fraction}), reports)
+            m = estimated[fraction] = rl_memory(job, plan.model_copy(update={"rollout_memory_fraction": fraction}),
+                                                reports)
             rollout = next(p.fit_bytes for p in m.phases if p.phase == "rollout")
             at[fraction] = rollout, max((p.fit_bytes for p in m.phases if p.phase != "rollout"), default=0)
         return at[fraction]
@@ -121,7 +124,8 @@ def _fraction_fit(job, plan: Plan, reports: tuple, limit: float) -> FractionFit:
         return round(steps * FRACTION_STEP, 2) if steps >= 1 else None
 
     fraction = largest(limit)
-    return FractionFit(fraction, fraction is not None or largest(job.gpu.memory_bytes) is not None)
+    return FractionFit(fraction, fraction is not None or largest(job.gpu.memory_bytes) is not None,
+                       estimated.get(fraction))
 
 
 def _training(req: Request) -> Request:
@@ -166,17 +170,17 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
         for tp, dp, ep in _rollout_shapes(job, plan0, fixed):
             out.tried += 1
             shape = plan0.model_copy(update={"rollout_tp": tp, "rollout_dp": dp, "rollout_ep": ep})
-            fraction = fixed.get("rollout_memory_fraction")
+            fraction, estimated = fixed.get("rollout_memory_fraction"), None
             if fraction is None:
                 fit = _fraction_fit(job, shape, reports, limit)
-                fraction = fit.fraction
+                fraction, estimated = fit.fraction, fit.memory
             if fraction is None:  # none under the headroom: within capacity check warns (MEM002), past it refuses
                 out.reject(HEADROOM_RULE if fit.within_capacity else "RL005")
                 continue
             plan = shape.model_copy(update={"rollout_memory_fraction": fraction})
             if not out.first_time(plan):
                 continue
-            memory = rl_memory(job, plan, reports)
+            memory = estimated or rl_memory(job, plan, reports)  # the fit's estimate where it made one at the fraction
             rollout = next(p for p in memory.phases if p.phase == "rollout")
             over = memory.fit_bytes > limit  # the figure check's RL005 reads (memory.fit_figure), not the reserved peak
             if over or rollout.engine is None or rollout.engine.sequences_at_once < 1:
