@@ -21,6 +21,7 @@ from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
 from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys
 from meshplan.rules.context import rank_tokens
+from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.plan import Job, Plan
 from meshplan.search.estimators import reference_seconds
 from meshplan.search.floors import estimate_stages
@@ -155,15 +156,24 @@ class StepTimeBounds(SearchPlans):
         value = 0.0 if overlap and len(zeros) > 1 else math.inf
         for zero in zeros if value else ():
             tokens = rank_tokens(self.job, b, tp, cp, zero)  # the reference's, as its estimate runs them
-            # a CP reference's seconds read no recompute (cp_time): the first the rules pass at this stage
-            for rec in self.recomputes[self.recomputes.index(recompute):] if part == "cp" else (recompute,):
+            # a CP reference's seconds read no recompute (cp_time): the first the rules pass at this stage; a work
+            # reference at a recompute its engine's config cannot set (RC006: SkyRL's SFT trainer at none, the FSDP
+            # backends at selective) runs none of the layout's plans there: the next in the search's order (least
+            # time first) that the config sets, the least any of them takes
+            for rec in self.recomputes[self.recomputes.index(recompute):]:
                 try:
                     self.calls["throughput"] += 1
                     total, work = reference_seconds(self.engine, job_ref, self.plan(ref, zero, rec, b, overlap=overlap),
                                                     part)
                     break
+                except EstimateBlocked as blocked:
+                    total = work = None
+                    if part != "cp" and blocked.rule_id != "RC006":
+                        break
                 except MeshplanError:
                     total = work = None
+                    if part != "cp":
+                        break
             if work is not None and part == "work":  # its layers' and head's parts, what token_parts reads
                 self._keep_parts(key, work, tokens, overlap)
             if total is None:  # refused: no bound from this reference

@@ -84,25 +84,48 @@ def _rollout_shapes(job, plan: Plan, fixed: dict) -> list[tuple[int, int, int]]:
     return keep or [(fixed.get("rollout_tp", 1), fixed.get("rollout_dp", 1), fixed.get("rollout_ep", 1))]
 
 
-def _largest_fraction(job, plan: Plan, reports: tuple, limit: float) -> float | None:
+@dataclass(frozen=True)
+class FractionFit:
+    """What one rollout shape's memory fractions allow: the largest fraction whose phases keep the headroom (None:
+    none does), and where none does, whether one fits the GPU's capacity (check warns MEM002 then, else refuses
+    RL005)."""
+
+    fraction: float | None
+    within_capacity: bool
+    memory: object | None = None  # rl_memory at `fraction` where the line estimated it there (MAX_FRACTION), else None
+
+
+def _fraction_fit(job, plan: Plan, reports: tuple, limit: float) -> FractionFit:
     """The largest memory fraction (a FRACTION_STEP multiple, at most MAX_FRACTION) whose phases' fit figures stay
     under `limit` (each phase's fit_bytes, as check's RL005 reads them: with expandable segments a training phase's
-    allocated peak): only the rollout phase depends on it, linearly for both engines, so two estimates give the line."""
-    def phases_at(fraction: float) -> tuple[float, float]:
-        m = rl_memory(job, plan.model_copy(update={"rollout_memory_fraction": fraction}), reports)
-        rollout = next(p.fit_bytes for p in m.phases if p.phase == "rollout")
-        return rollout, max((p.fit_bytes for p in m.phases if p.phase != "rollout"), default=0)
+    allocated peak): only the rollout phase depends on it, linearly for both engines, so two estimates give the line;
+    where none stays under `limit`, the same two estimates say whether one stays under the GPU's capacity."""
+    at: dict[float, tuple[float, float]] = {}
+    estimated = {}
 
-    high, others = phases_at(MAX_FRACTION)
-    if others > limit:
-        return None  # the update or the log-prob passes do not fit: no fraction helps
-    if high <= limit:
-        return MAX_FRACTION
-    low, _ = phases_at(MAX_FRACTION / 2)
-    slope = (high - low) / (MAX_FRACTION / 2)
-    fraction = MAX_FRACTION - (high - limit) / slope if slope > 0 else 0.0
-    steps = int(fraction / FRACTION_STEP + 1e-9)
-    return round(steps * FRACTION_STEP, 2) if steps >= 1 else None
+    def phases_at(fraction: float) -> tuple[float, float]:
+        if fraction not in at:
+            m = estimated[fraction] = rl_memory(job, plan.model_copy(update={"rollout_memory_fraction": fraction}),
+                                                reports)
+            rollout = next(p.fit_bytes for p in m.phases if p.phase == "rollout")
+            at[fraction] = rollout, max((p.fit_bytes for p in m.phases if p.phase != "rollout"), default=0)
+        return at[fraction]
+
+    def largest(cap: float) -> float | None:
+        high, others = phases_at(MAX_FRACTION)
+        if others > cap:
+            return None  # the update or the log-prob passes do not fit: no fraction helps
+        if high <= cap:
+            return MAX_FRACTION
+        low, _ = phases_at(MAX_FRACTION / 2)
+        slope = (high - low) / (MAX_FRACTION / 2)
+        fraction = MAX_FRACTION - (high - cap) / slope if slope > 0 else 0.0
+        steps = int(fraction / FRACTION_STEP + 1e-9)
+        return round(steps * FRACTION_STEP, 2) if steps >= 1 else None
+
+    fraction = largest(limit)
+    return FractionFit(fraction, fraction is not None or largest(job.gpu.memory_bytes) is not None,
+                       estimated.get(fraction))
 
 
 def _training(req: Request) -> Request:
@@ -147,15 +170,17 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
         for tp, dp, ep in _rollout_shapes(job, plan0, fixed):
             out.tried += 1
             shape = plan0.model_copy(update={"rollout_tp": tp, "rollout_dp": dp, "rollout_ep": ep})
-            fraction = fixed.get("rollout_memory_fraction") or _largest_fraction(job, shape, reports, limit)
+            fraction, estimated = fixed.get("rollout_memory_fraction"), None
+            if fraction is None:
+                fit = _fraction_fit(job, shape, reports, limit)
+                fraction, estimated = fit.fraction, fit.memory
             if fraction is None:  # none under the headroom: within capacity check warns (MEM002), past it refuses
-                fits = _largest_fraction(job, shape, reports, job.gpu.memory_bytes) is not None
-                out.reject(HEADROOM_RULE if fits else "RL005")
+                out.reject(HEADROOM_RULE if fit.within_capacity else "RL005")
                 continue
             plan = shape.model_copy(update={"rollout_memory_fraction": fraction})
             if not out.first_time(plan):
                 continue
-            memory = rl_memory(job, plan, reports)
+            memory = estimated or rl_memory(job, plan, reports)  # the fit's estimate where it made one at the fraction
             rollout = next(p for p in memory.phases if p.phase == "rollout")
             over = memory.fit_bytes > limit  # the figure check's RL005 reads (memory.fit_figure), not the reserved peak
             if over or rollout.engine is None or rollout.engine.sequences_at_once < 1:
