@@ -30,6 +30,7 @@ import yaml
 
 from meshplan.adapters.common import DROPOUT_ON, offload_modules
 from meshplan.arithmetic.memory_states import memory_card
+from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory, stage_allocated
 from meshplan.knowledge.hardware import get_gpu
@@ -200,6 +201,9 @@ def megatron_case(row: dict[str, str]) -> tuple[Job, Plan]:
     vpp = _int(row, "num-virtual-stages-per-pipeline-rank")
     if vpp is None and row["num-layers-per-virtual-pipeline-stage"]:
         vpp = layers // (pp * int(row["num-layers-per-virtual-pipeline-stage"]))
+    layout = row["pipeline-model-parallel-layout"] or None
+    if vpp is None and layout is not None:  # a layout lists pp x vpp stages (stage k on rank k % pp)
+        vpp = len(parse_layout(layout)) // pp
     zero = 3 if row["use-megatron-fsdp"] == "True" else 1 if row["use-distributed-optimizer"] == "True" else 0
     recompute = {"": "none", "selective": "selective", "full": "full"}[row["recompute-granularity"]]
     gpus = 8
@@ -213,7 +217,7 @@ def megatron_case(row: dict[str, str]) -> tuple[Job, Plan]:
                 recompute_modules=row["recompute-modules"].strip("[]").split() or None
                 if recompute == "selective" and row.get("recompute-modules") else None,
                 account_for_embedding=row["account-for-embedding-in-pipeline-split"] == "True",
-                account_for_loss=row["account-for-loss-in-pipeline-split"] == "True",
+                account_for_loss=row["account-for-loss-in-pipeline-split"] == "True", pipeline_layout=layout,
                 activation_offload=row["fine-grained-activation-offloading"] == "True")
     job = carry_cards(Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8,
                           seq_length=_int(row, "seq-length", 1024),

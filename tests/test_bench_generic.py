@@ -278,6 +278,9 @@ def test_the_functional_tests_settings_come_from_columns_not_case_names():
     # the recipe sets dropout 0.0 (model_config.yaml), which a table of case names had left out: scored without masks
     _, plan = ma.megatron_case(rows["moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental"])
     assert plan.dropout is False
+    # and its pipeline layout Et*3|(tt|)*6tmL: 8 stages over pp 2, so 4 virtual stages a rank, the last holding 7
+    # layers + MTP + loss (a CSV without that column had scored an even 8 + 8 split, one chunk a rank: -31%)
+    assert (plan.pipeline_layout, plan.vpp) == ("Et*3|(tt|)*6tmL", 4)
     _, plan = ma.megatron_case(rows["gpt/gpt3_mcore_te_tp1_pp4_vp2_account_for_embedding_loss_in_pipeline_split"])
     assert plan.account_for_embedding and plan.account_for_loss and plan.dropout
     offloading = [r for r in rows.values() if r["fine-grained-activation-offloading"] == "True"]

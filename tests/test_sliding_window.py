@@ -488,3 +488,24 @@ def test_bridge_gemma2_under_attention_dropout_runs_the_unfused_path():
             == api.estimate_throughput(Request(**base, **bridge, attention_backend="unfused")).step_time_s)
     core = dict(framework="megatron-core")
     assert peak(**core) < peak(**core, attention_backend="unfused")
+
+
+def test_bridge_gemma2_unfused_path_keeps_the_softcap_tanh_output():
+    """Gemma2DotProductAttention caps the scores as softcap * tanh(scores / softcap) before the softmax; tanh saves
+    its output for the backward (one bf16 b x heads/tp x s x s tensor a layer), the division and multiplication by the
+    Python float only the scalar (card attention.unfused_softcap). Megatron-Core's unfused attention has no softcap:
+    Bridge's dropout-on Gemma 2 keeps exactly one more score matrix a layer (fails before: the two were equal)."""
+    from meshplan import api
+    from meshplan.schema.request import Request
+
+    base = dict(model="gemma-2-27b", gpu="h100", num_gpus=16, tp=8, seq_length=8192, recompute="none", dropout=True)
+    bridge = api.estimate_memory(Request(**base, framework="megatron-bridge")).stages
+    core = api.estimate_memory(Request(**base, framework="megatron-core", attention_backend="unfused")).stages
+    heads_per_rank, layers = 32 // 8, 46
+    assert [b.activations_bytes - c.activations_bytes for b, c in zip(bridge, core, strict=True)] == \
+        [layers * 2 * heads_per_rank * 8192 ** 2]
+    # core attention recomputed (selective): the tanh output goes with the softmax's
+    sel = dict(base, recompute="selective")
+    assert (api.estimate_memory(Request(**sel, framework="megatron-bridge")).stages[0].activations_bytes
+            == api.estimate_memory(Request(**sel, framework="megatron-core",
+                                           attention_backend="unfused")).stages[0].activations_bytes)

@@ -389,6 +389,9 @@ class Layout(NamedTuple):
     # backward (Megatron-Core DSAttention, CP all-gather only); 1, the smaller count, so a layout built without it
     # stays a floor
     dsa_cp: int = 1
+    # the unfused path caps the scores with softcap * tanh(scores / softcap) and tanh keeps its output, one more
+    # bf16 score matrix (the framework card's attention.unfused_softcap); off, the smaller count, by default
+    softcap_scores: bool = False
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -504,6 +507,8 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
     else:
         scores = shape.a * t * lay.seq_kv / tp
         core += BF16 * scores  # softmax output
+        if lay.softcap_scores:
+            core += BF16 * scores  # the logit softcap's tanh output
         if lay.dropout:
             core += scores + BF16 * scores  # dropout mask (1 B) and dropout output
     if "core_attn" in sel:

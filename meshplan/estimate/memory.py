@@ -373,6 +373,8 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         **mixer_rows(job),
         ulysses=plan.cp if runs_ulysses(job.card, plan.zero_stage) else 1,
         dsa_cp=plan.cp if job.model.dsa is not None else 1,
+        softcap_scores=not flash and job.card.attention is not None
+        and job.model.model_type in job.card.attention.unfused_softcap,
     )
 
 

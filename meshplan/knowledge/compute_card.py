@@ -112,6 +112,11 @@ class AttentionSemantics(_Card):
                                           "dropout materialised) whenever attention dropout is on in training. Empty: "
                                           "none")
     unfused_with_dropout_source: str = ""
+    unfused_softcap: list[str] = Field(
+        default_factory=list, description="Model types whose framework-built unfused attention caps the scores as "
+                                          "softcap * tanh(scores / softcap), tanh keeping its output (b x heads x s x "
+                                          "s) for the backward beside the softmax's. Empty: none")
+    unfused_softcap_source: str = ""
     source: str
 
     def builds_window(self, model_type: str) -> bool:
