@@ -280,6 +280,10 @@ class ReadSection(_Card):
                           "gradient_accumulation_steps), which a fix that drops dp removes: the framework then derives "
                           "it from the GPU count")
     dp_through_source: str | None = None
+    placeholder_model: StrictStr | None = Field(
+        None, description="The model path the framework's packaged config holds in place of one (verl's "
+                          "~/models/deepseek-llm-7b-chat): read as no model, the user told to give it")
+    placeholder_model_source: str | None = None
     typed: dict[str, TypedKey] = Field(
         default_factory=dict, description="Keys the framework validates by type at load (a ds_config's bf16, "
                                           "zero_optimization.stage ...): what it takes, the rest refused by name")
