@@ -233,6 +233,9 @@ NEW_RULE_CASES = [
                    cuda_graph_impl="transformer_engine", cuda_graph_modules=["attn", "mlp"], moe_a2a_overlap=True)),
     ("RC008", dict(model="llama-4-scout", framework="torchtitan", gpu="h200", num_gpus=16, framework_version="0.1.0",
                    recompute="selective")),
+    # with the file's selective_ac_option, recompute=full alone brought RC002 in: each alternative drops it too
+    ("RC008", dict(model="llama-4-scout", framework="torchtitan", gpu="h200", num_gpus=16, framework_version="0.1.0",
+                   recompute="selective", selective_ac_option="op")),
     ("CH001", dict(model="llama-4-scout", framework="verl", gpu="h200", num_gpus=16, zero_stage=3, seq_length=32768,
                    job="sft")),
     ("CH001", dict(model="llama-4-scout", framework="skyrl", gpu="h200", num_gpus=16, zero_stage=3, seq_length=32768,
