@@ -203,6 +203,10 @@ def test_an_ep_fix_never_names_ep_1_beside_the_a2a_overlap(req):
 
 
 NEW_RULE_CASES = [
+    # WS002 said "use a multiple of it (16 or 32)", which check --config cannot apply: now "Use num_gpus = 16 or 32
+    # (multiples of ...)", and its eps
+    ("WS002", dict(model="qwen3-30b-a3b", framework="megatron-core", gpu="h100", num_gpus=24, ep=16)),
+    ("WS002", dict(model="mixtral-8x7b", framework="megatron-core", gpu="h100", num_gpus=12, tp=2, ep=8)),
     ("CP007", dict(model="gemma-2-27b", framework="megatron-bridge", gpu="h100", num_gpus=8, cp=2)),
     ("CP007", dict(model="gemma-2-27b", framework="megatron-bridge", gpu="h100", num_gpus=8, cp=2,
                    global_batch_size=4)),
@@ -229,6 +233,9 @@ NEW_RULE_CASES = [
                    cuda_graph_impl="transformer_engine", cuda_graph_modules=["attn", "mlp"], moe_a2a_overlap=True)),
     ("RC008", dict(model="llama-4-scout", framework="torchtitan", gpu="h200", num_gpus=16, framework_version="0.1.0",
                    recompute="selective")),
+    # with the file's selective_ac_option, recompute=full alone brought RC002 in: each alternative drops it too
+    ("RC008", dict(model="llama-4-scout", framework="torchtitan", gpu="h200", num_gpus=16, framework_version="0.1.0",
+                   recompute="selective", selective_ac_option="op")),
     ("CH001", dict(model="llama-4-scout", framework="verl", gpu="h200", num_gpus=16, zero_stage=3, seq_length=32768,
                    job="sft")),
     ("CH001", dict(model="llama-4-scout", framework="skyrl", gpu="h200", num_gpus=16, zero_stage=3, seq_length=32768,
@@ -260,6 +267,18 @@ def test_the_newer_rules_name_fixes_that_apply(rule_id, req):
     rule passing at each alternative (rules/cuda_graphs.graph_fix), CP007 the batch beside cp=1 (layout_words); each
     alternative applied passes its rule and brings no error in."""
     assert_each_fix_applies(rule_id, req)
+
+
+def test_ws002_names_the_gpu_count_as_an_assignment_check_config_applies():
+    """WS002 said 'use a multiple of it (16 or 32)', which no fix parser reads (only its 'ep in {...}' applied): the
+    GPU count is now 'num_gpus = 16 or 32', applied by check --config, and the count applied passes WS002."""
+    req = dict(model="qwen3-30b-a3b", framework="megatron-core", gpu="h100", num_gpus=24, ep=16)
+    found = next(f for f in api.check_config(Request(**req)).findings if f.id == "WS002")
+    in_effect = resolve(Request(**req))[1].model_dump()
+    counts = [fixed["num_gpus"] for fixed in (applied(req, a, in_effect) for a in alternatives(found.fix, "WS002"))
+              if fixed and fixed["num_gpus"] != 24]
+    assert counts == [16], found.fix
+    assert "WS002" not in {f.id for f in api.check_config(Request(**{**req, "num_gpus": 16})).findings}
 
 
 # --------------------------------------------------------------------------- every rule's fix, applied

@@ -297,11 +297,11 @@ def test_bad_files_name_the_line(tmp_path):
 
 def test_a_whole_number_field_refuses_a_fraction_or_an_infinity_instead_of_truncating_it(tmp_path):
     """ZeRO stage 2.5 was read as stage 2 and 1e400 (JSON's infinity) raised OverflowError: both are the file's
-    error, named with its key; 3.0 is still stage 3."""
-    for stage, shown in (("2.5", "2.5"), ("1e400", "inf")):
+    error, named with its key and the stages DeepSpeed's ZeroStageEnum takes; 3.0 is still stage 3."""
+    for stage, shown in (("2.5", "2.5"), ("1e400", "Infinity")):
         text = '{"zero_optimization": {"stage": ' + stage + "}}"
-        with pytest.raises(MeshplanError, match=rf"zero_optimization.stage: {shown} is not a valid zero_stage "
-                                                r"\(expected a whole number"):
+        with pytest.raises(MeshplanError, match=rf"zero_optimization.stage = {shown}: DeepSpeed takes one of 0, 1, 2, "
+                                                "3 there"):
             import_config(text, "ds.json")
     assert import_config('{"zero_optimization": {"stage": 3.0}}', "ds.json").request["zero_stage"] == 3
     with pytest.raises(MeshplanError, match=r"'2.5' is not a valid tp \(expected a whole number"):

@@ -590,7 +590,8 @@ def test_computed_fixes_name_only_values_that_tile_the_gpu_count():
     assert ul.fix == "Use a Ulysses size (cp) in {1, 2, 4}."
     # WS002 where no ep tiles the count said "or ep in none at this GPU count at this GPU count"
     ws = finding_of("WS002", *make(**MIX, num_gpus=64, ep=8, pp=3))
-    assert ws.fix.endswith("use a multiple of it (48 or 72); no ep tiles 64 GPUs at pp=3, etp=1.")
+    assert ws.fix.endswith("Use num_gpus = 48 or 72 (multiples of pp*lcm(tp*cp, ep*etp) = 24, the smallest GPU count "
+                            "for this layout); no ep tiles 64 GPUs at pp=3, etp=1.")
     # where no value tiles the count (with cp=4 no tp divides 7 GPUs: WS001 names the count), the rule's own stay:
     # those inside the job's fast domain, its 7 GPUs (mesh.job_domain), so not 8
     assert finding_of("TP001", *make(**L8B, num_gpus=7, tp=7, cp=4, seq_length=8200)).fix == "tp in {1, 2, 4} works."
@@ -621,7 +622,8 @@ def test_ws002_fix_names_etp_one_first_when_whole_experts_tile_the_gpus():
     assert f.fix.startswith("Set etp=1 (experts whole: etp*ep*pp = 1*64*16 = 1024 divides 1024), or keep etp=2")
     # ...and still the smallest GPU count pp*lcm(tp*cp, ep*etp) = 16*lcm(2, 128) = 2048, and the eps that
     # tile 1024/(pp*etp) = 32 ranks per stage and divide 256 experts.
-    assert "pp*lcm(tp*cp, ep*etp) = 2048; use a multiple of it (2048), or ep in {1, 2, 4, 8, 16, 32}" in f.fix
+    assert ("Use num_gpus = 2048 (multiples of pp*lcm(tp*cp, ep*etp) = 2048, the smallest GPU count for this "
+            "layout), or ep in {1, 2, 4, 8, 16, 32}") in f.fix
     assert "WS002" not in ids(*make(model="deepseek-v3", framework="megatron-bridge", num_gpus=1024,
                                     tp=2, pp=16, ep=64, etp=1))
 
@@ -632,8 +634,8 @@ def test_ws002_fix_does_not_offer_etp_one_where_it_does_not_fit_or_is_already_se
     assert plan.etp == 2
     f = finding_of("WS002", job, plan)
     assert "etp=1" not in f.fix
-    assert f.fix == ("The smallest GPU count for this layout is pp*lcm(tp*cp, ep*etp) = 16; use a multiple of it "
-                     "(16), or ep in {1, 2} at this GPU count.")
+    assert f.fix == ("Use num_gpus = 16 (multiples of pp*lcm(tp*cp, ep*etp) = 16, the smallest GPU count for this "
+                     "layout), or ep in {1, 2} at this GPU count.")
     # etp already 1: nothing to offer (6 GPUs, grid 4).
     assert "Set etp" not in finding_of("WS002", *make(**MIX, num_gpus=6, tp=2, cp=3, ep=4, etp=1,
                                                        seq_length=6144)).fix

@@ -10,7 +10,7 @@ import re
 from functools import cache, lru_cache
 from pathlib import Path
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.knowledge.cards import ModelCard, _Card, load_card, model_card, model_card_names
@@ -35,6 +35,9 @@ class ModelFamiliesCard(_Card):
     families: dict[str, FamilyType]
     nearest: dict[str, FamilyType]
     config_defaults: dict[str, dict[str, str | int | float | bool]]
+    activations: list[str] = Field(description="The activation names transformers' ACT2FN knows (a config.json's "
+                                               "hidden_act): any other is refused when the file is read")
+    activations_source: str
 
     @model_validator(mode="after")
     def _exact_or_nearest(self) -> ModelFamiliesCard:

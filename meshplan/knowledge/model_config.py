@@ -545,6 +545,7 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
     classic = SUPPORTED_MODEL_TYPES[model_type] in ("gpt2", "classic")
     act = ((model_type == "gemma3_text" and f.text("hidden_activation")) or f.text("hidden_act")
            or f.text("activation_function") or ("gelu" if classic else "silu"))
+    _known_activation(f, model_type, act)
     gated = not classic and model_type != "nemotron"
     tied = f.flag("tie_word_embeddings", _TIED_DEFAULT.get(model_type, False))
     mtp = f.int("num_nextn_predict_layers", default=0) if model_type in ("deepseek_v3", "deepseek_v32",
@@ -552,6 +553,21 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
     return _BlockOptions(qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, activation=act, gated_mlp=gated,
                          tie_word_embeddings=tied, num_mtp_layers=mtp,
                          mlp_bias=classic or (model_type not in ("phi3", "glm4") and f.flag("mlp_bias", False)))
+
+
+def _known_activation(f: _Fields, model_type: str, act: str) -> None:
+    """An activation transformers' ACT2FN does not know ("text") is refused naming those it knows (the card
+    model_families activations): transformers raises KeyError building the MLP, where meshplan read it silently."""
+    from meshplan.knowledge.catalog import families_card
+
+    card = families_card()
+    if act in card.activations:
+        return
+    key = next(k for k in ("hidden_activation", "hidden_act", "activation_function")
+               if f.cfg.get(k) == act and (k != "hidden_activation" or model_type == "gemma3_text"))
+    raise f.fail(f"{key} {act!r} is no activation transformers knows: its MLP is built with ACT2FN[{key}], which "
+                 f"takes {', '.join(card.activations)} ({card.activations_source}).",
+                 fix=f"Set {key} to the model's activation, one of those (silu for a SwiGLU model).")
 
 
 # Which layers a family's transformers 5.9.0 config windows where its config.json gives no layer_types (its

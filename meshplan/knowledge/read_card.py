@@ -204,6 +204,26 @@ class CiWorld(_Card):
     source: str
 
 
+class TypedKey(_Card):
+    """A config key the framework validates by type when it loads the file (DeepSpeed's pydantic config models): the
+    reader accepts what the framework accepts, coerced as it coerces, and refuses the rest naming the forms."""
+
+    form: Literal["section", "section_or_null", "bool", "bool_or_null", "bool_or_section", "choice"] = Field(
+        description="section: a JSON object; _or_null: null too (read as absent); bool: what pydantic's bool takes "
+                    "(the card's bool_words); bool_or_section: a bool (a deprecated short form) or an object; "
+                    "choice: one of choices, coerced as the framework's enum coerces (2, '2', 2.0 for an int enum)")
+    choices: list[StrictInt | StrictStr] = Field(default_factory=list)
+    by: str = Field(description="What the framework does with the key: its model, field and what it refuses")
+
+    @model_validator(mode="after")
+    def _choices_for_choice(self) -> TypedKey:
+        if (self.form == "choice") != bool(self.choices):
+            raise ValueError("choices are given for form 'choice' and only for it")
+        if len({type(c) for c in self.choices}) > 1:
+            raise ValueError("choices are all numbers or all strings (one enum)")
+        return self
+
+
 class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
@@ -260,6 +280,18 @@ class ReadSection(_Card):
                           "gradient_accumulation_steps), which a fix that drops dp removes: the framework then derives "
                           "it from the GPU count")
     dp_through_source: str | None = None
+    placeholder_model: StrictStr | None = Field(
+        None, description="The model path the framework's packaged config holds in place of one (verl's "
+                          "~/models/deepseek-llm-7b-chat): read as no model, the user told to give it")
+    placeholder_model_source: str | None = None
+    typed: dict[str, TypedKey] = Field(
+        default_factory=dict, description="Keys the framework validates by type at load (a ds_config's bf16, "
+                                          "zero_optimization.stage ...): what it takes, the rest refused by name")
+    typed_source: str | None = None
+    bool_words: list[StrictStr] = Field(
+        default_factory=list, description="The strings a typed bool takes (any case), said in a refusal; the "
+                                          "reader validates with pydantic's own bool")
+    bool_words_source: str | None = None
     recipe_names: RecipeNames | None = None
     sft_keys: dict[str, str] = Field(
         default_factory=dict, description="A second entry point's keys as the first's (SkyRL's main_sft: a key, or "

@@ -183,11 +183,12 @@ def recompute_layers_cut_a_decoder_layer(ctx: Context) -> Values:
             "plural": "" if even == PATTERN_LAYERS_PER_DECODER_LAYER else "s"}
 
 
-@rule("RC008", reads=("recompute",))
+@rule("RC008", reads=("recompute", "selective_ac_option"))
 def selective_refused_by_model_code(ctx: Context) -> Values:
     """Selective recompute on a model whose model code in this release refuses it (the card's
     attention.no_selective_releases: torchtitan 0.1.x's Llama 4 through FlexAttention); the fix names the newest known
-    release whose model code takes it."""
+    release whose model code takes it, and full / none with the request's selective_ac_option dropped (RC002 refuses
+    it beside them)."""
     att, arch = ctx.card.attention, ctx.arch
     if ctx.plan.recompute != "selective" or att is None:
         return None
@@ -200,5 +201,7 @@ def selective_refused_by_model_code(ctx: Context) -> Values:
                    key=lambda v: numbers(v) or ())
     newer = (f", or framework_version={takes[-1]}, whose model code takes selective recompute with FlexAttention"
              if takes else "")
+    # the file's selective_ac_option goes with selective (RC002 refuses it beside full or none): each of those says so
+    drop = " (drop selective_ac_option)" if ctx.plan.selective_ac_option is not None else ""
     return {"model": arch.name, "type": arch.model_type, "framework": ctx.card.display_name, "release": release,
-            "newer": newer}
+            "newer": newer, "drop": drop}

@@ -234,6 +234,7 @@ def _read_verl(reading: Reading, settings: list[Setting]) -> Reading:
                         "use_distributed_optimizer, cards/frameworks/verl.yaml defaults")
     _rl_fields(reading, left)
     dynamic_batch(reading)
+    placeholder_model(reading)
     model_named_by_path(reading)
     framework_recompute(reading)
     if not trainer_world_default(reading):
@@ -319,6 +320,22 @@ def framework_recompute(reading: Reading) -> None:
             continue
         reading.state(name, value, f"{reading.path} (not given: {reading.framework}'s default, {where})")
         reading.defaults[name] = value
+
+
+def placeholder_model(reading: Reading) -> None:
+    """The model path verl's packaged config holds in place of one (the card's read.placeholder_model), which its
+    example Hydra configs inherit: no model, said as such and left to the request, where check refused it as a path
+    with no config.json."""
+    section = read_section(reading.framework)
+    model = reading.request.get("model")
+    if section.placeholder_model is None or not isinstance(model, str) or (
+            Path(model).expanduser() != Path(section.placeholder_model).expanduser()):
+        return
+    where = reading.sources.pop("model")
+    del reading.request["model"]
+    reading.leave(("model",), f"model: {where} = {model} is verl's packaged placeholder path "
+                              f"({section.placeholder_model_source}), not a model: pass the model (--model, or the "
+                              "tool's model argument)")
 
 
 def model_named_by_path(reading: Reading) -> None:

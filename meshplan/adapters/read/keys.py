@@ -74,7 +74,7 @@ IRRELEVANT = re.compile(
     # --muon-no-split-qkv, --linear-attention-freq), verl's data section (not DeepSpeed's communication_data_type or
     # data_types.grad_accum_dtype, Megatron's --data-parallel-sharding-strategy), the bf16 switch meshplan's default
     # precision is (not DeepSpeed's bf16.bf16_master_weights_and_grads, nor amp.enabled, verl's tiled_mlp.enabled)
-    r"|(^|\.)(mode|steps|freq|split)$|^data(\.|$)|^(deepspeed|bf16|bf16\.enabled)$")
+    r"|(^|\.)(mode|steps|freq|split)$|^data(\.|$)|^(deepspeed|bf16|(bf16|bfloat16)\.enabled)$")
 
 
 def normalize(key: str) -> str:

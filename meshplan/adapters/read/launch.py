@@ -5,11 +5,15 @@ overrides. The script is read by shell.py, never run; the keys' meanings come fr
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import replace
+from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from pydantic import TypeAdapter, ValidationError
 
 from meshplan.adapters.architecture import core_restated
 from meshplan.adapters.common import PRESET_CALL, bridge_presets
@@ -30,7 +34,7 @@ from meshplan.arithmetic.mesh import ep_has_own_ranks, replica_size
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.allocator_card import ALLOC_ENV, ALLOC_OPTIONS, AllocatorSetting
 from meshplan.knowledge.cards import framework_card, rl_card
-from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
+from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection, TypedKey
 
 
 class Launch(NamedTuple):
@@ -562,9 +566,86 @@ def _deepspeed_script(reading: Reading, script: Script, flags: dict[str, Setting
         reading.state("recompute", "full", flags["--checkpoint-activations"])
 
 
+def _typed_refusal(reading: Reading, s: Setting, typed: TypedKey, words: list[str]) -> MeshplanError:
+    forms = {"section": "a JSON object", "section_or_null": "a JSON object or null",
+             "bool": f"true or false (or 0 / 1, or one of the strings {', '.join(words)}, any case)",
+             "bool_or_null": f"true, false or null (or 0 / 1, or one of the strings {', '.join(words)}, any case)",
+             "bool_or_section": "a JSON object (or the deprecated true / false)",
+             "choice": f"one of {', '.join(json.dumps(c) for c in typed.choices)}"}[typed.form]
+    example = {"bf16": '"bf16": {"enabled": true}', "bfloat16": '"bf16": {"enabled": true}',
+               "fp16": '"fp16": {"enabled": true}'}.get(s.key, f'"{s.key.split(".")[-1]}": {forms.split(" (")[0]}')
+    return MeshplanError(f"{s.where(reading.path)} = {json.dumps(s.value)}: DeepSpeed takes {forms} there "
+                         f"({typed.by}); it refuses this value when deepspeed.initialize loads the file.",
+                         fix=f"Write {example}, as DeepSpeed's config takes it.")
+
+
+def _typed_value(reading: Reading, s: Setting, typed: TypedKey, words: list[str]) -> Any:
+    """The value of a key DeepSpeed validates by type, coerced as its pydantic model coerces it ("yes" -> True,
+    "2" -> 2); what the model refuses is refused here, naming the key and the forms it takes."""
+    section = typed.form in ("section", "section_or_null", "bool_or_section")
+    if s.value is None and typed.form in ("section_or_null", "bool_or_null"):
+        return None
+    try:
+        if typed.form == "bool_or_section" and isinstance(s.value, bool):
+            return s.value
+        if section:  # a leaf where an object belongs (an object's own keys are settings of their own)
+            raise ValueError(s.value)
+        if typed.form == "choice":
+            kind = int if isinstance(typed.choices[0], int) else str
+            enum = Enum("Choice", {f"v{c}": c for c in typed.choices}, type=kind)  # type: ignore[misc]
+            return TypeAdapter(enum).validate_python(s.value).value
+        return TypeAdapter(bool).validate_python(s.value)
+    except (ValidationError, ValueError):
+        raise _typed_refusal(reading, s, typed, words) from None
+
+
+def deepspeed_typed(reading: Reading, settings: list[Setting]) -> list[Setting]:
+    """A ds_config's settings with the keys DeepSpeed validates by type (the card's read.typed) checked and coerced
+    as DeepSpeedConfig does at deepspeed.initialize, "auto" left to the Trainer; the deprecated
+    "zero_optimization": true / false read as its stage (1 / 0)."""
+    section = read_section("deepspeed")
+    out: list[Setting] = []
+    for s in settings:
+        typed = section.typed.get(s.key)
+        if typed is None or str(s.value) == "auto":
+            out.append(s)
+            continue
+        if isinstance(s.value, str) and "$" in s.value:  # a script's variable in a heredoc, set at launch
+            reading.unresolved.append(f"{s.where(reading.path)} = {s.value}: set at launch, not read")
+            continue
+        value = _typed_value(reading, s, typed, section.bool_words)
+        if typed.form == "bool_or_section":  # zero/config.py read_zero_config_deprecated
+            out.append(replace(s, key=f"{s.key}.stage", value=1 if value else 0, written=s.key))
+        elif value is not None:
+            out.append(replace(s, value=value))
+    return out
+
+
+def _deepspeed_precision(reading: Reading, settings: list[Setting]) -> None:
+    """The precision a ds_config enables: bf16 (or its old name bfloat16) stated with its line; fp16 is reported as
+    unsupported (read_deepspeed_settings); neither enabled is said: DeepSpeed then casts nothing, the run's dtype is
+    the model code's, which meshplan takes to be bf16."""
+    enabled = {s.key.split(".")[0]: s for s in settings if s.key in ("bf16.enabled", "bfloat16.enabled",
+                                                                     "fp16.enabled")}
+    bf16 = enabled.get("bf16") or enabled.get("bfloat16")
+    if any(str(s.value) == "auto" for s in enabled.values()):
+        return  # filled by the Trainer from its own --bf16 / --fp16 (reported as unresolved)
+    if bf16 is not None and bf16.value is True:
+        if "precision" not in reading.request:
+            reading.state("precision", "bf16", bf16)
+    elif "fp16" not in enabled or enabled["fp16"].value is not True:
+        said = "; ".join(f"{s.where(reading.path)} = false" for s in enabled.values()) or "no bf16 or fp16 section"
+        reading.assumed.append(
+            f"precision = bf16: the file enables neither bf16 nor fp16 ({said}), so DeepSpeed casts nothing "
+            "(runtime/engine.py: the model trains in the dtype the model code gives it, fp32 unless it casts); "
+            "meshplan estimates bf16 or fp8, no fp32 run")
+
+
 def read_deepspeed_settings(reading: Reading, settings: list[Setting]) -> Reading:
-    """A ds_config's settings: ZeRO stage, batch sizes, offloads; "auto" values are left to the Hugging Face
-    Trainer that fills them (reported, not guessed)."""
+    """A ds_config's settings: ZeRO stage, batch sizes, offloads, the precision it enables; "auto" values are left to
+    the Hugging Face Trainer that fills them (reported, not guessed)."""
+    settings = deepspeed_typed(reading, settings)
+    _deepspeed_precision(reading, settings)
     auto = [s for s in settings if str(s.value) == "auto"]
     for s in auto:
         reading.unresolved.append(f"{s.where(reading.path)} = \"auto\": filled by the Hugging Face Trainer at launch")
