@@ -309,3 +309,21 @@ def test_piped_tables_are_not_wrapped_at_80_columns(tmp_path):
     for f in report.findings:  # each finding on one line, its message and fix whole
         assert f.message in rows[f.id] and f.fix in rows[f.id], rows.get(f.id)
     assert max(len(line.rstrip()) for line in out.stdout.splitlines()) > 80
+
+
+def test_selective_recompute_words_name_the_modules_the_plan_recomputes():
+    """A recompute_modules list without core_attn stores core attention's tensors: the memory report must not say
+    it recomputes them (it did, whatever the list)."""
+    from meshplan import api
+    from meshplan.schema.request import Request
+
+    def words(modules):
+        report = api.estimate_memory(Request(model="llama-3.1-8b", num_gpus=8, gpu="h100", framework="megatron-core",
+                                             tp=2, recompute="selective", recompute_modules=modules))
+        return next(a for a in report.assumptions if a.startswith("Recompute selective"))
+
+    assert "core attention recomputed" in words(None)
+    without = words(["layernorm", "mlp"])
+    assert "layernorm, mlp recomputed" in without and "core attention's tensors are stored" in without
+    assert "core attention recomputed" not in without
+    assert "stored" not in words(["core_attn", "mlp"]).split("(")[1].replace("not stored", "")

@@ -544,7 +544,7 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
         + (", dropout masks kept." if lay.dropout else ", no dropout."),
         f"Recompute {plan.recompute}: "
         + {"none": "every tensor above is stored.",
-           "selective": "core attention recomputed (its s^2 / log-sum-exp tensors are not stored).",
+           "selective": _selective_words(plan),
            "full": "only each recomputed layer's input is stored, plus one layer's full activations while it "
                    "is recomputed in the backward"
                    + _recompute_layers_words(plan)}[plan.recompute],
@@ -705,6 +705,16 @@ def step_offload_time(job: Job, plan: Plan, *, compute_s: float) -> tuple[float,
         host_activation_bytes=stage.detail.get("host_activations", 0) / in_flight,
         param_bytes_moved=2 * stage.detail.get("optimizer_params", 0), compute_s=compute_s,
     )
+
+
+def _selective_words(plan: Plan) -> str:
+    """What selective recompute leaves unstored, from the modules the plan names (Megatron's recompute_modules),
+    so a list without core_attn is not reported as recomputing core attention."""
+    if plan.recompute_modules is None or list(plan.recompute_modules) == ["core_attn"]:
+        return "core attention recomputed (its s^2 / log-sum-exp tensors are not stored)."
+    named = ", ".join(plan.recompute_modules)
+    kept = "" if "core_attn" in plan.recompute_modules else "; core attention's tensors are stored"
+    return f"the modules {named} recomputed (their outputs not stored{kept})."
 
 
 def _recompute_layers_words(plan: Plan) -> str:
