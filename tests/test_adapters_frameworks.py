@@ -369,6 +369,7 @@ def test_torchtitan_0_2_toml_keys_are_job_config_fields():
     quantize = {"float8": "Float8Linear", "mx": "MXLinear"}
     converters = set()
     rendered_keys = set()
+    named_models = set()
     for fields in [f for fw, _variant, f in CASES if fw == "torchtitan"] + [flex, float8, mx]:
         job, plan = resolve(Request(framework="torchtitan", **fields))
         if plan.zero_stage not in (0, 3):
@@ -383,6 +384,11 @@ def test_torchtitan_0_2_toml_keys_are_job_config_fields():
                 assert set(doc[section]) <= set(tree.fields("torchtitan.config.job_config", cls))
                 rendered_keys |= {f"{section}.{k}" for k in doc[section]}
         assert set(doc) - set(sections) <= {"model", "quantize", "compile"}
+        if "name" in doc.get("model", {}):  # a model the release has: its module, and the flavor among its args
+            assert set(doc["model"]) <= set(tree.fields("torchtitan.config.job_config", "Model"))
+            module = wheel_tree("torchtitan", "0.2.2") / "torchtitan/models" / doc["model"]["name"] / "__init__.py"
+            assert f'"{doc["model"]["flavor"]}":' in module.read_text(), doc["model"]
+            named_models.add(fields["model"])
         for name in doc.get("model", {}).get("converters", []):
             kind = name.rsplit(".", 1)[1]
             converters.add(name)
@@ -406,6 +412,7 @@ def test_torchtitan_0_2_toml_keys_are_job_config_fields():
         (wheel_tree("torchtitan", "0.2.2") / "torchtitan/components/quantization" / f).read_text()))
         if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "register_model_converter"}
     assert converters == {"quantize.linear.float8", "quantize.linear.mx"} and converters <= registered
+    assert {"llama-3.1-8b", "deepseek-v3"} <= named_models  # the cases render these; each named as 0.2.2 has it
 
 
 # --------------------------------------------------------------------------- KempnerForge, DeepSpeed

@@ -148,3 +148,31 @@ def test_torchtitan_0_2_llama4_renders_its_flavor_and_reads_back_to_the_same_pla
     back = api.request_from_config(imported, {"num_gpus": 64, "gpu": "h200", "framework_version": "0.2.2",
                                               "precision": precision})
     assert resolve(back)[1] == resolve(parse_request(fields))[1]
+
+
+@pytest.mark.parametrize(("model", "name", "flavor", "extra"), [
+    ("llama-3.1-8b", "llama3", "8B", {}),
+    ("qwen3-30b-a3b", "qwen3", "30B-A3B", {"ep": 8}),
+    ("deepseek-v3", "deepseek_v3", "671B", {"ep": 8, "num_gpus": 256}),
+])
+def test_torchtitan_0_2_names_every_catalog_model_it_has_and_reads_it_back(model, name, flavor, extra):
+    """A 0.2.x TOML with no [model] trains JobConfig's default, llama3 debugmodel (v0.2.2 config/job_config.py
+    Model): render wrote [model] for Llama 4 only, so a Llama-3.1-8B or Qwen3 plan rendered for 0.2.2 trained a
+    debug model. Now every model 0.2.2 has is named by its module and flavor (card flavors), and import reads the
+    file back to the catalog model (Qwen3's 30B-A3B never matched the 0.3 registry's qwen3_30b_a3b)."""
+    import tomllib
+
+    fields = dict(model=model, framework="torchtitan", framework_version="0.2.2", gpu="h200", num_gpus=64,
+                  recompute="full") | extra
+    out = api.render_config("torchtitan", parse_request(fields))
+    table = tomllib.loads(out.text)["model"]
+    assert (table["name"], table["flavor"]) == (name, flavor)
+    assert api.import_config(out.text, path="torchtitan_job.toml").request["model"] == model
+
+
+def test_torchtitan_0_2_warns_for_a_model_it_has_no_flavor_for():
+    out = api.render_config("torchtitan", parse_request(dict(
+        model="moonlight-16b-a3b", framework="torchtitan", framework_version="0.2.2", gpu="h200", num_gpus=16,
+        recompute="full")))
+    assert "[model]" not in out.text
+    assert any("flavor debugmodel" in w for w in out.warnings)

@@ -153,9 +153,13 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
         parallelism.append(("enable_async_tensor_parallel", True))
     warnings = []
     flavor = framework_card("torchtitan").flavors.get(job.model.key or "")
-    if registry is None and (flavor is None or version.startswith("0.3")):
+    if registry is None and version.startswith("0.3"):
         warnings.append(f"torchtitan has no registry config for {job.model.name}: write one (config_registry.py) "
                         "and set TORCHTITAN_MODULE and TORCHTITAN_CONFIG.")
+    elif flavor is None and not version.startswith("0.3"):
+        warnings.append(f"torchtitan {version} has no model flavor for {job.model.name}: the TOML names no [model], "
+                        "so torchtitan would train its default (name llama3, flavor debugmodel); register a "
+                        "TrainSpec for it and set [model] name and flavor.")
     if version.startswith("0.3"):
         if cuda_graphs_off(plan):
             training.append(("disable_cuda_graphs", True))
@@ -186,7 +190,8 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
 def toml_model_section(flavor: TomlModel | None, sections: list[tuple[str, list[tuple[str, Any]]]]
                        ) -> list[tuple[str, list[tuple[str, Any]]]]:
     """The TOML sections with [model] name and flavor first where the card names the model's flavor (its `flavors`:
-    torchtitan 0.2.x's Llama 4), merged into the [model] table fp8's converters open (one table, not two)."""
+    torchtitan 0.2.x's models, which default to llama3 debugmodel), merged into the [model] table fp8's converters
+    open (one table, not two)."""
     if flavor is None:
         return sections
     keys: list[tuple[str, Any]] = [("name", flavor.name), ("flavor", flavor.flavor)]

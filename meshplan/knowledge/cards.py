@@ -288,7 +288,8 @@ class FrameworkCard(_Card):
     registry: dict[str, RegistryEntry] = Field(default_factory=dict, description="Catalog models by registry name")
     flavors: dict[str, TomlModel] = Field(
         default_factory=dict, description="Catalog models by the [model] name and flavor of the framework's TOML "
-                                          "releases, where its registry has none for them (torchtitan 0.2.x's Llama 4)")
+                                          "releases (torchtitan 0.2.x's, which train llama3 debugmodel where a "
+                                          "TOML names no model)")
     flavors_source: str = ""
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"
