@@ -10,10 +10,9 @@ import re
 from functools import cache, lru_cache
 from pathlib import Path
 
-from pydantic import Field, model_validator
-
 from meshplan.core.errors import MeshplanError, closest
-from meshplan.knowledge.cards import ModelCard, _Card, load_card, model_card, model_card_names
+from meshplan.knowledge.cards import ModelCard, model_card, model_card_names
+from meshplan.knowledge.families_card import FamilyType, families_card
 from meshplan.knowledge.flag_models import NAME, flags_architecture, flags_report
 from meshplan.knowledge.generic_models import generic_architecture, parse_size
 from meshplan.knowledge.model_config import architecture_from_config, architecture_from_file
@@ -21,39 +20,6 @@ from meshplan.knowledge.model_counts import count_components, mtp_params, vision
 from meshplan.knowledge.section_models import NAME as SECTION_NAME
 from meshplan.knowledge.section_models import section_architecture, section_report
 from meshplan.schema.model import Architecture, ComponentCount, ModelReport, ModelSummary
-
-
-class FamilyType(_Card):
-    """The Hugging Face model_type a model family is built as; `leaves_out`: what a nearest model_type misses."""
-
-    model_type: str
-    leaves_out: str | None = None
-
-
-class ModelFamiliesCard(_Card):
-    description: str
-    families: dict[str, FamilyType]
-    nearest: dict[str, FamilyType]
-    config_defaults: dict[str, dict[str, str | int | float | bool]]
-    activations: list[str] = Field(description="The activation names transformers' ACT2FN knows (a config.json's "
-                                               "hidden_act): any other is refused when the file is read")
-    activations_source: str
-
-    @model_validator(mode="after")
-    def _exact_or_nearest(self) -> ModelFamiliesCard:
-        """A nearest model_type says what it leaves out; an exact one leaves nothing out; no family is both."""
-        both = sorted(set(self.families) & set(self.nearest))
-        vague = sorted(k for k, v in self.nearest.items() if not v.leaves_out)
-        inexact = sorted(k for k, v in self.families.items() if v.leaves_out)
-        if both or vague or inexact:
-            raise ValueError(f"families both exact and nearest {both}; nearest without leaves_out {vague}; exact "
-                             f"with leaves_out {inexact}")
-        return self
-
-
-def families_card() -> ModelFamiliesCard:
-    """cards/model_families.yaml: model family names -> the model_type meshplan builds each as."""
-    return load_card("model_families", ModelFamiliesCard)
 
 
 def family_type(family: str) -> FamilyType | None:

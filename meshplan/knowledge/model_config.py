@@ -17,6 +17,7 @@ from pydantic import Field
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import _Card, load_card
+from meshplan.knowledge.families_card import families_card
 from meshplan.knowledge.gdn_config import GDN_MODEL_TYPES, MULTIMODAL_WRAPPERS, gdn_architecture, read_gdn_names
 from meshplan.knowledge.hybrid_config import hybrid_architecture, read_hybrid_names
 from meshplan.knowledge.vision_config import llama4_vision_tower
@@ -558,8 +559,6 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
 def _known_activation(f: _Fields, model_type: str, act: str) -> None:
     """An activation transformers' ACT2FN does not know ("text") is refused naming those it knows (the card
     model_families activations): transformers raises KeyError building the MLP, where meshplan read it silently."""
-    from meshplan.knowledge.catalog import families_card
-
     card = families_card()
     if act in card.activations:
         return
