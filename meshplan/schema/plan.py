@@ -179,22 +179,10 @@ class Job(StrictModel):
 
     @property
     def card(self) -> FrameworkCard:
-        """The job's framework card, as the resolver attached it (_attached's check, in this one frame: the
-        estimators and the search read it tens of thousands of times an ask)."""
-        card = self.__pydantic_private__["_card"]
-        if card is not None and card.name == self.framework:
-            return card
-        return self._attached()  # (refused there, with what to do instead)
-
-    @property
-    def rl_card(self) -> RLCard | None:
-        """The `rl` section of the job's framework card (FrameworkCard.rl; None: the framework runs no RL job)."""
-        return self._attached().rl
-
-    def _attached(self) -> FrameworkCard:
-        """The attached card, read from the private dict (the estimators ask them tens of thousands of
-        times a search, and pydantic's __getattr__ for a private attribute costs 20x); refused where none is attached
-        or a copy changed the framework (its card would be stale), with what to do instead."""
+        """The job's framework card, as the resolver attached it, read from the private dict (the estimators and the
+        search ask tens of thousands of times an ask, and pydantic's __getattr__ for a private attribute costs 20x);
+        refused where none is attached or a copy changed the framework (its card would be stale), with what to do
+        instead."""
         card = self.__pydantic_private__["_card"]
         if card is not None and card.name == self.framework:
             return card
@@ -204,6 +192,11 @@ class Job(StrictModel):
                ": it was built by hand, not by the resolver."),
             fix="Build jobs with meshplan.request.resolve.resolve(Request(...)), or give a hand-built or re-framed "
                 "job its cards with meshplan.request.resolve.carry_cards(job).")
+
+    @property
+    def rl_card(self) -> RLCard | None:
+        """The `rl` section of the job's framework card (FrameworkCard.rl; None: the framework runs no RL job)."""
+        return self.card.rl
 
 
 def degree_words(tp: int, pp: int, vpp: int = 1, cp: int = 1, ep: int = 1, etp: int = 1) -> list[str]:

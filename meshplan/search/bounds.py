@@ -166,13 +166,9 @@ class StepTimeBounds(SearchPlans):
                     total, work = reference_seconds(self.engine, job_ref, self.plan(ref, zero, rec, b, overlap=overlap),
                                                     part)
                     break
-                except EstimateBlocked as blocked:
+                except MeshplanError as refused:
                     total = work = None
-                    if part != "cp" and blocked.rule_id != "RC006":
-                        break
-                except MeshplanError:
-                    total = work = None
-                    if part != "cp":
+                    if part != "cp" and not (isinstance(refused, EstimateBlocked) and refused.rule_id == "RC006"):
                         break
             if work is not None and part == "work":  # its layers' and head's parts, what token_parts reads
                 self._keep_parts(key, work, tokens, overlap)

@@ -10,6 +10,7 @@ meshplan/search/bounds.py.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
@@ -541,24 +542,22 @@ class SearchPlans(HostCounts, OverlapChoice):
             sizes = self.sizes(own)
             if mbs in sizes:
                 self.zero_needs(lay, mbs)  # the row of every micro-batch of the layout
-                needs = self.floor_needs[own]
-                if self.lightest(lay) is self.zeros:  # (least's own shortcut, once per layout)
-                    for b in sizes:
-                        row[b] = min(needs[b])
-                else:
-                    for b in sizes:
-                        row[b] = self.least(lay, needs[b])
+                needs, least = self.floor_needs[own], self.least(lay)
+                for b in sizes:
+                    row[b] = least(needs[b])
         hit = row.get(mbs)
         if hit is None:  # a micro-batch outside the layout's (a node the batch rule settles)
-            hit = row[mbs] = self.least(lay, self.zero_needs(lay, mbs))
+            hit = row[mbs] = self.least(lay)(self.zero_needs(lay, mbs))
         return hit
 
-    def least(self, lay: Layout, needs: tuple[int, ...]) -> int:
-        """need_floor from the layout's zero_needs: the least of its lightest ZeRO stages'."""
+    def least(self, lay: Layout) -> Callable[[tuple[int, ...]], int]:
+        """need_floor from a zero_needs row of the layout: the least of its lightest ZeRO stages' (min itself where
+        every stage is, decided once per layout, not per micro-batch)."""
         lightest = self.lightest(lay)
         if lightest is self.zeros:
-            return min(needs)
-        return min(needs[self.zeros.index(zero)] for zero in lightest)
+            return min
+        at = [self.zeros.index(zero) for zero in lightest]
+        return lambda needs: min(needs[i] for i in at)
 
     def may_fit(self, lay: Layout, zero: int, mbs: int) -> bool:
         """Whether any recompute of this stage can fit, from the cheapest bounds: the model states' (cached per

@@ -23,7 +23,7 @@ from meshplan.rl.job import resolve_rl, trainer_request
 from meshplan.rl.memory import least_framework_host, phase_setting, rl_memory, trainer_reports
 from meshplan.rl.step_time import rl_report, rl_step_time
 from meshplan.schema.plan import Plan
-from meshplan.schema.reports import Candidate, Recommendation
+from meshplan.schema.reports import Candidate, MemoryReport, Recommendation
 from meshplan.schema.request import Request
 from meshplan.search.answer import offload_words, plan_words
 from meshplan.search.job import OPEN_FOR_SEARCH, search_job
@@ -92,7 +92,7 @@ class FractionFit:
 
     fraction: float | None
     within_capacity: bool
-    memory: object | None = None  # rl_memory at `fraction` where the line estimated it there (MAX_FRACTION), else None
+    memory: MemoryReport | None = None  # rl_memory at `fraction` where the line estimated it there, else None
 
 
 def _fraction_fit(job, plan: Plan, reports: tuple, limit: float) -> FractionFit:
@@ -100,16 +100,15 @@ def _fraction_fit(job, plan: Plan, reports: tuple, limit: float) -> FractionFit:
     under `limit` (each phase's fit_bytes, as check's RL005 reads them: with expandable segments a training phase's
     allocated peak): only the rollout phase depends on it, linearly for both engines, so two estimates give the line;
     where none stays under `limit`, the same two estimates say whether one stays under the GPU's capacity."""
-    at: dict[float, tuple[float, float]] = {}
-    estimated = {}
+    estimated: dict[float, MemoryReport] = {}  # each fraction estimated once, for both caps
 
     def phases_at(fraction: float) -> tuple[float, float]:
-        if fraction not in at:
+        m = estimated.get(fraction)
+        if m is None:
             m = estimated[fraction] = rl_memory(job, plan.model_copy(update={"rollout_memory_fraction": fraction}),
                                                 reports)
-            rollout = next(p.fit_bytes for p in m.phases if p.phase == "rollout")
-            at[fraction] = rollout, max((p.fit_bytes for p in m.phases if p.phase != "rollout"), default=0)
-        return at[fraction]
+        rollout = next(p.fit_bytes for p in m.phases if p.phase == "rollout")
+        return rollout, max((p.fit_bytes for p in m.phases if p.phase != "rollout"), default=0)
 
     def largest(cap: float) -> float | None:
         high, others = phases_at(MAX_FRACTION)
