@@ -32,7 +32,8 @@ from pathlib import Path
 
 import yaml
 
-from meshplan.arithmetic.memory_states import memory_card
+from meshplan.arithmetic.activations import Layout, attention_saves, layer_activations, shape_of
+from meshplan.arithmetic.memory_states import activation_saves, memory_card
 from meshplan.estimate.memory import estimate_memory, stage_allocated
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import carry_cards, resolve
@@ -51,6 +52,7 @@ DEFAULT_JSON = ROOT / "bench" / "data" / "fake_tensor_hf.json"
 MIB = 1 << 20
 GIB_ = 1 << 30
 WORLD = 8
+MLP_TOKENS = 2048  # tokens of the MLP cases (fake tensors: the count is linear in them)
 FRAMEWORK = "verl"
 
 # catalog model -> decoder layers run, packed tokens per micro-batch, config.json fields the catalog card leaves out
@@ -62,6 +64,16 @@ MODELS = {
     # two dense layers, then MoE (the model has three dense layers first: first_k_dense_replace 3)
     "deepseek-v3": {"layers": 4, "tokens": 4096, "override": {"first_k_dense_replace": 2},
                     "what": "DeepSeek-V3 (MLA + MoE 256/top-8, shared expert)"},
+}
+# the MLP module alone (fake_tensor_hf_harness.mlp_saves), per activation the catalog's models run in transformers:
+# catalog model -> config.json fields the run sets (GPT-2's MLP ends in a dropout of resid_pdrop, 0.1 by default,
+# whose mask is no activation's: the fsdp2_hf preset counts no dropout, so it is set to 0)
+MLP_MODELS = {
+    "gpt-neox-20b": {"override": {}, "what": "GPTNeoXMLP, gelu_fast (FastGELUActivation)"},
+    "gpt3-175b": {"override": {"resid_pdrop": 0.0}, "what": "GPT2MLP, gelu_new (NewGELUActivation)"},
+    "nemotron-4-340b": {"override": {}, "what": "NemotronMLP, relu2 (ReLUSquaredActivation)"},
+    "llama-3.1-8b": {"override": {}, "what": "LlamaMLP, gated silu"},
+    "gemma-2-27b": {"override": {}, "what": "Gemma2MLP, gated gelu_pytorch_tanh"},
 }
 POLICIES = {"none": "none", "full": "full"}  # HF gradient checkpointing off / on (every decoder layer)
 # one training step as verl's FSDP engine runs it (fake_tensor_hf_harness.step_peak): catalog model -> decoder
@@ -112,6 +124,38 @@ def step_cases(models: dict | None = None, world: int = WORLD, foreach: bool | N
              "tokens": spec["tokens"], "override": spec["override"], "policy": policy, "world": world,
              "foreach": foreach, "reduce": reduce}
             for name, spec in (models or STEP_MODELS).items() for policy in POLICIES for reduce in reduces]
+
+
+def mlp_cases(tokens: int) -> list[dict]:
+    """One `mlp` case per MLP_MODELS model, and the `activations` case (every ACT2FN class)."""
+    return [{"kind": "mlp", "model": model, "config": card_config(model), "tokens": tokens, "policy": "none",
+             "override": spec["override"]} for model, spec in MLP_MODELS.items()] + [
+        {"kind": "activations", "model": "ACT2FN", "policy": "none"}]
+
+
+def meshplan_mlp(model: str, tokens: int) -> float:
+    """layer_activations' `mlp` of the catalog model's dense layer (its fc1 input, what its activation keeps, fc2's
+    input) as the estimate lays out verl's FSDP engine: the fsdp2_hf preset, one packed micro-batch, tp 1."""
+    conv = memory_card().conventions["fsdp2_hf"]
+    arch = catalog(model)
+    lay = Layout(tokens=tokens, seq_kv=tokens, tp=1, sp=False, etp=1, flash=True, dropout=False,
+                 swiglu_unfused=conv.swiglu_unfused, fp8=False, attn=attention_saves(conv),
+                 act=activation_saves(conv, arch.activation))
+    return layer_activations(shape_of(arch), lay, False, "none")["mlp"]
+
+
+def mlp_rows(results: list[dict]) -> list[dict]:
+    rows = []
+    for res in (r for r in results if r.get("kind") == "mlp"):
+        if not res["ok"]:
+            rows.append({"model": res["model"], "error": res["error"]})
+            continue
+        ours = meshplan_mlp(res["model"], res["tokens"])
+        rows.append({"model": res["model"], "mlp_class": res["mlp_class"],
+                     "activation": catalog(res["model"]).activation, "tokens": res["tokens"],
+                     "framework_bytes": res["bytes"], "framework_tensors": res["tensors"],
+                     "meshplan_bytes": ours, "diff_pct": pct(ours, res["bytes"])})
+    return rows
 
 
 def run_harness(request_cases: list[dict], timeout: int = 1800, harness: Path = HARNESS) -> dict:
@@ -219,9 +263,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
     args = parser.parse_args()
-    result = run_harness(cases() + step_cases())
-    rows = layer_rows([r for r in result["results"] if r.get("kind") != "step"])
+    result = run_harness(cases() + step_cases() + mlp_cases(MLP_TOKENS))
+    rows = layer_rows([r for r in result["results"] if r.get("kind") is None])
     print_table(rows)
+    mlps = mlp_rows(result["results"])
+    print(f"\nThe MLP module alone ({MLP_TOKENS} tokens; saved for backward, parameters left out; meshplan: "
+          "layer_activations' mlp under fsdp2_hf)")
+    for r in mlps:
+        if "error" in r:
+            print(f"{r['model']:16} ERROR {r['error'][:120]}")
+            continue
+        print(f"{r['model']:16} {r['mlp_class']:11} {r['activation']:18} {r['framework_bytes'] / MIB:8.1f} MiB "
+              f"{r['meshplan_bytes'] / MIB:8.1f} MiB {r['diff_pct']:+6.1f}%")
+    act2fn = next(r["activations"] for r in result["results"] if r.get("kind") == "activations")
     steps = step_rows(result["results"])
     steps += reduce_rows()
     # one fake process group per harness run: the single-GPU steps run in a second one
@@ -240,6 +294,7 @@ def main() -> None:
         "measured": datetime.date.today().isoformat(), "torch": result["torch"],
         "transformers": result["transformers"], "framework": FRAMEWORK, "zero_stage": 3,
         "method": __doc__.split("\n\n")[1].replace("\n", " "), "layers": rows, "steps": steps,
+        "mlps": mlps, "act2fn_saves": act2fn,
         "harness_seconds": {f"{r.get('kind', 'layers')} {r.get('case', r['model'])} {r['policy']}": r["seconds"]
                             for r in result["results"]},
     }, indent=1) + "\n")

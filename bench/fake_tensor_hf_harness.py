@@ -366,6 +366,61 @@ def accumulation_probe(case: dict) -> dict:
             "params": int(sum(p.numel() for p in model.parameters()))}
 
 
+def _saved_storages(exclude: set[int]) -> tuple[dict[int, tuple[int, tuple]], object]:
+    """A saved_tensors_hooks context that records each storage autograd saves (its bytes and the saved tensor's shape),
+    but those in `exclude`."""
+    saved: dict[int, tuple[int, tuple]] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage._cdata not in exclude:
+            saved[storage._cdata] = (storage.nbytes(), tuple(tensor.shape))
+        return tensor
+
+    return saved, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+
+
+def mlp_saves(case: dict) -> dict:
+    """What the model's own MLP module (the first module whose class name ends in MLP: LlamaMLP, GPTNeoXMLP, GPT2MLP,
+    NemotronMLP ...) saves for its backward on `tokens` tokens of a bf16 input that needs a gradient (the norm's
+    output), under FakeTensorMode: the bytes of each storage saved once, its parameters left out."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tokens = case["tokens"]
+    with FakeTensorMode():
+        # the MLP reads no attention: eager, which every model class takes (NemotronForCausalLM no registered one)
+        model = build({**case, "num_layers": 1}, attention="eager")
+        mlp = next(m for m in model.modules() if type(m).__name__.endswith("MLP"))
+        x = torch.randn(1, tokens, model.config.hidden_size, dtype=BF16, requires_grad=True)
+        saved, hooks = _saved_storages({p.untyped_storage()._cdata for p in mlp.parameters()})
+        with hooks:
+            mlp(x)
+    return {"bytes": int(sum(nbytes for nbytes, _ in saved.values())), "tensors": len(saved),
+            "mlp_class": type(mlp).__name__, "hidden": int(model.config.hidden_size)}
+
+
+def activation_saves(case: dict) -> dict:
+    """Per ACT2FN activation (transformers.activations.ACT2CLS), what it keeps for its backward besides its output, run
+    on a bf16 matmul output of side x side elements: whether it keeps its input, and the bytes per element of the
+    rest of the input's shape (a parameter of prelu or xielu, and xielu's one-element constants, are left out)."""
+    from transformers.activations import ACT2CLS, ACT2FN
+
+    side = case.get("side", 64)
+    out = {}
+    for name in ACT2CLS:
+        act = ACT2FN[name].to(BF16)
+        a, w = torch.randn(side, side, dtype=BF16), torch.randn(side, side, dtype=BF16, requires_grad=True)
+        x = a @ w
+        saved, hooks = _saved_storages({a.untyped_storage()._cdata, w.untyped_storage()._cdata})
+        with hooks:
+            y = act(x)
+        keeps_input = saved.pop(x.untyped_storage()._cdata, None) is not None
+        saved.pop(y.untyped_storage()._cdata, None)
+        inner = sum(nbytes for nbytes, shape in saved.values() if shape == tuple(x.shape))
+        out[name] = {"input": keeps_input, "inner_bytes": inner / x.numel()}
+    return {"activations": out}
+
+
 def main() -> None:
     import transformers
 
@@ -377,7 +432,8 @@ def main() -> None:
         try:
             kind = case.get("kind")
             out = (step_peak(case) if kind == "step" else head_probe(case) if kind == "head"
-                   else accumulation_probe(case) if kind == "accumulate" else layer_bytes(case))
+                   else accumulation_probe(case) if kind == "accumulate" else mlp_saves(case) if kind == "mlp"
+                   else activation_saves(case) if kind == "activations" else layer_bytes(case))
             out["ok"] = True
         except Exception as exc:  # reported per case, so one failing model does not hide the others
             out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}

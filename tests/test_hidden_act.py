@@ -54,3 +54,22 @@ def test_gpt2s_activation_function_is_checked_too(tmp_path):
                                 "activation_function": "gelu_nw"}), encoding="utf-8")
     with pytest.raises(MeshplanError, match="activation_function 'gelu_nw' is no activation transformers knows"):
         api.describe_model(str(path))
+
+
+def test_a_hybrids_mlp_hidden_act_is_checked_too(tmp_path, capsys):
+    """NemotronHMLP builds ACT2FN[config.mlp_hidden_act] (its hidden_act is not the MLP's): an unknown one is refused
+    by that key on the CLI as through the API; a known one is read as the MLP's activation (relu2 when left out)."""
+    from test_hybrid_models import NEMOTRON_H_8B
+
+    from meshplan.knowledge.model_config import architecture_from_config
+
+    path = tmp_path / "nemotron_h.json"
+    path.write_text(json.dumps({**NEMOTRON_H_8B, "mlp_hidden_act": "relu3"}), encoding="utf-8")
+    said = "mlp_hidden_act 'relu3' is no activation transformers knows: its MLP is built with ACT2FN[mlp_hidden_act]"
+    with pytest.raises(MeshplanError, match=said.replace("[", r"\[").replace("]", r"\]")):
+        api.describe_model(str(path))
+    assert cli.main(["memory", str(path), "--gpu", "h100", "--num-gpus", "8"]) == cli.EXIT_USAGE
+    assert said in capsys.readouterr().err
+    assert architecture_from_config({**NEMOTRON_H_8B, "mlp_hidden_act": "gelu"}).activation == "gelu"
+    left_out = {k: v for k, v in NEMOTRON_H_8B.items() if k != "mlp_hidden_act"}
+    assert architecture_from_config(left_out).activation == "relu2"

@@ -94,3 +94,21 @@ def test_the_card_bool_words_are_the_strings_pydantic_takes():
     for other in ("text", "2", "auto", "enable"):
         with pytest.raises(ValidationError):
             TypeAdapter(bool).validate_python(other)
+
+
+@pytest.mark.parametrize(("written", "on"), [(True, True), (False, False), (1, True), (0, False), ("false", True),
+                                             ("", False), ("no", True)])
+def test_keys_deepspeed_reads_unvalidated_are_read_by_python_truth(written, on):
+    """activation_checkpointing.cpu_checkpointing (and partition_activations, contiguous_memory_optimization,
+    amp.enabled) are read with get_scalar_param, no type check, and tested by Python truth: "false" turns CPU
+    checkpointing on in DeepSpeed, so it does here, and a string is said to be read so; nothing is refused."""
+    imported = api.import_config(ds(activation_checkpointing={"cpu_checkpointing": written}), path="ds.json")
+    assert imported.request.get("activation_offload", False) is on
+    said = [a for a in imported.assumed if "cpu_checkpointing = " in a and "as DeepSpeed reads it" in a]
+    assert bool(said) == isinstance(written, str), imported.assumed
+    if said:
+        assert said[0].startswith(f"ds.json:1 activation_checkpointing.cpu_checkpointing = {json.dumps(written)}: "
+                                  f"read as {on}")
+    amp = api.import_config(ds(amp={"enabled": written}), path="ds.json")
+    assert not any("DeepSpeed takes" in u for u in amp.unsupported)
+    assert bool([a for a in amp.assumed if "amp.enabled" in a]) == isinstance(written, str)

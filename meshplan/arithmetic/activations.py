@@ -392,6 +392,10 @@ class Layout(NamedTuple):
     # the unfused path caps the scores with softcap * tanh(scores / softcap) and tanh keeps its output, one more
     # bf16 score matrix (the framework card's attention.unfused_softcap); off, the smaller count, by default
     softcap_scores: bool = False
+    # what the MLP's activation keeps where the model code's ACT2FN class runs it (memory_states.activation_saves:
+    # keeps its input, bytes of intermediates per element); None: a fused kernel that keeps its input (swiglu_unfused
+    # says whether a gated one keeps its output too)
+    act: tuple[bool, float] | None = None
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -413,9 +417,21 @@ def saved_rows_bytes(rows: tuple, widths: dict[str, int], lay: Layout, sel: set[
     return total
 
 
-def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True) -> float:
+def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True,
+         saves: tuple[bool, float] | None = None, one_fc1: bool = False) -> float:
     """fc1 output (activation input), optional separate silu output, fc2 input; fc1 input counted by caller.
-    act=False: the activation's outputs are recomputed (Megatron's moe_act), only the fc1 output is kept."""
+    act=False: the activation's outputs are recomputed (Megatron's moe_act), only the fc1 output is kept.
+    saves (Layout.act): the model code's activation keeps what it says (its input or not, and intermediates), and a
+    gated MLP's multiply keeps the activation's output and up's: Hugging Face's LlamaMLP, down_proj(act_fn(
+    gate_proj(x)) * up_proj(x)), its non-gated MLPs (GPT-2's c_fc/act/c_proj, GPT-NeoX's, Nemotron's), and its
+    grouped-mm experts (`one_fc1`: gate and up are chunks of one gate_up output, so up's keeps that whole tensor)."""
+    if saves is not None and act:
+        keeps_input, inner = saves
+        unit = rows * width / tp
+        out = (BF16 if keeps_input or (shape.gated and one_fc1) else 0) * unit + inner * unit
+        if shape.gated:
+            out += 2 * BF16 * unit  # up's output and the activation's, which the multiply keeps
+        return out + lin * unit  # fc2 input
     out = BF16 * rows * (2 if shape.gated else 1) * width / tp
     if not act:
         return out
@@ -465,7 +481,7 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
     elif "mlp" in sel:
         out["mlp"] = BF16 * t * h / ts  # the checkpointed MLP keeps its input
     else:
-        mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused)
+        mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused, saves=lay.act)
         out["mlp"] = mlp
     if lay.dropout:
         out["dropout_masks"] = t * h / ts
@@ -595,9 +611,10 @@ def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -
     rows = routed_rows(shape, lay)
     mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * shape.expert_h)
     mlp += lin * rows * shape.expert_h  # expert fc1 input (the dispatched tokens)
-    mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)
+    mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel,
+                saves=lay.act, one_fc1=True)
     if shape.f_shared and "shared_experts" not in sel:
-        mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused)
+        mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused, saves=lay.act)
     if lay.stacked_experts:
         mlp += stacked_expert_bytes(shape, lay.ep, lay.etp)
     if lay.param_wrapper:

@@ -16,6 +16,7 @@ from meshplan.arithmetic.mamba import Mamba2Layer
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import CardError, FrameworkCard, checked_once, load_card
 from meshplan.knowledge.engine_card import MemoryConvention, OptimizerImplementation
+from meshplan.knowledge.families_card import families_card
 from meshplan.schema.choices import Fp8Recipe
 from meshplan.schema.plan import Job, Plan
 
@@ -102,6 +103,10 @@ class Convention(_Card):
     attention_stats_bytes: float = Field(4, gt=0)
     norm_saves: Literal["input", "fp32_composite"] = "input"
     mla_v_pad: bool = False
+    # what the MLP's activation keeps (activations._mlp): fused, the framework's kernel keeps its input (Megatron-Core's
+    # bias_gelu / bias_swiglu / squared_relu, Transformer Engine's, torchtitan's F.silu), whatever the model's
+    # activation; act2fn, the model code's ACT2FN class of its hidden_act keeps what the card's act2fn_saves says
+    activation_saves: Literal["fused", "act2fn"] = "fused"
     zero: dict[int, list[StateTensor]]
 
 
@@ -169,6 +174,18 @@ class MuonStepBytes(_Card):
     source: str
 
 
+class ActivationSaves(_Card):
+    """What one ACT2FN activation keeps for its backward besides its output (cards/memory.yaml act2fn_saves)."""
+
+    input: bool  # the tensor it is given
+    inner_bytes: float = Field(ge=0)  # its intermediates, bytes per element of its input
+
+
+class Act2FnSaves(_Card):
+    source: str
+    activations: dict[str, ActivationSaves]
+
+
 class MemoryCard(_Card):
     description: str
     precision: PrecisionBytes
@@ -177,6 +194,7 @@ class MemoryCard(_Card):
     optimizer_state_allocation_source: str
     muon_step: dict[str, MuonStepBytes]  # per implementation, the framework card's muon.step
     compile: CompileBytes
+    act2fn_saves: Act2FnSaves
     fixed_overhead_bytes: int = Field(ge=0)
     fixed_overhead_source: str
     cuda_context_bytes: int = Field(ge=0)
@@ -211,6 +229,25 @@ def _complete(card: MemoryCard) -> None:
     for name in get_args(OptimizerImplementation):  # every implementation a framework card may name
         if name not in card.optimizer_steps:
             raise CardError(f"cards/memory.yaml: key optimizer_steps.{name} is missing.")
+    known = families_card().activations  # every activation a config.json may name, and only those
+    if set(card.act2fn_saves.activations) != set(known):
+        raise CardError(f"cards/memory.yaml: act2fn_saves.activations names {sorted(card.act2fn_saves.activations)}, "
+                        f"cards/model_families.yaml activations {sorted(known)}: they name the same.")
+
+
+def activation_saves(conv: Convention, activation: str) -> tuple[bool, float] | None:
+    """A Layout's `act`: what the model's activation keeps for its backward under `conv` (its activation_saves), as
+    (keeps its input, bytes of intermediates per element), the card's act2fn_saves; None where the framework's fused
+    kernel keeps the activation's input whatever it is."""
+    if conv.activation_saves == "fused":
+        return None
+    saves = memory_card().act2fn_saves.activations.get(activation)
+    if saves is None:
+        raise MeshplanError(f"The model's activation {activation!r} is none transformers' ACT2FN knows, so what its "
+                            f"MLP keeps is not known; it takes {', '.join(memory_card().act2fn_saves.activations)}.",
+                            fix="Give the model's activation (Architecture.activation, config.json hidden_act) as "
+                                "one of those.")
+    return saves.input, saves.inner_bytes
 
 
 def convention_name(card: FrameworkCard, zero_stage: int, version: str | None = None) -> str:

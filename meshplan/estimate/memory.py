@@ -35,6 +35,7 @@ from meshplan.arithmetic.mamba import hybrid_layer_activations
 from meshplan.arithmetic.memory_states import (
     Convention,
     StateTensor,
+    activation_saves,
     as_the_plan_runs,
     built_vocab,
     describe_tensors,
@@ -375,6 +376,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         dsa_cp=plan.cp if job.model.dsa is not None else 1,
         softcap_scores=not flash and job.card.attention is not None
         and job.model.model_type in job.card.attention.unfused_softcap,
+        act=activation_saves(conv, job.model.activation),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import _Card, load_card
 
 
@@ -40,3 +41,15 @@ class ModelFamiliesCard(_Card):
 def families_card() -> ModelFamiliesCard:
     """cards/model_families.yaml: model family names -> the model_type meshplan builds each as."""
     return load_card("model_families", ModelFamiliesCard)
+
+
+def unknown_activation(key: str, act: str, where: str) -> MeshplanError | None:
+    """The refusal of a config.json's activation `act` at `key` that transformers' ACT2FN does not know (the card's
+    activations), None where it knows it: transformers raises KeyError building the MLP, where meshplan read it
+    silently. `where`: the file, as the reader names it."""
+    card = families_card()
+    if act in card.activations:
+        return None
+    return MeshplanError(f"{where}: {key} {act!r} is no activation transformers knows: its MLP is built with "
+                         f"ACT2FN[{key}], which takes {', '.join(card.activations)} ({card.activations_source}).",
+                         fix=f"Set {key} to the model's activation, one of those (silu for a SwiGLU model).")

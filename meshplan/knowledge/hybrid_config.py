@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from meshplan.knowledge.families_card import unknown_activation
 from meshplan.schema.model import LAYER_KINDS, Architecture, MambaSpec, MoESpec
 
 # NemotronHConfig._pattern_to_list and its layers_block_type names (the legacy "mamba" and "attention" included)
@@ -132,8 +133,11 @@ def hybrid_architecture(arch: Architecture, f: Any, groups: Callable[..., dict[s
     norm per layer, a squared-ReLU (non-gated) MLP and no rotary embedding (NemotronHAttention applies none)."""
     pattern = layer_pattern(f)
     mtp_blocks, mtp_layers = mtp_pattern(f, pattern)
+    act = f.text("mlp_hidden_act") or _DEFAULTS["mlp_hidden_act"]  # NemotronHMLP: ACT2FN[config.mlp_hidden_act]
+    if (error := unknown_activation("mlp_hidden_act", act, f.where)) is not None:
+        raise error
     return arch.model_copy(update={
         "layer_pattern": pattern, "mamba": mamba_spec(f) if "M" in pattern else None,
         "moe": hybrid_moe(f, pattern, groups), "norms_per_layer": 1, "gated_mlp": False,
-        "activation": f.text("mlp_hidden_act") or "relu2", "rope": None, "num_mtp_layers": mtp_blocks,
+        "activation": act, "rope": None, "num_mtp_layers": mtp_blocks,
         "mtp_layer_pattern": mtp_layers})

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import _Card, load_card
-from meshplan.knowledge.families_card import families_card
+from meshplan.knowledge.families_card import unknown_activation
 from meshplan.knowledge.gdn_config import GDN_MODEL_TYPES, MULTIMODAL_WRAPPERS, gdn_architecture, read_gdn_names
 from meshplan.knowledge.hybrid_config import hybrid_architecture, read_hybrid_names
 from meshplan.knowledge.vision_config import llama4_vision_tower
@@ -557,16 +557,11 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
 
 
 def _known_activation(f: _Fields, model_type: str, act: str) -> None:
-    """An activation transformers' ACT2FN does not know ("text") is refused naming those it knows (the card
-    model_families activations): transformers raises KeyError building the MLP, where meshplan read it silently."""
-    card = families_card()
-    if act in card.activations:
-        return
-    key = next(k for k in ("hidden_activation", "hidden_act", "activation_function")
-               if f.cfg.get(k) == act and (k != "hidden_activation" or model_type == "gemma3_text"))
-    raise f.fail(f"{key} {act!r} is no activation transformers knows: its MLP is built with ACT2FN[{key}], which "
-                 f"takes {', '.join(card.activations)} ({card.activations_source}).",
-                 fix=f"Set {key} to the model's activation, one of those (silu for a SwiGLU model).")
+    """An activation transformers' ACT2FN does not know is refused naming those it knows (families_card)."""
+    key = next((k for k in ("hidden_activation", "hidden_act", "activation_function")
+                if f.cfg.get(k) == act and (k != "hidden_activation" or model_type == "gemma3_text")), "hidden_act")
+    if (error := unknown_activation(key, act, f.where)) is not None:
+        raise error
 
 
 # Which layers a family's transformers 5.9.0 config windows where its config.json gives no layer_types (its

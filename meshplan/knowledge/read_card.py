@@ -208,10 +208,12 @@ class TypedKey(_Card):
     """A config key the framework validates by type when it loads the file (DeepSpeed's pydantic config models): the
     reader accepts what the framework accepts, coerced as it coerces, and refuses the rest naming the forms."""
 
-    form: Literal["section", "section_or_null", "bool", "bool_or_null", "bool_or_section", "choice"] = Field(
+    form: Literal["section", "section_or_null", "bool", "bool_or_null", "bool_or_section", "choice", "truthy"] = Field(
         description="section: a JSON object; _or_null: null too (read as absent); bool: what pydantic's bool takes "
                     "(the card's bool_words); bool_or_section: a bool (a deprecated short form) or an object; "
-                    "choice: one of choices, coerced as the framework's enum coerces (2, '2', 2.0 for an int enum)")
+                    "choice: one of choices, coerced as the framework's enum coerces (2, '2', 2.0 for an int enum); "
+                    "truthy: read unvalidated and tested by Python truth (DeepSpeed's get_scalar_param keys), so any "
+                    "non-empty string, \"false\" too, is on")
     choices: list[StrictInt | StrictStr] = Field(default_factory=list)
     by: str = Field(description="What the framework does with the key: its model, field and what it refuses")
 

@@ -16,6 +16,7 @@ from meshplan.arithmetic.memory_states import (
     Convention,
     StateTensor,
     accumulated_grad_bytes,
+    activation_saves,
     built_vocab,
     frozen_gathered_transient,
     gathered_transient,
@@ -376,7 +377,7 @@ def _activation_reads(job: Job, conv: Convention, memo: dict) -> tuple[tuple, in
     hit = memo.get(key)
     if hit is None or hit[0] is not conv:
         reads = (conv.flash_attention, conv.qkv_projections == "fused", conv.dropout, conv.swiglu_unfused,
-                 moe_bytes(conv, job.model), attention_saves(conv))
+                 moe_bytes(conv, job.model), attention_saves(conv), activation_saves(conv, job.model.activation))
         numbers, convs = memo.setdefault("acts numbers", {}), memo.setdefault("acts conventions", [])
         convs.append(conv)
         hit = memo[key] = (conv, reads, numbers.setdefault(reads, len(numbers)), len(convs))
@@ -413,10 +414,10 @@ def _kind_sums(job: Job, reads: tuple, switches: int, tokens: int, tp: int, sp: 
     key = ("kinds", switches, tokens, tp, sp, etp, recompute)
     hit = memo.get(key)
     if hit is None:
-        flash, qkv_fused, dropout, swiglu_unfused, moe, attn = reads
+        flash, qkv_fused, dropout, swiglu_unfused, moe, attn, act_saves = reads
         act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash,
                         qkv_fused=qkv_fused, dropout=dropout, swiglu_unfused=swiglu_unfused,
-                        fp8=job.precision == "fp8", moe=moe, attn=attn)._replace(**mixer_rows(job))
+                        fp8=job.precision == "fp8", moe=moe, attn=attn, act=act_saves)._replace(**mixer_rows(job))
         shape, modules = shape_of(job.model), selective_modules(DEFAULT_PLAN)
         inside = recompute == "full" and pipeline_unit(job.model) > 1  # memory.checkpoint_group: the mixer's input
         hit = memo[key] = tuple(0.0 if inside and kind == "-" else sum(hybrid_layer_activations(
@@ -795,9 +796,10 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
                            recompute: str) -> tuple[float, float, float, float]:
     """Bytes one micro-batch of `tokens` per rank saves in a MoE and a dense layer (a hybrid's least of each) under
     `recompute`, then without (what full recompute rebuilds for one layer); `reads`: _activation_reads' switches."""
-    flash, qkv_fused, dropout, swiglu_unfused, moe, attn = reads
+    flash, qkv_fused, dropout, swiglu_unfused, moe, attn, act_saves = reads
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash, qkv_fused=qkv_fused,
-                    dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn)
+                    dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn,
+                    act=act_saves)
     shape = shape_of(job.model)
     if shape.kinds:  # a hybrid (M, G, *, -, E layers): arithmetic/mamba.least_kind_activations
         # the modules every searched plan recomputes (search/job.py refuses recompute_modules)

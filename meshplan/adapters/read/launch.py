@@ -585,6 +585,12 @@ def _typed_value(reading: Reading, s: Setting, typed: TypedKey, words: list[str]
     section = typed.form in ("section", "section_or_null", "bool_or_section")
     if s.value is None and typed.form in ("section_or_null", "bool_or_null"):
         return None
+    if typed.form == "truthy":  # no validation: Python's truth of the JSON value, as DeepSpeed tests it
+        if isinstance(s.value, str | list | dict):
+            reading.assumed.append(f"{s.where(reading.path)} = {json.dumps(s.value)}: read as {bool(s.value)}, as "
+                                   f"DeepSpeed reads it ({typed.by}): a non-empty string is true, \"false\" too; "
+                                   "write true or false")
+        return bool(s.value)
     try:
         if typed.form == "bool_or_section" and isinstance(s.value, bool):
             return s.value
