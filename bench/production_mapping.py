@@ -33,6 +33,7 @@ from production_sources import (
     compile_field,
     defer_field,
     dynamic_batch_fields,
+    fake_gate_field,
     framework_version_for,
     graph_fields,
     lora_for,
@@ -127,6 +128,7 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
         knobs.setdefault("torch_compile", "async TP (a torch.compile pass)")
     fields |= compile_field(row, framework, knobs)
     fields |= defer_field(row, framework)
+    fields |= fake_gate_field(row)
     if knobs.pop("tp_comm_overlap", None):  # a plan knob since issue 15 item 4; at tp 1 there is nothing to hide
         fields["tp_comm_overlap"] = (p["tp"] or 1) > 1 and tp_facts.switch is not None
         if (p["tp"] or 1) <= 1:

@@ -273,6 +273,16 @@ def defer_field(row: dict[str, Any], framework: str) -> dict[str, Any]:
     return {"defer_fsdp_grad_sync": found.group(1).lower() == "true"}
 
 
+FAKE_GATE = re.compile(r"fake_balanced_gate\s+(true|false)", re.IGNORECASE)
+
+
+def fake_gate_field(row: dict[str, Any]) -> dict[str, Any]:
+    """moe_fake_balanced_gate as the config a row cites sets it (its outcome notes name the setting: NeMo AutoModel's
+    model.backend.fake_balanced_gate); left out, learned routing."""
+    found = FAKE_GATE.search(row_text(row["outcome"]["other"]))
+    return {} if found is None else {"moe_fake_balanced_gate": found.group(1).lower() == "true"}
+
+
 def run_attention_kernel(row: dict[str, Any]) -> str | None:
     """The attention kernel the row's run used where its framework card would pick another, else None."""
     return attention_kernel_of_run(row_text(row["source"]["citation"]))

@@ -163,6 +163,40 @@ def dispatch_time(copy_bytes: float, copies: int, size: int, stride: int, lk: Li
     return max(intra / lk.nvlink_bw(k), inter / lk.inter_bw) + lk.inter_lat
 
 
+def consecutive_routing(experts: int, top_k: int, ep: int, domain_ranks: int) -> tuple[float, float]:
+    """(EP ranks, NVLink domains) one token's routed copies reach, averaged over tokens, where routing gives token t
+    the consecutive experts (t x top_k + j) mod experts, j < top_k: NeMo AutoModel's FakeBalancedGate at noise 0
+    (components/moe/layers.py, model.backend.fake_balanced_gate), its experts sharded contiguously over the `ep`
+    ranks (experts / ep each), `domain_ranks` EP ranks per NVLink domain. The pattern repeats every `experts`
+    tokens, so the mean over one period is exact."""
+    local = experts // ep
+    domain = local * min(domain_ranks, ep)
+    ranks = domains = 0
+    for t in range(experts):
+        picked = [(t * top_k + j) % experts for j in range(top_k)]
+        ranks += len({e // local for e in picked})
+        domains += len({e // domain for e in picked})
+    return ranks / experts, domains / experts
+
+
+def consecutive_dispatch_time(copy_bytes: float, ranks: float, domains: float, size: int, stride: int,
+                              lk: Links) -> float:
+    """One flex (DeepEP / HybridEP) dispatch (or combine) of consecutive routing (consecutive_routing's `ranks` and
+    `domains` per token): DeepEP sends a token once per destination rank (is_token_in_rank), once per destination
+    node over the network; a destination is the token's own rank (domain) with chance 1/size (1/domains of the
+    group), as the consecutive blocks cycle over every rank. Every off-rank delivery crosses NVLink once (directly,
+    or as the fan-out of a network arrival), the off-domain ones the network as well."""
+    if size <= 1 or copy_bytes <= 0:
+        return 0.0
+    k = per_domain(size, stride, lk.domain)
+    if k >= size:
+        return alltoall_time(copy_bytes * ranks, size, stride, lk)
+    group_domains = -(-size // k)
+    intra = copy_bytes * ranks * (size - 1) / size
+    inter = copy_bytes * domains * (group_domains - 1) / group_domains
+    return max(intra / lk.nvlink_bw(k), inter / lk.inter_bw) + lk.inter_lat
+
+
 def p2p_time(nbytes: float, cross: bool, lk: Links, inter_lat: float | None = None) -> float:
     if nbytes <= 0:
         return 0.0

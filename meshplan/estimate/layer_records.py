@@ -68,6 +68,7 @@ class LayerContext:
     attention_fraction: float = 0.5  # of BF16 peak, the job's attention kernel on its GPU (attention_efficiency)
     attention_kernel: str | None = None  # that kernel's name (None: the shared fused-kernel fraction)
     routed_load: float = 1.0  # routed tokens on the most loaded EP rank over the mean (memory.ep_rank_load)
+    consecutive_routing: bool = False  # Job.moe_fake_balanced_gate: consecutive experts (comm.consecutive_routing)
     gather_dispatch: bool = False  # the non-flex MoE dispatcher gathers the EP group's tokens (moe_time.gather_ep)
     ulysses: bool = False  # cp is Ulysses sequence parallelism on this engine (rules/context.runs_ulysses)
     mla_v_pad: bool = False  # MLA's V padded to the QK head width for flash attention (the convention's mla_v_pad)

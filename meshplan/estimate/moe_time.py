@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.arithmetic.comm import Links, allreduce_time, dispatch_time, ring_time
+from meshplan.arithmetic.comm import (
+    Links,
+    allreduce_time,
+    consecutive_dispatch_time,
+    consecutive_routing,
+    dispatch_time,
+    ring_time,
+)
 from meshplan.arithmetic.flops import Gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import fp8_recipe
-from meshplan.arithmetic.mesh import mesh_groups
+from meshplan.arithmetic.mesh import mesh_groups, per_domain
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
 from meshplan.schema.plan import Job, Plan
 
@@ -122,9 +129,14 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> flo
     if ctx.gather_dispatch and plan.moe_token_dispatcher != "flex":
         return gather_ep(local * width * BF16, ep.size, ep.stride, ctx.lk)
     sent = local * width * BF16 * ctx.routed_load
-    one = dispatch_time(sent, arch.moe.top_k, ep.size, ep.stride, ctx.lk,
-                        dedup=plan.moe_token_dispatcher == "flex", experts=arch.moe.num_experts,
-                        num_groups=arch.moe.num_groups, group_topk=arch.moe.group_topk)
+    if ctx.consecutive_routing and plan.moe_token_dispatcher == "flex":
+        ranks, domains = consecutive_routing(arch.moe.num_experts, arch.moe.top_k, ep.size,
+                                             per_domain(ep.size, ep.stride, ctx.lk.domain))
+        one = consecutive_dispatch_time(sent, ranks, domains, ep.size, ep.stride, ctx.lk)
+    else:
+        one = dispatch_time(sent, arch.moe.top_k, ep.size, ep.stride, ctx.lk,
+                            dedup=plan.moe_token_dispatcher == "flex", experts=arch.moe.num_experts,
+                            num_groups=arch.moe.num_groups, group_topk=arch.moe.group_topk)
     if plan.moe_a2a_overlap:
         return overlapped_a2a(one, fwd_compute, bwd_compute, ctx.a2a_steady_share)
     return EP_ALL_TO_ALLS_PER_LAYER * one

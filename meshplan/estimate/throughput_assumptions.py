@@ -257,7 +257,11 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
             "and each MoE layer forward "
             f"{syncs:.0f} host sync{'s' * (syncs != 1)} of {cal.moe_host_sync_s * 1e3:.2f} ms (the "
             "last two fitted on published MoE runs, bench/moe_fit.py); "
-            + ("flex dispatcher: a token crosses the network once per destination NVLink domain holding "
+            + ("flex dispatcher under fake_balanced_gate (NeMo AutoModel's FakeBalancedGate): token t's experts are "
+               "(t x top_k + j) mod num_experts, consecutive, and DeepEP sends it once to each EP rank (and over the "
+               "network once to each NVLink domain) holding them; "
+               if plan.moe_token_dispatcher == "flex" and job.moe_fake_balanced_gate else
+               "flex dispatcher: a token crosses the network once per destination NVLink domain holding "
                "one of its experts (DeepEP/HybridEP), then fans out over NVLink"
                + (f", its experts in at most topk_group = {moe.group_topk} of n_group = "
                   f"{moe.num_groups} expert groups (group-limited routing); "

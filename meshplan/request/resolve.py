@@ -195,6 +195,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         seq_length=req.seq_length, global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
         cpu_memory_per_node=None if req.cpu_memory_per_node is None else int(req.cpu_memory_per_node * (1 << 30)),
         framework_version=version, moe_routing_imbalance=_routing_imbalance(req, arch, notes),
+        moe_fake_balanced_gate=_fake_gate(req, arch),
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
         rl=rl.job if rl else None,
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
@@ -527,6 +528,14 @@ def _torch_compile(req: Request, card, notes: list[str]) -> bool:
     return _switch(req.torch_compile, card.compile is not None and card.compile.default,
                    f"torch_compile=true: {card.display_name}'s default (cards/frameworks/{req.framework}.yaml compile)",
                    notes)
+
+
+def _fake_gate(req: Request, arch) -> bool:
+    """moe_fake_balanced_gate as the job uses it: false when left out; on a dense model an error naming the field."""
+    if req.moe_fake_balanced_gate and not arch.is_moe:
+        raise MeshplanError(f"moe_fake_balanced_gate=true: {arch.name} is a dense model, it has no gate to fake.",
+                            fix="Leave moe_fake_balanced_gate unset for a dense model.")
+    return bool(req.moe_fake_balanced_gate)
 
 
 def _routing_imbalance(req: Request, arch, notes: list[str]) -> float:

@@ -194,6 +194,13 @@ class Request(StrictModel):
                     "and all-to-all, and it holds that many more routed activations (default 1.0, balanced, what "
                     "NVIDIA's benchmark recipes force with moe_router_force_load_balancing)",
     )
+    moe_fake_balanced_gate: bool | None = Field(
+        None,
+        description="NeMo AutoModel's benchmark gate (model.backend.fake_balanced_gate, FakeBalancedGate at noise 0): "
+                    "token t's top_k experts are (t x top_k + j) mod num_experts, consecutive, so the flex (DeepEP) "
+                    "dispatcher sends it to the one or two EP ranks holding them instead of one rank per routed copy "
+                    "(default false: learned routing)",
+    )
     attention_backend: AttentionBackend | None = Field(
         None, description="Attention implementation: flash (FlashAttention-2), fused (cuDNN / Transformer Engine "
                           "FusedAttention), unfused (the s x s scores materialised and kept for the backward, softmax "
