@@ -13,6 +13,10 @@ and one forward and backward of a few tokens is run: `runs` says whether it went
 adapted module PEFT cannot run, such as Llama 4's router under all-linear), `flops` what torch's FlopCounterMode
 counted in it ("experts_implementation": "eager" runs transformers' per-expert loop, whose matmuls it sees, where
 the default grouped_mm's it does not).
+
+With --serve it answers one ask per line of stdin (a RESULT or an ERROR line each) until stdin closes: the tests'
+process (tests/framework_packages.peft_lora_count) keeps one running, so torch, transformers and PEFT are imported
+once per test worker instead of once per ask.
 """
 
 import json
@@ -24,8 +28,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 
-def main() -> None:
-    ask = json.load(sys.stdin)
+def answer(ask: dict) -> dict:
+    """The count (and the forward's outcome) of one ask."""
     config = AutoConfig.for_model(**ask["config"])
     if ask.get("experts_implementation"):
         config._experts_implementation = ask["experts_implementation"]
@@ -54,7 +58,21 @@ def main() -> None:
             result.update(runs=True, error=None, flops=counted.get_total_flops())
         except Exception as error:  # the failure is the answer: which adapted module cannot run
             result.update(runs=False, error=f"{type(error).__name__}: {error}")
-    print("RESULT " + json.dumps(result))
+    return result
+
+
+def main() -> None:
+    if "--serve" not in sys.argv[1:]:
+        print("RESULT " + json.dumps(answer(json.load(sys.stdin))))
+        return
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            said = "RESULT " + json.dumps(answer(json.loads(line)))
+        except Exception as error:  # this ask's failure, said; the next ask is answered afresh
+            said = "ERROR " + json.dumps(f"{type(error).__name__}: {error}")
+        print(said, flush=True)
 
 
 if __name__ == "__main__":

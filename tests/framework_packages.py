@@ -19,10 +19,12 @@ its `.complete` marker written last. An entry without its marker is never handed
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -171,7 +173,53 @@ def peft_lora_count(ask: dict) -> dict:
     """bench/peft_lora_count_harness.py's answer for `ask` (a config.json, a rank, target/exclude modules), run in
     the PEFT venv: PEFT's and transformers' own count, the ground truth the LoRA tests hold meshplan to."""
 
+    server = _peft_server()
+    server.stdin.write(json.dumps(ask) + "\n")
+    server.stdin.flush()
+    while True:
+        ready, _, _ = select.select([server.stdout], [], [], 900)
+        line = server.stdout.readline() if ready else ""
+        if not line:  # ended, or silent for 900 s
+            server.kill()
+            _PEFT_SERVER.clear()
+            raise RuntimeError(f"the PEFT count harness stopped answering (ask {json.dumps(ask)[:300]}):\n"
+                               f"{_stderr(server)}")
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+        if line.startswith("ERROR "):
+            raise RuntimeError(f"the PEFT count harness failed on {json.dumps(ask)[:300]}: {json.loads(line[6:])}")
+
+
+_PEFT_SERVER: dict[str, subprocess.Popen] = {}  # this process's harness, started at its first ask
+
+
+def _peft_server() -> subprocess.Popen:
+    """bench/peft_lora_count_harness.py --serve in the PEFT venv, one per test process (pytest-xdist worker), closed
+    when the process exits: torch, transformers and PEFT imported once, not once per ask."""
+    server = _PEFT_SERVER.get("server")
+    if server is not None and server.poll() is None:
+        return server
     python = venv_python("peft", PEFT_VENV, python_version="3.11")
     harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
-    out = _run([str(python), str(harness)], timeout=900, input=json.dumps(ask)).stdout
-    return json.loads(out.split("RESULT ", 1)[1])
+    log = tempfile.TemporaryFile(mode="w+")
+    server = subprocess.Popen([str(python), str(harness), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=log, text=True)
+    server.log = log  # type: ignore[attr-defined]
+    _PEFT_SERVER["server"] = server
+    atexit.register(_close, server)
+    return server
+
+
+def _stderr(server: subprocess.Popen) -> str:
+    log = server.log  # type: ignore[attr-defined]
+    log.seek(0)
+    return log.read()[-4000:]
+
+
+def _close(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        server.stdin.close()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
