@@ -14,15 +14,12 @@ adapted module PEFT cannot run, such as Llama 4's router under all-linear), `flo
 counted in it ("experts_implementation": "eager" runs transformers' per-expert loop, whose matmuls it sees, where
 the default grouped_mm's it does not).
 
-With --serve it answers one ask per line of stdin (a RESULT or an ERROR line each) until stdin closes: the tests'
-process (tests/framework_packages.peft_lora_count) keeps one running, so torch, transformers and PEFT are imported
-once per test worker instead of once per ask.
+With --serve, one ask per line (bench/harness_serve.py).
 """
 
-import json
-import sys
 
 import torch
+from harness_serve import serve
 from peft import LoraConfig, get_peft_model
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
@@ -61,19 +58,5 @@ def answer(ask: dict) -> dict:
     return result
 
 
-def main() -> None:
-    if "--serve" not in sys.argv[1:]:
-        print("RESULT " + json.dumps(answer(json.load(sys.stdin))))
-        return
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            said = "RESULT " + json.dumps(answer(json.loads(line)))
-        except Exception as error:  # this ask's failure, said; the next ask is answered afresh
-            said = "ERROR " + json.dumps(f"{type(error).__name__}: {error}")
-        print(said, flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    serve(answer)

@@ -172,8 +172,14 @@ def venv_python(name: str, requirements: list[str], python_version: str = "3.12"
 def peft_lora_count(ask: dict) -> dict:
     """bench/peft_lora_count_harness.py's answer for `ask` (a config.json, a rank, target/exclude modules), run in
     the PEFT venv: PEFT's and transformers' own count, the ground truth the LoRA tests hold meshplan to."""
+    return harness_answer("peft_lora_count_harness.py", ask)
 
-    server = _peft_server()
+
+def harness_answer(harness: str, ask: dict) -> dict:
+    """A bench/ harness's answer for `ask`, from its server in the PEFT venv (bench/harness_serve.py --serve): one per
+    harness and test process (pytest-xdist worker), started at its first ask and closed when the process exits, so
+    torch, transformers and PEFT are imported once, not once per ask."""
+    server = _server(harness)
     server.stdin.write(json.dumps(ask) + "\n")
     server.stdin.flush()
     while True:
@@ -181,31 +187,28 @@ def peft_lora_count(ask: dict) -> dict:
         line = server.stdout.readline() if ready else ""
         if not line:  # ended, or silent for 900 s
             server.kill()
-            _PEFT_SERVER.clear()
-            raise RuntimeError(f"the PEFT count harness stopped answering (ask {json.dumps(ask)[:300]}):\n"
-                               f"{_stderr(server)}")
+            _SERVERS.pop(harness, None)
+            raise RuntimeError(f"bench/{harness} stopped answering (ask {json.dumps(ask)[:300]}):\n{_stderr(server)}")
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
         if line.startswith("ERROR "):
-            raise RuntimeError(f"the PEFT count harness failed on {json.dumps(ask)[:300]}: {json.loads(line[6:])}")
+            raise RuntimeError(f"bench/{harness} failed on {json.dumps(ask)[:300]}: {json.loads(line[6:])}")
 
 
-_PEFT_SERVER: dict[str, subprocess.Popen] = {}  # this process's harness, started at its first ask
+_SERVERS: dict[str, subprocess.Popen] = {}  # this process's harness servers, by harness
 
 
-def _peft_server() -> subprocess.Popen:
-    """bench/peft_lora_count_harness.py --serve in the PEFT venv, one per test process (pytest-xdist worker), closed
-    when the process exits: torch, transformers and PEFT imported once, not once per ask."""
-    server = _PEFT_SERVER.get("server")
+def _server(harness: str) -> subprocess.Popen:
+    server = _SERVERS.get(harness)
     if server is not None and server.poll() is None:
         return server
     python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
+    path = Path(__file__).resolve().parents[1] / "bench" / harness
     log = tempfile.TemporaryFile(mode="w+")
-    server = subprocess.Popen([str(python), str(harness), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    server = subprocess.Popen([str(python), str(path), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=log, text=True)
     server.log = log  # type: ignore[attr-defined]
-    _PEFT_SERVER["server"] = server
+    _SERVERS[harness] = server
     atexit.register(_close, server)
     return server
 
