@@ -13,19 +13,20 @@ and one forward and backward of a few tokens is run: `runs` says whether it went
 adapted module PEFT cannot run, such as Llama 4's router under all-linear), `flops` what torch's FlopCounterMode
 counted in it ("experts_implementation": "eager" runs transformers' per-expert loop, whose matmuls it sees, where
 the default grouped_mm's it does not).
+
+With --serve, one ask per line (bench/harness_serve.py).
 """
 
-import json
-import sys
 
 import torch
+from harness_serve import serve
 from peft import LoraConfig, get_peft_model
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 
-def main() -> None:
-    ask = json.load(sys.stdin)
+def answer(ask: dict) -> dict:
+    """The count (and the forward's outcome) of one ask."""
     config = AutoConfig.for_model(**ask["config"])
     if ask.get("experts_implementation"):
         config._experts_implementation = ask["experts_implementation"]
@@ -54,8 +55,8 @@ def main() -> None:
             result.update(runs=True, error=None, flops=counted.get_total_flops())
         except Exception as error:  # the failure is the answer: which adapted module cannot run
             result.update(runs=False, error=f"{type(error).__name__}: {error}")
-    print("RESULT " + json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":
-    main()
+    serve(answer)

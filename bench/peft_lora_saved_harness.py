@@ -6,7 +6,8 @@ enter the count at the second layer, not the first.
 
 Runs inside the PEFT venv of tests/framework_packages.py (torch 2.13.0, transformers 5.9.0, peft 0.18.1); meshplan
 never imports it, and it never imports meshplan. Reads {"config": {...}, "tokens": t, "rank": r, "targets": [...]}
-as JSON on stdin ("targets" optional, default "all-linear") and prints
+as JSON on stdin ("targets" optional, default "all-linear"; --serve: one ask per line, bench/harness_serve.py)
+and prints
 `RESULT {"full": [two layers, three layers], "lora": [...]}`: the bytes of the distinct storages autograd saves in one
 forward (torch.autograd.graph.saved_tensors_hooks), parameters and buffers left out. The model is bf16 and the
 adapters are cast to bf16 after get_peft_model, as verl's and SkyRL's FSDP engines run them (FSDP2's MixedPrecision
@@ -16,10 +17,8 @@ output is a new tensor (transpose + reshape) that only o_proj reads, as it is un
 flash_attention_2 (verl's default) o_proj reads flash's own saved output.
 """
 
-import json
-import sys
-
 import torch
+from harness_serve import serve
 from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -40,8 +39,8 @@ def saved_bytes(model: torch.nn.Module, tokens: int) -> int:
     return sum(n for ptr, n in storages.items() if ptr not in owned)
 
 
-def main() -> None:
-    ask = json.load(sys.stdin)
+def answer(ask: dict) -> dict:
+    """The saved bytes of one ask, full training and LoRA, two layers and three."""
     torch.manual_seed(0)
     result: dict[str, list[int]] = {"full": [], "lora": []}
     for layers in (2, 3):
@@ -51,8 +50,8 @@ def main() -> None:
         targets = ask.get("targets", "all-linear")
         lora = get_peft_model(model, LoraConfig(r=ask["rank"], target_modules=targets)).to(torch.bfloat16)
         result["lora"].append(saved_bytes(lora, ask["tokens"]))
-    print("RESULT " + json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":
-    main()
+    serve(answer)

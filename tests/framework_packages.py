@@ -19,10 +19,12 @@ its `.complete` marker written last. An entry without its marker is never handed
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -170,8 +172,57 @@ def venv_python(name: str, requirements: list[str], python_version: str = "3.12"
 def peft_lora_count(ask: dict) -> dict:
     """bench/peft_lora_count_harness.py's answer for `ask` (a config.json, a rank, target/exclude modules), run in
     the PEFT venv: PEFT's and transformers' own count, the ground truth the LoRA tests hold meshplan to."""
+    return harness_answer("peft_lora_count_harness.py", ask)
 
+
+def harness_answer(harness: str, ask: dict) -> dict:
+    """A bench/ harness's answer for `ask`, from its server in the PEFT venv (bench/harness_serve.py --serve): one per
+    harness and test process (pytest-xdist worker), started at its first ask and closed when the process exits, so
+    torch, transformers and PEFT are imported once, not once per ask."""
+    server = _server(harness)
+    server.stdin.write(json.dumps(ask) + "\n")
+    server.stdin.flush()
+    while True:
+        ready, _, _ = select.select([server.stdout], [], [], 900)
+        line = server.stdout.readline() if ready else ""
+        if not line:  # ended, or silent for 900 s
+            server.kill()
+            _SERVERS.pop(harness, None)
+            raise RuntimeError(f"bench/{harness} stopped answering (ask {json.dumps(ask)[:300]}):\n{_stderr(server)}")
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+        if line.startswith("ERROR "):
+            raise RuntimeError(f"bench/{harness} failed on {json.dumps(ask)[:300]}: {json.loads(line[6:])}")
+
+
+_SERVERS: dict[str, subprocess.Popen] = {}  # this process's harness servers, by harness
+
+
+def _server(harness: str) -> subprocess.Popen:
+    server = _SERVERS.get(harness)
+    if server is not None and server.poll() is None:
+        return server
     python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
-    out = _run([str(python), str(harness)], timeout=900, input=json.dumps(ask)).stdout
-    return json.loads(out.split("RESULT ", 1)[1])
+    path = Path(__file__).resolve().parents[1] / "bench" / harness
+    log = tempfile.TemporaryFile(mode="w+")
+    server = subprocess.Popen([str(python), str(path), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=log, text=True)
+    server.log = log  # type: ignore[attr-defined]
+    _SERVERS[harness] = server
+    atexit.register(_close, server)
+    return server
+
+
+def _stderr(server: subprocess.Popen) -> str:
+    log = server.log  # type: ignore[attr-defined]
+    log.seek(0)
+    return log.read()[-4000:]
+
+
+def _close(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        server.stdin.close()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()

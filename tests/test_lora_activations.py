@@ -3,12 +3,8 @@ Megatron-Bridge's ParallelLinearAdapter and Hugging Face PEFT's lora.Linear, and
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
 import pytest
-from framework_packages import PEFT_VENV, venv_python
+from framework_packages import harness_answer
 
 from meshplan.arithmetic.activations import Layout, frozen_linear_bytes, routed_rows, shape_of
 from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, lora_engine
@@ -105,11 +101,7 @@ def test_peft_frozen_norms_keep_less_than_the_adapters_add():
 def peft_saved_per_layer(ask: dict) -> int:
     """One decoder layer's saved bytes under PEFT's LoRA less in full training, as bench/peft_lora_saved_harness.py
     counts them (three layers less two) in the PEFT venv for the config, tokens, rank and targets asked."""
-    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_saved_harness.py"
-    python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    out = subprocess.run([str(python), str(harness)], input=json.dumps(ask), capture_output=True, text=True,
-                         timeout=900, check=True).stdout
-    got = json.loads(out.split("RESULT ", 1)[1])
+    got = harness_answer("peft_lora_saved_harness.py", ask)
     return (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
 
 

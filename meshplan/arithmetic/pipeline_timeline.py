@@ -280,7 +280,9 @@ def _program(shape: Shape) -> _Program:
     return _action_program(shape)
 
 
-@lru_cache(maxsize=64)  # about 13 bytes an op: 0.3 MB for the largest shapes the search replays (23 k ops)
+# about 13 bytes an op: 0.3 MB for the largest shapes the search replays (23 k ops), a few kB for most. 256: the
+# 124-129 distinct shapes one exhaustive request of 16 GPUs replays (64 rebuilt each about three times, ~25 ms each)
+@lru_cache(maxsize=256)
 def _action_program(shape: Shape) -> _Program:
     """_program of the orders that split or fuse ops: visiting the ranks in turn, each as far as its inputs allow
     (each op's position fixed by the order alone, not by its seconds)."""

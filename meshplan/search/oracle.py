@@ -1,4 +1,5 @@
-"""The exhaustive oracle: every plan of the space estimated by brute force, no bounds, no caches, no pruning. The
+"""The exhaustive oracle: every plan of the space estimated by brute force, no bounds, no caches, no pruning (a plan's
+fit is asked of memory.memory_fit, estimate_memory's own verdict stopping at the first stage over, test_memory_fit). The
 best-first search must return the same top K (tests/test_search.py); it is slow, so only small jobs call it."""
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
     budget = memory_budget(job, headroom_for(req))
     host = job.cpu_memory_per_node
     rows: dict[tuple[float, int], OracleRow] = {}
+    fit = engine.memory_fit
     zeros = request_zeros(job.card, fixed)  # every stage the request leaves open, not the search's ladder
     for lay in layouts:
         for mbs in micro_batches(job, lay, fixed):
@@ -53,6 +55,8 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
                     plan = space.plan(lay, zero, recompute, mbs)
                     if not engine.check(job, plan).ok:
                         continue
+                    if fit is not None and not fit(job, plan, budget, host).complete:
+                        continue  # memory_fit: estimate_memory's verdict, stopping at the first stage over
                     memory = engine.memory(job, plan)
                     peak = memory.peak_bytes
                     if memory.fit_bytes > budget:  # what decides the fit (memory.fit_figure), as the search
