@@ -179,6 +179,11 @@ def consecutive_routing(experts: int, top_k: int, ep: int, domain_ranks: int) ->
     return ranks / experts, domains / experts
 
 
+def consecutive_spread(experts: int, top_k: int, size: int, stride: int, lk: Links) -> tuple[float, float]:
+    """consecutive_routing over an EP group of `size` ranks at `stride`, its NVLink domains as the links place them."""
+    return consecutive_routing(experts, top_k, size, per_domain(size, stride, lk.domain))
+
+
 def consecutive_dispatch_time(copy_bytes: float, ranks: float, domains: float, size: int, stride: int,
                               lk: Links) -> float:
     """One flex (DeepEP / HybridEP) dispatch (or combine) of consecutive routing (consecutive_routing's `ranks` and

@@ -9,14 +9,14 @@ from meshplan.arithmetic.comm import (
     Links,
     allreduce_time,
     consecutive_dispatch_time,
-    consecutive_routing,
+    consecutive_spread,
     dispatch_time,
     ring_time,
 )
 from meshplan.arithmetic.flops import Gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import fp8_recipe
-from meshplan.arithmetic.mesh import mesh_groups, per_domain
+from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
 from meshplan.schema.plan import Job, Plan
 
@@ -130,8 +130,7 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> flo
         return gather_ep(local * width * BF16, ep.size, ep.stride, ctx.lk)
     sent = local * width * BF16 * ctx.routed_load
     if ctx.consecutive_routing and plan.moe_token_dispatcher == "flex":
-        ranks, domains = consecutive_routing(arch.moe.num_experts, arch.moe.top_k, ep.size,
-                                             per_domain(ep.size, ep.stride, ctx.lk.domain))
+        ranks, domains = consecutive_spread(arch.moe.num_experts, arch.moe.top_k, ep.size, ep.stride, ctx.lk)
         one = consecutive_dispatch_time(sent, ranks, domains, ep.size, ep.stride, ctx.lk)
     else:
         one = dispatch_time(sent, arch.moe.top_k, ep.size, ep.stride, ctx.lk,
