@@ -163,6 +163,7 @@ def dispatch_time(copy_bytes: float, copies: int, size: int, stride: int, lk: Li
     return max(intra / lk.nvlink_bw(k), inter / lk.inter_bw) + lk.inter_lat
 
 
+@lru_cache(maxsize=256)  # small ints; asked per MoE layer of every estimate of a job that sets the fake gate
 def consecutive_routing(experts: int, top_k: int, ep: int, domain_ranks: int) -> tuple[float, float]:
     """(EP ranks, NVLink domains) one token's routed copies reach, averaged over tokens, where routing gives token t
     the consecutive experts (t x top_k + j) mod experts, j < top_k: NeMo AutoModel's FakeBalancedGate at noise 0
