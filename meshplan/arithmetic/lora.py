@@ -9,6 +9,7 @@ keyed by engine; this module reads them and does the arithmetic that memory.py a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple, get_args
 
 from pydantic import BaseModel, Field
@@ -19,6 +20,7 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import StateTensor
 from meshplan.arithmetic.param_wrapper import param_wrapper_flops, wrapped
 from meshplan.core.errors import MeshplanError
+from meshplan.core.identity_memo import IdentityMemo
 from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.model_counts import mtp_weight_blocks
@@ -288,7 +290,18 @@ def other_linears(arch: Architecture, index: int) -> list[Adapted]:
     return out
 
 
-def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraEngine | None) -> list[Adapted]:
+_ADAPTERS: IdentityMemo[tuple[Adapted, ...]] = IdentityMemo()
+_CLASSES: IdentityMemo[tuple[tuple[int, int], ...]] = IdentityMemo()
+
+
+def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraEngine | None) -> tuple[Adapted, ...]:
+    """_layer_adapters once per architecture, spec, engine and layer class (layer_classes): the memory and time of a
+    LoRA job's every stage read them."""
+    return _ADAPTERS.get((arch, spec, engine), (arch.layer_kind(index), arch.is_moe_layer(index)),
+                         lambda: tuple(_layer_adapters(arch, index, spec, engine)))
+
+
+def _layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraEngine | None) -> list[Adapted]:
     """The adapted linears of decoder layer `index` on `engine` (None: Megatron-Bridge's layout). Megatron-Core's
     linear_qkv is h -> (heads + 2 kv heads) x head_dim, linear_proj heads x head_dim (MLA: x v_head_dim) -> h,
     linear_fc1 h -> (2 if gated) x ffn and linear_fc2 ffn -> h, for the dense MLP, the shared experts and (as expert
@@ -362,7 +375,7 @@ def mtp_adapters(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None) 
         block = [a for kind in arch.mtp_layer_pattern
                  for a in layer_adapters(arch, arch.layer_pattern.index(kind), spec, engine)]
         return block * mtp_weight_blocks(arch)
-    return layer_adapters(arch, arch.num_layers - 1, spec, engine) * mtp_weight_blocks(arch)
+    return list(layer_adapters(arch, arch.num_layers - 1, spec, engine)) * mtp_weight_blocks(arch)
 
 
 def vision_adapters(arch: Architecture, spec: LoraSpec) -> list[Adapted]:
@@ -386,6 +399,25 @@ def vision_adapters(arch: Architecture, spec: LoraSpec) -> list[Adapted]:
     return out * v.num_layers
 
 
+def layer_classes(arch: Architecture, layers: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """(first index, how many) of each class of `layers` that layer_adapters tells apart: it reads a layer's index only
+    through its kind and whether it is an MoE layer, so a stage's or the model's adapters are each class's times its
+    count (the search asks this for thousands of stages)."""
+    layers = tuple(layers)
+    return _CLASSES.get((arch,), layers, lambda: _layer_classes(arch, layers))
+
+
+def _layer_classes(arch: Architecture, layers: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    classes: dict[tuple[str, bool], list[int]] = {}
+    for i in layers:
+        key = (arch.layer_kind(i), arch.is_moe_layer(i))
+        if key in classes:
+            classes[key][1] += 1
+        else:
+            classes[key] = [i, 1]
+    return tuple((first, count) for first, count in classes.values())
+
+
 def adapter_params(arch: Architecture, layers: list[int], spec: LoraSpec, engine: LoraEngine | None, *, tp: int,
                    ep: int, etp: int, mtp: bool = False) -> tuple[float, float]:
     """(dense, expert) adapter parameters one rank of a stage holding `layers` (and, with `mtp`, the model's MTP
@@ -399,30 +431,26 @@ def adapter_params(arch: Architecture, layers: list[int], spec: LoraSpec, engine
     ParamWrappers on the experts' 3D weights (LoraSpec.target_parameters, arithmetic/param_wrapper.py) are one adapter
     per expert, counted with the expert parameters."""
     shared = engine is None or engine.experts == "shared"
-    # layer_adapters reads its layer's index only through its kind and whether it is an MoE layer: one call per pair
-    # (the search asks this for thousands of stages; the list, its order and every figure are the same)
-    by_kind: dict[tuple[str, bool], list[Adapted]] = {}
-    adapted: list[Adapted] = []
-    for i in layers:
-        key = (arch.layer_kind(i), arch.is_moe_layer(i))
-        if key not in by_kind:
-            by_kind[key] = layer_adapters(arch, i, spec, engine)
-        adapted += by_kind[key]
-    if mtp:
-        adapted += mtp_adapters(arch, spec, engine)
     dense = expert = 0.0
     if spec.target_parameters:  # PEFT's ParamWrappers: one adapter per expert, the local experts' over etp
         assert arch.moe is not None
         expert += sum(w.params(spec.rank, arch.moe.num_experts) for i in layers
                       for w in wrapped(arch, i, spec.target_parameters)) / ep / etp
-    for a in adapted:
-        if not a.expert:
-            dense += a.params(spec.rank) / tp
-        elif shared:
-            expert += a.params(spec.rank) / etp
-        else:
-            assert arch.moe is not None
-            expert += arch.moe.num_experts / ep * a.params(spec.rank) / etp
+    groups = [(count, layer_adapters(arch, first, spec, engine)) for first, count in layer_classes(arch, layers)]
+    if mtp:
+        groups.append((1, mtp_adapters(arch, spec, engine)))
+    for count, adapted in groups:
+        kind_dense = kind_expert = 0.0
+        for a in adapted:
+            if not a.expert:
+                kind_dense += a.params(spec.rank) / tp
+            elif shared:
+                kind_expert += a.params(spec.rank) / etp
+            else:
+                assert arch.moe is not None
+                kind_expert += arch.moe.num_experts / ep * a.params(spec.rank) / etp
+        dense += count * kind_dense
+        expert += count * kind_expert
     return dense, expert
 
 
@@ -495,10 +523,12 @@ def adapter_flops_per_token(arch: Architecture, spec: LoraSpec, engine: LoraEngi
     adapts them (mtp_adapters), as model_flops_per_token counts the MTP blocks' own linears; and PEFT's ParamWrappers'
     (LoraSpec.target_parameters): the wrapped experts' weight gradients per routed token (their delta's einsum runs
     per micro-batch, not per token: param_wrapper_flops, which the step's report adds)."""
-    adapted = [a for i in range(arch.num_layers) for a in layer_adapters(arch, i, spec, engine)]
-    adapted += mtp_adapters(arch, spec, engine)
+    groups = [(count, layer_adapters(arch, first, spec, engine))
+              for first, count in layer_classes(arch, range(arch.num_layers))]
+    groups.append((1, mtp_adapters(arch, spec, engine)))
     wrapper_per_token = param_wrapper_flops(arch, spec.rank, tuple(spec.target_parameters))[0]
-    return (6.0 * sum(a.params(spec.rank) * (arch.moe.top_k if a.expert and arch.moe else 1) for a in adapted)
+    return (6.0 * sum(count * a.params(spec.rank) * (arch.moe.top_k if a.expert and arch.moe else 1)
+                      for count, adapted in groups for a in adapted)
             + wrapper_per_token)
 
 

@@ -297,7 +297,7 @@ class Architecture(StrictModel):
         return self.moe is not None
 
     def is_moe_layer(self, index: int) -> bool:
-        return self.moe is not None and index in set(self.moe.moe_layers)
+        return self.moe is not None and index in self.moe.moe_layers  # a list scan: no set built per ask
 
     @property
     def indexer_query_input(self) -> int:
