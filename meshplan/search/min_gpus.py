@@ -97,7 +97,8 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     def ranks(trainer_gpus: int, _: Job) -> bool:
         world = total(trainer_gpus)
         try:
-            answers[world] = rec = recommend_rl(req.model_copy(update={"num_gpus": world}), top_k=1)
+            answers[world] = rec = recommend_rl(req.model_copy(update={"num_gpus": world}), top_k=1,
+                                                rows_only=True)  # the rows it ranks there; its other parts unread
         except HostRefused:  # the host holds what the framework offloads only on more nodes: none at this count
             return False
         return bool(rec.candidates)

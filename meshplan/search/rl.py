@@ -207,15 +207,18 @@ def rl_plan_words(plan: Plan, moe: bool) -> str:
             f"{ep_words(moe, plan)} at memory fraction {plan.rollout_memory_fraction:g}; offload {offload_words(plan)}")
 
 
-def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
+def recommend_rl(req: Request, top_k: int = 5, *, rows_only: bool = False) -> Recommendation:
     """The fastest RL steps that fit: actor layout, rollout TP/DP/EP, memory fraction and offloads. The actor
     layouts are the training search's best ACTOR_LAYOUTS; when no RL step fits on any of them, the next ones
-    (ACTOR_WIDENING times as many, up to MAX_ACTOR_LAYOUTS), so an RL step that fits on a slower actor is found."""
+    (ACTOR_WIDENING times as many, up to MAX_ACTOR_LAYOUTS), so an RL step that fits on a slower actor is found.
+    `rows_only`: for a caller that reads only the ranked rows (minimum_gpus' RL scan): the same rows, and where no
+    actor layout fits, not the training search's nothing-fits answer (recommend's explain_impossible), which ranks
+    nothing."""
     with shared_layers():  # the actor searches and the RL steps share each layer's time (layer_records)
-        return _recommend_rl(req, top_k)
+        return _recommend_rl(req, top_k, rows_only)
 
 
-def _recommend_rl(req: Request, top_k: int) -> Recommendation:
+def _recommend_rl(req: Request, top_k: int, rows_only: bool = False) -> Recommendation:
     training = _training(req)
     job, base = resolve(req)
     job = job.model_copy(update={"notes": held_notes(job.notes)})  # the answer's assumptions
@@ -236,8 +239,8 @@ def _recommend_rl(req: Request, top_k: int) -> Recommendation:
         if out.ranked or seen < count or count >= MAX_ACTOR_LAYOUTS:
             break
         count *= ACTOR_WIDENING
-    if not actors.candidates:  # why no actor layout: the training search's whole answer (its nothing-fits reasons)
-        actors = recommend(training, top_k=count, engine=engine)
+    if not actors.candidates and not rows_only:  # why no actor layout: the training search's whole answer
+        actors = recommend(training, top_k=count, engine=engine)  # (its nothing-fits reasons)
     out.ranked.sort(key=lambda x: x[0])
     candidates = [c.model_copy(update={"rank": i + 1}) for i, (_, c) in enumerate(out.ranked[:top_k])]
     return _answer(job, req, actors, candidates, out, headroom)
