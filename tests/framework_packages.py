@@ -33,6 +33,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 PINS = {
     "megatron-core": "0.19.2",
@@ -179,7 +180,14 @@ def harness_answer(harness: str, ask: dict) -> dict:
     """A bench/ harness's answer for `ask`, from its server in the PEFT venv (bench/harness_serve.py --serve): one per
     harness and test process (pytest-xdist worker), started at its first ask and closed when the process exits, so
     torch, transformers and PEFT are imported once, not once per ask."""
-    server = _server(harness)
+    return served_answer(Path(__file__).resolve().parents[1] / "bench" / harness, ask,
+                         lambda: venv_python("peft", PEFT_VENV, python_version="3.11"))
+
+
+def served_answer(script: Path, ask: Any, python: Callable[[], Path], cwd: str | None = None) -> Any:
+    """`script`'s answer for `ask` from its server (bench/harness_serve.py --serve) in the venv `python()` builds: one
+    server per script and test process, started at its first ask (in `cwd`), closed when the process exits."""
+    server = _server(script, python, cwd)
     server.stdin.write(json.dumps(ask) + "\n")
     server.stdin.flush()
     while True:
@@ -187,28 +195,26 @@ def harness_answer(harness: str, ask: dict) -> dict:
         line = server.stdout.readline() if ready else ""
         if not line:  # ended, or silent for 900 s
             server.kill()
-            _SERVERS.pop(harness, None)
-            raise RuntimeError(f"bench/{harness} stopped answering (ask {json.dumps(ask)[:300]}):\n{_stderr(server)}")
+            _SERVERS.pop(script, None)
+            raise RuntimeError(f"{script.name} stopped answering (ask {json.dumps(ask)[:300]}):\n{_stderr(server)}")
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
         if line.startswith("ERROR "):
-            raise RuntimeError(f"bench/{harness} failed on {json.dumps(ask)[:300]}: {json.loads(line[6:])}")
+            raise RuntimeError(f"{script.name} failed on {json.dumps(ask)[:300]}: {json.loads(line[6:])}")
 
 
-_SERVERS: dict[str, subprocess.Popen] = {}  # this process's harness servers, by harness
+_SERVERS: dict[Path, subprocess.Popen] = {}  # this process's harness and probe servers, by script
 
 
-def _server(harness: str) -> subprocess.Popen:
-    server = _SERVERS.get(harness)
+def _server(script: Path, python: Callable[[], Path], cwd: str | None) -> subprocess.Popen:
+    server = _SERVERS.get(script)
     if server is not None and server.poll() is None:
         return server
-    python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    path = Path(__file__).resolve().parents[1] / "bench" / harness
     log = tempfile.TemporaryFile(mode="w+")
-    server = subprocess.Popen([str(python), str(path), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=log, text=True)
+    server = subprocess.Popen([str(python()), str(script), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=log, text=True, cwd=cwd)
     server.log = log  # type: ignore[attr-defined]
-    _SERVERS[harness] = server
+    _SERVERS[script] = server
     atexit.register(_close, server)
     return server
 

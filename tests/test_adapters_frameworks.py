@@ -23,7 +23,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from framework_packages import AUTOMODEL_VENV, TORCHTITAN_VENV, venv_python, wheel_tree
+from framework_packages import AUTOMODEL_VENV, TORCHTITAN_VENV, served_answer, venv_python, wheel_tree
 from framework_source import SourceTree, megatron_flags
 from test_adapters import CASES, GOLDEN_CASES, golden_job_plan
 
@@ -489,14 +489,12 @@ def _automodel_cases():
 
 
 def automodel_verdicts(cases: list[dict]) -> list[dict]:
-    """AutoModel's own code over each rendered YAML (tests/framework_probes/automodel_probe.py in its venv)."""
-    python = venv_python("nemo-automodel", AUTOMODEL_VENV, python_version="3.11")
+    """AutoModel's own code over each rendered YAML (tests/framework_probes/automodel_probe.py in its venv), from
+    the probe's server (framework_packages.served_answer): torch and AutoModel, about 14 s of CPU, are imported once
+    per test process, not once for each of the three tests that ask."""
     probe = Path(__file__).parent / "framework_probes" / "automodel_probe.py"
-    proc = subprocess.run([str(python), str(probe)], input=json.dumps(cases), capture_output=True, text=True,
-                          timeout=900, cwd=tempfile.gettempdir())
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line, proc.stderr[-4000:]
-    return json.loads(line[len("RESULT "):])
+    return served_answer(probe, cases, lambda: venv_python("nemo-automodel", AUTOMODEL_VENV, python_version="3.11"),
+                         cwd=tempfile.gettempdir())
 
 
 def test_automodel_loads_the_rendered_yaml_with_its_own_code():

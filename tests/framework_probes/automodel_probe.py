@@ -1,7 +1,8 @@
 """Runs inside the NeMo AutoModel venv (tests/framework_packages.py AUTOMODEL_VENV): each rendered recipe YAML loaded
 with AutoModel's own code, and what that code makes of it.
 
-Reads a JSON list of {"id", "yaml", "num_gpus", "num_layers"} on stdin; prints one line "RESULT <json list>". Per case:
+Reads a JSON list of {"id", "yaml", "num_gpus", "num_layers"} on stdin; prints one line "RESULT <json list>" (with
+--serve, one such list per line of stdin, one RESULT line each: bench/harness_serve.py). Per case:
 load_yaml_config (its loader, which imports every `_target_`), recipes/_dist_utils.parse_distributed_section (the
 strategy dataclass, PipelineConfig, MoEParallelizerConfig), mesh_utils._create_device_meshes over num_gpus ranks (the
 DeviceMesh constructor replaced by a recorder that asserts what torch's init_device_mesh asserts: the mesh covers the
@@ -17,6 +18,7 @@ import math
 import sys
 import tempfile
 import warnings
+from pathlib import Path
 
 warnings.filterwarnings("ignore")
 
@@ -28,6 +30,9 @@ from nemo_automodel.components.training.step_scheduler import StepScheduler  # n
 from nemo_automodel.components.utils.compile_utils import CompileConfig  # noqa: E402
 from nemo_automodel.recipes._dist_utils import parse_distributed_section  # noqa: E402
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from harness_serve import serve  # noqa: E402  (one ask, or with --serve one per line: the tests keep one server)
 
 WORLD: dict[str, int] = {}
 
@@ -101,15 +106,15 @@ def probe(case: dict) -> dict:
     return out
 
 
-def main() -> None:
+def verdicts(cases: list[dict]) -> list[dict]:
     results = []
-    for case in json.loads(sys.stdin.read()):
+    for case in cases:
         try:
             results.append({"id": case["id"], **probe(case)})
         except Exception as exc:  # the framework's verdict: rejected, with its own words
             results.append({"id": case["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}"})
-    print("RESULT " + json.dumps(results, default=str))
+    return json.loads(json.dumps(results, default=str))
 
 
 if __name__ == "__main__":
-    main()
+    serve(verdicts)
