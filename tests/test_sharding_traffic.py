@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from meshplan.estimate.perf import estimate_throughput
-from meshplan.estimate.sharding_traffic import ShardUnit, exposed_sharding, sharding_schedule
+from meshplan.estimate.sharding_traffic import (
+    ShardingSchedule,
+    ShardUnit,
+    exposed_by_schedule,
+    exposed_sharding,
+    sharding_schedule,
+)
 from meshplan.knowledge.calibration import calibration
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
@@ -34,6 +40,23 @@ def test_backward_hides_next_gather_and_previous_reduce_scatter_on_the_same_link
     assert exposed_sharding(layers, True, True, True) == pytest.approx(10.0)
     # reduce-scatters only (ZeRO-2, or a deferred FSDP sync): 3 at the end, windows hide 3 - 4 -> 0
     assert exposed_sharding(layers, False, False, True) == pytest.approx(3.0)
+
+
+def test_a_deferred_reduce_scatter_shares_the_last_backward_with_its_gathers():
+    """FSDP2 holding its gradients to the last micro-batch (KempnerForge's set_requires_gradient_sync): that
+    backward still all-gathers each unit again, on the same data-parallel process group (one NCCL stream) as the
+    reduce-scatters, so the step's reduce costs what the gathers and reduce-scatters leave exposed together less
+    what the gathers alone leave, not the reduce-scatters over idle links."""
+    layers = [ShardUnit(count=3, gather=2.0, reduce=3.0, fwd=1.0, bwd=4.0)]
+    deferred = ShardingSchedule(True, True, gather_each_microbatch=True, reduce_each_microbatch=False)
+    out = exposed_by_schedule(layers, deferred)
+    assert out.micro == pytest.approx(exposed_sharding(layers, True, True, False))  # 4 forward + 2 backward = 6
+    # together 10 (the test above), the gathers alone 6: the last backward pays 4 more, where the reduce-scatters
+    # alone over free links would leave 3 (the last one; each window hides 3 - 4 -> 0)
+    assert out.step_reduce == pytest.approx(4.0)
+    assert out.step_reduce > exposed_sharding(layers, False, False, True)
+    # reduced every micro-batch, nothing is left for the step
+    assert exposed_by_schedule(layers, ShardingSchedule(True, True, True, True)).step_reduce == 0.0
 
 
 def test_embedding_has_no_compute_to_hide_the_first_layer_gather():

@@ -362,11 +362,17 @@ def unit_copies(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, 
 
 def exposed_by_schedule(units: Sequence[ShardUnit], sched: ShardingSchedule) -> ShardingExposed:
     """The units' exposed traffic split as the schedule runs it: per micro-batch or once per step; and their
-    compute-stream copies, likewise."""
+    compute-stream copies, likewise. A reduce-scatter held to the step's last backward (reduce_each_microbatch off)
+    runs beside that backward's own all-gathers where the units are gathered each micro-batch: FSDP2 issues both on
+    its one data-parallel process group (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py unshard and
+    post_backward; ProcessGroupNCCL runs a communicator's collectives on one stream), so the step pays what the two
+    leave exposed together less what the gathers alone leave (each micro-batch's `micro`)."""
     exposed = exposed_sharding if sched.overlapped else in_line_sharding
     each = (sched.gather_each_microbatch, sched.gather_each_microbatch, sched.reduce_each_microbatch)
     step_gather = sched.params_sharded and not sched.gather_each_microbatch
     step_reduce = sched.grads_sharded and not sched.reduce_each_microbatch
+    micro = exposed(units, *each)
+    reduce = exposed(units, *each[:2], True) - micro if step_reduce else 0.0
     return ShardingExposed(
-        exposed(units, *each), exposed(units, step_gather, False, False), exposed(units, False, False, step_reduce),
+        micro, exposed(units, step_gather, False, False), reduce,
         unit_copies(units, *each), unit_copies(units, step_gather, False, step_reduce))
