@@ -43,6 +43,7 @@ from production_sources import (
     recipe_mtp,
     stage_layers,
     study_recipe_fields,
+    upcast_field,
 )
 
 from meshplan.adapters.common import torchtitan_batch
@@ -129,6 +130,7 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     fields |= compile_field(row, framework, knobs)
     fields |= defer_field(row, framework)
     fields |= fake_gate_field(row)
+    fields |= upcast_field(row)
     if knobs.pop("tp_comm_overlap", None):  # a plan knob since issue 15 item 4; at tp 1 there is nothing to hide
         fields["tp_comm_overlap"] = (p["tp"] or 1) > 1 and tp_facts.switch is not None
         if (p["tp"] or 1) <= 1:

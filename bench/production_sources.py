@@ -283,6 +283,16 @@ def fake_gate_field(row: dict[str, Any]) -> dict[str, Any]:
     return {} if found is None else {"moe_fake_balanced_gate": found.group(1).lower() == "true"}
 
 
+UPCAST = re.compile(r"loss_fn\.fp32_upcast\s+(true|false)", re.IGNORECASE)
+
+
+def upcast_field(row: dict[str, Any]) -> dict[str, Any]:
+    """loss_fp32_upcast as the config a row cites sets it (its outcome notes name NeMo AutoModel's
+    loss_fn.fp32_upcast); left out, the framework's default."""
+    found = UPCAST.search(row_text(row["outcome"]["other"]))
+    return {} if found is None else {"loss_fp32_upcast": found.group(1).lower() == "true"}
+
+
 def run_attention_kernel(row: dict[str, Any]) -> str | None:
     """The attention kernel the row's run used where its framework card would pick another, else None."""
     return attention_kernel_of_run(row_text(row["source"]["citation"]))

@@ -45,6 +45,9 @@ class Convention(_Card):
     dropout: bool = False
     swiglu_unfused: bool = False
     logits_bytes_per_element: float = Field(gt=0)
+    # per logit where the job's loss skips its fp32 upcast (Job.loss_fp32_upcast false: loss_upcast); None: the
+    # convention's loss has no such switch, and request/resolve refuses the field
+    logits_bytes_without_upcast: float | None = Field(None, gt=0)
     loss_chunks: int = Field(1, ge=1)
     logits_over_tp: Literal["vocab_parallel", "replicated"] = Field(
         "vocab_parallel", description="vocab_parallel: each TP rank's loss holds its vocabulary shard of the logits; "
@@ -352,6 +355,7 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
         conv_update["unsharded_param_bytes"] = prec.fp8_all_gather_bytes
     if plan.grad_reduce_in_fp32 is False and conv.retained_reduce_bytes:
         conv_update.update(reduce_input_in(conv, prec.dtype_bytes["bf16"]))
+    conv_update.update(loss_upcast(job, conv))
     conv_update.update(compiled(job, plan))
     return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
 
@@ -412,6 +416,22 @@ def as_the_plan_runs(conv: Convention, plan: Plan) -> Convention:
     if conv.grads_set_to_none_without_cuda_graphs and not conv.grads_set_to_none and cuda_graphs_off(plan):
         return conv.model_copy(update={"grads_set_to_none": True})
     return conv
+
+
+def loss_upcast(job: Job, conv: Convention) -> dict:
+    """The loss's bytes per logit where the job's cross-entropy runs on the bf16 logits without its fp32 upcast
+    (Job.loss_fp32_upcast false; NeMo AutoModel's MaskedCrossEntropy fp32_upcast, cards/memory.yaml
+    fsdp2_automodel): the convention's logits_bytes_without_upcast, the same tensors in bf16."""
+    if job.loss_fp32_upcast or conv.logits_bytes_without_upcast is None:
+        return {}
+    return {"logits_bytes_per_element": conv.logits_bytes_without_upcast}
+
+
+def upcast_switch(card: FrameworkCard, version: str | None) -> bool:
+    """Whether every memory convention the framework's jobs run under prices a loss without its fp32 upcast (the
+    request's loss_fp32_upcast=false): the card's convention of that release and its ZeRO-3 engine's, if any."""
+    names = {card.convention_for(version), card.engine.zero3_memory_convention} - {None}
+    return all(memory_card().conventions[n].logits_bytes_without_upcast is not None for n in names)
 
 
 def compiled(job: Job, plan: Plan) -> dict:

@@ -29,6 +29,9 @@ class EngineFacts(_Card):
     ulysses: list[Engine] = []  # engines whose cp is Ulysses sequence parallelism: all-to-alls, any cp_comm_type
     cp_padding: dict[Engine, CpPadding] = {}  # engines padding a micro-batch to their cp split (no length refused)
     builds_model_mtp: dict[Engine, bool]  # whether the engine trains a checkpoint's own MTP blocks when not asked
+    # where given, the model types (config.json model_type) whose own model code those engines build the MTP blocks
+    # of; any other model trains none (NeMo AutoModel: its deepseek_v3 code builds none, its nemotron_v3 does)
+    builds_model_mtp_types: list[str] | None = None
     builds_model_mtp_source: str
     why: str
 

@@ -24,8 +24,11 @@ def mtp_asked(req: Request) -> bool:
 
 def default_mtp_depth(arch: Architecture, card: FrameworkCard, zero_stage: int) -> int:
     """The MTP depth a job that does not ask trains: the model's own blocks where the engine this ZeRO stage selects
-    builds them (the card's engine.builds_model_mtp, with its source), else none."""
-    return arch.num_mtp_layers if card.engine.builds_model_mtp[card.engine_at(zero_stage)] else 0
+    builds them for the model's type (the card's engine.builds_model_mtp and builds_model_mtp_types, with their
+    source), else none."""
+    types = card.engine.builds_model_mtp_types
+    builds = card.engine.builds_model_mtp[card.engine_at(zero_stage)] and (types is None or arch.model_type in types)
+    return arch.num_mtp_layers if builds else 0
 
 
 def trained_mtp(arch: Architecture, req: Request, card: FrameworkCard, zero_stage: int,

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.lora import resolve_lora
-from meshplan.arithmetic.memory_states import convention_name, memory_card
+from meshplan.arithmetic.memory_states import convention_name, memory_card, upcast_switch
 from meshplan.arithmetic.mesh import DEFAULT_BATCH_TOKENS, default_global_batch
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
@@ -196,6 +196,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         cpu_memory_per_node=None if req.cpu_memory_per_node is None else int(req.cpu_memory_per_node * (1 << 30)),
         framework_version=version, moe_routing_imbalance=_routing_imbalance(req, arch, notes),
         moe_fake_balanced_gate=_fake_gate(req, arch),
+        loss_fp32_upcast=_loss_upcast(req, card, version),
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
         rl=rl.job if rl else None,
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
@@ -528,6 +529,16 @@ def _torch_compile(req: Request, card, notes: list[str]) -> bool:
     return _switch(req.torch_compile, card.compile is not None and card.compile.default,
                    f"torch_compile=true: {card.display_name}'s default (cards/frameworks/{req.framework}.yaml compile)",
                    notes)
+
+
+def _loss_upcast(req: Request, card, version: str | None) -> bool:
+    """loss_fp32_upcast as the job runs it: true (the fp32 cross-entropy every convention prices) when left out;
+    false only on a framework whose memory convention prices the bf16 loss, else an error naming the field."""
+    if req.loss_fp32_upcast is False and not upcast_switch(card, version):
+        raise MeshplanError(f"loss_fp32_upcast=false: {card.name}'s loss has no fp32-upcast switch meshplan prices "
+                            "(only NeMo AutoModel's MaskedCrossEntropy loss_fn.fp32_upcast).",
+                            fix="Leave loss_fp32_upcast unset for this framework.")
+    return req.loss_fp32_upcast is not False
 
 
 def _fake_gate(req: Request, arch) -> bool:

@@ -160,6 +160,7 @@ class Job(StrictModel):
     framework_version: str | None = Field(None, description="The framework release (None: the card's version)")
     moe_routing_imbalance: float = Field(1.0, ge=1.0, description="Most loaded EP rank's routed tokens over the mean")
     moe_fake_balanced_gate: bool = Field(False, description="AutoModel FakeBalancedGate (comm.consecutive_routing)")
+    loss_fp32_upcast: bool = Field(True, description="The loss upcasts the logits to fp32 (memory_states.loss_upcast)")
     headroom: float | None = Field(
         None, ge=0.0, lt=1.0, description="The share of GPU memory the request asked to keep free: a plan fits within "
                                           "capacity x (1 - headroom) (None: within capacity, MEM002 warning below its "

@@ -201,6 +201,13 @@ class Request(StrictModel):
                     "dispatcher sends it to the one or two EP ranks holding them instead of one rank per routed copy "
                     "(default false: learned routing)",
     )
+    loss_fp32_upcast: bool | None = Field(
+        None,
+        description="Whether the cross-entropy casts the logits to fp32 first (NeMo AutoModel's MaskedCrossEntropy "
+                    "loss_fn.fp32_upcast, default true; its llm_benchmark MoE recipes set false, keeping the loss's "
+                    "log-softmax and gradients in bf16: half the loss's bytes per logit). Only a framework whose "
+                    "memory convention prices both takes it (cards/memory.yaml logits_bytes_without_upcast)",
+    )
     attention_backend: AttentionBackend | None = Field(
         None, description="Attention implementation: flash (FlashAttention-2), fused (cuDNN / Transformer Engine "
                           "FusedAttention), unfused (the s x s scores materialised and kept for the backward, softmax "

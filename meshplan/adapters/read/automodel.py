@@ -32,6 +32,9 @@ FRAMEWORK = "nemo-automodel"
 # are left unread, not listed as unsupported.
 READ_SECTIONS = ("distributed", "step_scheduler", "model", "dataset", "compile", "fp8", "peft", "benchmark",
                  "quantization")
+# ... but for the loss's fp32 upcast, MaskedCrossEntropy's (the recipes' default loss_fn; cards/memory.yaml
+# fsdp2_automodel logits_bytes_without_upcast): another loss class's fp32_upcast is not that one.
+MASKED_CE = "nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy"
 # AutoModel's config loader reads these strings as None (components/config/loader.py translate_value).
 NONE_WORDS = frozenset({"none", "None", "null", "~"})
 SPECIAL = frozenset({"zero_0", "zero_2", "zero_3", "micro_batch_size", "fp8", "moe_flex_dispatcher", "lora_targets",
@@ -43,8 +46,10 @@ def recipe_settings(text: str, path: str) -> list[Setting]:
     one switch; its loader's none words read as null); a YAML error names its line."""
     settings = yaml_settings(text, path, "an AutoModel recipe", "Start from `distributed:` and `step_scheduler:` "
                              "sections.", switches=("offload_policy",), none_words=NONE_WORDS)
-    return [s for s in settings if s.key.split(".")[0] in READ_SECTIONS and not s.key.endswith("._target_")
-            and (not s.key.startswith("benchmark.") or s.key == "benchmark.num_nodes")]
+    loss = next((str(s.value) for s in settings if s.key == "loss_fn._target_"), MASKED_CE)
+    return [s for s in settings if (s.key.split(".")[0] in READ_SECTIONS and not s.key.endswith("._target_")
+                                    and (not s.key.startswith("benchmark.") or s.key == "benchmark.num_nodes"))
+            or (s.key == "loss_fn.fp32_upcast" and loss == MASKED_CE)]
 
 
 def _strategy(reading: Reading, left: list) -> None:
