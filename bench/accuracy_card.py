@@ -158,30 +158,30 @@ def rl_runs(validation: Path) -> list[Run]:
 
 
 def memory_runs(validation: Path) -> list[Run]:
-    """The two sets bench/memory_accuracy.py scores, compared as it compares them (its run() gives the check)."""
+    """The two sets bench/memory_accuracy.py scores, compared as it compares them: its run() gives the check, over
+    the same estimates (each computed once, here), so what is checked is the two scorings (the rows kept, the stage
+    read, the measured column, the error), not estimate_memory against itself."""
     context = memory_card().cuda_context_bytes
     script = "bench/memory_accuracy.py"
     out: list[Run] = []
     playbook = "playbook nanotron sweep, first stage, ok rows"
-    for row, job, plan, report in memory_accuracy.playbook_estimates(validation):
+    playbook_estimates = list(memory_accuracy.playbook_estimates(validation))
+    for row, job, plan, report in playbook_estimates:
         if row["status"] != "ok" or report is None:
             continue
         measured = float(row["gpu_memory_GB_reported"]) * GIB
         predicted = report.stages[0].total_bytes - context
         out.append(Run("memory", script, playbook, job, plan, predicted / measured - 1))
     megatron = "Megatron-LM functional tests, last stage"
-    for row in memory_accuracy.megatron_rows(validation):
-        if memory_accuracy.megatron_skip_reason(row):
-            continue
-        job, plan = memory_accuracy.megatron_case(row)
-        report = memory_accuracy.megatron_estimate(job, plan)
-        if isinstance(report, str):
+    megatron_estimates = list(memory_accuracy.megatron_estimates(validation))
+    for row, job, plan, report in megatron_estimates:
+        if isinstance(report, str):  # skipped, or refused by a rule
             continue
         last = report.stages[-1]
         predicted = stage_allocated(last) - context
         measured = float(row["mem_maxalloc_GiB_max"]) * GIB
         out.append(Run("memory", script, megatron, job, plan, predicted / measured - 1))
-    figures = memory_accuracy.run(validation, False, False)
+    figures = memory_accuracy.run(validation, False, False, playbook_estimates, megatron_estimates)
     for name, key in ((playbook, "playbook sweep (first stage, ok rows)"),
                       (megatron, "megatron functional tests (last stage, all kept rows)")):
         mine = statistics.median(abs(r.error) for r in out if r.set == name)

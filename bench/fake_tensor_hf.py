@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 from fake_tensor_memory import cut, pct  # noqa: E402
-from framework_packages import HF_VENV, venv_python  # noqa: E402
+from framework_packages import HF_VENV, served_answer, venv_python  # noqa: E402
 
 HARNESS = ROOT / "bench" / "fake_tensor_hf_harness.py"
 DEFAULT_JSON = ROOT / "bench" / "data" / "fake_tensor_hf.json"
@@ -161,13 +161,28 @@ def mlp_rows(results: list[dict]) -> list[dict]:
 def run_harness(request_cases: list[dict], timeout: int = 1800, harness: Path = HARNESS) -> dict:
     """Build (or reuse) the HF venv, run a harness of it (this bench's, or another that prints the same RESULT line:
     bench/step_op_census.py's) on the cases, return its parsed result."""
-    python = venv_python("transformers", HF_VENV, python_version="3.11")
-    proc = subprocess.run([str(python), str(harness)], input=json.dumps({"cases": request_cases}),
+    proc = subprocess.run([str(hf_python()), str(harness)], input=json.dumps({"cases": request_cases}),
                           capture_output=True, text=True, timeout=timeout)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"the harness printed no result (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(line[len("RESULT "):])
+
+
+def served_harness(request_cases: list[dict]) -> dict:
+    """run_harness's answer for this bench's harness from its server (tests/framework_packages.served_answer,
+    bench/harness_serve.py --serve): torch and transformers imported once per process and fake process group, not
+    once per ask. A process holds one fake process group (bench/fake_tensor_harness.fake_fsdp_mesh), so there is one
+    server for each `world` the cases name (cases that name none, the layer and MLP counts, go to WORLD's)."""
+    worlds = {case["world"] for case in request_cases if "world" in case} or {WORLD}
+    if len(worlds) > 1:
+        raise ValueError(f"one ask, one fake process group: these cases name the worlds {sorted(worlds)}")
+    return served_answer(HARNESS, {"cases": request_cases}, hf_python, key=f"world {worlds.pop()}")
+
+
+def hf_python() -> Path:
+    """The HF venv's python (tests/framework_packages.py HF_VENV), built once and cached."""
+    return venv_python("transformers", HF_VENV, python_version="3.11")
 
 
 def catalog(model: str) -> Architecture:

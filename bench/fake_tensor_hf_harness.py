@@ -24,12 +24,14 @@ torch.autocast(bf16); with bf16 parameters every autocast-listed op of these blo
 dtype (linears bf16, pow/rsqrt/softmax fp32 inputs), so the harness runs without it.
 
     python fake_tensor_hf_harness.py < cases.json   # prints one line: RESULT {...}
+    python fake_tensor_hf_harness.py --serve        # one {"cases": [...]} a line, one RESULT (or ERROR) line each
+
+One process holds one fake process group, so the step, head and accumulate cases of one process share their `world`
+(bench/fake_tensor_hf.served_harness keeps one server per world).
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 import warnings
 
@@ -38,6 +40,7 @@ import torch
 # torchtitan's harness (this folder, on sys.path as the script's own): the tracker subclass, the fake process group
 # and the peak read-out, shared; it imports only torch at module level
 from fake_tensor_harness import fake_fsdp_mesh, peak_by_category, reset_peak, tracker_class
+from harness_serve import serve  # one ask, or with --serve one per line: the tests keep one server
 
 warnings.filterwarnings("ignore")
 
@@ -421,11 +424,10 @@ def activation_saves(case: dict) -> dict:
     return {"activations": out}
 
 
-def main() -> None:
+def answer(request: dict) -> dict:
+    """The results of one ask ({"cases": [...]}), with the torch and transformers versions that gave them."""
     import transformers
 
-    request = json.loads(sys.stdin.read())
-    register_stand_in()
     results = []
     for case in request["cases"]:
         start = time.perf_counter()
@@ -439,9 +441,9 @@ def main() -> None:
             out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
         out["seconds"] = round(time.perf_counter() - start, 2)
         results.append({**{k: v for k, v in case.items() if k != "config"}, **out})
-    print("RESULT " + json.dumps({"torch": torch.__version__, "transformers": transformers.__version__,
-                                  "results": results}))
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "results": results}
 
 
 if __name__ == "__main__":
-    main()
+    register_stand_in()
+    serve(answer)

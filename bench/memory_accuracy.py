@@ -167,6 +167,20 @@ def megatron_estimate(job: Job, plan: Plan) -> MemoryReport | str:
         return f"refused by rule {refused.rule_id} (a setting the CSV does not record)"
 
 
+def megatron_estimates(validation: Path) -> Iterator[tuple[dict[str, str], Job | None, Plan | None,
+                                                             MemoryReport | str]]:
+    """Every functional-test row with meshplan's estimate, or why the row is not scored: megatron_skip_reason's
+    reason (no job, no plan), or a rule's refusal (megatron_estimate). run() scores them; the accuracy card reads the
+    same list, so each estimate is computed once."""
+    for row in megatron_rows(validation):
+        reason = megatron_skip_reason(row)
+        if reason:
+            yield row, None, None, reason
+            continue
+        job, plan = megatron_case(row)
+        yield row, job, plan, megatron_estimate(job, plan)
+
+
 def megatron_case(row: dict[str, str]) -> tuple[Job, Plan]:
     """(job, plan) for one functional-test row, its attention backend and dropout on the plan; blank = Megatron
     default."""
@@ -240,14 +254,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def run(validation: Path, show_rows: bool, fit_overhead: bool) -> dict[str, dict[str, float]]:
+Estimates = list[tuple[dict[str, str], Job | None, Plan | None, MemoryReport | str | None]]
+
+
+def run(validation: Path, show_rows: bool, fit_overhead: bool, playbook: Estimates | None = None,
+        megatron: Estimates | None = None) -> dict[str, dict[str, float]]:
+    """The figures of both sets; `playbook` / `megatron`: playbook_estimates' / megatron_estimates' rows where the
+    caller has them already (bench/accuracy_card.py), else read and estimated here."""
     context = memory_card().cuda_context_bytes
     overhead = memory_card().fixed_overhead_bytes
     results: dict[str, dict[str, float]] = {}
     residuals: list[float] = []
 
     errors, fit_right, fit_total, oom_right, oom_total, rejected = [], 0, 0, 0, 0, 0
-    for row, _job, plan, report in playbook_estimates(validation):
+    for row, _job, plan, report in playbook_estimates(validation) if playbook is None else playbook:
         if report is None:  # meshplan says it cannot run
             fit_total += row["status"] == "ok"
             oom_total += row["status"] != "ok"
@@ -279,14 +299,8 @@ def run(validation: Path, show_rows: bool, fit_overhead: bool) -> dict[str, dict
     }
 
     meg_errors, meg_big, skipped = [], [], {}
-    for row in megatron_rows(validation):
-        reason = megatron_skip_reason(row)
-        if reason:
-            skipped[reason] = skipped.get(reason, 0) + 1
-            continue
-        job, plan = megatron_case(row)
-        report = megatron_estimate(job, plan)
-        if isinstance(report, str):
+    for row, job, _plan, report in megatron_estimates(validation) if megatron is None else megatron:
+        if isinstance(report, str):  # a skip reason or a rule's refusal
             skipped[report] = skipped.get(report, 0) + 1
             continue
         last = report.stages[-1]

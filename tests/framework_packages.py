@@ -184,10 +184,12 @@ def harness_answer(harness: str, ask: dict) -> dict:
                          lambda: venv_python("peft", PEFT_VENV, python_version="3.11"))
 
 
-def served_answer(script: Path, ask: Any, python: Callable[[], Path], cwd: str | None = None) -> Any:
+def served_answer(script: Path, ask: Any, python: Callable[[], Path], cwd: str | None = None, key: str = "") -> Any:
     """`script`'s answer for `ask` from its server (bench/harness_serve.py --serve) in the venv `python()` builds: one
-    server per script and test process, started at its first ask (in `cwd`), closed when the process exits."""
-    server = _server(script, python, cwd)
+    server per script, `key` and test process (a key: asks that must not share a process, as FakeTensorMode steps
+    over fake process groups of different worlds), started at its first ask (in `cwd`), closed when the process
+    exits."""
+    server = _server(script, python, cwd, key)
     server.stdin.write(json.dumps(ask) + "\n")
     server.stdin.flush()
     while True:
@@ -195,7 +197,7 @@ def served_answer(script: Path, ask: Any, python: Callable[[], Path], cwd: str |
         line = server.stdout.readline() if ready else ""
         if not line:  # ended, or silent for 900 s
             server.kill()
-            _SERVERS.pop(script, None)
+            _SERVERS.pop((script, key), None)
             raise RuntimeError(f"{script.name} stopped answering (ask {json.dumps(ask)[:300]}):\n{_stderr(server)}")
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -203,18 +205,18 @@ def served_answer(script: Path, ask: Any, python: Callable[[], Path], cwd: str |
             raise RuntimeError(f"{script.name} failed on {json.dumps(ask)[:300]}: {json.loads(line[6:])}")
 
 
-_SERVERS: dict[Path, subprocess.Popen] = {}  # this process's harness and probe servers, by script
+_SERVERS: dict[tuple[Path, str], subprocess.Popen] = {}  # this process's harness and probe servers, by script, key
 
 
-def _server(script: Path, python: Callable[[], Path], cwd: str | None) -> subprocess.Popen:
-    server = _SERVERS.get(script)
+def _server(script: Path, python: Callable[[], Path], cwd: str | None, key: str) -> subprocess.Popen:
+    server = _SERVERS.get((script, key))
     if server is not None and server.poll() is None:
         return server
     log = tempfile.TemporaryFile(mode="w+")
     server = subprocess.Popen([str(python()), str(script), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=log, text=True, cwd=cwd)
     server.log = log  # type: ignore[attr-defined]
-    _SERVERS[script] = server
+    _SERVERS[(script, key)] = server
     atexit.register(_close, server)
     return server
 

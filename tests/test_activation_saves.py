@@ -122,7 +122,7 @@ def harness() -> list[dict]:
     sys.path.insert(0, str(ROOT / "bench"))
     import fake_tensor_hf as bench
 
-    result = bench.run_harness(bench.mlp_cases(T), timeout=900)
+    result = bench.served_harness(bench.mlp_cases(T))
     for res in result["results"]:
         assert res["ok"], res
     return result["results"]

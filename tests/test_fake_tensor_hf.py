@@ -106,13 +106,23 @@ def test_the_router_keeps_fp32_copies_only_where_the_models_own_code_makes_them(
 # --------------------------------------------------------------------------- against transformers' own code (slow)
 
 
+def test_one_served_ask_keeps_to_one_fake_process_group():
+    """A harness process holds one fake process group: an ask whose cases name two worlds is refused, before any
+    server starts (bench/fake_tensor_hf.served_harness keeps one server per world)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fake_tensor_hf as bench
+
+    with pytest.raises(ValueError, match=r"name the worlds \[1, 8\]"):
+        bench.served_harness([{"kind": "step", "world": 1}, {"kind": "head", "world": 8}])
+
+
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
     sys.path.insert(0, str(ROOT / "bench"))
     import fake_tensor_hf as bench
 
     models = {model: {**spec, "tokens": T} for model, spec in bench.MODELS.items()}
-    result = bench.run_harness(bench.cases(models), timeout=900)
+    result = bench.served_harness(bench.cases(models))
     for res in result["results"]:
         assert res["ok"], res
     return bench.layer_rows(result["results"])
@@ -181,7 +191,7 @@ def head_probes() -> dict[str, dict]:
 
     spec = {"kind": "head", "model": "llama-3.1-8b", "config": bench.card_config("llama-3.1-8b"), "num_layers": 2,
             "tokens": T, "world": 8, "policy": "full", "override": {}}
-    result = bench.run_harness([{**spec, "wrap": wrap} for wrap in ("verl", "kempnerforge")], timeout=900)
+    result = bench.served_harness([{**spec, "wrap": wrap} for wrap in ("verl", "kempnerforge")])
     for res in result["results"]:
         assert res["ok"], res
     return {res["wrap"]: res for res in result["results"]}

@@ -206,7 +206,7 @@ def test_fsdp2_holds_the_unsharded_gradient_in_the_reduce_dtype():
 
     spec = {"kind": "accumulate", "model": "llama-3.1-8b", "config": bench.card_config("llama-3.1-8b"),
             "num_layers": 2, "tokens": 512, "world": 8, "policy": "full", "override": {}}
-    result = bench.run_harness([{**spec, "reduce": r} for r in ("fp32", "bf16")], timeout=900)
+    result = bench.served_harness([{**spec, "reduce": r} for r in ("fp32", "bf16")])
     card = framework_card("nemo-automodel")
     for res in result["results"]:
         assert res["ok"], res

@@ -203,12 +203,12 @@ def test_harness_counts_the_foreach_step_as_the_estimate_does():
 
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root / "bench"))
-    from fake_tensor_hf import card_config, meshplan_step, run_harness
+    from fake_tensor_hf import card_config, meshplan_step, served_harness
 
     cases = [{"kind": "step", "case": "llama", "model": "llama-3.1-8b", "config": card_config("llama-3.1-8b"),
               "num_layers": 4, "tokens": 2048, "override": {}, "policy": "full", "world": 1, "foreach": foreach}
              for foreach in (True, None)]
-    foreach, loop = (r["peak"]["Total"] for r in run_harness(cases, timeout=900)["results"])
+    foreach, loop = (r["peak"]["Total"] for r in served_harness(cases)["results"])
     ours = meshplan_step("llama-3.1-8b", 4, 2048, "full", 1)
     assert ours == pytest.approx(foreach, rel=1e-3)
     arch = resolve(Request(model="llama-3.1-8b", framework="verl"))[0].model
