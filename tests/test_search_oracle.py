@@ -1,7 +1,8 @@
 """The search is exact (issue 23): on sampled requests its top K are the exhaustive oracle's (search/oracle.py: every
-plan estimated by brute force, no bounds, no caches, no pruning). The sampler draws dense, MoE and MLA models, short
-and long sequences (CP), odd GPU counts, every framework, GPU and batch size, from a seed per request, so a failure
-names the request that reproduces it. The default run holds 32 requests; the `slow` run 300 more."""
+plan estimated by brute force, no bounds, no pruning, none of the search's caches). The sampler draws dense, MoE and
+MLA models, short and long sequences (CP), odd GPU counts, every framework, GPU and batch size, from a seed per
+request, so a failure names the request that reproduces it. The default run holds 32 requests; the `slow` run 300
+more."""
 
 import random
 
@@ -341,3 +342,30 @@ def test_the_search_finds_the_oracles_top_k_on_hybrid_lora(fields):
     assert rec.candidates
     assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
         [r.step_time_s for r in oracle[:3]], rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [3, 8, 11, 5024])
+def test_the_oracles_kept_verdicts_are_checks(seed):
+    """oracle._Passes (each blocking rule's verdict kept per what it declares it reads, a firing one too) answers
+    `check`'s ok on every plan the oracle builds, in its order: AD001 fires on most of seed 11's plans (its screen
+    keys them), 5024 fixes knobs."""
+    from meshplan.search.engine import BestFirstSearch
+    from meshplan.search.estimators import default_engine
+    from meshplan.search.job import search_job
+    from meshplan.search.oracle import _Passes
+    from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, request_zeros
+
+    req = Request(**sampled_fixed_request(seed)[0]) if seed >= 5000 else sampled_request(seed)[0]
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    engine = default_engine(job.framework)
+    space = BestFirstSearch.for_job(job, fixed, engine, 1)
+    passes, verdicts = _Passes(job, engine.check), []
+    for lay in enumerate_layouts(job, fixed)[0][:40]:
+        for mbs in micro_batches(job, lay, fixed):
+            for zero in request_zeros(job.card, fixed):
+                for recompute in space.recomputes:
+                    plan = space.plan(lay, zero, recompute, mbs)
+                    verdicts.append((passes(plan), engine.check(job, plan).ok))
+    assert verdicts and all(kept == ok for kept, ok in verdicts)
+    assert {ok for _, ok in verdicts} == {True, False}  # both verdicts asked

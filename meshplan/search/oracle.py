@@ -1,12 +1,21 @@
-"""The exhaustive oracle: every plan of the space estimated by brute force, no bounds, no caches, no pruning (a plan's
-fit is asked of memory.memory_fit, estimate_memory's own verdict stopping at the first stage over, test_memory_fit). The
-best-first search must return the same top K (tests/test_search.py); it is slow, so only small jobs call it."""
+"""The exhaustive oracle: every plan of the space estimated by brute force, no bounds, no pruning, none of the search's
+caches (a plan's fit is asked of memory.memory_fit, estimate_memory's own verdict stopping at the first stage over,
+test_memory_fit). The estimates run inside one shared_layers scope, as recommend's do: the cost model's own memos of
+its exact sub-results (a layer's time, a layout's memory terms, a stage's states and fit: layer_records.scope_memo,
+each held bit for bit to the unscoped estimate by its own test, test_layer_memo, test_memory_memo, test_stage_memo),
+so a plan's memory_fit, memory report and throughput (whose offload time estimates the memory again) share them; and
+each blocking rule's verdict is asked once per what the rule declares it reads (_Passes). The best-first search must
+return the same top K (tests/test_search.py); it is slow, so only small jobs call it."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from meshplan.schema.plan import Plan
+from meshplan.estimate.layer_records import shared_layers
+from meshplan.rules.context import Context, backend_of
+from meshplan.rules.engine import RuleGroup, blocking_rules, keyed_reads, screen_of
+from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
 from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import default_engine
@@ -31,12 +40,13 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
     same choice); plans with the same predicted step time and peak memory are one row, as in the search's answer.
     Every ZeRO stage the request leaves open is tried, the stages the search leaves out of its ladder too
     (zero_stages.search_ladder), so a stage left out that some plan could take shows as a miss."""
-    job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
-    space = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), top_k)  # its knobs and plan building
-    layouts, _ = enumerate_layouts(job, fixed)
-    inside = [lay for lay in layouts if within_nvlink(job, lay)]
-    rows = _rows(req, space, inside) or _rows(req, space, [lay for lay in layouts if not within_nvlink(job, lay)])
+    with shared_layers():  # the cost model's memos (module docstring), dropped on return
+        job, _ = search_job(req)
+        fixed = Fixed.from_request(req)
+        space = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), top_k)  # its knobs, plan building
+        layouts, _ = enumerate_layouts(job, fixed)
+        inside = [lay for lay in layouts if within_nvlink(job, lay)]
+        rows = _rows(req, space, inside) or _rows(req, space, [lay for lay in layouts if not within_nvlink(job, lay)])
     return sorted(rows.values(), key=lambda r: r.step_time_s)[:top_k]
 
 
@@ -46,6 +56,7 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
     budget = memory_budget(job, headroom_for(req))
     host = job.cpu_memory_per_node
     rows: dict[tuple[float, int], OracleRow] = {}
+    passes = _Passes(job, engine.check)
     fit = engine.memory_fit
     zeros = request_zeros(job.card, fixed)  # every stage the request leaves open, not the search's ladder
     for lay in layouts:
@@ -53,10 +64,12 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
             for zero in zeros:
                 for recompute in space.recomputes:
                     plan = space.plan(lay, zero, recompute, mbs)
-                    if not engine.check(job, plan).ok:
+                    if not passes(plan):
                         continue
-                    if fit is not None and not fit(job, plan, budget, host).complete:
-                        continue  # memory_fit: estimate_memory's verdict, stopping at the first stage over
+                    # memory_fit: estimate_memory's verdict, stopping at the first stage over; `checked`: the check
+                    # above found no structural error, so no blocking rule (require_estimable) is asked again
+                    if fit is not None and not fit(job, plan, budget, host, checked=True).complete:
+                        continue
                     memory = engine.memory(job, plan)
                     peak = memory.peak_bytes
                     if memory.fit_bytes > budget:  # what decides the fit (memory.fit_figure), as the search
@@ -72,3 +85,54 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
                         rows[key] = row
                     break  # heavier recompute of the same plan is dominated
     return rows
+
+
+class _Passes:
+    """Whether `check` finds no error on a plan (CheckReport.ok), from each blocking rule's verdict (rules/engine.py
+    blocking_rules: every structural rule of severity error, in card order) kept per what the rule declares it depends
+    on: its screen where it has one (`@rule(screen=...)`), else the values of its reads and words (keyed_reads), every
+    plan where it declares none. A verdict alone (fires or passes), never its finding's words, so a rule that fires is
+    not run again on each plan with its key (the search's kept verdicts run it again for the finding). Those
+    declarations are held to the plain run by tests/test_rule_verdicts.py; where a condition raises, `check` answers
+    the plan (and raises as before)."""
+
+    def __init__(self, job: Job, check: Callable[[Job, Plan], Any]):
+        self.job, self.check = job, check
+        self._rules: dict[int, tuple[tuple[Any, Callable[..., Any] | None, bool, dict[Any, bool]], ...]] = {}
+
+    def _of(self, zero_stage: int) -> tuple[tuple[Any, Callable[..., Any] | None, bool, dict[Any, bool]], ...]:
+        """Each blocking rule of the plan's engine (its ZeRO stage's): (condition, key, whether the key reads the
+        job, its verdicts per key)."""
+        hit = self._rules.get(zero_stage)
+        if hit is None:
+            out = []
+            for _, cond in blocking_rules(self.job.framework, backend_of(self.job.card, zero_stage)):
+                screen, fields = screen_of(cond), keyed_reads(cond)
+                if screen is not None:
+                    out.append((cond, screen, True, {}))
+                elif fields is None:
+                    out.append((cond, None, False, {}))
+                else:
+                    group = RuleGroup(tuple(sorted(fields)), (), {})
+                    out.append((cond, group.key, bool(group.job_fields), {}))
+            hit = self._rules[zero_stage] = tuple(out)
+        return hit
+
+    def __call__(self, plan: Plan) -> bool:
+        job, values, ctx = self.job, plan.__dict__, None
+        try:
+            for cond, key, reads_job, memo in self._of(plan.zero_stage):
+                if key is None:
+                    ctx = Context(job, plan) if ctx is None else ctx
+                    fires = cond(ctx) is not None
+                else:
+                    k = key(values, job) if reads_job else key(values)
+                    fires = memo.get(k)
+                    if fires is None:
+                        ctx = Context(job, plan) if ctx is None else ctx
+                        fires = memo[k] = cond(ctx) is not None
+                if fires:
+                    return False
+        except Exception:  # the plain run raises it again, or finds its error before it (Verdicts.findings)
+            return self.check(job, plan).ok
+        return True
