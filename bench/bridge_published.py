@@ -14,14 +14,15 @@ distributed optimizer (ZeRO-1) unless FSDP is on (ZeRO-3, i.e. Megatron-FSDP), n
 overlap flags beyond meshplan's Megatron defaults. The `dispatcher` column is read from Bridge's performance
 configs (scripts/performance/configs/*/..._workload_base_configs.py: rows whose preset sets
 moe_flex_dispatcher_backend are `flex`); those files are newer than some of the published rows, so it is
-an assumption too. Only cross-node EP is affected by it (inside an NVLink domain flex and alltoall cost the
-same in meshplan). Qwen3-30B-A3B's rows read the preset of their own release: a preset that sets no
-moe_flex_dispatcher_backend leaves Megatron-Bridge's Qwen3-MoE provider default, alltoall (qwen_provider.py
-moe_token_dispatcher_type "alltoall"; training/flex_dispatcher_backend.py apply_flex_dispatcher_backend returns on
-None, "Not a valid flex dispatcher backend"): B200 at v0.2.0 (25.11) and v0.3.0 (26.02), H100 at v0.2.0, all
-`alltoall`; H100 at v0.3.0 sets deepep (scripts/performance/configs/qwen/qwen3_workload_base_configs.py, added by
-"qwen x86 flex backend", #2351) and GB200 hybridep, `flex` (B200 moved to hybridep and micro-batch 4 only in #2499,
-after 26.02). The precision column's MXFP8 is passed as Transformer Engine's mxfp8 recipe, its FP8 (FP8-CS) as the
+an assumption too. It moves the EP traffic (flex sends a token once per destination rank and, across nodes, once per
+destination node; alltoall every routed copy: comm.dispatch_time). Qwen3-30B-A3B's rows read the preset of their own
+release: a preset that sets no moe_flex_dispatcher_backend leaves Megatron-Bridge's Qwen3-MoE provider default,
+alltoall (qwen_provider.py moe_token_dispatcher_type "alltoall"; training/flex_dispatcher_backend.py
+apply_flex_dispatcher_backend returns on None, "Not a valid flex dispatcher backend"): B200 at v0.2.0 (25.11) and
+v0.3.0 (26.02), H100 at v0.2.0, all `alltoall`; H100 at v0.3.0 sets deepep
+(scripts/performance/configs/qwen/qwen3_workload_base_configs.py, added by "qwen x86 flex backend", #2351) and GB200
+hybridep, `flex` (B200 moved to hybridep and micro-batch 4 only in #2499, after 26.02).
+The precision column's MXFP8 is passed as Transformer Engine's mxfp8 recipe, its FP8 (FP8-CS) as the
 card's default tensorwise current scaling (the table's parenthesised blockwise figures are not transcribed); the
 recipe sets how many quantize kernels each local expert's grouped GEMM launches (the framework card's
 grouped_gemm_launches). Not recorded: the CUDA-graph scope of each preset (attn / moe_router / moe_preprocess on

@@ -9,9 +9,10 @@ from meshplan.adapters.read import import_config
 from meshplan.arithmetic.comm import (
     Links,
     alltoall_time,
-    consecutive_dispatch_time,
     consecutive_routing,
     dispatch_time,
+    flex_dispatch_time,
+    learned_routing,
 )
 from meshplan.core.errors import MeshplanError
 from meshplan.request.resolve import resolve
@@ -47,16 +48,18 @@ def test_consecutive_routing_counts_destinations(experts, top_k, ep, domain_rank
 
 def test_consecutive_dispatch_inside_one_domain_sends_once_per_rank():
     copy = 1e6
-    assert consecutive_dispatch_time(copy, 1.0, 1.0, 8, 1, LK) == alltoall_time(copy, 8, 1, LK)
-    # learned routing's flex dispatch inside a domain sends every routed copy
-    assert dispatch_time(copy, 8, 8, 1, LK, dedup=True) == alltoall_time(8 * copy, 8, 1, LK)
+    assert flex_dispatch_time(copy, 1.0, 1.0, 8, 1, LK) == alltoall_time(copy, 8, 1, LK)
+    assert dispatch_time(copy, 8, 8, 1, LK, dedup=True, experts=128, consecutive=True) == alltoall_time(copy, 8, 1, LK)
+    # learned routing's flex dispatch inside a domain sends a token to each of the ~5.3 ranks its 8 experts reach
+    ranks = learned_routing(128, 8, 8, 8)[0]
+    assert dispatch_time(copy, 8, 8, 1, LK, dedup=True, experts=128) == alltoall_time(ranks * copy, 8, 1, LK)
 
 
 def test_consecutive_dispatch_across_domains_formula():
     copy, ranks, domains, size = 1e6, 2.0, 1.0, 64
     want = max(copy * ranks * 63 / 64 / LK.nvlink_bw(8), copy * domains * 7 / 8 / LK.inter_bw) + LK.inter_lat
-    assert consecutive_dispatch_time(copy, ranks, domains, size, 1, LK) == pytest.approx(want)
-    assert consecutive_dispatch_time(copy, ranks, domains, 1, 1, LK) == 0.0
+    assert flex_dispatch_time(copy, ranks, domains, size, 1, LK) == pytest.approx(want)
+    assert flex_dispatch_time(copy, ranks, domains, 1, 1, LK) == 0.0
 
 
 RECIPE = """\

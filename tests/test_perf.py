@@ -547,28 +547,34 @@ def test_grouped_gemm_slows_with_few_tokens_per_expert():
     assert flops[1] < flops[0]
 
 
-def test_flex_dispatch_sends_a_token_once_per_remote_domain():
-    from meshplan.arithmetic.comm import dispatch_time
+def test_flex_dispatch_sends_a_token_once_per_destination_rank_and_domain():
+    from meshplan.arithmetic.comm import alltoall_time, dispatch_time, learned_routing
 
     cal = calibration("megatron-core")
     lk = links(get_gpu("h100"), 8, cal)
     copy = 1e6  # bytes of one routed copy of the rank's tokens
-    # Inside one node both dispatchers are the same all-to-all.
-    assert dispatch_time(copy, 8, 8, 1, lk, dedup=True) == dispatch_time(copy, 8, 8, 1, lk, dedup=False)
-    # EP64 over 8 nodes, top-8: all-to-all sends 8 * 56/64 copies over the network, flex 7 * (1 - (7/8)^8).
-    plain = dispatch_time(copy, 8, 64, 1, lk, dedup=False)
-    flex = dispatch_time(copy, 8, 64, 1, lk, dedup=True)
+    # Inside one node: the all-to-all sends all 8 copies, flex one per destination rank (128 experts, 16 a rank).
+    ranks, _ = learned_routing(128, 8, 8, 8)
+    assert dispatch_time(copy, 8, 8, 1, lk, dedup=False, experts=128) == alltoall_time(8 * copy, 8, 1, lk)
+    assert dispatch_time(copy, 8, 8, 1, lk, dedup=True, experts=128) == alltoall_time(ranks * copy, 8, 1, lk)
+    # EP64 over 8 nodes, top-8 of 256: all-to-all sends 8 * 56/64 copies over the network; flex crosses NVLink once
+    # per off-rank destination rank and the network once per off-node destination node.
+    plain = dispatch_time(copy, 8, 64, 1, lk, dedup=False, experts=256)
+    flex = dispatch_time(copy, 8, 64, 1, lk, dedup=True, experts=256)
     assert plain == pytest.approx(8 * copy * 56 / 64 / lk.inter_bw + lk.inter_lat)
-    crossings = 7 * (1 - (7 / 8) ** 8)
-    assert flex == pytest.approx(max(copy * (8 * 7 / 64 + 8 * 56 / 64) / lk.intra_bw, copy * crossings / lk.inter_bw)
+    ranks, nodes = learned_routing(256, 8, 64, 8)
+    assert flex == pytest.approx(max(copy * ranks * 63 / 64 / lk.intra_bw, copy * nodes * 7 / 8 / lk.inter_bw)
                                  + lk.inter_lat)
     assert flex < plain
 
 
-def test_flex_dispatcher_only_changes_cross_node_expert_traffic():
+def test_flex_dispatcher_changes_only_expert_traffic():
     base = dict(model="mixtral-8x7b", num_gpus=64, tp=1, pp=1, ep=8, global_batch_size=128)
     inside = estimate(**base, moe_token_dispatcher="flex").breakdown.ep_comm_s
-    assert inside == estimate(**base).breakdown.ep_comm_s  # EP8 stays inside a node
+    assert inside == estimate(**base).breakdown.ep_comm_s  # Mixtral: 1 expert a rank, top-2 reach 2 ranks either way
+    # Qwen3-30B-A3B at EP8 in one node: 16 experts a rank, so top-8 reach ~5.3 ranks, fewer NVLink bytes
+    node = dict(model="qwen3-30b-a3b", num_gpus=8, ep=8, global_batch_size=64)
+    assert estimate(**node, moe_token_dispatcher="flex").breakdown.ep_comm_s < estimate(**node).breakdown.ep_comm_s
     wide = dict(model="qwen3-30b-a3b", num_gpus=64, ep=32, global_batch_size=128)
     flex, plain = estimate(**wide, moe_token_dispatcher="flex"), estimate(**wide)
     assert flex.breakdown.ep_comm_s < plain.breakdown.ep_comm_s

@@ -3,9 +3,11 @@ the model reads it, and the flex dispatcher's cross-node traffic follows it."""
 
 from __future__ import annotations
 
+from math import comb
+
 import pytest
 
-from meshplan.arithmetic.comm import dispatch_time, domain_hit, links
+from meshplan.arithmetic.comm import dispatch_time, learned_routing, links
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput, step_terms
 from meshplan.knowledge.calibration import calibration
@@ -41,34 +43,39 @@ def test_config_groups_are_checked_like_megatron_core():
     assert _v3(topk_method="greedy").moe.num_groups == 1  # transformers' DeepSeek-V2 greedy ignores groups
 
 
-def test_domain_hit_exact_cases():
-    plain = 1 - (7 / 8) ** 8
-    assert domain_hit(8, 8, 32) == pytest.approx(plain)
+def _gone(held: int, pool: int, k: int = 8) -> float:
+    """Chance none of k distinct experts drawn from `pool` is among `held` of them."""
+    return comb(pool - held, k) / comb(pool, k)
+
+
+def test_group_limited_routing_reaches_fewer_nodes_exact_cases():
+    # ungrouped, 8 nodes of 32 of 256 experts: each node is missed by all 8 distinct picks with C(224,8)/C(256,8)
+    assert learned_routing(256, 8, 64, 8)[1] == pytest.approx(8 * (1 - _gone(32, 256)))
     # DeepSeek-V3 EP64 over 8 nodes: a node holds one group of 32, picked with chance 4/8; then the 8 copies
-    # fall among 4 groups' 128 experts, so it gets one with chance 1 - (3/4)^8.
-    assert domain_hit(8, 8, 32, 256, 8, 4) == pytest.approx(0.5 * (1 - 0.75 ** 8))
+    # fall among 4 groups' 128 experts.
+    assert learned_routing(256, 8, 64, 8, 8, 4)[1] == pytest.approx(8 * 0.5 * (1 - _gone(32, 128)))
     # 4 nodes of 2 groups: hypergeometric h of the node's groups picked (C(2,h) C(6,4-h) / C(8,4)).
-    assert domain_hit(8, 4, 64, 256, 8, 4) == pytest.approx(
-        40 / 70 * (1 - 0.75 ** 8) + 15 / 70 * (1 - 0.5 ** 8))
-    # A node inside a group (EP256: 8 experts per node, groups of 32).
-    assert domain_hit(8, 32, 8, 256, 8, 4) == pytest.approx(0.5 * (1 - (1 - 8 / 128) ** 8))
-    # Groups straddling nodes, or every group allowed: the plain chance.
-    assert domain_hit(8, 8, 24, 256, 8, 4) == pytest.approx(plain)
-    assert domain_hit(8, 8, 32, 256, 8, 8) == pytest.approx(plain)
-    assert domain_hit(8, 8, 32, 260, 8, 4) == pytest.approx(plain)  # unequal groups: no grouping assumed
+    assert learned_routing(256, 8, 32, 8, 8, 4)[1] == pytest.approx(
+        4 * (40 / 70 * (1 - _gone(32, 128)) + 15 / 70 * (1 - _gone(64, 128))))
+    # A node inside a group (EP256: 8 experts per node, groups of 32); its one-expert ranks alike.
+    assert learned_routing(256, 8, 256, 8, 8, 4) == pytest.approx(
+        (256 * 0.5 * (1 - _gone(1, 128)), 32 * 0.5 * (1 - _gone(8, 128))))
+    # every group allowed, or unequal groups: the ungrouped expectation
+    assert learned_routing(256, 8, 64, 8, 8, 8) == pytest.approx(learned_routing(256, 8, 64, 8))
+    assert learned_routing(260, 8, 65, 5, 8, 4) == pytest.approx(learned_routing(260, 8, 65, 5))
 
 
-def test_groups_cut_only_the_flex_dispatchers_network_bytes():
+def test_groups_cut_only_the_flex_dispatchers_bytes():
     cal = calibration("megatron-core")
     lk = links(get_gpu("h100"), 8, cal)
     copy = 1e6
-    plain = dispatch_time(copy, 8, 64, 1, lk, dedup=False)
+    plain = dispatch_time(copy, 8, 64, 1, lk, dedup=False, experts=256)
     assert dispatch_time(copy, 8, 64, 1, lk, dedup=False, experts=256, num_groups=8, group_topk=4) == plain
     grouped = dispatch_time(copy, 8, 64, 1, lk, dedup=True, experts=256, num_groups=8, group_topk=4)
-    crossings = 7 * 0.5 * (1 - 0.75 ** 8)
-    assert grouped == pytest.approx(max(copy * (8 * 7 / 64 + 8 * 56 / 64) / lk.intra_bw,
-                                        copy * crossings / lk.inter_bw) + lk.inter_lat)
-    assert grouped < dispatch_time(copy, 8, 64, 1, lk, dedup=True)
+    ranks, nodes = learned_routing(256, 8, 64, 8, 8, 4)
+    assert grouped == pytest.approx(max(copy * ranks * 63 / 64 / lk.intra_bw, copy * nodes * 7 / 8 / lk.inter_bw)
+                                    + lk.inter_lat)
+    assert grouped < dispatch_time(copy, 8, 64, 1, lk, dedup=True, experts=256)
 
 
 def test_deepseek_v3_flex_step_follows_the_groups():

@@ -109,58 +109,72 @@ def alltoall_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
     return max(intra / lk.nvlink_bw(k), inter / lk.inter_bw) + lat
 
 
-@lru_cache(maxsize=4096)  # the search asks for the same few (copies, domains, groups) many times
-def domain_hit(copies: int, domains: int, domain_experts: int, experts: int = 0, num_groups: int = 1,
-               group_topk: int = 1) -> float:
-    """Chance that one given domain, holding `domain_experts` contiguous experts, receives at least one of a
-    token's `copies` routed copies, with routing uniform over the experts it may pick.
-
-    Group-limited routing (Megatron-Core moe_utils.group_limited_topk, HF n_group / topk_group; DeepSeek-V3's
-    node-limited routing, at most 4 nodes per token) first picks `group_topk` of `num_groups` equal, contiguous
-    groups, then the copies among the picked groups' experts. Where a domain holds whole groups (h of its groups
-    picked, hypergeometric) or lies inside one group, the copies land only there; otherwise (groups straddling
-    domains) the plain uniform chance is kept.
-    """
-    plain = 1.0 - (1.0 - 1.0 / domains) ** copies
-    if num_groups <= 1 or group_topk >= num_groups or experts <= 0 or experts % num_groups:
-        return plain
-    per_group = experts // num_groups
-    picked = group_topk * per_group  # experts a token may use
-    if domain_experts % per_group == 0:
-        held = domain_experts // per_group
-        total = math.comb(num_groups, group_topk)
-        return sum(math.comb(held, h) * math.comb(num_groups - held, group_topk - h) / total
-                   * (1.0 - (1.0 - h * per_group / picked) ** copies)
-                   for h in range(1, min(held, group_topk) + 1))
-    if per_group % domain_experts == 0:
-        return group_topk / num_groups * (1.0 - (1.0 - domain_experts / picked) ** copies)
-    return plain
-
-
 def dispatch_time(copy_bytes: float, copies: int, size: int, stride: int, lk: Links, dedup: bool,
-                  experts: int = 0, num_groups: int = 1, group_topk: int = 1) -> float:
-    """One MoE dispatch (or combine) all-to-all: each rank's tokens, `copies` routed copies of `copy_bytes`
-    each, spread evenly over the `size` ranks of the expert-parallel group.
+                  experts: int = 0, num_groups: int = 1, group_topk: int = 1, consecutive: bool = False) -> float:
+    """One MoE dispatch (or combine) all-to-all: each rank's tokens, `copies` (top_k) routed copies of `copy_bytes`
+    each, over the `size` ranks of the expert-parallel group.
 
-    `dedup` is Megatron-Core's flex dispatcher (DeepEP / HybridEP): a token crosses the network once per
-    destination domain and is fanned out to the experts there over NVLink, so it crosses (n-1) x
-    `domain_hit` times (n domains) instead of copies * (size-k)/size; group-limited routing (`experts`,
-    `num_groups`, `group_topk`) lowers that chance. The plain all-to-all sends every copy, groups or not.
+    The plain all-to-all sends every copy, spread evenly over the group. `dedup` is Megatron-Core's flex dispatcher
+    (DeepEP, flex_dispatch_time): a token goes once to each EP rank holding one of its experts, and once to each
+    NVLink domain over the network, however many of its experts sit there; how many of each a token reaches is
+    learned_routing's expectation (routing uniform over the `experts`, group-limited by `num_groups` /
+    `group_topk`), or consecutive_routing's count where `consecutive` (NeMo AutoModel's fake balanced gate).
     """
     if size <= 1 or copy_bytes <= 0:
         return 0.0
-    k = per_domain(size, stride, lk.domain)
-    if not dedup or k >= size:
+    if not dedup:
         return alltoall_time(copy_bytes * copies, size, stride, lk)
-    domains = -(-size // k)
-    remote = copies * (size - k) / size
-    domain_experts = experts * k // size if experts % size == 0 else 0
-    crossings = (domains - 1) * domain_hit(copies, domains, domain_experts, experts if domain_experts else 0,
-                                           num_groups, group_topk)
-    # NVLink carries the copies for the own domain plus the fan-out of the copies that arrived.
-    intra = copy_bytes * (copies * (k - 1) / size + remote)
-    inter = copy_bytes * crossings
-    return max(intra / lk.nvlink_bw(k), inter / lk.inter_bw) + lk.inter_lat
+    if experts <= 0 or experts % size:
+        raise ValueError(f"the flex dispatch needs the experts ({experts}) split evenly over the {size} EP ranks")
+    k = per_domain(size, stride, lk.domain)
+    if consecutive:
+        ranks, domains = consecutive_routing(experts, copies, size, k)
+    else:
+        ranks, domains = learned_routing(experts, copies, size, k, num_groups, group_topk)
+    return flex_dispatch_time(copy_bytes, ranks, domains, size, stride, lk)
+
+
+def _missed(lo: int, hi: int, experts: int, top_k: int, num_groups: int, group_topk: int) -> float:
+    """Chance that none of a token's `top_k` distinct experts falls among the contiguous experts [lo, hi), its
+    experts drawn uniformly without replacement (hypergeometric: C(pool - held, top_k) / C(pool, top_k)) from the
+    whole pool, or, group-limited (Megatron-Core moe_utils.group_limited_topk: `group_topk` of `num_groups` equal
+    contiguous groups, then the top_k among their experts), from the picked groups' experts, every choice of groups
+    equally likely: the block's experts among the picked groups counted over the choices (ways[j][m]: j groups
+    picked so far, m of the block's experts among them)."""
+    if num_groups <= 1 or group_topk >= num_groups or experts % num_groups:
+        return math.comb(experts - (hi - lo), top_k) / math.comb(experts, top_k)
+    per_group = experts // num_groups
+    pool = group_topk * per_group
+    if top_k > pool:
+        raise ValueError(f"top_k {top_k} exceeds the {pool} experts of {group_topk} groups of {per_group}")
+    ways: dict[tuple[int, int], int] = {(0, 0): 1}
+    for g in range(num_groups):
+        held = max(0, min(hi, (g + 1) * per_group) - max(lo, g * per_group))
+        grown = dict(ways)  # group g left out
+        for (j, m), w in ways.items():
+            if j < group_topk:
+                grown[j + 1, m + held] = grown.get((j + 1, m + held), 0) + w
+        ways = grown
+    misses = sum(w * math.comb(pool - m, top_k) for (j, m), w in ways.items() if j == group_topk)
+    return misses / (math.comb(num_groups, group_topk) * math.comb(pool, top_k))
+
+
+@lru_cache(maxsize=1024)  # small ints; asked per MoE layer of every estimate under the flex dispatcher
+def learned_routing(experts: int, top_k: int, ep: int, domain_ranks: int, num_groups: int = 1,
+                    group_topk: int = 1) -> tuple[float, float]:
+    """(EP ranks, NVLink domains) one token's `top_k` routed copies reach in expectation under learned routing,
+    taken as uniform over the experts the token may pick (its top_k distinct), group-limited where the model says
+    so (`num_groups` / `group_topk`, _missed): the sum over the ranks (domains) of the chance one of the copies
+    lands there. The experts are sharded contiguously, experts / ep per rank (Megatron-Core's expert parallelism;
+    DeepEP's get_dispatch_layout marks is_token_in_rank[token, expert / experts_per_rank]), `domain_ranks`
+    consecutive EP ranks per NVLink domain. top_k = 1 reaches one rank; every expert on one rank, one rank."""
+    local = experts // ep
+    span = local * min(domain_ranks, ep)
+    ranks = sum(1.0 - _missed(r * local, (r + 1) * local, experts, top_k, num_groups, group_topk)
+                for r in range(ep))
+    domains = sum(1.0 - _missed(lo, min(lo + span, experts), experts, top_k, num_groups, group_topk)
+                  for lo in range(0, experts, span))
+    return ranks, domains
 
 
 @lru_cache(maxsize=256)  # small ints; asked per MoE layer of every estimate of a job that sets the fake gate
@@ -180,18 +194,14 @@ def consecutive_routing(experts: int, top_k: int, ep: int, domain_ranks: int) ->
     return ranks / experts, domains / experts
 
 
-def consecutive_spread(experts: int, top_k: int, size: int, stride: int, lk: Links) -> tuple[float, float]:
-    """consecutive_routing over an EP group of `size` ranks at `stride`, its NVLink domains as the links place them."""
-    return consecutive_routing(experts, top_k, size, per_domain(size, stride, lk.domain))
-
-
-def consecutive_dispatch_time(copy_bytes: float, ranks: float, domains: float, size: int, stride: int,
-                              lk: Links) -> float:
-    """One flex (DeepEP / HybridEP) dispatch (or combine) of consecutive routing (consecutive_routing's `ranks` and
-    `domains` per token): DeepEP sends a token once per destination rank (is_token_in_rank), once per destination
-    node over the network; a destination is the token's own rank (domain) with chance 1/size (1/domains of the
-    group), as the consecutive blocks cycle over every rank. Every off-rank delivery crosses NVLink once (directly,
-    or as the fan-out of a network arrival), the off-domain ones the network as well."""
+def flex_dispatch_time(copy_bytes: float, ranks: float, domains: float, size: int, stride: int, lk: Links) -> float:
+    """One flex (DeepEP) dispatch (or combine) where a token reaches `ranks` EP ranks and `domains` NVLink domains
+    (learned_routing, consecutive_routing): DeepEP sends a token once per destination rank (intranode.cu dispatch
+    copies token t to rank r's buffer only where is_token_in_rank[t, r]), once per destination node over the network
+    (internode.cu: one RDMA send per node, then forwarded over NVLink to the node's ranks its SourceMeta marks); the
+    combine mirrors it. A destination is the token's own rank (domain) with chance 1/size (1/domains of the group),
+    the token's rank being independent of its routing. Every off-rank delivery crosses NVLink once (directly, or as
+    the fan-out of a network arrival), the off-domain ones the network as well."""
     if size <= 1 or copy_bytes <= 0:
         return 0.0
     k = per_domain(size, stride, lk.domain)

@@ -8,8 +8,6 @@ from dataclasses import replace
 from meshplan.arithmetic.comm import (
     Links,
     allreduce_time,
-    consecutive_dispatch_time,
-    consecutive_spread,
     dispatch_time,
     ring_time,
 )
@@ -129,13 +127,9 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> flo
     if ctx.gather_dispatch and plan.moe_token_dispatcher != "flex":
         return gather_ep(local * width * BF16, ep.size, ep.stride, ctx.lk)
     sent = local * width * BF16 * ctx.routed_load
-    if ctx.consecutive_routing and plan.moe_token_dispatcher == "flex":
-        ranks, domains = consecutive_spread(arch.moe.num_experts, arch.moe.top_k, ep.size, ep.stride, ctx.lk)
-        one = consecutive_dispatch_time(sent, ranks, domains, ep.size, ep.stride, ctx.lk)
-    else:
-        one = dispatch_time(sent, arch.moe.top_k, ep.size, ep.stride, ctx.lk,
-                            dedup=plan.moe_token_dispatcher == "flex", experts=arch.moe.num_experts,
-                            num_groups=arch.moe.num_groups, group_topk=arch.moe.group_topk)
+    one = dispatch_time(sent, arch.moe.top_k, ep.size, ep.stride, ctx.lk, dedup=plan.moe_token_dispatcher == "flex",
+                        experts=arch.moe.num_experts, num_groups=arch.moe.num_groups, group_topk=arch.moe.group_topk,
+                        consecutive=ctx.consecutive_routing)
     if plan.moe_a2a_overlap:
         return overlapped_a2a(one, fwd_compute, bwd_compute, ctx.a2a_steady_share)
     return EP_ALL_TO_ALLS_PER_LAYER * one

@@ -261,8 +261,9 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
                "(t x top_k + j) mod num_experts, consecutive, and DeepEP sends it once to each EP rank (and over the "
                "network once to each NVLink domain) holding them; "
                if plan.moe_token_dispatcher == "flex" and job.moe_fake_balanced_gate else
-               "flex dispatcher: a token crosses the network once per destination NVLink domain holding "
-               "one of its experts (DeepEP/HybridEP), then fans out over NVLink"
+               "flex dispatcher: a token goes once to each EP rank holding one of its experts and crosses the "
+               "network once per such NVLink domain (DeepEP), however many of its experts sit there; how many "
+               "ranks and domains is the expectation for routing uniform over the experts"
                + (f", its experts in at most topk_group = {moe.group_topk} of n_group = "
                   f"{moe.num_groups} expert groups (group-limited routing); "
                   if moe.num_groups > 1 else "; ")

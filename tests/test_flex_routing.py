@@ -1,0 +1,94 @@
+"""Learned routing's destinations under the flex (DeepEP) dispatcher: the expected EP ranks and NVLink domains one
+token's top_k distinct experts reach (comm.learned_routing), checked against enumeration and sampling."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from meshplan.arithmetic.comm import Links, dispatch_time, flex_dispatch_time, learned_routing
+
+LK = Links(domain=8, intra_bw=360e9, inter_bw=40e9, intra_lat=5e-6, inter_lat=10e-6, nic_scaling=1.0, node=8)
+
+
+def _pools(experts: int, num_groups: int, group_topk: int) -> list[list[int]]:
+    """The experts a token may pick, one list per equally likely choice of groups (one list when ungrouped)."""
+    if num_groups <= 1 or group_topk >= num_groups:
+        return [list(range(experts))]
+    per = experts // num_groups
+    return [[e for g in picked for e in range(g * per, (g + 1) * per)]
+            for picked in itertools.combinations(range(num_groups), group_topk)]
+
+
+def _spread(picked, local: int, span: int) -> tuple[int, int]:
+    return len({e // local for e in picked}), len({e // span for e in picked})
+
+
+def enumerated(experts, top_k, ep, domain_ranks, num_groups=1, group_topk=1) -> tuple[float, float]:
+    """Every choice of groups and every top_k subset of their experts, equally likely, counted."""
+    local = experts // ep
+    span = local * min(domain_ranks, ep)
+    ranks = domains = n = 0
+    for pool in _pools(experts, num_groups, group_topk):
+        for picked in itertools.combinations(pool, top_k):
+            r, d = _spread(picked, local, span)
+            ranks, domains, n = ranks + r, domains + d, n + 1
+    return ranks / n, domains / n
+
+
+@pytest.mark.parametrize("case", [
+    (8, 2, 4, 2), (12, 3, 4, 2), (12, 3, 6, 4),  # the last: 6 ranks in domains of 4 and 2
+    (16, 4, 8, 2, 4, 2),  # a rank inside a group of 4
+    (12, 3, 6, 2, 4, 2),  # groups of 3 straddling ranks of 2
+    (12, 2, 3, 1, 6, 3),  # a rank holding two whole groups
+    (16, 5, 4, 2, 4, 3),
+])
+def test_expectation_matches_enumeration(case):
+    assert learned_routing(*case) == pytest.approx(enumerated(*case), rel=1e-12)
+
+
+def test_expectation_matches_sampling_at_a_real_size():
+    # DeepSeek-V3's routing (256 experts, top-8 of 4 of 8 groups) at EP64 over 8-GPU nodes, sampled
+    rng = random.Random(47)
+    experts, top_k, ep, per = 256, 8, 64, 32
+    ranks = domains = 0
+    draws = 20000
+    for _ in range(draws):
+        groups = rng.sample(range(8), 4)
+        picked = rng.sample([e for g in groups for e in range(g * per, (g + 1) * per)], top_k)
+        r, d = _spread(picked, experts // ep, experts // ep * 8)
+        ranks, domains = ranks + r, domains + d
+    want = learned_routing(experts, top_k, ep, 8, 8, 4)
+    assert ranks / draws == pytest.approx(want[0], abs=0.03)
+    assert domains / draws == pytest.approx(want[1], abs=0.03)
+
+
+def test_limits():
+    assert learned_routing(128, 1, 8, 8) == pytest.approx((1.0, 1.0))  # top-1: one rank, one domain
+    assert learned_routing(256, 1, 64, 8, 8, 4) == pytest.approx((1.0, 1.0))
+    assert learned_routing(128, 8, 1, 1) == pytest.approx((1.0, 1.0))  # every expert on one rank
+    # one expert per rank: top_k distinct experts are top_k distinct ranks
+    assert learned_routing(64, 6, 64, 8)[0] == pytest.approx(6.0)
+    # never more ranks than copies or than the group, never more domains than ranks
+    for case in [(128, 8, 8, 8), (256, 8, 64, 8, 8, 4), (384, 8, 32, 8), (160, 6, 16, 4)]:
+        ranks, domains = learned_routing(*case)
+        assert 1.0 <= domains <= ranks <= min(case[1], case[2])
+
+
+def test_flex_dispatch_charges_destination_ranks_not_copies():
+    copy = 1e6
+    ranks, domains = learned_routing(256, 8, 64, 8)
+    assert dispatch_time(copy, 8, 64, 1, LK, dedup=True, experts=256) == flex_dispatch_time(
+        copy, ranks, domains, 64, 1, LK)
+    # NVLink: each off-rank destination once; the network: each off-node destination node once
+    assert flex_dispatch_time(copy, ranks, domains, 64, 1, LK) == pytest.approx(
+        max(copy * ranks * 63 / 64 / LK.intra_bw, copy * domains * 7 / 8 / LK.inter_bw) + LK.inter_lat)
+
+
+def test_flex_dispatch_refuses_experts_it_cannot_place():
+    with pytest.raises(ValueError, match="experts \\(100\\) split evenly over the 8 EP ranks"):
+        dispatch_time(1e6, 8, 8, 1, LK, dedup=True, experts=100)
+    with pytest.raises(ValueError, match="top_k 8 exceeds the 4 experts"):
+        learned_routing(64, 8, 8, 8, 16, 1)
