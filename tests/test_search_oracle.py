@@ -1,8 +1,8 @@
 """The search is exact (issue 23): on sampled requests its top K are the exhaustive oracle's (search/oracle.py: every
 plan estimated by brute force, no bounds, no pruning, none of the search's caches). The sampler draws dense, MoE and
 MLA models, short and long sequences (CP), odd GPU counts, every framework, GPU and batch size, from a seed per
-request, so a failure names the request that reproduces it. The default run holds 32 requests; the `slow` run 300
-more."""
+request, so a failure names the request that reproduces it. The default run holds 32 requests; the `slow` run 200
+more and 160 that fix knobs (392 sampled in all; issue 23 asks for at least 300)."""
 
 import random
 
@@ -61,10 +61,12 @@ def test_the_search_finds_the_oracles_top_k_on_sampled_requests():
     assert ranked >= 16  # the sampler stays meaningful: most requests have layouts to rank
 
 
-# One test per request: a failure names its seed, and the test workers (pytest-xdist) share them out evenly.
+# One test per request: a failure names its seed, and the test workers (pytest-xdist) share them out evenly. Seeds
+# 1000-1299 all passed on the tree of 2026-12-05 (fd6ba71b); 1200-1299 were left out of the suite then to keep CI on
+# two cores under 30 minutes (widen the range to run them: each seed draws its own request).
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(1000, 1300))
-def test_the_search_finds_the_oracles_top_k_on_300_more(seed):
+@pytest.mark.parametrize("seed", range(1000, 1200))
+def test_the_search_finds_the_oracles_top_k_on_200_more(seed):
     check_against_the_oracle(seed)
 
 
