@@ -260,37 +260,35 @@ def compile_field(row: dict[str, Any], framework: str, knobs: dict[str, str]) ->
     return {"torch_compile": True}
 
 
-DEFERRED_SYNC = re.compile(r"defer_fsdp_grad_sync\s+(true|false)", re.IGNORECASE)
+def stated_switch(row: dict[str, Any], setting: str) -> bool | None:
+    """The true/false a row's outcome notes give the config setting `setting` (its dotted name, e.g.
+    loss_fn.fp32_upcast, as the notes write it: "<setting> true|false"), None where they name none."""
+    found = re.search(rf"{re.escape(setting)}\s+(true|false)", row_text(row["outcome"]["other"]), re.IGNORECASE)
+    return None if found is None else found.group(1).lower() == "true"
 
 
 def defer_field(row: dict[str, Any], framework: str) -> dict[str, Any]:
     """defer_fsdp_grad_sync as the config a row cites sets it (its outcome notes name the setting), on a framework
     that has the setting (its card's grad_accumulation.knob); left out, the framework's default."""
     facts = framework_card(framework).grad_accumulation
-    found = DEFERRED_SYNC.search(row_text(row["outcome"]["other"]))
+    found = stated_switch(row, "defer_fsdp_grad_sync")
     if facts is None or facts.knob is None or found is None:
         return {}
-    return {"defer_fsdp_grad_sync": found.group(1).lower() == "true"}
-
-
-FAKE_GATE = re.compile(r"fake_balanced_gate\s+(true|false)", re.IGNORECASE)
+    return {"defer_fsdp_grad_sync": found}
 
 
 def fake_gate_field(row: dict[str, Any]) -> dict[str, Any]:
     """moe_fake_balanced_gate as the config a row cites sets it (its outcome notes name the setting: NeMo AutoModel's
     model.backend.fake_balanced_gate); left out, learned routing."""
-    found = FAKE_GATE.search(row_text(row["outcome"]["other"]))
-    return {} if found is None else {"moe_fake_balanced_gate": found.group(1).lower() == "true"}
-
-
-UPCAST = re.compile(r"loss_fn\.fp32_upcast\s+(true|false)", re.IGNORECASE)
+    found = stated_switch(row, "fake_balanced_gate")
+    return {} if found is None else {"moe_fake_balanced_gate": found}
 
 
 def upcast_field(row: dict[str, Any]) -> dict[str, Any]:
     """loss_fp32_upcast as the config a row cites sets it (its outcome notes name NeMo AutoModel's
     loss_fn.fp32_upcast); left out, the framework's default."""
-    found = UPCAST.search(row_text(row["outcome"]["other"]))
-    return {} if found is None else {"loss_fp32_upcast": found.group(1).lower() == "true"}
+    found = stated_switch(row, "loss_fn.fp32_upcast")
+    return {} if found is None else {"loss_fp32_upcast": found}
 
 
 def run_attention_kernel(row: dict[str, Any]) -> str | None:
