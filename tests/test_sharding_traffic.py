@@ -11,6 +11,7 @@ from meshplan.estimate.sharding_traffic import (
     ShardUnit,
     exposed_by_schedule,
     exposed_sharding,
+    in_line_sharding,
     sharding_schedule,
 )
 from meshplan.knowledge.calibration import calibration
@@ -187,3 +188,46 @@ def test_fp8_weights_are_gathered_in_one_byte():
     job, plan = _job(model="llama-3-8b", gpu="h100", num_gpus=64, framework="megatron-core", zero_stage=3,
                      precision="fp8", seq_length=4096, global_batch_size=256)
     assert param_gather_bytes(job, plan) == 2.0
+
+
+def test_a_root_unit_gathers_embedding_and_head_first_in_both_passes_and_reduces_them_last():
+    """KempnerForge's root unit (embedding, final norm and head: the convention's embedding_in_root): gathered whole
+    before the embedding, again whole at the head's backward, reduce-scattered whole after every block."""
+    embed, head, layers = 5.0, 1.0, ShardUnit(2, gather=2.0, reduce=2.0, fwd=3.0, bwd=6.0)
+    root = [ShardUnit(1, gather=embed + head, reduce=2 * (embed + head), fwd=0.0, bwd=0.0, resharded=False),
+            layers, ShardUnit(1, gather=embed + head, reduce=0.0, fwd=0.1, bwd=0.2, gathers_fwd=False)]
+    # forward: the root whole (6), then the layers (2 - 0 and 2 - 3 -> 0); the head gathers nothing
+    assert exposed_sharding(root, True, False, False) == pytest.approx(6.0 + 2.0)
+    # backward: the root whole first (6); the head's backward hides the last layer's gather (2 - 0.2 = 1.8); the
+    # layers hide theirs and nothing of the root's; the embedding's backward (no window) leaves the first layer's
+    # reduce-scatter (2); the root's reduce-scatter, embedding and head together, ends the pass (12)
+    assert exposed_sharding(root, False, True, True) == pytest.approx(6.0 + 1.8 + 2.0 + 12.0)
+    # apart (torchtitan's units): the head's gather and reduce-scatter hide behind the layers
+    apart = [ShardUnit(1, gather=embed, reduce=2 * embed, fwd=0.0, bwd=0.0), layers,
+             ShardUnit(1, gather=head, reduce=2 * head, fwd=0.1, bwd=0.2)]
+    assert exposed_sharding(apart, True, True, True) < exposed_sharding(root, True, True, True)
+    # on the compute stream (in line), the same transfers: the root once each way, its reduce once
+    assert in_line_sharding(root, True, True, True) == pytest.approx(6.0 + 2 * (2 * 2.0 + 2.0) + 12.0 + 6.0)
+
+
+def test_edge_units_with_a_root_move_the_embedding_and_the_head_as_one_unit():
+    """edge_units' root form: the embedding's place carries the whole root's forward gather and its reduce-scatter
+    (not gathered again there), the head's place the whole root's backward gather and nothing in the forward."""
+    from types import SimpleNamespace
+
+    from meshplan.arithmetic.comm import job_links
+    from meshplan.arithmetic.mesh import Group
+    from meshplan.estimate.sharding_traffic import DpTraffic, edge_units
+
+    job, plan = _job(model="llama-3-8b", framework="kempnerforge", num_gpus=32, gpus_per_node=4, gpu="h200", tp=4)
+    cal = calibration(job.framework)
+    traffic = DpTraffic(plan, job_links(job, cal), Group(8, 4), Group(8, 4))
+    parts = SimpleNamespace(embedding=525e6, head=131e6, norm=4096)
+    embed, head = edge_units(job.model, plan, parts, 0.03, traffic, 4.0, None, True, root=True)
+    whole = 525e6 + 131e6 + 4096
+    assert embed.gather == head.gather == pytest.approx(traffic(whole, 0.0, 2.0))
+    assert embed.reduce == pytest.approx(traffic.reduce(whole, 0.0, 4.0)) and head.reduce == 0.0
+    assert (embed.gathers_fwd, embed.resharded, head.gathers_fwd, head.resharded) == (True, False, False, True)
+    apart_embed, apart_head = edge_units(job.model, plan, parts, 0.03, traffic, 4.0, None, True)
+    assert apart_embed.gather + apart_head.gather == pytest.approx(embed.gather, rel=1e-2)
+    assert apart_head.gathers_fwd and apart_embed.resharded

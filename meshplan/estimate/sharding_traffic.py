@@ -35,6 +35,9 @@ class ShardUnit(NamedTuple):
     waits_bwd: float = 0.0  # the same in the backward
     copy_gather: float = 0.0  # seconds of the engine's own copies on the compute stream at each gather (UnitCopies)
     copy_reduce: float = 0.0  # ... and at each reduce
+    # False: already gathered when its forward runs, with a unit before it (the output head of a root unit that holds
+    # the embedding too: gathered whole before the embedding, edge_units); gathered, if resharded, in the backward only
+    gathers_fwd: bool = True
 
     def moved(self, gathered: bool, reduced: bool) -> float:
         """Seconds of all its traffic in one forward and backward, hidden or not: each unit's all-gather forward
@@ -97,9 +100,10 @@ def exposed_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: b
     if gather_fwd and units:
         prev_fwd = None
         for u in units:
-            wait = u.waits_fwd * u.gather  # gathered when its submodule starts: nothing hides it
-            exposed += u.gather if prev_fwd is None else wait + max(0.0, u.gather - wait - prev_fwd)
-            exposed += (u.count - 1) * (wait + max(0.0, u.gather - wait - u.fwd))
+            if u.gathers_fwd:
+                wait = u.waits_fwd * u.gather  # gathered when its submodule starts: nothing hides it
+                exposed += u.gather if prev_fwd is None else wait + max(0.0, u.gather - wait - prev_fwd)
+                exposed += (u.count - 1) * (wait + max(0.0, u.gather - wait - u.fwd))
             prev_fwd = u.fwd
     if not (gather_bwd or reduce) or not units:
         return exposed
@@ -221,7 +225,7 @@ def copy_seconds(copies: UnitCopies | None, dense: float, expert: float, traffic
 def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Architecture, head: float,
                 traffic: DpTraffic, grad_bytes: float, max_live: float | None = None,
                 weight_bytes: float = BF16, copies: UnitCopies | None = None,
-                head_resharded: bool = False) -> list[ShardUnit]:
+                head_resharded: bool = False, embedding_in_root: bool = False) -> list[ShardUnit]:
     """A stage's FSDP units in forward order: the embedding on the first stage (no compute to hide the next
     gather behind), one unit per decoder layer (runs of one kind summed), the output head on the last stage
     (kept gathered into its backward: torchtitan does not reshard norm + output, Megatron-FSDP's root keeps
@@ -232,10 +236,12 @@ def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Archi
     `weight_bytes` each (param_gather_bytes), the embedding and the output head bf16. Each unit's parameters on this
     rank: RankParts, as the memory holds them. `copies`: what the engine copies on the compute stream at each
     gather and reduce (UnitCopies; None: nothing). `head_resharded`: the output head's unit is freed after its
-    forward (edge_units)."""
+    forward; `embedding_in_root`: one root unit holds the embedding with the head, where the stage holds both
+    (edge_units)."""
     units: list[ShardUnit] = []
     kinds = stage.kinds
-    embedding, output = edge_units(arch, plan, parts, head, traffic, grad_bytes, copies, head_resharded)
+    embedding, output = edge_units(arch, plan, parts, head, traffic, grad_bytes, copies, head_resharded,
+                                   embedding_in_root and stage.first and stage.head_stage)
     if stage.first:
         units.append(embedding)
     # MTP blocks cost like the last layer
@@ -265,16 +271,34 @@ def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Archi
 
 def edge_units(arch: Architecture, plan: Plan, parts: RankParts, head: float, traffic: DpTraffic,
                grad_bytes: float, copies: UnitCopies | None = None,
-               head_resharded: bool = False) -> tuple[ShardUnit, ShardUnit]:
+               head_resharded: bool = False, root: bool = False) -> tuple[ShardUnit, ShardUnit]:
     """The embedding's unit (first stage: no compute before it to hide its gather) and the output head's (head
     stage: `head` its seconds, kept gathered into its backward: torchtitan does not reshard norm + output,
     Megatron-FSDP's root keeps the output layer; `head_resharded`: freed after its forward and gathered again, verl's
     root, the convention's output_resharded_at_loss), bf16 each. Tied embeddings without PP are one unit (torchtitan
     groups them, not resharded): the head's moves nothing of its own. Their parameters on this rank: RankParts (the
-    head with the final norm). `copies`: the engine's compute-stream copies (shard_units)."""
+    head with the final norm). `copies`: the engine's compute-stream copies (shard_units).
+
+    `root`: one FSDP unit holds the embedding, the final norm and the head (the convention's embedding_in_root:
+    KempnerForge's apply_fsdp2 fully_shards each block, then the whole model). torch's FSDP2 gathers that root in its
+    pre_forward, before the embedding, so the whole of it waits (the head gathers nothing in the forward:
+    ShardUnit.gathers_fwd); freed after the forward where `head_resharded`, its pre_backward (on the logits) gathers
+    the whole of it again for the head's backward, the backward's first unit, and it stays gathered to the end; its
+    post_backward runs in the end-of-backward callback (the token ids need no gradient, so no post-backward hook:
+    torch _fsdp_param_group.py _register_post_backward_hook, _fsdp_state.py _root_post_backward_final_callback), so
+    its reduce-scatter, embedding and head together, comes after every block's, in the embedding unit's place. The
+    same facts as the memory's walk (fsdp_walk.embedding_in_root)."""
     tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
     embed_params = parts.embedding
     head_params = 0.0 if tied_one_unit else parts.head + parts.norm
+    if root:
+        whole = embed_params + head_params
+        gather, (copy_gather, copy_reduce) = traffic(whole, 0.0, BF16), copy_seconds(copies, whole, 0.0, traffic)
+        return (ShardUnit(1, gather, traffic.reduce(whole, 0.0, grad_bytes), 0.0, 0.0, False, 0.0, 0.0, copy_gather,
+                          copy_reduce),
+                ShardUnit(1, gather, 0.0, head / TRAINING_PASSES_PER_FORWARD,
+                          head * (1 - 1 / TRAINING_PASSES_PER_FORWARD), head_resharded, 0.0, 0.0, copy_gather, 0.0,
+                          gathers_fwd=False))
     embed_copies = copy_seconds(copies, embed_params, 0.0, traffic)
     head_copies = copy_seconds(copies, head_params, 0.0, traffic)
     return (ShardUnit(1, traffic(embed_params, 0.0, BF16), traffic.reduce(embed_params, 0.0, grad_bytes), 0.0, 0.0,
@@ -348,16 +372,17 @@ class ShardingExposed(NamedTuple):
 def in_line_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, reduce: bool) -> float:
     """exposed_sharding's pass where every transfer runs on the compute stream (ShardingSchedule.overlapped false):
     each all-gather and reduce-scatter waits whole, the same transfers exposed_sharding moves."""
-    return sum(u.count * ((u.gather if gather_fwd else 0.0) + (u.gather if gather_bwd and u.resharded else 0.0)
-                          + (u.reduce if reduce else 0.0)) for u in units)
+    return sum(u.count * ((u.gather if gather_fwd and u.gathers_fwd else 0.0)
+                          + (u.gather if gather_bwd and u.resharded else 0.0) + (u.reduce if reduce else 0.0))
+               for u in units)
 
 
 def unit_copies(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, reduce: bool) -> float:
     """Seconds of the units' compute-stream copies in one pass (forward, then backward): one per gather and reduce
     in_line_sharding counts, on the compute stream whatever the collectives' overlap."""
-    return sum(u.count * ((u.copy_gather if gather_fwd else 0.0) + (u.copy_gather if gather_bwd and u.resharded
-                                                                    else 0.0) + (u.copy_reduce if reduce else 0.0))
-               for u in units)
+    return sum(u.count * ((u.copy_gather if gather_fwd and u.gathers_fwd else 0.0)
+                          + (u.copy_gather if gather_bwd and u.resharded else 0.0)
+                          + (u.copy_reduce if reduce else 0.0)) for u in units)
 
 
 def exposed_by_schedule(units: Sequence[ShardUnit], sched: ShardingSchedule) -> ShardingExposed:

@@ -521,7 +521,8 @@ def _stage_sharding(stage: StageShards, inp: StageInputs) -> ShardingExposed:
                               grad_bytes=grad_reduce_bytes(plan, inp.ctx.cal), weight_bytes=param_gather_bytes(
                                   inp.job, plan), max_live=prefetch.max_live_parameters if prefetch else None,
                               copies=UnitCopies(copied, inp.ctx.hbm) if copied is not None else None,
-                              head_resharded=conv.output_resharded_at_loss))
+                              head_resharded=conv.output_resharded_at_loss,
+                              embedding_in_root=conv.embedding_in_root))
     if units not in inp.seen:  # pipeline stages often hold the same layers
         inp.seen[units] = exposed_by_schedule(units, inp.sharding)
     return inp.seen[units]
