@@ -231,3 +231,18 @@ def test_edge_units_with_a_root_move_the_embedding_and_the_head_as_one_unit():
     apart_embed, apart_head = edge_units(job.model, plan, parts, 0.03, traffic, 4.0, None, True)
     assert apart_embed.gather + apart_head.gather == pytest.approx(embed.gather, rel=1e-2)
     assert apart_head.gathers_fwd and apart_embed.resharded
+
+
+def test_fsdp2_at_zero_stage_2_keeps_each_unit_gathered_into_its_backward():
+    """FSDP2's reshard_after_forward=False (the plan's zero_stage 2, NeMo AutoModel's distributed.reshard_after_forward
+    false): gathered every micro-batch's forward, not again in its backward; zero_stage 3 gathers both ways."""
+    fields = dict(model="llama-3.1-8b", framework="nemo-automodel", num_gpus=16)
+    kept = sharding_schedule(*_job(**fields, zero_stage=2))
+    freed = sharding_schedule(*_job(**fields, zero_stage=3))
+    assert kept.gather_each_microbatch and not kept.regathered
+    assert freed.gather_each_microbatch and freed.regathered
+    layers = [ShardUnit(count=3, gather=2.0, reduce=3.0, fwd=1.0, bwd=4.0)]
+    # the forward's gathers alike (4, test above), the backward's (2 first, then hidden) left out
+    assert exposed_by_schedule(layers, kept).micro == pytest.approx(exposed_sharding(layers, True, False, False))
+    assert exposed_by_schedule(layers, freed).micro == pytest.approx(exposed_sharding(layers, True, True, False))
+    assert exposed_by_schedule(layers, kept).micro < exposed_by_schedule(layers, freed).micro

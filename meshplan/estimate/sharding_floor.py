@@ -47,11 +47,12 @@ def sharding_floor(job: Job, plan: Plan) -> float:
                              law=law)
     traffic = dp_traffic(plan, job_links(job, cal), groups, cal)
     grad_bytes = grad_reduce_bytes(plan, cal)
-    # every decoder layer is resharded: gathered forward and backward
-    total = _layers_traffic(job, plan, traffic, (2 * gathered, 1 if reduced else 0), grad_bytes)
+    # every decoder layer gathered forward and, resharded after it (the schedule's regathered), backward
+    total = _layers_traffic(job, plan, traffic, (gathered + sched.regathered, 1 if reduced else 0), grad_bytes)
     # the embedding (first stage) and the output head (head stage): shard_units' own units (their windows unread)
     embedding, output = edge_units(arch, plan, time_rank_parts(job, plan), 0.0, traffic, grad_bytes)
-    total += embedding.moved(gathered, reduced) + output.moved(gathered, reduced)
+    total += (embedding.moved(gathered, reduced, sched.regathered)
+              + output.moved(gathered, reduced, sched.regathered))
     return total / plan.pp
 
 

@@ -39,10 +39,11 @@ class ShardUnit(NamedTuple):
     # the embedding too: gathered whole before the embedding, edge_units); gathered, if resharded, in the backward only
     gathers_fwd: bool = True
 
-    def moved(self, gathered: bool, reduced: bool) -> float:
+    def moved(self, gathered: bool, reduced: bool, regathered: bool | None = None) -> float:
         """Seconds of all its traffic in one forward and backward, hidden or not: each unit's all-gather forward
-        and, resharded, again backward (`gathered`), and its reduce-scatter (`reduced`)."""
-        return in_line_sharding((self,), gathered, gathered, reduced)
+        (`gathered`) and, resharded, again backward (`regathered`, as `gathered` where not said), and its
+        reduce-scatter (`reduced`)."""
+        return in_line_sharding((self,), gathered, gathered if regathered is None else regathered, reduced)
 
 
 def grad_reduce_bytes(plan: Plan, cal: Calibration) -> float:
@@ -320,6 +321,9 @@ class ShardingSchedule:
     # False where the engine runs each unit's transfers on the compute stream with the plan's grad_reduce_overlap off
     # (the card's sharding_overlap_off units compute_stream, overlap_off): nothing hides them
     overlapped: bool = True
+    # the backward gathers each unit again, every micro-batch (freed after its forward); False: FSDP2's
+    # reshard_after_forward=False, the plan's zero_stage 2, keeps it gathered from its forward into its backward
+    regathered: bool = True
 
     @property
     def per_step(self) -> bool:
@@ -337,7 +341,11 @@ def sharding_schedule(job: Job, plan: Plan) -> ShardingSchedule:
                                   plan.defer_fsdp_grad_sync)
     off = overlap_off(job, plan)
     in_line = params and off is not None and off.units == "compute_stream"
-    return ShardingSchedule(params, grads, params and not keep, grads and not defer, not in_line)
+    gathered = params and not keep
+    # FSDP2 at zero_stage 2 is fully_shard(reshard_after_forward=False) (cards/memory.yaml fsdp2 zero "2"): torch's
+    # FSDPParamGroup.post_forward does not reshard, so the unit's pre_backward finds it gathered
+    return ShardingSchedule(params, grads, gathered, grads and not defer, not in_line,
+                            gathered and plan.zero_stage != 2)
 
 
 def overlap_off(job: Job, plan: Plan) -> ShardingOverlapOff | None:
@@ -393,7 +401,7 @@ def exposed_by_schedule(units: Sequence[ShardUnit], sched: ShardingSchedule) -> 
     post_backward; ProcessGroupNCCL runs a communicator's collectives on one stream), so the step pays what the two
     leave exposed together less what the gathers alone leave (each micro-batch's `micro`)."""
     exposed = exposed_sharding if sched.overlapped else in_line_sharding
-    each = (sched.gather_each_microbatch, sched.gather_each_microbatch, sched.reduce_each_microbatch)
+    each = (sched.gather_each_microbatch, sched.regathered, sched.reduce_each_microbatch)
     step_gather = sched.params_sharded and not sched.gather_each_microbatch
     step_reduce = sched.grads_sharded and not sched.reduce_each_microbatch
     micro = exposed(units, *each)

@@ -107,7 +107,9 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
                 + f" with {dp_hidden_share(plan, cal.zero_grad_overlap):.0%} of the last backward hiding it; then "
                 f"the bf16 parameters are all-gathered, {dp_hidden_share(plan, cal.param_gather_overlap):.0%} of "
                 "the next forward hiding it.")
-    params = ("bf16 parameters all-gathered layer by layer, forward and again backward, every micro-batch"
+    params = (("bf16 parameters all-gathered layer by layer, forward and again backward, every micro-batch"
+               if sched.regathered else "bf16 parameters all-gathered layer by layer in the forward and kept into "
+               "the backward (not resharded after forward), every micro-batch")
               if sched.gather_each_microbatch else
               "bf16 parameters all-gathered layer by layer once per step (kept gathered across micro-batches)"
               if sched.params_sharded else "bf16 parameters all-gathered once per step after the optimizer")
