@@ -117,13 +117,16 @@ def batch_section(job: Job, plan: Plan) -> tuple[Section, list[str]]:
 
 
 def backend_section(job: Job, plan: Plan, variant: str) -> Section:
-    """model.backend (BackendConfig): the MoE dispatcher and the attention backend, where the plan sets them."""
+    """model.backend (BackendConfig): the MoE dispatcher and the attention backend, where the plan sets them, and
+    enable_fsdp_optimizations where the job keeps its FSDP units gathered (Job.fsdp_keep_gathered)."""
     backend: Section = []
     attn = attention_value("nemo-automodel", variant, plan.attention_backend, job.model.mla is not None)
     if attn is not None:
         backend.append(("attn", attn))
     if job.model.moe is not None and plan.ep > 1:
         backend.append(("dispatcher", "deepep" if plan.moe_token_dispatcher == "flex" else "torch"))
+    if job.fsdp_keep_gathered:  # MoEFSDPSyncMixin: units kept gathered and unreduced between micro-batches
+        backend.append(("enable_fsdp_optimizations", True))
     return [("_target_", "nemo_automodel.components.models.common.BackendConfig"), *backend] if backend else []
 
 

@@ -622,18 +622,19 @@ def accumulated_grad_bytes(card: FrameworkCard, micro_batches: int, sharded: boo
     return card.grad_accumulation.bytes_per_param
 
 
-def holds_grads(card: FrameworkCard, pp: int, micro_batches: int, defer: bool | None = None) -> bool:
+def holds_grads(card: FrameworkCard, pp: int, micro_batches: int, defer: bool | None = None,
+                keep: bool = False) -> bool:
     """Whether an FSDP unit's gradient sync waits for the step's last backward, the unit holding its unsharded
     gradient meanwhile (the card's grad_accumulation): under pp > 1 where torch's PipelineStage defers it to the
     schedule's _post_backward (pipeline_held), with any number of micro-batches; else by the trainer's own loop, which
     changes nothing with one micro-batch (its only backward reduces). `defer` is the plan's defer_fsdp_grad_sync, that
     loop where the card names the knob (NeMo AutoModel); None, or a card without the knob: the card's `unsharded`.
     One fact for the memory (accumulated_grad_bytes) and the time (sharding_traffic.sharding_schedule: reduce-scatter
-    once per step)."""
+    once per step). `keep`: the job's keeps_units."""
     facts = card.grad_accumulation
     if facts is None:
         return False
-    if pipeline_held(card, pp):
+    if pipeline_held(card, pp, keep):
         return True
     own = defer if defer is not None and facts.knob is not None else facts.unsharded
     return own and micro_batches > 1
@@ -645,9 +646,23 @@ def keeps_gathered(card: FrameworkCard, pp: int) -> bool:
     return pipeline_held(card, pp) and card.grad_accumulation.gathered_through_forward
 
 
-def pipeline_held(card: FrameworkCard, pp: int) -> bool:
+def keeps_units(job, plan) -> bool:
+    """Whether the job's FSDP units stay gathered and unreduced from their first backward to the step's last micro-batch
+    without PP, by the framework's own switch (Job.fsdp_keep_gathered, the card's grad_accumulation.keep_knob: NeMo
+    AutoModel's model.backend.enable_fsdp_optimizations; components/moe/fsdp_mixin.py MoEFSDPSyncMixin
+    prepare_for_grad_accumulation sets set_reshard_after_backward(False) and set_requires_gradient_sync(False) on every
+    unit, prepare_for_final_backward both back on before the last micro-batch, recipes/llm/train_ft.py): with one
+    micro-batch per step it changes nothing; under PP the pipeline stage holds them already (pipeline_held). Modelled
+    on units resharded after their forward (zero_stage 3, which resolve holds a request asking for it to); a plan at
+    another stage is timed and sized without it."""
+    return (job.fsdp_keep_gathered and plan.pp == 1 and plan.zero_stage == 3
+            and plan.num_microbatches(job.global_batch_size) > 1)
+
+
+def pipeline_held(card: FrameworkCard, pp: int, keep: bool = False) -> bool:
     """Whether the stage's FSDP units stay gathered and hold their unsharded gradients from their first backward to
     the end of the step: pp > 1 on a framework whose card says its stages run in torch's PipelineStage over FSDP2
-    (grad_accumulation.pipeline; torch/distributed/pipelining/stage.py backward_maybe_with_nosync, _post_backward)."""
+    (grad_accumulation.pipeline; torch/distributed/pipelining/stage.py backward_maybe_with_nosync, _post_backward); or
+    without PP where the job's own switch does the same (`keep`: keeps_units)."""
     facts = card.grad_accumulation
-    return pp > 1 and facts is not None and facts.pipeline
+    return facts is not None and ((pp > 1 and facts.pipeline) or keep)

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from meshplan.arithmetic.memory_states import (
     accumulated_grad_bytes,
+    keeps_units,
     loss_logits,
     pipeline_held,
     state_bytes,
@@ -404,10 +405,10 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     held_bytes = accumulated_grad_bytes(card, terms.m, True, pp, terms.plan.defer_fsdp_grad_sync,
                                         terms.job.lora is not None, terms.plan.grad_reduce_in_fp32)
     accumulation = Accumulation(held_bytes, terms.m)
-    if pipeline_held(card, pp):
+    if pipeline_held(card, pp, keeps_units(terms.job, terms.plan)):  # without PP each forward reshards (zero 3)
         one_batch = stage.layer_acts - held_other  # held_other: the layers' other micro-batches in flight
         accumulation = accumulation._replace(
-            pipeline=True, through_forward=card.grad_accumulation.gathered_through_forward,
+            pipeline=True, through_forward=pp > 1 and card.grad_accumulation.gathered_through_forward,
             cooldown_other=max(0.0, held - one_batch) if held_other > 0 else None)
     # with one micro-batch, or with the sync deferred to the last one, a sharded gradient exists only after the
     # reduce-scatter that writes it (under a pipeline: in the schedule's first run of the step)
@@ -554,7 +555,8 @@ def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: boo
              "every sharded gradient allocated" + (" (accumulated over the step's micro-batches)"
                                                    if conv.grads_set_to_none else " (zeroed in place, not freed)"))
     if held and pipeline:
-        grads += ("; torch's pipeline stage defers gradient sync and resharding to the schedule's post-backward, so "
+        grads += ("; torch's pipeline stage (without PP, the framework's own switch: the card's grad_accumulation "
+                  "keep_knob) defers gradient sync and resharding to the step's last backward, so "
                   f"the units stay gathered and hold {held / GIB:.2f} GiB of unsharded gradients accumulated in "
                   f"{reduce_dtype} (the card's grad_accumulation)")
     elif held:

@@ -42,6 +42,7 @@ from meshplan.arithmetic.memory_states import (
     fp8_inputs,
     fp8_out_proj_copy,
     fp8_param_gather,
+    keeps_units,
     loss_upcast,
     memory_card,
     mixer_rows,
@@ -142,7 +143,8 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
         assumptions.append(lora_assumption(job, plan))
     moment = rows[peak.stage].moment
     if moment is not None and moment != STEP_MOMENT:  # the moment the peak stage peaks at, where the backward is walked
-        assumptions.append(walk_assumption(terms.conv, peak, moment, terms.m, pipeline_held(job.card, plan.pp),
+        held = pipeline_held(job.card, plan.pp, keeps_units(job, plan))
+        assumptions.append(walk_assumption(terms.conv, peak, moment, terms.m, held,
                                            "bf16" if plan.grad_reduce_in_fp32 is False else "fp32"))
     assumptions.extend(step_assumptions(terms, peak, rows[peak.stage]))
     # a node's GPUs usually share one pipeline stage (TP, EP and DP ranks fill a node first); the worst stage bounds it

@@ -16,6 +16,7 @@ from meshplan.arithmetic.memory_states import (
     accumulated_grad_bytes,
     frozen_gathered_transient,
     gathered_transient,
+    keeps_units,
     lazy_state_bytes,
     optimizer_step_temporaries,
     pipeline_held,
@@ -582,7 +583,7 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
         frozen = terms.job.lora is not None
         held = accumulated_grad_bytes(card, terms.m, True, plan.pp, plan.defer_fsdp_grad_sync, frozen,
                                       plan.grad_reduce_in_fp32) * stage_params
-        if pipeline_held(card, terms.plan.pp):  # every unit gathered besides the worst one's transient
+        if pipeline_held(card, plan.pp, keeps_units(terms.job, plan)):  # every unit gathered but the worst one's
             gathered += terms.conv.unsharded_param_bytes * stage_params
         return [Overheads(acts, terms.other_fixed + int(gathered), acts + int(gathered) + held, None,
                           gathered=gathered, accumulated=held)]

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from meshplan.arithmetic.comm import Links, allreduce_time, ring_time
 from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
-from meshplan.arithmetic.memory_states import FsdpCopyBytes, holds_grads, keeps_gathered, uses_fsdp
+from meshplan.arithmetic.memory_states import FsdpCopyBytes, holds_grads, keeps_gathered, keeps_units, uses_fsdp
 from meshplan.arithmetic.mesh import Group
 from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.memory_terms import RankParts
@@ -336,16 +336,18 @@ def sharding_schedule(job: Job, plan: Plan) -> ShardingSchedule:
     fsdp = uses_fsdp(job.card, plan.zero_stage)
     params = fsdp and plan.zero_stage != 0  # FSDP2 at zero_stage 0 is dp_replicate
     grads = params or plan.zero_stage >= 2
-    keep = params and keeps_gathered(job.card, plan.pp)
+    through = params and keeps_gathered(job.card, plan.pp)  # under PP, gathered through every forward too
+    # kept gathered from a backward to the next micro-batch (keeps_units, zero_stage 3: each forward still reshards):
+    # that forward gathers nothing, its backward gathers again
+    keep = through or (params and keeps_units(job, plan))
     defer = grads and holds_grads(job.card, plan.pp, plan.num_microbatches(job.global_batch_size),
-                                  plan.defer_fsdp_grad_sync)
+                                  plan.defer_fsdp_grad_sync, keeps_units(job, plan))
     off = overlap_off(job, plan)
     in_line = params and off is not None and off.units == "compute_stream"
-    gathered = params and not keep
     # FSDP2 at zero_stage 2 is fully_shard(reshard_after_forward=False) (cards/memory.yaml fsdp2 zero "2"): torch's
     # FSDPParamGroup.post_forward does not reshard, so the unit's pre_backward finds it gathered
-    return ShardingSchedule(params, grads, gathered, grads and not defer, not in_line,
-                            gathered and plan.zero_stage != 2)
+    return ShardingSchedule(params, grads, params and not keep, grads and not defer, not in_line,
+                            params and not through and plan.zero_stage != 2)
 
 
 def overlap_off(job: Job, plan: Plan) -> ShardingOverlapOff | None:

@@ -41,6 +41,10 @@ class GradAccumulationFacts(_Card):
         None, description="The framework's own setting of `unsharded`, a Plan field of that name (NeMo AutoModel's "
                           "distributed.defer_fsdp_grad_sync): a job may turn it off or on; `unsharded` is then its "
                           "default")
+    keep_knob: Literal["fsdp_keep_gathered"] | None = Field(
+        None, description="The framework's setting that, without PP, holds every unit gathered and unreduced from its "
+                          "first backward to the step's last micro-batch, as `pipeline` does under PP: a Job field of "
+                          "that name (NeMo AutoModel's model.backend.enable_fsdp_optimizations); None: no such setting")
     bytes_per_param: float = Field(gt=0, description="Bytes per parameter of that held gradient (FSDP2 keeps it in "
                                                      "the MixedPrecisionPolicy's reduce_dtype)")
     source: str

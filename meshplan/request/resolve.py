@@ -196,6 +196,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         cpu_memory_per_node=None if req.cpu_memory_per_node is None else int(req.cpu_memory_per_node * (1 << 30)),
         framework_version=version, moe_routing_imbalance=_routing_imbalance(req, arch, notes),
         moe_fake_balanced_gate=_fake_gate(req, arch),
+        fsdp_keep_gathered=_keep_gathered(req, card, arch, zero),
         loss_fp32_upcast=_loss_upcast(req, card, version),
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
         rl=rl.job if rl else None,
@@ -588,6 +589,33 @@ def _expandable_segments(req: Request, card, notes: list[str], rl: bool) -> bool
         if facts.launch_script else ""
     notes.append(f"expandable_segments=true: {card.display_name} launches with it ({facts.how}{own}; "
                  f"cards/frameworks/{req.framework}.yaml allocator)")
+    return True
+
+
+def _keep_gathered(req: Request, card, arch, zero: int) -> bool:
+    """fsdp_keep_gathered as asked (false when left out), where the framework has that switch (its card's
+    grad_accumulation.keep_knob) and meshplan models what it does: NeMo AutoModel's enable_fsdp_optimizations acts
+    through its MoE model classes (MoEFSDPSyncMixin), on FSDP2 units that reshard after their forward (zero_stage 3),
+    with the gradient sync deferred (defer_fsdp_grad_sync, on by default): the units held gathered and unreduced
+    between micro-batches, as a pipeline stage holds them (memory_states.keeps_units)."""
+    if not req.fsdp_keep_gathered:
+        return False
+    facts = card.grad_accumulation
+    where = f"cards/frameworks/{req.framework}.yaml grad_accumulation"
+    if facts is None or facts.keep_knob is None:
+        raise MeshplanError(f"fsdp_keep_gathered=true: {card.display_name} has no such setting ({where}).",
+                            fix="Leave fsdp_keep_gathered out for this framework.")
+    if not arch.is_moe:
+        raise MeshplanError(f"fsdp_keep_gathered=true: {arch.name} is a dense model, and {card.display_name}'s "
+                            f"switch acts only through its MoE model classes' FSDP hooks ({where}).",
+                            fix="Leave fsdp_keep_gathered out for a dense model.")
+    if zero != 3 or req.defer_fsdp_grad_sync is False:
+        raise MeshplanError(
+            f"fsdp_keep_gathered=true with zero_stage={zero}"
+            + (" and defer_fsdp_grad_sync=false" if req.defer_fsdp_grad_sync is False else "")
+            + ": meshplan models the switch on FSDP2 units resharded after their forward (zero_stage 3) with the "
+            f"gradient sync deferred to the last micro-batch ({where}).",
+            fix="Use zero_stage=3 with defer_fsdp_grad_sync left on, or leave fsdp_keep_gathered out.")
     return True
 
 

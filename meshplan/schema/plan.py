@@ -160,6 +160,9 @@ class Job(StrictModel):
     framework_version: str | None = Field(None, description="The framework release (None: the card's version)")
     moe_routing_imbalance: float = Field(1.0, ge=1.0, description="Most loaded EP rank's routed tokens over the mean")
     moe_fake_balanced_gate: bool = Field(False, description="AutoModel FakeBalancedGate (comm.consecutive_routing)")
+    fsdp_keep_gathered: bool = Field(False, description="AutoModel enable_fsdp_optimizations: FSDP units neither "
+                                                        "resharded after a backward nor reduced before the step's last "
+                                                        "micro-batch (memory_states.keeps_units)")
     loss_fp32_upcast: bool = Field(True, description="The loss upcasts the logits to fp32 (memory_states.loss_upcast)")
     headroom: float | None = Field(
         None, ge=0.0, lt=1.0, description="The share of GPU memory the request asked to keep free: a plan fits within "

@@ -240,6 +240,14 @@ class Request(StrictModel):
                           "exposed after the backward (default: on, as meshplan's render writes it; the frameworks' "
                           "own defaults are off: Megatron-Core's, and DeepSpeed's below ZeRO-3)",
     )
+    fsdp_keep_gathered: bool | None = Field(
+        None, description="NeMo AutoModel's model.backend.enable_fsdp_optimizations (its MoE models' "
+                          "MoEFSDPSyncMixin): without PP, every micro-batch's backward but the last leaves each "
+                          "FSDP unit gathered and unreduced, so the next forward gathers nothing (one forward "
+                          "all-gather per step) and every unit stays gathered to the end of the step (more memory, "
+                          "less traffic) "
+                          "(default false; under PP torch's pipeline stage does the same already)",
+    )
     defer_fsdp_grad_sync: bool | None = Field(
         None, description="NeMo AutoModel's distributed.defer_fsdp_grad_sync (FSDP2Config): FSDP2's gradient "
                           "reduce-scatter only in the step's last micro-batch, each unit holding its unsharded fp32 "
