@@ -21,6 +21,8 @@ from meshplan.schema.choices import Fp8Recipe
 from meshplan.schema.plan import Job, Plan
 
 TensorClass = Literal["weights", "gradients", "optimizer"]
+# activations.MOE_BYTES's keys
+MoeActivations = Literal["megatron_core", "generic", "fp32_router", "hf", "automodel_deepep"]
 # Which precision knob rewrites a tensor (with_precision): weights (fp8_param_gather), main_grads
 # (grad_reduce_in_fp32), master (the precision-aware optimizer's remainders), moments (optimizer_state_dtype).
 TensorRole = Literal["weights", "main_grads", "master", "moments"]
@@ -96,8 +98,10 @@ class Convention(_Card):
     # and the head's matmul; fsdp_walk.head_moments); 0: not derived, the walk lists no such moment
     head_backward_bytes_per_element: float = Field(0, ge=0)
     pipeline_partition: Literal["even", "compute_balanced"] = "even"
-    # activations.MOE_BYTES: what a MoE layer keeps
-    moe_activations: Literal["megatron_core", "generic", "fp32_router", "hf"]
+    # activations.MOE_BYTES: what a MoE layer keeps; under the flex (DeepEP/HybridEP) dispatcher the engine's own,
+    # where its flex path keeps other tensors (activations.moe_bytes), else the same
+    moe_activations: MoeActivations
+    moe_activations_flex: MoeActivations | None = None
     # model types whose own model code upcasts the router's input and gate weight to fp32 (activations.moe_bytes)
     router_fp32_model_types: list[str] = []
     # what the attention code keeps beside Q, K, V, and what a norm keeps (activations.AttentionSaves)

@@ -1,0 +1,118 @@
+"""NeMo AutoModel's MoE under the DeepEP (flex) dispatcher, as its GroupedExpertsDeepEP keeps it (cards/memory.yaml
+fsdp2_automodel moe_activations_flex, activations.AUTOMODEL_DEEPEP_MOE): the counts behind its gpt-oss-120B / 64 H100
+row (bench/data/nemo_automodel, automodel_gptoss_120b_64)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import api
+from meshplan.arithmetic.activations import (
+    AUTOMODEL_DEEPEP_MOE,
+    GENERIC_MOE,
+    MEGATRON_CORE_MOE,
+    Layout,
+    layer_activations,
+    least_moe_bytes,
+    moe_bytes,
+    shape_of,
+)
+from meshplan.arithmetic.memory_states import convention
+from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.catalog import resolve_model
+from meshplan.schema.request import Request
+
+T = 8192  # tokens of one micro-batch: mbs 2 x 4096, the row's
+
+
+def _conv(framework: str = "nemo-automodel"):
+    return convention(framework_card(framework), 3)[1]
+
+
+def _layout(moe, **kw) -> Layout:
+    """TP1 EP16, flash attention, bf16, the fsdp2 preset's unfused dense SwiGLU (AutoModel's own MLP class)."""
+    base = {"tokens": T, "seq_kv": 4096, "tp": 1, "sp": False, "etp": 1, "flash": True, "dropout": False,
+            "swiglu_unfused": True, "fp8": False, "ep": 16, "moe": moe}
+    return Layout(**(base | kw))
+
+
+def test_the_flex_dispatcher_picks_the_engines_own_count():
+    """AutoModel's convention keeps the generic count for its torch dispatcher and its DeepEP path's under flex; a
+    convention without a flex count of its own (Megatron's) keeps its one count under flex."""
+    gpt = resolve_model("gpt-oss-120b")
+    conv = _conv()
+    assert moe_bytes(conv, gpt, "flex") == AUTOMODEL_DEEPEP_MOE
+    assert moe_bytes(conv, gpt, "alltoall") == moe_bytes(conv, gpt) == GENERIC_MOE
+    assert moe_bytes(_conv("megatron-bridge"), gpt, "flex") == MEGATRON_CORE_MOE
+    assert moe_bytes(conv, gpt, "flex", fake_gate=True) == AUTOMODEL_DEEPEP_MOE._replace(router_saves=False)
+
+
+def test_deepep_moe_layer_term_by_term():
+    """Per routed copy grouped_gemm keeps fc1's input (2 B per hidden element) and fc2's input (2 B per expert-width
+    element), the compiled clamped activation its input, the biased fc1 output, gate and up (4 B per expert-width
+    element), and the fp32 routing prob (4 B); the router keeps the layer input and the generic router count."""
+    gpt = shape_of(resolve_model("gpt-oss-120b"))
+    h, e, k, f = gpt.h, gpt.experts, gpt.top_k, gpt.f_expert
+    assert (h, e, k, f) == (2880, 128, 4, 2880)
+    copies = T * k
+    deepep = layer_activations(gpt, _layout(AUTOMODEL_DEEPEP_MOE), True, "none")["moe"]
+    assert deepep == 2 * T * h + T * 8 * e + copies * (4 + 2 * h + 2 * 2 * f + 2 * f)
+    generic = layer_activations(gpt, _layout(GENERIC_MOE), True, "none")["moe"]
+    # the generic count keeps two more hidden-wide copies of every routed token and the activation's output
+    assert generic - deepep == copies * (2 * 2 * h + 2 * f - 4)
+    # 6 B per expert-width element, not 8; 2 B per hidden element, not 6
+    assert (deepep - 2 * T * h - T * 8 * e) / copies == 4 + 2 * h + 6 * f == 23044
+
+
+def test_fake_balanced_gate_keeps_no_router_tensors():
+    """FakeBalancedGate's weights are constant and its indices an arange: no router tensor and no copy of the layer
+    input is kept (the experts' own dispatched copy is); with shared experts their fc1 still keeps the input."""
+    gpt = shape_of(resolve_model("gpt-oss-120b"))
+    fake = AUTOMODEL_DEEPEP_MOE._replace(router_saves=False)
+    real = layer_activations(gpt, _layout(AUTOMODEL_DEEPEP_MOE), True, "none")["moe"]
+    assert real - layer_activations(gpt, _layout(fake), True, "none")["moe"] == 2 * T * gpt.h + T * 8 * gpt.experts
+    ds = shape_of(resolve_model("deepseek-v3"))
+    real = layer_activations(ds, _layout(AUTOMODEL_DEEPEP_MOE), True, "none")["moe"]
+    assert real - layer_activations(ds, _layout(fake), True, "none")["moe"] == T * 8 * ds.experts
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "deepseek-v3", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("fake", [False, True])
+def test_the_floors_count_is_at_most_each_dispatchers(model, fake):
+    """The search's floors (least_moe_bytes) do not know the plan's dispatcher: their count is at most either's,
+    and short of the least by no more than the routing prob of each copy (the generic count keeps none, DeepEP's
+    no hidden-wide copy)."""
+    arch, conv = resolve_model(model), _conv()
+    shape = shape_of(arch)
+    least = least_moe_bytes(conv, arch, fake)
+    for mode, modules in (("none", ()), ("selective", ("moe_act",)), ("selective", ("layernorm",))):
+        floor = layer_activations(shape, _layout(least), True, mode, modules)["moe"]
+        each = [layer_activations(shape, _layout(moe_bytes(conv, arch, d, fake)), True, mode, modules)["moe"]
+                for d in ("alltoall", "flex")]
+        assert min(each) - T * shape.top_k * 4 <= floor <= min(each)
+
+
+def _row_request(**kw) -> Request:
+    """automodel_gptoss_120b_64 as the bench maps it: 64 H100, EP16, FSDP over 64, mbs 2 x 4096, GBS 512 (4
+    micro-batches), no recompute, DeepEP, fake balanced gate, bf16 loss."""
+    base = {"model": "gpt-oss-120b", "gpu": "h100", "num_gpus": 64, "gpus_per_node": 8, "seq_length": 4096,
+            "global_batch_size": 512, "micro_batch_size": 2, "framework": "nemo-automodel", "tp": 1, "pp": 1,
+            "cp": 1, "ep": 16, "etp": 1, "dp": 64, "zero_stage": 3, "recompute": "none",
+            "moe_token_dispatcher": "flex", "moe_fake_balanced_gate": True, "loss_fp32_upcast": False}
+    return Request(**(base | kw))
+
+
+def test_the_estimate_counts_the_deepep_layers():
+    """The whole estimate's layer activations are the 36 layers' DeepEP count; the torch dispatcher's generic."""
+    gpt = shape_of(resolve_model("gpt-oss-120b"))
+    flex = api.estimate_memory(_row_request()).stages[0].detail["layer_activations"]
+    torch_dispatch = api.estimate_memory(_row_request(moe_token_dispatcher="alltoall")).stages[0].detail[
+        "layer_activations"]
+    # the two norms' inputs, the QKV input, Q K V (64 + 2 x 8 heads of 64), the fp32 lse, the out-projection input
+    per_layer = T * (2 * 2 * gpt.h + 2 * gpt.h + (64 + 2 * 8) * 64 * 2 + 4 * 64 + 64 * 64 * 2)
+    routed = T * gpt.top_k * (4 + 2 * gpt.h + 6 * gpt.f_expert)
+    assert flex == 36 * (per_layer + routed)
+    # the fake gate keeps no router tensor on either path; the generic count two more hidden-wide copies per routed
+    # copy and the activation's output, less the routing prob
+    assert torch_dispatch - flex == 36 * T * gpt.top_k * (4 * gpt.h + 2 * gpt.f_expert - 4)
+
