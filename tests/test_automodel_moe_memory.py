@@ -1,8 +1,12 @@
 """NeMo AutoModel's MoE under the DeepEP (flex) dispatcher, as its GroupedExpertsDeepEP keeps it (cards/memory.yaml
-fsdp2_automodel moe_activations_flex, activations.AUTOMODEL_DEEPEP_MOE): the counts behind its gpt-oss-120B / 64 H100
-row (bench/data/nemo_automodel, automodel_gptoss_120b_64)."""
+fsdp2_automodel moe_activations_flex, activations.AUTOMODEL_DEEPEP_MOE), and the gradient sync of its published MoE
+runs from before its outer model was an FSDP unit (published_runs.automodel_reduced_every_micro_batch): the counts
+behind its gpt-oss-120B / 64 H100 row (bench/data/nemo_automodel, automodel_gptoss_120b_64)."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +24,7 @@ from meshplan.arithmetic.activations import (
 from meshplan.arithmetic.memory_states import convention
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.published_runs import AUTOMODEL_MOE_ROOT_SHARDED_SINCE, automodel_reduced_every_micro_batch
 from meshplan.schema.request import Request
 
 T = 8192  # tokens of one micro-batch: mbs 2 x 4096, the row's
@@ -116,3 +121,40 @@ def test_the_estimate_counts_the_deepep_layers():
     # copy and the activation's output, less the routing prob
     assert torch_dispatch - flex == 36 * T * gpt.top_k * (4 * gpt.h + 2 * gpt.f_expert - 4)
 
+
+def test_runs_before_the_outer_model_was_sharded_reduced_every_micro_batch():
+    """AutoModel's MoE parallelizer left the outer ...ForCausalLM unsharded until 8134b0c03 (2025-11-11), so
+    get_sync_ctx deferred nothing: its own MoE models' runs without PP reduced every micro-batch."""
+    assert AUTOMODEL_MOE_ROOT_SHARDED_SINCE == "2025-11-11"
+    ran = automodel_reduced_every_micro_batch
+    assert ran("nemo-automodel", "2025-10-02 (main branch)", "gpt_oss", 1)
+    assert ran("nemo-automodel", "2025-10", "qwen3_moe", 1)  # a month-only date counts as before
+    assert not ran("nemo-automodel", "2025-11-11", "gpt_oss", 1)
+    assert not ran("nemo-automodel", "2025-10-02", "gpt_oss", 2)  # PP: not modelled, the card's hold stays
+    assert not ran("nemo-automodel", "2025-10-02", "llama", 1)  # the dense path sharded the whole model
+    assert not ran("torchtitan", "2025-10-02", "gpt_oss", 1)
+    assert not ran("nemo-automodel", None, "gpt_oss", 1)
+
+
+def test_bench_row_reads_the_release_fact():
+    """The bench maps automodel_gptoss_120b_64 with defer_fsdp_grad_sync false; a row stating the setting keeps it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from production_rows import load_rows
+    from production_sources import defer_field
+
+    rows = {r["id"]: r for r in load_rows(Path(__file__).resolve().parents[1]
+                                          / "bench/data/nemo_automodel/production_configs_dev.yaml")}
+    row = rows["automodel_gptoss_120b_64"]
+    dense = rows["automodel_llama3_70b_64"]  # its notes state defer_fsdp_grad_sync false; without them, the default
+    assert defer_field({**dense, "outcome": {**dense["outcome"], "other": ""}}, "nemo-automodel") == {}
+    assert defer_field(rows["automodel_dsv3_256"], "nemo-automodel") == {}  # PP 4: the card's pipeline hold stays
+    assert defer_field(row, "nemo-automodel") == {"defer_fsdp_grad_sync": False}
+    assert defer_field({**row, "source": {**row["source"], "version_or_date": "2026-03-01"}}, "nemo-automodel") == {}
+    stated = {**row, "outcome": {**row["outcome"], "other": "it sets distributed.defer_fsdp_grad_sync true"}}
+    assert defer_field(stated, "nemo-automodel") == {"defer_fsdp_grad_sync": True}
+    held = api.estimate_memory(_row_request()).stages[0]
+    reduced = api.estimate_memory(_row_request(defer_fsdp_grad_sync=False)).stages[0]
+    assert held.detail["unsharded_accumulated_gradients"] > 0
+    assert "unsharded_accumulated_gradients" not in reduced.detail or \
+        reduced.detail["unsharded_accumulated_gradients"] == 0
+    assert reduced.gradients_bytes == reduced.weights_bytes  # bf16 sharded grads beside bf16 sharded params
