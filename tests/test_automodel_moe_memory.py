@@ -16,12 +16,13 @@ from meshplan.arithmetic.activations import (
     GENERIC_MOE,
     MEGATRON_CORE_MOE,
     Layout,
+    attention_saves,
     layer_activations,
     least_moe_bytes,
     moe_bytes,
     shape_of,
 )
-from meshplan.arithmetic.memory_states import convention
+from meshplan.arithmetic.memory_states import activation_saves, convention, expert_gate_bytes, memory_card
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.published_runs import AUTOMODEL_MOE_ROOT_SHARDED_SINCE, automodel_reduced_every_micro_batch
@@ -158,3 +159,56 @@ def test_bench_row_reads_the_release_fact():
     assert "unsharded_accumulated_gradients" not in reduced.detail or \
         reduced.detail["unsharded_accumulated_gradients"] == 0
     assert reduced.gradients_bytes == reduced.weights_bytes  # bf16 sharded grads beside bf16 sharded params
+
+
+# ------------------------------------------------------------------------- gpt-oss's own gate under Hugging Face's code
+
+
+def _hf_layout(model: str, **kw) -> Layout:
+    """verl's / SkyRL's FSDP engine (fsdp2_hf), as the estimate lays out gpt-oss's layer."""
+    conv = memory_card().conventions["fsdp2_hf"]
+    arch = resolve_model(model)
+    base = {"attn": attention_saves(conv), "act": activation_saves(conv, arch.activation),
+            "expert_gate": expert_gate_bytes(conv, arch.model_type)}
+    return _layout(moe_bytes(conv, arch), **(base | kw))
+
+
+def test_gpt_oss_clamped_gate_keeps_its_intermediates_under_hf_code():
+    """GptOssExperts._apply_gate keeps the gate_up output 4, sigmoid's output, the clamped gate, up + 1 and glu 2
+    each: 12 B per routed copy and expert-width element, then fc2's input 2; the default gate (act_fn(gate) * up) 6 + 2.
+    Only gpt-oss has one; NeMo AutoModel's compiled DeepEP activation keeps its input only whatever the model."""
+    gpt = shape_of(resolve_model("gpt-oss-120b"))
+    copies = T * gpt.top_k
+    own = layer_activations(gpt, _hf_layout("gpt-oss-120b"), True, "none")["moe"]
+    default = layer_activations(gpt, _hf_layout("gpt-oss-120b", expert_gate=0), True, "none")["moe"]
+    assert own - default == copies * gpt.f_expert * (14 - 8)
+    hf = memory_card().conventions["fsdp2_hf"]
+    assert expert_gate_bytes(hf, "gpt_oss") == 12 and expert_gate_bytes(hf, "qwen3_moe") == 0
+    assert expert_gate_bytes(_conv(), "gpt_oss") == 0  # AutoModel's own model code
+    qwen = resolve_model("qwen3-30b-a3b")
+    lay = _hf_layout("qwen3-30b-a3b")
+    assert lay.expert_gate == 0
+    assert layer_activations(shape_of(qwen), lay, True, "none") == layer_activations(
+        shape_of(qwen), lay._replace(expert_gate=0), True, "none")
+
+
+@pytest.mark.slow
+def test_the_gate_is_what_gpt_oss_experts_keep():
+    """transformers 5.9.0's GptOssExperts under FakeTensorMode (bench/fake_tensor_hf_harness.py expert_gate_saves, a
+    cut of gpt-oss-120b's config): its own gate keeps 6 B per routed copy and expert-width element more than
+    _default_apply_gate, the card's 12 against the act2fn count's 6."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import fake_tensor_hf as bench
+
+    case = {"kind": "expert_gate", "model": "gpt-oss-120b", "config": bench.card_config("gpt-oss-120b"),
+            "tokens": 512, "top_k": 4, "policy": "none",
+            "override": {"hidden_size": 256, "intermediate_size": 128, "num_local_experts": 8,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}}
+    res = bench.served_harness([case])["results"][0]
+    assert res["ok"], res
+    assert res["experts_class"] == "GptOssExperts" and (res["copies"], res["width"]) == (512 * 4, 128)
+    own, default = res["bytes"]["own"], res["bytes"]["default"]
+    act = activation_saves(memory_card().conventions["fsdp2_hf"], "silu")
+    default_gate = 2 * 2 + act[1] + 2  # the whole gate_up (silu's input, a view of it) and silu's output
+    assert own - default == res["copies"] * res["width"] * (
+        expert_gate_bytes(memory_card().conventions["fsdp2_hf"], "gpt_oss") - default_gate)

@@ -429,6 +429,10 @@ class Layout(NamedTuple):
     # keeps its input, bytes of intermediates per element); None: a fused kernel that keeps its input (swiglu_unfused
     # says whether a gated one keeps its output too)
     act: tuple[bool, float] | None = None
+    # bytes per routed copy and expert-width element the model's own experts gate keeps beside fc2's input, where its
+    # code has one in place of act (memory_states.expert_gate_bytes: gpt-oss's clamped GLU under Hugging Face's code);
+    # 0, the act count, by default, the smaller, so a layout built without it stays a floor
+    expert_gate: float = 0
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -648,8 +652,11 @@ def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -
     mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * shape.expert_h)
     mlp += lin * rows * shape.expert_h  # expert fc1 input (the dispatched tokens)
     fused = lay.moe.fused_experts  # the experts' own fused activation, whatever the dense MLP's
-    mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused and not fused,
-                act="moe_act" not in sel, saves=None if fused else lay.act, one_fc1=True)
+    if lay.expert_gate and not fused and "moe_act" not in sel:  # the model's own gate, then fc2's input
+        mlp += rows * shape.f_expert / lay.etp * (lay.expert_gate + lin)
+    else:
+        mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused and not fused,
+                    act="moe_act" not in sel, saves=None if fused else lay.act, one_fc1=True)
     if shape.f_shared and "shared_experts" not in sel:
         mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused, saves=lay.act)
     if lay.stacked_experts:

@@ -114,6 +114,9 @@ class Convention(_Card):
     # bias_gelu / bias_swiglu / squared_relu, Transformer Engine's, torchtitan's F.silu), whatever the model's
     # activation; act2fn, the model code's ACT2FN class of its hidden_act keeps what the card's act2fn_saves says
     activation_saves: Literal["fused", "act2fn"] = "fused"
+    # model types whose routed experts apply their own gate in place of act_fn(gate) * up: bytes per routed copy and
+    # expert-width element it keeps beside fc2's input (expert_gate_bytes)
+    expert_gates: dict[str, float] = {}
     zero: dict[int, list[StateTensor]]
 
 
@@ -255,6 +258,12 @@ def activation_saves(conv: Convention, activation: str) -> tuple[bool, float] | 
                             fix="Give the model's activation (Architecture.activation, config.json hidden_act) as "
                                 "one of those.")
     return saves.input, saves.inner_bytes
+
+
+def expert_gate_bytes(conv: Convention, model_type: str) -> float:
+    """A Layout's `expert_gate`: what the model's own routed-experts gate keeps under `conv` (its expert_gates), 0
+    where its experts run the activation act2fn counts."""
+    return conv.expert_gates.get(model_type, 0.0)
 
 
 def convention_name(card: FrameworkCard, zero_stage: int, version: str | None = None) -> str:

@@ -39,6 +39,7 @@ from meshplan.arithmetic.memory_states import (
     as_the_plan_runs,
     built_vocab,
     describe_tensors,
+    expert_gate_bytes,
     fp8_inputs,
     fp8_out_proj_copy,
     fp8_param_gather,
@@ -379,6 +380,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         softcap_scores=not flash and job.card.attention is not None
         and job.model.model_type in job.card.attention.unfused_softcap,
         act=activation_saves(conv, job.model.activation),
+        expert_gate=expert_gate_bytes(conv, job.model.model_type),
     )
 
 
