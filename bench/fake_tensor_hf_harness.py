@@ -402,6 +402,36 @@ def mlp_saves(case: dict) -> dict:
             "mlp_class": type(mlp).__name__, "hidden": int(model.config.hidden_size)}
 
 
+def expert_gate_saves(case: dict) -> dict:
+    """What the model's routed experts module (the first module whose class name ends in Experts: GptOssExperts ...)
+    saves for its backward on `tokens` tokens routed to `top_k` experts each, under FakeTensorMode, run with its own
+    _apply_gate and again with transformers' _default_apply_gate (act_fn(gate) * up, ACT2FN silu) in its place: the
+    bytes of each storage saved once, its parameters left out. Their difference is the model's gate over the default
+    one; routed copies and the expert width are given beside it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers.activations import ACT2FN
+    from transformers.integrations.moe import _default_apply_gate
+
+    tokens, top_k = case["tokens"], case["top_k"]
+    out = {}
+    with FakeTensorMode():
+        model = build({**case, "num_layers": 1}, attention="eager")
+        experts = next(m for m in model.modules() if type(m).__name__.endswith("Experts"))
+        hidden, width = model.config.hidden_size, experts.intermediate_size
+        for name, gate in (("own", None), ("default", _default_apply_gate)):
+            if gate is not None:
+                experts.act_fn = ACT2FN["silu"]
+                experts._apply_gate = gate.__get__(experts)
+            x = torch.randn(tokens, hidden, dtype=BF16, requires_grad=True)
+            index = (torch.arange(tokens * top_k) % experts.num_experts).view(tokens, top_k)
+            weights = torch.full((tokens, top_k), 1.0 / top_k, dtype=BF16, requires_grad=True)
+            saved, hooks = _saved_storages({p.untyped_storage()._cdata for p in experts.parameters()})
+            with hooks:
+                experts(x, index, weights)
+            out[name] = int(sum(nbytes for nbytes, _ in saved.values()))
+    return {"bytes": out, "experts_class": type(experts).__name__, "copies": tokens * top_k, "width": int(width)}
+
+
 def activation_saves(case: dict) -> dict:
     """Per ACT2FN activation (transformers.activations.ACT2CLS), what it keeps for its backward besides its output, run
     on a bf16 matmul output of side x side elements: whether it keeps its input, and the bytes per element of the
@@ -435,6 +465,7 @@ def answer(request: dict) -> dict:
             kind = case.get("kind")
             out = (step_peak(case) if kind == "step" else head_probe(case) if kind == "head"
                    else accumulation_probe(case) if kind == "accumulate" else mlp_saves(case) if kind == "mlp"
+                   else expert_gate_saves(case) if kind == "expert_gate"
                    else activation_saves(case) if kind == "activations" else layer_bytes(case))
             out["ok"] = True
         except Exception as exc:  # reported per case, so one failing model does not hide the others

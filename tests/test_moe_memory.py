@@ -3,6 +3,8 @@ trained by Megatron-Bridge on 16 H100 with EP16 and HybridEP (its skills card's 
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
 from meshplan import api
@@ -14,7 +16,7 @@ from meshplan.arithmetic.activations import (
     layer_activations,
     shape_of,
 )
-from meshplan.arithmetic.memory_states import convention, memory_card
+from meshplan.arithmetic.memory_states import MoeActivations, convention, memory_card
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.schema.request import Request
@@ -101,7 +103,10 @@ def test_generic_convention_keeps_the_older_count():
         "megatron": "megatron_core", "megatron_fsdp": "megatron_core", "deepspeed": "generic",
         "fsdp2": "generic", "fsdp2_chunked_loss": "fp32_router", "fsdp2_hf": "hf", "fsdp2_automodel": "generic",
         "fsdp2_kempnerforge": "generic", "nanotron": "generic"}
-    assert set(MOE_BYTES) == {"megatron_core", "generic", "fp32_router", "hf"}
+    assert {name: c.moe_activations_flex for name, c in card.conventions.items() if c.moe_activations_flex} == {
+        "fsdp2_automodel": "automodel_deepep"}
+    assert set(MOE_BYTES) == {"megatron_core", "generic", "fp32_router", "hf", "automodel_deepep"}
+    assert set(MOE_BYTES) == set(get_args(MoeActivations))  # the card's key and the table name the same counts
     assert MOE_BYTES[convention(framework_card("megatron-bridge"), 1)[1].moe_activations] is MEGATRON_CORE_MOE
 
 

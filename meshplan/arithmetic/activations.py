@@ -132,6 +132,12 @@ class MoeBytes(NamedTuple):
     # bf16 layer input is kept only by the shared experts' fc1, if any. 0: the router keeps the layer input itself.
     router_input_bytes: float = 0
     router_weight_bytes: float = 0  # bytes per gate weight element the router's linear keeps (its fp32 copy)
+    # the routed experts' activation (and routing-weight multiply) is one fused kernel that keeps only its input, the
+    # fc1 output, beside fc2's input: no separate activation output (Layout.swiglu_unfused then reads the dense MLPs)
+    fused_experts: bool = False
+    # the router keeps its tensors and its input for the backward; False for a gate with no gradient (NeMo AutoModel's
+    # FakeBalancedGate: constant weights, arange indices), whose layer input then only shared experts keep
+    router_saves: bool = True
 
 
 # Megatron-Core (megatron/core/transformer/moe, read at NVIDIA/Megatron-LM d98e8a6; Transformer Engine d0067d0),
@@ -215,17 +221,44 @@ DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 recompute runs, in the estimate (estimate/memory.selective_modules) and the search's floors, whose plans never set
 them (search/job.py refuses recompute_modules)."""
 
-MOE_BYTES = {"megatron_core": MEGATRON_CORE_MOE, "generic": GENERIC_MOE, "fp32_router": TORCHTITAN_MOE, "hf": HF_MOE}
+# NeMo AutoModel's MoE under the DeepEP (flex) dispatcher: components/moe/layers.py GroupedExpertsDeepEP (89e3a9fdd,
+# 2025-10-06; components/moe/experts.py at 36044ad3d the same saves) over the vendored Megatron-Core flex dispatcher
+# (components/moe/megatron/token_dispatcher.py, moe_permute_fusion=True). Per routed copy: grouped_gemm's ops.gmm
+# keeps the permuted tokens (fc1's input, counted with the experts) and the fc2 input; the gate_up bias is added
+# with split/cat (saves nothing), so fc1's raw output is freed; the @torch.compile'd activation (quick_geglu_deepep /
+# swiglu_oai_deepep: clamp, x * sigmoid(alpha x) * (up + 1), times the routing prob, cast back) keeps its bf16 input
+# (the biased fc1 output, gate and up) and the fp32 permuted prob (4 B per copy); nothing else of the expert width.
+# The down bias (b * p on the [hidden] bias row), TE's fused unpermute (row_id_map) and DeepEP's fused_combine (its
+# handle) keep nothing hidden-wide, nor does DeepEP's fused_dispatch. The router (Gate: linear, topk, softmax, aux
+# loss) is not re-derived: the generic count.
+AUTOMODEL_DEEPEP_MOE = GENERIC_MOE._replace(per_copy=4, hidden_bytes=0, fused_experts=True)
+
+MOE_BYTES = {"megatron_core": MEGATRON_CORE_MOE, "generic": GENERIC_MOE, "fp32_router": TORCHTITAN_MOE, "hf": HF_MOE,
+             "automodel_deepep": AUTOMODEL_DEEPEP_MOE}
 
 
-def moe_bytes(conv, arch: Architecture) -> MoeBytes:
-    """What a convention's MoE layer keeps for this model: MOE_BYTES[moe_activations], with the router's fp32 copies
-    of its input and gate weight where the model's own code makes them (router_fp32_model_types: Hugging Face's
-    DeepSeek-V3 and GLM-4-MoE routers upcast, its Qwen3-MoE, Mixtral and gpt-oss routers do not)."""
-    base = MOE_BYTES[conv.moe_activations]
+def moe_bytes(conv, arch: Architecture, dispatcher: str | None = None, fake_gate: bool = False) -> MoeBytes:
+    """What a convention's MoE layer keeps for this model under a token dispatcher: MOE_BYTES[moe_activations], or
+    the convention's moe_activations_flex under the flex (DeepEP/HybridEP) one where it has its own, with the router's
+    fp32 copies of its input and gate weight where the model's own code makes them (router_fp32_model_types: Hugging
+    Face's DeepSeek-V3 and GLM-4-MoE routers upcast, its Qwen3-MoE, Mixtral and gpt-oss routers do not); a fake
+    balanced gate (Job.moe_fake_balanced_gate) keeps nothing."""
+    flex = conv.moe_activations_flex if dispatcher == "flex" else None
+    base = MOE_BYTES[flex or conv.moe_activations]
     if arch.model_type in conv.router_fp32_model_types:
-        return base._replace(router_input_bytes=4, router_weight_bytes=4)
-    return base
+        base = base._replace(router_input_bytes=4, router_weight_bytes=4)
+    return base._replace(router_saves=False) if fake_gate else base
+
+
+def least_moe_bytes(conv, arch: Architecture, fake_gate: bool = False) -> MoeBytes:
+    """What a convention's MoE layer keeps at least, whichever dispatcher a plan runs (the search's floors, which do
+    not know it): each count the least of moe_bytes' cases, a switch at the side that keeps less."""
+    cases = [moe_bytes(conv, arch, d, fake_gate) for d in (None, "flex")]
+    least = {f: min(getattr(c, f) for c in cases) for f in MoeBytes._fields
+             if f not in ("bf16_router_input", "fused_experts", "router_saves")}
+    return MoeBytes(**least, bf16_router_input=all(c.bf16_router_input for c in cases),
+                    fused_experts=any(c.fused_experts for c in cases),
+                    router_saves=all(c.router_saves for c in cases))
 
 
 class AttentionSaves(NamedTuple):
@@ -396,6 +429,10 @@ class Layout(NamedTuple):
     # keeps its input, bytes of intermediates per element); None: a fused kernel that keeps its input (swiglu_unfused
     # says whether a gated one keeps its output too)
     act: tuple[bool, float] | None = None
+    # bytes per routed copy and expert-width element the model's own experts gate keeps beside fc2's input, where its
+    # code has one in place of act (memory_states.expert_gate_bytes: gpt-oss's clamped GLU under Hugging Face's code);
+    # 0, the act count, by default, the smaller, so a layout built without it stays a floor
+    expert_gate: float = 0
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -593,26 +630,33 @@ def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -
     """A MoE layer's bytes (layer_activations) on top of `mlp`, its input as the router and experts keep it."""
     t, h, tp = lay.tokens, shape.h, lay.tp
     ts = tp if lay.sp else 1
-    if lay.moe.router_input_bytes and "layernorm" not in sel:
+    if not lay.moe.router_saves:  # a gate with no gradient: the layer input only for the shared experts' fc1
+        mlp = mlp if shape.f_shared else 0.0
+    elif lay.moe.router_input_bytes and "layernorm" not in sel:
         # the router's own copy of its input and gate weight; the layer input only if shared experts read it
         mlp = lay.moe.router_input_bytes * t * h / ts + (mlp if shape.f_shared else 0.0)
         mlp += lay.moe.router_weight_bytes * shape.experts * h
-    if lay.fp8 and lay.moe.bf16_router_input and "layernorm" not in sel:
+    if lay.fp8 and lay.moe.bf16_router_input and lay.moe.router_saves and "layernorm" not in sel:
         # the router keeps the bf16 input; the fp8 copy counted above is the shared experts' fc1's, if any
         mlp += (BF16 if shape.f_shared else BF16 - lin) * t * h / ts
         if shape.latent and shape.f_shared:
             mlp += lin * t * h / ts  # fc1_latent_proj's own fp8 copy beside the shared experts'
     if shape.latent:
         mlp += lin * t * shape.latent / ts  # fc2_latent_proj's input: the combined latent-wide tokens
-    mlp += _moe_routing(shape, lay, t / ts)
+    if lay.moe.router_saves:
+        mlp += _moe_routing(shape, lay, t / ts)
     # routed copies computed on this rank: dropless, each rank's t*top_k copies spread over the EP ranks and
     # gathered over ETP, so t*top_k*etp on average, routed_load times that on the most loaded rank (no cap); a latent
     # MoE's copies are latent-wide (dispatched after fc1_latent_proj)
     rows = routed_rows(shape, lay)
     mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * shape.expert_h)
     mlp += lin * rows * shape.expert_h  # expert fc1 input (the dispatched tokens)
-    mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel,
-                saves=lay.act, one_fc1=True)
+    fused = lay.moe.fused_experts  # the experts' own fused activation, whatever the dense MLP's
+    if lay.expert_gate and not fused and "moe_act" not in sel:  # the model's own gate, then fc2's input
+        mlp += rows * shape.f_expert / lay.etp * (lay.expert_gate + lin)
+    else:
+        mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused and not fused,
+                    act="moe_act" not in sel, saves=None if fused else lay.act, one_fc1=True)
     if shape.f_shared and "shared_experts" not in sel:
         mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused, saves=lay.act)
     if lay.stacked_experts:

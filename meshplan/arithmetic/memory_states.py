@@ -21,6 +21,8 @@ from meshplan.schema.choices import Fp8Recipe
 from meshplan.schema.plan import Job, Plan
 
 TensorClass = Literal["weights", "gradients", "optimizer"]
+# activations.MOE_BYTES's keys
+MoeActivations = Literal["megatron_core", "generic", "fp32_router", "hf", "automodel_deepep"]
 # Which precision knob rewrites a tensor (with_precision): weights (fp8_param_gather), main_grads
 # (grad_reduce_in_fp32), master (the precision-aware optimizer's remainders), moments (optimizer_state_dtype).
 TensorRole = Literal["weights", "main_grads", "master", "moments"]
@@ -96,8 +98,10 @@ class Convention(_Card):
     # and the head's matmul; fsdp_walk.head_moments); 0: not derived, the walk lists no such moment
     head_backward_bytes_per_element: float = Field(0, ge=0)
     pipeline_partition: Literal["even", "compute_balanced"] = "even"
-    # activations.MOE_BYTES: what a MoE layer keeps
-    moe_activations: Literal["megatron_core", "generic", "fp32_router", "hf"]
+    # activations.MOE_BYTES: what a MoE layer keeps; under the flex (DeepEP/HybridEP) dispatcher the engine's own,
+    # where its flex path keeps other tensors (activations.moe_bytes), else the same
+    moe_activations: MoeActivations
+    moe_activations_flex: MoeActivations | None = None
     # model types whose own model code upcasts the router's input and gate weight to fp32 (activations.moe_bytes)
     router_fp32_model_types: list[str] = []
     # what the attention code keeps beside Q, K, V, and what a norm keeps (activations.AttentionSaves)
@@ -110,6 +114,9 @@ class Convention(_Card):
     # bias_gelu / bias_swiglu / squared_relu, Transformer Engine's, torchtitan's F.silu), whatever the model's
     # activation; act2fn, the model code's ACT2FN class of its hidden_act keeps what the card's act2fn_saves says
     activation_saves: Literal["fused", "act2fn"] = "fused"
+    # model types whose routed experts apply their own gate in place of act_fn(gate) * up: bytes per routed copy and
+    # expert-width element it keeps beside fc2's input (expert_gate_bytes)
+    expert_gates: dict[str, float] = {}
     zero: dict[int, list[StateTensor]]
 
 
@@ -251,6 +258,12 @@ def activation_saves(conv: Convention, activation: str) -> tuple[bool, float] | 
                             fix="Give the model's activation (Architecture.activation, config.json hidden_act) as "
                                 "one of those.")
     return saves.input, saves.inner_bytes
+
+
+def expert_gate_bytes(conv: Convention, model_type: str) -> float:
+    """A Layout's `expert_gate`: what the model's own routed-experts gate keeps under `conv` (its expert_gates), 0
+    where its experts run the activation act2fn counts."""
+    return conv.expert_gates.get(model_type, 0.0)
 
 
 def convention_name(card: FrameworkCard, zero_stage: int, version: str | None = None) -> str:

@@ -39,6 +39,7 @@ from meshplan.arithmetic.memory_states import (
     as_the_plan_runs,
     built_vocab,
     describe_tensors,
+    expert_gate_bytes,
     fp8_inputs,
     fp8_out_proj_copy,
     fp8_param_gather,
@@ -369,7 +370,8 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         tokens=tokens, seq_kv=job.seq_length, tp=plan.tp, sp=plan.sequence_parallel, etp=plan.etp,
         flash=flash, dropout=dropout,
         swiglu_unfused=conv.swiglu_unfused, fp8=fp8_inputs(job, conv), ep=plan.ep,
-        moe=moe_bytes(conv, job.model), qkv_fused=conv.qkv_projections == "fused",
+        moe=moe_bytes(conv, job.model, plan.moe_token_dispatcher, job.moe_fake_balanced_gate),
+        qkv_fused=conv.qkv_projections == "fused",
         attn=attention_saves(conv), routed_load=ep_rank_load(job, plan),
         fp8_out_proj_copy=fp8_out_proj_copy(job, plan, conv), moe_whole=job.card.moe_whole_over_tp,
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
@@ -380,6 +382,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         softcap_scores=not flash and job.card.attention is not None
         and job.model.model_type in job.card.attention.unfused_softcap,
         act=activation_saves(conv, job.model.activation),
+        expert_gate=expert_gate_bytes(conv, job.model.model_type),
     )
 
 

@@ -9,7 +9,13 @@ from dataclasses import dataclass
 
 from meshplan.arithmetic import activations, mesh
 from meshplan.arithmetic.activations import Layout as ActLayout
-from meshplan.arithmetic.activations import activation_mode, attention_saves, layer_activations, moe_bytes, shape_of
+from meshplan.arithmetic.activations import (
+    activation_mode,
+    attention_saves,
+    layer_activations,
+    least_moe_bytes,
+    shape_of,
+)
 from meshplan.arithmetic.lora import lora_engines
 from meshplan.arithmetic.mamba import hybrid_layer_activations, least_kind_activations
 from meshplan.arithmetic.memory_states import (
@@ -377,7 +383,8 @@ def _activation_reads(job: Job, conv: Convention, memo: dict) -> tuple[tuple, in
     hit = memo.get(key)
     if hit is None or hit[0] is not conv:
         reads = (conv.flash_attention, conv.qkv_projections == "fused", conv.dropout, conv.swiglu_unfused,
-                 moe_bytes(conv, job.model), attention_saves(conv), activation_saves(conv, job.model.activation))
+                 least_moe_bytes(conv, job.model, job.moe_fake_balanced_gate), attention_saves(conv),
+                 activation_saves(conv, job.model.activation))
         numbers, convs = memo.setdefault("acts numbers", {}), memo.setdefault("acts conventions", [])
         convs.append(conv)
         hit = memo[key] = (conv, reads, numbers.setdefault(reads, len(numbers)), len(convs))
