@@ -25,6 +25,7 @@ from meshplan.core.units import plural
 from meshplan.faces.mcp import start_up
 from meshplan.request.parse import ascii_float, ascii_int, field_aliases, likely_field, parse_request, request_error
 from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.options import MinimumGpusOptions, RecommendOptions, ReportOptions
 from meshplan.schema.request import Request
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -365,15 +366,17 @@ def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Names
 def cmd_recommend(args: argparse.Namespace) -> int:
     from meshplan.faces import display
 
+    top_k = RecommendOptions.model_validate({"top_k": args.top_k}, strict=True).top_k  # MCP's bounds and words
     req = request_from_args(args)
-    result = api.recommend(req, top_k=args.top_k)
+    result = api.recommend(req, top_k=top_k)
     _emit(result, args.json, lambda rec: display.recommendation(rec, req))
     return EXIT_OK if result.candidates else EXIT_FINDINGS  # nothing ranked: the answer says why and what fits
 
 
 def cmd_min_gpus(args: argparse.Namespace) -> int:
     """The smallest GPU count that fits (exit 1 when none does within the bounds), and the best layout there."""
-    result = api.minimum_gpus(request_from_args(args, scan_gpus=True), max_gpus=args.max_gpus)
+    limit = MinimumGpusOptions.model_validate({"max_gpus": args.max_gpus}, strict=True).max_gpus  # MCP's bounds, words
+    result = api.minimum_gpus(request_from_args(args, scan_gpus=True), max_gpus=limit)
     if args.json:
         print(result.model_dump_json(indent=2))
     else:
@@ -490,7 +493,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise MeshplanError("report needs somewhere to write.", fix="Add --html FILE.html and/or --svg DIR.")
     html, svg = (Path(args.html) if args.html else None), (Path(args.svg) if args.svg else None)
     _writable(html, svg)  # before the search, which a bad path would waste
-    found = report.gather(request_from_args(args), recommend=args.recommend, top_k=args.top_k)
+    options = ReportOptions.model_validate({"recommend": args.recommend, "top_k": args.top_k}, strict=True)
+    found = report.gather(request_from_args(args), recommend=options.recommend, top_k=options.top_k)
     try:
         if html is not None:
             html.write_text(report.render_html(found), encoding="utf-8")
@@ -557,7 +561,8 @@ def add_import_parser(sub: Any) -> None:
                                       "(field by field, with the file's key and line; nothing is run)")
     p.add_argument("file", metavar="FILE", help="Launch script (.sh), TOML job file, DeepSpeed JSON config or NeMo "
                                                 "AutoModel recipe YAML")
-    p.add_argument("--framework", default=None, help="The framework the file is for (default: detected)")
+    p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),  # a misspelt name gets the near one,
+                   help="The framework the file is for (default: detected)")  # as every other --framework does
     p.add_argument("--format", dest="config_format", choices=["shell", "toml", "json", "yaml"], default=None,
                    help="The file's format (default: from its name and content)")
     p.add_argument("--json", action="store_true", help="Print the structured result")

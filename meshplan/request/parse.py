@@ -173,6 +173,8 @@ def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Req
         if name not in allowed:
             raise unknown_field_error(name, allowed)
     fields = {name: value for name, value in values.items() if name in Request.model_fields and value is not None}
+    if isinstance(fields.get("model"), str) and not fields["model"].strip():  # '' or spaces names no model: said as
+        del fields["model"]  # a model left out is, on every face (the CLI's MODEL '' was; MCP's model '' was not)
     try:
         if "model" not in fields:  # the other values are checked first, as MCP's argument check does before this
             Request.model_validate({**fields, "model": "unnamed"})
