@@ -5,12 +5,15 @@ answered) on the next."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
+from http_servers import free_port
 from mcp_calls import call_tool
 from test_mcp_protocol_edges import INIT, post, sse_data
 
 from meshplan.faces import cli
+from meshplan.faces.mcp.__main__ import main as mcp_main
 
 JOB = {"model": "llama-3.1-8b", "gpu": "h100"}
 CLI_JOB = ["llama-3.1-8b", "--gpu", "h100"]
@@ -127,3 +130,30 @@ def test_import_names_the_framework_a_misspelt_one_means_as_mcp_does(capsys):
     with open(toml, encoding="utf-8") as handle:
         said = mcp_refusal("estimate_memory", {"config_text": handle.read(), "framework": "torchtitn", "num_gpus": 8})
     assert "Did you mean framework='torchtitan'?" in said
+
+
+@pytest.fixture
+def taken_port():
+    """A loopback port a listening socket holds for the test."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        yield held.getsockname()[1]
+
+
+@pytest.mark.parametrize("entry", ["meshplan", "meshplan-mcp"])
+@pytest.mark.parametrize(("where", "said"), [
+    ("taken", "the port is in use"),
+    ("192.0.2.1", ""),  # TEST-NET-1 (RFC 5737): an address no machine of ours has
+])
+def test_serving_where_it_cannot_bind_is_a_refusal_not_a_claim(capsys, taken_port, entry, where, said):
+    """uvicorn bound the socket after the server printed that it serves there, then logged its own 'ERROR: [Errno
+    98] ... address already in use' and exited 3; now the bind comes first and is said as every refusal is."""
+    host, port = ("127.0.0.1", taken_port) if where == "taken" else (where, free_port())
+    argv = ["--http", "--host", host, "--port", str(port)]
+    code = cli.main(["serve", *argv]) if entry == "meshplan" else mcp_main(argv)
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and "server on" not in err and "Traceback" not in err, err
+    assert err.startswith(f"{entry}: Cannot serve on {host}:{port}: {said}"), err
+    fix = "Fix: Pass another --port" if where == "taken" else "Fix: Pass --host an address of this machine"
+    assert fix in err

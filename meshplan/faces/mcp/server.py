@@ -10,8 +10,10 @@ line that is not JSON-RPC gets an error reply (stdio.py).
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -162,6 +164,7 @@ def run(
         )
     import uvicorn
 
+    sock = bound_socket(host, port)  # before the line that says the server is up: a taken port is said, not claimed
     security = transport_security(host, allowed_hosts)
     from meshplan.faces.report.page import PageRouter  # the page at / (the report's jinja2 loads with it)
 
@@ -173,10 +176,32 @@ def run(
     print(f"meshplan MCP server on {http_url(host, port)} (streamable HTTP), the web page at "
           f"{http_url(host, port)[:-len('mcp')]}; Ctrl-C to stop", file=sys.stderr, flush=True)
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         print(STOPPED, file=sys.stderr, flush=True)
         raise
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to HOST:PORT as uvicorn binds one (Config.bind_socket: IPv6 where the host has a ':', the
+    address reusable), for uvicorn to serve on. Bound here so that a port in use or a host that is not this machine's
+    is a MeshplanError with its fix, before the server says it is up: uvicorn printed the server's address, then its
+    own 'ERROR: [Errno 98] ... address already in use' and exited 3."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # gaierror too: a name that does not resolve
+        sock.close()
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            raise MeshplanError(f"Cannot serve on {host}:{port}: the port is in use ({why}).",
+                                fix="Pass another --port, or stop the server that holds this one.") from None
+        raise MeshplanError(f"Cannot serve on {host}:{port}: {why}.",
+                            fix="Pass --host an address of this machine: 127.0.0.1 (the default), ::1, or 0.0.0.0 "
+                                "for every interface.") from None
+    return sock
 
 
 def http_url(host: str, port: int) -> str:
