@@ -157,3 +157,18 @@ def test_serving_where_it_cannot_bind_is_a_refusal_not_a_claim(capsys, taken_por
     assert err.startswith(f"{entry}: Cannot serve on {host}:{port}: {said}"), err
     fix = "Fix: Pass another --port" if where == "taken" else "Fix: Pass --host an address of this machine"
     assert fix in err
+
+
+@pytest.mark.parametrize("entry", ["meshplan", "meshplan-mcp"])
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--port", "9000"], "--port sets"),
+    (["--host", "0.0.0.0", "--allowed-host", "box"], "--host and --allowed-host set"),
+    (["--transport", "stdio", "--port", "9000"], "--port sets"),
+])
+def test_http_flags_on_a_stdio_server_are_refused(capsys, entry, flags, named):
+    """`meshplan serve --port 9000` served on stdio and bound nothing, without a word."""
+    code = cli.main(["serve", *flags]) if entry == "meshplan" else mcp_main(flags)
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and "waiting for a client" not in err, err
+    assert err.startswith(f"{entry}: {named} where the HTTP server binds, and this server runs on stdio"), err
+    assert "Fix: Add --http" in err

@@ -662,8 +662,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http", action="store_const", dest="transport", const="http",
                    help="The same as --transport http: the MCP server at /mcp and the planner's web page at / "
                         "(default: off, the --transport given)")
-    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback unless told otherwise)")
-    p.add_argument("--port", type=_typed(ascii_int), default=8765, help="HTTP port")
+    p.add_argument("--host", default=None, help="HTTP bind address (default: 127.0.0.1, loopback unless told "
+                                                "otherwise)")
+    p.add_argument("--port", type=_typed(ascii_int), default=None, help="HTTP port (default: 8765)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="Extra Host header to accept over HTTP when binding beyond loopback (repeatable; "
                         "default: loopback names only)")

@@ -133,16 +133,27 @@ def _stop_now(signum: int, frame: object) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
+
+
 def run(
-    transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, allowed_hosts: Sequence[str] = ()
+    transport: str = "stdio", host: str | None = None, port: int | None = None, allowed_hosts: Sequence[str] = ()
 ) -> None:
-    """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp; blocks until the client leaves.
+    """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp (host and port None: DEFAULT_HOST,
+    DEFAULT_PORT); blocks until the client leaves.
 
     Both modes say on stderr what they wait for (stdout is the JSON-RPC wire). Ctrl-C ends a stdio
     server with status 130 at once; an HTTP server shuts down and raises KeyboardInterrupt, which the
-    entry points turn into the same status.
+    entry points turn into the same status. A host, port or allowed host given to a stdio server is refused: it
+    binds nothing, and `serve --port 9000` ran on stdio without a word.
     """
     if transport == "stdio":
+        given = [name for name, set_ in (("--host", host is not None), ("--port", port is not None),
+                                         ("--allowed-host", bool(allowed_hosts))) if set_]
+        if given:
+            raise MeshplanError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} where the HTTP server "
+                                "binds, and this server runs on stdio, which binds nothing.",
+                                fix="Add --http to serve at http://HOST:PORT/mcp, or drop " + " and ".join(given) + ".")
         print(STDIO_WAITING, file=sys.stderr, flush=True)
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, _stop_now) if in_main else None
@@ -154,6 +165,8 @@ def run(
         return
     if transport not in ("http", "streamable-http"):
         raise MeshplanError(f"Unknown transport {transport!r}.", fix="Use 'stdio' (default) or 'http'.")
+    host = DEFAULT_HOST if host is None else host
+    port = DEFAULT_PORT if port is None else port
     if not 0 < port < 65536:
         raise MeshplanError(f"Port {port} is out of range.", fix="Use a port between 1 and 65535, e.g. 8765.")
     if host in WILDCARD and not allowed_hosts:
