@@ -172,3 +172,33 @@ def test_http_flags_on_a_stdio_server_are_refused(capsys, entry, flags, named):
     assert code == cli.EXIT_USAGE and "waiting for a client" not in err, err
     assert err.startswith(f"{entry}: {named} where the HTTP server binds, and this server runs on stdio"), err
     assert "Fix: Add --http" in err
+
+
+TITAN_TOML = "tests/configs/torchtitan_llama3_8b.toml"
+
+
+@pytest.mark.parametrize("target", ["deepspeed", "megatron-core", "torchtitan"])
+def test_render_reads_a_config_as_its_own_framework_on_cli_and_mcp(capsys, target):
+    """`meshplan render deepspeed --config torchtitan.toml` read the TOML as a DeepSpeed file and refused it ('meshplan
+    reads deepspeed from shell or json files'), where render_config with the same config_text read it as torchtitan's
+    and wrote (or refused, by the target's rules) the plan for DeepSpeed: the CLI now reads it as MCP does."""
+    with open(TITAN_TOML, encoding="utf-8") as handle:
+        served = call_tool("render_config", {"config_text": handle.read(), "framework": target, "num_gpus": 8})
+    code = cli.main(["render", target, "--config", TITAN_TOML, "--num-gpus", "8", "--json"])
+    out, err = capsys.readouterr()
+    assert "reads deepspeed from" not in err
+    if served.is_error:  # refused by the target's rules, in the same words
+        assert code == cli.EXIT_FINDINGS
+        assert err.strip().removeprefix("meshplan: ") == served.content[0].text.removeprefix(
+            "Error executing tool render_config: ")
+    else:
+        assert code == cli.EXIT_OK and json.loads(out)["text"] == served.structured_content["text"]
+
+
+def test_batch_refuses_a_config_it_would_ignore(capsys, tmp_path):
+    """`memory --config FILE --batch LINES` answered each line as if --config were not there."""
+    batch = tmp_path / "asks.jsonl"
+    batch.write_text('{"model": "llama-3.1-8b", "num_gpus": 8}\n', encoding="utf-8")
+    said = cli_refusal(capsys, ["memory", "--config", TITAN_TOML, "--batch", str(batch)])
+    assert said == (f"--batch takes every request from {batch}; --config {TITAN_TOML} would be ignored. Fix: Put the "
+                    "fields in each JSON line, or drop --batch.")

@@ -195,8 +195,10 @@ def request_from_args(args: argparse.Namespace, scan_gpus: bool = False) -> Requ
         )
     if positional:
         values["model"] = positional
-    if getattr(args, "config", None):  # the file's fields, the flags over them
-        imported = api.import_file(args.config, framework=values.get("framework") or getattr(args, "target", None))
+    if getattr(args, "config", None):  # the file's fields, the flags over them; the file's framework is --framework
+        # or detected, never render's FRAMEWORK, the one the plan is written for, as render_config reads config_text
+        # (`render deepspeed --config torchtitan.toml` was refused as no DeepSpeed file where MCP rendered it)
+        imported = api.import_file(args.config, framework=values.get("framework"))
         return api.request_from_config(imported, values, scan_gpus=scan_gpus)
     return parse_request(values)
 
@@ -303,6 +305,8 @@ def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int
     answers input line N). Exit 2 when any line is an error, else 1 when any `check` found an error, else 0.
     """
     given = [_flag(name) for name in Request.model_fields if getattr(args, name, None) is not None]
+    if args.config:  # a line's request does not start from the file (answered as if --config were not there)
+        given.insert(0, f"--config {args.config}")
     if args.model_pos or given:
         raise MeshplanError(f"--batch takes every request from {args.batch}; {args.model_pos or given[0]} would be "
                             "ignored.", fix="Put the fields in each JSON line, or drop --batch.")
