@@ -14,6 +14,7 @@ from test_mcp_protocol_edges import INIT, post, sse_data
 
 from meshplan.faces import cli
 from meshplan.faces.mcp.__main__ import main as mcp_main
+from meshplan.schema.request import PATTERN_WORDS, Request
 
 JOB = {"model": "llama-3.1-8b", "gpu": "h100"}
 CLI_JOB = ["llama-3.1-8b", "--gpu", "h100"]
@@ -202,3 +203,23 @@ def test_batch_refuses_a_config_it_would_ignore(capsys, tmp_path):
     said = cli_refusal(capsys, ["memory", "--config", TITAN_TOML, "--batch", str(batch)])
     assert said == (f"--batch takes every request from {batch}; --config {TITAN_TOML} would be ignored. Fix: Put the "
                     "fields in each JSON line, or drop --batch.")
+
+
+def test_every_patterned_request_field_is_refused_in_words():
+    """A field whose value must match a pattern has its words in PATTERN_WORDS (a new pattern without them would
+    show the user its regular expression again)."""
+    patterned = {name for name, field in Request.model_fields.items()
+                 if any(getattr(m, "pattern", None) for m in field.metadata)}
+    assert patterned == set(PATTERN_WORDS)
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("framework_version", "banana", "a release number that starts with a digit (0.3, 0.19.2) or main"),
+    ("selective_ac_option", "0", "'op' or a whole number of blocks, 1 to 9999"),
+])
+def test_a_value_off_its_pattern_is_refused_in_words_on_cli_and_mcp(capsys, field, value, words):
+    """'String should match pattern '^[0-9][0-9A-Za-z.+-]*$|^main$'' was the refusal on every face."""
+    said = f"Invalid request: {field}: Input should be {words} (got {value!r})."
+    flag = "--" + field.replace("_", "-")
+    assert cli_refusal(capsys, ["memory", *CLI_JOB, "--framework", "torchtitan", flag, value]) == said
+    assert mcp_refusal("estimate_memory", {**JOB, "framework": "torchtitan", field: value}) == said

@@ -38,6 +38,11 @@ from meshplan.schema.choices import (
 MAX_GPUS = 1 << 30
 MAX_DEGREE = 1 << 20
 MAX_TOKENS = 1 << 30
+# A text field's pattern as a refusal says it ('String should match pattern ...' showed the user a regular expression)
+PATTERN_WORDS = {
+    "selective_ac_option": "'op' or a whole number of blocks, 1 to 9999",
+    "framework_version": "a release number that starts with a digit (0.3, 0.19.2) or main",
+}
 # What leaving a layout degree out means: resolve() fills 1 for an estimate, recommend searches it (CLI --help and
 # the MCP schemas show this text).
 _SEARCHED = "(default: 1 for an estimate; searched by recommend)"
@@ -116,7 +121,7 @@ class Request(StrictModel):
                                         "out: ['core_attn']",
     )
     selective_ac_option: str | None = Field(
-        None, pattern=r"^(op|[1-9][0-9]{0,3})$",
+        None, pattern=r"^(op|[1-9][0-9]{0,3})$",  # in words: PATTERN_WORDS
         description="torchtitan's selective AC (with recompute=selective): 'op' = op-level SAC (the default; the only "
                     "one of 0.3.x), or N = every N-th block fully checkpointed and the others not (0.2.x)",
     )
@@ -386,7 +391,7 @@ class Request(StrictModel):
                     "optimizer_offload, else 0)",
     )
     framework_version: str | None = Field(
-        None, min_length=1, max_length=32, pattern=r"^[0-9][0-9A-Za-z.+-]*$|^main$",
+        None, min_length=1, max_length=32, pattern=r"^[0-9][0-9A-Za-z.+-]*$|^main$",  # in words: PATTERN_WORDS
         description="The framework release the job runs (default: the one its card describes); a release whose "
                     "loss or recompute kept other tensors has its own memory convention (torchtitan 0.2.x: the "
                     "unchunked loss), and render writes that release's keys",
