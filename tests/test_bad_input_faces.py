@@ -223,3 +223,14 @@ def test_a_value_off_its_pattern_is_refused_in_words_on_cli_and_mcp(capsys, fiel
     flag = "--" + field.replace("_", "-")
     assert cli_refusal(capsys, ["memory", *CLI_JOB, "--framework", "torchtitan", flag, value]) == said
     assert mcp_refusal("estimate_memory", {**JOB, "framework": "torchtitan", field: value}) == said
+
+
+def test_a_blank_model_beside_a_config_leaves_the_files_model(capsys):
+    """With config_text, model '' overrode the file's model and the tool said a model is required; the CLI's MODEL ''
+    beside --config was dropped and planned the file's."""
+    with open(TITAN_TOML, encoding="utf-8") as handle:
+        served = call_tool("estimate_memory", {"config_text": handle.read(), "model": "", "num_gpus": 8})
+    assert not served.is_error, served.content[0].text
+    for argv in (["memory", "", "--config", TITAN_TOML], ["memory", "--model", " ", "--config", TITAN_TOML]):
+        assert cli.main([*argv, "--num-gpus", "8", "--json"]) == cli.EXIT_OK
+        assert json.loads(capsys.readouterr().out)["peak_bytes"] == served.structured_content["peak_bytes"]
