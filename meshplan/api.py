@@ -253,8 +253,10 @@ def request_from_config(imported: ImportedConfig, given: Mapping[str, Any] | Non
     `scan_gpus` for minimum_gpus: the file's GPU count left out (the scan finds it)."""
     from meshplan.adapters.read import request_values
 
-    req = parse_request(request_values(imported, given or {}, scan_gpus))
-    _refused_from_the_file(req, imported, given or {})
+    # a blank model beside the file is no model given, as parse_request reads it: the file's model stands
+    given = {k: v for k, v in (given or {}).items() if not (k == "model" and isinstance(v, str) and not v.strip())}
+    req = parse_request(request_values(imported, given, scan_gpus))
+    _refused_from_the_file(req, imported, given)
     return req
 
 

@@ -258,10 +258,11 @@ def test_http_binds_loopback_by_default_and_always_checks_the_host_header():
     import inspect
 
     from meshplan.faces.cli import build_parser
-    from meshplan.faces.mcp.server import run, transport_security
+    from meshplan.faces.mcp.server import DEFAULT_HOST, run, transport_security
 
-    assert inspect.signature(run).parameters["host"].default == "127.0.0.1"
-    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
+    # a host left unset (None, so that a stdio server can refuse one given) binds DEFAULT_HOST, loopback
+    assert DEFAULT_HOST == "127.0.0.1" and inspect.signature(run).parameters["host"].default is None
+    assert build_parser().parse_args(["serve"]).host is None
     settings = transport_security("127.0.0.1")
     assert settings.enable_dns_rebinding_protection
     assert "localhost:*" in settings.allowed_hosts and "attacker.example:*" not in settings.allowed_hosts

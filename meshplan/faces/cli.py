@@ -25,6 +25,7 @@ from meshplan.core.units import plural
 from meshplan.faces.mcp import start_up
 from meshplan.request.parse import ascii_float, ascii_int, field_aliases, likely_field, parse_request, request_error
 from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.options import MinimumGpusOptions, RecommendOptions, ReportOptions
 from meshplan.schema.request import Request
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -194,8 +195,10 @@ def request_from_args(args: argparse.Namespace, scan_gpus: bool = False) -> Requ
         )
     if positional:
         values["model"] = positional
-    if getattr(args, "config", None):  # the file's fields, the flags over them
-        imported = api.import_file(args.config, framework=values.get("framework") or getattr(args, "target", None))
+    if getattr(args, "config", None):  # the file's fields, the flags over them; the file's framework is --framework
+        # or detected, never render's FRAMEWORK, the one the plan is written for, as render_config reads config_text
+        # (`render deepspeed --config torchtitan.toml` was refused as no DeepSpeed file where MCP rendered it)
+        imported = api.import_file(args.config, framework=values.get("framework"))
         return api.request_from_config(imported, values, scan_gpus=scan_gpus)
     return parse_request(values)
 
@@ -302,6 +305,8 @@ def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int
     answers input line N). Exit 2 when any line is an error, else 1 when any `check` found an error, else 0.
     """
     given = [_flag(name) for name in Request.model_fields if getattr(args, name, None) is not None]
+    if args.config:  # a line's request does not start from the file (answered as if --config were not there)
+        given.insert(0, f"--config {args.config}")
     if args.model_pos or given:
         raise MeshplanError(f"--batch takes every request from {args.batch}; {args.model_pos or given[0]} would be "
                             "ignored.", fix="Put the fields in each JSON line, or drop --batch.")
@@ -365,15 +370,17 @@ def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Names
 def cmd_recommend(args: argparse.Namespace) -> int:
     from meshplan.faces import display
 
+    top_k = RecommendOptions.model_validate({"top_k": args.top_k}, strict=True).top_k  # MCP's bounds and words
     req = request_from_args(args)
-    result = api.recommend(req, top_k=args.top_k)
+    result = api.recommend(req, top_k=top_k)
     _emit(result, args.json, lambda rec: display.recommendation(rec, req))
     return EXIT_OK if result.candidates else EXIT_FINDINGS  # nothing ranked: the answer says why and what fits
 
 
 def cmd_min_gpus(args: argparse.Namespace) -> int:
     """The smallest GPU count that fits (exit 1 when none does within the bounds), and the best layout there."""
-    result = api.minimum_gpus(request_from_args(args, scan_gpus=True), max_gpus=args.max_gpus)
+    limit = MinimumGpusOptions.model_validate({"max_gpus": args.max_gpus}, strict=True).max_gpus  # MCP's bounds, words
+    result = api.minimum_gpus(request_from_args(args, scan_gpus=True), max_gpus=limit)
     if args.json:
         print(result.model_dump_json(indent=2))
     else:
@@ -490,7 +497,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise MeshplanError("report needs somewhere to write.", fix="Add --html FILE.html and/or --svg DIR.")
     html, svg = (Path(args.html) if args.html else None), (Path(args.svg) if args.svg else None)
     _writable(html, svg)  # before the search, which a bad path would waste
-    found = report.gather(request_from_args(args), recommend=args.recommend, top_k=args.top_k)
+    options = ReportOptions.model_validate({"recommend": args.recommend, "top_k": args.top_k}, strict=True)
+    found = report.gather(request_from_args(args), recommend=options.recommend, top_k=options.top_k)
     try:
         if html is not None:
             html.write_text(report.render_html(found), encoding="utf-8")
@@ -557,7 +565,8 @@ def add_import_parser(sub: Any) -> None:
                                       "(field by field, with the file's key and line; nothing is run)")
     p.add_argument("file", metavar="FILE", help="Launch script (.sh), TOML job file, DeepSpeed JSON config or NeMo "
                                                 "AutoModel recipe YAML")
-    p.add_argument("--framework", default=None, help="The framework the file is for (default: detected)")
+    p.add_argument("--framework", default=None, choices=list(FRAMEWORKS),  # a misspelt name gets the near one,
+                   help="The framework the file is for (default: detected)")  # as every other --framework does
     p.add_argument("--format", dest="config_format", choices=["shell", "toml", "json", "yaml"], default=None,
                    help="The file's format (default: from its name and content)")
     p.add_argument("--json", action="store_true", help="Print the structured result")
@@ -657,8 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http", action="store_const", dest="transport", const="http",
                    help="The same as --transport http: the MCP server at /mcp and the planner's web page at / "
                         "(default: off, the --transport given)")
-    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback unless told otherwise)")
-    p.add_argument("--port", type=_typed(ascii_int), default=8765, help="HTTP port")
+    p.add_argument("--host", default=None, help="HTTP bind address (default: 127.0.0.1, loopback unless told "
+                                                "otherwise)")
+    p.add_argument("--port", type=_typed(ascii_int), default=None, help="HTTP port (default: 8765)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="Extra Host header to accept over HTTP when binding beyond loopback (repeatable; "
                         "default: loopback names only)")

@@ -18,7 +18,7 @@ from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.choices import FRAMEWORKS
-from meshplan.schema.request import Request
+from meshplan.schema.request import PATTERN_WORDS, Request
 
 # Names people type for a request field that no framework card spells (the cards supply the frameworks' own
 # keys, e.g. tensor_model_parallel_size -> tp); used only to say "did you mean", never to accept the name.
@@ -145,6 +145,8 @@ def validation_message(exc: ValidationError, *, what: str = "request") -> str:
         if err["type"] == "missing":  # the input is the whole object the field is missing from: not worth showing
             parts.append(f"{where}: required, and not given")
             continue
+        if err["type"] == "string_pattern_mismatch" and err["loc"][-1] in PATTERN_WORDS:
+            message = f"Input should be {PATTERN_WORDS[err['loc'][-1]]}"
         given = repr(err.get("input"))
         given = given if len(given) <= 80 else given[:77] + "..."
         parts.append(f"{where}: {message} (got {given})")
@@ -173,6 +175,8 @@ def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Req
         if name not in allowed:
             raise unknown_field_error(name, allowed)
     fields = {name: value for name, value in values.items() if name in Request.model_fields and value is not None}
+    if isinstance(fields.get("model"), str) and not fields["model"].strip():  # '' or spaces names no model: said as
+        del fields["model"]  # a model left out is, on every face (the CLI's MODEL '' was; MCP's model '' was not)
     try:
         if "model" not in fields:  # the other values are checked first, as MCP's argument check does before this
             Request.model_validate({**fields, "model": "unnamed"})

@@ -38,6 +38,11 @@ from meshplan.schema.choices import (
 MAX_GPUS = 1 << 30
 MAX_DEGREE = 1 << 20
 MAX_TOKENS = 1 << 30
+# A text field's pattern as a refusal says it ('String should match pattern ...' showed the user a regular expression)
+PATTERN_WORDS = {
+    "selective_ac_option": "'op' or a whole number of blocks, 1 to 9999",
+    "framework_version": "a release number that starts with a digit (0.3, 0.19.2) or main",
+}
 # What leaving a layout degree out means: resolve() fills 1 for an estimate, recommend searches it (CLI --help and
 # the MCP schemas show this text).
 _SEARCHED = "(default: 1 for an estimate; searched by recommend)"
@@ -47,8 +52,9 @@ class Request(StrictModel):
     """The request fields every tool, CLI flag and batch line shares.
 
     Strict types on every face (pydantic strict mode): an integer field takes an integer, not `true` or `"8"`; a
-    float field an integer or a float; a switch `true`/`false` only. The CLI reads its flags' text into these types
-    first (ASCII digits only: request/parse.py)."""
+    float field an integer or a finite float (NaN and Infinity, which Python's json reads from a batch line or an MCP
+    call, are refused as not finite: a bound's words, 'less than or equal to 1024 (got nan)', hid why); a switch
+    `true`/`false` only. The CLI reads its flags' text into these types first (ASCII digits only: request/parse.py)."""
 
     model_config = ConfigDict(strict=True)
 
@@ -115,7 +121,7 @@ class Request(StrictModel):
                                         "out: ['core_attn']",
     )
     selective_ac_option: str | None = Field(
-        None, pattern=r"^(op|[1-9][0-9]{0,3})$",
+        None, pattern=r"^(op|[1-9][0-9]{0,3})$",  # in words: PATTERN_WORDS
         description="torchtitan's selective AC (with recompute=selective): 'op' = op-level SAC (the default; the only "
                     "one of 0.3.x), or N = every N-th block fully checkpointed and the others not (0.2.x)",
     )
@@ -188,7 +194,7 @@ class Request(StrictModel):
                           "None under full_iteration",
     )
     moe_routing_imbalance: float | None = Field(
-        None, ge=1.0, le=1024.0,
+        None, allow_inf_nan=False, ge=1.0, le=1024.0,
         description="MoE routing imbalance: routed tokens on the most loaded expert-parallel rank over the mean (1.0 = "
                     "balanced; 1.3 = that rank gets 30% more); the step waits for that rank's expert GEMMs, permutes "
                     "and all-to-all, and it holds that many more routed activations (default 1.0, balanced, what "
@@ -319,7 +325,7 @@ class Request(StrictModel):
                                                "rollout_dp (default: 1, experts sharded by the rollout TP)",
     )
     rollout_memory_fraction: float | None = Field(
-        None, gt=0.0, le=1.0,
+        None, allow_inf_nan=False, gt=0.0, le=1.0,
         description="Rollout engine memory fraction (verl gpu_memory_utilization, SkyRL gpu_memory_utilization): "
                     "vLLM's share of total GPU memory, SGLang's mem_fraction_static (default: the framework's, "
                     "verl 0.5, SkyRL 0.8)",
@@ -362,7 +368,7 @@ class Request(StrictModel):
                           "split, so the last stage builds one decoder layer fewer (default: false)",
     )
     headroom: float | None = Field(
-        None, ge=0.0, lt=1.0,
+        None, allow_inf_nan=False, ge=0.0, lt=1.0,
         description="Share of GPU memory a layout must leave free to count as fitting (default: 0.10, rule MEM002); "
                     "recommend ranks, falls back and searches GPU counts with this one threshold",
     )
@@ -387,19 +393,19 @@ class Request(StrictModel):
                           "optimizer_offload_fraction > 0)",
     )
     optimizer_offload_fraction: float | None = Field(
-        None, ge=0.0, le=1.0,
+        None, allow_inf_nan=False, ge=0.0, le=1.0,
         description="Share of this rank's optimizer state kept and stepped on the CPU (Megatron "
                     "optimizer_offload_fraction, DeepSpeed offload_optimizer ratio) (default: 1.0 with "
                     "optimizer_offload, else 0)",
     )
     framework_version: str | None = Field(
-        None, min_length=1, max_length=32, pattern=r"^[0-9][0-9A-Za-z.+-]*$|^main$",
+        None, min_length=1, max_length=32, pattern=r"^[0-9][0-9A-Za-z.+-]*$|^main$",  # in words: PATTERN_WORDS
         description="The framework release the job runs (default: the one its card describes); a release whose "
                     "loss or recompute kept other tensors has its own memory convention (torchtitan 0.2.x: the "
                     "unchunked loss), and render writes that release's keys",
     )
     cpu_memory_per_node: float | None = Field(
-        None, gt=0, le=1 << 20,
+        None, allow_inf_nan=False, gt=0, le=1 << 20,
         description="Host memory per node in GiB; the offloaded state is checked against it (rule MEM003) "
                     "(default: not checked)",
     )

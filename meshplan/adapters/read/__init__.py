@@ -188,7 +188,9 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
         raise MeshplanError(f"{path}: the configuration is empty.",
                             fix=f"Pass a launch script or a {', '.join(files[:-1])} or {files[-1]} file.")
     if len(text) > MAX_CONFIG_CHARS:
-        raise MeshplanError(f"{path}: {len(text):,} characters; a configuration is at most {MAX_CONFIG_CHARS:,}.",
+        # 'more than', not len(text): import_file reads a file only one character past the limit, so its count was
+        # 1,048,577 for any longer file
+        raise MeshplanError(f"{path}: more than {MAX_CONFIG_CHARS:,} characters; a configuration is at most that.",
                             fix="Pass the launch script or job file itself.")
     if control := CONTROL.search(text):  # echoed in a note, a NUL or a terminal escape reaches the user's screen
         line = text.count("\n", 0, control.start()) + 1

@@ -15,8 +15,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--transport", choices=["stdio", "http", "streamable-http"], default="stdio")
     parser.add_argument("--http", action="store_const", dest="transport", const="http",
                         help="The same as --transport http (meshplan serve --http)")
-    parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback unless told otherwise)")
-    parser.add_argument("--port", type=int, default=8765, help="HTTP port")
+    parser.add_argument("--host", default=None, help="HTTP bind address (default: 127.0.0.1, loopback unless told "
+                                                     "otherwise)")
+    parser.add_argument("--port", type=int, default=None, help="HTTP port (default: 8765)")
     parser.add_argument(
         "--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
         help="Extra Host header to accept over HTTP when binding beyond loopback (repeatable)",

@@ -35,9 +35,10 @@ COMPARE_RUN = (
 class CompareOptions(StrictModel):
     """compare_run's argument beside the request: the log, required."""
 
-    log_text: str = Field(min_length=1, max_length=1 << 24, description="The run's training log (its stdout, or the "
-                                                                        "part with the iteration / step metrics and "
-                                                                        "memory lines)")
+    # empty or too long (over MAX_LOG_CHARS, 64 Mi characters) is read_log's to refuse, in the words `meshplan compare
+    # --log` gives a file: this schema's own bounds refused '' in other words and 16 Mi characters the CLI reads
+    log_text: str = Field(description="The run's training log (its stdout, or the part with the iteration / step "
+                                      "metrics and memory lines)")
 
 
 @with_signature([*request_parameters(), *option_parameters(CompareOptions)], CompareAnswer)

@@ -15,7 +15,7 @@ from mcp.types import CallToolResult, EmbeddedResource, ImageContent, TextConten
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.core.units import gib
-from meshplan.schema.choices import StrictModel
+from meshplan.schema.options import ReportOptions
 from meshplan.schema.plan import Plan
 
 from .tools import option_parameters, request_parameters, take_options, to_request, tool_errors, with_signature
@@ -58,14 +58,6 @@ def _summary(found: Any) -> str:
     if found.throughput is not None:
         text += f"; {found.throughput.step_time_s:.3g} s per step, MFU {found.throughput.mfu:.1%}"
     return text + "."
-
-
-class ReportOptions(StrictModel):
-    """render_report's arguments beside the request."""
-
-    recommend: bool = Field(False, description="Search first (as recommend_parallelism) and draw the best layout and "
-                                               "the candidates")
-    top_k: int = Field(5, ge=1, le=50, description="With recommend: how many ranked layouts to compare")
 
 
 @with_signature([*request_parameters(), *option_parameters(ReportOptions)],

@@ -10,8 +10,10 @@ line that is not JSON-RPC gets an error reply (stdio.py).
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -131,16 +133,27 @@ def _stop_now(signum: int, frame: object) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
+
+
 def run(
-    transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, allowed_hosts: Sequence[str] = ()
+    transport: str = "stdio", host: str | None = None, port: int | None = None, allowed_hosts: Sequence[str] = ()
 ) -> None:
-    """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp; blocks until the client leaves.
+    """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp (host and port None: DEFAULT_HOST,
+    DEFAULT_PORT); blocks until the client leaves.
 
     Both modes say on stderr what they wait for (stdout is the JSON-RPC wire). Ctrl-C ends a stdio
     server with status 130 at once; an HTTP server shuts down and raises KeyboardInterrupt, which the
-    entry points turn into the same status.
+    entry points turn into the same status. A host, port or allowed host given to a stdio server is refused: it
+    binds nothing, and `serve --port 9000` ran on stdio without a word.
     """
     if transport == "stdio":
+        given = [name for name, set_ in (("--host", host is not None), ("--port", port is not None),
+                                         ("--allowed-host", bool(allowed_hosts))) if set_]
+        if given:
+            raise MeshplanError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} where the HTTP server "
+                                "binds, and this server runs on stdio, which binds nothing.",
+                                fix="Add --http to serve at http://HOST:PORT/mcp, or drop " + " and ".join(given) + ".")
         print(STDIO_WAITING, file=sys.stderr, flush=True)
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, _stop_now) if in_main else None
@@ -152,6 +165,8 @@ def run(
         return
     if transport not in ("http", "streamable-http"):
         raise MeshplanError(f"Unknown transport {transport!r}.", fix="Use 'stdio' (default) or 'http'.")
+    host = DEFAULT_HOST if host is None else host
+    port = DEFAULT_PORT if port is None else port
     if not 0 < port < 65536:
         raise MeshplanError(f"Port {port} is out of range.", fix="Use a port between 1 and 65535, e.g. 8765.")
     if host in WILDCARD and not allowed_hosts:
@@ -162,6 +177,7 @@ def run(
         )
     import uvicorn
 
+    sock = bound_socket(host, port)  # before the line that says the server is up: a taken port is said, not claimed
     security = transport_security(host, allowed_hosts)
     from meshplan.faces.report.page import PageRouter  # the page at / (the report's jinja2 loads with it)
 
@@ -173,10 +189,32 @@ def run(
     print(f"meshplan MCP server on {http_url(host, port)} (streamable HTTP), the web page at "
           f"{http_url(host, port)[:-len('mcp')]}; Ctrl-C to stop", file=sys.stderr, flush=True)
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         print(STOPPED, file=sys.stderr, flush=True)
         raise
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to HOST:PORT as uvicorn binds one (Config.bind_socket: IPv6 where the host has a ':', the
+    address reusable), for uvicorn to serve on. Bound here so that a port in use or a host that is not this machine's
+    is a MeshplanError with its fix, before the server says it is up: uvicorn printed the server's address, then its
+    own 'ERROR: [Errno 98] ... address already in use' and exited 3."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # gaierror too: a name that does not resolve
+        sock.close()
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            raise MeshplanError(f"Cannot serve on {host}:{port}: the port is in use ({why}).",
+                                fix="Pass another --port, or stop the server that holds this one.") from None
+        raise MeshplanError(f"Cannot serve on {host}:{port}: {why}.",
+                            fix="Pass --host an address of this machine: 127.0.0.1 (the default), ::1, or 0.0.0.0 "
+                                "for every interface.") from None
+    return sock
 
 
 def http_url(host: str, port: int) -> str:

@@ -28,8 +28,9 @@ from meshplan.core.units import gib, percent, plural
 from meshplan.request.parse import parse_request, request_error, unknown_field_error
 from meshplan.schema.choices import StrictModel
 from meshplan.schema.imported import ImportedConfig
+from meshplan.schema.options import MinimumGpusOptions, RecommendOptions
 from meshplan.schema.reports import ErrorBand, Recommendation
-from meshplan.schema.request import MAX_GPUS, Request
+from meshplan.schema.request import Request
 
 from .cancellable import cancellable
 from .results import (
@@ -83,10 +84,11 @@ def request_parameters(*, skip: Iterable[str] = (), required: Iterable[str] = ()
 
 
 CONFIG_NAMES = ("config_text", "config_format")
-# The user's own configuration, pasted: its fields start the request and the arguments given beside it win.
+# The user's own configuration, pasted: its fields start the request and the arguments given beside it win. Its size
+# and emptiness are the reader's to refuse (adapters/read, MAX_CONFIG_CHARS), in the words `meshplan import` gives.
 CONFIG_PARAMETERS = [
     inspect.Parameter("config_text", _KW, default=None, annotation=Annotated[str | None, Field(
-        None, max_length=1 << 20, description="The text of the user's framework config or launch script (a "
+        None, description="The text of the user's framework config or launch script (a "
         "Megatron-LM, DeepSpeed, Megatron-Bridge, verl, SkyRL or torchtitan shell script, a torchtitan or "
         "KempnerForge TOML, a DeepSpeed JSON, a NeMo AutoModel recipe YAML): read, never run; its fields start the "
         "request (the model too, where it names one: then `model` may be left out) and every argument given beside "
@@ -393,12 +395,6 @@ RECOMMEND = (
 )
 
 
-class RecommendOptions(StrictModel):
-    """recommend_parallelism's argument beside the request."""
-
-    top_k: int = Field(5, ge=1, le=50, description="How many ranked layouts to return")
-
-
 # num_gpus too may come from config_text; without either the api says to pass it
 @with_signature([*request_parameters(), *option_parameters(RecommendOptions)], RecommendationAnswer)
 def recommend_parallelism(**args: Any) -> RecommendationAnswer:
@@ -514,13 +510,6 @@ MINIMUM_GPUS = (
     "keeps `headroom` of GPU memory free, with recommend_parallelism's best layout there; bounded in time and "
     "count, and it says which bound stopped it. Layout fields you set (tp, pp, ...) constrain every count."
 )
-
-
-class MinimumGpusOptions(StrictModel):
-    """minimum_gpus' argument beside the request."""
-
-    max_gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="Largest GPU count to try (default: the search "
-                                                                       "card's limit)")
 
 
 @with_signature([*request_parameters(skip=("num_gpus",)), *option_parameters(MinimumGpusOptions)], MinimumGpusAnswer)
