@@ -1,6 +1,8 @@
 """What a perfect cannot-beat-the-stop proof could save on one recommend_speed.py case: the ceiling of the two proofs
 issue 23's DeepSeek-V3 target was asked of (lane speed47), measured by replaying the ranked search with what its first
-ask learnt, so the ceiling is an oracle's, not a buildable bound's.
+ask learnt, so the ceiling is an oracle's, not a buildable bound's; and what two buildable levers save (lane speed48):
+the count-only work a search does on layouts it never pops (lazy), and the job's budget-free caches kept from one ask
+to the next (kept).
 
 The case is asked once (recording), then again per mode, interleaved over `--rounds`, CPU seconds per ask:
   none   the search as it is;
@@ -8,7 +10,15 @@ The case is asked once (recording), then again per mode, interleaved over `--rou
          +inf for its stages instead (the counts drain gives are the same): no pipeline bound, reference or DP keys;
   group  a seed group the first ask opened whose nodes never reached SHARD is re-queued at +inf at its first pop:
          none of its seed keys, DP raise, dead checks or FLOOR pops (counts move: its members are never found dead);
-  both   the two together.
+  both   the two together;
+  lazy   no layout's death (is_dead, group_dead) is asked when its group opens, only at its first FLOOR pop, which
+         then rejects it with the seeds it held under the memory rule: a real proof, not an oracle's; the dead
+         layouts never popped are counted SEARCH-SLOWER, not MEM001, and a group none of whose layouts fits is raised
+         and pushed like any other (what the group-level death check saves on a job that barely fits: Kimi-K2);
+  kept   the ranked search shares (and the probe through it) the budget-free caches (estimates, floors, bounds,
+         seeds: plans.Caches and the bounds' memos, engine.shared_search) of the recording ask's ranked search: a
+         memo kept across requests, which recommend does not keep (one request is one set of cards: shared_layers);
+         `evaluated` counts the estimates computed, so it moves.
 Each mode's answer is compared with the search's: the fields that moved are named (byte-identical answers are what a
 speed change must keep: bench/answer_snapshot.py).
 
@@ -30,11 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recommend_speed import CASES, WARM_UP
 
 from meshplan import api
-from meshplan.search import engine
+from meshplan.search import engine, ranking
 from meshplan.search.levels import GROUP, RULES
 from meshplan.search.seed_groups import SeedGroup
 
-MODES = ("none", "shard", "group", "both")
+MODES = ("none", "shard", "group", "both", "lazy", "kept")
 
 
 class Oracle:
@@ -51,6 +61,8 @@ class Oracle:
         self._shard = engine.BestFirstSearch.refine_shard
         self._open = engine.BestFirstSearch.open_group
         self._firsts: dict[tuple, int] = {}  # a group's degrees -> its first node's index (groups are per degrees)
+        self.opening = False  # (lazy) inside open_group: no death asked
+        self.searches: dict[tuple, engine.BestFirstSearch] = {}  # (kept) the recording ask's, per job and budget
 
     def install(self) -> None:
         oracle = self
@@ -80,8 +92,48 @@ class Oracle:
                     return  # (+inf is the heap's largest key: appended, the heap stays one)
             oracle._open(search, key, group, base, ideal, pending, live)
 
+        is_dead, group_dead, refine_bound = (engine.BestFirstSearch.is_dead, engine.BestFirstSearch.group_dead,
+                                             engine.BestFirstSearch.refine_bound)
+
+        def lazy_open(search: engine.BestFirstSearch, *args) -> None:
+            oracle.opening = oracle.mode == "lazy"
+            try:
+                open_group(search, *args)
+            finally:
+                oracle.opening = False
+
+        def lazy_is_dead(search: engine.BestFirstSearch, lay) -> bool:
+            return False if oracle.opening else is_dead(search, lay)
+
+        def lazy_group_dead(search: engine.BestFirstSearch, lays: list) -> list[bool]:
+            return [False] * len(lays) if oracle.opening else group_dead(search, lays)
+
+        def lazy_refine_bound(search: engine.BestFirstSearch, key: float, lay, mbs: int, held: tuple = (),
+                              floor: int = -1) -> None:
+            if oracle.mode == "lazy" and search.is_dead(lay):  # every seed of it rejected here, as release would
+                if search.below is not None:
+                    search.below.nodes += [(key, lay, mbs), *((seed_key, lay, size) for seed_key, _, size in held)]
+                search.beyond_cutoff -= search.variants() * len(held)
+                search.rejected[search.engine.memory_rule] += search.variants() * (1 + len(held))
+                return
+            refine_bound(search, key, lay, mbs, held, floor)
+
+        def kept_search(job, fixed, engine_, top_k, warnings, budget_bytes=0, share=None, **kw):
+            key = (job.framework, job.num_gpus, id(job.model), budget_bytes, kw.get("recorded", False))
+            if oracle.mode == "kept" and share is None:
+                share = oracle.searches.get(key)
+            search, considered = run_search(job, fixed, engine_, top_k, warnings, budget_bytes, share, **kw)
+            if oracle.mode == "record":
+                oracle.searches[key] = search
+            return search, considered
+
+        run_search = engine.run_search
         engine.BestFirstSearch.refine_shard = refine_shard  # type: ignore[method-assign]
-        engine.BestFirstSearch.open_group = open_group  # type: ignore[method-assign]
+        engine.BestFirstSearch.open_group = lazy_open  # type: ignore[method-assign]
+        engine.BestFirstSearch.is_dead = lazy_is_dead  # type: ignore[method-assign]
+        engine.BestFirstSearch.group_dead = lazy_group_dead  # type: ignore[method-assign]
+        engine.BestFirstSearch.refine_bound = lazy_refine_bound  # type: ignore[method-assign]
+        ranking.run_search = kept_search  # type: ignore[assignment]
 
     def settle(self) -> None:
         """After the recording ask: the SHARD pops over the final stop (the ranked search's wants() at its end) and
