@@ -21,7 +21,15 @@ alltoall (qwen_provider.py moe_token_dispatcher_type "alltoall"; training/flex_d
 apply_flex_dispatcher_backend returns on None, "Not a valid flex dispatcher backend"): B200 at v0.2.0 (25.11) and
 v0.3.0 (26.02), H100 at v0.2.0, all `alltoall`; H100 at v0.3.0 sets deepep
 (scripts/performance/configs/qwen/qwen3_workload_base_configs.py, added by "qwen x86 flex backend", #2351) and GB200
-hybridep, `flex` (B200 moved to hybridep and micro-batch 4 only in #2499, after 26.02).
+hybridep, `flex` (B200 moved to hybridep and micro-batch 4 only in #2499, after 26.02). DeepSeek-V3's and
+GPT-OSS-120B's rows read their release's preset the same way (their providers' default is alltoall too:
+deepseek_provider.py, gpt_oss_provider.py): DeepSeek-V3 on B200 sets no backend at v0.2.0
+(configs/deepseek/workload_base_configs.py DEEPSEEK_V3_B200_BASE_CONFIG), so 25.11 is `alltoall`, and hybridep at
+v0.3.0 (DEEPSEEK_V3_PRETRAIN_CONFIG_B200_V1, which v0.3.0's apply_flex_dispatcher_backend takes on any sm100 GPU),
+so 26.02 is `flex`; GB200 and H100 set hybridep / deepep at both. GPT-OSS-120B sets no backend at v0.2.0 or v0.3.0
+(configs/gpt_oss/*workload_base_configs.py), so every GPT-OSS row is `alltoall`. meshplan times `flex` as the
+backend it renders (mesh.flex_backend: HybridEP on GB200, DeepEP elsewhere), so 26.02's B200 DeepSeek-V3 row, which
+ran HybridEP, is timed as DeepEP.
 The precision column's MXFP8 is passed as Transformer Engine's mxfp8 recipe, its FP8 (FP8-CS) as the
 card's default tensorwise current scaling (the table's parenthesised blockwise figures are not transcribed); the
 recipe sets how many quantize kernels each local expert's grouped GEMM launches (the framework card's

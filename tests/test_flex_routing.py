@@ -92,3 +92,54 @@ def test_flex_dispatch_refuses_experts_it_cannot_place():
         dispatch_time(1e6, 8, 8, 1, LK, dedup=True, experts=100)
     with pytest.raises(ValueError, match="top_k 8 exceeds the 4 experts"):
         learned_routing(64, 8, 8, 8, 16, 1)
+
+
+def test_flex_inside_a_domain_takes_the_slower_of_the_backend_copies_and_nvlink():
+    """Inside one NVLink domain a rank receives every delivery (its own rank's too) at the backend's achieved
+    bandwidth (Links.flex_bw, the SMs' copies), or its off-rank share at NVLink's, whichever is slower; without a
+    figure (flex_bw 0) NVLink alone, the plain all-to-all of the delivered copies."""
+    from dataclasses import replace
+
+    from meshplan.arithmetic.comm import alltoall_time
+
+    copy, ranks = 1e6, 5.3
+    link = ranks * copy * 7 / 8 / LK.intra_bw
+    assert flex_dispatch_time(copy, ranks, 1.0, 8, 1, LK) == alltoall_time(ranks * copy, 8, 1, LK)
+    slow = replace(LK, flex_bw=200e9)  # below 360 x 8/7: the SMs bound it
+    assert flex_dispatch_time(copy, ranks, 1.0, 8, 1, slow) == pytest.approx(ranks * copy / 200e9 + LK.intra_lat)
+    fast = replace(LK, flex_bw=1e12)  # above the link: NVLink bounds it
+    assert flex_dispatch_time(copy, ranks, 1.0, 8, 1, fast) == pytest.approx(link + LK.intra_lat)
+    # across domains the network term is what it was, whatever the backend reaches inside one
+    wide = flex_dispatch_time(copy, ranks, 2.0, 64, 1, LK)
+    assert flex_dispatch_time(copy, ranks, 2.0, 64, 1, slow) == wide
+
+
+def test_links_carry_the_backend_meshplan_renders_on_that_gpu():
+    """links() times the flex dispatch as the backend mesh.flex_backend picks: DeepEP in an 8-GPU node (Hopper,
+    B200), HybridEP where the NVLink domain spans nodes (GB200 NVL72), each at its generation's card figure; a
+    generation the card lists no figure for (Ampere, CDNA3) runs at NVLink's."""
+    from meshplan.arithmetic.comm import links
+    from meshplan.arithmetic.mesh import flex_backend
+    from meshplan.knowledge.calibration import calibration, flex_dispatch_bandwidth
+    from meshplan.knowledge.hardware import get_gpu
+
+    cal = calibration("megatron-core")
+    picks = {}
+    for key in ("h100", "b200", "gb200", "a100-80gb", "mi300x"):
+        gpu = get_gpu(key)
+        picks[key] = (flex_backend(gpu, gpu.gpus_per_node), links(gpu, gpu.gpus_per_node, cal).flex_bw)
+    assert picks["h100"] == ("deepep", flex_dispatch_bandwidth("deepep", "hopper"))
+    assert picks["b200"] == ("deepep", flex_dispatch_bandwidth("deepep", "blackwell"))
+    assert picks["gb200"] == ("hybridep", flex_dispatch_bandwidth("hybridep", "blackwell"))
+    assert picks["a100-80gb"] == ("deepep", 0.0)
+    assert picks["mi300x"] == ("deepep", 0.0)
+    # DeepEP on Blackwell copies faster per SM than on Hopper, and HybridEP's TMA copies beat both
+    assert picks["h100"][1] < picks["b200"][1] < picks["gb200"][1]
+
+
+def test_an_unknown_flex_backend_is_refused():
+    from meshplan.knowledge.calibration import flex_dispatch_bandwidth
+    from meshplan.knowledge.cards import CardError
+
+    with pytest.raises(CardError, match="ncclep"):
+        flex_dispatch_bandwidth("ncclep", "hopper")

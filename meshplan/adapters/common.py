@@ -192,14 +192,10 @@ def moe_layer_freq(job: Job) -> str | None:
 
 
 def flex_backend(job: Job) -> str:
-    """Megatron-Core's moe_flex_dispatcher_backend for this machine.
-
-    "hybridep" when one NVLink domain spans several nodes (GB200 NVL72): megatron-core 0.19.2's
-    TransformerConfig says only HybridEP supports that multi-node NVLink (MNNVL) case. "deepep"
-    otherwise (the field's default): DeepEP sends a token once per destination node over RDMA and
-    fans it out over the node's NVLink.
-    """
-    return "hybridep" if mesh.domain_spans_nodes(job.gpu, job.gpus_per_node) else "deepep"
+    """Megatron-Core's moe_flex_dispatcher_backend for this machine (mesh.flex_backend): "hybridep" where one NVLink
+    domain spans nodes (GB200 NVL72), else "deepep", which sends a token once per destination node over RDMA and
+    fans it out over the node's NVLink."""
+    return mesh.flex_backend(job.gpu, job.gpus_per_node)
 
 
 def megatron_dispatcher(job: Job, plan: Plan) -> list[tuple[str, str]]:

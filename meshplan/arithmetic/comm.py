@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.arithmetic.mesh import fast_domain, job_domain, per_domain, wired_node
-from meshplan.knowledge.calibration import Calibration
+from meshplan.arithmetic.mesh import fast_domain, flex_backend, job_domain, per_domain, wired_node
+from meshplan.knowledge.calibration import Calibration, flex_dispatch_bandwidth
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.plan import Job
 
@@ -34,6 +34,7 @@ class Links:
     nic_scaling: float  # how much of the k NICs of a domain one ring really uses: k ** nic_scaling
     node: int = 0  # GPUs per host (the a2a level of hierarchical CP stays inside one)
     wired: int = 0  # GPUs of a node NVLink joins point to point, no NVSwitch (mesh.wired_node); 0: switched
+    flex_bw: float = 0.0  # bytes/s a rank receives in a flex dispatch in its domain (flex_dispatch_time); 0: NVLink
 
     def nvlink_bw(self, k: int) -> float:
         """NVLink bytes/s one rank reaches in a collective of `k` members on its node: all its links behind an
@@ -51,6 +52,10 @@ def job_links(job: Job, cal: Calibration) -> Links:
 
 
 def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None = None, wired: int = 0) -> Links:
+    """The links of `gpu` in nodes of `gpus_per_node`: its NVLink and NIC at the calibrated efficiencies, and what
+    the flex dispatcher's backend there (mesh.flex_backend) reaches in one NVLink domain on its generation
+    (cards/calibration.yaml flex_dispatch; none listed: NVLink's)."""
+    flex = flex_dispatch_bandwidth(flex_backend(gpu, gpus_per_node), gpu.arch)
     return Links(
         domain=fast_domain(gpu, gpus_per_node) if domain is None else domain,
         intra_bw=gpu.intra_node_bandwidth * cal.nvlink_efficiency,
@@ -60,6 +65,7 @@ def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None
         nic_scaling=cal.ring_nic_scaling,
         node=gpus_per_node,
         wired=wired,
+        flex_bw=flex or 0.0,
     )
 
 
@@ -201,12 +207,19 @@ def flex_dispatch_time(copy_bytes: float, ranks: float, domains: float, size: in
     (internode.cu: one RDMA send per node, then forwarded over NVLink to the node's ranks its SourceMeta marks); the
     combine mirrors it. A destination is the token's own rank (domain) with chance 1/size (1/domains of the group),
     the token's rank being independent of its routing. Every off-rank delivery crosses NVLink once (directly, or as
-    the fan-out of a network arrival), the off-domain ones the network as well."""
+    the fan-out of a network arrival), the off-domain ones the network as well.
+
+    Inside one domain the copies run on the backend's few SMs (intranode.cu: num_sms / 2 channels, a sender and a
+    receiver SM each, the token's own rank served like the others), so a rank takes every delivery it receives at
+    the backend's achieved bandwidth (lk.flex_bw, cards/calibration.yaml flex_dispatch) where that is below the
+    link's: the slower of the two. Across domains the network term rules and is left as it was."""
     if size <= 1 or copy_bytes <= 0:
         return 0.0
     k = per_domain(size, stride, lk.domain)
     if k >= size:
-        return alltoall_time(copy_bytes * ranks, size, stride, lk)
+        received = copy_bytes * ranks
+        link = received * (size - 1) / size / lk.nvlink_bw(k)
+        return max(link, received / lk.flex_bw if lk.flex_bw else 0.0) + lk.intra_lat
     group_domains = -(-size // k)
     intra = copy_bytes * ranks * (size - 1) / size
     inter = copy_bytes * domains * (group_domains - 1) / group_domains

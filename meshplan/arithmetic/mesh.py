@@ -242,6 +242,14 @@ def domain_spans_nodes(gpu: GpuSpec, gpus_per_node: int) -> bool:
     return fast_domain(gpu, gpus_per_node) > gpus_per_node
 
 
+def flex_backend(gpu: GpuSpec, gpus_per_node: int) -> str:
+    """Megatron-Core's moe_flex_dispatcher_backend on this machine: "hybridep" where one NVLink domain spans several
+    nodes (GB200 NVL72: megatron-core 0.19.2's TransformerConfig says only HybridEP supports multi-node NVLink),
+    else "deepep" (the field's default). What meshplan renders (adapters/common.flex_backend) and what the flex
+    dispatch is timed as (comm.links: cards/calibration.yaml flex_dispatch)."""
+    return "hybridep" if domain_spans_nodes(gpu, gpus_per_node) else "deepep"
+
+
 def per_domain(size: int, stride: int, domain: int) -> int:
     """Members of a group that share one fast domain: where the groups are aligned to domain boundaries (a block of
     size x stride ranks divides the domain or is a multiple of it, and the stride divides it), the domain's share;

@@ -6,14 +6,14 @@ from __future__ import annotations
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention
-from meshplan.arithmetic.mesh import mesh_groups, own_ep_ranks_note
+from meshplan.arithmetic.mesh import flex_backend, mesh_groups, own_ep_ranks_note
 from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD, INDEXER_PASSES_PER_FORWARD
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption
 from meshplan.estimate.moe_time import moe_host_syncs
 from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, overlap_off, sharding_schedule
 from meshplan.estimate.tp_overlap import tp_ring_passes
-from meshplan.knowledge.calibration import Calibration, calibration_summary
+from meshplan.knowledge.calibration import Calibration, calibration_summary, flex_dispatch_bandwidth
 from meshplan.schema.model import layer_kind_counts
 from meshplan.schema.plan import Job, Plan
 
@@ -247,6 +247,18 @@ def _hybrid_assumption(job: Job, cal: Calibration) -> str:
             "Megatron-LM's hybrid_flops.")
 
 
+def _flex_copies(job: Job) -> str:
+    """What the flex dispatcher's copies reach inside one NVLink domain on the job's GPU (comm.flex_dispatch_time)."""
+    backend = flex_backend(job.gpu, job.gpus_per_node)
+    bw = flex_dispatch_bandwidth(backend, job.gpu.arch)
+    if bw is None:
+        return (f"inside one NVLink domain {backend}'s copies at NVLink's bandwidth (no measured figure for "
+                f"{job.gpu.arch or 'this GPU'} in cards/calibration.yaml flex_dispatch); ")
+    return (f"inside one NVLink domain a rank receives every copy at {backend}'s {bw / 1e9:.0f} GB/s on "
+            f"{job.gpu.arch} (the SMs Megatron runs it on: cards/calibration.yaml flex_dispatch), where that is "
+            "slower than NVLink; ")
+
+
 def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     """How an MoE layer's dispatcher, router, expert GEMMs, host syncs and all-to-alls were timed."""
     moe = job.model.moe
@@ -271,6 +283,7 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
                   if moe.num_groups > 1 else "; ")
                if plan.moe_token_dispatcher == "flex" else
                "all-to-all dispatcher: every routed copy travels to its expert's rank; ")
+            + (_flex_copies(job) if plan.moe_token_dispatcher == "flex" else "")
             + ("expert all-to-all hidden behind the other micro-batch's compute of the layer in the 1F1B "
                "steady state (moe_a2a_overlap), exposed in warm-up and cool-down."
                if plan.moe_a2a_overlap else "expert all-to-all exposed (moe_a2a_overlap off)."))

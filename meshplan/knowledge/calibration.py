@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from functools import cache
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshplan.knowledge.cards import CardError, checked_once, load_card
 
@@ -58,6 +58,25 @@ class AttentionKernel(BaseModel):
         return self.local_tiles[min(wide)] if wide else None
 
 
+class FlexBackend(BaseModel):
+    """One flex dispatcher backend's achieved bandwidth inside an NVLink domain per GPU generation: the bytes a rank
+    receives per second (its own rank's included), at the SMs Megatron runs it on; a generation it does not list
+    runs at NVLink's (cards/calibration.yaml flex_dispatch)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    by_arch: dict[str, float] = Field(description="GPU arch (cards/hardware.yaml) -> bytes/s")
+    meaning: str
+    source: str
+
+    @field_validator("by_arch")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(bw <= 0 for bw in v.values()):
+            raise ValueError(f"a flex dispatch bandwidth must be positive bytes/s: {v}")
+        return v
+
+
 class GdnKernel(BaseModel):
     """FLA's chunked gated delta rule as Gated DeltaNet layers run it (cards/calibration.yaml gdn_kernel): the chunk
     length its matrices, states and matmuls are counted at, which no config.json states."""
@@ -89,6 +108,9 @@ class CalibrationCard(BaseModel):
     frameworks: dict[str, FrameworkOverride] = {}
     attention_kernels: dict[str, AttentionKernel] = Field(
         default_factory=dict, description="Attention kernels a framework card can name (its attention section)")
+    flex_dispatch: dict[str, FlexBackend] = Field(
+        default_factory=dict, description="Megatron-Core's flex dispatcher backends (deepep, hybridep) in one NVLink "
+                                          "domain: what their SM-run copies reach")
     gdn_kernel: GdnKernel = Field(description="FLA's chunked gated delta rule (Gated DeltaNet layers)")
     rl: RLConstants = Field(description="RL jobs' rollout-engine constants, apart from the training cost model's")
     fit_report: list[str] = []
@@ -203,6 +225,17 @@ def attention_fraction(cal: Calibration, kernel: str | None, arch: str | None) -
     if entry is None or arch is None or arch not in entry.by_arch:
         return cal.attention_peak_fraction
     return entry.by_arch[arch]
+
+
+def flex_dispatch_bandwidth(backend: str, arch: str | None) -> float | None:
+    """Bytes/s a rank receives in `backend`'s flex dispatch or combine inside one NVLink domain on a GPU of
+    generation `arch` (cards/calibration.yaml flex_dispatch), or None where the card has no figure for it (the
+    dispatch then runs at NVLink's bandwidth)."""
+    backends = calibration_card().flex_dispatch
+    if backend not in backends:
+        raise CardError(f"No flex dispatcher backend {backend!r} in cards/calibration.yaml flex_dispatch.",
+                        fix=f"The backends are: {', '.join(sorted(backends))}.")
+    return backends[backend].by_arch.get(arch) if arch is not None else None
 
 
 def attention_tiles(kernel: str | None, head_dim: int) -> tuple[int, int] | None:
