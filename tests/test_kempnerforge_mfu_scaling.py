@@ -5,42 +5,26 @@ Each row must map with every stated setting and cite the report, and its own fig
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-import yaml
+from kempnerforge_sets import pmap, runs_map_with_their_source, tokens_step_time_and_gpus_agree
+from kempnerforge_sets import rows as set_rows
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import production_mapping as pmap
-import production_scoring as pscore
-
-DATA = Path(__file__).resolve().parent.parent / "bench" / "data" / "kempnerforge_mfu_scaling"
+SET = "kempnerforge_mfu_scaling"
 
 
 def rows() -> list[dict]:
-    return yaml.safe_load((DATA / "production_configs_dev.yaml").read_text())
+    return set_rows(SET)
 
 
 def test_every_run_maps_with_its_source():
-    scored, scores, summary = pscore.run(DATA)
-    assert summary.mapped == len(scored) == len(scores) == 14
-    for row, score in zip(scored, scores, strict=True):
-        source = row["source"]
-        assert source["commit"] and source["file"] in source["url"], row["id"]
-        assert score.refused is None and not score.rule_errors and score.peak_error is not None, row["id"]
-        assert score.predicted_tps and score.measured_tps, row["id"]
-        assert (score.convention, score.moment) == ("allocated", "steady"), row["id"]
+    runs_map_with_their_source(SET, 14, "mfu_scaling")
 
 
 @pytest.mark.parametrize("row", rows(), ids=lambda r: r["id"])
 def test_a_rows_tokens_step_time_and_gpus_agree(row):
     """tokens_per_step / (step_time_s x GPUs) is the stated tokens/s per GPU, within the report's rounding of the step
     time (two decimals)."""
-    w, out = row["workload"], row["outcome"]
-    assert w["tokens_per_step"] == w["micro_batch_size"] * w["grad_accum_steps"] * row["parallelism"]["dp"] * 4096
-    implied = w["tokens_per_step"] / (out["step_time_s"] * row["hardware"]["num_gpus"])
-    assert implied == pytest.approx(out["tokens_per_sec_per_gpu"], rel=0.01)
+    tokens_step_time_and_gpus_agree(row)
 
 
 def test_the_run_without_compile_is_scored_without(tmp_path):

@@ -386,14 +386,18 @@ def test_a_plan_whose_known_host_is_over_the_limit_costs_no_gpu_estimate_and_cou
     """Once the RL step's host of a host_key is worked out, the actor engine refuses every other plan of that key over
     the limit before its GPU estimate (no micro-batch or recompute changes that host). The RL recommend's actor
     search, whose counts nothing reads (rows_only), then asks no GPU verdict of them: SkyRL Qwen3-30B-A3B on 24 H100
-    with 64 GiB per node asked about 4,750 before, 430 after. A counted search (the empty actor search's whole answer,
-    which shows MEM001 and MEM003) still tells the GPU's rule first (host_counts.host_only): the same answer as the
-    GPU-first order gives, counts included. Before, every such plan cost its GPU verdict."""
+    with 64 GiB per node asked about 4,750 before, 430 after. Before, every such plan cost its GPU verdict."""
     ranked = Request(**{**SKYRL, "num_gpus": 24}, cpu_memory_per_node=64)
     before, gpu_first = _gpu_verdicts(monkeypatch, ranked, gpu_first=True)
     after, host_first = _gpu_verdicts(monkeypatch, ranked, gpu_first=False)
     assert after.candidates and after.model_dump() == before.model_dump()
     assert host_first < gpu_first / 4, (host_first, gpu_first)
+
+
+def test_a_counted_search_over_the_host_tells_the_gpus_rule_first(monkeypatch):
+    """As the test above, on a counted search (the empty actor search's whole answer, which shows MEM001 and MEM003):
+    it still tells the GPU's rule first (host_counts.host_only), the same answer as the GPU-first order gives, counts
+    included."""
     empty = Request(**SKYRL, cpu_memory_per_node=86, tp=2)  # above the floor; no actor layout's RL step fits the host
     before, _ = _gpu_verdicts(monkeypatch, empty, gpu_first=True)
     after, _ = _gpu_verdicts(monkeypatch, empty, gpu_first=False)

@@ -348,13 +348,13 @@ def test_the_search_finds_the_oracles_top_k_on_hybrid_lora(fields):
 
 @pytest.mark.parametrize("seed", [3, 8, 11, 5024])
 def test_the_oracles_kept_verdicts_are_checks(seed):
-    """oracle._Passes (each blocking rule's verdict kept per what it declares it reads, a firing one too) answers
-    `check`'s ok on every plan the oracle builds, in its order: AD001 fires on most of seed 11's plans (its screen
-    keys them), 5024 fixes knobs."""
+    """Verdicts.passes (each blocking rule's verdict kept per what it declares it reads, a firing one too), in a
+    Verdicts of its own as the oracle asks it, answers `check`'s ok on every plan the oracle builds, in its order:
+    AD001 fires on most of seed 11's plans (its screen keys them), 5024 fixes knobs."""
+    from meshplan.rules.engine import Verdicts
     from meshplan.search.engine import BestFirstSearch
     from meshplan.search.estimators import default_engine
     from meshplan.search.job import search_job
-    from meshplan.search.oracle import _Passes
     from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, request_zeros
 
     req = Request(**sampled_fixed_request(seed)[0]) if seed >= 5000 else sampled_request(seed)[0]
@@ -362,12 +362,12 @@ def test_the_oracles_kept_verdicts_are_checks(seed):
     fixed = Fixed.from_request(req)
     engine = default_engine(job.framework)
     space = BestFirstSearch.for_job(job, fixed, engine, 1)
-    passes, verdicts = _Passes(job, engine.check), []
+    kept, verdicts = Verdicts(job), []
     for lay in enumerate_layouts(job, fixed)[0][:40]:
         for mbs in micro_batches(job, lay, fixed):
             for zero in request_zeros(job.card, fixed):
                 for recompute in space.recomputes:
                     plan = space.plan(lay, zero, recompute, mbs)
-                    verdicts.append((passes(plan), engine.check(job, plan).ok))
+                    verdicts.append((kept.passes(job, plan), engine.check(job, plan).ok))
     assert verdicts and all(kept == ok for kept, ok in verdicts)
     assert {ok for _, ok in verdicts} == {True, False}  # both verdicts asked

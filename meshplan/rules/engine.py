@@ -464,6 +464,11 @@ class _Ctx:
 Program = tuple[tuple[tuple[Callable[..., Any], dict[Any, Fired], Runs, bool], ...], Fired]
 
 
+# A blocking rule as Verdicts.passes asks it: its condition, its verdicts' key (None: asked on every plan), whether
+# the key reads the job (JOB_READS), its verdict (fires) per key.
+BlockingVerdicts = tuple[Condition, Callable[..., Any] | None, bool, dict[Any, bool]]
+
+
 class Verdicts:
     """The structural rules' verdicts on one job's plans, each group's kept per the values of the plan fields its
     rules read (`@rule(reads=...)`): a search asks thousands of plans that differ in a few fields (degrees, micro-batch,
@@ -479,6 +484,7 @@ class Verdicts:
         self._parts: dict[tuple[Any, tuple[str, ...]], tuple[Part, ...] | None] = {}  # per ZeRO stage/engine, knobs
         # first_errors_over's parts per ZeRO stage, knobs and the knobs that differ: (those reading none, the others)
         self._splits: dict[tuple[int, tuple[str, ...], frozenset[str]], tuple[tuple[Part, ...], ...] | None] = {}
+        self._blocking_rules: dict[int, tuple[BlockingVerdicts, ...]] = {}  # passes' rules per ZeRO stage
 
     def _program(self, zero_stage: int) -> Program:
         """Each group of the rules the plan's engine runs as (key, memo, rules), and the rules run on every plan."""
@@ -528,6 +534,50 @@ class Verdicts:
             return first_blocking(job, plan)
         return next((found for _, found in fired if found.severity == "error"), None)
 
+    def _blocking(self, zero_stage: int) -> tuple[BlockingVerdicts, ...]:
+        """passes' blocking rules of the plan's engine (its ZeRO stage's), in card order: (condition, key, whether the
+        key reads the job, its verdicts per key), once per ZeRO stage."""
+        hit = self._blocking_rules.get(zero_stage)
+        if hit is None:
+            out: list[BlockingVerdicts] = []
+            for _, cond in blocking_rules(self.job.framework, backend_of(self.job.card, zero_stage)):
+                screen, fields = screen_of(cond), keyed_reads(cond)
+                if screen is not None:
+                    out.append((cond, screen, True, {}))
+                elif fields is None:
+                    out.append((cond, None, False, {}))
+                else:
+                    group = RuleGroup(tuple(sorted(fields)), (), {})
+                    out.append((cond, group.key, bool(group.job_fields), {}))
+            hit = self._blocking_rules[zero_stage] = tuple(out)
+        return hit
+
+    def passes(self, job: Job, plan: Plan) -> bool:
+        """Whether the plan breaks no blocking rule (first_error is None: the structural check's report is ok,
+        CheckReport.ok without the memory rules; job: as findings), from each blocking rule's verdict alone (fires or
+        passes), kept per what the rule declares it depends on: its screen where it has one (`@rule(screen=...)`),
+        else the values of its reads and words (keyed_reads), every plan where it declares none. A rule that fires is
+        not run again on each plan with its key, as findings' kept verdicts run it again for its finding's words: what
+        the exhaustive oracle asks of every plan it builds (search/oracle.py; 26-30% slower on findings' verdicts).
+        Held to check's ok by tests/test_search_oracle.py; where a condition raises, first_blocking answers (it raises
+        again, or finds its error first)."""
+        values, ctx = plan.__dict__, None
+        try:
+            for cond, key, reads_job, memo in self._blocking(plan.zero_stage):
+                if key is None:
+                    ctx = Context(job, plan) if ctx is None else ctx
+                    fires = cond(ctx) is not None
+                else:
+                    k = key(values, job) if reads_job else key(values)
+                    fires = memo.get(k)
+                    if fires is None:
+                        ctx = Context(job, plan) if ctx is None else ctx
+                        fires = memo[k] = cond(ctx) is not None
+                if fires:
+                    return False
+        except Exception:  # as findings
+            return first_blocking(job, plan) is None
+        return True
 
     def _parts_of(self, zero_stage: int, knobs: tuple[str, ...]) -> tuple[Part, ...] | None:
         """The groups of the plan's engine in parts by the knob fields they read (knob_parts), once per engine and

@@ -4,18 +4,17 @@ test_memory_fit). The estimates run inside one shared_layers scope, as recommend
 its exact sub-results (a layer's time, a layout's memory terms, a stage's states and fit: layer_records.scope_memo,
 each held bit for bit to the unscoped estimate by its own test, test_layer_memo, test_memory_memo, test_stage_memo),
 so a plan's memory_fit, memory report and throughput (whose offload time estimates the memory again) share them; and
-each blocking rule's verdict is asked once per what the rule declares it reads (_Passes). The best-first search must
-return the same top K (tests/test_search.py); it is slow, so only small jobs call it."""
+each blocking rule's verdict is kept per what the rule declares it reads (rules/engine.py Verdicts.passes, in a
+Verdicts of the oracle's own, none of the search's). The best-first search must return the same top K
+(tests/test_search.py); it is slow, so only small jobs call it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from meshplan.estimate.layer_records import shared_layers
-from meshplan.rules.context import Context, backend_of
-from meshplan.rules.engine import RuleGroup, blocking_rules, keyed_reads, screen_of
-from meshplan.schema.plan import Job, Plan
+from meshplan.rules.engine import Verdicts
+from meshplan.schema.plan import Plan
 from meshplan.schema.request import Request
 from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import default_engine
@@ -56,7 +55,7 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
     budget = memory_budget(job, headroom_for(req))
     host = job.cpu_memory_per_node
     rows: dict[tuple[float, int], OracleRow] = {}
-    passes = _Passes(job, engine.check)
+    verdicts = Verdicts(job)  # its own kept verdicts, not the search's (rules/engine.verdicts)
     fit = engine.memory_fit
     zeros = request_zeros(job.card, fixed)  # every stage the request leaves open, not the search's ladder
     for lay in layouts:
@@ -64,7 +63,7 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
             for zero in zeros:
                 for recompute in space.recomputes:
                     plan = space.plan(lay, zero, recompute, mbs)
-                    if not passes(plan):
+                    if not verdicts.passes(job, plan):
                         continue
                     # memory_fit: estimate_memory's verdict, stopping at the first stage over; `checked`: the check
                     # above found no structural error, so no blocking rule (require_estimable) is asked again
@@ -85,54 +84,3 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
                         rows[key] = row
                     break  # heavier recompute of the same plan is dominated
     return rows
-
-
-class _Passes:
-    """Whether `check` finds no error on a plan (CheckReport.ok), from each blocking rule's verdict (rules/engine.py
-    blocking_rules: every structural rule of severity error, in card order) kept per what the rule declares it depends
-    on: its screen where it has one (`@rule(screen=...)`), else the values of its reads and words (keyed_reads), every
-    plan where it declares none. A verdict alone (fires or passes), never its finding's words, so a rule that fires is
-    not run again on each plan with its key (the search's kept verdicts run it again for the finding). Those
-    declarations are held to the plain run by tests/test_rule_verdicts.py; where a condition raises, `check` answers
-    the plan (and raises as before)."""
-
-    def __init__(self, job: Job, check: Callable[[Job, Plan], Any]):
-        self.job, self.check = job, check
-        self._rules: dict[int, tuple[tuple[Any, Callable[..., Any] | None, bool, dict[Any, bool]], ...]] = {}
-
-    def _of(self, zero_stage: int) -> tuple[tuple[Any, Callable[..., Any] | None, bool, dict[Any, bool]], ...]:
-        """Each blocking rule of the plan's engine (its ZeRO stage's): (condition, key, whether the key reads the
-        job, its verdicts per key)."""
-        hit = self._rules.get(zero_stage)
-        if hit is None:
-            out = []
-            for _, cond in blocking_rules(self.job.framework, backend_of(self.job.card, zero_stage)):
-                screen, fields = screen_of(cond), keyed_reads(cond)
-                if screen is not None:
-                    out.append((cond, screen, True, {}))
-                elif fields is None:
-                    out.append((cond, None, False, {}))
-                else:
-                    group = RuleGroup(tuple(sorted(fields)), (), {})
-                    out.append((cond, group.key, bool(group.job_fields), {}))
-            hit = self._rules[zero_stage] = tuple(out)
-        return hit
-
-    def __call__(self, plan: Plan) -> bool:
-        job, values, ctx = self.job, plan.__dict__, None
-        try:
-            for cond, key, reads_job, memo in self._of(plan.zero_stage):
-                if key is None:
-                    ctx = Context(job, plan) if ctx is None else ctx
-                    fires = cond(ctx) is not None
-                else:
-                    k = key(values, job) if reads_job else key(values)
-                    fires = memo.get(k)
-                    if fires is None:
-                        ctx = Context(job, plan) if ctx is None else ctx
-                        fires = memo[k] = cond(ctx) is not None
-                if fires:
-                    return False
-        except Exception:  # the plain run raises it again, or finds its error before it (Verdicts.findings)
-            return self.check(job, plan).ok
-        return True
