@@ -75,8 +75,10 @@ def test_render_writes_it_and_the_reader_reads_it(value):
 
 
 def test_published_rows_score_with_their_configs_setting():
-    """The bench's AutoModel rows whose cited config sets defer_fsdp_grad_sync false are scored with it; the rest
-    (their configs leave it out) with AutoModel's default, true."""
+    """The bench's AutoModel rows whose cited config sets defer_fsdp_grad_sync false are scored with it; so are its own
+    MoE models' runs without PP from before 8134b0c03 (the outer model not yet an FSDP module, every micro-batch
+    reduced: published_runs.automodel_reduced_every_micro_batch); the rest (their configs leave it out, or PP runs
+    whose stage the schedule defers) with AutoModel's default, true."""
     import sys
     from pathlib import Path
 
@@ -87,6 +89,7 @@ def test_published_rows_score_with_their_configs_setting():
 
     rows = {r["id"]: r for r in prows.load_rows(bench / "data" / "nemo_automodel" / "production_configs_dev.yaml")}
     for row_id, stated in (("automodel_llama3_70b_64", False), ("automodel_lora_llama3_70b_16", False),
-                           ("automodel_qwen3_30b_8", None)):
+                           ("automodel_qwen3_30b_8", False), ("automodel_dsv3_256", None),
+                           ("automodel_lora_llama3_8b_1", None)):
         req = pmap.map_row(rows[row_id], Path("/nonexistent")).request
         assert req.defer_fsdp_grad_sync is stated, row_id
