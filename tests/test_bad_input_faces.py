@@ -175,6 +175,16 @@ def test_http_flags_on_a_stdio_server_are_refused(capsys, entry, flags, named):
     assert "Fix: Add --http" in err
 
 
+@pytest.mark.parametrize("entry", ["meshplan", "meshplan-mcp"])
+@pytest.mark.parametrize("flags", [["--http", "--transport", "stdio"], ["--transport", "stdio", "--http"]])
+def test_two_transports_named_are_refused(capsys, entry, flags):
+    """`serve --http --transport stdio` shared one argparse destination: the last flag won without a word."""
+    code = cli.main(["serve", *flags]) if entry == "meshplan" else mcp_main(flags)
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and "waiting for a client" not in err, err
+    assert err.startswith(f"{entry}: --http and --transport stdio name two transports."), err
+
+
 TITAN_TOML = "tests/configs/torchtitan_llama3_8b.toml"
 
 

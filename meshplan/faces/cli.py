@@ -481,9 +481,10 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """The MCP server; it says on stderr what it waits for, and Ctrl-C ends it with status 130, no traceback."""
     with start_up():
-        from meshplan.faces.mcp.server import run
+        from meshplan.faces.mcp.server import chosen_transport, run
 
-    run(transport=args.transport, host=args.host, port=args.port, allowed_hosts=args.allowed_host)
+    run(transport=chosen_transport(args.transport, args.http), host=args.host, port=args.port,
+        allowed_hosts=args.allowed_host)
     return EXIT_OK
 
 
@@ -661,9 +662,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)
 
     p = sub.add_parser("serve", help="Run the MCP server (stdio by default)")
-    p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
-                   help="stdio for a host that starts the server; http serves http://HOST:PORT/mcp")
-    p.add_argument("--http", action="store_const", dest="transport", const="http",
+    p.add_argument("--transport", choices=["stdio", "http"], default=None,
+                   help="stdio for a host that starts the server; http serves http://HOST:PORT/mcp (default: stdio)")
+    p.add_argument("--http", action="store_true",
                    help="The same as --transport http: the MCP server at /mcp and the planner's web page at / "
                         "(default: off, the --transport given)")
     p.add_argument("--host", default=None, help="HTTP bind address (default: 127.0.0.1, loopback unless told "

@@ -12,8 +12,9 @@ from meshplan.faces.mcp import start_up
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meshplan-mcp", description="Run the meshplan MCP server (stdio by default).")
-    parser.add_argument("--transport", choices=["stdio", "http", "streamable-http"], default="stdio")
-    parser.add_argument("--http", action="store_const", dest="transport", const="http",
+    parser.add_argument("--transport", choices=["stdio", "http", "streamable-http"], default=None,
+                        help="(default: stdio)")
+    parser.add_argument("--http", action="store_true",
                         help="The same as --transport http (meshplan serve --http)")
     parser.add_argument("--host", default=None, help="HTTP bind address (default: 127.0.0.1, loopback unless told "
                                                      "otherwise)")
@@ -25,10 +26,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     with start_up():
-        from meshplan.faces.mcp.server import EXIT_INTERRUPTED, run
+        from meshplan.faces.mcp.server import EXIT_INTERRUPTED, chosen_transport, run
 
     try:
-        run(transport=args.transport, host=args.host, port=args.port, allowed_hosts=args.allowed_host)
+        run(transport=chosen_transport(args.transport, args.http), host=args.host, port=args.port,
+            allowed_hosts=args.allowed_host)
     except MeshplanError as exc:
         print(f"meshplan-mcp: {exc}", file=sys.stderr)
         return 2

@@ -136,6 +136,15 @@ def _stop_now(signum: int, frame: object) -> None:
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
 
 
+def chosen_transport(transport: str | None, http: bool) -> str:
+    """The transport --transport and --http name together: `--http --transport stdio` named two (argparse kept the
+    last one given, without a word)."""
+    if http and transport not in (None, "http", "streamable-http"):
+        raise MeshplanError(f"--http and --transport {transport} name two transports.",
+                            fix="Give one: --http (or --transport http) to serve over HTTP, or neither for stdio.")
+    return "http" if http else (transport or "stdio")
+
+
 def run(
     transport: str = "stdio", host: str | None = None, port: int | None = None, allowed_hosts: Sequence[str] = ()
 ) -> None:
