@@ -14,7 +14,7 @@ from meshplan.knowledge.catalog import (
     published_mismatches,
     resolve_model,
 )
-from meshplan.knowledge.model_config import architecture_from_config
+from meshplan.knowledge.model_config import architecture_from_config, read_config_file
 
 
 def test_catalog_has_the_reference_models():
@@ -92,6 +92,27 @@ def test_size_alone_gives_a_generic_model_of_about_that_size(size, expected):
     assert r.generic and r.architecture.generic
     assert abs(r.total_params - expected) / expected < 0.02
     assert any("Generic model" in a for a in r.assumptions)
+
+
+
+def test_a_vision_language_wrapper_names_its_text_config():
+    """llava's config wraps a text model meshplan plans (text_config); 'Unsupported model_type' with the whole list
+    gave no hint that the text model alone can be planned."""
+    text = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "intermediate_size": 11008, "vocab_size": 32064}
+    with pytest.raises(MeshplanError, match="is a vision-language model") as caught:
+        architecture_from_config({"model_type": "llava", "text_config": text,
+                                  "vision_config": {"model_type": "clip_vision_model"}})
+    assert "pass its text_config as the config.json (its model_type 'llama')" in str(caught.value)
+    with pytest.raises(MeshplanError, match="Unsupported model_type 'llava'"):  # a text model it does not know
+        architecture_from_config({"model_type": "llava", "text_config": {"model_type": "bert"}})
+
+
+def test_a_file_too_large_to_be_a_config_is_refused_with_a_fix(tmp_path):
+    big = tmp_path / "config.json"
+    big.write_bytes(b" " * ((1 << 20) + 1))
+    with pytest.raises(MeshplanError, match=r"is more than 1,048,576 bytes; a config\.json is a few KB\. Fix: "):
+        read_config_file(big)
 
 
 def test_unknown_model_type_is_a_clear_error():

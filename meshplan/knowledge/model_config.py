@@ -404,6 +404,14 @@ def _supported_config(config: Any) -> tuple[str, dict[str, Any]]:
                             fix="Add the model's Hugging Face model_type: one of "
                                 f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}.")
     if model_type not in SUPPORTED_MODEL_TYPES:
+        text = config.get("text_config")
+        text_type = text.get("model_type") if isinstance(text, dict) else None
+        if text_type in SUPPORTED_MODEL_TYPES:  # a vision-language wrapper (llava, qwen2_vl, ...) of a known text model
+            raise MeshplanError(
+                f"model_type {model_type!r} is a vision-language model: meshplan does not count or time its vision "
+                "tower (vision_config), which the frameworks that load the model hold beside the language model.",
+                fix=f"To plan the language model alone, pass its text_config as the config.json (its model_type "
+                    f"{text_type!r}).")
         raise MeshplanError(
             f"Unsupported model_type {model_type!r} in config.json.",
             fix=f"Supported model types: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}.",
@@ -738,16 +746,21 @@ def _config_path(path: Path) -> Path:
     raise MeshplanError(f"No config.json at {str(path)[:200]!r}.")
 
 
+def _too_large(path: Path) -> MeshplanError:
+    return MeshplanError(f"{str(path)[:200]!r} is more than {MAX_CONFIG_BYTES:,} bytes; a config.json is a few KB.",
+                         fix="Pass the model's Hugging Face config.json, or the folder that holds it.")
+
+
 def _config_bytes(path: Path) -> bytes:
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise MeshplanError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; that is not a config.json.")
+            raise _too_large(path)
         with path.open("rb") as handle:
             raw = handle.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise MeshplanError(f"Cannot read {str(path)!r}: {exc.strerror or exc}.") from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise MeshplanError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; that is not a config.json.")
+        raise _too_large(path)
     return raw
 
 
