@@ -218,8 +218,8 @@ def flex_dispatch_time(copy_bytes: float, ranks: float, domains: float, size: in
     k = per_domain(size, stride, lk.domain)
     if k >= size:
         received = copy_bytes * ranks
-        link = received * (size - 1) / size / lk.nvlink_bw(k)
-        return max(link, received / lk.flex_bw if lk.flex_bw else 0.0) + lk.intra_lat
+        link = alltoall_time(received, size, stride, lk)
+        return max(link, received / lk.flex_bw + lk.intra_lat) if lk.flex_bw else link
     group_domains = -(-size // k)
     intra = copy_bytes * ranks * (size - 1) / size
     inter = copy_bytes * domains * (group_domains - 1) / group_domains

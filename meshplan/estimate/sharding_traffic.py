@@ -339,9 +339,10 @@ def sharding_schedule(job: Job, plan: Plan) -> ShardingSchedule:
     through = params and keeps_gathered(job.card, plan.pp)  # under PP, gathered through every forward too
     # kept gathered from a backward to the next micro-batch (keeps_units, zero_stage 3: each forward still reshards):
     # that forward gathers nothing, its backward gathers again
-    keep = through or (params and keeps_units(job, plan))
+    kept = keeps_units(job, plan)
+    keep = through or (params and kept)
     defer = grads and holds_grads(job.card, plan.pp, plan.num_microbatches(job.global_batch_size),
-                                  plan.defer_fsdp_grad_sync, keeps_units(job, plan))
+                                  plan.defer_fsdp_grad_sync, kept)
     off = overlap_off(job, plan)
     in_line = params and off is not None and off.units == "compute_stream"
     # FSDP2 at zero_stage 2 is fully_shard(reshard_after_forward=False) (cards/memory.yaml fsdp2 zero "2"): torch's
