@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
-from meshplan.request.parse import parse_request
+from meshplan.request.parse import names_no_model, parse_request
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.measured import MeasuredRun, RunComparison
 from meshplan.schema.model import ModelReport, ModelSummary
@@ -254,7 +254,7 @@ def request_from_config(imported: ImportedConfig, given: Mapping[str, Any] | Non
     from meshplan.adapters.read import request_values
 
     # a blank model beside the file is no model given, as parse_request reads it: the file's model stands
-    given = {k: v for k, v in (given or {}).items() if not (k == "model" and isinstance(v, str) and not v.strip())}
+    given = {k: v for k, v in (given or {}).items() if not (k == "model" and names_no_model(v))}
     req = parse_request(request_values(imported, given, scan_gpus))
     _refused_from_the_file(req, imported, given)
     return req

@@ -164,6 +164,12 @@ def _first_unknown_request_field(exc: ValidationError) -> MeshplanError | None:
     return None
 
 
+def names_no_model(value: Any) -> bool:
+    """Whether a request's model value names no model: '' or spaces, read as a model left out (parse_request; beside
+    a config file, the file's model stands: api.request_from_config)."""
+    return isinstance(value, str) and not value.strip()
+
+
 def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Request:
     """A `Request` from loose values, as every face receives them: unknown names are errors naming the closest
     field, and a null (or absent) optional field stays open for resolve() and the search to fill."""
@@ -175,8 +181,8 @@ def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Req
         if name not in allowed:
             raise unknown_field_error(name, allowed)
     fields = {name: value for name, value in values.items() if name in Request.model_fields and value is not None}
-    if isinstance(fields.get("model"), str) and not fields["model"].strip():  # '' or spaces names no model: said as
-        del fields["model"]  # a model left out is, on every face (the CLI's MODEL '' was; MCP's model '' was not)
+    if names_no_model(fields.get("model")):  # said as a model left out is, on every face (the CLI's MODEL '' was;
+        del fields["model"]  # MCP's model '' was not)
     try:
         if "model" not in fields:  # the other values are checked first, as MCP's argument check does before this
             Request.model_validate({**fields, "model": "unnamed"})
