@@ -26,6 +26,7 @@ from meshplan.knowledge.gdn_config import decoder_flags
 from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 from meshplan.knowledge.published_runs import TITAN_OP_TOMLS
 from meshplan.schema.choices import FRAMEWORKS, RecomputeModule
+from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture
 from meshplan.schema.request import Request
 
@@ -55,6 +56,8 @@ KNOBS: dict[str, tuple[str, str]] = {
     "framework": ("memory, time", "a framework meshplan has no card for; scored with the nearest card"),
     "gpu": ("time", "a GPU outside the catalog; scored on the nearest catalog GPU, fit judged against the "
             "row's own memory"),
+    "gpu_power_limit": ("time", "a board power limit the catalog has no part for (power_limited); scored at the "
+                        "part's own rating"),
     "model_type": ("memory, time", "an architecture meshplan cannot describe; scored as the nearest model_type"),
     "cuda_graphs": ("memory, time", "CUDA graphs meshplan cannot express: a full-iteration graph of an MoE model "
                     "(its static expert capacity), or per-layer graphs of an MoE model whose modules neither the row "
@@ -387,7 +390,7 @@ def gpu_for(hardware: dict[str, Any]) -> tuple[str, int, dict[str, str]]:
         except MeshplanError:
             continue
         if abs(gpu.memory_bytes / GIB - hardware["gpu_memory_gb"]) <= 0.03 * hardware["gpu_memory_gb"]:
-            return gpu.key, gpu.memory_bytes, {}
+            return power_limited(gpu, hardware), gpu.memory_bytes, power_knob(gpu, hardware)
         return gpu.key, row_bytes, {"gpu": f"{hardware['gpu_type']}: scored as {gpu.key} ({gpu.memory_bytes / GIB:.0f} "
                                            f"GiB), fit against {hardware['gpu_memory_gb']} GiB"}
     head = re.match(r"([A-Za-z]+)(\d+)", parts[0])
@@ -400,6 +403,41 @@ def gpu_for(hardware: dict[str, Any]) -> tuple[str, int, dict[str, str]]:
             return key, row_bytes, {"gpu": f"{hardware['gpu_type']}: scored as {key}, fit against "
                                            f"{hardware['gpu_memory_gb']} GiB"}
     raise Unmapped(f"GPU {hardware['gpu_type']} is not in the catalog and has no catalog GPU of its family")
+
+
+def stated_power_limit(hardware: dict[str, Any]) -> int | None:
+    """The board power limit the row's gpu_type states ("limited to 750 W", "500W"), in W; None where it states none."""
+    m = re.search(r"(\d{3,4})\s*W\b", str(hardware["gpu_type"]))
+    return int(m.group(1)) if m else None
+
+
+def _same_board_at(gpu: GpuSpec, watts: int) -> GpuSpec | None:
+    """The catalog part that is `gpu`'s board (arch, SMs, memory) rated or limited at `watts`; None where none is."""
+    for other in gpu_catalog().values():
+        if (other.power_limit_w == watts and other.arch == gpu.arch and other.sm_count == gpu.sm_count
+                and other.memory_bytes == gpu.memory_bytes):
+            return other
+    return None
+
+
+def power_limited(gpu: GpuSpec, hardware: dict[str, Any]) -> str:
+    """The catalog key of `gpu` under the power limit the row states, where the catalog has that board at that limit
+    (a B200 limited to 750 W: b200-750w); the GPU's own key else. A part whose rating the card does not state
+    (power_limit_w None) is taken as named."""
+    watts = stated_power_limit(hardware)
+    if watts is None or gpu.power_limit_w in (None, watts):
+        return gpu.key
+    other = _same_board_at(gpu, watts)
+    return other.key if other else gpu.key
+
+
+def power_knob(gpu: GpuSpec, hardware: dict[str, Any]) -> dict[str, str]:
+    """A knob where the row states a power limit the catalog has no part for (scored at the part's own rating)."""
+    watts = stated_power_limit(hardware)
+    if watts is None or gpu.power_limit_w in (None, watts) or _same_board_at(gpu, watts):
+        return {}
+    return {"gpu_power_limit": f"{hardware['gpu_type']}: no catalog part at {watts} W, scored as {gpu.key} at its "
+                               f"{gpu.power_limit_w} W rating"}
 
 
 NO_CARD_FILE = Path(__file__).resolve().parent / "data" / "frameworks_without_card.yaml"

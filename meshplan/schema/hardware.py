@@ -46,4 +46,8 @@ class GpuSpec(StrictModel):
         default_factory=list, description="FP8 recipes its tensor cores run (Transformer Engine's support checks)"
     )
     fp8_any_layout: bool = Field(False, description="FP8 GEMMs in any layout (Blackwell), so no fp8 transpose copy")
+    power_limit_w: int | None = Field(
+        None, gt=0, description="Board power (W) the peaks are rated at; the same board run under a lower "
+                                "nvidia-smi power limit is a catalog part of its own (b200-750w), whose peaks the "
+                                "card derives from the vendor's ratings; None: not stated")
 
