@@ -43,3 +43,21 @@ def test_published_tflops_and_tokens_agree_with_the_model(run):
         implied = row["outcome"]["tflops_per_gpu"] * 1e12 / row["outcome"]["tokens_per_sec_per_gpu"]
         assert 0.97 < implied / model_flops_per_token(job.model, job.seq_length) < 1.13, row["id"]
     assert prow.DATA_NAME == "production_configs_dev.yaml"
+
+
+def test_torchtitan_mxfp8_rows_read_as_their_originals_state(run):
+    """torchtitan's components/quantization/mxfp8.md copies torchao's README tables; where the copy says less or
+    differs, the row follows torchao's original: the dense table's B200s limited to 750 W (scored on b200-750w), its
+    float8 row's float8 all-gather (tensorwise), and the Scout run's local batch 1 (the copy says 10: 48 layers of
+    10 x 8192 tokens without activation checkpointing hold far more than a 186 GB GPU)."""
+    _, scores, _ = run
+    by_id = {s.mapping.row_id: s for s in scores}
+    for name in ("bf16", "float8"):
+        req = by_id[f"torchtitan_mxfp8doc_llama3_8b_8_b200_{name}"].mapping.request
+        assert req.gpu == "b200-750w" and req.micro_batch_size == 1 and req.seq_length == 8192
+    req = by_id["torchtitan_mxfp8doc_llama3_8b_8_b200_float8"].mapping.request
+    assert req.precision == "fp8" and req.fp8_recipe == "tensorwise" and req.fp8_param_gather
+    scout = by_id["torchtitan_mxfp8doc_llama4_scout_256_gb200_bf16"]
+    req = scout.mapping.request
+    assert (req.micro_batch_size, req.global_batch_size, req.ep, req.recompute) == (1, 256, 16, "none")
+    assert scout.fits and scout.peak_bytes < scout.mapping.capacity_bytes
