@@ -418,6 +418,10 @@ class Layout(NamedTuple):
     # and V at ulysses_heads and its output before the all-to-all that gives the out-projection its input; 1, the
     # smaller count, so a layout built without it stays a floor
     ulysses: int = 1
+    # op-level SAC recomputes the attention (its kernel is not in the release's save list: AttentionSemantics'
+    # recompute.unsaved_attention, torchtitan 0.1.x's cuDNN), so _op_sac keeps neither its output nor its log-sum-exp;
+    # off by default (attention kept, the larger count): the search's floors pass it too
+    attention_recomputed: bool = False
     # the CP degree over which a DSA model gathers its latent key and its indexer's key, each kept whole for the
     # backward (Megatron-Core DSAttention, CP all-gather only); 1, the smaller count, so a layout built without it
     # stays a floor
@@ -720,8 +724,11 @@ def _op_sac(shape: Shape, lay: Layout, moe_layer: bool) -> dict[str, float]:
     _scaled_mm below the SAC mode, so 0.3.0's save list naming _scaled_mm never sees it); the amax reductions
     kept by aten.max are scalars. torchtitan's 2024-12 list also saved aten.abs: eager, that keeps |x| of every
     fp8 cast; compiled with tensorwise scaling it measured nothing (pytorch/torchtitan #820, which removed it
-    2025-02-06) and it is not modelled. Checked per layer against torchtitan's own code under FakeTensorMode
-    (bench/data/fake_tensor_memory.json); the fp8 dispatch with torchao's Float8Linear on the CPU."""
+    2025-02-06) and it is not modelled. Where the release's save list lacks the attention kernel the run picks
+    (lay.attention_recomputed: torchtitan 0.1.x and cuDNN, pytorch/torchtitan b39377f9f added it), the attention is
+    recomputed: its output and log-sum-exp are not kept (its Q, K, V are rebuilt from the kept mm outputs). Checked
+    per layer against torchtitan's own code under FakeTensorMode (bench/data/fake_tensor_memory.json); the fp8
+    dispatch with torchao's Float8Linear on the CPU."""
     t, h, tp = lay.tokens, shape.h, lay.tp
     ts = tp if lay.sp else 1
     rs = tp > 1 and lay.sp  # row-parallel outputs: the partial sums, then the kept reduce-scatter output
@@ -753,11 +760,12 @@ def _op_sac(shape: Shape, lay: Layout, moe_layer: bool) -> dict[str, float]:
     else:
         attn = mm(col(shape.a * shape.d)) + mm(col(shape.g * shape.d)) + mm(col(shape.g * shape.d))
         v_dim = shape.a * shape.d
-    attn += BF16 * t * v_dim / tp  # attention output
-    if lay.flash:
-        attn += 4 * t * shape.a / tp  # fp32 log-sum-exp per head and token
-    else:
-        attn += BF16 * shape.a * t * lay.seq_kv / tp  # the math kernel's attention weights
+    if not lay.attention_recomputed:
+        attn += BF16 * t * v_dim / tp  # attention output
+        if lay.flash:
+            attn += 4 * t * shape.a / tp  # fp32 log-sum-exp per head and token
+        else:
+            attn += BF16 * shape.a * t * lay.seq_kv / tp  # the math kernel's attention weights
     attn += mm(row())
     out["attention"] = attn
 

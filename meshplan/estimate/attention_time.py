@@ -60,15 +60,31 @@ def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
     on an older release that still picked FA2. `kernel` names the one a run used instead (bench only: a published
     run of a trainer meshplan does not support, scored with another framework's card, e.g. LLM Foundry's Triton
     attention, which no framework meshplan renders can be told to run)."""
+    if kernel is None:
+        kernel = attention_kernel(job, backend, zero_stage)
+    return kernel, attention_fraction(cal, kernel, job.gpu.arch)
+
+
+def attention_kernel(job: Job, backend: str = "auto", zero_stage: int | None = None) -> str | None:
+    """The flash kernel the job's framework runs (attention_efficiency's choice; None: the card names none)."""
     fw = job.card
     card = fw.attention
-    if kernel is None and card is not None:
-        engine = fw.engine_at(zero_stage) if zero_stage is not None else None
-        own = card.model_kernels.get(job.model.model_type)
-        kernel = own if own is not None else card.kernel_for(
-            job.framework_version, job.gpu.arch, engine=engine, mla=job.model.mla is not None) \
-            if backend == "auto" else card.backends.get(backend)  # type: ignore[call-overload]
-    return kernel, attention_fraction(cal, kernel, job.gpu.arch)
+    if card is None:
+        return None
+    engine = fw.engine_at(zero_stage) if zero_stage is not None else None
+    own = card.model_kernels.get(job.model.model_type)
+    if own is not None:
+        return own
+    if backend == "auto":
+        return card.kernel_for(job.framework_version, job.gpu.arch, engine=engine, mla=job.model.mla is not None)
+    return card.backends.get(backend)  # type: ignore[call-overload]
+
+
+def op_sac_recomputes_attention(job: Job, backend: str = "auto", zero_stage: int | None = None) -> bool:
+    """Whether the framework's op-level SAC recomputes the job's attention: its release's save list lacks the kernel
+    the job runs (the card's recompute.unsaved_attention: torchtitan 0.1.x's list has no cuDNN attention, which it
+    runs on Blackwell)."""
+    return job.card.recompute.recomputes_attention(job.framework_version, attention_kernel(job, backend, zero_stage))
 
 
 def unfused_attention_seconds(ctx: LayerContext) -> tuple[float, float]:

@@ -55,6 +55,7 @@ from meshplan.arithmetic.memory_states import (
 from meshplan.arithmetic.offload import OffloadPlan, offload_plan, offload_time
 from meshplan.arithmetic.schedule import plan_stages
 from meshplan.core.units import GIB
+from meshplan.estimate.attention_time import op_sac_recomputes_attention
 from meshplan.estimate.fsdp_walk import walk_assumption
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_stage import STEP_MOMENT, Dominance, forward_gathered, stage_fit, stage_memory
@@ -379,6 +380,8 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         **mixer_rows(job),
         ulysses=plan.cp if runs_ulysses(job.card, plan.zero_stage) else 1,
         dsa_cp=plan.cp if job.model.dsa is not None else 1,
+        # read by op-level SAC's count only (activations._op_sac), so no recompute field is read here
+        attention_recomputed=flash and op_sac_recomputes_attention(job, plan.attention_backend, plan.zero_stage),
         softcap_scores=not flash and job.card.attention is not None
         and job.model.model_type in job.card.attention.unfused_softcap,
         act=activation_saves(conv, job.model.activation),

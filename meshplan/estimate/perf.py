@@ -37,7 +37,12 @@ from meshplan.arithmetic.pipeline_floor import chain_floor
 from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, Shape, replays_whole, simulate
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate.attention_time import attention_efficiency, attention_seconds, trained_model
+from meshplan.estimate.attention_time import (
+    attention_efficiency,
+    attention_seconds,
+    op_sac_recomputes_attention,
+    trained_model,
+)
 from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.hybrid_time import hybrid_layers
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer, scope_memo
@@ -489,7 +494,8 @@ def recompute_of(job: Job, plan: Plan) -> Recompute:
     """What the plan's recompute repeats, as the stages' time reads it: the framework's "selective", torchtitan's
     every N-th block, Megatron's recompute modules."""
     return Recompute(selective=job.card.recompute.selective, every_nth=every_nth_blocks(plan),
-                     modules=selective_modules(plan))
+                     modules=selective_modules(plan),
+                     attention=op_sac_recomputes_attention(job, plan.attention_backend, plan.zero_stage))
 
 
 def dp_traffic(plan: Plan, lk: Links, groups: mesh.MeshGroups, cal: Calibration) -> DpTraffic:

@@ -64,6 +64,7 @@ class Recompute(NamedTuple):
     selective: str
     every_nth: int
     modules: tuple[str, ...]
+    attention: bool = False  # op-level SAC recomputes the attention (attention_time.op_sac_recomputes_attention)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,7 +361,7 @@ def kind_sums(parts: Iterable[tuple[Any, LayerTime | None, int, int, bool]], mod
         tp += count * lt.tp
         cp += count * lt.cp
         ep += count * lt.ep
-        rec = recomputed * recompute_time(lt, mode, cal, rc.selective, rc.modules) if recomputed else 0.0
+        rec = recomputed * recompute_time(lt, mode, cal, rc.selective, rc.modules, rc.attention) if recomputed else 0.0
         recompute += rec
         side_fwd, side_bwd = other_link_collectives(lt, inp, is_moe) if inp.sharding.per_step else (0.0, 0.0)
         windows[key] = (lt.fwd_compute + side_fwd, lt.compute - lt.fwd_compute + rec / count + side_bwd)
@@ -386,7 +387,8 @@ def one_layer_work(n_layers: int, kinds: list[bool], inp: StageInputs) -> tuple[
             rec.append(0.0)
             continue
         work.append(lt.compute + lt.tp + lt.ep)
-        rec.append(recompute_time(lt, mode, cal, rc.selective, rc.modules) if recomputed == decoder else 0.0)
+        rec.append(recompute_time(lt, mode, cal, rc.selective, rc.modules, rc.attention)
+                   if recomputed == decoder else 0.0)
     return work[0], work[1], rec[0], rec[1]
 
 
@@ -405,8 +407,8 @@ def hybrid_one_layer_work(n_layers: int, kinds: list, inp: StageInputs) -> tuple
         if not count:
             continue
         every = kinds[:n_recompute].count(kind) == count
-        one = (lt.compute + lt.tp + lt.ep, recompute_time(lt, plan.recompute, cal, rc.selective, rc.modules)
-               if every else 0.0)
+        one = (lt.compute + lt.tp + lt.ep,
+               recompute_time(lt, plan.recompute, cal, rc.selective, rc.modules, rc.attention) if every else 0.0)
         if kind == "E":
             moe = one
         else:

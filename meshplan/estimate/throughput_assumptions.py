@@ -7,7 +7,11 @@ from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention
 from meshplan.arithmetic.mesh import flex_backend, mesh_groups, own_ep_ranks_note
-from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD, INDEXER_PASSES_PER_FORWARD
+from meshplan.estimate.attention_time import (
+    FLASH_ATTENTION_PASSES_PER_FORWARD,
+    INDEXER_PASSES_PER_FORWARD,
+    op_sac_recomputes_attention,
+)
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption
 from meshplan.estimate.moe_time import moe_host_syncs
@@ -169,7 +173,10 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
         out.append(f"Recompute {plan.recompute}: "
                    + ("one more forward of each recomputed layer (with its TP traffic)." if plan.recompute == "full"
                       else "the forward of the ops op-level SAC does not keep (every second linear, the router "
-                      "and routed experts, pointwise and norms, TP all-gathers)."
+                      "and routed experts, pointwise and norms, TP all-gathers"
+                      + (f"; the attention too: {ctx.attention_kernel} is not in torchtitan {job.framework_version}'s "
+                         "save list" if op_sac_recomputes_attention(job, plan.attention_backend, plan.zero_stage)
+                         else "") + ")."
                       if job.card.recompute.selective == "op_sac"
                       else "core attention forward again."))
     if plan.optimizer == "muon":

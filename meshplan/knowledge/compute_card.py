@@ -22,6 +22,18 @@ class RecomputeSemantics(_Card):
 
     selective: Literal["core_attention", "op_sac"] = "core_attention"
     source: str | None = None
+    # op_sac: the attention kernels a release's save list does not hold (release prefix -> kernels, as the attention
+    # section's kernel names): with one of them, op-level SAC recomputes the attention in the backward and keeps
+    # neither its output nor its log-sum-exp
+    unsaved_attention: dict[str, list[str]] = {}
+    unsaved_attention_source: str | None = None
+
+    def recomputes_attention(self, release: str | None, kernel: str | None) -> bool:
+        """Whether op-level SAC of `release` recomputes attention run by `kernel` (unsaved_attention)."""
+        if self.selective != "op_sac" or not release or kernel is None:
+            return False
+        return any(kernel in kernels for prefix, kernels in self.unsaved_attention.items()
+                   if release == prefix or release.startswith(prefix + "."))
 
 
 class CompileSemantics(_Card):
