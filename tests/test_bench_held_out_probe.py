@@ -60,4 +60,5 @@ def test_torchtitan_mxfp8_rows_read_as_their_originals_state(run):
     scout = by_id["torchtitan_mxfp8doc_llama4_scout_256_gb200_bf16"]
     req = scout.mapping.request
     assert (req.micro_batch_size, req.global_batch_size, req.ep, req.recompute) == (1, 256, 16, "none")
+    assert req.framework_version == "0.2"  # published 2025-11; the 6fc499f pin is the dense table's
     assert scout.fits and scout.peak_bytes < scout.mapping.capacity_bytes
