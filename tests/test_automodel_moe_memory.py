@@ -99,11 +99,11 @@ def test_the_floors_count_is_at_most_each_dispatchers(model, fake):
 
 
 def _row_request(**kw) -> Request:
-    """automodel_gptoss_120b_64 as the bench maps it: 64 H100, EP16, FSDP over 64, mbs 2 x 4096, GBS 512 (4
-    micro-batches), no recompute, DeepEP, fake balanced gate, bf16 loss."""
+    """automodel_gptoss_120b_64 as the bench maps it: 64 H100, EP64 (the experts whole on every rank, outside FSDP),
+    FSDP over 64, mbs 2 x 4096, GBS 512 (4 micro-batches), no recompute, DeepEP, fake balanced gate, bf16 loss."""
     base = {"model": "gpt-oss-120b", "gpu": "h100", "num_gpus": 64, "gpus_per_node": 8, "seq_length": 4096,
             "global_batch_size": 512, "micro_batch_size": 2, "framework": "nemo-automodel", "tp": 1, "pp": 1,
-            "cp": 1, "ep": 16, "etp": 1, "dp": 64, "zero_stage": 3, "recompute": "none",
+            "cp": 1, "ep": 64, "etp": 1, "dp": 64, "zero_stage": 3, "recompute": "none",
             "moe_token_dispatcher": "flex", "moe_fake_balanced_gate": True, "loss_fp32_upcast": False}
     return Request(**(base | kw))
 
