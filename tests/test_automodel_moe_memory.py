@@ -204,3 +204,29 @@ def test_every_dated_change_is_in_its_cards_release():
             assert numbers(change.release) <= numbers(card.version), (name, change.change)
             assert card.oldest_snapshot is not None and card.oldest_snapshot <= change.date, (name, change.change)
             assert not predates(card.version, change)
+
+
+def test_gpt_oss_ran_flex_attention_before_te_attention_came():
+    """AutoModel's gpt-oss asserted backend.attn == 'flex' until 2b7c02cfc (2025-11-01): a main snapshot before it
+    times the model's attention at FlexAttention's fraction whatever the backend, and says so; from that day, and on
+    the card's release, the backend's kernel (cuDNN on Hopper); another model type keeps the backend's."""
+    from meshplan.estimate.attention_time import attention_efficiency
+    from meshplan.knowledge.calibration import calibration, calibration_card
+
+    change = framework_card("nemo-automodel").release_change("model_te_attention")
+    assert (change.commit, change.date, change.kernel_before) == ("2b7c02cfc", "2025-11-01", "flex_attention")
+
+    def kernel(version=None, **kw):
+        job, plan = resolve(_row_request(framework_version=version, **kw))
+        return attention_efficiency(job, calibration(), backend=plan.attention_backend, zero_stage=3), job.notes
+
+    (old, fraction), notes = kernel("main@2025-10-02")
+    assert old == "flex_attention" and fraction == calibration_card().attention_kernels["flex_attention"].by_arch[
+        "hopper"]
+    assert any("release_changes model_te_attention" in n for n in notes)
+    assert kernel("main@2025-10-02", attention_backend="fused")[0][0] == "flex_attention"  # whatever the backend
+    assert kernel("main@2025-11-01")[0][0] == kernel()[0][0] == "cudnn"
+    qwen = Request(model="qwen3-30b-a3b", gpu="h100", num_gpus=8, framework="nemo-automodel", seq_length=4096,
+                   global_batch_size=64, micro_batch_size=1, ep=8, framework_version="main@2025-10-02")
+    job, plan = resolve(qwen)
+    assert attention_efficiency(job, calibration(), backend=plan.attention_backend, zero_stage=3)[0] == "cudnn"

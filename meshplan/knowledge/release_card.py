@@ -17,7 +17,10 @@ DATE = r"^\d{4}-\d{2}-\d{2}$"
 #   gradient-sync switch (set_requires_gradient_sync on the model it is given) found no FSDP module, so a run of one of
 #   `model_types` without PP reduce-scattered every micro-batch's gradients (request.resolve: defer_fsdp_grad_sync
 #   false, the same schedule); under PP the pipeline stage held them as it does now.
-ChangeName = Literal["moe_outer_model_sharded"]
+# - model_te_attention: the model code of `model_types` takes the attention backend it is told (TE's fused attention by
+#   default). Before it that code built `kernel_before` whatever the backend (AutoModel's gpt-oss: FlexAttention, its
+#   only kernel), which estimate/attention_time.attention_efficiency times it at.
+ChangeName = Literal["moe_outer_model_sharded", "model_te_attention"]
 
 
 class ReleaseChange(BaseModel):
@@ -31,6 +34,8 @@ class ReleaseChange(BaseModel):
     release: str = Field(description="The first release that has it: an older release runs without it")
     model_types: list[str] = Field(default_factory=list, description="The model types (config.json model_type) it "
                                                                      "acts on; empty: every model")
+    kernel_before: str | None = Field(None, description="model_te_attention: the kernel (cards/calibration.yaml "
+                                                        "attention_kernels) the model types' attention ran before it")
     source: str
 
     def acts_on(self, model_type: str) -> bool:

@@ -183,3 +183,13 @@ def predates(version: str | None, change: ReleaseChange) -> bool:
         return day < change.date
     asked, first = numbers(version or ""), numbers(change.release)
     return asked is not None and first is not None and asked < first
+
+
+def kernel_before_change(card: FrameworkCard, version: str | None, model_type: str) -> str | None:
+    """The attention kernel a `model_type` model's own code built whatever the backend on a release that predates the
+    card's model_te_attention change (its kernel_before: NeMo AutoModel's gpt-oss on FlexAttention until 2b7c02cfc),
+    else None."""
+    change = card.release_change("model_te_attention")
+    if change is None or not change.acts_on(model_type) or not predates(version, change):
+        return None
+    return change.kernel_before

@@ -21,7 +21,7 @@ from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.compute_card import cp_comm_type_default
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.release_card import ReleaseChange
-from meshplan.knowledge.releases import predates, resolve_release
+from meshplan.knowledge.releases import kernel_before_change, predates, resolve_release
 from meshplan.request.mtp_depth import mtp_asked, trained_mtp, writable_mtp
 from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.choices import FRAMEWORKS
@@ -178,7 +178,8 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         defer_fsdp_grad_sync=_defer_grad_sync(req, card, notes),
         grad_reduce_overlap=_grad_reduce_overlap(req, card, notes),
         # attention backend, dropout (None: the framework's)
-        **_attention_fields(req, card, gpu, version, zero, notes, mla=arch.mla is not None),
+        **_attention_fields(req, card, gpu, version, zero, notes, mla=arch.mla is not None,
+                            model_type=arch.model_type),
         **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
@@ -665,13 +666,19 @@ def _outer_model_unsharded(req: Request, card) -> tuple[ReleaseChange, str] | No
 
 
 def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
-                      notes: list[str], mla: bool = False) -> dict[str, Any]:
+                      notes: list[str], mla: bool = False, model_type: str = "") -> dict[str, Any]:
     """attention_backend and dropout as asked; left out, what the framework does by itself (auto: the kernel its
     card's attention section names for the GPU; an MLA model on an engine with an mla_backend: that backend, which
-    its recipes set and a render must write; dropout: its memory convention, off in every preset), noted."""
+    its recipes set and a render must write; dropout: its memory convention, off in every preset), noted. A release
+    whose model code built its own kernel whatever the backend (releases.kernel_before_change) says so instead."""
     backend = req.attention_backend or "auto"
     att, engine = card.attention, card.engine_at(zero)
-    if req.attention_backend is None:
+    if (own := kernel_before_change(card, version, model_type)) is not None:
+        change = card.release_change("model_te_attention")
+        notes.append(f"attention: {own} whatever attention_backend says, as {card.display_name} {version}'s "
+                     f"{model_type} model code built it (until {change.commit}, {change.date}; cards/frameworks/"
+                     f"{req.framework}.yaml release_changes model_te_attention).")
+    elif req.attention_backend is None:
         kernel = att.kernel_for(version, gpu.arch, engine=engine, mla=mla) if att is not None else None
         if mla and att is not None and att.mla_backend is not None and engine not in att.by_engine:
             backend = att.mla_backend
