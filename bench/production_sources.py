@@ -302,9 +302,13 @@ def run_attention_kernel(row: dict[str, Any]) -> str | None:
 def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
     """The framework release a row ran, where meshplan's estimate depends on it (torchtitan's loss and attention
     kernel, verl's attention kernel), or the main-branch snapshot it ran (main@YYYY-MM-DD) on a framework whose card
-    dates the changes its estimate reads (oldest_snapshot: NeMo AutoModel), else None."""
+    dates the changes its estimate reads (oldest_snapshot: NeMo AutoModel), else None. A snapshot before the card's
+    oldest one, which meshplan would refuse, is scored with the card's own release, as it was before snapshots."""
     when = row["source"].get("version_or_date")
-    snapshot = main_snapshot(when) if framework_card(framework).oldest_snapshot else None
+    oldest = framework_card(framework).oldest_snapshot
+    snapshot = main_snapshot(when) if oldest else None
+    if snapshot is not None and snapshot.removeprefix("main@") < oldest:
+        snapshot = None
     return release_ran(framework, when) or snapshot
 
 

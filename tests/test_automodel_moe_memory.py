@@ -181,6 +181,8 @@ def test_bench_row_reads_the_release_fact():
     assert framework_version_for(row, "nemo-automodel") == "main@2025-10-02"
     released = {**row, "source": {**row["source"], "version_or_date": "2026-03-01"}}  # no "main": a release's row
     assert framework_version_for(released, "nemo-automodel") is None
+    early = {**row, "source": {**row["source"], "version_or_date": "2025-09-01 (main branch)"}}
+    assert framework_version_for(early, "nemo-automodel") is None  # before the card's oldest snapshot: its release
     assert framework_version_for(row, "torchtitan") == "0.1"  # no snapshot on its card: release_ran by the date
     assert defer_field(row, "nemo-automodel") == {}  # the config leaves it out: the release decides (resolve)
     stated = {**row, "outcome": {**row["outcome"], "other": "it sets distributed.defer_fsdp_grad_sync true"}}
