@@ -10,13 +10,12 @@ import json
 import re
 from typing import Any
 
-from production_rows import catalog_match, row_text
+from production_rows import row_text
 
 from meshplan.arithmetic.lora import lora_engines
 from meshplan.arithmetic.schedule import format_layout, parse_layout
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
-from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.published_runs import (
     BRIDGE,
     BRIDGE_PERF_TABLE,
@@ -29,7 +28,7 @@ from meshplan.knowledge.published_runs import (
     VERL_DYNAMIC_BSZ_SCRIPTS,
     RecipeSplit,
     attention_kernel_of_run,
-    automodel_reduced_every_micro_batch,
+    main_snapshot,
     nemo_launcher_tp_overlap,
     ran_without_expandable_segments,
     release_ran,
@@ -271,16 +270,11 @@ def stated_switch(row: dict[str, Any], setting: str) -> bool | None:
 
 def defer_field(row: dict[str, Any], framework: str) -> dict[str, Any]:
     """defer_fsdp_grad_sync as the config a row cites sets it (its outcome notes name the setting), on a framework
-    that has the setting (its card's grad_accumulation.knob); false for a NeMo AutoModel MoE run from before its
-    outer model was sharded (published_runs.automodel_reduced_every_micro_batch), which reduced every micro-batch
-    whatever the setting; left out, the framework's default."""
+    that has the setting (its card's grad_accumulation.knob); left out, the framework's default, or what the release
+    the row ran did (framework_version_for: a NeMo AutoModel main snapshot before its outer model was sharded reduced
+    every micro-batch, request.resolve)."""
     facts = framework_card(framework).grad_accumulation
     found = stated_switch(row, "defer_fsdp_grad_sync")
-    key = catalog_match(row["model"])
-    if found is None and key is not None and automodel_reduced_every_micro_batch(
-            framework, row["source"].get("version_or_date"), resolve_model(key).model_type,
-            row["parallelism"]["pp"] or 1):
-        found = False
     if facts is None or facts.knob is None or found is None:
         return {}
     return {"defer_fsdp_grad_sync": found}
@@ -307,8 +301,15 @@ def run_attention_kernel(row: dict[str, Any]) -> str | None:
 
 def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
     """The framework release a row ran, where meshplan's estimate depends on it (torchtitan's loss and attention
-    kernel, verl's attention kernel), else None."""
-    return release_ran(framework, row["source"].get("version_or_date"))
+    kernel, verl's attention kernel), or the main-branch snapshot it ran (main@YYYY-MM-DD) on a framework whose card
+    dates the changes its estimate reads (oldest_snapshot: NeMo AutoModel), else None. A snapshot before the card's
+    oldest one, which meshplan would refuse, is scored with the card's own release, as it was before snapshots."""
+    when = row["source"].get("version_or_date")
+    oldest = framework_card(framework).oldest_snapshot
+    snapshot = main_snapshot(when) if oldest else None
+    if snapshot is not None and snapshot.removeprefix("main@") < oldest:
+        snapshot = None
+    return release_ran(framework, when) or snapshot
 
 
 def allocator_field(row: dict[str, Any], framework: str) -> dict[str, Any]:

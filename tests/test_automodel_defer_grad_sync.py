@@ -75,12 +75,16 @@ def test_render_writes_it_and_the_reader_reads_it(value):
 
 
 def test_published_rows_score_with_their_configs_setting():
-    """The bench's AutoModel rows whose cited config sets defer_fsdp_grad_sync false are scored with it; so are its own
-    MoE models' runs without PP from before 8134b0c03 (the outer model not yet an FSDP module, every micro-batch
-    reduced: published_runs.automodel_reduced_every_micro_batch); the rest (their configs leave it out, or PP runs
-    whose stage the schedule defers) with AutoModel's default, true."""
+    """The bench's AutoModel rows whose cited config sets defer_fsdp_grad_sync false are scored with it; its own MoE
+    models' runs without PP ran main before 8134b0c03 (framework_version main@2025-10-02: the outer model not yet an
+    FSDP module, every micro-batch reduced; the card's release_changes moe_outer_model_sharded), which resolve turns
+    into false (under PP too: the trainer's loop turned nothing off, the stage holds the gradients itself,
+    memory_states.pipeline_held); the rest (their configs leave it out, a dense model) keep AutoModel's default,
+    true."""
     import sys
     from pathlib import Path
+
+    from meshplan.request.resolve import resolve
 
     bench = Path(__file__).resolve().parent.parent / "bench"
     sys.path.insert(0, str(bench))
@@ -88,8 +92,11 @@ def test_published_rows_score_with_their_configs_setting():
     import production_rows as prows
 
     rows = {r["id"]: r for r in prows.load_rows(bench / "data" / "nemo_automodel" / "production_configs_dev.yaml")}
-    for row_id, stated in (("automodel_llama3_70b_64", False), ("automodel_lora_llama3_70b_16", False),
-                           ("automodel_qwen3_30b_8", False), ("automodel_dsv3_256", None),
-                           ("automodel_lora_llama3_8b_1", None)):
+    for row_id, stated, runs in (("automodel_llama3_70b_64", False, False),
+                                 ("automodel_lora_llama3_70b_16", False, False),
+                                 ("automodel_qwen3_30b_8", None, False), ("automodel_gptoss_120b_64", None, False),
+                                 ("automodel_dsv3_256", None, False), ("automodel_lora_llama3_8b_1", None, True)):
         req = pmap.map_row(rows[row_id], Path("/nonexistent")).request
+        assert req.framework_version == "main@2025-10-02", row_id
         assert req.defer_fsdp_grad_sync is stated, row_id
+        assert resolve(req)[1].defer_fsdp_grad_sync is runs, row_id

@@ -1,6 +1,6 @@
 """NeMo AutoModel's MoE under the DeepEP (flex) dispatcher, as its GroupedExpertsDeepEP keeps it (cards/memory.yaml
 fsdp2_automodel moe_activations_flex, activations.AUTOMODEL_DEEPEP_MOE), and the gradient sync of its published MoE
-runs from before its outer model was an FSDP unit (published_runs.automodel_reduced_every_micro_batch): the counts
+runs from before its outer model was an FSDP unit (the card's release_changes moe_outer_model_sharded): the counts
 behind its gpt-oss-120B / 64 H100 row (bench/data/nemo_automodel, automodel_gptoss_120b_64)."""
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ from meshplan.arithmetic.activations import (
     GENERIC_MOE,
     MEGATRON_CORE_MOE,
     Layout,
-    attention_saves,
     layer_activations,
     least_moe_bytes,
     moe_bytes,
     shape_of,
 )
-from meshplan.arithmetic.memory_states import activation_saves, convention, expert_gate_bytes, memory_card
+from meshplan.arithmetic.memory_states import convention
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.published_runs import AUTOMODEL_MOE_ROOT_SHARDED_SINCE, automodel_reduced_every_micro_batch
+from meshplan.knowledge.releases import predates
+from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 T = 8192  # tokens of one micro-batch: mbs 2 x 4096, the row's
@@ -99,11 +100,11 @@ def test_the_floors_count_is_at_most_each_dispatchers(model, fake):
 
 
 def _row_request(**kw) -> Request:
-    """automodel_gptoss_120b_64 as the bench maps it: 64 H100, EP16, FSDP over 64, mbs 2 x 4096, GBS 512 (4
-    micro-batches), no recompute, DeepEP, fake balanced gate, bf16 loss."""
+    """automodel_gptoss_120b_64 as the bench maps it: 64 H100, EP64 (the experts whole on every rank, outside FSDP),
+    FSDP over 64, mbs 2 x 4096, GBS 512 (4 micro-batches), no recompute, DeepEP, fake balanced gate, bf16 loss."""
     base = {"model": "gpt-oss-120b", "gpu": "h100", "num_gpus": 64, "gpus_per_node": 8, "seq_length": 4096,
             "global_batch_size": 512, "micro_batch_size": 2, "framework": "nemo-automodel", "tp": 1, "pp": 1,
-            "cp": 1, "ep": 16, "etp": 1, "dp": 64, "zero_stage": 3, "recompute": "none",
+            "cp": 1, "ep": 64, "etp": 1, "dp": 64, "zero_stage": 3, "recompute": "none",
             "moe_token_dispatcher": "flex", "moe_fake_balanced_gate": True, "loss_fp32_upcast": False}
     return Request(**(base | kw))
 
@@ -125,90 +126,109 @@ def test_the_estimate_counts_the_deepep_layers():
 
 def test_runs_before_the_outer_model_was_sharded_reduced_every_micro_batch():
     """AutoModel's MoE parallelizer left the outer ...ForCausalLM unsharded until 8134b0c03 (2025-11-11), so
-    get_sync_ctx deferred nothing: its own MoE models' runs without PP reduced every micro-batch."""
-    assert AUTOMODEL_MOE_ROOT_SHARDED_SINCE == "2025-11-11"
-    ran = automodel_reduced_every_micro_batch
-    assert ran("nemo-automodel", "2025-10-02 (main branch)", "gpt_oss", 1)
-    assert ran("nemo-automodel", "2025-10", "qwen3_moe", 1)  # a month-only date counts as before
-    assert not ran("nemo-automodel", "2025-11-11", "gpt_oss", 1)
-    assert not ran("nemo-automodel", "2025-10-02", "gpt_oss", 2)  # PP: not modelled, the card's hold stays
-    assert not ran("nemo-automodel", "2025-10-02", "llama", 1)  # the dense path sharded the whole model
-    assert not ran("torchtitan", "2025-10-02", "gpt_oss", 1)
-    assert not ran("nemo-automodel", None, "gpt_oss", 1)
+    get_sync_ctx deferred nothing: its own MoE models' runs without PP on a main snapshot before that day reduced every
+    micro-batch (framework_version main@YYYY-MM-DD; the card's release_changes)."""
+    change = framework_card("nemo-automodel").release_change("moe_outer_model_sharded")
+    assert (change.commit, change.date, change.release) == ("8134b0c03", "2025-11-11", "0.2.0")
+    assert predates("main@2025-10-02", change) and predates("main@2025-11-10", change)
+    assert not predates("main@2025-11-11", change) and not predates("0.7.0", change) and not predates(None, change)
+    assert predates("0.1.2", change) and not predates("main", change)
+
+    def plan(**kw):
+        return resolve(_row_request(**kw))
+
+    old = plan(framework_version="main@2025-10-02")
+    assert old[1].defer_fsdp_grad_sync is False
+    assert any("release_changes moe_outer_model_sharded" in n for n in old[0].notes)
+    assert plan(framework_version="main@2025-11-11")[1].defer_fsdp_grad_sync is True
+    assert plan()[1].defer_fsdp_grad_sync is True  # the card's release (0.7.0): the setting's default
+    assert plan(framework_version="main@2025-10-02", defer_fsdp_grad_sync=False)[1].defer_fsdp_grad_sync is False
+    # a model the change does not act on (the dense path sharded the whole model): the default
+    dense = Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="nemo-automodel", seq_length=4096,
+                    global_batch_size=64, micro_batch_size=1, framework_version="main@2025-10-02")
+    assert resolve(dense)[1].defer_fsdp_grad_sync is True
+    # under PP the stage holds the gradients whatever the switch says (memory_states.pipeline_held)
+    piped = api.estimate_memory(_row_request(pp=2, dp=32, ep=32, framework_version="main@2025-10-02")).stages[0]
+    assert piped.detail["unsharded_accumulated_gradients"] > 0
+
+
+def test_an_old_snapshot_refuses_the_setting_it_did_not_have():
+    """defer_fsdp_grad_sync true on a snapshot that reduced every micro-batch is refused, naming the change; a day
+    before the card's oldest snapshot, or no calendar day, is refused with the releases and snapshots it knows."""
+    with pytest.raises(MeshplanError, match="8134b0c03") as err:
+        resolve(_row_request(framework_version="main@2025-10-02", defer_fsdp_grad_sync=True))
+    assert "main@2025-11-11" in err.value.fix
+    with pytest.raises(MeshplanError, match="before 2025-10-02") as err:
+        resolve(_row_request(framework_version="main@2025-09-30"))
+    assert "main@YYYY-MM-DD from 2025-10-02" in err.value.fix
+    with pytest.raises(MeshplanError, match="not a calendar day"):
+        resolve(_row_request(framework_version="main@2025-02-30"))
+    with pytest.raises(MeshplanError, match=r"no Megatron-Core .* main-branch snapshot"):
+        resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="megatron-core", seq_length=4096,
+                        framework_version="main@2025-10-02"))
 
 
 def test_bench_row_reads_the_release_fact():
-    """The bench maps automodel_gptoss_120b_64 with defer_fsdp_grad_sync false; a row stating the setting keeps it."""
+    """The bench maps every AutoModel row of the main-branch table to framework_version main@2025-10-02, and
+    automodel_gptoss_120b_64 resolves to defer_fsdp_grad_sync false from it; a row stating the setting keeps it."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from production_rows import load_rows
-    from production_sources import defer_field
+    from production_sources import defer_field, framework_version_for
 
     rows = {r["id"]: r for r in load_rows(Path(__file__).resolve().parents[1]
                                           / "bench/data/nemo_automodel/production_configs_dev.yaml")}
     row = rows["automodel_gptoss_120b_64"]
-    dense = rows["automodel_llama3_70b_64"]  # its notes state defer_fsdp_grad_sync false; without them, the default
-    assert defer_field({**dense, "outcome": {**dense["outcome"], "other": ""}}, "nemo-automodel") == {}
-    assert defer_field(rows["automodel_dsv3_256"], "nemo-automodel") == {}  # PP 4: the card's pipeline hold stays
-    assert defer_field(row, "nemo-automodel") == {"defer_fsdp_grad_sync": False}
-    assert defer_field({**row, "source": {**row["source"], "version_or_date": "2026-03-01"}}, "nemo-automodel") == {}
+    assert framework_version_for(row, "nemo-automodel") == "main@2025-10-02"
+    released = {**row, "source": {**row["source"], "version_or_date": "2026-03-01"}}  # no "main": a release's row
+    assert framework_version_for(released, "nemo-automodel") is None
+    early = {**row, "source": {**row["source"], "version_or_date": "2025-09-01 (main branch)"}}
+    assert framework_version_for(early, "nemo-automodel") is None  # before the card's oldest snapshot: its release
+    assert framework_version_for(row, "torchtitan") == "0.1"  # no snapshot on its card: release_ran by the date
+    assert defer_field(row, "nemo-automodel") == {}  # the config leaves it out: the release decides (resolve)
     stated = {**row, "outcome": {**row["outcome"], "other": "it sets distributed.defer_fsdp_grad_sync true"}}
     assert defer_field(stated, "nemo-automodel") == {"defer_fsdp_grad_sync": True}
     held = api.estimate_memory(_row_request()).stages[0]
-    reduced = api.estimate_memory(_row_request(defer_fsdp_grad_sync=False)).stages[0]
+    reduced = api.estimate_memory(_row_request(framework_version="main@2025-10-02")).stages[0]
     assert held.detail["unsharded_accumulated_gradients"] > 0
-    assert "unsharded_accumulated_gradients" not in reduced.detail or \
-        reduced.detail["unsharded_accumulated_gradients"] == 0
-    assert reduced.gradients_bytes == reduced.weights_bytes  # bf16 sharded grads beside bf16 sharded params
+    assert reduced.detail.get("unsharded_accumulated_gradients", 0) == 0
 
 
-# ------------------------------------------------------------------------- gpt-oss's own gate under Hugging Face's code
+def test_every_dated_change_is_in_its_cards_release():
+    """A card's release_changes are part of the release it describes (its facts have every one: a job that leaves
+    framework_version out never predates one) and come after its oldest snapshot (a snapshot before one runs
+    without it); a card with changes dates its oldest snapshot."""
+    from meshplan.core.card_files import framework_names
+    from meshplan.knowledge.releases import numbers
+
+    for name in framework_names():
+        card = framework_card(name)
+        for change in card.release_changes:
+            assert numbers(change.release) <= numbers(card.version), (name, change.change)
+            assert card.oldest_snapshot is not None and card.oldest_snapshot <= change.date, (name, change.change)
+            assert not predates(card.version, change)
 
 
-def _hf_layout(model: str, **kw) -> Layout:
-    """verl's / SkyRL's FSDP engine (fsdp2_hf), as the estimate lays out gpt-oss's layer."""
-    conv = memory_card().conventions["fsdp2_hf"]
-    arch = resolve_model(model)
-    base = {"attn": attention_saves(conv), "act": activation_saves(conv, arch.activation),
-            "expert_gate": expert_gate_bytes(conv, arch.model_type)}
-    return _layout(moe_bytes(conv, arch), **(base | kw))
+def test_gpt_oss_ran_flex_attention_before_te_attention_came():
+    """AutoModel's gpt-oss asserted backend.attn == 'flex' until 2b7c02cfc (2025-11-01): a main snapshot before it
+    times the model's attention at FlexAttention's fraction whatever the backend, and says so; from that day, and on
+    the card's release, the backend's kernel (cuDNN on Hopper); another model type keeps the backend's."""
+    from meshplan.estimate.attention_time import attention_efficiency
+    from meshplan.knowledge.calibration import calibration, calibration_card
 
+    change = framework_card("nemo-automodel").release_change("model_te_attention")
+    assert (change.commit, change.date, change.kernel_before) == ("2b7c02cfc", "2025-11-01", "flex_attention")
 
-def test_gpt_oss_clamped_gate_keeps_its_intermediates_under_hf_code():
-    """GptOssExperts._apply_gate keeps the gate_up output 4, sigmoid's output, the clamped gate, up + 1 and glu 2
-    each: 12 B per routed copy and expert-width element, then fc2's input 2; the default gate (act_fn(gate) * up) 6 + 2.
-    Only gpt-oss has one; NeMo AutoModel's compiled DeepEP activation keeps its input only whatever the model."""
-    gpt = shape_of(resolve_model("gpt-oss-120b"))
-    copies = T * gpt.top_k
-    own = layer_activations(gpt, _hf_layout("gpt-oss-120b"), True, "none")["moe"]
-    default = layer_activations(gpt, _hf_layout("gpt-oss-120b", expert_gate=0), True, "none")["moe"]
-    assert own - default == copies * gpt.f_expert * (14 - 8)
-    hf = memory_card().conventions["fsdp2_hf"]
-    assert expert_gate_bytes(hf, "gpt_oss") == 12 and expert_gate_bytes(hf, "qwen3_moe") == 0
-    assert expert_gate_bytes(_conv(), "gpt_oss") == 0  # AutoModel's own model code
-    qwen = resolve_model("qwen3-30b-a3b")
-    lay = _hf_layout("qwen3-30b-a3b")
-    assert lay.expert_gate == 0
-    assert layer_activations(shape_of(qwen), lay, True, "none") == layer_activations(
-        shape_of(qwen), lay._replace(expert_gate=0), True, "none")
+    def kernel(version=None, **kw):
+        job, plan = resolve(_row_request(framework_version=version, **kw))
+        return attention_efficiency(job, calibration(), backend=plan.attention_backend, zero_stage=3), job.notes
 
-
-@pytest.mark.slow
-def test_the_gate_is_what_gpt_oss_experts_keep():
-    """transformers 5.9.0's GptOssExperts under FakeTensorMode (bench/fake_tensor_hf_harness.py expert_gate_saves, a
-    cut of gpt-oss-120b's config): its own gate keeps 6 B per routed copy and expert-width element more than
-    _default_apply_gate, the card's 12 against the act2fn count's 6."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import fake_tensor_hf as bench
-
-    case = {"kind": "expert_gate", "model": "gpt-oss-120b", "config": bench.card_config("gpt-oss-120b"),
-            "tokens": 512, "top_k": 4, "policy": "none",
-            "override": {"hidden_size": 256, "intermediate_size": 128, "num_local_experts": 8,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}}
-    res = bench.served_harness([case])["results"][0]
-    assert res["ok"], res
-    assert res["experts_class"] == "GptOssExperts" and (res["copies"], res["width"]) == (512 * 4, 128)
-    own, default = res["bytes"]["own"], res["bytes"]["default"]
-    act = activation_saves(memory_card().conventions["fsdp2_hf"], "silu")
-    default_gate = 2 * 2 + act[1] + 2  # the whole gate_up (silu's input, a view of it) and silu's output
-    assert own - default == res["copies"] * res["width"] * (
-        expert_gate_bytes(memory_card().conventions["fsdp2_hf"], "gpt_oss") - default_gate)
+    (old, fraction), notes = kernel("main@2025-10-02")
+    assert old == "flex_attention" and fraction == calibration_card().attention_kernels["flex_attention"].by_arch[
+        "hopper"]
+    assert any("release_changes model_te_attention" in n for n in notes)
+    assert kernel("main@2025-10-02", attention_backend="fused")[0][0] == "flex_attention"  # whatever the backend
+    assert kernel("main@2025-11-01")[0][0] == kernel()[0][0] == "cudnn"
+    qwen = Request(model="qwen3-30b-a3b", gpu="h100", num_gpus=8, framework="nemo-automodel", seq_length=4096,
+                   global_batch_size=64, micro_batch_size=1, ep=8, framework_version="main@2025-10-02")
+    job, plan = resolve(qwen)
+    assert attention_efficiency(job, calibration(), backend=plan.attention_backend, zero_stage=3)[0] == "cudnn"

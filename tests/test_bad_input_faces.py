@@ -224,7 +224,8 @@ def test_every_patterned_request_field_is_refused_in_words():
 
 
 @pytest.mark.parametrize(("field", "value", "words"), [
-    ("framework_version", "banana", "a release number that starts with a digit (0.3, 0.19.2) or main"),
+    ("framework_version", "banana",
+     "a release number that starts with a digit (0.3, 0.19.2), main, or main@YYYY-MM-DD"),
     ("selective_ac_option", "0", "'op' or a whole number of blocks, 1 to 9999"),
 ])
 def test_a_value_off_its_pattern_is_refused_in_words_on_cli_and_mcp(capsys, field, value, words):

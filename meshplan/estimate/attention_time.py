@@ -7,6 +7,7 @@ from meshplan.arithmetic.flops import Gemm, attention_core_flops, dsa_loss_targe
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.knowledge.calibration import Calibration, attention_fraction, attention_tiles
+from meshplan.knowledge.releases import kernel_before_change
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job
 
@@ -54,7 +55,8 @@ def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
     attention section: AttentionSemantics.kernel_for), with flash or fused the kernel
     that backend is in the framework (the card's attention.backends); a model whose core attention the framework's
     model code builds itself the kernel that attention runs whatever the backend (attention.model_kernels:
-    Megatron-Bridge's Gemma 2, torchtitan's Llama 4, FlexAttention); at that kernel's fraction for the generation
+    Megatron-Bridge's Gemma 2, torchtitan's Llama 4, FlexAttention; or the release's, releases.kernel_before_change:
+    NeMo AutoModel's gpt-oss before 2b7c02cfc); at that kernel's fraction for the generation
     (cards/calibration.yaml attention_kernels; else attention_peak_fraction). FlashAttention-2 reaches ~35% of an
     H100's peak where cuDNN / FA3-class kernels reach ~50% (FA3 paper), so the same trainer runs attention slower
     on an older release that still picked FA2. `kernel` names the one a run used instead (bench only: a published
@@ -72,7 +74,8 @@ def attention_kernel(job: Job, backend: str = "auto", zero_stage: int | None = N
     if card is None:
         return None
     engine = fw.engine_at(zero_stage) if zero_stage is not None else None
-    own = card.model_kernels.get(job.model.model_type)
+    own = card.model_kernels.get(job.model.model_type) or kernel_before_change(
+        fw, job.framework_version, job.model.model_type)
     if own is not None:
         return own
     if backend == "auto":

@@ -36,6 +36,7 @@ from meshplan.knowledge.offload_card import EngineOffload
 from meshplan.knowledge.pipeline_card import MEGATRON_PIPELINE, PipelineFacts
 from meshplan.knowledge.precision_card import MixedPrecisionPresets
 from meshplan.knowledge.read_card import ReadSection, RegistryEntry, TomlModel
+from meshplan.knowledge.release_card import DATE, ChangeName, ReleaseChange
 from meshplan.knowledge.rl_card import RLCard
 from meshplan.knowledge.tp_card import MoeTensorParallel, OutputHeadTp, TpInputLinears, TpOverlapFacts
 from meshplan.schema.choices import FRAMEWORKS, Engine
@@ -231,6 +232,15 @@ class FrameworkCard(_Card):
         None, description="The oldest release the card's facts stand for (meshplan/knowledge/releases.py; older: "
                           "refused); absent: the series of the oldest known release")
     oldest_release_why: str | None = None
+    release_changes: list[ReleaseChange] = Field(
+        default_factory=list, description="The dated changes of the framework's code the estimate reads "
+                                          "(knowledge/release_card.py): a job on an older release, or on a main "
+                                          "snapshot dated before one, runs without it")
+    oldest_snapshot: str | None = Field(
+        None, pattern=DATE, description="The oldest day a framework_version main@YYYY-MM-DD may name (the card's "
+                                        "facts less its release_changes since that day stand for it); None: no "
+                                        "snapshot is estimated")
+    oldest_snapshot_why: str | None = None
     offload: dict[Engine, EngineOffload] = Field(
         default_factory=dict, description="Offload semantics per engine; an engine left out has no offload"
     )
@@ -314,6 +324,17 @@ class FrameworkCard(_Card):
             if missing:
                 raise ValueError(f"rl.colocated_offload_states lacks the engines {sorted(missing)}")
         return self
+
+    @model_validator(mode="after")
+    def _one_entry_per_change(self) -> FrameworkCard:
+        names = [c.change for c in self.release_changes]
+        if len(names) != len(set(names)):
+            raise ValueError("release_changes names a change twice (one home for each)")
+        return self
+
+    def release_change(self, name: ChangeName) -> ReleaseChange | None:
+        """The card's dated change of that name (release_changes), None where its code never changed it."""
+        return next((c for c in self.release_changes if c.change == name), None)
 
     def keys_setting(self, field: str) -> list[str]:
         """The keys of the framework's own files that set a request field (its read.keys), none without a reader."""

@@ -51,28 +51,18 @@ BRIDGE_RECIPES_WITHOUT_EXPANDABLE = {
     "(megatron/core/distributed/distributed_data_parallel_config.py, nccl_ub)",
 }
 
-# NeMo AutoModel's MoE parallelizer (components/moe/parallelizer.py apply_fsdp, at 89e3a9fdd, 2025-10-06, the commit of
-# its published pre-training table) fully_shard-ed each decoder block, the embedding, the lm_head and the inner decoder
-# model (`_model = model.model`), but not the outer ...ForCausalLM, until NVIDIA-NeMo/Automodel 8134b0c03 (PR #742,
-# 2025-11-11: "If model has a nested structure (outer model wrapping inner _model), wrap the outer model too").
-# recipes/llm/train_ft.py's get_sync_ctx (components/distributed/utils.py at 89e3a9fdd) calls
-# set_requires_gradient_sync(is_optim_step) only where the model it is given, that outer model, is an FSDPModule, so
-# without PP every micro-batch reduce-scattered and resharded its gradients, nothing held between them: what
-# distributed.defer_fsdp_grad_sync false does since that setting came (194103bfc, 2026-02-12; the card's
-# grad_accumulation). Rows of the models AutoModel's own MoE code trained then (components/models at 89e3a9fdd:
-# deepseek_v3, whose DeepseekV3ForCausalLM its Kimi-K2 config runs, gpt_oss, qwen3_moe) published before ran so.
-AUTOMODEL_MOE_ROOT_SHARDED_SINCE = "2025-11-11"
-AUTOMODEL_OWN_MOE_MODEL_TYPES = ("deepseek_v3", "kimi_k2", "gpt_oss", "qwen3_moe")
+# A run of a framework's development branch on a stated day (its row's date says "main"), where the framework card
+# dates the changes its estimate reads (release_changes, oldest_snapshot): framework_version main@YYYY-MM-DD, the
+# card's facts less the changes made after that day (knowledge/releases.py). NeMo AutoModel's published tables say
+# "NeMo AutoModel Version: main Branch" with their "Last Updated" day (docs/performance-summary.md at 89e3a9fdd).
+MAIN_BRANCH = re.compile(r"^(\d{4}-\d{2}-\d{2})\b.*\bmain\b")
 
 
-def automodel_reduced_every_micro_batch(framework: str, when: str | None, model_type: str, pp: int) -> bool:
-    """Whether a NeMo AutoModel run dated `when` (a month-only date counts as before a day in that month) of a model
-    its own MoE code trains, without PP, reduce-scattered its gradients every micro-batch whatever its
-    defer_fsdp_grad_sync (its outer model not yet an FSDP unit: AUTOMODEL_MOE_ROOT_SHARDED_SINCE). Under PP the
-    schedule's stage module was that outer model too, which meshplan does not model (the card's grad_accumulation)."""
-    when = str(when or "")[:10]
-    return (framework == "nemo-automodel" and pp == 1 and model_type in AUTOMODEL_OWN_MOE_MODEL_TYPES
-            and bool(re.match(r"\d{4}-\d{2}", when)) and when < AUTOMODEL_MOE_ROOT_SHARDED_SINCE)
+def main_snapshot(when: str | None) -> str | None:
+    """main@YYYY-MM-DD for a run dated to the day that says it ran the main branch ('2025-10-02 (main branch)'),
+    else None (a release, or a month-only date)."""
+    found = MAIN_BRANCH.match(str(when or ""))
+    return f"main@{found[1]}" if found else None
 
 
 # How many micro-batches torchtitan cut a local batch into under PP (pytorch/torchtitan): until 90567fc (2025-01-07,

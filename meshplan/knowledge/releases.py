@@ -12,15 +12,22 @@ falls in:
 - a version older than the card's `oldest_release` (default: the oldest known release's series), or not a version
   at all -> an error listing the known releases and the versions each stands for.
 A local or pre-release suffix does not change the release ('0.2.0+cu128', '0.16.0rc1', 'v0.3.0').
+
+A development-branch snapshot, main@YYYY-MM-DD (a published run of the main branch on that day), is estimated with
+the card's facts less the dated changes made after that day (the card's `release_changes`, knowledge/release_card.py);
+a card without `oldest_snapshot`, or a day before it, is refused. `predates` says whether a job's release (a known one
+or such a snapshot) runs without a change.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import date
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import FrameworkCard
+from meshplan.knowledge.release_card import ReleaseChange
 
 # PEP 440's shape, ASCII digits only: an optional 'v', the release numbers, pre/post/dev tags, a local '+...' suffix.
 _VERSION = re.compile(
@@ -29,6 +36,7 @@ _VERSION = re.compile(
     re.ASCII | re.IGNORECASE,
 )
 DEVELOPMENT = "main"  # a framework's development branch: the newest release meshplan knows stands for it
+SNAPSHOT = re.compile(r"^main@(\d{4}-\d{2}-\d{2})$")  # the development branch as it was on a day
 
 Numbers = tuple[int, ...]
 
@@ -42,11 +50,17 @@ class Release:
     covers: str  # the versions that release stands for: '0.2.x', '0.6 to 0.9.x', '0.3 and later'
     exact: bool  # the version is the release itself, or a prefix of it ('0.2')
     newer: bool = False  # newer than every release meshplan knows
+    changes: tuple[str, ...] = ()  # a main snapshot: the card's dated changes it runs without
 
     def note(self, display_name: str) -> str:
         """What the job is estimated with, for Job.notes ('' when the version is a known release)."""
         if self.exact:
             return ""
+        if SNAPSHOT.match(self.asked):
+            without = (f", without the changes made since ({', '.join(self.changes)}: the card's release_changes)"
+                       if self.changes else " (none of the card's release_changes came after that day)")
+            return (f"framework_version {self.asked}: {display_name}'s main branch on that day, estimated with the "
+                    f"facts of {self.covers}{without}.")
         newer = " (newer than every release meshplan knows: their facts are assumed to hold)" if self.newer else ""
         return (f"framework_version {self.asked}: estimated with the facts of {display_name} {self.release}, which "
                 f"stands for {self.covers}{newer}.")
@@ -96,11 +110,31 @@ class _Known:
         listed = [f"{v} ({self.covers(k)})" for k, v in enumerate(self.releases)]
         listed += [v for v in self.names if v not in self.releases]
         default = self.card.adapter.default_version if self.card.adapter else self.card.version
+        snapshot = (f"; a main-branch snapshot main@YYYY-MM-DD from {self.card.oldest_snapshot} on"
+                    if self.card.oldest_snapshot else "")
         return MeshplanError(
             f"framework_version {asked!r}: {why}.",
             fix=f"{self.card.display_name} releases meshplan knows, with the versions each stands for: "
-                f"{', '.join(listed)}; or leave framework_version out ({default}).",
+                f"{', '.join(listed)}{snapshot}; or leave framework_version out ({default}).",
         )
+
+    def snapshot(self, asked: str, day: str) -> Release:
+        """The main branch on `day`: the card's facts (its newest release's) less the changes dated after it."""
+        try:
+            date.fromisoformat(day)
+        except ValueError:
+            raise self.error(asked, f"{day} is not a calendar day (main@YYYY-MM-DD)") from None
+        oldest = self.card.oldest_snapshot
+        if oldest is None:
+            raise self.error(asked, f"meshplan estimates no {self.card.display_name} main-branch snapshot (its card "
+                                    "dates none of the changes its estimate reads)")
+        if day < oldest:
+            raise self.error(asked, f"before {oldest}, the oldest {self.card.display_name} main-branch day meshplan's "
+                                    f"facts stand for ({self.card.oldest_snapshot_why or 'the card'})")
+        newest = max(self.names, key=lambda v: numbers(v) or ())
+        changes = tuple(f"{c.change} {c.commit} {c.date}" for c in self.card.release_changes if day < c.date)
+        return Release(asked=asked, release=asked, covers=f"{self.card.display_name} {newest}", exact=False,
+                       changes=changes)
 
 
 def resolve_release(card: FrameworkCard, version: str) -> Release:
@@ -115,6 +149,8 @@ def resolve_release(card: FrameworkCard, version: str) -> Release:
         return known.release(version, hits[-1], exact=True)
     if not known.nums:
         raise known.error(version, f"{card.display_name} is known only as the release(s) listed")
+    if (snapshot := SNAPSHOT.match(version)) is not None:
+        return known.snapshot(version, snapshot[1])
     if version == DEVELOPMENT:
         return known.release(version, len(known.nums) - 1, newer=True)
     asked = numbers(version)
@@ -130,3 +166,30 @@ def resolve_release(card: FrameworkCard, version: str) -> Release:
         raise known.error(version, f"older than {_dotted(known.floor)}, the oldest {card.display_name} release "
                                    "meshplan's facts stand for")
     return known.release(version, next(k for k, n in enumerate(known.nums) if n > asked))
+
+
+def snapshot_day(version: str | None) -> str | None:
+    """The day of a main-branch snapshot (main@YYYY-MM-DD -> YYYY-MM-DD); None for any other version."""
+    found = SNAPSHOT.match(version or "")
+    return found[1] if found else None
+
+
+def predates(version: str | None, change: ReleaseChange) -> bool:
+    """Whether a job's release (Job.framework_version: a known release or a main snapshot, resolve_release's) runs
+    without `change`: a snapshot dated before the change's commit, a release older than the first one that has it.
+    None (the card's own release, which has every change its card lists) never does."""
+    day = snapshot_day(version)
+    if day is not None:
+        return day < change.date
+    asked, first = numbers(version or ""), numbers(change.release)
+    return asked is not None and first is not None and asked < first
+
+
+def kernel_before_change(card: FrameworkCard, version: str | None, model_type: str) -> str | None:
+    """The attention kernel a `model_type` model's own code built whatever the backend on a release that predates the
+    card's model_te_attention change (its kernel_before: NeMo AutoModel's gpt-oss on FlexAttention until 2b7c02cfc),
+    else None."""
+    change = card.release_change("model_te_attention")
+    if change is None or not change.acts_on(model_type) or not predates(version, change):
+        return None
+    return change.kernel_before

@@ -20,7 +20,8 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.compute_card import cp_comm_type_default
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.knowledge.releases import resolve_release
+from meshplan.knowledge.release_card import ReleaseChange
+from meshplan.knowledge.releases import kernel_before_change, predates, resolve_release
 from meshplan.request.mtp_depth import mtp_asked, trained_mtp, writable_mtp
 from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.choices import FRAMEWORKS
@@ -177,7 +178,8 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         defer_fsdp_grad_sync=_defer_grad_sync(req, card, notes),
         grad_reduce_overlap=_grad_reduce_overlap(req, card, notes),
         # attention backend, dropout (None: the framework's)
-        **_attention_fields(req, card, gpu, version, zero, notes, mla=arch.mla is not None),
+        **_attention_fields(req, card, gpu, version, zero, notes, mla=arch.mla is not None,
+                            model_type=arch.model_type),
         **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
@@ -630,20 +632,53 @@ def _defer_grad_sync(req: Request, card, notes: list[str]) -> bool | None:
                 f"setting (when its FSDP units reduce their gradients is fixed: cards/frameworks/{req.framework}.yaml "
                 "grad_accumulation).", fix="Leave defer_fsdp_grad_sync out for this framework.")
         return None
+    old = _outer_model_unsharded(req, card)
+    if old is not None:  # the release's own schedule, which its code had no setting to change
+        where = (f"{card.display_name} {req.framework_version} reduced a {old[1]} model's gradients every "
+                 f"micro-batch without PP: its MoE parallelizer left the outer model unsharded until {old[0].commit} "
+                 f"({old[0].date}, first in {old[0].release}; cards/frameworks/{req.framework}.yaml release_changes "
+                 "moe_outer_model_sharded)")
+        if req.defer_fsdp_grad_sync:
+            raise MeshplanError(f"defer_fsdp_grad_sync=true: {where}.",
+                                fix=f"Leave defer_fsdp_grad_sync out, or ask a framework_version from main@"
+                                    f"{old[0].date} on (or leave it out: {card.version}).")
+        if req.defer_fsdp_grad_sync is None:
+            notes.append(f"defer_fsdp_grad_sync=false: {where}.")
+        return False
     return _switch(req.defer_fsdp_grad_sync, facts.unsharded,
                    f"defer_fsdp_grad_sync=true: {card.display_name}'s default; with more than one micro-batch per "
                    "step every FSDP unit holds its unsharded gradient until the last one reduces it "
                    f"(cards/frameworks/{req.framework}.yaml grad_accumulation)", notes)
 
 
+def _outer_model_unsharded(req: Request, card) -> tuple[ReleaseChange, str] | None:
+    """(the change, the model type) where the job's release predates the card's moe_outer_model_sharded change
+    (knowledge/releases.predates: an older release, or a main snapshot dated before its commit) and its model is one
+    that change acts on; else None. Under PP the stage's own hold applies whatever this says
+    (memory_states.pipeline_held)."""
+    change = card.release_change("moe_outer_model_sharded")
+    if change is None or req.framework_version is None:
+        return None
+    if not predates(resolve_release(card, req.framework_version).release, change):
+        return None
+    model_type = resolve_model(req.model).model_type
+    return (change, model_type) if change.acts_on(model_type) else None
+
+
 def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
-                      notes: list[str], mla: bool = False) -> dict[str, Any]:
+                      notes: list[str], mla: bool = False, model_type: str = "") -> dict[str, Any]:
     """attention_backend and dropout as asked; left out, what the framework does by itself (auto: the kernel its
     card's attention section names for the GPU; an MLA model on an engine with an mla_backend: that backend, which
-    its recipes set and a render must write; dropout: its memory convention, off in every preset), noted."""
+    its recipes set and a render must write; dropout: its memory convention, off in every preset), noted. A release
+    whose model code built its own kernel whatever the backend (releases.kernel_before_change) says so instead."""
     backend = req.attention_backend or "auto"
     att, engine = card.attention, card.engine_at(zero)
-    if req.attention_backend is None:
+    if (own := kernel_before_change(card, version, model_type)) is not None:
+        change = card.release_change("model_te_attention")
+        notes.append(f"attention: {own} whatever attention_backend says, as {card.display_name} {version}'s "
+                     f"{model_type} model code built it (until {change.commit}, {change.date}; cards/frameworks/"
+                     f"{req.framework}.yaml release_changes model_te_attention).")
+    elif req.attention_backend is None:
         kernel = att.kernel_for(version, gpu.arch, engine=engine, mla=mla) if att is not None else None
         if mla and att is not None and att.mla_backend is not None and engine not in att.by_engine:
             backend = att.mla_backend

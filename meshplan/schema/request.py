@@ -41,7 +41,7 @@ MAX_TOKENS = 1 << 30
 # A text field's pattern as a refusal says it ('String should match pattern ...' showed the user a regular expression)
 PATTERN_WORDS = {
     "selective_ac_option": "'op' or a whole number of blocks, 1 to 9999",
-    "framework_version": "a release number that starts with a digit (0.3, 0.19.2) or main",
+    "framework_version": "a release number that starts with a digit (0.3, 0.19.2), main, or main@YYYY-MM-DD",
 }
 # What leaving a layout degree out means: resolve() fills 1 for an estimate, recommend searches it (CLI --help and
 # the MCP schemas show this text).
@@ -399,10 +399,12 @@ class Request(StrictModel):
                     "optimizer_offload, else 0)",
     )
     framework_version: str | None = Field(
-        None, min_length=1, max_length=32, pattern=r"^[0-9][0-9A-Za-z.+-]*$|^main$",  # in words: PATTERN_WORDS
+        None, min_length=1, max_length=32, pattern=r"^[0-9][0-9A-Za-z.+-]*$|^main$|^main@\d{4}-\d{2}-\d{2}$",
+        # in words: PATTERN_WORDS
         description="The framework release the job runs (default: the one its card describes); a release whose "
                     "loss or recompute kept other tensors has its own memory convention (torchtitan 0.2.x: the "
-                    "unchunked loss), and render writes that release's keys",
+                    "unchunked loss), and render writes that release's keys; main@YYYY-MM-DD: the development "
+                    "branch on that day, without the card's release_changes made after it (NeMo AutoModel)",
     )
     cpu_memory_per_node: float | None = Field(
         None, allow_inf_nan=False, gt=0, le=1 << 20,
