@@ -1,6 +1,12 @@
-"""The distributed optimizer's parameter all-gather in fp8 (fp8_param_gather)."""
+"""The distributed optimizer's parameter all-gather in fp8 (fp8_param_gather), and the fp8 settings NeMo 2.0's
+performance scripts ran the NeMo 25.02 / 25.04 / 25.07 performance-summary rows with (published_runs.
+NEMO2_PERF_PRECISION, read by the bench's production_sources.nemo2_perf_fields)."""
 
 from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,8 +16,14 @@ from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.perf import dp_traffic, estimate_throughput, step_sync
 from meshplan.estimate.sharding_traffic import optimizer_gather_bytes
 from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.published_runs import NEMO2_PERF_PRECISION, nemo2_perf_precision
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import production_mapping as pmap
+import production_rows as prow
+import production_sources as psrc
 
 
 def _zero1(gather: bool | None, precision: str = "fp8"):
@@ -48,3 +60,42 @@ def test_the_step_s_parameter_gather_shrinks_with_fp8_param_gather():
     assert 0 < sync_on.gather < sync_off.gather
     assert sync_on.gather == pytest.approx(traffic(dense, 0.0, 1.0))  # no edge given: every weight in fp8, a floor
     assert estimate_throughput(job, on).breakdown.dp_comm_s < estimate_throughput(job, off).breakdown.dp_comm_s
+
+
+def _row(framework: str, when: str, category: str = "pretrain") -> dict:
+    return {"framework": framework, "category": category, "source": {"version_or_date": when}}
+
+
+@pytest.mark.parametrize(("release", "recipe", "gather", "gather_fsdp"), [
+    ("NeMo 25.02", "delayed", True, True), ("NeMo 25.04", "tensorwise", True, False),
+    ("NeMo 25.07", "tensorwise", True, True)])
+def test_nemo2_performance_scripts_set_the_recipe_and_fp8_primary_weights(release, recipe, gather, gather_fsdp):
+    """25.02's scripts ran bf16_with_fp8_mixed (delayed scaling, fp8_params); 25.04's and 25.07's the tables'
+    current scaling (tensorwise) with fp8_param_gather, which 25.04's turned off under Megatron-FSDP."""
+    row = _row(f"{release} (NeMo 2.0, Megatron-Core)", release)
+    assert psrc.nemo2_perf_fields(row, "fp8", {}, 1) == {"fp8_recipe": recipe, "fp8_param_gather": gather}
+    assert psrc.nemo2_perf_fields(row, "fp8", {}, 3) == {"fp8_recipe": recipe, "fp8_param_gather": gather_fsdp}
+    facts = nemo2_perf_precision(release)
+    assert facts is NEMO2_PERF_PRECISION[release[-5:]] and "NVIDIA/NeMo v2." in facts.source
+
+
+def test_what_the_row_states_wins_and_other_rows_get_nothing():
+    row = _row("NeMo 25.04 (NeMo 2.0, Megatron-Core)", "NeMo 25.04")
+    stated = {"fp8_recipe": "mxfp8", "fp8_param_gather": False}
+    assert psrc.nemo2_perf_fields(row, "fp8", stated, 1) == {}
+    assert psrc.nemo2_perf_fields(row, "bf16", {}, 1) == {}
+    assert psrc.nemo2_perf_fields(_row("NeMo 25.04 (NeMo 2.0, Megatron-Core)", "NeMo 25.04", "sft"), "fp8", {}, 1) == {}
+    assert psrc.nemo2_perf_fields(_row("NeMo 24.07", "NeMo 24.07"), "fp8", {}, 1) == {}  # the launcher's line
+    assert psrc.nemo2_perf_fields(_row("Megatron-Core 0.12", "2025-04"), "fp8", {}, 1) == {}
+    assert nemo2_perf_precision(None) is None and nemo2_perf_precision("NeMo 24.12") is None
+
+
+@pytest.mark.shared_data(prow.DEFAULT_VALIDATION / prow.DATA_NAME)
+def test_map_row_passes_them_to_the_request(tmp_path, production_rows):
+    """A NeMo 2.0 pretraining row that says only 'fp8' maps to the Request its release's scripts ran."""
+    row = copy.deepcopy(production_rows["nemo2407_h100_llama3_70b_64gpu"])
+    row["framework"], row["source"]["version_or_date"], row["precision"] = "NeMo 25.02 (NeMo 2.0)", "NeMo 25.02", "fp8"
+    req = pmap.map_row(row, tmp_path).request
+    assert (req.fp8_recipe, req.fp8_param_gather) == ("delayed", True)
+    row["precision"] = "fp8 current-scaling"  # the row's own recipe wins
+    assert pmap.map_row(row, tmp_path).request.fp8_recipe == "tensorwise"
