@@ -642,8 +642,7 @@ def _dp_exposed(s: int, row: StageTime, inp: StageInputs, syncs: dict | None = N
     if inp.sharding.per_step:  # ZeRO-2/3, FSDP: the once-per-step gathers / reduce-scatters, unit by unit
         exposed = max(0.0, row.sharding.step_gather - s * row.fwd / max(1, plan.vpp))
         exposed += max(0.0, row.sharding.step_reduce - slack)
-    # the embedding (first stage) and output layer (head stage) this rank holds: bf16 in an fp8 parameter gather
-    edge = (inp.parts.embedding if s == 0 else 0.0) + (inp.parts.head if s == inp.pipeline.head_rank else 0.0)
+    edge = stage_edge(s, inp)
     key = (row.dense_params, row.expert_params, edge)
     sync = None if syncs is None else syncs.get(key)
     if sync is None:
@@ -652,6 +651,12 @@ def _dp_exposed(s: int, row: StageTime, inp: StageInputs, syncs: dict | None = N
             syncs[key] = sync
     exposed += max(0.0, sync.reduce - sync.reduce_hidden * bwd - slack)
     return exposed + max(0.0, sync.gather - sync.gather_hidden * row.fwd)
+
+
+def stage_edge(s: int, inp: StageInputs) -> float:
+    """The embedding (first stage) and output layer (head stage) parameters stage `s`'s rank holds: bf16 in an fp8
+    parameter all-gather (sharding_traffic.optimizer_gather_bytes)."""
+    return (inp.parts.embedding if s == 0 else 0.0) + (inp.parts.head if s == inp.pipeline.head_rank else 0.0)
 
 
 class StepSync(NamedTuple):
