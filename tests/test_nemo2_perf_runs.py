@@ -99,3 +99,15 @@ def test_map_row_passes_them_to_the_request(tmp_path, production_rows):
     assert (req.fp8_recipe, req.fp8_param_gather) == ("delayed", True)
     row["precision"] = "fp8 current-scaling"  # the row's own recipe wins
     assert pmap.map_row(row, tmp_path).request.fp8_recipe == "tensorwise"
+
+
+def test_megatron_layer_level_cpu_offloading_is_not_the_fine_grained_offload():
+    """Megatron-Core's cpu_offloading (cpu_offloading_num_layers layers' activations to the host: Megatron-Bridge
+    perf_recipes/llama/gb200/llama3.py sets 40 of Llama-3-70B's 80) is not meshplan's activation_offload (its
+    fine-grained offloading of every layer): the row is scored with it, and counted apart as not exactly expressed."""
+    row = {"memory": {"recompute": "none; recipe enables activation CPU offloading (cpu_offloading=True)"}}
+    recompute, fields, knobs = prow.recompute_for(row, "megatron-bridge")
+    assert (recompute, fields) == ("none", {"activation_offload": True}) and "cpu_offloading" in knobs
+    assert "memory" in prow.KNOBS["cpu_offloading"][0]
+    fine = {"memory": {"recompute": "none; fine-grained activation offloading"}}
+    assert prow.recompute_for(fine, "megatron-bridge") == ("none", {"activation_offload": True}, {})
