@@ -111,3 +111,20 @@ def test_megatron_layer_level_cpu_offloading_is_not_the_fine_grained_offload():
     assert "memory" in prow.KNOBS["cpu_offloading"][0]
     fine = {"memory": {"recompute": "none; fine-grained activation offloading"}}
     assert prow.recompute_for(fine, "megatron-bridge") == ("none", {"activation_offload": True}, {})
+
+
+def test_megatron_fsdp_unsharded_grad_buckets_take_the_main_grads_dtype():
+    """Megatron-FSDP allocates a unit's unsharded main-grad bucket in fp32 only with grad_reduce_in_fp32 (else the
+    param dtype): of the running unit's 6 B and its neighbour's 6 B per parameter, the 4 B buckets become 2 B."""
+    from meshplan.api import estimate_memory
+    from meshplan.arithmetic.memory_states import with_precision
+
+    req = Request(model="llama-3-70b", gpu="gb200", num_gpus=64, gpus_per_node=4, framework="megatron-core",
+                  tp=1, pp=1, zero_stage=3, seq_length=8192, micro_batch_size=1, global_batch_size=128)
+    fp32 = with_precision(*resolve(req))[1]
+    bf16 = with_precision(*resolve(req.model_copy(update={"grad_reduce_in_fp32": False})))[1]
+    assert (fp32.gathered_bytes, fp32.prefetched_bytes, fp32.main_grad_bucket_bytes) == (6, 6, 4)
+    assert (bf16.gathered_bytes, bf16.prefetched_bytes) == (4, 4)
+    held = [estimate_memory(r).stages[0].detail["gathered_layers"]
+            for r in (req, req.model_copy(update={"grad_reduce_in_fp32": False}))]
+    assert held[1] == pytest.approx(held[0] * 4 / 6, rel=1e-6)
