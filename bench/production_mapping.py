@@ -37,6 +37,7 @@ from production_sources import (
     framework_version_for,
     graph_fields,
     lora_for,
+    nemo2_perf_fields,
     nemo_2407_tp_overlap,
     perf_table_fields,
     recipe_moe,
@@ -94,6 +95,7 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     knobs |= k
     zero, k = zero_for(row)
     knobs |= k
+    fields |= nemo2_perf_fields(row, precision, fields, zero)  # what NeMo 2.0's performance scripts set under fp8
     if "hsdp" in knobs and (f := hsdp_fields(row, framework)):  # a plan field since issue 24 (dp_replicate)
         fields |= f
         knobs.pop("hsdp")

@@ -66,6 +66,10 @@ KNOBS: dict[str, tuple[str, str]] = {
                   "scored as unstated"),
     "torch_compile": ("memory, time", "torch.compile of the blocks only (torchtitan before it compiled the loss too, "
                       "its compile card's loss_since), or on a framework without a compile card; scored eager"),
+    "cpu_offloading": ("memory, time", "Megatron-Core's layer-level activation offload (cpu_offloading with "
+                       "cpu_offloading_num_layers: the activations of that many layers go to the host); meshplan's "
+                       "activation_offload is its fine-grained offloading of every layer's module inputs; scored as "
+                       "activation_offload"),
 }
 
 UNSTATED = ("not stated",)
@@ -518,7 +522,8 @@ def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict
     are recompute_modules (its default core_attn left out); Megatron's "full, uniform, N layer" is
     recompute_method=uniform with recompute_layers=N; per-op SAC on a framework whose selective is op-level SAC
     (torchtitan's) is selective_ac_option="op". A selective AC there that does not say which option stays a knob
-    (scored as op-level)."""
+    (scored as op-level). An activation offload is activation_offload; Megatron's layer-level cpu_offloading also
+    stays a knob (scored as the fine-grained offload)."""
     text = row["memory"]["recompute"]
     if text is None or str(text).lower().startswith(UNSTATED):
         return None, {}, {}
@@ -527,6 +532,8 @@ def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict
     fields: dict[str, Any] = {}
     if "offload" in low:
         fields["activation_offload"] = True
+        if re.search(r"\bcpu_offloading\b", low):  # Megatron's layer-level offload, not fine-grained (KNOBS)
+            knobs["cpu_offloading"] = str(text)
     if low.startswith("none"):
         return "none", fields, knobs
     if low.startswith("full"):

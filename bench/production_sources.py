@@ -29,6 +29,7 @@ from meshplan.knowledge.published_runs import (
     RecipeSplit,
     attention_kernel_of_run,
     main_snapshot,
+    nemo2_perf_precision,
     nemo_launcher_tp_overlap,
     ran_without_expandable_segments,
     release_ran,
@@ -188,6 +189,23 @@ def nemo_2407_tp_overlap(row: dict[str, Any]) -> str | None:
     model = row.get("model", {})
     return nemo_launcher_tp_overlap(release, row.get("category") == "pretrain", model.get("family"),
                                     model.get("total_params_b"))
+
+
+def nemo2_perf_fields(row: dict[str, Any], precision: str, stated: dict[str, Any], zero: int | None) -> dict[str, Any]:
+    """The fp8 recipe and fp8_param_gather the NeMo 2.0 performance scripts of the release a NeMo pretraining row
+    names set for every fp8 run (published_runs.nemo2_perf_precision; under Megatron-FSDP, `zero` 3, its own
+    fp8_param_gather), each where the row states none (`stated`: precision_for's fields); {} otherwise."""
+    if precision != "fp8" or row.get("category") != "pretrain" or "nemo" not in row_text(row.get("framework")).lower():
+        return {}
+    facts = nemo2_perf_precision(row_text(row.get("framework"), row.get("source", {}).get("version_or_date")))
+    if facts is None:
+        return {}
+    out: dict[str, Any] = {}
+    if "fp8_recipe" not in stated:
+        out["fp8_recipe"] = facts.fp8_recipe
+    if "fp8_param_gather" not in stated:
+        out["fp8_param_gather"] = facts.fp8_param_gather_fsdp if zero == 3 else facts.fp8_param_gather
+    return out
 
 
 def recipe_moe(row: dict[str, Any]) -> tuple[dict[str, str], list[str]]:

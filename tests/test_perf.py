@@ -589,7 +589,7 @@ def test_flex_dispatcher_changes_only_expert_traffic():
 
 
 def test_step_terms_work_out_each_stages_dp_sync_once_per_its_parameters(monkeypatch):
-    """step_terms' DP term asks step_sync once per distinct (dense, expert) parameters of its stages (all else it
+    """step_terms' DP term asks step_sync once per distinct (dense, expert, edge) parameters of its stages (all else it
     reads is the plan's): the middle stages of a deep pipeline share one, and the term is the same as asking it per
     stage."""
     from meshplan.estimate import perf
@@ -598,13 +598,13 @@ def test_step_terms_work_out_each_stages_dp_sync_once_per_its_parameters(monkeyp
     asked = []
     real = perf.step_sync
 
-    def counted(*args):
-        asked.append(args[-3:-1])
-        return real(*args)
+    def counted(*args, **kw):
+        asked.append((*args[-3:-1], kw["edge"]))
+        return real(*args, **kw)
 
     monkeypatch.setattr(perf, "step_sync", counted)
     terms = perf.step_terms(job, plan)
-    pairs = [(row.dense_params, row.expert_params) for row in terms.rows]
-    assert len(asked) == len(set(pairs)) < plan.pp
+    keys = [(row.dense_params, row.expert_params, perf.stage_edge(s, terms.inputs)) for s, row in enumerate(terms.rows)]
+    assert len(asked) == len(set(keys)) < plan.pp
     per_stage = max(perf._dp_exposed(s, row, terms.inputs) for s, row in enumerate(terms.rows))
     assert terms.dp_exposed == per_stage * plan.schedule_runs(job.global_batch_size)

@@ -88,6 +88,9 @@ class Convention(_Card):
     output_held_bytes: float = Field(0, ge=0)
     embedding_in_root: bool = False  # the embedding is a parameter of that root unit (its output layer's stage's)
     retained_reduce_bytes: float = Field(0, ge=0)  # per parameter of the last reduced unit, kept into the next unit
+    # of gathered_bytes and of prefetched_bytes, the unsharded main-grad bucket at fp32 (Megatron-FSDP), which
+    # grad_reduce_in_fp32 False allocates in bf16 (with_precision)
+    main_grad_bucket_bytes: float = Field(0, ge=0)
     # HBM bytes per logit of the engine's loss, forward + backward (perf.head_seconds); None: a fused cross-entropy's,
     # the calibration's cross_entropy_bytes_per_logit
     loss_hbm_bytes_per_logit: float | None = Field(None, gt=0)
@@ -334,7 +337,8 @@ def precision_aware(plan: Plan) -> bool:
 def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTensor]]:
     """The convention and tensors of `convention`, rewritten by the plan's precision knobs: moments in
     optimizer_state_dtype, the fp32 master as 16-bit remainders under the precision-aware optimizer (bf16 weights,
-    bf16 or delayed-scaling fp8), the main grads in fp32 or bf16 (grad_reduce_in_fp32), and the fp8 weight bytes per
+    bf16 or delayed-scaling fp8), the main grads in fp32 or bf16 (grad_reduce_in_fp32; Megatron-FSDP's unsharded
+    main-grad bucket too, main_grad_bucket_bytes), and the fp8 weight bytes per
     linear-layer parameter for the recipe and GPU (less the bf16 weight with fp8_param_gather); and torch.compile's
     loss and SwiGLU bytes (compiled)."""
     name, conv, tensors = convention(job.card, plan.zero_stage, job.framework_version)
@@ -368,6 +372,9 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
         conv_update["unsharded_param_bytes"] = prec.fp8_all_gather_bytes
     if plan.grad_reduce_in_fp32 is False and conv.retained_reduce_bytes:
         conv_update.update(reduce_input_in(conv, prec.dtype_bytes["bf16"]))
+    if plan.grad_reduce_in_fp32 is False and conv.main_grad_bucket_bytes:  # Megatron-FSDP's bucket in bf16
+        cut = conv.main_grad_bucket_bytes - prec.dtype_bytes["bf16"]
+        conv_update |= {"gathered_bytes": conv.gathered_bytes - cut, "prefetched_bytes": conv.prefetched_bytes - cut}
     conv_update.update(loss_upcast(job, conv))
     conv_update.update(compiled(job, plan))
     return name, (conv.model_copy(update=conv_update) if conv_update else conv), out

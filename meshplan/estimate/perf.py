@@ -61,6 +61,7 @@ from meshplan.estimate.sharding_traffic import (
     DpTraffic,
     dp_hidden_share,
     grad_reduce_bytes,
+    optimizer_gather_bytes,
     sharding_schedule,
     units_kept_overlapped,
 )
@@ -647,14 +648,21 @@ def _dp_exposed(s: int, row: StageTime, inp: StageInputs, syncs: dict | None = N
     if inp.sharding.per_step:  # ZeRO-2/3, FSDP: the once-per-step gathers / reduce-scatters, unit by unit
         exposed = max(0.0, row.sharding.step_gather - s * row.fwd / max(1, plan.vpp))
         exposed += max(0.0, row.sharding.step_reduce - slack)
-    key = (row.dense_params, row.expert_params)
+    edge = stage_edge(s, inp)
+    key = (row.dense_params, row.expert_params, edge)
     sync = None if syncs is None else syncs.get(key)
     if sync is None:
-        sync = step_sync(inp.job, plan, cal, inp.ctx.lk, traffic, *key, inp.sharding.per_step)
+        sync = step_sync(inp.job, plan, cal, inp.ctx.lk, traffic, *key[:2], inp.sharding.per_step, edge=edge)
         if syncs is not None:
             syncs[key] = sync
     exposed += max(0.0, sync.reduce - sync.reduce_hidden * bwd - slack)
     return exposed + max(0.0, sync.gather - sync.gather_hidden * row.fwd)
+
+
+def stage_edge(s: int, inp: StageInputs) -> float:
+    """The embedding (first stage) and output layer (head stage) parameters stage `s`'s rank holds: bf16 in an fp8
+    parameter all-gather (sharding_traffic.optimizer_gather_bytes)."""
+    return (inp.parts.embedding if s == 0 else 0.0) + (inp.parts.head if s == inp.pipeline.head_rank else 0.0)
 
 
 class StepSync(NamedTuple):
@@ -669,8 +677,10 @@ class StepSync(NamedTuple):
 
 
 def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraffic, dense: float, expert: float,
-              per_step: bool) -> StepSync:
-    """The once-per-step collectives of a rank holding `dense` and `expert` parameters (`per_step`: the sharding
+              per_step: bool, edge: float = 0.0) -> StepSync:
+    """The once-per-step collectives of a rank holding `dense` and `expert` parameters, `edge` of the dense ones its
+    embedding and output layer (ZeRO-1/2's parameter all-gather: sharding_traffic.optimizer_gather_bytes; 0, every
+    weight at the gather's own bytes, bounds it from below) (`per_step`: the sharding
     schedule's units move the gradients, so only hybrid sharding's all-reduce across the replicas is left here, where
     it runs once in the last micro-batch, its backward hiding dp_overlap of it: Megatron-FSDP, whose own overlap holds
     with the plan's grad_reduce_overlap off too, sharding_traffic.units_kept_overlapped; with each unit's reduction,
@@ -694,7 +704,7 @@ def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraf
     if not (per_step and units_kept_overlapped(job, plan)):  # Megatron-FSDP's replica all-reduce stays hidden
         sync = sync._replace(reduce_hidden=dp_hidden_share(plan, sync.reduce_hidden))  # 0 with grad_reduce_overlap off
     if sharded_opt:
-        return sync._replace(gather=traffic(dense, expert, BF16),
+        return sync._replace(gather=traffic(*optimizer_gather_bytes(job, plan, dense, expert, edge), 1.0),
                              gather_hidden=dp_hidden_share(plan, cal.param_gather_overlap))
     return sync
 

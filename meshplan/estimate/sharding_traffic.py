@@ -11,7 +11,14 @@ from typing import NamedTuple
 from meshplan.arithmetic.comm import Links, allreduce_time, ring_time
 from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
-from meshplan.arithmetic.memory_states import FsdpCopyBytes, holds_grads, keeps_gathered, keeps_units, uses_fsdp
+from meshplan.arithmetic.memory_states import (
+    FsdpCopyBytes,
+    fp8_param_gather,
+    holds_grads,
+    keeps_gathered,
+    keeps_units,
+    uses_fsdp,
+)
 from meshplan.arithmetic.mesh import Group
 from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.memory_terms import RankParts
@@ -70,6 +77,20 @@ def param_gather_bytes(job: Job, plan: Plan) -> float:
     with fp8_param_gather (Megatron-Core's fp8_param_gather, torchtitan's enable_fsdp_float8_all_gather: the weights
     are kept and gathered in FP8), else bf16."""
     return 1.0 if plan.fp8_param_gather and job.precision == "fp8" else BF16
+
+
+def optimizer_gather_bytes(job: Job, plan: Plan, dense: float, expert: float, edge: float) -> tuple[float, float]:
+    """Bytes the distributed optimizer's once-per-step all-gather of the updated parameters (ZeRO-1/2) moves for a rank
+    holding `dense` and `expert` parameters, `edge` of the dense ones its embedding and output layer: with fp8 primary
+    weights (memory_states.fp8_param_gather) Megatron-Core keeps Transformer Engine's linear weights as fp8 tensors in
+    a uint8 parameter buffer and gathers them in one byte (megatron-core 0.12.0 distributed_data_parallel.py:
+    param_dtype = torch.uint8 for an fp8 parameter; distributed_data_parallel_config.py fp8_param_gather: "perform
+    the param all-gather in fp8"); the embedding and output layer, no Transformer Engine modules, stay bf16, as every
+    weight does without it, and a LoRA job's adapters."""
+    if job.lora is not None or job.precision != "fp8" or not fp8_param_gather(job, plan):
+        return BF16 * dense, BF16 * expert
+    edge = min(edge, dense)
+    return (dense - edge) + BF16 * edge, float(expert)
 
 
 def unprefetched_shares(weights: Sequence[float], max_live: float) -> tuple[float, float]:

@@ -214,6 +214,43 @@ def nemo_launcher_tp_overlap(release: str | None, pretraining: bool, family: str
                  if fam == family and abs(params_b - size) <= 0.1 * size), None)
 
 
+# NeMo 2.0's performance-summary runs (NeMo user guide performance/performance_summary, the NeMo 25.02, 25.04 and 25.07
+# containers) ran NVIDIA/NeMo's performance scripts (scripts/llm/performance at v2.2.0, scripts/performance at v2.3.0
+# and v2.4.0), whose fp8 precision plugin sets the fp8 recipe and fp8 primary weights (fp8_param_gather) of every fp8
+# run they make. 25.02, v2.2.0 pretrain_<model>.py: bf16_with_fp8_mixed() (nemo/collections/llm/recipes/precision/
+# mixed_precision.py: fp8 'hybrid' at MegatronMixedPrecision's default delayed scaling, amax history 1024,
+# fp8_params=True, which the plugin turns into fp8_param_gather True). 25.04, v2.3.0 utils.set_primary_perf_configs,
+# and 25.07, v2.4.0 helpers.set_precision_configs: the tables' per-tensor current scaling ('--fp8_recipe cs') is
+# bf16_with_fp8_current_scaling_mixed() (fp8_recipe 'tensorwise', fp8_param_gather True); v2.3.0 turns
+# fp8_param_gather off under use_mcore_fsdp ("Currently FSDP does not support FP8 param gather"), v2.4.0 no longer.
+@dataclass(frozen=True)
+class NemoPerfPrecision:
+    """The fp8 settings NeMo 2.0's performance scripts of one release ran every fp8 run with."""
+
+    fp8_recipe: str  # a Request fp8_recipe
+    fp8_param_gather: bool  # with the distributed optimizer (no Megatron-FSDP)
+    fp8_param_gather_fsdp: bool  # under Megatron-FSDP (use_mcore_fsdp)
+    source: str
+
+
+NEMO2_PERF_PRECISION = {
+    "25.02": NemoPerfPrecision("delayed", True, True, "NVIDIA/NeMo v2.2.0 scripts/llm/performance pretrain_*.py "
+                               "bf16_with_fp8_mixed() (fp8_params=True)"),
+    "25.04": NemoPerfPrecision("tensorwise", True, False, "NVIDIA/NeMo v2.3.0 scripts/performance/utils.py "
+                               "set_primary_perf_configs: bf16_with_fp8_current_scaling_mixed(), fp8_param_gather "
+                               "False under use_mcore_fsdp"),
+    "25.07": NemoPerfPrecision("tensorwise", True, True, "NVIDIA/NeMo v2.4.0 scripts/performance/helpers.py "
+                               "set_precision_configs: bf16_with_fp8_current_scaling_mixed()"),
+}
+
+
+def nemo2_perf_precision(release: str | None) -> NemoPerfPrecision | None:
+    """The fp8 settings of the NeMo 2.0 performance scripts of the container `release` names (NEMO2_PERF_PRECISION:
+    'NeMo 25.04' and the like), else None."""
+    found = re.search(r"\bNeMo (\d\d\.\d\d)\b", str(release or ""))
+    return NEMO2_PERF_PRECISION.get(found.group(1)) if found else None
+
+
 # LoRA settings of the recipes LoRA rows cite (the rows state none): recipe function -> (rank, targets, source).
 LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {
     "llama3_70b_peft_8gpu_h100_fp8cs_config": (16, ["linear_qkv"], "Megatron-Bridge perf_recipes/llama/h100/llama3.py "
