@@ -131,6 +131,8 @@ CASES: dict[str, tuple[dict, dict]] = {
     # settings with no effect on the plan (warnings, the rules card's no_effect: tests/test_unread_knobs.py)
     "CP008": ({**L8B, "num_gpus": 8, "cp_comm_type": "a2a"}, {**L8B, "num_gpus": 8, "cp": 2, "cp_comm_type": "a2a"}),
     "EP010": ({**L8B, "num_gpus": 8, "tp": 2, "etp": 2}, {**L8B, "num_gpus": 8, "tp": 2}),
+    "EP011": ({**L8B, "num_gpus": 8, "moe_token_dispatcher": "alltoall"},
+              {**MIX, "num_gpus": 8, "ep": 8, "moe_token_dispatcher": "alltoall"}),
     "PP019": ({**L8B, "num_gpus": 8, "pipeline_schedule": "1f1b"}, {**L8B, "num_gpus": 8, "pp": 2,
                                                                     "pipeline_schedule": "1f1b"}),
     "RC009": ({**L8B, "num_gpus": 8, "pp": 2, "recompute": "full", "recompute_layers": 17},

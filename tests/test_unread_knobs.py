@@ -1,6 +1,6 @@
 """Settings a plan has nothing for: refused where the framework refuses them, else accepted with a warning naming them
-(the rules card's no_effect rules EP010, RC009, PP019, CP008), the estimates those without them, in the same words on
-every face (the API, the CLI's check and estimates, the MCP tools in process)."""
+(the rules card's no_effect rules EP010, EP011, RC009, PP019, CP008), the estimates those without them, in the same
+words on every face (the API, the CLI's check and estimates, the MCP tools in process)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ CASES = [
     ("PP019", {"framework": "torchtitan", "pipeline_schedule": "gpipe", "account_for_loss": True},
      {"framework": "torchtitan"}),
     ("PP019", {"account_for_embedding": True}, {}),
+    ("EP011", {"moe_token_dispatcher": "alltoall"}, {}),
+    ("EP011", {"framework": "torchtitan", "moe_token_dispatcher": "alltoall"}, {"framework": "torchtitan"}),
     ("CP008", {"cp_comm_type": "a2a"}, {}),
     ("CP008", {"framework": "torchtitan", "cp_comm_type": "allgather"}, {"framework": "torchtitan"}),
 ]
@@ -67,6 +69,7 @@ def test_a_setting_with_no_effect_is_warned_and_priced_as_without_it(rule, given
     ("PP019", {"pp": 2, "pipeline_schedule": "1f1b"}),
     ("PP019", {"framework": "torchtitan", "pp": 2, "pipeline_microbatches": 2}),
     ("CP008", {"cp": 2, "cp_comm_type": "a2a"}),
+    ("EP011", {"model": "mixtral-8x7b", "ep": 8, "moe_token_dispatcher": "alltoall"}),
 ])
 def test_the_rules_are_silent_where_the_setting_acts(rule, given):
     assert not found(rule, given)
@@ -81,7 +84,7 @@ def test_the_fix_of_each_warning_passes_check():
             most = int(finding.fix.split("recompute_layers=")[1].split(" ")[0])
             fixed = {**given, "recompute_layers": most}
         else:
-            knobs = {"EP010": ("etp",), "CP008": ("cp_comm_type",),
+            knobs = {"EP010": ("etp",), "CP008": ("cp_comm_type",), "EP011": ("moe_token_dispatcher",),
                      "PP019": ("pipeline_microbatches", "pipeline_schedule", "account_for_embedding",
                                "account_for_loss")}[rule]
             assert all(k in finding.fix for k in knobs if k in given)

@@ -168,7 +168,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         recompute=recompute, recompute_layers=req.recompute_layers, selective_ac_option=req.selective_ac_option,
         recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
         cp_comm_type=_cp_comm_type(req, arch, card, cp, unread),
-        moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
+        moe_token_dispatcher=_dispatcher(req, arch, unread),
         moe_a2a_overlap=_a2a_overlap(req, notes), pipeline_schedule=req.pipeline_schedule,
         pipeline_microbatches=_pipeline_microbatches(req, card, pp=pp, m=max(1, gbs // (mbs * dp)), notes=notes,
                                                      unread=unread),
@@ -401,6 +401,14 @@ def _pipeline_microbatches(req: Request, card, *, pp: int, m: int, notes: list[s
         notes.append(f"pipeline_microbatches={k}: the schedule runs {m // k} times per step, {k} micro-batches "
                      "each, every run with its own fill and drain and gradient sync.")
     return None if k == m else k
+
+
+def _dispatcher(req: Request, arch: Architecture, unread: list[str]) -> str:
+    """moe_token_dispatcher as given, else alltoall; alltoall given for a dense model, which builds no MoE layer to
+    read it, named in `unread` for rule EP011 (flex there is EP006's refusal)."""
+    if req.moe_token_dispatcher == "alltoall" and not arch.is_moe:
+        unread.append("moe_token_dispatcher=alltoall")
+    return req.moe_token_dispatcher or "alltoall"
 
 
 def _cp_comm_type(req: Request, arch: Architecture, card, cp: int, unread: list[str]) -> str:

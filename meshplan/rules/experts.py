@@ -120,6 +120,17 @@ def etp_on_dense_model(ctx: Context) -> Values:
 
 
 
+@rule("EP011", reads=())
+def dispatcher_on_dense_model(ctx: Context) -> Values:
+    """moe_token_dispatcher=alltoall given for a dense model (Job.given_unread: the plan cannot tell it from the
+    default), which Megatron-Core starts and ignores: a warning, the estimates those without it."""
+    given = [knob for knob in ctx.job.given_unread if knob.startswith("moe_token_dispatcher=")]
+    if not given or ctx.arch.is_moe:
+        return None
+    return {"knob": given[0], "model": ctx.arch.name}
+
+
+
 def _overlap_asserts(values: dict, job: Job) -> tuple | None:
     """EP009's screen: it passes wherever the overlap is off; with it on, the engine (ZeRO stage), whether there is EP,
     a pipeline without virtual stages, the recompute and 'moe' among its modules decide it (the model beside them)."""
