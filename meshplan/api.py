@@ -78,7 +78,8 @@ def _memory(job: Any, plan: Any, config: ImportedConfig | None) -> MemoryReport:
     from meshplan.rl.memory import job_memory as estimate  # an RL job: the peak over its phases
 
     with refused_as_check_words(job, plan):
-        return _warn_misspelt(with_band(estimate(job, plan), job, plan), config)  # the band: cards/accuracy.yaml
+        report = with_band(estimate(job, plan), job, plan)  # the band: cards/accuracy.yaml
+        return _warn_misspelt(_warn_no_effect(report, job, plan), config)
 
 
 class Estimates(NamedTuple):
@@ -103,6 +104,16 @@ def memory_and_throughput(req: Request) -> Estimates:
             return Estimates(memory, _timed(job, plan, None, memory))
     except MeshplanError as exc:  # a plan that cannot be timed is still drawn; the reason is said
         return Estimates(memory, None, str(exc))
+
+
+def _warn_no_effect(report: Any, job: Any, plan: Any) -> Any:
+    """The report with the settings given that have no effect on this plan said after its own warnings, in the words
+    `check` gives them (the rules card's no_effect rules: etp on a dense model, pipeline settings at pp 1, ...)."""
+    from meshplan.adapters.render import finding_line
+    from meshplan.rules.engine import no_effect_findings
+
+    said = [finding_line(found) for found in no_effect_findings(job, plan)]
+    return report.model_copy(update={"warnings": [*report.warnings, *said]}) if said else report
 
 
 def _warn_misspelt(report: Any, config: ImportedConfig | None) -> Any:
@@ -131,7 +142,8 @@ def _timed(job: Any, plan: Any, config: ImportedConfig | None, memory: MemoryRep
     factor applied."""
     from meshplan.knowledge.cluster_calibration import calibrated, stored_factor
 
-    report = _warn_misspelt(_warn_unfit(_model_throughput(job, plan), job, plan, memory), config)
+    report = _warn_misspelt(_warn_no_effect(_warn_unfit(_model_throughput(job, plan), job, plan, memory), job, plan),
+                            config)
     factor = stored_factor(job.gpu.key, job.framework)
     return calibrated(report, factor) if factor is not None else report
 

@@ -128,6 +128,15 @@ CASES: dict[str, tuple[dict, dict]] = {
               {"model": "mistral-7b", "num_gpus": 8, "cp": 2, "seq_length": 16384}),
     # Megatron-Bridge builds Gemma 2's attention itself (FlexAttention), which raises on context_parallel_size != 1;
     # its fix, cp=1 with the ranks to dp, passes; Megatron-Core runs the window through TE, which takes CP
+    # settings with no effect on the plan (warnings, the rules card's no_effect: tests/test_unread_knobs.py)
+    "CP008": ({**L8B, "num_gpus": 8, "cp_comm_type": "a2a"}, {**L8B, "num_gpus": 8, "cp": 2, "cp_comm_type": "a2a"}),
+    "EP010": ({**L8B, "num_gpus": 8, "tp": 2, "etp": 2}, {**L8B, "num_gpus": 8, "tp": 2}),
+    "EP011": ({**L8B, "num_gpus": 8, "moe_token_dispatcher": "alltoall"},
+              {**MIX, "num_gpus": 8, "ep": 8, "moe_token_dispatcher": "alltoall"}),
+    "PP019": ({**L8B, "num_gpus": 8, "pipeline_schedule": "1f1b"}, {**L8B, "num_gpus": 8, "pp": 2,
+                                                                    "pipeline_schedule": "1f1b"}),
+    "RC009": ({**L8B, "num_gpus": 8, "pp": 2, "recompute": "full", "recompute_layers": 17},
+              {**L8B, "num_gpus": 8, "pp": 2, "recompute": "full", "recompute_layers": 16}),
     "CP007": ({"model": "gemma-2-27b", "framework": "megatron-bridge", "num_gpus": 16, "tp": 8, "cp": 2},
               {"model": "gemma-2-27b", "framework": "megatron-bridge", "num_gpus": 16, "tp": 8, "dp": 2}),
     # torchtitan ships Llama 4 (models/llama4) in 0.1.x and 0.2.x only: 0.3.0 has no model code for it, 0.2.2 does

@@ -283,8 +283,9 @@ def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Archi
             if not kinds[start]:  # a dense layer's weights, one collective each (each pays its ring's latency)
                 gather = sum(traffic(w, 0.0, weight_bytes) for w in weights)
         copied = copy_seconds(copies, dense, expert, traffic)
-        units.append(ShardUnit(end - start, gather, traffic.reduce(dense, expert, grad_bytes), fwd, bwd, True, *waits,
-                               *copied))
+        units.append(ShardUnit(count=end - start, gather=gather, reduce=traffic.reduce(dense, expert, grad_bytes),
+                               fwd=fwd, bwd=bwd, resharded=True, waits_fwd=waits[0], waits_bwd=waits[1],
+                               copy_gather=copied[0], copy_reduce=copied[1]))
         start = end
     if stage.head_stage:
         units.append(output)
@@ -316,18 +317,21 @@ def edge_units(arch: Architecture, plan: Plan, parts: RankParts, head: float, tr
     if root:
         whole = embed_params + head_params
         gather, (copy_gather, copy_reduce) = traffic(whole, 0.0, BF16), copy_seconds(copies, whole, 0.0, traffic)
-        return (ShardUnit(1, gather, traffic.reduce(whole, 0.0, grad_bytes), 0.0, 0.0, False, 0.0, 0.0, copy_gather,
-                          copy_reduce),
-                ShardUnit(1, gather, 0.0, head / TRAINING_PASSES_PER_FORWARD,
-                          head * (1 - 1 / TRAINING_PASSES_PER_FORWARD), head_resharded, 0.0, 0.0, copy_gather, 0.0,
-                          gathers_fwd=False))
+        return (ShardUnit(count=1, gather=gather, reduce=traffic.reduce(whole, 0.0, grad_bytes), fwd=0.0, bwd=0.0,
+                          resharded=False, copy_gather=copy_gather, copy_reduce=copy_reduce),
+                ShardUnit(count=1, gather=gather, reduce=0.0, fwd=head / TRAINING_PASSES_PER_FORWARD,
+                          bwd=head * (1 - 1 / TRAINING_PASSES_PER_FORWARD), resharded=head_resharded,
+                          copy_gather=copy_gather, gathers_fwd=False))
     embed_copies = copy_seconds(copies, embed_params, 0.0, traffic)
     head_copies = copy_seconds(copies, head_params, 0.0, traffic)
-    return (ShardUnit(1, traffic(embed_params, 0.0, BF16), traffic.reduce(embed_params, 0.0, grad_bytes), 0.0, 0.0,
-                      not tied_one_unit, 0.0, 0.0, *embed_copies),
-            ShardUnit(1, traffic(head_params, 0.0, BF16), traffic.reduce(head_params, 0.0, grad_bytes),
-                      head / TRAINING_PASSES_PER_FORWARD, head * (1 - 1 / TRAINING_PASSES_PER_FORWARD),
-                      head_resharded and not tied_one_unit, 0.0, 0.0, *head_copies))
+    return (ShardUnit(count=1, gather=traffic(embed_params, 0.0, BF16),
+                      reduce=traffic.reduce(embed_params, 0.0, grad_bytes), fwd=0.0, bwd=0.0,
+                      resharded=not tied_one_unit, copy_gather=embed_copies[0], copy_reduce=embed_copies[1]),
+            ShardUnit(count=1, gather=traffic(head_params, 0.0, BF16),
+                      reduce=traffic.reduce(head_params, 0.0, grad_bytes), fwd=head / TRAINING_PASSES_PER_FORWARD,
+                      bwd=head * (1 - 1 / TRAINING_PASSES_PER_FORWARD),
+                      resharded=head_resharded and not tied_one_unit, copy_gather=head_copies[0],
+                      copy_reduce=head_copies[1]))
 
 
 @dataclass(frozen=True)

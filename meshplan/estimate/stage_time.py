@@ -137,7 +137,7 @@ def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
     """Stage `s` holding decoder `layers`: every layer of a kind costs the same, so (count x layer) per kind, plus
     the head, the pipeline traffic, the sharding traffic, and the host floor."""
     kinds = stage_kinds(s, layers, inp)
-    sums = layer_sums(len(layers), kinds, inp)
+    sums = layer_sums(len(layers), kinds, inp, chunk_sizes(s, inp))
     head_stage = s == inp.pipeline.head_rank
     compute, fwd = stage_compute(sums, head_stage, inp)
     dense_p, expert_p = stage_params(s, layers, inp)
@@ -190,7 +190,8 @@ def stage_rows(inp: StageInputs) -> list[StageTime]:
     head, mtp, pp_comm = pipeline.head_rank, pipeline.mtp_at, inp.pp_comm
     for s in range(pp):
         layers = pipeline.layers(s)
-        key = (len(layers) if uniform else tuple(stage_kinds(s, layers, inp)), s == 0, s == head, s == mtp)
+        key = (len(layers) if uniform else tuple(stage_kinds(s, layers, inp)), chunk_sizes(s, inp), s == 0, s == head,
+               s == mtp)
         hit = alike.get(key)
         if hit is None:
             row = stage_once(s, layers, inp)
@@ -251,7 +252,7 @@ def stage_key(s: int, layers: Sequence[int], kinds: list[bool], inp: StageInputs
     and side collectives read (sharding_key, other_link_collectives); the host's blocking share (finished_stage);
     the architecture, calibration and layer times by identity."""
     plan, traffic, ctx = inp.plan, inp.traffic, inp.ctx
-    return (len(layers) if uniform_layers(ctx.arch) else tuple(layers), tuple(kinds), s == 0,
+    return (len(layers) if uniform_layers(ctx.arch) else tuple(layers), tuple(kinds), chunk_sizes(s, inp), s == 0,
             s == inp.pipeline.head_rank, inp.head, id(inp.dense), id(inp.moe), id(ctx.arch), id(ctx.cal),
             inp.recompute, plan.recompute, plan.recompute_layers, plan.recompute_method, plan.tp, plan.cp, plan.ep,
             plan.etp, plan.pp == 1, plan.sequence_parallel, plan.grad_reduce_in_fp32, plan.fp8_param_gather,
@@ -310,12 +311,38 @@ def kinds_cp(kinds: list[bool], one: float) -> float:
     return cp
 
 
-def recomputed_counts(n_layers: int, kinds: list[bool], inp: StageInputs) -> tuple[str, int, int]:
-    """(mode, layers, MoE layers) of the stage that recompute: the first recompute_layers of the stage (uniform:
-    every layer, in chunks), or torchtitan 0.2.x's every N-th block built on the rank, fully checkpointed."""
+def chunk_sizes(s: int, inp: StageInputs) -> tuple[int, ...] | None:
+    """The decoder layers of each virtual chunk pipeline rank `s` holds, in the order its layers run (Stages.layers),
+    where the plan's recompute reads them: the block method's first recompute_layers of each chunk
+    (recomputing_kinds). None elsewhere, so stages alike in their layers share one row whatever their chunks."""
     plan = inp.plan
-    n_recompute = recomputed_layers(plan, n_layers)
-    n_moe_recompute = sum(kinds[:n_recompute])
+    if plan.recompute != "full" or plan.recompute_layers is None or plan.recompute_method == "uniform":
+        return None
+    return tuple(len(chunk) for chunk in inp.pipeline.chunks[s])
+
+
+def recomputing_kinds(n_layers: int, kinds: list, plan, chunks: tuple[int, ...] | None = None) -> list:
+    """The kinds of the stage's layers that full recompute reruns: the first recompute_layers of each virtual chunk
+    (`chunks`, the sizes in order; None: one chunk of n_layers), every layer under the uniform method or with
+    recompute_layers left out, as Megatron-Core's checkpointed_forward runs in each chunk's TransformerBlock
+    (recompute.py: over num_layers_per_pipeline_rank, a chunk's layers); memory_stage.held_activations counts the
+    same layers. The MTP blocks appended to `kinds` never recompute."""
+    picked: list = []
+    start = 0
+    for size in chunks or (n_layers,):
+        picked += kinds[start:start + recomputed_layers(plan, size)]
+        start += size
+    return picked
+
+
+def recomputed_counts(n_layers: int, kinds: list[bool], inp: StageInputs,
+                      chunks: tuple[int, ...] | None = None) -> tuple[str, int, int]:
+    """(mode, layers, MoE layers) of the stage that recompute: the first recompute_layers of each of its chunks
+    (recomputing_kinds; uniform: every layer, in groups), or torchtitan 0.2.x's every N-th block built on the rank,
+    fully checkpointed."""
+    plan = inp.plan
+    recomputing = recomputing_kinds(n_layers, kinds, plan, chunks)
+    n_recompute, n_moe_recompute = len(recomputing), sum(recomputing)
     every_nth = inp.recompute.every_nth
     if every_nth:
         picked = [kind for k, kind in enumerate(kinds, 1) if k % every_nth == 0]
@@ -323,23 +350,23 @@ def recomputed_counts(n_layers: int, kinds: list[bool], inp: StageInputs) -> tup
     return plan.recompute, n_recompute, n_moe_recompute
 
 
-def layer_sums(n_layers: int, kinds: list[bool], inp: StageInputs) -> LayerSums:
-    """The stage's layers, (count x one layer) per kind, with the recompute of those that recompute."""
+def layer_sums(n_layers: int, kinds: list[bool], inp: StageInputs, chunks: tuple[int, ...] | None = None) -> LayerSums:
+    """The stage's layers, (count x one layer) per kind, with the recompute of those that recompute (`chunks`: its
+    virtual chunks' sizes, recomputing_kinds)."""
     if inp.hybrid is not None:
-        return hybrid_sums(n_layers, kinds, inp)
-    mode, n_recompute, n_moe_recompute = recomputed_counts(n_layers, kinds, inp)
+        return hybrid_sums(n_layers, kinds, inp, chunks)
+    mode, n_recompute, n_moe_recompute = recomputed_counts(n_layers, kinds, inp, chunks)
     n_moe = sum(kinds)
     return kind_sums(((False, inp.dense, len(kinds) - n_moe, n_recompute - n_moe_recompute, False),
                       (True, inp.moe, n_moe, n_moe_recompute, True)), mode, inp)
 
 
-def hybrid_sums(n_layers: int, kinds: list, inp: StageInputs) -> LayerSums:
+def hybrid_sums(n_layers: int, kinds: list, inp: StageInputs, chunks: tuple[int, ...] | None = None) -> LayerSums:
     """layer_sums of a hybrid model's stage: (count x one layer) per letter of the pattern it holds (inp.hybrid),
-    the recompute of those among the first recompute_layers (every layer where uniform or left out)."""
+    the recompute of those among the first recompute_layers of each chunk (every layer where uniform or left out)."""
     plan = inp.plan
     assert inp.hybrid is not None
-    n_recompute = recomputed_layers(plan, n_layers)
-    recomputing = kinds[:n_recompute]
+    recomputing = recomputing_kinds(n_layers, kinds, plan, chunks)
     return kind_sums(((kind, lt, kinds.count(kind), recomputing.count(kind), kind == "E")
                       for kind, lt in inp.hybrid.items()), plan.recompute, inp)
 

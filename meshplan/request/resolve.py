@@ -141,6 +141,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)
     notes: list[str] = []
+    unread: list[str] = []  # fields given that this layout has nothing for (Job.given_unread)
     asked_gpus = req.num_gpus
     step_stated = tuple(name for name in ("prompts_per_step", "global_batch_size") if getattr(req, name) is not None)
     req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
@@ -167,10 +168,11 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         sequence_parallel=sp, zero_stage=zero, dp_replicate=req.dp_replicate or 1, micro_batch_size=mbs,
         recompute=recompute, recompute_layers=req.recompute_layers, selective_ac_option=req.selective_ac_option,
         recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
-        cp_comm_type=req.cp_comm_type or cp_comm_type_default(arch, card.attention),
-        moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
+        cp_comm_type=_cp_comm_type(req, arch, card, cp, unread),
+        moe_token_dispatcher=_dispatcher(req, arch, unread),
         moe_a2a_overlap=_a2a_overlap(req, notes), pipeline_schedule=req.pipeline_schedule,
-        pipeline_microbatches=_pipeline_microbatches(req, card, pp=pp, m=max(1, gbs // (mbs * dp)), notes=notes),
+        pipeline_microbatches=_pipeline_microbatches(req, card, pp=pp, m=max(1, gbs // (mbs * dp)), notes=notes,
+                                                     unread=unread),
         torch_compile=_torch_compile(req, card, notes),
         tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
         **_cuda_graph_fields(req),
@@ -195,6 +197,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         rl_step_stated=step_stated if rl else (),
         node_gpus=req.gpus_per_node,
         seq_length=req.seq_length, global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
+        given_unread=tuple(unread),
         cpu_memory_per_node=None if req.cpu_memory_per_node is None else int(req.cpu_memory_per_node * (1 << 30)),
         framework_version=version, moe_routing_imbalance=_routing_imbalance(req, arch, notes),
         moe_fake_balanced_gate=_fake_gate(req, arch),
@@ -368,16 +371,16 @@ def _global_batch(req: Request, *, num_gpus: int, mbs: int, dp: int, notes: list
     return gbs
 
 
-def _pipeline_microbatches(req: Request, card, *, pp: int, m: int, notes: list[str]) -> int | None:
+def _pipeline_microbatches(req: Request, card, *, pp: int, m: int, notes: list[str],
+                           unread: list[str]) -> int | None:
     """pipeline_microbatches as given, None where it is the whole step (one run) or there is no pipeline; refused on
-    a framework that runs every micro-batch of the step in one schedule (its card's pipeline section), and where it
-    does not divide the step's m micro-batches (torchtitan and NeMo AutoModel: global_batch_size a multiple of
-    local_batch_size x dp; the refusal names the request's framework, not always torchtitan's)."""
+    a framework that runs every micro-batch of the step in one schedule (its card's pipeline section), at any pp, as
+    it has no key for it; where it does not divide the step's m micro-batches (torchtitan and NeMo AutoModel:
+    global_batch_size a multiple of local_batch_size x dp; the refusal names the request's framework, not always
+    torchtitan's). At pp 1 on those two it is read by no code (their pipeline builders alone read the micro-batch
+    size): left out of the plan, named in `unread` for rule PP019."""
     k = req.pipeline_microbatches
     if k is None:
-        return None
-    if pp == 1:
-        notes.append(f"pipeline_microbatches={k} ignored: no pipeline (pp = 1).")
         return None
     if not card.pipeline.runs_per_accumulation_step:
         raise MeshplanError(
@@ -385,6 +388,9 @@ def _pipeline_microbatches(req: Request, card, *, pp: int, m: int, notes: list[s
             "dp)) in one pipeline schedule, so pipeline_microbatches has no meaning there.",
             fix="Leave pipeline_microbatches out (it is torchtitan's local_batch_size / "
                 "pipeline_parallel_microbatch_size).")
+    if pp == 1:
+        unread.append(f"pipeline_microbatches={k}")
+        return None
     if m % k:
         fits = [d for d in range(1, m + 1) if m % d == 0]
         raise MeshplanError(
@@ -397,6 +403,24 @@ def _pipeline_microbatches(req: Request, card, *, pp: int, m: int, notes: list[s
         notes.append(f"pipeline_microbatches={k}: the schedule runs {m // k} times per step, {k} micro-batches "
                      "each, every run with its own fill and drain and gradient sync.")
     return None if k == m else k
+
+
+def _dispatcher(req: Request, arch: Architecture, unread: list[str]) -> str:
+    """moe_token_dispatcher as given, else alltoall; alltoall given for a dense model, which builds no MoE layer to
+    read it, named in `unread` for rule EP011 (flex there is EP006's refusal)."""
+    if req.moe_token_dispatcher == "alltoall" and not arch.is_moe:
+        unread.append("moe_token_dispatcher=alltoall")
+    return req.moe_token_dispatcher or "alltoall"
+
+
+def _cp_comm_type(req: Request, arch: Architecture, card, cp: int, unread: list[str]) -> str:
+    """cp_comm_type as given, else the model's and framework's default; given at cp 1, where no context-parallel
+    group exists for it to shape, named in `unread` for rule CP008 (the plan keeps the value: nothing reads it)."""
+    if req.cp_comm_type is None:
+        return cp_comm_type_default(arch, card.attention)
+    if cp == 1:
+        unread.append(f"cp_comm_type={req.cp_comm_type}")
+    return req.cp_comm_type
 
 
 def _precision_fields(req: Request, card, notes: list[str]) -> dict:

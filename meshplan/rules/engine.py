@@ -59,6 +59,9 @@ class RuleSpec(BaseModel):
     unwritable: bool = Field(False, description="Fires where the config render writes has no key for a setting (the "
                                                 "framework itself might run it): render's refusal says so, not that "
                                                 "the framework would reject the layout")
+    no_effect: bool = Field(False, description="A warning that a setting given has no effect on this plan (the "
+                                               "framework starts the run and ignores it): the memory and throughput "
+                                               "estimates carry it in their warnings too (no_effect_findings)")
 
     @field_validator("frameworks")
     @classmethod
@@ -273,6 +276,14 @@ def structural_findings(job: Job, plan: Plan) -> list[Finding]:
     ctx = Context(job, plan)
     return [finding(spec, values) for spec, condition in rules_for(job.framework, ctx.backend, False)
             if (values := condition(ctx)) is not None]
+
+
+def no_effect_findings(job: Job, plan: Plan) -> list[Finding]:
+    """The findings of the job's framework's `no_effect` rules on the plan (settings given that the run ignores): the
+    estimates say them in the check's words, so no face answers a knob that changes nothing without a word."""
+    ctx = Context(job, plan)
+    return [finding(spec, values) for spec, condition in rules_for(job.framework, ctx.backend, False)
+            if spec.no_effect and (values := condition(ctx)) is not None]
 
 
 def finding(spec: RuleSpec, values: dict[str, Any]) -> Finding:

@@ -109,6 +109,28 @@ def flex_needs_expert_parallelism(ctx: Context) -> Values:
 
 
 
+@rule("EP010", reads=("tp", "etp"))
+def etp_on_dense_model(ctx: Context) -> Values:
+    """etp > 1 on a dense model, which Megatron-Core starts and ignores (only its MoE layers read it; the expert grid
+    it still builds is WS002's): a warning, the estimates those of etp=1."""
+    p = ctx.plan
+    if p.etp == 1 or ctx.arch.is_moe:
+        return None
+    return {"etp": p.etp, "tp": p.tp, "model": ctx.arch.name}
+
+
+
+@rule("EP011", reads=())
+def dispatcher_on_dense_model(ctx: Context) -> Values:
+    """moe_token_dispatcher=alltoall given for a dense model (Job.given_unread: the plan cannot tell it from the
+    default), which Megatron-Core starts and ignores: a warning, the estimates those without it."""
+    given = [knob for knob in ctx.job.given_unread if knob.startswith("moe_token_dispatcher=")]
+    if not given or ctx.arch.is_moe:
+        return None
+    return {"knob": given[0], "model": ctx.arch.name}
+
+
+
 def _overlap_asserts(values: dict, job: Job) -> tuple | None:
     """EP009's screen: it passes wherever the overlap is off; with it on, the engine (ZeRO stage), whether there is EP,
     a pipeline without virtual stages, the recompute and 'moe' among its modules decide it (the model beside them)."""

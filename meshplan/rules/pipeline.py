@@ -539,6 +539,27 @@ def combined_1f1b_as_named(ctx: Context) -> Values:
     return None
 
 
+@rule("PP019", reads=("pp", "vpp", "pipeline_schedule", "account_for_embedding", "account_for_loss"))
+def pipeline_knobs_without_pipeline(ctx: Context) -> Values:
+    """Pipeline settings at pp 1, which the frameworks start and ignore (their pipeline builders alone read them): a
+    one-chunk schedule the framework runs (another is PP012's or PP013's), the embedding / loss accounting, and
+    pipeline_microbatches (Job.given_unread: the resolver leaves it out of a plan without a pipeline). A warning, the
+    estimates those without them."""
+    p = ctx.plan
+    if p.pp != 1:
+        return None
+    given = [knob for knob in ctx.job.given_unread if knob.startswith("pipeline_microbatches=")]
+    if p.pipeline_schedule in SINGLE_CHUNK and schedule_offered(ctx) is None:
+        given.append(f"pipeline_schedule={p.pipeline_schedule}")
+    given += [f"{name}=true" for name in ("account_for_embedding", "account_for_loss") if getattr(p, name)]
+    if not given:
+        return None
+    one = len(given) == 1
+    return {"knobs": " and ".join(given), "names": " and ".join(k.split("=")[0] for k in given),
+            "framework": ctx.card.display_name, "them": "it" if one else "them", "they": "it" if one else "they",
+            "have": "has" if one else "have"}
+
+
 @rule("PP016", reads=("vpp", "pipeline_layout", "account_for_embedding", "account_for_loss"))
 def hybrid_pattern_split(ctx: Context) -> Values:
     """A hybrid model's pipeline: HybridModel cuts the pattern by layer count (select_pipeline_segment), so no

@@ -7,6 +7,8 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
+from meshplan.arithmetic.schedule import plan_stages
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import default_render, unwritable
 from meshplan.knowledge.gdn_config import PATTERN_LAYERS_PER_DECODER_LAYER, cuts_a_decoder_layer, decoder_layers
 from meshplan.knowledge.releases import numbers
@@ -181,6 +183,40 @@ def recompute_layers_cut_a_decoder_layer(ctx: Context) -> Values:
     return {"layers": n, "method": method, "model": arch.name, "even": even,
             "decoder": decoder_layers(even),
             "plural": "" if even == PATTERN_LAYERS_PER_DECODER_LAYER else "s"}
+
+
+def _layers_given(values: dict, job: Job) -> tuple | None:
+    """RC009's screen: it passes wherever no recompute_layers are given or the recompute is not full."""
+    if values["recompute_layers"] is None or values["recompute"] != "full":
+        return None
+    return tuple(values[name] for name in RC009_READS)
+
+
+RC009_READS = ("tp", "pp", "vpp", "zero_stage", "recompute", "recompute_layers", "recompute_method",
+               "first_stage_layers", "last_stage_layers", "pipeline_layout", "account_for_embedding",
+               "account_for_loss", "pipeline_schedule")
+
+
+@rule("RC009", reads=RC009_READS, screen=_layers_given)
+def recompute_layers_above_a_chunk(ctx: Context) -> Values:
+    """Full recompute of more layers than the largest pipeline chunk holds (Megatron-Core's num_layers_per_pipeline_
+    rank, a virtual chunk's TransformerBlock): both methods recompute at most the chunk's layers (uniform: one chunk
+    of all of them, block: every layer), so a warning naming the count it reads as. A layout the stages cannot be
+    built for is the pipeline rules' (PP004, PP009)."""
+    p = ctx.plan
+    if p.recompute != "full" or p.recompute_layers is None:
+        return None
+    try:
+        chunks = plan_stages(ctx.job, p).chunks
+    except MeshplanError:
+        return None
+    most = max(len(chunk) for rank in chunks for chunk in rank)
+    if p.recompute_layers <= most:
+        return None
+    chunk = ("pipeline rank's virtual chunk" if p.vpp > 1 else "pipeline stage") if p.pp > 1 else "stage (pp=1)"
+    method = p.recompute_method or "block"
+    words = "one chunk of all its layers" if method == "uniform" else "every layer"
+    return {"layers": p.recompute_layers, "most": most, "chunk": chunk, "method": f"{method}: {words}"}
 
 
 @rule("RC008", reads=("recompute", "selective_ac_option"))

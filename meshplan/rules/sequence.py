@@ -52,6 +52,16 @@ def cp_window_comm(ctx: Context) -> Values:
             "kinds": fmt_set(kinds)}
 
 
+@rule("CP008", reads=("cp",))
+def cp_comm_type_without_cp(ctx: Context) -> Values:
+    """cp_comm_type given at cp 1 (Job.given_unread: the plan cannot tell a given type from the default): the
+    frameworks run without it, so a warning, the estimates those without it."""
+    given = [knob for knob in ctx.job.given_unread if knob.startswith("cp_comm_type=")]
+    if ctx.plan.cp != 1 or not given:
+        return None
+    return {"knob": given[0], "framework": ctx.card.display_name}
+
+
 @rule("CP007", reads=("cp", "dp"), words=BATCH_READS)
 def cp_model_code_refuses(ctx: Context) -> Values:
     """Context parallelism on a model whose core attention the framework builds itself and refuses CP at

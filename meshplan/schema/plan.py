@@ -169,6 +169,10 @@ class Job(StrictModel):
                                           "capacity x (1 - headroom) (None: within capacity, MEM002 warning below its "
                                           "minimum)")
     notes: list[str] = Field(default_factory=list, description="How defaults were filled in")
+    given_unread: tuple[str, ...] = Field(
+        (), description="Request fields given as name=value that the plan does not carry because this layout has "
+                        "nothing for them ('pipeline_microbatches=4' at pp 1, 'cp_comm_type=a2a' at cp 1): rules "
+                        "PP019 and CP008 name them (request/resolve.py)")
     # The framework's card, set once by the resolver (request/resolve.carry_cards) so estimators never look a card up
     # by name: a private attribute, so no field, no schema, nothing serialized; model_copy carries it (the `card`
     # property refuses a copy whose framework changed).

@@ -198,6 +198,8 @@ def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Call
             for name in arguments:
                 if name not in arg_model.model_fields:  # named as every face names a request's fields
                     raise unknown_field_error(name, [f for f in arg_model.model_fields if f not in CONFIG_NAMES])
+            if (first := getattr(fn, "check_first", None)) is not None:  # a refusal worded by its one home
+                first(arguments)
             validated = arg_model.model_validate(arguments, strict=True)  # Request's types: no `true` as 1, no "8"
         return fn(**{name: getattr(validated, name) for name in arg_model.model_fields})
 
@@ -501,6 +503,18 @@ def render_config(**args: Any) -> RenderAnswer:
         summary += f" {len(result.warnings)} warning(s): read `warnings` before launching."
     steps = [_same_args("check_config", "(and this framework) before launching, if not done yet")]
     return RenderAnswer(**fields | {"summary": summary, "next_steps": steps})
+
+
+def _render_target_first(arguments: dict[str, Any]) -> None:
+    """render_config's framework refused before the schema's list of values, in the words the CLI gives (its one home,
+    adapters/render.require_target: why, a memory convention only, and the close name)."""
+    if isinstance(arguments.get("framework"), str):
+        from meshplan.adapters.render import require_target
+
+        require_target(arguments["framework"])
+
+
+render_config.check_first = _render_target_first  # type: ignore[attr-defined]  # strict_arguments runs it
 
 
 MINIMUM_GPUS = (
