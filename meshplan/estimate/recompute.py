@@ -51,15 +51,18 @@ def module_memory_bound(ctx: LayerContext, load: ElementwiseLoad) -> dict[str, f
     return {m: b / ctx.hbm for m, b in seconds.items()}
 
 
-def op_sac_recomputed(gemms: list[Gemm], gated: bool, fp8: bool) -> list[Gemm]:
+def op_sac_recomputed(gemms: list[Gemm], gated: bool) -> list[Gemm]:
     """The GEMMs torchtitan's op-level SAC runs again (activations.py _op_sac keeps the others' outputs): the
     router gate and the routed experts (_grouped_mm, in no save list) always; of the other mm/linear calls,
-    counted per block in call order with a gated fc1 as its w1 and w3, every second one; fp8 (_scaled_mm) none."""
+    counted per block in call order with a gated fc1 as its w1 and w3, every second one. Under fp8 the same ones:
+    torchao's Float8Linear reaches the policy as aten.mm on Float8TrainingTensor arguments (the subclass runs
+    _scaled_mm below the SAC mode), counted and kept or recomputed as in bf16, the recomputed ones at fp8 speed
+    (cards/frameworks/torchtitan.yaml recompute.source; bench/torchao_fp8_probe.py sac)."""
     return [replace(gemms[at], n=gemms[at].n / 2) if half else gemms[at]
-            for at, half in _op_sac_picks(gemms, gated, fp8)]
+            for at, half in _op_sac_picks(gemms, gated)]
 
 
-def _op_sac_picks(gemms: list[Gemm], gated: bool, fp8: bool) -> list[tuple[int, bool]]:
+def _op_sac_picks(gemms: list[Gemm], gated: bool) -> list[tuple[int, bool]]:
     """op_sac_recomputed's GEMMs in order, each as (index in `gemms`, whether it is half of a gated fc1: its w1 or
     w3, n halved), so a caller holding the GEMMs' gemm_terms reads the whole ones' terms instead of timing them
     again (recomputed_forwards)."""
@@ -72,7 +75,7 @@ def _op_sac_picks(gemms: list[Gemm], gated: bool, fp8: bool) -> list[tuple[int, 
         half = gated and g.name.endswith("_fc1")
         for _ in range(2 if half else 1):
             count += 1
-            if count % 2 == 0 and not (fp8 and g.fp8):
+            if count % 2 == 0:
                 out.append((at, half))
     return out
 
@@ -94,11 +97,11 @@ def op_sac_terms(gemms: list[Gemm], ctx: LayerContext, terms: list[float] | None
     is its term in `terms` (the layer's GEMMs' gemm_terms, where the caller has them: the same float, a GEMM's term
     reads only the GEMM and the context), a gated fc1's halves are timed once (both halves are the same GEMM)."""
     if terms is None:
-        return gemm_terms(op_sac_recomputed(gemms, ctx.arch.gated_mlp, ctx.fp8_peak is not None), ctx.cal,
+        return gemm_terms(op_sac_recomputed(gemms, ctx.arch.gated_mlp), ctx.cal,
                           ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
     halves: dict[int, float] = {}
     out = []
-    for at, half in _op_sac_picks(gemms, ctx.arch.gated_mlp, ctx.fp8_peak is not None):
+    for at, half in _op_sac_picks(gemms, ctx.arch.gated_mlp):
         if not half:
             out.append(terms[at])
             continue
