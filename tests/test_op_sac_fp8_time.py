@@ -51,3 +51,27 @@ def test_fp8_recompute_counts_the_fp8_gemms():
     assert gemm_part > 0
     assert fp8.breakdown.recompute_s >= gemm_part
     assert bf16.breakdown.recompute_s > fp8.breakdown.recompute_s  # the bf16 GEMMs run slower
+
+
+def test_separate_qkv_release_recomputes_wk():
+    """torchtitan <= 0.2's llama3 runs wq, wk, wv as three linears (cards/memory.yaml fsdp2 qkv_projections:
+    separate; 6fc499f models/llama3/model/model.py), so its op-level SAC counts mm 1..7 as wq, wk, wv, wo, w1, w3, w2
+    and recomputes wk, wo and w3; 0.3.0's fused wqkv counts 1..5 and recomputes wo and w3. The K part is the GQA
+    KV width (8 heads x 128 for Llama 3 8B)."""
+    from meshplan.estimate.recompute import op_sac_recomputed, separate_k_width
+
+    terms = {}
+    for version in ("0.1", "0.3.0"):
+        job, plan = resolve(Request(**ROW, precision="bf16", framework_version=version))
+        cal = calibration(job.framework)
+        ctx = perf.layer_context(job, plan, cal, links(job.gpu, job.gpus_per_node, cal), perf._peaks(job, cal), 1,
+                                 None)
+        gemms = layer_gemms(ctx, False)
+        again = op_sac_recomputed(gemms, True, separate_k_width(ctx))
+        terms[version] = (ctx, gemms, [(g.name, g.n) for g in again], op_sac_terms(gemms, ctx))
+    assert terms["0.1"][2] == [("qkv", 1024), ("attn_out", 4096), ("mlp_fc1", 14336)]
+    assert terms["0.3.0"][2] == [("attn_out", 4096), ("mlp_fc1", 14336)]
+    ctx, gemms = terms["0.1"][0], terms["0.1"][1]
+    qkv = next(g for g in gemms if g.name == "qkv")
+    wk = gemm_terms([replace(qkv, n=1024)], ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)[0]
+    assert terms["0.1"][3] == [wk, *terms["0.3.0"][3]]

@@ -302,10 +302,12 @@ def test_op_sac_terms_are_the_recomputed_gemms_timed_again():
     from meshplan.arithmetic.gemm import gemm_terms
     from meshplan.estimate import perf
     from meshplan.estimate.layer_time import layer_gemms
-    from meshplan.estimate.recompute import op_sac_recomputed, op_sac_terms
+    from meshplan.estimate.recompute import op_sac_recomputed, op_sac_terms, separate_k_width
 
     halves = 0
-    for fields in (dict(model="llama-3.1-8b", num_gpus=8, tp=2), dict(model="deepseek-v3", num_gpus=256, ep=32),
+    for fields in (dict(model="llama-3.1-8b", num_gpus=8, tp=2), dict(model="llama-3.1-8b", num_gpus=8, tp=2,
+                                                                    framework_version="0.1"),
+                   dict(model="deepseek-v3", num_gpus=256, ep=32),
                    dict(model="deepseek-v3", num_gpus=256, ep=32, precision="fp8")):
         job, plan = resolve(Request(gpu="h100", framework="torchtitan", **fields))
         cal = calibration(job.framework)
@@ -314,11 +316,11 @@ def test_op_sac_terms_are_the_recomputed_gemms_timed_again():
         for moe in (False, True) if job.model.moe else (False,):
             gemms = layer_gemms(ctx, moe)
             terms = gemm_terms(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
-            again = gemm_terms(op_sac_recomputed(gemms, job.model.gated_mlp), cal,
+            again = gemm_terms(op_sac_recomputed(gemms, job.model.gated_mlp, separate_k_width(ctx)), cal,
                                ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
             assert op_sac_terms(gemms, ctx, terms) == again == op_sac_terms(gemms, ctx)
             halves += sum(g.name.endswith("_fc1") and g not in gemms for g in
-                          op_sac_recomputed(gemms, job.model.gated_mlp))
+                          op_sac_recomputed(gemms, job.model.gated_mlp, separate_k_width(ctx)))
     assert halves  # some gated fc1 halves were compared
 
 
