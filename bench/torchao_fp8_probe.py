@@ -5,6 +5,10 @@
    (e7c0cae: the same without abs) and 0.3.0 (torch's compute_intensive_ops, which name _scaled_mm, + max). The
    matmul reaches the policy as aten.mm on Float8TrainingTensor arguments (the subclass runs _scaled_mm below the
    SAC mode), so the kept mm outputs are bf16's; the 2024-12 list also keeps |x| of every fp8 cast in eager.
+   `sac tensorwise compile`: the same FFN under torch.compile (fullgraph, the aot_eager backend: AOTAutograd's
+   tracing, where the policy runs, without inductor's C++ build), as torchtitan compiles each checkpointed block:
+   the policy still sees aten.mm on Float8TrainingTensor, so under compile too every second fp8 mm is recomputed
+   (the step time's recompute.op_sac_recomputed; torch 2.13 + torchao 0.18 on the CPU).
 2. `loss`: the peak bytes per logit of torchtitan <= 0.2's whole-sequence loss (train.py: pred = model(...);
    loss = cross_entropy(pred.flatten(0, 1).float(), labels); del pred; loss.backward()), counted with
    torch.distributed._tools.mem_tracker.MemTracker: 12 (saved fp32 log-softmax 4 + two fp32 gradients 4 + 4).
@@ -13,7 +17,7 @@ Needs the torch venv of bench/fake_tensor_harness.py and, for `sac`, a torchao s
 `git -C <pytorch/ao clone> archive <rev> torchao | tar -x -C DIR`); meshplan never imports this.
 
 Run: <venv>/bin/python bench/torchao_fp8_probe.py loss
-     PYTHONPATH=DIR <venv>/bin/python bench/torchao_fp8_probe.py sac [tensorwise|rowwise]
+     PYTHONPATH=DIR <venv>/bin/python bench/torchao_fp8_probe.py sac [tensorwise|rowwise] [compile]
 """
 
 from __future__ import annotations
@@ -79,6 +83,56 @@ def sac(recipe: str) -> None:
             print(f"{name:8s} {'fp8 ' + recipe if fp8 else 'bf16':15s} kept: {run(save, fp8)}")
 
 
+def sac_compiled(recipe: str) -> None:
+    """What torchtitan's 2025-06 / 0.1.x policy (aten.mm and aten.max saved, every second mm recomputed) sees for
+    the Float8Linear FFN inside a torch.compile'd block: each mm/_scaled_mm call, its first argument's type and
+    whether the policy keeps it (each forward trace counts from 1 again)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten.max.default}
+    seen: list[tuple[str, str, str, bool]] = []
+
+    def context():  # torchtitan's selective_checkpointing_context_fn: a fresh count per block call
+        count: defaultdict[str, int] = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if func == aten.mm.default:
+                count[mode] += 1
+            keep = func in save and not (func == aten.mm.default and count[mode] % 2 == 0)
+            if func in (aten.mm.default, aten._scaled_mm.default):
+                seen.append((mode, str(func), type(args[0]).__name__, keep))
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    class Block(nn.Module):  # torchtitan's FeedForward inside the checkpoint wrapper
+        def __init__(self, h: int, f: int) -> None:
+            super().__init__()
+            self.w1, self.w2, self.w3 = (nn.Linear(h, f, bias=False), nn.Linear(f, h, bias=False),
+                                         nn.Linear(h, f, bias=False))
+
+        def ffn(self, x):
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+        def forward(self, x):
+            return checkpoint(self.ffn, x, use_reentrant=False, context_fn=context)
+
+    torch.manual_seed(0)
+    block = Block(64, 128).to(torch.bfloat16)
+    base = Float8LinearConfig() if recipe == "tensorwise" else Float8LinearConfig.from_recipe_name(recipe)
+    convert_to_float8_training(block, config=Float8LinearConfig(**{**base.__dict__, "emulate": True}))
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    torch.compile(block, backend="aot_eager", fullgraph=True)(x).sum().backward()
+    for row in seen:
+        print(row)
+
+
 def loss() -> None:
     import torch
     import torch.nn.functional as F
@@ -103,4 +157,10 @@ def loss() -> None:
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "loss"
-    sac(sys.argv[2] if len(sys.argv) > 2 else "tensorwise") if what == "sac" else loss()
+    recipe_arg = sys.argv[2] if len(sys.argv) > 2 else "tensorwise"
+    if what != "sac":
+        loss()
+    elif sys.argv[3:4] == ["compile"]:
+        sac_compiled(recipe_arg)
+    else:
+        sac(recipe_arg)

@@ -72,6 +72,7 @@ class LayerContext:
     gather_dispatch: bool = False  # the non-flex MoE dispatcher gathers the EP group's tokens (moe_time.gather_ep)
     ulysses: bool = False  # cp is Ulysses sequence parallelism on this engine (rules/context.runs_ulysses)
     mla_v_pad: bool = False  # MLA's V padded to the QK head width for flash attention (the convention's mla_v_pad)
+    qkv_separate: bool = False  # Q, K, V as three linears (the convention's qkv_projections): op-level SAC counts each
     tp_overlap_mode: str = "fraction"  # which TP collectives run beside a GEMM (tp_overlap_mode; tp_hidden)
     tp_rs_splits: int = 0  # chunks of a pipelined forward reduce-scatter (the card's tp_overlap.rs_splits; 0: tp)
     tp_input_ops: tuple[tuple[int, int], ...] = ((1, 1), (1, 1))  # per TP pair (fwd, bwd) input-side collectives

@@ -51,30 +51,50 @@ def module_memory_bound(ctx: LayerContext, load: ElementwiseLoad) -> dict[str, f
     return {m: b / ctx.hbm for m, b in seconds.items()}
 
 
-def op_sac_recomputed(gemms: list[Gemm], gated: bool, fp8: bool) -> list[Gemm]:
+def op_sac_recomputed(gemms: list[Gemm], gated: bool, k_width: float = 0.0) -> list[Gemm]:
     """The GEMMs torchtitan's op-level SAC runs again (activations.py _op_sac keeps the others' outputs): the
     router gate and the routed experts (_grouped_mm, in no save list) always; of the other mm/linear calls,
-    counted per block in call order with a gated fc1 as its w1 and w3, every second one; fp8 (_scaled_mm) none."""
-    return [replace(gemms[at], n=gemms[at].n / 2) if half else gemms[at]
-            for at, half in _op_sac_picks(gemms, gated, fp8)]
+    counted per block in call order with a gated fc1 as its w1 and w3, every second one. `k_width` > 0: the
+    release runs GQA's Q, K, V as three linears (the convention's qkv_projections separate: torchtitan <= 0.2's
+    llama3 wq, wk, wv), so the fused qkv GEMM counts as three mms and its K part (that width) is the second,
+    recomputed. Under fp8 the same ones: torchao's Float8Linear reaches the policy as aten.mm on
+    Float8TrainingTensor arguments (the subclass runs _scaled_mm below the SAC mode), counted and kept or recomputed
+    as in bf16, the recomputed ones at fp8 speed (cards/frameworks/torchtitan.yaml recompute.source;
+    bench/torchao_fp8_probe.py sac, eager and compiled)."""
+    return [gemms[at] if n is None else replace(gemms[at], n=n) for at, n in _op_sac_picks(gemms, gated, k_width)]
 
 
-def _op_sac_picks(gemms: list[Gemm], gated: bool, fp8: bool) -> list[tuple[int, bool]]:
-    """op_sac_recomputed's GEMMs in order, each as (index in `gemms`, whether it is half of a gated fc1: its w1 or
-    w3, n halved), so a caller holding the GEMMs' gemm_terms reads the whole ones' terms instead of timing them
-    again (recomputed_forwards)."""
-    out: list[tuple[int, bool]] = []
+def _op_sac_picks(gemms: list[Gemm], gated: bool, k_width: float = 0.0) -> list[tuple[int, float | None]]:
+    """op_sac_recomputed's GEMMs in order, each as (index in `gemms`, None for the whole GEMM or the width n of the
+    part recomputed: a gated fc1's w1 or w3, n halved, or a separate wk's K), so a caller holding the GEMMs'
+    gemm_terms reads the whole ones' terms instead of timing them again (recomputed_forwards)."""
+    out: list[tuple[int, float | None]] = []
     count = 0
     for at, g in enumerate(gemms):
         if g.name == "router" or g.name.startswith("expert_"):
-            out.append((at, False))
+            out.append((at, None))
             continue
-        half = gated and g.name.endswith("_fc1")
-        for _ in range(2 if half else 1):
+        if gated and g.name.endswith("_fc1"):
+            parts: list[float | None] = [g.n / 2, g.n / 2]
+        elif k_width > 0 and g.name == "qkv":
+            parts = [g.n - 2 * k_width, k_width, k_width]  # wq, wk, wv
+        else:
+            parts = [None]
+        for part in parts:
             count += 1
-            if count % 2 == 0 and not (fp8 and g.fp8):
-                out.append((at, half))
+            if count % 2 == 0:
+                out.append((at, part))
     return out
+
+
+def separate_k_width(ctx: LayerContext) -> float:
+    """The K projection's width on this rank where the release runs Q, K, V as three linears (LayerContext.
+    qkv_separate), else 0: its KV heads on the TP rank (replicated when fewer than the ranks) x head_dim, as
+    flops.attention_gemms counts them inside the fused qkv GEMM."""
+    arch = ctx.arch
+    if not ctx.qkv_separate or arch.mla is not None:
+        return 0.0
+    return -(-arch.num_kv_heads // ctx.shard.tp) * arch.head_dim
 
 
 def recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad,
@@ -92,20 +112,21 @@ def recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseL
 def op_sac_terms(gemms: list[Gemm], ctx: LayerContext, terms: list[float] | None = None) -> list[float]:
     """gemm_terms of op_sac_recomputed's GEMMs, in order (gemm_seconds of them is their sum, `summed`): a whole GEMM's
     is its term in `terms` (the layer's GEMMs' gemm_terms, where the caller has them: the same float, a GEMM's term
-    reads only the GEMM and the context), a gated fc1's halves are timed once (both halves are the same GEMM)."""
+    reads only the GEMM and the context), a part (a gated fc1's half, a separate wk) is timed once per width."""
+    k_width = separate_k_width(ctx)
     if terms is None:
-        return gemm_terms(op_sac_recomputed(gemms, ctx.arch.gated_mlp, ctx.fp8_peak is not None), ctx.cal,
+        return gemm_terms(op_sac_recomputed(gemms, ctx.arch.gated_mlp, k_width), ctx.cal,
                           ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
-    halves: dict[int, float] = {}
+    parts: dict[tuple[int, float], float] = {}
     out = []
-    for at, half in _op_sac_picks(gemms, ctx.arch.gated_mlp, ctx.fp8_peak is not None):
-        if not half:
+    for at, n in _op_sac_picks(gemms, ctx.arch.gated_mlp, k_width):
+        if n is None:
             out.append(terms[at])
             continue
-        if at not in halves:
-            halves[at] = gemm_terms([replace(gemms[at], n=gemms[at].n / 2)], ctx.cal, ctx.bf16_peak, ctx.fp8_peak,
-                                    ctx.ridge_rows)[0]
-        out.append(halves[at])
+        if (at, n) not in parts:
+            parts[at, n] = gemm_terms([replace(gemms[at], n=n)], ctx.cal, ctx.bf16_peak, ctx.fp8_peak,
+                                      ctx.ridge_rows)[0]
+        out.append(parts[at, n])
     return out
 
 
