@@ -97,7 +97,7 @@ def test_flex_dispatch_refuses_experts_it_cannot_place():
 def test_flex_inside_a_domain_takes_the_slower_of_the_backend_copies_and_nvlink():
     """Inside one NVLink domain a rank receives every delivery (its own rank's too) at the backend's achieved
     bandwidth (Links.flex_bw, the SMs' copies), or its off-rank share at NVLink's, whichever is slower; without a
-    figure (flex_bw 0) NVLink alone, the plain all-to-all of the delivered copies."""
+    figure (flex_bw ()) NVLink alone, the plain all-to-all of the delivered copies."""
     from dataclasses import replace
 
     from meshplan.arithmetic.comm import alltoall_time
@@ -105,9 +105,9 @@ def test_flex_inside_a_domain_takes_the_slower_of_the_backend_copies_and_nvlink(
     copy, ranks = 1e6, 5.3
     link = ranks * copy * 7 / 8 / LK.intra_bw
     assert flex_dispatch_time(copy, ranks, 1.0, 8, 1, LK) == alltoall_time(ranks * copy, 8, 1, LK)
-    slow = replace(LK, flex_bw=200e9)  # below 360 x 8/7: the SMs bound it
+    slow = replace(LK, flex_bw=((1, 200e9),))  # below 360 x 8/7: the SMs bound it
     assert flex_dispatch_time(copy, ranks, 1.0, 8, 1, slow) == pytest.approx(ranks * copy / 200e9 + LK.intra_lat)
-    fast = replace(LK, flex_bw=1e12)  # above the link: NVLink bounds it
+    fast = replace(LK, flex_bw=((1, 1e12),))  # above the link: NVLink bounds it
     assert flex_dispatch_time(copy, ranks, 1.0, 8, 1, fast) == pytest.approx(link + LK.intra_lat)
     # across domains the network term is what it was, whatever the backend reaches inside one
     wide = flex_dispatch_time(copy, ranks, 2.0, 64, 1, LK)
@@ -127,7 +127,7 @@ def test_links_carry_the_backend_meshplan_renders_on_that_gpu():
     picks = {}
     for key in ("h100", "b200", "gb200", "a100-80gb", "mi300x"):
         gpu = get_gpu(key)
-        picks[key] = (flex_backend(gpu, gpu.gpus_per_node), links(gpu, gpu.gpus_per_node, cal).flex_bw)
+        picks[key] = (flex_backend(gpu, gpu.gpus_per_node), links(gpu, gpu.gpus_per_node, cal).flex_at(8))
     assert picks["h100"] == ("deepep", flex_dispatch_bandwidth("deepep", "hopper"))
     assert picks["b200"] == ("deepep", flex_dispatch_bandwidth("deepep", "blackwell"))
     assert picks["gb200"] == ("hybridep", flex_dispatch_bandwidth("hybridep", "blackwell"))
@@ -143,3 +143,62 @@ def test_an_unknown_flex_backend_is_refused():
 
     with pytest.raises(CardError, match="ncclep"):
         flex_dispatch_bandwidth("ncclep", "hopper")
+
+
+# deepseek-ai/DeepEP branch hybrid-ep docs/README_Hybrid-EP.md, GB200, 32 SMs, Torch API: (dispatch BF16, combine) GB/s
+# by the ranks of one NVLink domain (cards/calibration.yaml flex_dispatch.hybridep)
+HYBRIDEP_GB200_32_SMS = {8: (545.71, 568.94), 16: (523.48, 521.55), 24: (507.32, 483.76), 32: (484.22, 464.54),
+                         36: (479.02, 447.89)}
+
+
+def test_hybridep_on_gb200_slows_with_the_ranks_it_spans_as_its_table_measures():
+    """HybridEP's achieved bandwidth on GB200 is the table's mean of dispatch and combine at the EP ranks the dispatch
+    spans in the NVL72 domain, read linearly between the measured rank counts, the first's below 8 ranks and the last
+    measured one's (36) past it. The card had the 8-rank figure at every count."""
+    from meshplan.knowledge.calibration import flex_dispatch_bandwidth
+
+    mean = {r: (d + c) / 2 * 1e9 for r, (d, c) in HYBRIDEP_GB200_32_SMS.items()}
+    for ranks, bw in mean.items():
+        assert flex_dispatch_bandwidth("hybridep", "blackwell", ranks) == pytest.approx(bw, rel=1e-3)
+    assert flex_dispatch_bandwidth("hybridep", "blackwell", 20) == pytest.approx((mean[16] + mean[24]) / 2, rel=1e-3)
+    assert flex_dispatch_bandwidth("hybridep", "blackwell", 4) == pytest.approx(mean[8], rel=1e-3)
+    assert flex_dispatch_bandwidth("hybridep", "blackwell", 64) == pytest.approx(mean[36], rel=1e-3)
+    # DeepEP's figure is one number whatever the ranks (its intranode kernels reach at most 8)
+    assert flex_dispatch_bandwidth("deepep", "hopper", 2) == flex_dispatch_bandwidth("deepep", "hopper", 8)
+
+
+def test_deepep_on_hopper_is_the_h100_measurement_at_megatrons_20_sms():
+    """DeepEP on Hopper at Megatron-Core's moe_deepep_num_sms of 20: tile-ai/tilescale's DeepEP comparison on 8 H100
+    ('10 channels', deep_ep.Buffer's default 20 SMs), dispatch BF16 328.97 GB/s and combine 287.14, their mean; the
+    card had 281 GB/s, scaled from an H20 maximum at 24 SMs."""
+    from meshplan.knowledge.calibration import flex_dispatch_bandwidth
+
+    assert flex_dispatch_bandwidth("deepep", "hopper") == pytest.approx((328.97 + 287.14) / 2 * 1e9, rel=1e-3)
+
+
+def test_a_gb200_dispatch_over_32_ranks_runs_at_the_32_rank_figure():
+    """On GB200 NVL72 an EP32 flex dispatch inside one domain receives its copies at HybridEP's 32-rank bandwidth,
+    (484.22 + 464.54) / 2 GB/s, where NVLink (900 GB/s x nvlink_efficiency) is faster, and an EP8 one at the 8-rank
+    (545.71 + 568.94) / 2: the same bytes take 557.3 / 474.4 times as long over 32 ranks."""
+    from meshplan.arithmetic.comm import links
+    from meshplan.knowledge.calibration import calibration
+    from meshplan.knowledge.hardware import get_gpu
+
+    gpu = get_gpu("gb200")
+    lk = links(gpu, gpu.gpus_per_node, calibration("megatron-core"), domain=64)
+    copy, ranks = 8192 * 4096 * 2.0, 7.36
+    for ep in (8, 32):
+        d, c = HYBRIDEP_GB200_32_SMS[ep]
+        expected = copy * ranks / ((d + c) / 2 * 1e9) + lk.intra_lat
+        assert flex_dispatch_time(copy, ranks, 1.0, ep, 1, lk) == pytest.approx(expected, rel=1e-3)
+
+
+def test_a_flex_bandwidth_table_with_a_non_positive_entry_is_refused():
+    from pydantic import ValidationError
+
+    from meshplan.knowledge.calibration import FlexBackend
+
+    with pytest.raises(ValidationError, match="positive"):
+        FlexBackend(by_arch={"blackwell": {8: 5e11, 16: 0.0}}, meaning="m", source="s")
+    with pytest.raises(ValidationError, match="positive"):
+        FlexBackend(by_arch={"blackwell": {}}, meaning="m", source="s")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshplan.arithmetic.mesh import fast_domain, flex_backend, job_domain, per_domain, wired_node
-from meshplan.knowledge.calibration import Calibration, flex_dispatch_bandwidth
+from meshplan.knowledge.calibration import Calibration, at_ranks, flex_dispatch_points
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.plan import Job
 
@@ -34,7 +34,8 @@ class Links:
     nic_scaling: float  # how much of the k NICs of a domain one ring really uses: k ** nic_scaling
     node: int = 0  # GPUs per host (the a2a level of hierarchical CP stays inside one)
     wired: int = 0  # GPUs of a node NVLink joins point to point, no NVSwitch (mesh.wired_node); 0: switched
-    flex_bw: float = 0.0  # bytes/s a rank receives in a flex dispatch in its domain (flex_dispatch_time); 0: NVLink
+    # (ranks in the domain, bytes/s a rank receives) of a flex dispatch in its domain (flex_dispatch_time); (): NVLink
+    flex_bw: tuple[tuple[int, float], ...] = ()
 
     def nvlink_bw(self, k: int) -> float:
         """NVLink bytes/s one rank reaches in a collective of `k` members on its node: all its links behind an
@@ -43,6 +44,11 @@ class Links:
         if self.wired <= 1 or k >= self.wired:
             return self.intra_bw
         return self.intra_bw * max(1, k - 1) / (self.wired - 1)
+
+    def flex_at(self, k: int) -> float:
+        """Bytes/s a rank receives in a flex dispatch over `k` ranks of its domain (calibration.at_ranks of flex_bw);
+        0.0 where the card has no figure (NVLink's bandwidth then)."""
+        return at_ranks(self.flex_bw, k)
 
 
 def job_links(job: Job, cal: Calibration) -> Links:
@@ -53,9 +59,9 @@ def job_links(job: Job, cal: Calibration) -> Links:
 
 def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None = None, wired: int = 0) -> Links:
     """The links of `gpu` in nodes of `gpus_per_node`: its NVLink and NIC at the calibrated efficiencies, and what
-    the flex dispatcher's backend there (mesh.flex_backend) reaches in one NVLink domain on its generation
-    (cards/calibration.yaml flex_dispatch; none listed: NVLink's)."""
-    flex = flex_dispatch_bandwidth(flex_backend(gpu, gpus_per_node), gpu.arch)
+    the flex dispatcher's backend there (mesh.flex_backend) reaches in one NVLink domain on its generation, by the
+    ranks it spans where the card measures that (cards/calibration.yaml flex_dispatch; none listed: NVLink's)."""
+    flex = flex_dispatch_points(flex_backend(gpu, gpus_per_node), gpu.arch)
     return Links(
         domain=fast_domain(gpu, gpus_per_node) if domain is None else domain,
         intra_bw=gpu.intra_node_bandwidth * cal.nvlink_efficiency,
@@ -65,7 +71,7 @@ def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None
         nic_scaling=cal.ring_nic_scaling,
         node=gpus_per_node,
         wired=wired,
-        flex_bw=flex or 0.0,
+        flex_bw=flex,
     )
 
 
@@ -211,15 +217,17 @@ def flex_dispatch_time(copy_bytes: float, ranks: float, domains: float, size: in
 
     Inside one domain the copies run on the backend's few SMs (intranode.cu: num_sms / 2 channels, a sender and a
     receiver SM each, the token's own rank served like the others), so a rank takes every delivery it receives at
-    the backend's achieved bandwidth (lk.flex_bw, cards/calibration.yaml flex_dispatch) where that is below the
-    link's: the slower of the two. Across domains the network term rules and is left as it was."""
+    the backend's achieved bandwidth over the group's ranks there (lk.flex_at: cards/calibration.yaml flex_dispatch,
+    HybridEP's on GB200 falling from 8 ranks to 36) where that is below the link's: the slower of the two. Across
+    domains the network term rules and is left as it was."""
     if size <= 1 or copy_bytes <= 0:
         return 0.0
     k = per_domain(size, stride, lk.domain)
     if k >= size:
         received = copy_bytes * ranks
         link = alltoall_time(received, size, stride, lk)
-        return max(link, received / lk.flex_bw + lk.intra_lat) if lk.flex_bw else link
+        bw = lk.flex_at(k)
+        return max(link, received / bw + lk.intra_lat) if bw else link
     group_domains = -(-size // k)
     intra = copy_bytes * ranks * (size - 1) / size
     inter = copy_bytes * domains * (group_domains - 1) / group_domains

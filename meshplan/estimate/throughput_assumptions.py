@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention
-from meshplan.arithmetic.mesh import flex_backend, mesh_groups, own_ep_ranks_note
+from meshplan.arithmetic.mesh import flex_backend, job_domain, mesh_groups, own_ep_ranks_note, per_domain
 from meshplan.estimate.attention_time import (
     FLASH_ATTENTION_PASSES_PER_FORWARD,
     INDEXER_PASSES_PER_FORWARD,
@@ -254,10 +254,12 @@ def _hybrid_assumption(job: Job, cal: Calibration) -> str:
             "Megatron-LM's hybrid_flops.")
 
 
-def _flex_copies(job: Job) -> str:
-    """What the flex dispatcher's copies reach inside one NVLink domain on the job's GPU (comm.flex_dispatch_time)."""
+def _flex_copies(job: Job, plan: Plan) -> str:
+    """What the flex dispatcher's copies reach inside one NVLink domain on the job's GPU (comm.flex_dispatch_time), at
+    the EP ranks the plan's group has in one domain (the card's figure by ranks, where it lists several)."""
     backend = flex_backend(job.gpu, job.gpus_per_node)
-    bw = flex_dispatch_bandwidth(backend, job.gpu.arch)
+    ep = mesh_groups(plan, law=job.card.world_size_law).ep
+    bw = flex_dispatch_bandwidth(backend, job.gpu.arch, per_domain(ep.size, ep.stride, job_domain(job)))
     if bw is None:
         return (f"inside one NVLink domain {backend}'s copies at NVLink's bandwidth (no measured figure for "
                 f"{job.gpu.arch or 'this GPU'} in cards/calibration.yaml flex_dispatch); ")
@@ -290,7 +292,7 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
                   if moe.num_groups > 1 else "; ")
                if plan.moe_token_dispatcher == "flex" else
                "all-to-all dispatcher: every routed copy travels to its expert's rank; ")
-            + (_flex_copies(job) if plan.moe_token_dispatcher == "flex" else "")
+            + (_flex_copies(job, plan) if plan.moe_token_dispatcher == "flex" else "")
             + ("expert all-to-all hidden behind the other micro-batch's compute of the layer in the 1F1B "
                "steady state (moe_a2a_overlap), exposed in warm-up and cool-down."
                if plan.moe_a2a_overlap else "expert all-to-all exposed (moe_a2a_overlap off)."))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from functools import cache
+from itertools import pairwise
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -60,21 +61,47 @@ class AttentionKernel(BaseModel):
 
 class FlexBackend(BaseModel):
     """One flex dispatcher backend's achieved bandwidth inside an NVLink domain per GPU generation: the bytes a rank
-    receives per second (its own rank's included), at the SMs Megatron runs it on; a generation it does not list
-    runs at NVLink's (cards/calibration.yaml flex_dispatch)."""
+    receives per second (its own rank's included), at the SMs Megatron runs it on; one figure, or, where the backend's
+    own tables measure it at several rank counts of one domain, a figure per rank count (HybridEP on GB200 NVL72, whose
+    copies slow as the ranks grow), read between them by `at_ranks`. A generation it does not list runs at NVLink's
+    (cards/calibration.yaml flex_dispatch)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    by_arch: dict[str, float] = Field(description="GPU arch (cards/hardware.yaml) -> bytes/s")
+    by_arch: dict[str, float | dict[int, float]] = Field(
+        description="GPU arch (cards/hardware.yaml) -> bytes/s, or -> {ranks in the domain: bytes/s}")
     meaning: str
     source: str
 
     @field_validator("by_arch")
     @classmethod
-    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
-        if any(bw <= 0 for bw in v.values()):
-            raise ValueError(f"a flex dispatch bandwidth must be positive bytes/s: {v}")
+    def _positive(cls, v: dict[str, float | dict[int, float]]) -> dict[str, float | dict[int, float]]:
+        for bw in v.values():
+            table = bw if isinstance(bw, dict) else {1: bw}
+            if not table or any(r < 1 or b <= 0 for r, b in table.items()):
+                raise ValueError(f"a flex dispatch bandwidth must be positive bytes/s at one or more ranks: {v}")
         return v
+
+    def points(self, arch: str | None) -> tuple[tuple[int, float], ...]:
+        """(ranks, bytes/s) of `arch`, in rank order: one point (at 1 rank) for a single figure; () unlisted."""
+        bw = self.by_arch.get(arch) if arch is not None else None
+        if bw is None:
+            return ()
+        return tuple(sorted(bw.items())) if isinstance(bw, dict) else ((1, bw),)
+
+
+def at_ranks(points: tuple[tuple[int, float], ...], ranks: float) -> float:
+    """The bandwidth of `points` (FlexBackend.points) at `ranks` in one domain: linear between the two listed rank
+    counts around it; below the first, the first's; past the last, the last's (no published figure beyond it). 0.0
+    where there are no points (the dispatch then runs at NVLink's)."""
+    if not points:
+        return 0.0
+    if ranks <= points[0][0]:
+        return points[0][1]
+    for (lo, lo_bw), (hi, hi_bw) in pairwise(points):
+        if ranks <= hi:
+            return lo_bw + (hi_bw - lo_bw) * (ranks - lo) / (hi - lo)
+    return points[-1][1]
 
 
 class GdnKernel(BaseModel):
@@ -227,15 +254,21 @@ def attention_fraction(cal: Calibration, kernel: str | None, arch: str | None) -
     return entry.by_arch[arch]
 
 
-def flex_dispatch_bandwidth(backend: str, arch: str | None) -> float | None:
-    """Bytes/s a rank receives in `backend`'s flex dispatch or combine inside one NVLink domain on a GPU of
-    generation `arch` (cards/calibration.yaml flex_dispatch), or None where the card has no figure for it (the
-    dispatch then runs at NVLink's bandwidth)."""
+def flex_dispatch_points(backend: str, arch: str | None) -> tuple[tuple[int, float], ...]:
+    """(ranks in one NVLink domain, bytes/s a rank receives) of `backend`'s flex dispatch or combine on a GPU of
+    generation `arch` (cards/calibration.yaml flex_dispatch; FlexBackend.points), () where the card has no figure
+    for it (the dispatch then runs at NVLink's bandwidth)."""
     backends = calibration_card().flex_dispatch
     if backend not in backends:
         raise CardError(f"No flex dispatcher backend {backend!r} in cards/calibration.yaml flex_dispatch.",
                         fix=f"The backends are: {', '.join(sorted(backends))}.")
-    return backends[backend].by_arch.get(arch) if arch is not None else None
+    return backends[backend].points(arch)
+
+
+def flex_dispatch_bandwidth(backend: str, arch: str | None, ranks: int = 8) -> float | None:
+    """Bytes/s a rank receives in `backend`'s flex dispatch or combine over `ranks` ranks of one NVLink domain on a
+    GPU of generation `arch` (flex_dispatch_points read by at_ranks), or None where the card has no figure for it."""
+    return at_ranks(points, ranks) if (points := flex_dispatch_points(backend, arch)) else None
 
 
 def attention_tiles(kernel: str | None, head_dim: int) -> tuple[int, int] | None:
