@@ -623,6 +623,16 @@ def gathered_transient(conv: Convention, units: list[float]) -> float:
                 for k, p in enumerate(units)), default=0.0)
 
 
+def experts_in_units(card: FrameworkCard, ep: int, expert_dp: float) -> bool:
+    """Whether a MoE layer's routed experts are parameters of an FSDP unit (gathered, reduce-scattered, their
+    unsharded gradient held between micro-batches as the unit's others): not where the card's full_ep_experts says
+    the framework leaves them out of fully_shard (ignored_params) and expert parallelism takes every rank of their
+    data-parallel mesh (ep > 1, expert_dp 1: NeMo AutoModel's apply_fsdp without ep_shard). Their states are the
+    rank's own either way (state_bytes over expert_dp 1: bf16 weights, their .grad, the optimizer's moments)."""
+    facts = card.full_ep_experts
+    return not (facts is not None and facts.ignored and ep > 1 and expert_dp == 1)
+
+
 def accumulated_grad_bytes(card: FrameworkCard, micro_batches: int, sharded: bool, pp: int = 1,
                            defer: bool | None = None, frozen: bool = False,
                            reduce_fp32: bool | None = None) -> float:

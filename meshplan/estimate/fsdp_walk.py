@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from meshplan.arithmetic.memory_states import (
     accumulated_grad_bytes,
+    experts_in_units,
     keeps_units,
     loss_logits,
     pipeline_held,
@@ -37,6 +38,8 @@ class FsdpUnit(NamedTuple):
     loss: bool = False  # its `stored` is the loss, which peaks before the unit's pre_backward hook fires
     head: float = 0.0  # what of its activations is alive at its head's backward, the loss's peak passed (root unit)
     grads_last: float = 0.0  # of its params, those whose gradient the graph's last backward writes (a root's embedding)
+    own_grads: float = 0.0  # of its grads, those of parameters outside the unit (full-EP experts: their own .grad,
+    # written in its backward and accumulated in place, there from the step's first backward through the unit)
 
 
 class StepMoment(NamedTuple):
@@ -194,16 +197,19 @@ def accumulated_moments(moments: list[StepMoment], at: list[int], units: list[Fs
     the backward), the last those it has not reduced yet (the root's until the end)."""
     per = [accumulation.bytes_per_param * u.params for u in units]
     every = sum(per)
-    all_grads = sum(u.grads for u in units) if grads_absent else 0.0
+    # the units' gradients outside FSDP (own_grads) are written by the step's first backward, not its last
+    all_grads = sum(u.grads - u.own_grads for u in units) if grads_absent else 0.0
     if accumulation.micro_batches > 2:
         return [s._replace(name=f"{s.name} (a middle micro-batch)", absent_grads=all_grads, accumulated=every)
                 for s in moments]
     rooted = per[-1] if root is not None else 0.0
     after, before = suffix_sums(per), prefix_sums(per)
+    own = prefix_sums([u.own_grads for u in units]) if grads_absent else []
     out = []
     for s, k in zip(moments, at, strict=True):
         passed = every - rooted if k < 0 else after[k + 1] - (rooted if k + 1 < len(units) else 0.0)
-        out.append(s._replace(name=f"{s.name} (first micro-batch)", absent_grads=all_grads, accumulated=passed))
+        unwritten = all_grads + (own[k] if grads_absent and k >= 0 else 0.0)  # the own ones of units not reached
+        out.append(s._replace(name=f"{s.name} (first micro-batch)", absent_grads=unwritten, accumulated=passed))
         left = rooted if k < 0 else before[k + 1] + (rooted if k + 1 < len(units) else 0.0)
         out.append(s._replace(name=f"{s.name} (last micro-batch)", accumulated=left))
     return out
@@ -225,7 +231,8 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
     held = [u for u in units if not u.in_loss]
     every = accumulation.bytes_per_param * sum(u.params for u in held)
     gathered_all = conv.unsharded_param_bytes * sum(u.params for u in held)
-    absent = sum(u.grads for u in held) if grads_absent else 0.0
+    # a unit's gradients outside FSDP (own_grads) are written by the step's first backward: there in every later one
+    absent = sum(u.grads - u.own_grads for u in held) if grads_absent else 0.0
     walks = [(held_other, accumulation.through_forward, "")]
     if accumulation.cooldown_other is not None and not accumulation.through_forward:
         walks.append((accumulation.cooldown_other, True, ", after a backward"))
@@ -280,7 +287,7 @@ def stage_post_backward(conv, held: list[FsdpUnit], bytes_per_param: float, grad
     their sharded gradients not yet written."""
     out = []
     params = suffix_sums([v.params for v in held])  # params[k]: sum(v.params for v in held[k:])
-    grads = suffix_sums([v.grads for v in held]) if grads_absent else []
+    grads = suffix_sums([v.grads - v.own_grads for v in held]) if grads_absent else []
     for k, u in enumerate(held):
         retained = conv.retained_reduce_bytes * held[k - 1].params if k else 0.0
         out.append(StepMoment(
@@ -491,7 +498,7 @@ def layer_units_of(terms: MemoryTerms, layers, modes: dict[int, str]) -> tuple[t
     layers = tuple(layers)
     ran = tuple(modes[i] for i in layers)
     args = (terms.table, terms.per_kind, terms.tensors, terms.dense_dp, terms.expert_dp, terms.selective, plan.tp,
-            plan.ep * plan.etp, layers, ran)
+            plan.ep * plan.etp, layers, ran, experts_in_units(terms.job.card, plan.ep, terms.expert_dp))
     memo = scope_memo("fsdp_layer_units")
     if memo is None:
         return args, layer_units(*args)[1], None
@@ -503,9 +510,12 @@ def layer_units_of(terms: MemoryTerms, layers, modes: dict[int, str]) -> tuple[t
 
 
 def layer_units(table, per_kind: dict, tensors: list, dense_dp: int, expert_dp: float, selective: str, tp: int,
-                ep_etp: int, layers: tuple[int, ...], modes: tuple[str, ...]) -> tuple[tuple[FsdpUnit, ...], float]:
+                ep_etp: int, layers: tuple[int, ...], modes: tuple[str, ...],
+                experts_in: bool = True) -> tuple[tuple[FsdpUnit, ...], float]:
     """The decoder layers' FSDP units (`modes`: the recompute mode each ran in) and one micro-batch's activations of
-    them all, from these arguments alone."""
+    them all, from these arguments alone. Without `experts_in` (memory_states.experts_in_units: the framework's
+    fully_shard ignores the routed experts at full EP) a unit's parameters, gathered, reduced and accumulated, are its
+    dense ones alone, while its gradients still count the experts' (their own .grad, written in its backward)."""
     worked: dict[tuple[float, float], float] = {}  # the stage's layers repeat a few shapes: each worked out once
     units = []
     one_batch = 0.0
@@ -524,7 +534,9 @@ def layer_units(table, per_kind: dict, tensors: list, dense_dp: int, expert_dp: 
         grads = worked.get((dense, experts))
         if grads is None:
             grads = worked[(dense, experts)] = unit_grads(tensors, dense_dp, expert_dp, dense, experts)
-        units.append(FsdpUnit(f"layer {i}", dense + experts, stored, working, grads))
+        own = 0.0 if experts_in else state_bytes(tensors, experts, expert_dp)["gradients"]
+        units.append(FsdpUnit(f"layer {i}", dense + experts if experts_in else dense, stored, working, grads,
+                              own_grads=own))
     return tuple(units), one_batch
 
 

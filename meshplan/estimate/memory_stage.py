@@ -14,6 +14,7 @@ from typing import NamedTuple
 from meshplan.arithmetic.lora import adapter_params, lora_engine
 from meshplan.arithmetic.memory_states import (
     accumulated_grad_bytes,
+    experts_in_units,
     frozen_gathered_transient,
     gathered_transient,
     keeps_units,
@@ -578,7 +579,7 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
                                  gathered=moment.transient, accumulated=moment.accumulated))
         return out
     if terms.gathered:  # every unit's unsharded gradient held where the sync waits for the last micro-batch
-        card, stage_params = terms.job.card, params.dense + params.experts
+        card, stage_params = terms.job.card, params.dense + unit_experts(terms, params.experts)
         plan = terms.plan
         frozen = terms.job.lora is not None
         held = accumulated_grad_bytes(card, terms.m, True, plan.pp, plan.defer_fsdp_grad_sync, frozen,
@@ -603,8 +604,8 @@ def gathered_units(terms: MemoryTerms, params: StageParams) -> float:
     (with the final norm)."""
     plan, table = terms.plan, terms.table
     units = [params.embedding] if params.first else []
-    units += [table.tp_sharded[i] / plan.tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
-              for i in params.layers]
+    units += [table.tp_sharded[i] / plan.tp + table.replicated[i]
+              + unit_experts(terms, table.experts[i] / (plan.ep * plan.etp)) for i in params.layers]
     units += [params.output_layer + terms.norm_width] if params.last else []
     return (frozen_gathered_transient if terms.job.lora is not None else gathered_transient)(terms.conv, units)
 
@@ -623,11 +624,17 @@ def forward_gathered(terms: MemoryTerms, params: StageParams) -> float:
     tied = params.first and params.last and not params.output_layer
     root = (params.output_layer + terms.norm_width if params.last else 0.0) + (params.embedding if tied else 0.0)
     units = [params.embedding] if params.first and not tied else []
-    units += [table.tp_sharded[i] / plan.tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
-              for i in params.layers]
+    units += [table.tp_sharded[i] / plan.tp + table.replicated[i]
+              + unit_experts(terms, table.experts[i] / (plan.ep * plan.etp)) for i in params.layers]
     step = max((running * p + conv.prefetched_bytes * (units[k + 1] if k + 1 < len(units) else 0.0)
                 for k, p in enumerate(units)), default=0.0)
     return running * root + step
+
+
+def unit_experts(terms: MemoryTerms, experts: float) -> float:
+    """Of a rank's routed-expert parameters, those in its FSDP units (gathered, reduced, their unsharded gradient
+    held): none where the framework's fully_shard ignores them at full EP (memory_states.experts_in_units)."""
+    return experts if experts_in_units(terms.job.card, terms.plan.ep, terms.expert_dp) else 0.0
 
 
 class Dominance:

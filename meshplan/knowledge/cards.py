@@ -21,7 +21,7 @@ from meshplan.knowledge.allocator_card import AllocatorFacts, AllocatorSetting
 from meshplan.knowledge.compute_card import AttentionSemantics, CompileSemantics, EagerModelCode, RecomputeSemantics
 from meshplan.knowledge.defaults_card import FrameworkDefaults, FrameworkLimits, MemoryFix, SearchKnobs
 from meshplan.knowledge.engine_card import EngineFacts, MemoryConvention, OptimizerStepFacts, VisionTowerEngines
-from meshplan.knowledge.fsdp_card import GradAccumulationFacts, ShardingOverlapOff, Zero3Prefetch
+from meshplan.knowledge.fsdp_card import FullEpExperts, GradAccumulationFacts, ShardingOverlapOff, Zero3Prefetch
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.moe_card import (
     FlexDispatcherEngines,
@@ -270,6 +270,9 @@ class FrameworkCard(_Card):
     grad_accumulation: GradAccumulationFacts | None = Field(
         None, description="Absent: no unsharded gradient is held between a step's micro-batches (each backward "
                           "reduce-scatters, or the gradients are not sharded)")
+    full_ep_experts: FullEpExperts | None = Field(
+        None, description="Absent: the routed experts are parameters of an FSDP unit at any expert_dp (torchtitan's "
+                          "experts' fully_shard over the edp mesh; a MoE layer's one unit elsewhere)")
     zero3_prefetch: Zero3Prefetch | None = Field(
         None, description="Absent: a ZeRO-3 / FSDP unit's all-gather is prefetched behind the unit before it whatever "
                           "its size (FSDP2, Megatron-FSDP)")

@@ -50,6 +50,18 @@ class GradAccumulationFacts(_Card):
     source: str
 
 
+class FullEpExperts(_Card):
+    """What fully_shard does with a MoE layer's routed experts where expert parallelism takes every rank of the
+    experts' data-parallel mesh (expert_dp 1: each expert on one rank, nothing to shard or reduce it over)."""
+
+    ignored: bool = Field(description="True: the framework passes the routed experts to their block's fully_shard as "
+                                      "ignored_params and gives them no unit of their own, so they are never gathered "
+                                      "or reduce-scattered and autograd writes (and accumulates) their gradient in "
+                                      "the parameters' own .grad, in their dtype; False: they stay parameters of an "
+                                      "FSDP unit, gathered, reduced and accumulated as its others")
+    source: str
+
+
 class Zero3Prefetch(_Card):
     """How a ZeRO-3 engine prefetches the next parameters (DeepSpeed's PartitionedParameterCoordinator): after it has
     gathered one submodule's parameters it all-gathers the next ones of the trace, up to prefetch_bucket_size elements

@@ -5,6 +5,7 @@ tests/test_search_space.py checks them against estimate_memory)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshplan.arithmetic import activations, mesh
@@ -24,6 +25,7 @@ from meshplan.arithmetic.memory_states import (
     accumulated_grad_bytes,
     activation_saves,
     built_vocab,
+    experts_in_units,
     frozen_gathered_transient,
     gathered_transient,
     memory_card,
@@ -526,7 +528,7 @@ def _walk_floor(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: 
     key = ("walk floor", lay, zero_stage, cls)
     hit = memo.get(key)
     if hit is None:
-        layers = _layer_units(job, lay.tp, lay.ep * lay.etp, memo)
+        layers = _layer_units(job, lay.tp, _unit_experts_split(job, lay, memo), memo)
         units = [p for a, b in part.spans for p in layers[a:b]]
         unit = (conv.unsharded_param_bytes + unsharded_grad_bytes(conv)) * max(units)
         held = 0.0
@@ -740,11 +742,12 @@ def _first_rank_gathered(job: Job, lay: Layout, zero_stage: int, conv: Conventio
     output layer of a single stage; the embedding's learned positions and the byte the estimate's int() drops left
     out, so it stays under the estimate's figure. Kept in `memo` per what it reads (the spans, TP, EP x ETP, the
     padded vocabulary and the ZeRO stage's convention)."""
-    key = ("gathered", zero_stage, lay.tp, lay.ep * lay.etp, vocab, spans)
+    split = _unit_experts_split(job, lay, memo)
+    key = ("gathered", zero_stage, lay.tp, split, vocab, spans)
     hit = memo.get(key)
     if hit is None:
         units = [float(int(vocab * job.model.hidden_size / lay.tp))]
-        layers = _layer_units(job, lay.tp, lay.ep * lay.etp, memo)
+        layers = _layer_units(job, lay.tp, split, memo)
         for a, b in spans:
             units += layers[a:b]
         transient = frozen_gathered_transient if job.lora is not None else gathered_transient
@@ -752,9 +755,18 @@ def _first_rank_gathered(job: Job, lay: Layout, zero_stage: int, conv: Conventio
     return hit
 
 
-def _layer_units(job: Job, tp: int, experts_split: int, memo: dict) -> list[float]:
+def _unit_experts_split(job: Job, lay: Layout, memo: dict) -> float:
+    """What a layer's routed experts are split over in its FSDP unit: ep x etp, or infinity where the unit holds
+    none of them (memory_states.experts_in_units: the framework's fully_shard ignores them at full EP), as the
+    estimate's units (fsdp_walk.layer_units, memory_stage.unit_experts) leave them out."""
+    if experts_in_units(job.card, lay.ep, _expert_dp(job, lay, memo)):
+        return lay.ep * lay.etp
+    return math.inf
+
+
+def _layer_units(job: Job, tp: int, experts_split: float, memo: dict) -> list[float]:
     """Each decoder layer's FSDP unit per GPU (_first_rank_gathered's: split tp ways, replicated, routed experts split
-    ep x etp ways), kept in `memo` per (tp, ep x etp): the layouts' spans slice it."""
+    `experts_split` ways: _unit_experts_split), kept in `memo` per (tp, that split): the layouts' spans slice it."""
     key = ("layer units", tp, experts_split)
     hit = memo.get(key)
     if hit is None:
