@@ -16,6 +16,7 @@ from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, either_or
 from meshplan.faces import cli, display
+from meshplan.schema.plan import Plan
 from meshplan.schema.request import Request
 from meshplan.search import refusal
 from meshplan.search.job import job_at, search_job
@@ -233,14 +234,23 @@ def test_only_the_count_read_fields_take_other_values_at_another_count(fields):
     job, _ = search_job(Request(gpu="h100", num_gpus=8, **fields))
     fixed = Fixed.from_request(Request(gpu="h100", num_gpus=8, **fields))
     seen = []
+    names = tuple(Plan.model_fields)
     for world in (8, 64):
         space = Space.of(job_at(job, world, False), fixed)
         assert space.layouts
         values: dict[str, set] = {}
         for lay in space.layouts:
+            rows = []
             for plan in space.plans(lay):
-                for name, value in plan.__dict__.items():
-                    values.setdefault(name, set()).add(tuple(value) if isinstance(value, list) else value)
+                assert tuple(plan.__dict__) == names
+                rows.append(tuple(plan.__dict__.values()))
+            # each field's values over the layout's plans, a column at a time (a list as its tuple)
+            for name, column in zip(names, zip(*rows, strict=True), strict=True) if rows else ():
+                field = values.setdefault(name, set())
+                try:
+                    field.update(column)
+                except TypeError:  # a list: unhashable
+                    field.update(tuple(value) if isinstance(value, list) else value for value in column)
         seen.append(values)
     differ = {name for name in seen[0] if seen[0][name] != seen[1][name]}
     assert differ and differ <= COUNT_READ_FIELDS, differ - COUNT_READ_FIELDS
