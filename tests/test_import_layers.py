@@ -41,6 +41,8 @@ LAZY = {
     ("meshplan.api", "meshplan.adapters.logs"): "the log readers load on the first compare",
     ("meshplan.api", "meshplan.adapters.read.fixes"): "the file-key fixes load on the first check of a config",
     ("meshplan.api", "meshplan.check.measured"): "the comparison loads on the first compare",
+    ("meshplan.api", "meshplan.rules.engine"): "the no-effect rules load with the first memory or throughput "
+                                               "estimate",
     ("meshplan.faces.cli", "meshplan.faces.display"): "rich loads only when a table is printed",
     ("meshplan.faces.cli", "meshplan.faces.docs"): "the docs generator loads only for `meshplan docs`",
     ("meshplan.faces.cli", "meshplan.faces.mcp.server"): "the MCP SDK loads only for `meshplan serve`",
@@ -57,6 +59,8 @@ LAZY = {
     ("meshplan.faces.mcp.tools", "meshplan.search"): "recommend's next steps name the headroom that would rank a "
                                                       "layout: the search is loaded then, not with another tool's "
                                                       "first call",
+    ("meshplan.faces.mcp.tools", "meshplan.adapters.render"): "render_config's target is refused in the CLI's words: "
+                                                               "jinja2 and the builders load on its first call",
     ("meshplan.faces.mcp.tools", "meshplan.check.headline"): "the framework cards load on the first check_config, "
                                                               "not with another tool's first call",
     ("meshplan.faces.mcp.tools", "meshplan.check.split"): "a nothing-fits recommend names its closest misses as the "
