@@ -313,6 +313,10 @@ class Group(NamedTuple):
         """Whether one such group needs the network (crosses_domains)."""
         return crosses_domains(self.size, self.stride, domain)
 
+    def members_in(self, domain: int) -> int:
+        """How many of one such group's members share one fast domain (per_domain)."""
+        return per_domain(self.size, self.stride, domain)
+
 
 class MeshGroups(NamedTuple):
     """Every process group of a plan, in Megatron-Core's rank order (parallel_state.py RankGenerator

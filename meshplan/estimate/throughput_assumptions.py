@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention
-from meshplan.arithmetic.mesh import flex_backend, job_domain, mesh_groups, own_ep_ranks_note, per_domain
+from meshplan.arithmetic.mesh import flex_backend, job_domain, mesh_groups, own_ep_ranks_note
 from meshplan.estimate.attention_time import (
     FLASH_ATTENTION_PASSES_PER_FORWARD,
     INDEXER_PASSES_PER_FORWARD,
@@ -259,7 +259,7 @@ def _flex_copies(job: Job, plan: Plan) -> str:
     the EP ranks the plan's group has in one domain (the card's figure by ranks, where it lists several)."""
     backend = flex_backend(job.gpu, job.gpus_per_node)
     ep = mesh_groups(plan, law=job.card.world_size_law).ep
-    bw = flex_dispatch_bandwidth(backend, job.gpu.arch, per_domain(ep.size, ep.stride, job_domain(job)))
+    bw = flex_dispatch_bandwidth(backend, job.gpu.arch, ep.members_in(job_domain(job)))
     if bw is None:
         return (f"inside one NVLink domain {backend}'s copies at NVLink's bandwidth (no measured figure for "
                 f"{job.gpu.arch or 'this GPU'} in cards/calibration.yaml flex_dispatch); ")
