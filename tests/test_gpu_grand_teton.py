@@ -4,11 +4,10 @@ part, so those rows are timed at its bandwidth and its (bounded) peak, not the 7
 from __future__ import annotations
 
 import pytest
+from layer_time_spy import first_layer_time
 
-from meshplan.estimate import perf
 from meshplan.estimate.layer_records import LayerTime
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 NVL_BF16, SXM_BF16 = 835.5e12, 989.4e12  # H100 NVL and H100 SXM dense BF16, the bounds torchtitan's footnote gives
@@ -26,21 +25,8 @@ def test_part_reads_the_benchmark_docs_figures():
 
 
 def _layers(gpu: str) -> LayerTime:
-    seen: list[LayerTime] = []
-    original = perf.layer_time
-
-    def spy(ctx, moe):
-        seen.append(original(ctx, moe))
-        return seen[-1]
-
-    perf.layer_time = spy
-    try:
-        perf.estimate_throughput(*resolve(Request(
-            model="llama-3.1-8b", gpu=gpu, num_gpus=8, framework="torchtitan", seq_length=8192,
-            global_batch_size=16, micro_batch_size=2, recompute="selective")))
-    finally:
-        perf.layer_time = original
-    return seen[0]
+    return first_layer_time(Request(model="llama-3.1-8b", gpu=gpu, num_gpus=8, framework="torchtitan", seq_length=8192,
+                                    global_batch_size=16, micro_batch_size=2, recompute="selective"))
 
 
 def test_layer_time_scales_by_the_parts_own_peak_and_bandwidth():

@@ -11,11 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from layer_time_spy import first_layer_time
 
-from meshplan.estimate import perf
 from meshplan.estimate.layer_records import LayerTime
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -45,21 +44,8 @@ def test_peaks_are_read_between_the_two_ratings():
 
 
 def _layers(gpu: str) -> LayerTime:
-    seen: list[LayerTime] = []
-    original = perf.layer_time
-
-    def spy(ctx, moe):
-        seen.append(original(ctx, moe))
-        return seen[-1]
-
-    perf.layer_time = spy
-    try:
-        perf.estimate_throughput(*resolve(Request(
-            model="llama-3-8b", gpu=gpu, num_gpus=8, framework="torchtitan", seq_length=8192,
-            global_batch_size=8, micro_batch_size=1, recompute="selective")))
-    finally:
-        perf.layer_time = original
-    return seen[0]
+    return first_layer_time(Request(model="llama-3-8b", gpu=gpu, num_gpus=8, framework="torchtitan", seq_length=8192,
+                                    global_batch_size=8, micro_batch_size=1, recompute="selective"))
 
 
 def test_the_limited_part_runs_its_gemms_at_its_own_peak():
