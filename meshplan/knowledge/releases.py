@@ -56,7 +56,7 @@ class Release:
         """What the job is estimated with, for Job.notes ('' when the version is a known release)."""
         if self.exact:
             return ""
-        if SNAPSHOT.match(self.asked):
+        if snapshot_day(self.asked) is not None:
             without = (f", without the changes made since ({', '.join(self.changes)}: the card's release_changes)"
                        if self.changes else " (none of the card's release_changes came after that day)")
             return (f"framework_version {self.asked}: {display_name}'s main branch on that day, estimated with the "
@@ -149,8 +149,8 @@ def resolve_release(card: FrameworkCard, version: str) -> Release:
         return known.release(version, hits[-1], exact=True)
     if not known.nums:
         raise known.error(version, f"{card.display_name} is known only as the release(s) listed")
-    if (snapshot := SNAPSHOT.match(version)) is not None:
-        return known.snapshot(version, snapshot[1])
+    if (day := snapshot_day(version)) is not None:
+        return known.snapshot(version, day)
     if version == DEVELOPMENT:
         return known.release(version, len(known.nums) - 1, newer=True)
     asked = numbers(version)
