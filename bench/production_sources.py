@@ -34,6 +34,7 @@ from meshplan.knowledge.published_runs import (
     ran_without_expandable_segments,
     release_ran,
 )
+from meshplan.knowledge.releases import snapshot_day
 
 # --------------------------------------------------------------------------- what a cited launcher sets for every run
 
@@ -325,7 +326,7 @@ def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
     when = row["source"].get("version_or_date")
     oldest = framework_card(framework).oldest_snapshot
     snapshot = main_snapshot(when) if oldest else None
-    if snapshot is not None and snapshot.removeprefix("main@") < oldest:
+    if snapshot is not None and str(snapshot_day(snapshot)) < oldest:
         snapshot = None
     return release_ran(framework, when) or snapshot
 
