@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.api import estimate_memory
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.request.resolve import resolve
 
@@ -62,3 +63,20 @@ def test_torchtitan_mxfp8_rows_read_as_their_originals_state(run):
     assert (req.micro_batch_size, req.global_batch_size, req.ep, req.recompute) == (1, 256, 16, "none")
     assert req.framework_version == "0.2"  # published 2025-11; the 6fc499f pin is the dense table's
     assert scout.fits and scout.peak_bytes < scout.mapping.capacity_bytes
+
+
+def test_llama3_paper_rows_read_as_its_section_3_3_2_states(run):
+    """The Llama 3 paper (arXiv 2407.21783) Sec 3.3.2: the 8K-token stage ran without activation checkpointing (the
+    128K stage says nothing); one Transformer layer fewer on the first and last stages 'means that the first model chunk
+    on the first stage has only the embedding, and the last model chunk on the last stage has only output projection
+    and loss', under an interleaved schedule: chunks of one layer, Megatron-Core's layout E|(t|)*126L at pp 16 x vpp 8.
+    Table 4 gives sequences per DP group, not a micro-batch size: left to meshplan's default."""
+    _, scores, _ = run
+    by_id = {s.mapping.row_id: s for s in scores}
+    for row_id, recompute in (("llama3paper_405b_8192_h100", "none"), ("llama3paper_405b_16384_h100", "none"),
+                              ("llama3paper_405b_16384_h100_cp16_128k", None)):
+        req = by_id[row_id].mapping.request
+        assert (req.tp, req.pp, req.vpp, req.recompute, req.micro_batch_size) == (8, 16, 8, recompute, None), row_id
+        assert req.pipeline_layout == "E|(t|)*126L" and req.first_stage_layers is None, row_id
+    req = by_id["llama3paper_405b_16384_h100"].mapping.request
+    assert [stage.layers for stage in estimate_memory(req).stages] == [7] + [8] * 14 + [7]
