@@ -15,7 +15,9 @@ import pytest
 from meshplan.arithmetic import mesh
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
+from meshplan.estimate.attention_time import attention_efficiency, attention_kernel
 from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import resolve
 from meshplan.rules.precision import runnable_recipes
@@ -60,6 +62,18 @@ def test_the_blackwell_recipes_run_there(gpu):
     assert "mxfp8" not in runnable_recipes(job.card, get_gpu("h100"))
 
 
+@pytest.mark.parametrize("gpu", ["b300", "gb300"])
+def test_the_attention_kernel_is_the_blackwell_one(gpu):
+    """A framework release that picks its attention kernel by generation (torchtitan 0.1: FlashAttention-2, cuDNN on
+    Blackwell) picks B200's on both parts, at B200's fraction of peak."""
+    kernels = {}
+    for part in (gpu, "b200", "h100"):
+        job, _ = resolve(Request(model="llama-3.1-8b", framework="torchtitan", framework_version="0.1.0", gpu=part,
+                                 num_gpus=8))
+        kernels[part] = (attention_kernel(job), attention_efficiency(job, calibration(job.framework))[1])
+    assert kernels[gpu] == kernels["b200"] and kernels[gpu][0] == "cudnn" and kernels["h100"][0] == "flash_attn_2"
+
+
 def test_the_rack_domain_and_its_dispatcher():
     gb300, b300 = get_gpu("gb300"), get_gpu("b300")
     assert mesh.fast_domain(gb300, 4) == 72 and mesh.fast_domain(b300, 8) == 8
@@ -94,3 +108,22 @@ def test_the_bench_reads_the_rows_gpu_onto_the_new_parts():
     # a capacity the catalog has no part for is still scored on the family's part, against the row's memory
     key, capacity, knobs = prow.gpu_for({"gpu_type": "B300-192GB", "gpu_memory_gb": 192})
     assert (key, capacity) == ("b300", 192 * GIB) and "gpu" in knobs
+
+
+def test_the_mcp_server_lists_and_plans_them():
+    """The MCP catalog resource lists both parts with the card's figures, and a served recommend on gb300 ranks a
+    layout on it (the CLI's `meshplan recommend llama-3.1-70b --gpu gb300 --num-gpus 64` is the same api.recommend)."""
+    import json
+
+    from mcp_calls import call_tool
+
+    from meshplan.faces.mcp.resources import hardware_catalog
+
+    listed = {g["key"]: g for g in json.loads(hardware_catalog())}
+    assert listed["gb300"]["nvlink_domain"] == 72 and listed["b300"]["memory_bytes"] == 275040 * MIB
+    served = call_tool("recommend_parallelism", dict(model="llama-3.1-8b", gpu="gb300", num_gpus=8, seq_length=4096,
+                                                     global_batch_size=64, top_k=1))
+    assert not served.is_error, served.content[0].text
+    answer = served.structured_content
+    assert answer["candidates"]  # a layout ranked, fit judged against GB300's 284208 MiB less the 10% headroom
+    assert f"{284208 * MIB * 0.9 / GIB:.1f}" in " ".join(answer["assumptions"])
