@@ -3,9 +3,11 @@
 Data: bench/data/megatron_bridge_published.csv, transcribed from Megatron-Bridge's performance summary
 (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md and docs/performance-summary-archive.md,
 releases 25.11 and 26.02; tokens/s per GPU as published). Kept: the systems in cards/hardware.yaml
-(DGX-H100, DGX-B200, DGX-GB200) and the precisions meshplan models (BF16; FP8 delayed/current scaling and
-MXFP8 are all timed as `fp8`); left out: NVFP4, GB300/B300, and the token-drop rows (the MoE rows kept are
-dropless with force-balanced routing, which is what the model assumes).
+(DGX-H100, DGX-B200, DGX-GB200, DGX-B300, DGX-GB300) and the precisions meshplan models (BF16; FP8 delayed/current
+scaling and MXFP8 are all timed as `fp8`); left out: NVFP4 (meshplan has no FP4 precision), and the token-drop rows
+(the MoE rows kept are dropless with force-balanced routing, which is what the model assumes). The Blackwell Ultra
+rows (b300, gb300: 20 of them, added 2026-12-06) came after every constant of the card was set: none was fitted on
+them (a `--fit` run now would include them).
 
 This is the only measured data with expert parallelism, context parallelism, FP8, Megatron-FSDP and
 Blackwell GPUs, so it checks the terms ../shared/validation cannot. Settings the tables do not give are
@@ -29,7 +31,13 @@ v0.3.0 (DEEPSEEK_V3_PRETRAIN_CONFIG_B200_V1, which v0.3.0's apply_flex_dispatche
 so 26.02 is `flex`; GB200 and H100 set hybridep / deepep at both. GPT-OSS-120B sets no backend at v0.2.0 or v0.3.0
 (configs/gpt_oss/*workload_base_configs.py), so every GPT-OSS row is `alltoall`. meshplan times `flex` as the
 backend it renders (mesh.flex_backend: HybridEP on GB200, DeepEP elsewhere), so 26.02's B200 DeepSeek-V3 row, which
-ran HybridEP, is timed as DeepEP.
+ran HybridEP, is timed as DeepEP. The GB300 and B300 rows read their release's presets the same way
+(v0.3.0 configs/*/*_workload_base_configs.py *_GB300_* / *_B300_*, v0.2.0 configs/*/workload_base_configs.py
+*_GB300_*): DeepSeek-V3 and Qwen3-30B-A3B set hybridep on both parts and Qwen3-235B-A22B on GB300, `flex`; B300's
+Qwen3-235B-A22B sets no backend (alltoall) and moe_a2a_overlap=True, on; GPT-OSS-120B none, `alltoall`. So B300's
+DeepSeek-V3 and Qwen3-30B-A3B rows, which ran HybridEP inside one 8-GPU node, are timed as DeepEP, as 26.02's B200
+one is. 25.11's two GB300 DeepSeek-V3 rows publish PP2 VP4, a split of 61 layers no Bridge layout names (its helper
+has no (2, 4), and v0.2.0's GB300 preset is PP4 VP4): meshplan refuses them (PP001), as 25.11's GB200 PP8 VP4 row.
 The precision column's MXFP8 is passed as Transformer Engine's mxfp8 recipe, its FP8 (FP8-CS) as the
 card's default tensorwise current scaling (the table's parenthesised blockwise figures are not transcribed); the
 recipe sets how many quantize kernels each local expert's grouped GEMM launches (the framework card's
@@ -234,7 +242,7 @@ def main() -> int:
     report("all", rows)
     report("dense", [x for x in rows if not x[1]])
     report("MoE (expert parallel)", [x for x in rows if x[1]])
-    for gpu in ("h100", "b200", "gb200"):
+    for gpu in dict.fromkeys(x[0]["system"] for x in rows):  # each system of the table, in the file's order
         report(gpu, [x for x in rows if x[0]["system"] == gpu])
     return 0
 

@@ -383,8 +383,11 @@ def model_for(row: dict[str, Any], workdir: Path) -> tuple[str, str, list[str], 
 
 def gpu_for(hardware: dict[str, Any]) -> tuple[str, int, dict[str, str]]:
     """(catalog GPU, the memory the fit is judged against, knobs). The catalog GPU whose name the row's
-    gpu_type starts with and whose memory is the row's; else the nearest catalog GPU of the same family
-    (same letters, closest number), with the fit judged against the row's own memory."""
+    gpu_type starts with and whose memory is the row's, or whose name is the row's whole gpu_type name, capacity
+    included (a catalog alias such as gb300-288gb: the row names that part as its vendor does, and vendors state
+    the HBM's full size, 288 GB, where nvidia-smi reports what is left after ECC and the driver's reservation,
+    284208 MiB, which the fit is judged against); else the nearest catalog GPU of the same family (same letters,
+    closest number), with the fit judged against the row's own memory."""
     name = str(hardware["gpu_type"]).split()[0]
     row_bytes = int(hardware["gpu_memory_gb"] * GIB)
     parts = name.split("-")
@@ -393,7 +396,8 @@ def gpu_for(hardware: dict[str, Any]) -> tuple[str, int, dict[str, str]]:
             gpu = get_gpu("-".join(parts[:n]))
         except MeshplanError:
             continue
-        if abs(gpu.memory_bytes / GIB - hardware["gpu_memory_gb"]) <= 0.03 * hardware["gpu_memory_gb"]:
+        named = n == len(parts) and len(parts) > 1  # the whole name, capacity included, is the catalog part's
+        if named or abs(gpu.memory_bytes / GIB - hardware["gpu_memory_gb"]) <= 0.03 * hardware["gpu_memory_gb"]:
             return power_limited(gpu, hardware), gpu.memory_bytes, power_knob(gpu, hardware)
         return gpu.key, row_bytes, {"gpu": f"{hardware['gpu_type']}: scored as {gpu.key} ({gpu.memory_bytes / GIB:.0f} "
                                            f"GiB), fit against {hardware['gpu_memory_gb']} GiB"}

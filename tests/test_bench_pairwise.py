@@ -120,9 +120,9 @@ def test_label_edits_change_the_fields_they_name(rows):
         gb300 = pw.build_side(ps.Side(3, label="GB300 MXFP8 TP1 PP4 VP5"),
                               rows["mbridge_gb200_llama3_70b_64_mxfp8_tp2pp4"], Path(tmp), rows)
         assert (gb300.request.tp, gb300.request.pp, gb300.request.vpp, gb300.request.dp) == (1, 4, 5, 16)
-        assert "gpu" in gb300.knobs  # GB300 is outside the catalog: named, scored on the nearest GPU
-        # its memory is the file's own record of that GPU (the GB300 rows), the fit judged against it
-        assert gb300.capacity_bytes == 288 * 2**30
+        assert "gpu" not in gb300.knobs  # GB300 is a catalog part (cards/hardware.yaml gb300): scored on it
+        # its memory is the catalog's (nvidia-smi's 284208 MiB), the fit judged against it
+        assert gb300.request.gpu == "gb300" and gb300.capacity_bytes == 284208 * 2**20
 
 
 def test_the_unspecified_side_is_meshplans_best_without_that_degree(rows, comparisons):

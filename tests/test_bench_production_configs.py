@@ -271,7 +271,9 @@ def test_gpu_reading():
     assert grand_teton == ("h100-96gb-hbm2e", 96 * GIB, {})  # its own catalog part (cards/hardware.yaml)
     key, capacity, knobs = prow.gpu_for({"gpu_type": "H100-NVL-94GB", "gpu_memory_gb": 94})
     assert key == "h100" and capacity == 94 * GIB and "gpu" in knobs
-    assert prow.gpu_for({"gpu_type": "GB300-288GB (NVL72)", "gpu_memory_gb": 288})[:2] == ("gb200", 288 * GIB)
+    # the whole name, capacity included, is a catalog alias (gb300-288gb): that part, against nvidia-smi's 284208 MiB
+    assert prow.gpu_for({"gpu_type": "GB300-288GB (NVL72)", "gpu_memory_gb": 288}) == ("gb300", 284208 * 2**20, {})
+    assert prow.gpu_for({"gpu_type": "B300-192GB", "gpu_memory_gb": 192})[:2] == ("b300", 192 * GIB)
     with pytest.raises(prow.Unmapped, match="RTX-3090"):
         prow.gpu_for({"gpu_type": "RTX-3090-24GB", "gpu_memory_gb": 24})
 
