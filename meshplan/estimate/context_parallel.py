@@ -1,7 +1,8 @@
 """Context parallelism's exposed traffic per layer: the K/V ring, Ulysses' all-to-alls, the all-gather, and the
-hierarchical a2a+p2p, as Transformer Engine runs each beside the attention it feeds; and DeepSpeed-Ulysses as verl's and
-SkyRL's FSDP engines run it (rules/context.runs_ulysses), which the search's CP references read through the same
-function."""
+hierarchical a2a+p2p, as Transformer Engine runs each beside the attention it feeds; torch's context_parallel ring as
+torchtitan runs it (torch_ring_time: its copies and merges on the compute stream too); and DeepSpeed-Ulysses as
+verl's and SkyRL's FSDP engines run it (rules/context.runs_ulysses), which the search's CP references read through
+the same function."""
 
 from __future__ import annotations
 
@@ -15,6 +16,26 @@ from meshplan.schema.model import Architecture
 # forward, K/V and dK/dV (one buffer of both) on backward, while the step's attention runs on the block at hand.
 CP_RING_TRANSFERS_FORWARD = 1.0
 CP_RING_TRANSFERS_BACKWARD = 2.0
+
+
+# torch's context_parallel ring (TorchRingCp: _templated_ring_attention and its backward, the card's engine.torch_cp),
+# HBM bytes per element its elementwise ops move on the compute stream, on the busiest rank (the last CP rank: every
+# step i >= 1 runs all its queries, so its merges and dK/dV updates are whole, not partial), by tensor and pass. Per
+# element of K and V (bf16 2 B, fp32 4 B): forward .contiguous() and each step's torch.cat read 2 and write 2, c of them
+# (one copy, c-1 cats); backward fp32 zeros 4, .contiguous() 4, step 0's += 10 (read 4 + 2, write 4) and the cat of
+# the fp32 dK/dV 8, the final bf16 cast 6, c-1 cats of K/V 4 each, and each step i >= 1's _partial_update (+= on the
+# half: read 2 + 1, write 2; torch.cat: read 4, write 4) 13 and the fp32 cat 8.
+TORCH_CP_KV_FWD_PER_STEP = 4.0
+TORCH_CP_KV_BWD_FIXED = 4.0 + 4.0 + 10.0 + 8.0 + 6.0
+TORCH_CP_KV_BWD_PER_STEP = 4.0 + 13.0 + 8.0
+# Per element of the attention output: step 0's cast to fp32 (read 2, write 4) and the result's cast back (read 4,
+# write 2); each step i >= 1 its cast 6, out - block_out 12, sigmoid(...) x that 8 and out - the product 12.
+TORCH_CP_OUT_FWD_FIXED = 6.0 + 6.0
+TORCH_CP_OUT_FWD_PER_STEP = 6.0 + 12.0 + 8.0 + 12.0
+# Per element of the query: backward fp32 zeros 4, step 0's dQ += 10, the final bf16 cast 6; each step i >= 1's += 10.
+TORCH_CP_Q_BWD_FIXED = 4.0 + 10.0 + 6.0
+TORCH_CP_Q_BWD_PER_STEP = 10.0
+FP32 = 4.0
 
 
 def kv_width(arch: Architecture, tp: int) -> float:
@@ -80,6 +101,36 @@ def ulysses_time(ctx: LayerContext) -> float:
                for width in ulysses_widths(ctx.arch, ctx.plan.cp, ctx.mla_v_pad))
 
 
+def torch_ring_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -> tuple[float, float]:
+    """(forward, forward + backward) seconds one layer's torch context_parallel ring adds per micro-batch beside its
+    attention (the card's engine.torch_cp, TorchRingCp; the plan's cp_comm_type is not read: torch's rotate method,
+    ALL_GATHER by default, is): the elementwise copies, fp32 casts, log-sum-exp merges and dK/dV accumulations it runs
+    on the compute stream at HBM bandwidth (TORCH_CP_*, on the last CP rank); the K/V all-gather, issued before step
+    0's attention and exposed only beyond it (1/c of the rank's attention: the head-tail balance gives every step the
+    same work), forward and again backward; each step's fp32 dK/dV permute hidden behind the next step's attention
+    backward but the last, waited with nothing after it. K and V at the query heads' width where the release repeats
+    them before SDPA (LayerContext.kv_repeated)."""
+    plan, arch, lk = ctx.plan, ctx.arch, ctx.lk
+    c = plan.cp
+    heads = arch.num_attention_heads / plan.tp
+    kv = 2 * heads * arch.head_dim if ctx.kv_repeated else kv_width(arch, plan.tp)  # K + V elements per token
+    out = heads * (arch.mla.v_head_dim if arch.mla is not None else arch.head_dim)
+    q = heads * (arch.mla.qk_nope_head_dim + arch.mla.qk_rope_head_dim if arch.mla is not None else arch.head_dim)
+    tokens, steps = ctx.shard.tokens, c - 1
+    fwd_bytes = tokens * (kv * TORCH_CP_KV_FWD_PER_STEP * c
+                          + out * (TORCH_CP_OUT_FWD_FIXED + TORCH_CP_OUT_FWD_PER_STEP * steps))
+    bwd_bytes = tokens * (kv * (TORCH_CP_KV_BWD_FIXED + TORCH_CP_KV_BWD_PER_STEP * steps)
+                          + q * (TORCH_CP_Q_BWD_FIXED + TORCH_CP_Q_BWD_PER_STEP * steps))
+    group = mesh_groups(plan, law=ctx.law).cp
+    gather = ring_time(c * tokens * kv * BF16, group.size, group.stride, lk)
+    hop = p2p_time(tokens * kv * FP32, group.crosses(lk.domain), lk)
+    attention_bwd = attention_fwd_bwd - attention_fwd
+    fwd = fwd_bytes / ctx.hbm + max(0.0, gather - attention_fwd / c)
+    bwd = (bwd_bytes / ctx.hbm + max(0.0, gather - attention_bwd / c)
+           + steps * max(0.0, hop - attention_bwd / c) + hop)
+    return fwd, fwd + bwd
+
+
 def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -> tuple[float, float]:
     """(forward, forward + backward) exposed CP traffic of one layer per micro-batch, by cp_comm_type as
     Transformer Engine runs it: p2p a K/V ring overlapped step by step; a2a (Ulysses) q, k, v and the output
@@ -88,7 +139,8 @@ def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -
     over the CP ranks inside one node and a ring of the nodes (mesh.hierarchical_cp_sizes, what the adapters
     render as hierarchical_context_parallel_sizes), each ring step then carrying the same K/V bytes against
     a2a-size times the attention. Where the engine runs Ulysses (ctx.ulysses: runs_ulysses), its own all-to-alls
-    (ulysses_time) whatever cp_comm_type says."""
+    (ulysses_time) whatever cp_comm_type says; where it runs torch's context_parallel (ctx.torch_cp), that ring
+    (torch_ring_time)."""
     plan, arch, lk = ctx.plan, ctx.arch, ctx.lk
     c = plan.cp
     if c <= 1:
@@ -96,6 +148,8 @@ def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -
     if ctx.ulysses:
         one = ulysses_time(ctx)
         return one, FORWARD_AND_BACKWARD * one
+    if ctx.torch_cp:
+        return torch_ring_time(ctx, attention_fwd, attention_fwd_bwd)
     tokens = ctx.shard.tokens
     kv_bytes = tokens * kv_width(arch, plan.tp) * BF16
     attention_bwd = attention_fwd_bwd - attention_fwd

@@ -20,6 +20,23 @@ class _Card(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class TorchRingCp(_Card):
+    """The engines whose cp runs through torch's context_parallel (torch.distributed.tensor.experimental
+    _attention.py _templated_ring_attention and its backward): K/V all-gathered once over the CP ranks, the local
+    queries against each rank's block in turn with head-tail load balancing, each block's output merged into an fp32
+    running output by its log-sum-exp, dK/dV accumulated in fp32 and passed rank to rank
+    (context_parallel.torch_ring_time prices it). `repeated_kv_releases`: the releases whose model repeats K and V to
+    every query head before SDPA (repeat_kv), so the ring moves and accumulates them at the query heads' width."""
+
+    engines: list[Engine]
+    repeated_kv_releases: list[str] = []
+    source: str
+
+    def repeats_kv(self, release: str | None) -> bool:
+        """Whether `release`'s model hands SDPA K and V repeated to every query head (repeated_kv_releases)."""
+        return bool(release) and any(release == s or release.startswith(s + ".") for s in self.repeated_kv_releases)
+
+
 class EngineFacts(_Card):
     """Which engine runs the model at each ZeRO stage (the engines rules.yaml's `backends` name), and the byte
     convention of ZeRO-3 where it is not the card's memory_convention."""
@@ -28,6 +45,7 @@ class EngineFacts(_Card):
     zero3_memory_convention: MemoryConvention | None = None
     ulysses: list[Engine] = []  # engines whose cp is Ulysses sequence parallelism: all-to-alls, any cp_comm_type
     cp_padding: dict[Engine, CpPadding] = {}  # engines padding a micro-batch to their cp split (no length refused)
+    torch_cp: TorchRingCp | None = None  # engines whose cp is torch's context_parallel ring (TorchRingCp)
     builds_model_mtp: dict[Engine, bool]  # whether the engine trains a checkpoint's own MTP blocks when not asked
     # where given, the model types (config.json model_type) whose own model code those engines build the MTP blocks
     # of; any other model trains none (NeMo AutoModel: its deepseek_v3 code builds none, its nemotron_v3 does)

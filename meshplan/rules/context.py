@@ -35,6 +35,14 @@ def runs_ulysses(card: FrameworkCard, zero_stage: int) -> bool:
     return card.engine_at(zero_stage) in card.engine.ulysses
 
 
+def runs_torch_cp(card: FrameworkCard, zero_stage: int) -> bool:
+    """Whether the engine this ZeRO stage selects runs cp through torch's context_parallel ring (the card's
+    engine.torch_cp: torchtitan's FSDP2), whatever cp_comm_type says; the estimate's cp_time reads it
+    (LayerContext.torch_cp)."""
+    ring = card.engine.torch_cp
+    return ring is not None and card.engine_at(zero_stage) in ring.engines
+
+
 def cp_padding_of(card: FrameworkCard, zero_stage: int) -> CpPadding | None:
     """How the engine this ZeRO stage selects pads a micro-batch to its cp split (the card's engine.cp_padding:
     verl's and SkyRL's engines, per sequence on Megatron, the packed total under Ulysses), None where it pads

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from meshplan.arithmetic.memory_states import Convention, StateTensor, bytes_per_param
 from meshplan.estimate.moe_time import launches_per_expert
 from meshplan.rl.memory import framework_offload
-from meshplan.rules.context import runs_ulysses
+from meshplan.rules.context import runs_torch_cp, runs_ulysses
 from meshplan.rules.engine import EstimateBlocked, require_estimable
 from meshplan.rules.tensor import stage_refuses_degrees
 from meshplan.schema.plan import Job
@@ -91,17 +91,18 @@ def left_out_counts(stages: tuple[LeftOut, ...]) -> Counter:
 
 def reference_zeros(job: Job, zeros: tuple[int, ...], tp: int, cp: int, ep: int) -> tuple[int, ...]:
     """The ZeRO stages a single-stage reference of the search with these degrees is estimated at (bounds._per_token,
-    which keeps the least): one of `zeros` per way their engines time it differently, the first of each: at cp > 1
-    the CP mechanism (Transformer Engine's cp_comm_type on a Megatron-Core engine, Ulysses' all-to-alls on verl's and
-    SkyRL's FSDP engine: rules/context.runs_ulysses, what the estimate's cp_time reads), and for an MoE model whether
-    the routed experts' grouped GEMMs launch one local expert at a time (estimate/moe_time.launches_per_expert, what
-    expert_launches reads: verl's and SkyRL's Megatron engine, whose experts' forward is no shorter than its
-    launches, not their FSDP engine). Neither engine's time bounds the other's (Qwen3-30B-A3B on 8 H100 with verl at
-    1,024 tokens: the Megatron engine's 128 local experts at EP1 take 1.25 s a step at mbs 1, the FSDP engine's
-    0.95 s). A stage whose engine runs none of the layout's plans (rules/tensor.stage_refuses_degrees: FS001, the
-    FSDP engine at tp or ep over 1) is left out: it has no plan to bound, and its refused reference would leave
-    the bound at 0."""
-    firsts = {(cp > 1 and runs_ulysses(job.card, zero), launches_per_expert(job, zero)): zero
+    which keeps the least): one of `zeros` per way their engines time it differently, the first of each: at cp > 1 the
+    CP mechanism (Transformer Engine's cp_comm_type on a Megatron-Core engine, Ulysses' all-to-alls on verl's and
+    SkyRL's FSDP engine: rules/context.runs_ulysses, torch's ring on torchtitan's: runs_torch_cp, what the estimate's
+    cp_time reads), and for an MoE model whether the routed experts' grouped GEMMs launch one local expert at a time
+    (estimate/moe_time.launches_per_expert, what expert_launches reads: verl's and SkyRL's Megatron engine, whose
+    experts' forward is no shorter than its launches, not their FSDP engine). Neither engine's time bounds the other's
+    (Qwen3-30B-A3B on 8 H100 with verl at 1,024 tokens: the Megatron engine's 128 local experts at EP1 take 1.25 s a
+    step at mbs 1, the FSDP engine's 0.95 s). A stage whose engine runs none of the layout's plans
+    (rules/tensor.stage_refuses_degrees: FS001, the FSDP engine at tp or ep over 1) is left out: it has no plan to
+    bound, and its refused reference would leave the bound at 0."""
+    firsts = {(cp > 1 and runs_ulysses(job.card, zero), cp > 1 and runs_torch_cp(job.card, zero),
+               launches_per_expert(job, zero)): zero
               for zero in reversed(zeros) if not stage_refuses_degrees(job, zero, tp, ep)}
     return tuple(sorted(firsts.values())) or zeros[:1]
 
