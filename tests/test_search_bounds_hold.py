@@ -399,3 +399,82 @@ def test_the_step_time_bounds_are_under_the_estimate_where_only_one_engine_launc
     assert reference_zeros(job.model_copy(update={"model": job.model.model_copy(update={"moe": None})}),
                            (0, 1, 3), 1, 1, 1) == (0,)
     assert check_bounds(req, stride=1) > 100
+
+
+# torchtitan 0.1.0 with op-level SAC on Hopper: auto runs FlashAttention-2, which its save list keeps; a request naming
+# a backend whose kernel the list lacks (cuDNN: card recompute.unsaved_attention) has its attention recomputed
+UNSAVED_BACKEND = dict(model="llama3-8b", num_gpus=8, gpu="h100", framework="torchtitan", framework_version="0.1.0",
+                       seq_length=8192, recompute="selective", attention_backend="fused")
+
+
+def cudnn_when_named(card):
+    """The torchtitan card as if its `fused` backend ran cuDNN attention (the cards map no backend for torchtitan: it
+    has no switch for the kernel, so auto's is every plan's): the one case where a named backend's kernel is left
+    off the release's save list while auto's is kept."""
+    return card.model_copy(update={"attention": card.attention.model_copy(update={"backends": {"fused": "cudnn"}})})
+
+
+def test_no_card_names_a_backend_whose_kernel_its_op_sac_list_lacks():
+    """Why no request of today's cards puts a floor over its estimate: torchtitan (the one card with an unsaved
+    attention kernel) maps no named backend to a kernel, so every plan's attention is auto's, the kernel the floors
+    read; a card that named one would be the variant below."""
+    from meshplan.estimate.attention_time import op_sac_may_recompute_attention, op_sac_recomputes_attention
+    from meshplan.knowledge.cards import framework_card
+    from meshplan.schema.choices import FRAMEWORKS
+
+    for name in FRAMEWORKS:
+        card = framework_card(name)
+        unsaved = {k for kernels in card.recompute.unsaved_attention.values() for k in kernels}
+        assert not unsaved & set(card.attention.backends.values() if card.attention else ()), name
+    job, _ = search_job(Request(**UNSAVED_BACKEND))
+    assert not op_sac_may_recompute_attention(job)
+    assert not op_sac_recomputes_attention(job, "fused", 3)
+    blackwell, _ = search_job(Request(**{**UNSAVED_BACKEND, "gpu": "b200"}))
+    assert op_sac_may_recompute_attention(blackwell)  # auto's cuDNN there
+
+
+def test_the_floor_takes_the_attention_recomputed_where_a_named_backends_kernel_is_unsaved():
+    """A torchtitan 0.1.0 request naming a backend whose kernel the op-level SAC list lacks (cudnn_when_named): its
+    estimate keeps neither the attention's output nor its log-sum-exp; the floors asked at auto's kernel (kept) and
+    counted both, 75.6 GiB over the estimate's 73.1 GiB at TP1 ZeRO-3 micro-batch 2. The floors take the attention
+    recomputed wherever some plan's kernel is unsaved (attention_time.op_sac_may_recompute_attention)."""
+    from meshplan.estimate.attention_time import op_sac_may_recompute_attention, op_sac_recomputes_attention
+    from meshplan.estimate.memory import estimate_memory
+    from meshplan.search.floors import first_stage_floor
+    from meshplan.search.space import Layout, state_preset
+
+    job, _ = search_job(Request(**UNSAVED_BACKEND))
+    job = job.model_copy().attach_cards(cudnn_when_named(job.card))
+    assert not op_sac_recomputes_attention(job) and op_sac_recomputes_attention(job, "fused", 3)
+    assert op_sac_may_recompute_attention(job)
+    compared = 0
+    for lay in (Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=8), Layout(tp=2, pp=1, cp=1, ep=1, etp=1, dp=4)):
+        for zero in (0, 3):  # torchtitan's FSDP2 has no ZeRO 1 or 2 (AD001)
+            preset = state_preset(job, zero, {"attention_backend": "fused"})
+            for mbs in (1, 2, 4):
+                plan = lay.plan(zero_stage=zero, recompute="selective", micro_batch_size=mbs,
+                                sequence_parallel=lay.tp > 1, attention_backend="fused", cp_comm_type="p2p")
+                estimate = estimate_memory(job, plan).stages[0].total_bytes
+                floor = first_stage_floor(job, lay, zero, "selective", mbs, lay.tp > 1, preset)
+                assert floor <= estimate * (1.0 + ROUNDING), (plan.short, floor, estimate)
+                compared += 1
+    assert compared == 12
+
+
+def test_the_search_finds_the_oracles_top_k_where_a_named_backends_kernel_is_unsaved(monkeypatch):
+    """The request of the case above resolved with that card (cudnn_when_named, attached by the resolver): the search
+    ranks the oracle's top 3 (TP1 DP8 ZeRO-3 micro-batch 2 first, 64.27 s at 78.5 GB)."""
+    from meshplan.knowledge.cards import framework_card
+    from meshplan.request import resolve
+    from meshplan.search import exhaustive_top_k, recommend
+
+    variant = cudnn_when_named(framework_card("torchtitan"))
+    monkeypatch.setattr(resolve, "framework_card",
+                        lambda name: variant if name == "torchtitan" else framework_card(name))
+    req = Request(**UNSAVED_BACKEND)
+    oracle = exhaustive_top_k(req, 3)
+    rec = recommend(req, top_k=3)
+    assert rec.candidates[0].plan.attention_backend == "fused"
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle], rel=1e-12)
+    assert [c.memory.peak_bytes for c in rec.candidates] == [r.peak_bytes for r in oracle]
