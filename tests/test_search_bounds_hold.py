@@ -41,7 +41,7 @@ def check_bounds(req: Request, stride: int, tightest: list[float] | None = None,
     twins = [0] if twins is None else twins
     job, _ = search_job(req)
     engine = default_engine(job.framework)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), engine, 1)
     tiers = split_space(search)
     ideal = ideal_time(job, engine)
     compared = 0
@@ -139,7 +139,7 @@ def test_the_pipeline_bound_is_under_the_estimate_on_a_virtual_split():
     req = Request(model="qwen3-8b", num_gpus=8, gpu="h100", framework="megatron-core", seq_length=2048,
                   global_batch_size=32, headroom=0.05, recompute="none")
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     tiers = split_space(search)
     search.sized(tiers.inside)
     lay = next(lay for lay in tiers.inside if (lay.tp, lay.pp, lay.cp, lay.vpp) == (1, 4, 2, 2) and lay.split
@@ -157,7 +157,7 @@ def test_the_seed_key_is_under_the_estimate_on_an_uneven_interleaved_split():
                   global_batch_size=32, headroom=0.0)
     job, _ = search_job(req)
     engine = default_engine(job.framework)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), engine, 1)
     tiers = split_space(search)
     search.sized(tiers.inside)
     lay = next(lay for lay in tiers.inside + tiers.across
@@ -214,7 +214,7 @@ def test_the_step_time_bounds_are_under_the_estimate_on_uneven_splits(req, strid
     (search/rank_chains.py) instead of their stretch, which would be over some of those estimates."""
     job, _ = search_job(req)
     engine = default_engine(job.framework)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), engine, 1)
     ideal = ideal_time(job, engine)
     compared = chained = 0
     for lay, sizes in uneven_layouts(search, stride):
@@ -243,7 +243,7 @@ def test_a_group_whose_seeds_no_zero_stage_raises_keeps_their_keys(req):
     """group_syncs stops at a ZeRO stage that raises none of the seeds it is given (their least keys per micro-batch
     size): every seed key and every larger key of the group's layouts is then what the full group_syncs gives them."""
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     ideal = ideal_time(job, search.engine)
     stopped = 0
     for group in search.sized(split_space(search).inside).groups[::3]:
@@ -270,7 +270,7 @@ def test_a_rank_heavier_than_its_share_raises_the_exact_bounds(req, stride):
     chain, m t_r + the earlier ranks' / v, longer than the stretch (rank_chains.heavy_chains): the exact token bound
     rises above its stretch on such layouts, and with the pipeline bound it stays under every plan's estimate."""
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     raised = compared = 0
     for lay, sizes in uneven_layouts(search, stride):
         mbs, recompute = sizes[0], search.recomputes[0]
@@ -295,7 +295,7 @@ def test_a_cp_rank_holding_part_of_a_sequence_is_bounded_at_its_own_cp(req, stri
     more rows and so takes less per token: DeepSeek-V3's pipeline bounds sat 5-7% under their step's floor). Its
     seconds per token are over the whole-sequence reference's, and the pipeline bound stays under every estimate."""
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     tiers = split_space(search)
     search.sized(tiers.inside)
     raised = compared = 0
@@ -322,7 +322,7 @@ def test_a_rank_over_the_stretch_raises_the_exact_bounds_where_every_last_rank_i
     then raises the exact bounds over the stretch (they stopped at it, up to 12% under the step's floor on
     DeepSeek-V3's PP4 VPP3), and they stay under every plan's estimate."""
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     raised = compared = 0
     for lay, sizes in uneven_layouts(search, stride):
         mbs = sizes[0]
