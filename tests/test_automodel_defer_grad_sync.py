@@ -13,6 +13,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.sharding_traffic import sharding_schedule
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
+from meshplan.search import search_job
 from meshplan.search.space import carried_fields
 
 # 16 over 8 data ranks at micro-batch 1: two micro-batches per step
@@ -62,9 +63,26 @@ def test_other_frameworks_refuse_the_setting():
         assert resolve(Request(**{**DENSE, "framework": name}))[1].defer_fsdp_grad_sync is None
 
 
+def carried(req: Request) -> object:
+    """The defer_fsdp_grad_sync the search carries for `req`, from its search job (release and model resolved once)."""
+    return carried_fields(req, search_job(req)[0])["defer_fsdp_grad_sync"]
+
+
 def test_the_search_carries_it():
-    assert carried_fields(Request(**DENSE, defer_fsdp_grad_sync=False))["defer_fsdp_grad_sync"] is False
-    assert carried_fields(Request(**DENSE))["defer_fsdp_grad_sync"] is True
+    assert carried(Request(**DENSE, defer_fsdp_grad_sync=False)) is False
+    assert carried(Request(**DENSE)) is True
+
+
+def test_the_search_carries_an_old_snapshots_schedule_from_the_resolved_release_and_model():
+    """A MoE model on a main snapshot from before AutoModel sharded the outer model reduced every micro-batch: the
+    search carries it off as resolve sets it, read from the search job's release and model (its framework_version
+    and model_type as resolved, not the request's names resolved again), and the request's prefix or alias of them
+    reads the same."""
+    moe = dict(DENSE, model="qwen3-30b-a3b", num_gpus=16, framework_version="main@2025-10-02")
+    for req in (Request(**moe), Request(**{**moe, "model": "Qwen/Qwen3-30B-A3B"})):
+        assert carried(req) is False and resolve(req)[1].defer_fsdp_grad_sync is False
+    assert carried(Request(**{**moe, "framework_version": "main@2025-11-11"})) is True
+    assert carried(Request(**{**moe, "model": "mistral-7b"})) is True  # a dense model: the change does not act on it
 
 
 @pytest.mark.parametrize("value", [True, False])

@@ -44,7 +44,7 @@ def test_the_floor_never_exceeds_an_estimate(seed):
             req = Request(model=rng.choice(MODELS), framework=rng.choice(FRAMEWORKS), num_gpus=gpus,
                           seq_length=rng.choice([4096, 16384, 65536, 131072]), **extra)
             job, _ = search_job(req)
-            fixed = Fixed.from_request(req)
+            fixed = Fixed.from_request(req, job)
             search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
         except MeshplanError:
             continue
@@ -73,7 +73,7 @@ def test_the_floor_comes_near_the_estimate_where_one_term_dominates():
     req = Request(**KF_128K, num_gpus=1120, tp=4, pp=28, recompute="full", micro_batch_size=1)
     memory = api.estimate_memory(req)
     job, _ = search_job(req)
-    floor = count_free_floor(job, Fixed.from_request(Request(**KF_128K)), LIMIT).floor
+    floor = count_free_floor(job, Fixed.from_request(Request(**KF_128K), job), LIMIT).floor
     assert 0.9 * memory.fit_bytes <= floor <= memory.fit_bytes
 
 
@@ -95,7 +95,7 @@ def test_the_floor_is_the_memory_models_logits_term():
     """The output term is output_activations' own figure at the shape named (one home for the arithmetic)."""
     req = Request(**KF_128K)
     job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
-    floor = count_free_floor(job, Fixed.from_request(req), LIMIT)
+    floor = count_free_floor(job, Fixed.from_request(req, job), LIMIT)
     conv = state_preset(job, floor.zero, {})[0]
     assert floor.output == output_activations(conv, floor.tokens, floor.vocab, floor.tp, job.model.hidden_size,
                                               floor.tp if floor.sp else 1)
@@ -107,7 +107,7 @@ def test_the_nearest_sequence_length_opens_the_floor():
     """The sequence length the proof names is the longest (in 1,024-token steps) at which the floor fits."""
     req = Request(**KF_128K)
     job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     proof = floor_proof(job, fixed, 0.1, LIMIT)
     assert proof is not None
     text = next(c for c in proof.changes if "seq_length=" in c)
@@ -129,7 +129,7 @@ def test_a_fixed_field_that_closes_the_floor_is_named():
     as the field to leave open."""
     req = Request(model="llama-3.1-8b", framework="megatron-core", gpu="h100", seq_length=131072, tp=1, cp=1)
     job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     proof = floor_proof(job, fixed, 0.1, LIMIT)
     assert proof is not None
     assert any(change.startswith("tp, cp left open") for change in proof.changes), proof.changes
@@ -142,8 +142,8 @@ def test_requests_that_fit_get_no_proof(fields):
     """Where a count fits, the floor is under the budget: the scan runs as before."""
     req = Request(gpu="h100", **fields)
     job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
-    assert floor_proof(job, Fixed.from_request(req), 0.1, LIMIT) is None
-    assert count_free_floor(job, Fixed.from_request(req), LIMIT).floor < 0.1 * GIB * 80
+    assert floor_proof(job, Fixed.from_request(req, job), 0.1, LIMIT) is None
+    assert count_free_floor(job, Fixed.from_request(req, job), LIMIT).floor < 0.1 * GIB * 80
 
 
 def test_mcp_answers_the_proof_with_its_changes_as_next_steps():
@@ -165,15 +165,16 @@ def test_a_framework_that_runs_the_model_on_one_stage_holds_every_layer():
               "recompute": "selective"}
     req = Request(**fields, num_gpus=64)
     job, _ = search_job(req)
-    floor = count_free_floor(job, Fixed.from_request(req), LIMIT)
+    floor = count_free_floor(job, Fixed.from_request(req, job), LIMIT)
     assert floor.one_stage and floor.floor > memory_budget(job, 0.1)
-    one, _ = search_job(Request(**fields, num_gpus=64, pp=1))
-    assert count_free_floor(one, Fixed.from_request(Request(**fields, num_gpus=64, pp=1)), LIMIT).floor == floor.floor
+    one_stage = Request(**fields, num_gpus=64, pp=1)
+    one, _ = search_job(one_stage)
+    assert count_free_floor(one, Fixed.from_request(one_stage, one), LIMIT).floor == floor.floor
     answer = api.minimum_gpus(Request(**fields))
     assert answer.stopped_by == "memory" and "every decoder layer's saved activations" in answer.rationale
     core = Request(**{**fields, "framework": "megatron-core"}, num_gpus=64)
     job, _ = search_job(core)
-    assert not count_free_floor(job, Fixed.from_request(core), LIMIT).one_stage
+    assert not count_free_floor(job, Fixed.from_request(core, job), LIMIT).one_stage
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
@@ -194,7 +195,7 @@ def test_every_valid_layouts_shape_is_admitted(seed):
             req = Request(model=rng.choice(MODELS), framework=rng.choice(FRAMEWORKS), num_gpus=gpus, gpu="h100",
                           seq_length=rng.choice([4096, 16384, 65536]), **extra)
             job, _ = search_job(req)
-            fixed = Fixed.from_request(req)
+            fixed = Fixed.from_request(req, job)
             search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
         except MeshplanError:
             continue
@@ -217,7 +218,7 @@ def test_the_proof_names_a_tp_the_framework_runs():
     named TP28, a layout KempnerForge refuses."""
     req = Request(**KF_128K)
     job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     proof = floor_proof(job, fixed, 0.1, LIMIT)
     assert proof is not None and proof.floor.tp == 4 and "TP4 " in proof.sentence()
     assert count_free_floor(job, fixed, LIMIT, rules=False).tp == 28
@@ -234,7 +235,7 @@ def test_a_rule_that_refuses_tp_holds_the_floor_to_tp_1(fields, tp):
     the most TP the heads allow."""
     req = Request(gpu="h100", seq_length=65536, **fields)
     job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     assert count_free_floor(job, fixed, LIMIT).tp == tp
     assert count_free_floor(job, fixed, LIMIT, rules=False).tp > tp
 
@@ -247,7 +248,7 @@ def test_a_floor_over_the_rules_tps_proves_what_the_heads_tps_did_not():
     fields = {"model": "qwen3-30b-a3b", "framework": "kempnerforge", "gpu": "h100", "seq_length": 54272}
     req = Request(**fields)
     job, _ = search_job(req.model_copy(update={"num_gpus": 8}))
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     budget = memory_budget(job, 0.1)
     blind, floor = count_free_floor(job, fixed, LIMIT, rules=False), count_free_floor(job, fixed, LIMIT)
     assert blind.floor <= budget < floor.floor and blind.tp == 32 and floor.tp == 4 and floor.one_stage

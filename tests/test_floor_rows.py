@@ -32,7 +32,7 @@ CASES = [*REQUESTS, Request(model="deepseek-v3", num_gpus=256, framework="megatr
 def searches(req: Request):
     """The request's job, its layouts, and searches of it at budgets from a quarter of the GPU to all of it."""
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     layouts, _ = enumerate_layouts(job, fixed)
     engine = default_engine(job.framework)
     for part in (0.25, 0.5, 0.75, 1.0):

@@ -49,7 +49,7 @@ def test_the_host_floor_counts_the_jobs_ranks_on_a_node():
     for gpus, ranks in ((2, 2), (16, 8)):
         req = Request(**OFFLOAD, num_gpus=gpus)
         job, _ = search_job(req)
-        space = Space.of(job, Fixed.from_request(req))
+        space = Space.of(job, Fixed.from_request(req, job))
         plan = space.plan(space.layouts[0], space.zeros[0], space.recomputes[0], 1)
         # 8.03B parameters x 16 B over the job's GPUs, times its ranks on a node
         assert min(host_floor(job, z, plan) for z in space.zeros) / GIB == pytest.approx(119.66 / gpus * ranks,
@@ -78,7 +78,7 @@ def host_and_gpu_rejects(req: Request) -> tuple[int, int]:
     """By brute force (as search/oracle.py walks the space): the plans that pass the structural rules and are over
     the GPU budget, and those within it whose offloads are over cpu_memory_per_node (what `check` calls MEM003)."""
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     space = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
     budget = memory_budget(job, headroom_for(req))
     gpu = host = 0

@@ -179,7 +179,7 @@ def test_a_dropped_groups_example_carries_the_fixed_expert_degrees():
     from meshplan.search.space import Fixed
     req = Request(**MIX, ep=2, etp=2)
     job, _ = search_job(req)
-    space = Space.of(job, Fixed.from_request(req))
+    space = Space.of(job, Fixed.from_request(req, job))
     assert space.dropped and all(g.example.ep == 1 for g in space.dropped)  # the law drops before experts
     assert all((fixed_experts(space, g.example).ep, fixed_experts(space, g.example).etp) == (2, 2)
                for g in space.dropped)
@@ -279,7 +279,7 @@ def test_every_knob_the_search_opens_is_one_the_adapter_writes(framework):
         base, fields = SEARCHED_KNOB_PROBES[knob]
         req = Request(**base, gpu="h100", framework=framework)
         job, _ = search_job(req)
-        zeros = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(framework), 1).zeros
+        zeros = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(framework), 1).zeros
         written = []
         for zero in zeros:
             errors = {f.id for f in api.check_config(Request(**base, gpu="h100", framework=framework, zero_stage=zero,

@@ -35,7 +35,7 @@ REQUESTS = [
 def sampled_plans(req: Request, count: int, seed: int):
     """(job, plan) pairs drawn from the request's searched space: layouts, ZeRO stages, recomputes, micro-batches."""
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
     layouts, _ = enumerate_layouts(job, fixed)
     rng = random.Random(seed)
@@ -149,7 +149,7 @@ def test_a_verdict_at_one_budget_settles_another_only_where_it_can():
     own budget and evaluates again where it does not, counting the plan's memory estimate once per job."""
     req = REQUESTS[0]
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     tight = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1, budget_bytes=1 * GIB)
     roomy = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
     roomy.caches = tight.caches.shared()
@@ -175,7 +175,7 @@ def test_the_near_misses_of_a_search_are_the_same_from_verdicts_as_from_reports(
     from meshplan.search.engine import run_search
 
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     engine = default_engine(job.framework)
     fast, _ = run_search(job, fixed, engine, 3, [])
     full, _ = run_search(job, fixed, without_fit_path(engine), 3, [])

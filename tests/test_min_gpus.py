@@ -24,7 +24,7 @@ from meshplan.search.zero_stages import bound_preset
 def _floor(model: str, gpu: str = "h100", **fields) -> int:
     req = Request(model=model, gpu=gpu, num_gpus=8, **fields)
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     budget = memory_budget(job, min_headroom_fraction())
     zeros = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1, budget_bytes=budget).zeros
     return states_floor(job, zeros, budget, fixed.carried)
@@ -39,7 +39,7 @@ def test_the_floor_counts_the_routed_experts():
     assert routed / dense > 50
     budget = memory_budget(job, min_headroom_fraction())
     assert _floor("kimi-k2") >= math.ceil(2 * routed / budget) >= 26
-    per_param = bytes_per_param(state_preset(job, 3, Fixed.from_request(req).carried)[1], 1.0)
+    per_param = bytes_per_param(state_preset(job, 3, Fixed.from_request(req, job).carried)[1], 1.0)
     assert _floor("kimi-k2") == math.ceil(per_param * (dense + routed) / budget)
     # a LoRA job's frozen base keeps its weights only: a far lower floor
     assert _floor("llama-3.1-70b", lora_rank=16, framework="megatron-bridge") < _floor("llama-3.1-70b") / 4
@@ -69,7 +69,7 @@ def test_the_floor_never_over_counts(seed):
             req = Request(model=rng.choice(MODELS), framework=rng.choice(FRAMEWORKS), seq_length=2048, num_gpus=gpus,
                           global_batch_size=rng.choice([None, gpus]), **extra)  # one micro-batch per step, or many
             job, _ = search_job(req)
-            fixed = Fixed.from_request(req)
+            fixed = Fixed.from_request(req, job)
             search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
         except MeshplanError:
             continue
@@ -97,7 +97,7 @@ def test_the_floor_leaves_out_gradients_a_trainer_frees_before_the_backward():
     req = Request(model="moonlight-16b-a3b", framework="verl", gpu="a100-80gb", num_gpus=3, seq_length=1024,
                   global_batch_size=12)
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
     layout = next(lay for lay in enumerate_layouts(job, fixed)[0] if lay.dp == 3)
     memory = search.engine.memory(job, search.plan(layout, 3, "full", 4))
@@ -189,7 +189,8 @@ def _scan_at(model: str, num_gpus: int, engine=None):
     """fits_somewhere's arguments for `model` on num_gpus H100 at the default headroom, with `engine`."""
     req = Request(model=model, gpu="h100")
     job, _ = search_job(req.model_copy(update={"num_gpus": num_gpus}))
-    return job, Fixed.from_request(req), engine or default_engine(job.framework), memory_budget(job, headroom_for(req))
+    return (job, Fixed.from_request(req, job), engine or default_engine(job.framework),
+            memory_budget(job, headroom_for(req)))
 
 
 def test_the_scan_asks_the_rules_only_of_a_stage_whose_lightest_variant_fits():

@@ -25,7 +25,7 @@ TP2 = Layout(tp=2, pp=1, cp=1, ep=1, etp=1, dp=1)
 
 def search_of(req: Request, budget_bytes: int = 0) -> BestFirstSearch:
     job, _ = search_job(req)
-    return BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 5,
+    return BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 5,
                                    budget_bytes=budget_bytes)
 
 

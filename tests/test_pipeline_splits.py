@@ -191,7 +191,7 @@ def test_zero_stages_the_adapter_cannot_write_are_not_searched(framework, refuse
 
     req = Request(model="llama-3.1-8b", num_gpus=16, framework=framework, gpu="h100")
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     left_out = tuple(stage.zero for stage in search.refused)  # each left-out stage counted under AD001
     assert left_out == refused and all(set(stage.rules) == {"AD001"} for stage in search.refused)
     assert not set(refused) & set(search.zeros)

@@ -24,7 +24,7 @@ def proof_and_probe(req: Request, widen: float = 1.0) -> tuple[bool, bool] | Non
     recommend runs no probe (nothing ranked, no headroom, the search out of its budget) or refuses the request."""
     try:
         job, _ = search_job(req)
-        fixed = Fixed.from_request(req)
+        fixed = Fixed.from_request(req, job)
         engine = default_engine(job.framework)
         search, _ = run_search(job, fixed, engine, 5, [], memory_budget(job, headroom_for(req)),
                                recorded=True)

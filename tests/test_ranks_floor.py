@@ -20,7 +20,7 @@ KIMI_PP16 = Layout(tp=8, pp=16, cp=2, ep=4, etp=4, dp=1, first=3, last=2)
 def kimi_search(budget_bytes: int = 0) -> BestFirstSearch:
     req = Request(model="kimi-k2", num_gpus=256, gpu="h100")
     job, _ = search_job(req)
-    return BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 5,
+    return BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 5,
                                    budget_bytes=budget_bytes)
 
 

@@ -27,8 +27,6 @@ ALLOWED = {
     ("meshplan/rl/job.py", "_critic_engine"): "resolve_rl's ZeRO default for PPO's critic, on the request likewise",
     ("meshplan/rl/job.py", "trainer_request"): "the RL trainer's training request for the actor search, before any "
                                                "Job: the RL launcher's allocator where the request leaves it out",
-    ("meshplan/search/space.py", "carried_fields"): "the fields a request fixes, filled as the resolver fills them, "
-                                                    "read from the request (Fixed.from_request) before any Job",
     ("meshplan/check/headline.py", "layout_text"): "names a report's layout in a header: a CheckReport, no Job (the "
                                                    "faces and render call it, light for the MCP server's start-up)",
 }

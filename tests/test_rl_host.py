@@ -38,7 +38,7 @@ def floor_of(req: Request) -> float:
     job, base = resolve(req)
     training = _training(req)
     trainer, _ = search_job(training)
-    fixed = Fixed.from_request(training)
+    fixed = Fixed.from_request(training, trainer)
     states = least_offloaded_state_bytes(trainer, zero_ladder(trainer.card), fixed.carried)
     return least_framework_host(job, base, states, sum(params_split(trainer)))
 

@@ -136,7 +136,7 @@ def test_the_floor_is_what_the_framework_copies_and_a_zero3_layout_reaches_it():
     job, base = resolve(req)
     training = _training(req)
     trainer, _ = search_job(training)
-    fixed = Fixed.from_request(training)
+    fixed = Fixed.from_request(training, trainer)
     params = sum(params_split(trainer))
     assert least_offloaded_state_bytes(trainer, (3,), fixed.carried) == pytest.approx(4 * params, rel=1e-9)
     assert least_offloaded_state_bytes(trainer, (1,), fixed.carried) > 4 * params

@@ -41,7 +41,7 @@ def check_bounds(req: Request, stride: int, tightest: list[float] | None = None,
     twins = [0] if twins is None else twins
     job, _ = search_job(req)
     engine = default_engine(job.framework)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), engine, 1)
     tiers = split_space(search)
     ideal = ideal_time(job, engine)
     compared = 0
@@ -139,7 +139,7 @@ def test_the_pipeline_bound_is_under_the_estimate_on_a_virtual_split():
     req = Request(model="qwen3-8b", num_gpus=8, gpu="h100", framework="megatron-core", seq_length=2048,
                   global_batch_size=32, headroom=0.05, recompute="none")
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     tiers = split_space(search)
     search.sized(tiers.inside)
     lay = next(lay for lay in tiers.inside if (lay.tp, lay.pp, lay.cp, lay.vpp) == (1, 4, 2, 2) and lay.split
@@ -157,7 +157,7 @@ def test_the_seed_key_is_under_the_estimate_on_an_uneven_interleaved_split():
                   global_batch_size=32, headroom=0.0)
     job, _ = search_job(req)
     engine = default_engine(job.framework)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), engine, 1)
     tiers = split_space(search)
     search.sized(tiers.inside)
     lay = next(lay for lay in tiers.inside + tiers.across
@@ -214,7 +214,7 @@ def test_the_step_time_bounds_are_under_the_estimate_on_uneven_splits(req, strid
     (search/rank_chains.py) instead of their stretch, which would be over some of those estimates."""
     job, _ = search_job(req)
     engine = default_engine(job.framework)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), engine, 1)
     ideal = ideal_time(job, engine)
     compared = chained = 0
     for lay, sizes in uneven_layouts(search, stride):
@@ -243,7 +243,7 @@ def test_a_group_whose_seeds_no_zero_stage_raises_keeps_their_keys(req):
     """group_syncs stops at a ZeRO stage that raises none of the seeds it is given (their least keys per micro-batch
     size): every seed key and every larger key of the group's layouts is then what the full group_syncs gives them."""
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     ideal = ideal_time(job, search.engine)
     stopped = 0
     for group in search.sized(split_space(search).inside).groups[::3]:
@@ -270,7 +270,7 @@ def test_a_rank_heavier_than_its_share_raises_the_exact_bounds(req, stride):
     chain, m t_r + the earlier ranks' / v, longer than the stretch (rank_chains.heavy_chains): the exact token bound
     rises above its stretch on such layouts, and with the pipeline bound it stays under every plan's estimate."""
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     raised = compared = 0
     for lay, sizes in uneven_layouts(search, stride):
         mbs, recompute = sizes[0], search.recomputes[0]
@@ -295,7 +295,7 @@ def test_a_cp_rank_holding_part_of_a_sequence_is_bounded_at_its_own_cp(req, stri
     more rows and so takes less per token: DeepSeek-V3's pipeline bounds sat 5-7% under their step's floor). Its
     seconds per token are over the whole-sequence reference's, and the pipeline bound stays under every estimate."""
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     tiers = split_space(search)
     search.sized(tiers.inside)
     raised = compared = 0
@@ -322,7 +322,7 @@ def test_a_rank_over_the_stretch_raises_the_exact_bounds_where_every_last_rank_i
     then raises the exact bounds over the stretch (they stopped at it, up to 12% under the step's floor on
     DeepSeek-V3's PP4 VPP3), and they stay under every plan's estimate."""
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     raised = compared = 0
     for lay, sizes in uneven_layouts(search, stride):
         mbs = sizes[0]
@@ -399,3 +399,82 @@ def test_the_step_time_bounds_are_under_the_estimate_where_only_one_engine_launc
     assert reference_zeros(job.model_copy(update={"model": job.model.model_copy(update={"moe": None})}),
                            (0, 1, 3), 1, 1, 1) == (0,)
     assert check_bounds(req, stride=1) > 100
+
+
+# torchtitan 0.1.0 with op-level SAC on Hopper: auto runs FlashAttention-2, which its save list keeps; a request naming
+# a backend whose kernel the list lacks (cuDNN: card recompute.unsaved_attention) has its attention recomputed
+UNSAVED_BACKEND = dict(model="llama3-8b", num_gpus=8, gpu="h100", framework="torchtitan", framework_version="0.1.0",
+                       seq_length=8192, recompute="selective", attention_backend="fused")
+
+
+def cudnn_when_named(card):
+    """The torchtitan card as if its `fused` backend ran cuDNN attention (the cards map no backend for torchtitan: it
+    has no switch for the kernel, so auto's is every plan's): the one case where a named backend's kernel is left
+    off the release's save list while auto's is kept."""
+    return card.model_copy(update={"attention": card.attention.model_copy(update={"backends": {"fused": "cudnn"}})})
+
+
+def test_no_card_names_a_backend_whose_kernel_its_op_sac_list_lacks():
+    """Why no request of today's cards puts a floor over its estimate: torchtitan (the one card with an unsaved
+    attention kernel) maps no named backend to a kernel, so every plan's attention is auto's, the kernel the floors
+    read; a card that named one would be the variant below."""
+    from meshplan.estimate.attention_time import op_sac_may_recompute_attention, op_sac_recomputes_attention
+    from meshplan.knowledge.cards import framework_card
+    from meshplan.schema.choices import FRAMEWORKS
+
+    for name in FRAMEWORKS:
+        card = framework_card(name)
+        unsaved = {k for kernels in card.recompute.unsaved_attention.values() for k in kernels}
+        assert not unsaved & set(card.attention.backends.values() if card.attention else ()), name
+    job, _ = search_job(Request(**UNSAVED_BACKEND))
+    assert not op_sac_may_recompute_attention(job)
+    assert not op_sac_recomputes_attention(job, "fused", 3)
+    blackwell, _ = search_job(Request(**{**UNSAVED_BACKEND, "gpu": "b200"}))
+    assert op_sac_may_recompute_attention(blackwell)  # auto's cuDNN there
+
+
+def test_the_floor_takes_the_attention_recomputed_where_a_named_backends_kernel_is_unsaved():
+    """A torchtitan 0.1.0 request naming a backend whose kernel the op-level SAC list lacks (cudnn_when_named): its
+    estimate keeps neither the attention's output nor its log-sum-exp; the floors asked at auto's kernel (kept) and
+    counted both, 75.6 GiB over the estimate's 73.1 GiB at TP1 ZeRO-3 micro-batch 2. The floors take the attention
+    recomputed wherever some plan's kernel is unsaved (attention_time.op_sac_may_recompute_attention)."""
+    from meshplan.estimate.attention_time import op_sac_may_recompute_attention, op_sac_recomputes_attention
+    from meshplan.estimate.memory import estimate_memory
+    from meshplan.search.floors import first_stage_floor
+    from meshplan.search.space import Layout, state_preset
+
+    job, _ = search_job(Request(**UNSAVED_BACKEND))
+    job = job.model_copy().attach_cards(cudnn_when_named(job.card))
+    assert not op_sac_recomputes_attention(job) and op_sac_recomputes_attention(job, "fused", 3)
+    assert op_sac_may_recompute_attention(job)
+    compared = 0
+    for lay in (Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=8), Layout(tp=2, pp=1, cp=1, ep=1, etp=1, dp=4)):
+        for zero in (0, 3):  # torchtitan's FSDP2 has no ZeRO 1 or 2 (AD001)
+            preset = state_preset(job, zero, {"attention_backend": "fused"})
+            for mbs in (1, 2, 4):
+                plan = lay.plan(zero_stage=zero, recompute="selective", micro_batch_size=mbs,
+                                sequence_parallel=lay.tp > 1, attention_backend="fused", cp_comm_type="p2p")
+                estimate = estimate_memory(job, plan).stages[0].total_bytes
+                floor = first_stage_floor(job, lay, zero, "selective", mbs, lay.tp > 1, preset)
+                assert floor <= estimate * (1.0 + ROUNDING), (plan.short, floor, estimate)
+                compared += 1
+    assert compared == 12
+
+
+def test_the_search_finds_the_oracles_top_k_where_a_named_backends_kernel_is_unsaved(monkeypatch):
+    """The request of the case above resolved with that card (cudnn_when_named, attached by the resolver): the search
+    ranks the oracle's top 3 (TP1 DP8 ZeRO-3 micro-batch 2 first, 64.27 s at 78.5 GB)."""
+    from meshplan.knowledge.cards import framework_card
+    from meshplan.request import resolve
+    from meshplan.search import exhaustive_top_k, recommend
+
+    variant = cudnn_when_named(framework_card("torchtitan"))
+    monkeypatch.setattr(resolve, "framework_card",
+                        lambda name: variant if name == "torchtitan" else framework_card(name))
+    req = Request(**UNSAVED_BACKEND)
+    oracle = exhaustive_top_k(req, 3)
+    rec = recommend(req, top_k=3)
+    assert rec.candidates[0].plan.attention_backend == "fused"
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle], rel=1e-12)
+    assert [c.memory.peak_bytes for c in rec.candidates] == [r.peak_bytes for r in oracle]

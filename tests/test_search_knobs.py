@@ -125,7 +125,7 @@ def test_memory_floors_take_the_carried_fields(fields, framework):
 
     req = Request(**{"model": "deepseek-v2-lite", "num_gpus": 16, "framework": framework, **fields})
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     search = BestFirstSearch.for_job(job, fixed, default_engine(framework), 1)
     rng = random.Random(3)
     layouts, _ = enumerate_layouts(job, fixed)

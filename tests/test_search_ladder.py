@@ -14,7 +14,7 @@ SKYRL_MOE = dict(model="qwen3-30b-a3b", framework="skyrl", gpu="h100", num_gpus=
 
 def ladder(req: Request) -> BestFirstSearch:
     job, _ = search_job(req)
-    return BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    return BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
 
 
 def test_a_carried_field_given_keeps_skyrls_fsdp_stage_in_the_search():

@@ -15,7 +15,7 @@ from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batche
 def test_first_stage_floor_with_a_shared_memo_equals_the_floor_computed_afresh():
     req = Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100")
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
     layouts, _ = enumerate_layouts(job, fixed)
     memo: dict = {}
@@ -38,7 +38,7 @@ def test_the_floors_of_every_recompute_in_one_pass_are_each_recomputes_floor():
     first_stage_floor to the last bit, on a MoE job with pp 1 (the logits counted) and deeper pipelines."""
     req = Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100")
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
     layouts, _ = enumerate_layouts(job, fixed)
     pps = set()
@@ -189,7 +189,7 @@ def test_seed_keys_and_pipeline_bounds_from_their_memos_equal_the_plain_arithmet
 
     req = Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100")
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     engine = default_engine(job.framework)
     searches = [BestFirstSearch.for_job(job, fixed, engine, 1) for _ in range(2)]
     layouts, _ = enumerate_layouts(job, fixed)
@@ -234,7 +234,7 @@ def test_token_rates_are_kept_per_what_they_read_and_equal_the_rates_worked_out_
 
     req = Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100")
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     engine = default_engine(job.framework)
     used, fresh = (BestFirstSearch.for_job(job, fixed, engine, 1) for _ in range(2))
     layouts, _ = enumerate_layouts(job, fixed)
@@ -282,7 +282,7 @@ def test_the_pipeline_unit_is_the_bases_traffic_even_where_the_rules_refuse_the_
 
     req = Request(model="llama-3.1-70b", num_gpus=64, framework="torchtitan", gpu="h100")
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     engine = default_engine(job.framework)
     search = BestFirstSearch.for_job(job, fixed, engine, 1)
     refused = 0
@@ -316,7 +316,7 @@ def test_states_bound_with_bytes_per_param_kept_per_shard_equals_the_plain_bound
 
     req = Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100")
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
     layouts, _ = enumerate_layouts(job, fixed)
     degrees = {(lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp): lay for lay in layouts}
@@ -337,7 +337,7 @@ def test_seed_shapes_worked_out_once_per_pipeline_are_each_layouts_own():
 
     req = Request(model="deepseek-v3", num_gpus=256, framework="megatron-core", gpu="h100")
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
     layouts, _ = enumerate_layouts(job, fixed)
     seeds = search.sized(layouts)
@@ -364,7 +364,7 @@ def test_seed_entries_keep_their_last_ranks_and_the_keys_read_them():
 
     req = Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100")
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     engine = default_engine(job.framework)
     search = BestFirstSearch.for_job(job, fixed, engine, 1)
     layouts, _ = enumerate_layouts(job, fixed)
@@ -429,7 +429,7 @@ def test_grid_plans_at_each_zero_stage_are_the_full_copy_of_the_first_plan():
     the same plan, fields set included, as the copy of the search's first plan with every grid field changed."""
     req = Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100")
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
     layouts, _ = enumerate_layouts(job, fixed)
     assert len(search.zeros) > 1

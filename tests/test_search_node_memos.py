@@ -21,7 +21,7 @@ KIMI = Request(model="kimi-k2", num_gpus=256, gpu="h100")
 
 def search_of(req: Request) -> BestFirstSearch:
     job, _ = search_job(req)
-    return BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 5)
+    return BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 5)
 
 
 def test_knob_rows_are_each_layouts_knobs():

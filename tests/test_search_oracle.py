@@ -359,7 +359,7 @@ def test_the_oracles_kept_verdicts_are_checks(seed):
 
     req = Request(**sampled_fixed_request(seed)[0]) if seed >= 5000 else sampled_request(seed)[0]
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     engine = default_engine(job.framework)
     space = BestFirstSearch.for_job(job, fixed, engine, 1)
     kept, verdicts = Verdicts(job), []

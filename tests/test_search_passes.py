@@ -46,7 +46,7 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
     opened 91 more groups). The seeding's SuperGroups (groups of one tp, cp, ep, etp as one node) are keyed at most
     every floor of their groups (seed_groups.super_floor), most above the ideal time too, and pop before them."""
     job, _ = search_job(req)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     engine = default_engine(job.framework)
     search = BestFirstSearch.for_job(job, fixed, engine, 1)
     tiers = split_space(search)
@@ -143,7 +143,7 @@ def test_a_groups_dead_layouts_are_each_layouts_own_verdict(req):
     layout) gives each layout of every group the verdict layout_over gives it alone in a fresh search, at budgets
     that leave some dead and some alive."""
     job, _ = search_job(req)
-    fixed, engine = Fixed.from_request(req), default_engine(job.framework)
+    fixed, engine = Fixed.from_request(req, job), default_engine(job.framework)
     seen = set()
     for share in (0.1, 0.4, 1.0):
         budget = int(job.gpu.memory_bytes * share)
@@ -168,7 +168,7 @@ def test_the_space_split_counts_per_dp_what_each_layout_counts(req):
     # them (zero_stages.search_ladder: AD001, torchtitan's ZeRO-1, SkyRL's ZeRO-0, verl's ZeRO-2; RC003, verl's FSDP
     # ZeRO-3 with a recompute_method)
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     tiers = split_space(search)
     layouts = [*tiers.inside, *tiers.across]
     assert tiers.across_plans == sum(search.plans_of(lay) for lay in tiers.across)
@@ -336,7 +336,7 @@ def test_an_opened_group_pushes_and_checks_only_the_layouts_the_queue_reaches(mo
     monkeypatch.setattr(BestFirstSearch, "open_group", opening)
     req = Request(model="llama-3.1-70b", num_gpus=64, gpu="h100")
     job, _ = search_job(req)
-    search, _ = search_engine.run_search(job, Fixed.from_request(req), default_engine(job.framework), 5, [],
+    search, _ = search_engine.run_search(job, Fixed.from_request(req, job), default_engine(job.framework), 5, [],
                                          memory_budget(job, headroom_for(req)))
     opened = [lay for group in search.caches.seeds[0].groups for lay, entry, _ in group.members
               if entry[1] is not None and entry[2] <= search.cutoff]
@@ -351,7 +351,7 @@ def test_a_group_whose_least_bubble_layout_cannot_fit_works_out_no_dead_layouts_
     rule as the group opens: more than a queue holding them would have popped (the settle_dead count)."""
     req = Request(model="kimi-k2", num_gpus=256, gpu="h100")
     job, _ = search_job(req)
-    search, _ = search_engine.run_search(job, Fixed.from_request(req), default_engine(job.framework), 5, [],
+    search, _ = search_engine.run_search(job, Fixed.from_request(req, job), default_engine(job.framework), 5, [],
                                          memory_budget(job, headroom_for(req)))
     dead_picked, unkeyed = 0, 0
     for group in search.caches.seeds[0].groups:
@@ -378,7 +378,7 @@ def test_groups_pop_before_their_nodes_and_estimate_nothing(spent):
     req = Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100")
     job, _ = search_job(req)
     engine = default_engine(job.framework)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 2)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), engine, 2)
     ideal = ideal_time(job, engine)
     search.seed(split_space(search).inside, ideal, tier=0)
     assert {entry[1] for entry in search.heap} <= {Level.GROUP, Level.RULES}

@@ -61,7 +61,7 @@ def test_the_kept_chains_are_the_loads_chains_to_the_last_bit():
     checked = 0
     for req, stride in JOBS:
         job, _ = search_job(req)
-        search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+        search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
         for lay, sizes in uneven_layouts(search, stride):
             rate = search.token_rate(lay, sizes[0], search.recomputes[0])
             kept, defined = search.light_ranks(lay, rate), defined_light(search, lay, rate)

@@ -61,7 +61,7 @@ def test_a_refusal_names_no_zero_stage_the_request_left_open():
     request fixes alone. Where the stages' fixes differ (SkyRL's Megatron and FSDP engines), each says its stages."""
     req = dict(model="llama-3.1-8b", num_gpus=16, framework="kempnerforge", optimizer_offload=True)
     job, _ = search_job(Request(**req))
-    stages = Space.of(job, Fixed.from_request(Request(**req))).zeros
+    stages = Space.of(job, Fixed.from_request(Request(**req), job)).zeros
     assert len(stages) > 1
     with pytest.raises(MeshplanError) as exc:
         api.recommend(Request(**req))
@@ -85,11 +85,11 @@ def test_a_blocker_is_one_no_plan_of_the_space_passes():
     ep on a dense model fails EP001 everywhere)."""
     req = Request(model="llama-3.1-8b", num_gpus=8, ep=2)
     job, _ = search_job(req)
-    found, total = blocking_rule(Space.of(job, Fixed.from_request(req)))
+    found, total = blocking_rule(Space.of(job, Fixed.from_request(req, job)))
     assert found.id == "EP001" and total > 0
     ok = Request(model="llama-3.1-8b", num_gpus=8)
     job, _ = search_job(ok)
-    assert blocking_rule(Space.of(job, Fixed.from_request(ok))) is None
+    assert blocking_rule(Space.of(job, Fixed.from_request(ok, job))) is None
 
 
 def test_a_host_too_small_for_any_offload_is_refused_with_mem003():
@@ -109,7 +109,7 @@ def test_the_host_floor_never_exceeds_what_check_estimates():
     req = Request(**{**HOST, "cpu_memory_per_node": None, "num_gpus": 16})
     job, _ = search_job(req)
     rec = api.recommend(req, top_k=5)
-    space = Space.of(job, Fixed.from_request(req))
+    space = Space.of(job, Fixed.from_request(req, job))
     plan = space.plan(space.layouts[0], space.zeros[0], space.recomputes[0], 1)
     floor = min(host_floor(job, z, plan) for z in space.zeros)
     assert floor > 0
@@ -232,7 +232,7 @@ def test_only_the_count_read_fields_take_other_values_at_another_count(fields):
     """COUNT_READ_FIELDS: of the plans of two counts' spaces, every other field takes the same values at both (what
     lets min-gpus stop on a rule reading none of them after one count)."""
     job, _ = search_job(Request(gpu="h100", num_gpus=8, **fields))
-    fixed = Fixed.from_request(Request(gpu="h100", num_gpus=8, **fields))
+    fixed = Fixed.from_request(Request(gpu="h100", num_gpus=8, **fields), job)
     seen = []
     names = tuple(Plan.model_fields)
     for world in (8, 64):
@@ -279,7 +279,7 @@ def test_a_blocker_read_on_the_layouts_told_apart_is_the_one_every_plan_breaks(f
     the same answer as asking it of every plan of the space."""
     req = Request(**{"model": "qwen3-30b-a3b", "gpu": "h100", "num_gpus": 64, **fields})
     job, _ = search_job(req)
-    space = Space.of(job, Fixed.from_request(req))
+    space = Space.of(job, Fixed.from_request(req, job))
     fast = blocking_rule(space)
     plainest = space.layouts[0]
     candidates = {f.id for f in refusal.first_errors(job, space.plan(plainest, space.zeros[0], space.recomputes[0],

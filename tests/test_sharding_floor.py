@@ -78,7 +78,7 @@ def test_no_traffic_per_micro_batch_no_floor():
 def _search(engine):
     req = Request(model="llama-3.1-70b", num_gpus=64, gpu="h100")
     job, _ = search_job(req)
-    search, _ = run_search(job, Fixed.from_request(req), engine, 5, [])
+    search, _ = run_search(job, Fixed.from_request(req, job), engine, 5, [])
     return search
 
 

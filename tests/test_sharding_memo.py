@@ -86,17 +86,18 @@ def test_key_reads_layers_by_index_only_where_they_differ():
     assert stage_time.sharding_key(stage, inp)[0] == len(inp.pipeline.layers(1))
 
 
-def _stage_and_inputs():
+def _stage_and_inputs(**fields):
     """The head stage of a two-stage FSDP plan, made to expose its traffic (every unit gathered and reduced each
-    micro-batch over slow links, short backward windows), so each input below moves the figure."""
-    job, plan = resolve(Request(**BASE))
+    micro-batch over slow links, short backward windows), so each input below moves the figure; `fields`: the
+    request's, changed from BASE."""
+    job, plan = resolve(Request(**(BASE | fields)))
     inp = perf.step_terms(job, plan).inputs
     layers = inp.pipeline.layers(1)
     kinds = stage_time.stage_kinds(1, layers, inp)
     windows = {k: (f, b / 2) for k, (f, b) in stage_time.layer_sums(len(layers), kinds, inp).windows.items()}
     traffic = replace(inp.traffic, lk=replace(inp.traffic.lk, intra_bw=inp.traffic.lk.intra_bw / 30), seen={})
     inp = replace(inp, sharding=ShardingSchedule(True, True, True, True), traffic=traffic, seen={},
-                  plan=plan.model_copy(update={"fp8_param_gather": True}))  # read under an FP8 recipe only
+                  plan=plan.model_copy(update={"fp8_param_gather": True}) if not fields else plan)
     return stage_time.StageShards(layers, kinds, windows, False, True), inp
 
 
@@ -148,3 +149,17 @@ def test_fp8_param_gather_is_in_the_key():
     with shared_layers():
         assert stage_time.stage_sharding(st, fp8) == base
         assert stage_time.stage_sharding(st, bf16_gather) == alone
+
+
+def test_the_fp8_recipe_is_in_the_key():
+    """Left out, fp8_param_gather is the framework's default for the recipe (memory_states.fp8_param_gather): on
+    Megatron-FSDP under Megatron-Bridge's tensorwise preset the units gather one byte, under blockwise two, so the
+    recipe alone moves the figure and the memo keeps them apart."""
+    st, tensorwise = _stage_and_inputs(framework="megatron-bridge", tp=1, precision="fp8", fp8_recipe="tensorwise")
+    assert tensorwise.plan.fp8_param_gather is None
+    blockwise = replace(tensorwise, plan=tensorwise.plan.model_copy(update={"fp8_recipe": "blockwise"}), seen={})
+    base, alone = stage_time.stage_sharding(st, tensorwise), stage_time.stage_sharding(st, blockwise)
+    assert alone != base
+    with shared_layers():
+        assert stage_time.stage_sharding(st, tensorwise) == base
+        assert stage_time.stage_sharding(st, blockwise) == alone

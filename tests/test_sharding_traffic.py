@@ -190,6 +190,32 @@ def test_fp8_weights_are_gathered_in_one_byte():
     assert param_gather_bytes(job, plan) == 2.0
 
 
+@pytest.mark.parametrize(("fields", "fp8"), [
+    (dict(framework="megatron-bridge", fp8_recipe="tensorwise"), True),  # its preset keeps fp8 weights
+    (dict(framework="megatron-bridge", fp8_recipe="delayed"), True),
+    (dict(framework="megatron-bridge", fp8_recipe="blockwise"), False),  # its preset does not
+    (dict(framework="megatron-bridge", fp8_recipe="tensorwise", fp8_param_gather=False), False),
+    (dict(framework="megatron-core", fp8_recipe="tensorwise"), False),  # Megatron-Core's default: off
+    (dict(framework="megatron-core", fp8_recipe="tensorwise", fp8_param_gather=True), True),
+    (dict(framework="torchtitan", fp8_recipe="tensorwise"), False),  # enable_fsdp_float8_all_gather: off
+    (dict(framework="torchtitan", fp8_recipe="tensorwise", fp8_param_gather=True), True),
+    (dict(framework="megatron-bridge", precision="bf16"), False),
+])
+def test_the_fsdp_units_and_the_distributed_optimizer_gather_fp8_weights_alike(fields, fp8):
+    """One predicate (memory_states.fp8_param_gather: the plan's, else the framework's default for the recipe) for the
+    FSDP units' all-gather (param_gather_bytes) and the distributed optimizer's (optimizer_gather_bytes): a Megatron-
+    Bridge run leaving fp8_param_gather out gathers its units in one byte wherever its preset keeps fp8 weights (the
+    units read only the plan's field before, two bytes where the optimizer's gather took one)."""
+    from meshplan.estimate.sharding_traffic import optimizer_gather_bytes, param_gather_bytes
+
+    base = dict(model="llama-3-8b", gpu="h100", num_gpus=64, precision="fp8", seq_length=4096,
+                global_batch_size=256) | fields
+    units = _job(**base, zero_stage=3)
+    optimizer = _job(**base, zero_stage=1 if fields["framework"] != "torchtitan" else 3)
+    assert param_gather_bytes(*units) == (1.0 if fp8 else 2.0)
+    assert optimizer_gather_bytes(*optimizer, 1000.0, 0.0, 0.0) == ((1000.0 if fp8 else 2000.0), 0.0)
+
+
 def test_a_root_unit_gathers_embedding_and_head_first_in_both_passes_and_reduces_them_last():
     """KempnerForge's root unit (embedding, final norm and head: the convention's embedding_in_root): gathered whole
     before the embedding, again whole at the head's backward, reduce-scattered whole after every block."""

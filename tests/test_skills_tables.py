@@ -149,6 +149,6 @@ def test_a_fixed_degree_is_the_one_every_suggestion_names():
         rec.decision_table and "EP4" not in rec.decision_table.split(" suggests ")[1]
     req = Request(model="deepseek-v3", num_gpus=256, ep=8, tp=2, pp=4, vpp=2, dp=32)
     job, _ = resolve(req)
-    plan = suggest(job, Fixed.from_request(req).values).plan
+    plan = suggest(job, Fixed.from_request(req, job).values).plan
     assert (plan.tp, plan.pp, plan.vpp, plan.ep, plan.dp) == (2, 4, 2, 8, 32)
     assert suggest(job).plan.ep != 8  # the row's own EP differs: the test checks the request's wins

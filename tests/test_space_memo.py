@@ -46,12 +46,13 @@ def test_enumerated_layouts_match_the_constructor_on_moe_and_schedules():
 
 def test_one_enumeration_per_scope_and_what_it_reads():
     req = Request(model="kimi-k2", num_gpus=256, gpu="h100")
-    job, fixed = search_job(req)[0], Fixed.from_request(req)
+    job = search_job(req)[0]
+    fixed = Fixed.from_request(req, job)
     outside = enumerate_layouts(job, fixed)
     assert enumerate_layouts(job, fixed)[0][0] is not outside[0][0]  # no scope: enumerated afresh
     with shared_layers():
         first, dropped = enumerate_layouts(job, fixed)
-        again, dropped_again = enumerate_layouts(job_at(job, 256, user_gbs=True), Fixed.from_request(req))
+        again, dropped_again = enumerate_layouts(job_at(job, 256, user_gbs=True), Fixed.from_request(req, job))
         assert again == first == outside[0] and dropped_again == dropped
         assert again is not first and all(a is b for a, b in zip(again, first, strict=True))  # the same layouts
         again.clear()  # a caller's own list

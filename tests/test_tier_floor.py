@@ -38,7 +38,7 @@ def test_the_tier_floor_is_under_the_estimate_of_every_sampled_plan_across_the_d
     sampled plans' floors are over half their exposed TP seconds)."""
     job, _ = search_job(req)
     engine = default_engine(job.framework)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), engine, 1)
     tiers = split_space(search)
     assert tiers.across
     cal = calibration(job.framework)
@@ -78,7 +78,7 @@ def test_the_fraction_mode_counts_only_its_exposed_share():
 def test_a_lora_job_has_no_tier_floor():
     req = Request(model="llama-3.1-8b", num_gpus=32, framework="megatron-bridge", gpu="h100", lora_rank=16)
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     assert tier_floor(job, split_space(search).across, search.sizes, search.tp_overlap) == 0.0
 
 
@@ -119,5 +119,5 @@ def test_an_engine_other_than_the_cost_model_gets_no_floor():
     job, _ = search_job(req)
     engine = default_engine(job.framework)
     engine.terms = None
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), engine, 1)
     assert across_floor(search, split_space(search)) == 0.0

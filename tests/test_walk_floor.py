@@ -33,7 +33,7 @@ def test_the_walk_floor_never_exceeds_the_estimate(seed):
                           seq_length=rng.choice([2048, 4096, 8192]),
                           global_batch_size=rng.choice([gpus, 2 * gpus, 8 * gpus]))
             job, _ = search_job(req)
-            fixed = Fixed.from_request(req)
+            fixed = Fixed.from_request(req, job)
             search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
         except MeshplanError:
             continue
@@ -77,7 +77,7 @@ def test_kimi_k2_on_kempnerforge_floors_count_the_walk(tp, ep):
     floor it is a quarter to half of the estimate, and never over it."""
     req = Request(model="kimi-k2", framework="kempnerforge", gpu="h20", num_gpus=1024)
     job, _ = search_job(req)
-    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
     lay = Layout(tp=tp, pp=1, cp=1, ep=ep, etp=1, dp=1024 // (tp * ep))
     floor = search.floor_bytes(search.own(lay), 3, "full", 1)
     fit = search.engine.memory(job, search.plan(lay, 3, "full", 1)).fit_bytes

@@ -307,8 +307,18 @@ def fp8_recipe(job: Job, plan: Plan) -> Fp8Recipe | None:
 
 
 def fp8_param_gather(job: Job, plan: Plan) -> bool:
-    """FP8 primary weights: the plan's choice, else the framework's default for the recipe (Megatron-Bridge's
-    mixed-precision presets keep them for delayed, tensorwise and mxfp8: its card's mixed_precision_presets)."""
+    """FP8 primary weights, kept and all-gathered in one byte by an fp8 job: the plan's choice, else the framework's
+    default for the recipe. The one predicate of every reader (the memory's weight bytes, the FSDP units' and the
+    distributed optimizer's all-gathers: sharding_traffic.param_gather_bytes, optimizer_gather_bytes). Only
+    Megatron-Bridge has such a default: its mixed-precision presets keep them for delayed, tensorwise and mxfp8 (its
+    card's mixed_precision_presets; Megatron-Bridge v0.6.0 training/mixed_precision.py bf16_with_fp8_delayed_scaling_
+    mixed and the tensorwise and mxfp8 presets set fp8_param_gather = True, and setup copies it onto the model's
+    fp8_param and the DDP config, where Megatron-FSDP builds the weights in fp8 (megatron_fsdp param_and_grad_buffer.py
+    init_param_with_fp8 = ddp_config.fp8_param_gather, core_v0.15.0) and gathers them from a uint8 buffer, as the
+    distributed optimizer does); Megatron-Core's fp8_param_gather, torchtitan's and KempnerForge's
+    enable_fsdp_float8_all_gather and NeMo AutoModel's are False by default. False without fp8."""
+    if job.precision != "fp8":
+        return False
     if plan.fp8_param_gather is not None:
         return plan.fp8_param_gather
     recipe = fp8_recipe(job, plan)

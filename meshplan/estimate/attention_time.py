@@ -90,6 +90,19 @@ def op_sac_recomputes_attention(job: Job, backend: str = "auto", zero_stage: int
     return job.card.recompute.recomputes_attention(job.framework_version, attention_kernel(job, backend, zero_stage))
 
 
+def op_sac_may_recompute_attention(job: Job) -> bool:
+    """Whether op-level SAC recomputes the attention of any plan of the job: its release's save list lacks a kernel
+    some plan may run (auto's on each ZeRO stage's engine, or a backend a plan names: op_sac_recomputes_attention of
+    each). What a bound under every plan's estimate takes (search/floors.py: a recomputed attention keeps neither its
+    output nor its log-sum-exp, the fewer bytes), so a request naming a backend whose kernel the list lacks, where
+    auto's is kept, has no floor over its estimate."""
+    card = job.card
+    if card.attention is None or card.recompute.selective != "op_sac":
+        return False
+    return any(op_sac_recomputes_attention(job, backend, zero) for backend in ("auto", *card.attention.backends)
+               for zero in (None, *card.engine.by_zero_stage))
+
+
 def unfused_attention_seconds(ctx: LayerContext) -> tuple[float, float]:
     """(forward, forward + backward) of attention without flash attention, on one rank.
 

@@ -73,10 +73,10 @@ def dp_hidden_share(plan: Plan, share: float) -> float:
 
 
 def param_gather_bytes(job: Job, plan: Plan) -> float:
-    """Bytes per element of a decoder layer's weights the ZeRO-3 / FSDP all-gather moves: one under an FP8 recipe
-    with fp8_param_gather (Megatron-Core's fp8_param_gather, torchtitan's enable_fsdp_float8_all_gather: the weights
-    are kept and gathered in FP8), else bf16."""
-    return 1.0 if plan.fp8_param_gather and job.precision == "fp8" else BF16
+    """Bytes per element of a decoder layer's weights the ZeRO-3 / FSDP all-gather moves: one with fp8 primary
+    weights (memory_states.fp8_param_gather, the plan's or the framework's default: Megatron-FSDP's fp8_param_gather,
+    torchtitan's enable_fsdp_float8_all_gather; the weights are kept and gathered in FP8), else bf16."""
+    return 1.0 if fp8_param_gather(job, plan) else BF16
 
 
 def optimizer_gather_bytes(job: Job, plan: Plan, dense: float, expert: float, edge: float) -> tuple[float, float]:
@@ -87,7 +87,7 @@ def optimizer_gather_bytes(job: Job, plan: Plan, dense: float, expert: float, ed
     param_dtype = torch.uint8 for an fp8 parameter; distributed_data_parallel_config.py fp8_param_gather: "perform
     the param all-gather in fp8"); the embedding and output layer, no Transformer Engine modules, stay bf16, as every
     weight does without it, and a LoRA job's adapters."""
-    if job.lora is not None or job.precision != "fp8" or not fp8_param_gather(job, plan):
+    if job.lora is not None or not fp8_param_gather(job, plan):
         return BF16 * dense, BF16 * expert
     edge = min(edge, dense)
     return (dense - edge) + BF16 * edge, float(expert)

@@ -256,7 +256,7 @@ def stage_key(s: int, layers: Sequence[int], kinds: list[bool], inp: StageInputs
             s == inp.pipeline.head_rank, inp.head, id(inp.dense), id(inp.moe), id(ctx.arch), id(ctx.cal),
             inp.recompute, plan.recompute, plan.recompute_layers, plan.recompute_method, plan.tp, plan.cp, plan.ep,
             plan.etp, plan.pp == 1, plan.sequence_parallel, plan.grad_reduce_in_fp32, plan.fp8_param_gather,
-            inp.sharding, traffic.dense, traffic.expert, traffic.lk, ctx.lk.domain, traffic.replicas,
+            plan.fp8_recipe, inp.sharding, traffic.dense, traffic.expert, traffic.lk, ctx.lk.domain, traffic.replicas,
             traffic.replicas_with_each_reduce, inp.host_sync, inp.job.framework, inp.job.precision)
 
 
@@ -534,8 +534,8 @@ def sharding_key(stage: StageShards, inp: StageInputs) -> tuple:
     layers = len(stage.layers) if uniform_layers(inp.ctx.arch) else tuple(stage.layers)
     return (layers, tuple(stage.kinds), tuple(stage.windows.items()), stage.first, stage.head_stage,
             plan.tp, plan.ep, plan.etp, plan.pp == 1, plan.sequence_parallel, plan.grad_reduce_in_fp32,
-            plan.fp8_param_gather, plan.zero_stage, inp.head, traffic.dense, traffic.expert, traffic.lk,
-            traffic.replicas, traffic.replicas_with_each_reduce, inp.sharding, inp.job.framework,
+            plan.fp8_param_gather, plan.fp8_recipe, plan.zero_stage, inp.head, traffic.dense, traffic.expert,
+            traffic.lk, traffic.replicas, traffic.replicas_with_each_reduce, inp.sharding, inp.job.framework,
             inp.job.framework_version, inp.job.precision, inp.ctx.hbm, id(inp.ctx.arch), id(inp.ctx.cal),
             id(inp.parts.table), inp.parts.embedding, inp.parts.head)
 

@@ -177,7 +177,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
         **_cuda_graph_fields(req),
         expandable_segments=_expandable_segments(req, card, notes, rl is not None),
-        defer_fsdp_grad_sync=_defer_grad_sync(req, card, notes),
+        defer_fsdp_grad_sync=_defer_grad_sync(req, card, notes, version, arch.model_type),
         grad_reduce_overlap=_grad_reduce_overlap(req, card, notes),
         # attention backend, dropout (None: the framework's)
         **_attention_fields(req, card, gpu, version, zero, notes, mla=arch.mla is not None,
@@ -645,9 +645,11 @@ def _keep_gathered(req: Request, card, arch, zero: int) -> bool:
     return True
 
 
-def _defer_grad_sync(req: Request, card, notes: list[str]) -> bool | None:
+def _defer_grad_sync(req: Request, card, notes: list[str], version: str | None, model_type: str) -> bool | None:
     """defer_fsdp_grad_sync as asked where the framework has that setting (its card's grad_accumulation.knob), else
-    its default there (grad_accumulation.unsharded), noted; None where it has none, and a value given there refused."""
+    its default there (grad_accumulation.unsharded), noted; None where it has none, and a value given there refused.
+    `version`: the known release the request's framework_version resolved to (_framework_version); `model_type`: the
+    resolved model's."""
     facts = card.grad_accumulation
     if facts is None or facts.knob is None:
         if req.defer_fsdp_grad_sync is not None:
@@ -656,7 +658,7 @@ def _defer_grad_sync(req: Request, card, notes: list[str]) -> bool | None:
                 f"setting (when its FSDP units reduce their gradients is fixed: cards/frameworks/{req.framework}.yaml "
                 "grad_accumulation).", fix="Leave defer_fsdp_grad_sync out for this framework.")
         return None
-    old = _outer_model_unsharded(req, card)
+    old = _outer_model_unsharded(card, version, model_type)
     if old is not None:  # the release's own schedule, which its code had no setting to change
         where = (f"{card.display_name} {req.framework_version} reduced a {old[1]} model's gradients every "
                  f"micro-batch without PP: its MoE parallelizer left the outer model unsharded until {old[0].commit} "
@@ -675,17 +677,14 @@ def _defer_grad_sync(req: Request, card, notes: list[str]) -> bool | None:
                    f"(cards/frameworks/{req.framework}.yaml grad_accumulation)", notes)
 
 
-def _outer_model_unsharded(req: Request, card) -> tuple[ReleaseChange, str] | None:
-    """(the change, the model type) where the job's release predates the card's moe_outer_model_sharded change
-    (knowledge/releases.predates: an older release, or a main snapshot dated before its commit) and its model is one
-    that change acts on; else None. Under PP the stage's own hold applies whatever this says
-    (memory_states.pipeline_held)."""
+def _outer_model_unsharded(card, version: str | None, model_type: str) -> tuple[ReleaseChange, str] | None:
+    """(the change, the model type) where the job's release (`version`, as resolved) predates the card's
+    moe_outer_model_sharded change (knowledge/releases.predates: an older release, or a main snapshot dated before its
+    commit) and its model (`model_type`) is one that change acts on; else None. Under PP the stage's own hold applies
+    whatever this says (memory_states.pipeline_held)."""
     change = card.release_change("moe_outer_model_sharded")
-    if change is None or req.framework_version is None:
+    if change is None or version is None or not predates(version, change):
         return None
-    if not predates(resolve_release(card, req.framework_version).release, change):
-        return None
-    model_type = resolve_model(req.model).model_type
     return (change, model_type) if change.acts_on(model_type) else None
 
 

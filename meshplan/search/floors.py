@@ -39,7 +39,7 @@ from meshplan.arithmetic.memory_states import (
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
 from meshplan.arithmetic.schedule import Stages, in_flight, plan_stages, stages_for, v_placed
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate.attention_time import op_sac_recomputes_attention
+from meshplan.estimate.attention_time import op_sac_may_recompute_attention
 from meshplan.estimate.memory import selective_modules
 from meshplan.knowledge.gdn_config import pipeline_unit
 from meshplan.knowledge.model_counts import layer_params, per_architecture
@@ -428,7 +428,7 @@ def _kind_sums(job: Job, reads: tuple, switches: int, tokens: int, tp: int, sp: 
         act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash,
                         qkv_fused=qkv_fused, dropout=dropout, swiglu_unfused=swiglu_unfused,
                         fp8=job.precision == "fp8", moe=moe, attn=attn, act=act_saves,
-                        attention_recomputed=flash and op_sac_recomputes_attention(job))._replace(**mixer_rows(job))
+                        attention_recomputed=flash and op_sac_may_recompute_attention(job))._replace(**mixer_rows(job))
         shape, modules = shape_of(job.model), selective_modules(DEFAULT_PLAN)
         inside = recompute == "full" and pipeline_unit(job.model) > 1  # memory.checkpoint_group: the mixer's input
         hit = memo[key] = tuple(0.0 if inside and kind == "-" else sum(hybrid_layer_activations(
@@ -820,7 +820,7 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
     flash, qkv_fused, dropout, swiglu_unfused, moe, attn, act_saves = reads
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash, qkv_fused=qkv_fused,
                     dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn,
-                    act=act_saves, attention_recomputed=flash and op_sac_recomputes_attention(job))
+                    act=act_saves, attention_recomputed=flash and op_sac_may_recompute_attention(job))
     shape = shape_of(job.model)
     if shape.kinds:  # a hybrid (M, G, *, -, E layers): arithmetic/mamba.least_kind_activations
         # the modules every searched plan recomputes (search/job.py refuses recompute_modules)

@@ -54,7 +54,7 @@ def _minimum_gpus(req: Request, max_gpus: int | None, engine: Engine | None) -> 
         return _minimum_rl(req, limit, node)
     job, _ = search_job(req.model_copy(update={"num_gpus": node}))
     engine = engine or default_engine(job.framework)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     user_gbs = req.global_batch_size is not None
     answers: dict[int, Recommendation] = {}
 
@@ -91,7 +91,7 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
         update={"cpu_memory_per_node": None})
     job, _ = search_job(training.model_copy(update={"num_gpus": node}))
     engine = default_engine(job.framework)
-    fixed = Fixed.from_request(training)
+    fixed = Fixed.from_request(training, job)
     answers: dict[int, Recommendation] = {}
 
     def ranks(trainer_gpus: int, _: Job) -> bool:

@@ -41,7 +41,7 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
     (zero_stages.search_ladder), so a stage left out that some plan could take shows as a miss."""
     with shared_layers():  # the cost model's memos (module docstring), dropped on return
         job, _ = search_job(req)
-        fixed = Fixed.from_request(req)
+        fixed = Fixed.from_request(req, job)
         space = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), top_k)  # its knobs, plan building
         layouts, _ = enumerate_layouts(job, fixed)
         inside = [lay for lay in layouts if within_nvlink(job, lay)]

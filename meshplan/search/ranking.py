@@ -67,7 +67,7 @@ def refuse_rl(req: Request) -> None:
 def _recommend(req: Request, top_k: int, engine: Engine | None, rows_only: bool = False) -> Recommendation:
     job, notes = search_job(req)
     engine = engine or default_engine(job.framework)
-    fixed = Fixed.from_request(req)
+    fixed = Fixed.from_request(req, job)
     refuse_impossible(job, fixed)  # a rule no layout passes, a host no offload fits: refused with the rule's fix
     limits = search_limits()
     warnings: list[str] = []

@@ -255,7 +255,7 @@ def refuse_host(job, base: Plan, training: Request) -> None:
     if capacity is None:
         return
     trainer, _ = search_job(training)
-    fixed = Fixed.from_request(training)
+    fixed = Fixed.from_request(training, trainer)
     params = sum(params_split(trainer))
     states = least_offloaded_state_bytes(trainer, request_zeros(trainer.card, fixed), fixed.carried)
     floor = least_framework_host(job, base, states, params)

@@ -47,7 +47,7 @@ from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.adapter_knobs import default_render, missing_knob
-from meshplan.knowledge.cards import FrameworkCard, framework_card, load_card
+from meshplan.knowledge.cards import FrameworkCard, load_card
 from meshplan.knowledge.defaults_card import SearchKnobs
 from meshplan.knowledge.gdn_config import pipeline_unit, split_layers
 from meshplan.knowledge.model_counts import layer_params
@@ -350,7 +350,7 @@ class Fixed:
     given: frozenset[str] = frozenset()
 
     @classmethod
-    def from_request(cls, req: Request) -> Fixed:
+    def from_request(cls, req: Request, job: Job) -> Fixed:
         chosen = req.model_fields_set
         names = (*SEARCHED_FIELDS, "sequence_parallel", "cp_comm_type", "moe_token_dispatcher", "moe_a2a_overlap",
                  "tp_comm_overlap", "first_stage_layers", "last_stage_layers", "pipeline_schedule",
@@ -358,7 +358,7 @@ class Fixed:
         values = {name: getattr(req, name) for name in names if name in chosen and getattr(req, name) is not None}
         given = frozenset(n for n in (*CARRIED_FIELDS, *GIVEN_ONLY_FIELDS)
                           if n in chosen and getattr(req, n) is not None)
-        return cls(values, carried_fields(req), given)
+        return cls(values, carried_fields(req, job), given)
 
     def allows(self, name: str, value: object) -> bool:
         return name not in self.values or self.values[name] == value
@@ -377,13 +377,14 @@ class Prefiltered:
     layouts: int
 
 
-def carried_fields(req: Request) -> dict[str, object]:
-    """CARRIED_FIELDS as request.resolve fills them (precision, compile, offload at the request's ZeRO stage)."""
-    card = framework_card(req.framework)
+def carried_fields(req: Request, job: Job) -> dict[str, object]:
+    """CARRIED_FIELDS as request.resolve fills them (precision, compile, offload at the request's ZeRO stage), from the
+    request's `job` as resolved (its card, release and model: search_job's)."""
+    card = job.card
     zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
     fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, []),
               "expandable_segments": _expandable_segments(req, card, [], is_rl_request(req)),
-              "defer_fsdp_grad_sync": _defer_grad_sync(req, card, []),
+              "defer_fsdp_grad_sync": _defer_grad_sync(req, card, [], job.framework_version, job.model.model_type),
               "grad_reduce_overlap": _grad_reduce_overlap(req, card, []),
               "attention_backend": req.attention_backend or "auto", "dropout": req.dropout,
               **_offload_fields(req, card.offload_at(zero), [], is_rl_request(req))}
