@@ -60,10 +60,10 @@ B200). Outside it (docs/performance-summary-archive.md) Qwen3-30B-A3B on 16 H100
 is the 26.02.01 run, so the two sets' signs differ on one layout), and 25.11's PP2 VPP24 micro-batch 2 layout (5,275)
 ran 10,494 in 25.09 with token dropping (2.0x). Both slow H100 runs take the same time per token (micro-batch 2 at
 VPP 24 and micro-batch 1 at VPP 12 within 4%), as do both fast ones (within 16%), where the estimate's per-micro-batch
-MoE costs (moe_host_sync_s, the per-expert launches) make the first 1.67x faster per token. Per-chunk costs at one
-layer per chunk do not close that: the output layer replayed on its own chunk (the last of 24, not spread over the
-rank's chunks as perf._chunk_seconds does) adds 0.3% to the VPP 24 step, every chunk's p2p exposed at most 13%,
-where matching 5,275 needs +105%. On B200 those per-micro-batch costs are borne out (26.02 micro-batch 1: 9,691;
+MoE costs (moe_host_sync_s, the per-expert launches) make the first 1.64x faster per token. Per-chunk costs at one
+layer per chunk do not close that: the output layer replayed in its own chunk (perf._chunk_seconds; its combined 1F1B
+steps wait on it) takes +105% to +98% at VPP 24, every chunk's p2p exposed would add at most 13% to the step, where
+matching 5,275 needs +98%. On B200 those per-micro-batch costs are borne out (26.02 micro-batch 1: 9,691;
 26.02.01 micro-batch 4: 26,695, 2.75x, predicted 2.4-2.6x). Qwen3-235B-A22B moves 1.015x (GB200) and 0.99x (H100)
 from 26.02 to 26.02.01; DeepSeek-V3 on B200 1.26x from 25.11 to 26.02 (its dispatcher changed too).
 
