@@ -42,8 +42,10 @@ The precision column's MXFP8 is passed as Transformer Engine's mxfp8 recipe, its
 card's default tensorwise current scaling (the table's parenthesised blockwise figures are not transcribed); the
 recipe sets how many quantize kernels each local expert's grouped GEMM launches (the framework card's
 grouped_gemm_launches). Not recorded: the CUDA-graph scope of each preset (attn / moe_router / moe_preprocess on
-the Blackwell MoE rows, none on H100 FP8): meshplan has no CUDA-graph knob for Megatron, and none of these scopes
-covers the routed experts' grouped GEMMs, whose launches the estimate floors.
+the Blackwell MoE rows, none on H100 FP8): meshplan's cuda_graph_impl / cuda_graph_modules time such graphs as eager
+(throughput_assumptions.cuda_graph_assumption), since none of these scopes covers the routed experts' grouped GEMMs,
+whose launches the estimate floors, nor removes the dispatcher's host sync (Megatron-Core token_dispatcher.py: with
+moe_preprocess captured, the alltoall dispatcher's device-to-host copy moves to before_ep_alltoall, still a sync).
 The `tp_comm_overlap` column is read from the same perf recipes: the Llama rows with TP > 1 run
 Transformer Engine's userbuffers (src/megatron/bridge/perf_recipes/llama/*: tp_comm_overlap_cfg on the base recipes'
 tp_comm_overlap=True, recipes/llama/h100/llama3.py; NVFP4 turns it off, and those rows are left out), Qwen3-235B on
@@ -56,8 +58,22 @@ utils/overrides.py _set_moe_a2a_overlap_overrides (v0.2.0 utils/helpers.py set_m
 those two settings; for 25.09, v0.1.0rc4 scripts/performance/run_script.py (A2A_1F1B on H100 for DeepSeek-V3). On:
 Qwen3-30B-A3B and Qwen3-235B-A22B on H100 (both releases), Qwen3-235B-A22B on B200 in 25.11, DeepSeek-V3 on H100
 (25.09); off for every other row (the default False). Where the published layout differs from the preset of its
-release (25.11 B200 Qwen3-235B VPP 2 vs the preset's 4; 25.11 H100 Qwen3-30B MBS 2 VPP 24 vs 1 and 12) the
-column still takes the preset's setting, an assumption.
+release (25.11 B200 Qwen3-235B VPP 2 vs the preset's 4; 25.11 H100 Qwen3-30B MBS 2 VPP 24 vs 1 and 12; 25.11 GB200
+Qwen3-235B BF16 256 GPUs VPP 3 EP 32 vs the preset's 64, 1 and 8) the column still takes the preset's setting, an
+assumption.
+The same layout published at two releases bounds what one software state can fit. In this file's rows (same columns
+but the release) 25.11 -> 26.02 moves 0.94x-1.10x (Llama-3.1-70B and 405B on GB200, Qwen3-30B-A3B on GB200 and
+B200). Outside it (docs/performance-summary-archive.md) Qwen3-30B-A3B on 16 H100, FP8, TP1 PP2 VPP12 EP8, micro-batch
+1, GBS 1024 ran 5,113 tok/s in 26.02 and 9,058 in 26.02.01 (1.77x; the dev set's mbridge_h100_qwen3_30b_16_fp8_pp2vp12
+is the 26.02.01 run, so the two sets' signs differ on one layout), and 25.11's PP2 VPP24 micro-batch 2 layout (5,275)
+ran 10,494 in 25.09 with token dropping (2.0x). Both slow H100 runs take the same time per token (micro-batch 2 at
+VPP 24 and micro-batch 1 at VPP 12 within 4%), as do both fast ones (within 16%), where the estimate's per-micro-batch
+MoE costs (moe_host_sync_s, the per-expert launches) make the first 1.64x faster per token. Per-chunk costs at one
+layer per chunk do not close that: the output layer replayed in its own chunk (perf._chunk_seconds; its combined 1F1B
+steps wait on it) takes +105% to +98% at VPP 24, every chunk's p2p exposed would add at most 13% to the step, where
+matching 5,275 needs +98%. On B200 those per-micro-batch costs are borne out (26.02 micro-batch 1: 9,691;
+26.02.01 micro-batch 4: 26,695, 2.75x, predicted 2.4-2.6x). Qwen3-235B-A22B moves 1.015x (GB200) and 0.99x (H100)
+from 26.02 to 26.02.01; DeepSeek-V3 on B200 1.26x from 25.11 to 26.02 (its dispatcher changed too).
 
 `--fit` refits the two Megatron-family constants these rows identify (cards/calibration.yaml
 `gemm_peak_fraction`, `moe_host_sync_s`) by grid search on the median |log error| of this set plus the

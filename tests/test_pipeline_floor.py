@@ -10,6 +10,7 @@ import pytest
 
 from meshplan.arithmetic.pipeline_floor import FLOOR_MARGIN, chain_floor
 from meshplan.arithmetic.pipeline_timeline import Shape, replays_whole, shape_for, simulate
+from meshplan.estimate import perf
 from meshplan.estimate.perf import estimate_throughput, step_terms
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
@@ -55,6 +56,36 @@ def test_the_chain_floor_is_never_over_the_replay(order):
     assert order == "dualpipev" or extended  # the sampler reaches the extension, which the floor leaves alone
 
 
+@pytest.mark.parametrize("order", ORDERS)
+def test_the_chain_floor_holds_with_the_output_layers_chunk_apart(order):
+    """As above, with the last virtual stage's chunk longer than its rank's others (simulate's `last`: the output
+    layer and loss there alone, up to 4x a chunk more): the floor given that chunk is at most the replayed step, and at
+    least the floor of the rank's other chunks alone (which stays one)."""
+    rnd = random.Random(f"floor-last-{order}")
+    checked = tighter = 0
+    while checked < 40:
+        shape = _random_shape(rnd, order)
+        if not replays_whole(shape):
+            continue
+        base = rnd.uniform(1e-3, 1e-1)
+        fwd = [base * rnd.uniform(0.3, 1.5) for _ in range(shape.pp)]
+        bwd = [f * rnd.uniform(1.4, 3.0) for f in fwd]
+        wgrad = [b * rnd.uniform(0.0, 0.6) for b in bwd]
+        hop = rnd.choice([0.0, base * rnd.uniform(0.0, 0.3)])
+        owner = shape.rank_of(shape.stages - 1)
+        head = base * rnd.uniform(0.0, 4.0)
+        last = (fwd[owner] + head / 3, bwd[owner] + 2 * head / 3, wgrad[owner] + rnd.uniform(0.0, 0.6) * head / 3)
+        try:
+            step = simulate(shape, fwd, bwd, hop, wgrad, last).seconds
+        except (AssertionError, ValueError):  # an order that cannot run this shape (the rules refuse it)
+            continue
+        floor = chain_floor(shape, fwd, bwd, hop, last[:2])
+        assert chain_floor(shape, fwd, bwd, hop) <= floor <= step, (shape, fwd, bwd, hop, last)
+        tighter += floor > chain_floor(shape, fwd, bwd, hop)
+        checked += 1
+    assert tighter  # the chunk's excess reaches the floor
+
+
 @pytest.mark.parametrize(("order", "p", "v", "m"), [("1f1b", 4, 1, 8), ("1f1b", 8, 1, 100), ("gpipe", 4, 1, 16),
                                                     ("interleaved_1f1b", 4, 2, 8)])
 def test_balanced_stages_give_the_classic_bubble(order, p, v, m):
@@ -96,3 +127,47 @@ def test_a_real_plans_floor_is_over_m_times_its_slowest_stage(framework, pp, vpp
     assert old <= terms.floor <= step
     if tighter:
         assert terms.floor - old > 0.5 * (step - old) > 0  # most of the bubble
+
+
+def test_the_output_layer_runs_on_the_last_chunk_of_its_rank():
+    """Megatron-Core builds the output layer and loss into the last virtual stage's model chunk only: on an interleaved
+    plan that chunk takes the head's seconds (a third forward), the rank's other chunks share the rest of its
+    micro-batch equally, and the rank's total is the same; the replayed step is longer than with the head spread over
+    the rank's chunks, and the floor still at most it."""
+    job, plan = resolve(Request(model="llama-3.1-70b", num_gpus=64, gpu="h100", framework="megatron-core", tp=8, pp=4,
+                                vpp=4, micro_batch_size=1, global_batch_size=128))
+    terms = step_terms(job, plan)
+    inp = terms.inputs
+    shape, _ = perf._pipeline_shape(terms.m, inp)
+    fwd, bwd, last = perf._chunk_seconds(terms.rows, shape, inp)
+    owner = inp.pipeline.head_rank
+    assert owner == shape.rank_of(shape.stages - 1) == 3 and inp.head > 0 and last is not None
+    assert last[0] - fwd[owner] == pytest.approx(inp.head / 3)
+    assert last[1] - bwd[owner] == pytest.approx(2 * inp.head / 3)
+    row = terms.rows[owner]
+    assert (shape.vpp - 1) * (fwd[owner] + bwd[owner]) + last[0] + last[1] == pytest.approx(row.total)
+    spread = [r.total * perf._forward_share(r) / shape.vpp for r in terms.rows]
+    spread_b = [r.total / shape.vpp - f for r, f in zip(terms.rows, spread, strict=True)]
+    assert simulate(shape, fwd, bwd, inp.pp_hop, None, last).seconds > simulate(shape, spread, spread_b,
+                                                                                inp.pp_hop).seconds
+    assert terms.floor <= estimate_throughput(job, plan).step_time_s
+
+
+def test_a_split_that_counts_the_loss_leaves_the_heads_chunk_its_own_layers():
+    """Where the split counts the loss as a layer (Megatron-Bridge's account_for_loss: Llama-3.1-405B's 126 layers and
+    the embedding and loss over PP8 VPP8, two a chunk, one on the last), that chunk takes its one layer's share of the
+    rank's time beside the head and the other seven two each: the same total."""
+    job, plan = resolve(Request(model="llama-3.1-405b", num_gpus=512, gpu="h100", framework="megatron-bridge", tp=8,
+                                pp=8, vpp=8, micro_batch_size=1, global_batch_size=512, account_for_embedding=True,
+                                account_for_loss=True))
+    terms = step_terms(job, plan)
+    inp = terms.inputs
+    owner = inp.pipeline.head_rank
+    assert [len(c) for c in inp.pipeline.chunks[owner]] == [2] * 7 + [1]
+    shape, _ = perf._pipeline_shape(terms.m, inp)
+    fwd, bwd, last = perf._chunk_seconds(terms.rows, shape, inp)
+    assert last is not None
+    rest = terms.rows[owner].total - inp.head
+    assert fwd[owner] + bwd[owner] == pytest.approx(rest * 2 / 15)
+    assert last[0] + last[1] == pytest.approx(rest / 15 + inp.head)
+    assert terms.floor <= estimate_throughput(job, plan).step_time_s

@@ -191,3 +191,19 @@ def test_the_numbers_are_one_kept_list_up_to_a_bound():
     assert whole is not None and all(number is kept[number] for number in whole[0] if number)
     beyond = numbers(pipeline_numbering.NUMBERS_KEPT + 1)
     assert beyond is not kept and len(beyond) == pipeline_numbering.NUMBERS_KEPT + 1
+
+
+@pytest.mark.parametrize(("order", "p", "v", "m"), [("1f1b", 4, 1, 16), ("1f1b", 4, 2, 8), ("1f1b", 8, 5, 40),
+                                                    ("gpipe", 3, 1, 6), ("1f1b", 2, 24, 32)])
+def test_the_last_stage_apart_numbers_like_the_stepped_program(order, p, v, m):
+    """The numbered program with the last virtual stage's ops at their own seconds (simulate's `last`) replays every
+    op where the stepped one does, to the bit."""
+    shape = tl.shape_for(order, "pp", p, v, m)
+    rng = random.Random(p * 100 + v * 10 + m)
+    fwd = tuple(rng.uniform(0.5, 1.5) for _ in range(p + 1))
+    bwd = tuple(2 * f for f in fwd)
+    numbered = tl._numbered_last_apart(shape)
+    assert numbered is not None
+    stepped = tl._stepped_program(shape, tl._plain_seconds(p + 1), True)
+    assert tl._run_program(numbered, fwd, bwd, 0.01, (0.0,) * (p + 1)) == \
+        tl._run_program(stepped, fwd, bwd, 0.01, (0.0,) * (p + 1))

@@ -20,10 +20,10 @@ from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 
-def reference_step(shape: Shape, fwd: list[int], bwd: list[int]) -> int:
+def reference_step(shape: Shape, fwd: list[int], bwd: list[int], last: tuple[int, int] | None = None) -> int:
     """An independent reference: whole time slots, no hop; each slot every idle rank starts its next op if the op's
     input finished at or before the slot (forward: the previous virtual stage's forward; backward: the next one's
-    backward, or its own forward on the last stage)."""
+    backward, or its own forward on the last stage); `last`: the last stage's own forward and backward slots."""
     p, s = shape.pp, shape.stages
     orders = [list(rank_order(shape, r)) for r in range(p)]
     done: dict[tuple[str, int, int], int] = {}
@@ -37,7 +37,8 @@ def reference_step(shape: Shape, fwd: list[int], bwd: list[int]) -> int:
             need = (("F", stage, mb) if stage == s - 1 else ("B", stage + 1, mb)) if backward \
                 else (("F", stage - 1, mb) if stage else None)
             if need is None or done.get(need, now + 1) <= now:
-                busy_until[r] = now + (bwd[r] if backward else fwd[r])
+                seconds = (bwd[r], fwd[r]) if last is None or stage != s - 1 else (last[1], last[0])
+                busy_until[r] = now + seconds[0 if backward else 1]
                 done[("B" if backward else "F", stage, mb)] = busy_until[r]
                 pos[r] += 1
         now += 1
@@ -104,6 +105,38 @@ def test_interleaved_matches_the_slot_reference(convention, p, v, m):
     bwd = [2 * f + rng.randint(0, 1) for f in fwd]
     shape = shape_for("1f1b", convention, p, v, m)
     assert simulate(shape, fwd, bwd).seconds == reference_step(shape, fwd, bwd)
+
+
+@pytest.mark.parametrize("convention", ["pp", "rounds"])
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 4), (4, 2, 8), (3, 2, 5), (2, 4, 4), (2, 24, 8), (4, 4, 10)])
+def test_the_output_layers_chunk_runs_apart(convention, p, v, m):
+    """simulate's `last` (the output layer and loss in the last virtual stage's chunk alone): the slot reference
+    with that stage's own slots, and the plain replay where they are its rank's."""
+    rng = random.Random(p * 1000 + v * 10 + m)
+    fwd = [rng.randint(1, 3) for _ in range(p)]
+    bwd = [2 * f + rng.randint(0, 1) for f in fwd]
+    shape = shape_for("1f1b", convention, p, v, m)
+    last = (fwd[-1] + rng.randint(1, 4), bwd[-1] + rng.randint(2, 8))
+    assert simulate(shape, fwd, bwd, last=(*last, 0)).seconds == reference_step(shape, fwd, bwd, last)
+    assert simulate(shape, fwd, bwd, last=(fwd[-1], bwd[-1], 0)).seconds == simulate(shape, fwd, bwd).seconds
+
+
+@pytest.mark.parametrize("order", ["combined_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev"])
+def test_the_output_layers_chunk_in_the_fused_split_and_v_orders(order):
+    """The same in the orders that fuse, split or fold their ops: its rank's own seconds replay the plain step, and
+    a longer chunk there (on rank 0 in the V orders, which hold the last stage) lengthens the step, by no more than
+    its excess on every micro-batch."""
+    p, v, m = 4, 2 if order in tl.V_ORDERS else 3, 16
+    shape = shape_for(order, "pp", p, v, m)
+    fwd, bwd, wgrad = [1.0, 1.1, 0.9, 1.2], [2.0, 2.2, 1.8, 2.4], [0.8, 0.9, 0.7, 1.0]
+    owner = shape.rank_of(shape.stages - 1)
+    assert owner == (0 if order in tl.V_ORDERS else p - 1)
+    plain = simulate(shape, fwd, bwd, 0.01, wgrad).seconds
+    same = (fwd[owner], bwd[owner], wgrad[owner])
+    assert simulate(shape, fwd, bwd, 0.01, wgrad, same).seconds == plain
+    longer = simulate(shape, fwd, bwd, 0.01, wgrad, (fwd[owner] + 1.0, bwd[owner] + 2.0, wgrad[owner] + 0.5))
+    assert plain < longer.seconds <= plain + m * 3.0 + 1e-9
+    assert longer.busy[owner] == pytest.approx(simulate(shape, fwd, bwd, 0.01, wgrad).busy[owner] + m * 3.0)
 
 
 def test_steady_state_limit_is_the_closed_form():

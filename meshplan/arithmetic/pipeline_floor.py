@@ -42,8 +42,9 @@ FLOOR_MARGIN = 1e-9
 _CUT_ORDERS = frozenset({"gpipe", "1f1b", "interleaved_1f1b"})
 
 
-def chain_floor(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float) -> float:
-    """At most simulate(shape, fwd, bwd, hop, any wgrad).seconds where replays_whole(shape): the module's chain
+def chain_floor(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float,
+                last: tuple[float, float] | None = None) -> float:
+    """At most simulate(shape, fwd, bwd, hop, any wgrad, last).seconds where replays_whole(shape): the module's chain
     through each rank, max_r (A_r + busy_r + D_r), and in the unfused plain orders its cuts at the rank's first
     backward and last forward, less FLOOR_MARGIN.
 
@@ -54,35 +55,48 @@ def chain_floor(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: f
     that micro-batch's forwards and backwards of the stages after s (2 (p - 1 - r) hops), then the rank's backward of
     it and the backwards after that one (the last group's (v - 1) g + 1), or at least the min(w + 1, n) backwards
     the rank runs after y1; then D_r. The step is at least start(x) + the rank's ops from x to y + what follows y,
-    for x its first op or x1 and y its last op or y1, x not after y."""
+    for x its first op or x1 and y its last op or y1, x not after y.
+
+    `last`: simulate's (forward, backward) seconds of the last virtual stage's chunk, at least its rank's own fwd / bwd
+    (the output layer's chunk). The terms take its excess where they count that stage's ops: the rank's chain its m
+    forwards and backwards; in the cuts micro-batch 0's forward through every stage and the backward of the stages after
+    s (the ranks before it), the last micro-batch's (the same), x1 onwards all m of its backwards and at least m - (the
+    forwards up to x1) of its forwards, up to y1 all m of its forwards. Every other term keeps the rank's own seconds,
+    which the excess only lengthens."""
     order = shape.order
     tails = order not in SPLIT_ORDERS and order not in V_ORDERS
     p, m, v = shape.pp, shape.microbatches, shape.vpp
     n = m * v
     cuts = order in _CUT_ORDERS
+    owner = shape.rank_of(shape.stages - 1)
+    extra_f, extra_b = (last[0] - fwd[owner], last[1] - bwd[owner]) if last is not None else (0.0, 0.0)
     if cuts:
         later_f, later_b = sum(fwd), sum(bwd)  # of the ranks after r (r's own taken off at its turn)
-        fill = v * later_f + (p * v - 1) * hop  # micro-batch 0's forwards through every stage
+        fill = v * later_f + extra_f + (p * v - 1) * hop  # micro-batch 0's forwards through every stage
         g = shape.group if order == "interleaved_1f1b" else 1
         own = (m - g * ((m - 1) // g)) * (v - 1) + 1  # the rank's backwards from y1's own to its last
         lead = (v - 1) * g  # interleaved warm-up: 2 (p - r - 1) + (v - 1) g
     best = before = after = 0.0
     for r, (f, b) in enumerate(zip(fwd, bwd, strict=True)):
-        chain = before + n * (f + b) + after
+        mine = r == owner
+        chain = before + n * (f + b) + after + (m * (extra_f + extra_b) if mine else 0.0)
         if cuts:
             later_f -= f
             later_b -= b
             rest = p - 1 - r
             w = n if order == "gpipe" else min(rest, m) if order == "1f1b" else min(2 * rest + lead, n)
             ahead = w + 1 if w < n else n  # forwards up to x1; backwards after y1
-            first_b = fill + later_b + rest * hop  # E_r
-            drain = later_f + later_b + 2 * rest * hop + own * b
+            later = r < owner  # the last stage is among the stages after s
+            first_b = fill + later_b + (extra_b if later else 0.0) + rest * hop  # E_r
+            drain = later_f + later_b + (extra_f + extra_b if later else 0.0) + 2 * rest * hop + own * b
             if ahead * b > drain:
                 drain = ahead * b
             drain += after
-            cut = first_b + (n - ahead) * f + n * b + after  # (x1, last op)
-            if before + n * f + (n - ahead) * b + drain > cut:  # (first op, y1)
-                cut = before + n * f + (n - ahead) * b + drain
+            x1_on = m * extra_b + max(0, m - ahead) * extra_f if mine else 0.0  # its ops from x1 on
+            cut = first_b + (n - ahead) * f + n * b + after + x1_on  # (x1, last op)
+            to_y1 = m * extra_f if mine else 0.0  # its forwards up to y1
+            if before + n * f + (n - ahead) * b + drain + to_y1 > cut:  # (first op, y1)
+                cut = before + n * f + (n - ahead) * b + drain + to_y1
             if 2 * w + 3 <= 2 * n and first_b + (n - w - 1) * (f + b) + drain > cut:  # (x1, y1): x1 before y1
                 cut = first_b + (n - w - 1) * (f + b) + drain
             if cut > chain:

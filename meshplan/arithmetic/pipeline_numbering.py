@@ -78,6 +78,13 @@ def _slices(p: int, n: int, r: int, w: int) -> tuple[slice, ...]:
             slice((2 * n - w + cool) * p + r, (2 * n + cool) * p + r, p))
 
 
+def rank_rows(p: int, n: int, r: int, w: int) -> tuple[list[int], list[int]]:
+    """The rows of rank r's forwards and of its backwards in plain_numbered's program, each in the rank's order (its
+    warm-up then steady forwards; its steady then cool-down backwards)."""
+    warm, steady_f, steady_b, cool = (range((2 * n + p) * p)[rows] for rows in _slices(p, n, r, w))
+    return [*warm, *steady_f], [*steady_b, *cool]
+
+
 Runs = tuple[tuple[slice, int, int], ...]  # (rows, index of seconds they take, how many rows)
 
 

@@ -40,7 +40,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
-from meshplan.arithmetic.pipeline_numbering import Runs, numbers, plain_numbered, plain_tail, shared_rows
+from meshplan.arithmetic.pipeline_numbering import (
+    Runs,
+    numbers,
+    plain_numbered,
+    plain_tail,
+    rank_rows,
+    shared_rows,
+)
 from meshplan.arithmetic.pipeline_split import Action, dualpipev_actions, zbv_actions, zero_bubble_actions
 from meshplan.knowledge.pipeline_card import InterleaveGroup as Group
 from meshplan.knowledge.pipeline_card import PipelineOrder
@@ -245,7 +252,8 @@ def _replay(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float
     if hit is None:
         if len(_REPLAYS) >= 4096:
             _REPLAYS.clear()
-        hit = _REPLAYS[key] = _run_program(_program(shape), key[1], key[2], hop, key[4] or (0.0,) * shape.pp)
+        hit = _REPLAYS[key] = _run_program(_program(shape, len(key[1]) > shape.pp), key[1], key[2], hop,
+                                           key[4] or (0.0,) * len(key[1]))
     return hit
 
 
@@ -267,26 +275,54 @@ class _Program(NamedTuple):
     dep2: Sequence[int]
     hopped2: Sequence[int]
     takes: Sequence[int]
-    seconds: tuple[tuple[int, tuple[str, ...]], ...]  # (rank, kinds): an op's seconds, a fused pair's both
+    # (rank, kinds): an op's seconds, a fused pair's both (the rank per op where one of them is the last stage's)
+    seconds: tuple[tuple[int | tuple[int, ...], tuple[str, ...]], ...]
     last: tuple[int, ...]
     runs: Runs = ()
 
 
-def _program(shape: Shape) -> _Program:
+def _program(shape: Shape, last_apart: bool = False) -> _Program:
     """The ops of `shape` in the order the ranks can run them: a plain order's (_plain_program: numbered afresh, the
-    rest kept), else the kept one (_action_program)."""
+    rest kept), else the kept one (_action_program). `last_apart`: the last virtual stage's ops take their own
+    seconds, those of a rank p past the ranks (simulate's `last`), so a plain order is stepped, not numbered."""
     if shape.order in ("gpipe", "1f1b", "interleaved_1f1b"):
+        if last_apart:
+            return _numbered_last_apart(shape) or _stepped_program(shape, _plain_seconds(shape.pp + 1), True)
         return _plain_program(shape)
-    return _action_program(shape)
+    return _action_program(shape, last_apart)
+
+
+def _numbered_last_apart(shape: Shape) -> _Program | None:
+    """_numbered_program with the last virtual stage's ops taking rank p's seconds (index 2p and 2p + 1; the rows no
+    op takes move to 2p + 2, past them): rank p - 1's forwards of its last chunk and its backwards of it (backward i
+    runs chunk v - 1 - c of table entry i), read row by row (no runs). None where the shape is not numbered."""
+    numbered = _numbered(shape)
+    if numbered is None:
+        return None
+    dep, hopped, takes, last, _ = numbered
+    p, v = shape.pp, shape.vpp
+    pad = 2 * p
+    takes = [pad + 2 if t == pad else t for t in takes]
+    table = (_chunk_microbatches(shape) if shape.order == "interleaved_1f1b"
+             else [(0, k) for k in range(shape.microbatches)])
+    forwards, backwards = rank_rows(p, len(table), p - 1, _warmups(shape)[p - 1])
+    for i, (chunk, _) in enumerate(table):
+        if chunk == v - 1:
+            takes[forwards[i]] = pad
+        if chunk == 0:
+            takes[backwards[i]] = pad + 1
+    return _Program([], dep, hopped, [], b"", takes, _plain_seconds(p + 1), last)
 
 
 # about 13 bytes an op: 0.3 MB for the largest shapes the search replays (23 k ops), a few kB for most. 256: the
 # 124-129 distinct shapes one exhaustive request of 16 GPUs replays (64 rebuilt each about three times, ~25 ms each)
 @lru_cache(maxsize=256)
-def _action_program(shape: Shape) -> _Program:
+def _action_program(shape: Shape, last_apart: bool = False) -> _Program:
     """_program of the orders that split or fuse ops: visiting the ranks in turn, each as far as its inputs allow
-    (each op's position fixed by the order alone, not by its seconds)."""
+    (each op's position fixed by the order alone, not by its seconds). `last_apart`: the last virtual stage's ops take
+    the seconds of rank p (one past the ranks), a fused pair's two ops each their own rank's."""
     p = shape.pp
+    last_slots = (shape.stages - 1) * shape.microbatches if last_apart else None
     steps = [_action_steps(shape, r) for r in range(p)]
     size = shape.stages * shape.microbatches
     done = ([0] * size, [0] * size)  # the op that ends each slot's forward / backward (B or I); 0: not yet run
@@ -307,8 +343,11 @@ def _action_program(shape: Shape) -> _Program:
                         if not inputs[2 * i]:
                             break
                 else:
+                    owner: int | tuple[int, ...] = r
+                    if last_slots is not None and any(step[1] >= last_slots for step in run):
+                        owner = tuple(p if step[1] >= last_slots else r for step in run)
                     for column, value in zip(columns, (last[r], *inputs, seconds.setdefault(
-                            (r, tuple(step[0] for step in run)), len(seconds))), strict=True):
+                            (owner, tuple(step[0] for step in run)), len(seconds))), strict=True):
                         column.append(value)
                     last[r] = len(columns[0])
                     for kind, slot, *_ in run:
@@ -351,10 +390,13 @@ def _numbered_program(shape: Shape) -> _Program | None:
 
 
 @lru_cache(maxsize=64)
-def _stepped_program(shape: Shape, seconds: tuple[tuple[int, tuple[str, ...]], ...]) -> _Program:
+def _stepped_program(shape: Shape, seconds: tuple[tuple[int, tuple[str, ...]], ...],
+                     last_apart: bool = False) -> _Program:
     """_plain_program found by visiting the ranks in turn, each as far as its inputs allow, from their steps
-    (_rank_steps): for the shapes plain_numbered does not number."""
+    (_rank_steps): for the shapes plain_numbered does not number, and where the last virtual stage's ops take the
+    seconds of rank p, one past the ranks (`last_apart`)."""
     p = shape.pp
+    last_slots = (shape.stages - 1) * shape.microbatches if last_apart else shape.stages * shape.microbatches
     steps = [_rank_steps(shape, r) for r in range(p)]
     size = shape.stages * shape.microbatches
     done_f, done_b = [0] * size, [0] * size
@@ -378,7 +420,7 @@ def _stepped_program(shape: Shape, seconds: tuple[tuple[int, tuple[str, ...]], .
                 prev.append(op)
                 dep_of.append(ran)
                 hops.append(hopped)
-                takes.append(2 * r + backward)
+                takes.append(2 * (p if slot >= last_slots else r) + backward)
                 op = len(prev)
                 (done_b if backward else done_f)[slot] = op
                 k += 1
@@ -423,14 +465,15 @@ def _ends(prog: _Program, fwd: tuple[float, ...], bwd: tuple[float, ...], hop: f
     `known`: the ends of the ops numbered before the program's first row (another program's, which numbers them
     alike: _replay_pair), extended in place."""
     per_kind = [{"F": fwd[r], "B": bwd[r], "I": bwd[r] - wgrad[r], "W": wgrad[r]} for r in range(len(fwd))]
-    seconds = [sum(per_kind[r][kind] for kind in kinds) for r, kinds in prog.seconds]
+    seconds = [sum(per_kind[r][kind] for kind in kinds) if isinstance(r, int) else
+               sum(per_kind[o][kind] for o, kind in zip(r, kinds, strict=True)) for r, kinds in prog.seconds]
     hops = (0.0, hop)
-    if not prog.prev:
+    if not prog.prev:  # ops numbered from p (the ranks: len(prog.last), one fewer than fwd's where `last` is apart)
         seconds.append(0.0)
         if 0.0 <= hop < math.inf:
-            return _numbered_ends(prog, seconds, hop, known or [0.0] * len(fwd))
-        ends = known or [0.0] * len(fwd)
-        below = -len(fwd)
+            return _numbered_ends(prog, seconds, hop, known or [0.0] * len(prog.last))
+        ends = known or [0.0] * len(prog.last)
+        below = -len(prog.last)
         for dep, hopped, takes in zip(prog.dep, prog.hopped, prog.takes, strict=True):
             free, ready = ends[below], ends[dep] + hops[hopped]
             ends.append((free if free > ready else ready) + seconds[takes])
@@ -572,10 +615,13 @@ def replays_whole(shape: Shape) -> bool:
 
 
 def simulate(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float = 0.0,
-             wgrad: Sequence[float] | None = None) -> Timeline:
+             wgrad: Sequence[float] | None = None, last: tuple[float, float, float] | None = None) -> Timeline:
     """The step of `shape` whose rank r takes fwd[r] / bwd[r] seconds per forward / backward chunk of one
     micro-batch, with `hop` seconds per p2p transfer between ranks; `wgrad[r]`: the weight gradient's part of
     bwd[r], which the zero-bubble orders run apart from the input gradient (left out: none, I takes all of bwd).
+    `last`: the (forward, backward, weight-gradient part) seconds of the last virtual stage's chunk where they are
+    not its rank's (the output layer and loss run there alone: Megatron-Core builds post_process into the last
+    virtual stage's model chunk only); its ops then take them, every other chunk of its rank fwd / bwd.
 
     Past EXACT_MICROBATCHES and one period, once the order has reached its steady state every further period adds
     the same seconds: the step is replayed at the smallest count past that bound with the same remainder and group,
@@ -585,6 +631,11 @@ def simulate(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: floa
     period = _periodic(shape)
     start = EXACT_MICROBATCHES + period
     w = tuple(wgrad) if wgrad is not None else (0.0,) * p
+    if last is not None:  # the last stage's seconds as a rank p past the ranks (_program's last_apart)
+        owner = shape.rank_of(shape.stages - 1)
+        extra = m * (last[0] + last[1] - fwd[owner] - bwd[owner])
+        busy = tuple(b + extra if r == owner else b for r, b in enumerate(busy))
+        fwd, bwd, w = (*fwd, last[0]), (*bwd, last[1]), (*w, last[2])
     if not replays_whole(shape):
         base = start + (m - start) % period
         near, before = _replay_pair(_resized(shape, base), _resized(shape, base - period), fwd, bwd, hop, w)
@@ -602,7 +653,7 @@ def _replay_pair(longer: Shape, shorter: Shape, fwd: Sequence[float], bwd: Seque
     keys = [(shape, tuple(fwd), tuple(bwd), hop, wgrad) for shape in (longer, shorter)]
     hits = [_REPLAYS.get(key) for key in keys]
     shared, tail, warmups = 0, None, _warmups(shorter)
-    if hits[0] is None and hits[1] is None and longer.order in ("1f1b", "interleaved_1f1b"):
+    if hits[0] is None and hits[1] is None and longer.order in ("1f1b", "interleaved_1f1b") and len(fwd) == longer.pp:
         shared = shared_rows(longer.pp, longer.vpp, longer.group, shorter.microbatches, longer.microbatches,
                              warmups, _warmups(longer))
     program = _numbered_program(longer) if shared else None

@@ -168,7 +168,11 @@ class StepTerms(NamedTuple):
         if self.plan.pp > 1:
             shape, runs = _pipeline_shape(self.m, self.inputs)
             if replays_whole(shape):
-                chains = runs * chain_floor(shape, *_chunk_seconds(self.rows, shape), self.inputs.pp_hop)
+                fwd, bwd, last = _chunk_seconds(self.rows, shape, self.inputs)
+                if last is not None:  # chain_floor's rank seconds at most each of its chunks', the last one's excess
+                    owner = self.inputs.pipeline.head_rank
+                    fwd[owner], bwd[owner] = min(fwd[owner], last[0]), min(bwd[owner], last[1])
+                chains = runs * chain_floor(shape, fwd, bwd, self.inputs.pp_hop, None if last is None else last[:2])
                 if chains > pipeline:
                     pipeline = chains
         return pipeline + self.dp_exposed + self.optimizer + self.offload_s
@@ -588,12 +592,19 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     if plan.pp == 1:
         return PipelineTime(worst, m * t_max, 0.0)
     shape, runs = _pipeline_shape(m, inp)
-    fwd, bwd = _chunk_seconds(rows, shape)
+    fwd, bwd, last = _chunk_seconds(rows, shape, inp)
     wgrad = None
     if shape.order in SPLIT_ORDERS:  # the weight gradients' share of each chunk's backward compute
         share = weight_gradient_share(inp.ctx.arch, inp.job.seq_length)  # the model as the framework builds it
         wgrad = [share * (r.compute - r.fwd) / shape.vpp for r in rows]
-    timeline = simulate(shape, fwd, bwd, inp.pp_hop, wgrad)
+        if last is not None:  # the head rank's by its chunks' backward seconds, the head's on its chunk alone
+            owner, row = inp.pipeline.head_rank, rows[inp.pipeline.head_rank]
+            head_bwd = inp.head - inp.head / TRAINING_PASSES_PER_FORWARD
+            rest = share * (row.compute - row.fwd - head_bwd)
+            layers_bwd = (shape.vpp - 1) * bwd[owner] + last[1] - head_bwd
+            wgrad[owner] = rest * bwd[owner] / layers_bwd if layers_bwd > 0 else 0.0
+            last = (last[0], last[1], share * head_bwd + (rest - (shape.vpp - 1) * wgrad[owner]))
+    timeline = simulate(shape, fwd, bwd, inp.pp_hop, wgrad, last)
     seconds = max(runs * timeline.seconds, m * t_max)
     facts = inp.job.card.pipeline
     name = facts.interleaved if shape.order == "interleaved_1f1b" and facts.interleaved else facts.schedule
@@ -619,10 +630,33 @@ def _pipeline_shape(m: int, inp: StageInputs) -> tuple[Shape, int]:
     return plan_shape(inp.job.card, plan.pp, plan.vpp, m // runs, plan.runs_schedule), runs
 
 
-def _chunk_seconds(rows: list[StageTime], shape: Shape) -> tuple[list[float], list[float]]:
-    """Each rank's forward and backward seconds per chunk of one micro-batch, as `_pipeline` replays them."""
+def _chunk_seconds(rows: list[StageTime], shape: Shape,
+                   inp: StageInputs) -> tuple[list[float], list[float], tuple[float, float, float] | None]:
+    """Each rank's forward and backward seconds per chunk of one micro-batch, as `_pipeline` replays them, and where
+    the head's rank runs more than one chunk, the (forward, backward, 0) seconds of the last virtual stage's chunk
+    (simulate's `last`; None elsewhere), that rank's fwd / bwd then its other chunks'. The output layer and loss run in
+    that chunk alone (Megatron-Core's get_model builds post_process only into the last virtual stage's model chunk,
+    is_pipeline_last_stage with its vp_stage), beside its own decoder layers (Stages.chunks: fewer where a recipe counts
+    the loss in the split) and the MTP blocks that rank trains (Megatron-Core puts them in the last stage); the rest of
+    the rank's micro-batch is shared by its layers and MTP blocks alike (stage_kinds: each costs like a layer), the
+    forward the same share of it in every chunk, and the rank's total is the same."""
     fwd = [r.total * _forward_share(r) / shape.vpp for r in rows]
-    return fwd, [r.total / shape.vpp - f for r, f in zip(rows, fwd, strict=True)]
+    bwd = [r.total / shape.vpp - f for r, f in zip(rows, fwd, strict=True)]
+    owner, head, pipeline = inp.pipeline.head_rank, inp.head, inp.pipeline
+    if shape.vpp == 1 or shape.rank_of(shape.stages - 1) != owner:
+        return fwd, bwd, None
+    units = len(stage_kinds(owner, pipeline.layers(owner), inp))  # its decoder layers and MTP blocks
+    last_units = len(pipeline.chunks[owner][-1]) + units - len(pipeline.layers(owner))
+    if head <= 0.0 and last_units * shape.vpp == units:  # every chunk alike
+        return fwd, bwd, None
+    row = rows[owner]
+    head_fwd = head / TRAINING_PASSES_PER_FORWARD
+    rest_fwd, rest_bwd = row.total * _forward_share(row) - head_fwd, row.total - row.total * _forward_share(row)
+    rest_bwd -= head - head_fwd
+    other = (units - last_units) / (shape.vpp - 1) / units if units else 1.0 / shape.vpp
+    mine = last_units / units if units else 1.0 / shape.vpp
+    fwd[owner], bwd[owner] = rest_fwd * other, rest_bwd * other
+    return fwd, bwd, (rest_fwd * mine + head_fwd, rest_bwd * mine + head - head_fwd, 0.0)
 
 
 def _forward_share(row: StageTime) -> float:
