@@ -26,13 +26,14 @@ from production_rows import (
 from production_sources import run_attention_kernel
 
 from meshplan import api
-from meshplan.arithmetic.flops import model_flops_per_token
+from meshplan.arithmetic.flops import model_flops_per_token, noncausal_flops_per_token
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GB, GIB
 from meshplan.estimate.memory import stage_allocated
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.published_runs import tflops_causal_full
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import memory_rules
 from meshplan.schema.request import Request
@@ -168,8 +169,12 @@ def _score_throughput(row: dict[str, Any], req: Request, job, score: Score) -> N
     if out["tokens_per_sec_per_gpu"] is not None:
         score.measured_tps, score.tps_basis = float(out["tokens_per_sec_per_gpu"]), "tokens/s"
     elif out["tflops_per_gpu"] is not None:
-        per_token = model_flops_per_token(job.model, job.seq_length)
-        score.measured_tps, score.tps_basis = float(out["tflops_per_gpu"]) * 1e12 / per_token, "TFLOP/s"
+        # the run's TFLOP/s divided by its own release's formula: before its family halved the causal core, every
+        # layer's core at all s keys and no MTP (published_runs.tflops_causal_full; flops.noncausal_flops_per_token)
+        full = tflops_causal_full(row["framework"], row["source"].get("version_or_date"))
+        per_token = (noncausal_flops_per_token if full else model_flops_per_token)(job.model, job.seq_length)
+        score.measured_tps = float(out["tflops_per_gpu"]) * 1e12 / per_token
+        score.tps_basis = "TFLOP/s (causal counted full)" if full else "TFLOP/s"
     else:
         score.throughput_skipped = "no throughput measured"
         return

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from meshplan import api
+from meshplan.arithmetic.flops import model_flops_per_token, noncausal_flops_per_token
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.arithmetic.schedule import layout_problem, parse_layout
 from meshplan.core.units import GIB
 from meshplan.knowledge.catalog import catalog_architecture, resolve_model
 from meshplan.knowledge.published_runs import RECIPE_SPLITS
+from meshplan.request.resolve import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import production_configs as pconf
@@ -288,6 +290,29 @@ def test_peaks_are_gigabytes_in_the_rows_convention(run):
     assert titan.convention == "reserved"
     context = memory_card().cuda_context_bytes
     assert titan.compared_peak_bytes == titan.peak_bytes - context
+
+
+def test_tflops_rows_divide_by_their_own_releases_formula(run):
+    """A TFLOP/s row becomes tokens/s through the formula its run logged it with: NeMo 24.03.01's counted the causal
+    core full (published_runs.tflops_causal_full), the 2026 DeepSeek-V3 long-context card's is Megatron-LM's
+    current one (causal halved, MLA, MTP), as meshplan's MFU counts."""
+    rows, scores, _ = run
+    by_id = {s.mapping.row_id: s for s in scores}
+    raw = {r["id"]: r for r in rows}
+    for row_id, formula, basis in [
+        ("nemo_longseq_llama2_7b_h100_256k", noncausal_flops_per_token, "TFLOP/s (causal counted full)"),
+        ("mbridge_card_dsv3_h100_256_longctx_128k", model_flops_per_token, "TFLOP/s"),
+    ]:
+        score, row = by_id[row_id], raw[row_id]
+        job, _ = resolve(score.mapping.request)
+        assert score.tps_basis == basis
+        per_token = formula(job.model, row["workload"]["seq_length"])
+        assert score.measured_tps == pytest.approx(row["outcome"]["tflops_per_gpu"] * 1e12 / per_token, rel=1e-12)
+    # at 256K the full count nearly doubles the work a token is credited with: the measured tokens/s about halves
+    nemo = by_id["nemo_longseq_llama2_7b_h100_256k"]
+    halved = raw["nemo_longseq_llama2_7b_h100_256k"]["outcome"]["tflops_per_gpu"] * 1e12 / model_flops_per_token(
+        resolve(nemo.mapping.request)[0].model, 262144)
+    assert 0.5 < nemo.measured_tps / halved < 0.6
 
 
 @pytest.mark.parametrize("row_id,impl,modules", [

@@ -327,3 +327,20 @@ def test_selective_recompute_words_name_the_modules_the_plan_recomputes():
     assert "layernorm, mlp recomputed" in without and "core attention's tensors are stored" in without
     assert "core attention recomputed" not in without
     assert "stored" not in words(["core_attn", "mlp"]).split("(")[1].replace("not stored", "")
+
+
+def test_selective_recompute_time_words_name_the_modules_the_time_reruns():
+    """The throughput report's selective-recompute line names the modules the step time reruns
+    (memory.selective_modules, what recompute.recompute_time sums); it said 'core attention' whatever the list."""
+    from meshplan import api
+    from meshplan.schema.request import Request
+
+    def words(modules):
+        report = api.estimate_throughput(Request(model="llama-3.1-8b", num_gpus=8, gpu="h100",
+                                                 framework="megatron-core", tp=2, recompute="selective",
+                                                 recompute_modules=modules))
+        return next(a for a in report.assumptions if a.startswith("Recompute selective"))
+
+    assert words(["layernorm", "mlp"]).endswith("(layernorm, mlp).")
+    assert "core_attn" not in words(["layernorm", "mlp"])
+    assert "(core_attn)" in words(None)  # Megatron's default list

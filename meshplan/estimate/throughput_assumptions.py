@@ -13,7 +13,7 @@ from meshplan.estimate.attention_time import (
     op_sac_recomputes_attention,
 )
 from meshplan.estimate.layer_records import LayerContext
-from meshplan.estimate.memory import routing_assumption
+from meshplan.estimate.memory import routing_assumption, selective_modules
 from meshplan.estimate.moe_time import moe_host_syncs
 from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, overlap_off, sharding_schedule
 from meshplan.estimate.tp_overlap import tp_ring_passes
@@ -178,7 +178,7 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
                          "save list" if op_sac_recomputes_attention(job, plan.attention_backend, plan.zero_stage)
                          else "") + ")."
                       if job.card.recompute.selective == "op_sac"
-                      else "core attention forward again."))
+                      else f"the forward of each recompute module again ({', '.join(selective_modules(plan))})."))
     if plan.optimizer == "muon":
         out.append(_muon_assumption(job, cal))
     if job.lora is not None:

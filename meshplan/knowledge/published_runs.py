@@ -101,6 +101,55 @@ def release_ran(framework: str, when: str | None) -> str | None:
     return None
 
 
+# A TFLOP/s a run logged divides its step's work by its framework's own model-FLOP formula at that release, and those
+# formulas counted the causal attention core over the whole score matrix until each halved it: Megatron-LM's
+# num_floating_point_operations (megatron/training/training.py; core_r0.8.0 has "+ (args.seq_length /
+# args.hidden_size)") since NVIDIA/Megatron-LM 8873b55d (2025-03-06, "Fixes in number of floating-point operation
+# estimates for MoE and attention layer": "/ 2"; MLA's own branch, d4f9a6f7 2025-04-03, halved from the start),
+# NeMo's flops_formulas (nemo/utils/flops_formulas.py, the FLOPsMeasurementCallback's) since NVIDIA/NeMo 6251117f4c
+# (2025-08-09, "Discount FLOPs in dot-product att"), Megatron-Bridge's flop_utils since NVIDIA-NeMo/Megatron-Bridge
+# d42316e94 (2025-09-26, "Add Flops calculator and training flop achieved log"). The formula family is the one the
+# run's framework (its row's words) starts with; a framework that starts with none (verl, torchtitan, a paper's own
+# stack "with Megatron-style TP") counts as Megatron-LM's current formula, as meshplan's MFU does. Counted full, the
+# formulas of those releases are arithmetic/flops.noncausal_flops_per_token (no MTP term either: Megatron-LM's came
+# with d4f9a6f7, after its halving).
+TFLOPS_CAUSAL_HALVED_SINCE: tuple[tuple[str, str], ...] = (
+    ("megatron-bridge", "2025-09-26"),
+    ("nemo automodel", ""),  # NeMo AutoModel trains through its own code, not NeMo's callback: today's formula
+    ("nemo", "2025-08-09"),
+    ("megatron-core", "2025-03-06"),
+    ("megatron-lm", "2025-03-06"),
+)
+# A run's day in its row: an ISO date or month, NeMo's container tag YY.MM (NeMo 24.03.01), or a lone year.
+_RUN_DAY = re.compile(r"\b(\d{4})-(0[1-9]|1[0-2])(?:-(\d{2}))?\b")
+_NEMO_TAG = re.compile(r"\bnemo\s*(\d{2})\.(0[1-9]|1[0-2])\b", re.IGNORECASE)
+_LONE_YEAR = re.compile(r"^(20\d{2})(?![\d-])")
+
+
+def run_day(framework: str, when: str | None) -> str | None:
+    """The day (ISO, or its month or year: a shorter prefix counts as before any day it holds) a run's row dates it:
+    an ISO date or month in `when`, else NeMo's container tag YY.MM in `when` or `framework`, else a lone year
+    leading `when` ("2024 (r0.8.0)"); None where none is stated or `when` spans years ("2025-2026")."""
+    text = str(when or "")
+    if day := _RUN_DAY.search(text):
+        return "-".join(part for part in day.groups() if part)
+    if tag := (_NEMO_TAG.search(text) or _NEMO_TAG.search(framework)):
+        return f"20{tag.group(1)}-{tag.group(2)}"
+    if year := _LONE_YEAR.match(text.strip()):
+        return year.group(1)
+    return None
+
+
+def tflops_causal_full(framework: str, when: str | None) -> bool:
+    """Whether the TFLOP/s a run of `framework` (its row's words) on day `when` logged counted the causal attention
+    core full (TFLOPS_CAUSAL_HALVED_SINCE): its release predates the halving in the formula family its framework
+    starts with. A run whose day is not stated counts as today's formula."""
+    day = run_day(framework, when)
+    words = framework.strip().lower()
+    since = next((since for name, since in TFLOPS_CAUSAL_HALVED_SINCE if words.startswith(name)), "")
+    return day is not None and day < since
+
+
 def ran_without_expandable_segments(framework: str, when: str | None, cited: str) -> bool:
     """A run whose launcher left PyTorch's expandable segments off where its framework card's default sets them: a
     verl run before its workers set them (a month-only date counts as before), a Megatron-Bridge run of a recipe
