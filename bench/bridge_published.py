@@ -50,6 +50,12 @@ Qwen3-30B-A3B and Qwen3-235B-A22B on H100 (both releases), Qwen3-235B-A22B on B2
 (25.09); off for every other row (the default False). Where the published layout differs from the preset of its
 release (25.11 B200 Qwen3-235B VPP 2 vs the preset's 4; 25.11 H100 Qwen3-30B MBS 2 VPP 24 vs 1 and 12) the
 column still takes the preset's setting, an assumption.
+One row's micro-batch is not the table's: 25.11 H100 GPT-OSS-120B prints MBS 4 and GA 2 at GBS 512, PP 4, 64 GPUs,
+which cannot both hold (GA = GBS / (MBS x DP): MBS 4 at DP 16 is GA 8; every other row of the 25.11 tables satisfies
+it; both figures are the B200 row's above it). The preset of that release leaves BASE_GPT_OSS_120B_CONFIG's
+micro_batch_size=1 on H100 (v0.2.0 scripts/performance/configs/gpt_oss/workload_base_configs.py
+GPT_OSS_120B_H100_BF16_BASE_CONFIG: pipeline_model_parallel_size=4 only), as 26.02's row of the same preset prints
+(MBS 1), so the row is read at micro-batch 1 (GA 32).
 
 `--fit` refits the two Megatron-family constants these rows identify (cards/calibration.yaml
 `gemm_peak_fraction`, `moe_host_sync_s`) by grid search on the median |log error| of this set plus the
