@@ -55,7 +55,10 @@ which cannot both hold (GA = GBS / (MBS x DP): MBS 4 at DP 16 is GA 8; every oth
 it; both figures are the B200 row's above it). The preset of that release leaves BASE_GPT_OSS_120B_CONFIG's
 micro_batch_size=1 on H100 (v0.2.0 scripts/performance/configs/gpt_oss/workload_base_configs.py
 GPT_OSS_120B_H100_BF16_BASE_CONFIG: pipeline_model_parallel_size=4 only), as 26.02's row of the same preset prints
-(MBS 1), so the row is read at micro-batch 1 (GA 32).
+(MBS 1), so the row is read at micro-batch 1 (GA 32). The 25.11 B200 GPT-OSS-120B row is kept as printed, EP 8, though
+the preset of its release sets expert_model_parallel_size=64 there (GPT_OSS_120B_B200_BF16_BASE_CONFIG, its GBS 512
+and MBS 4 as printed): GA does not involve EP, so nothing in the table settles it (read at EP 64 it scores +1%,
+against +62% as printed; 26.02's EP 64 row of the same layout at GBS 1280 measured 8,047 against this row's 8,213).
 
 `--fit` refits the two Megatron-family constants these rows identify (cards/calibration.yaml
 `gemm_peak_fraction`, `moe_host_sync_s`) by grid search on the median |log error| of this set plus the
