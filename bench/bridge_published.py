@@ -61,6 +61,15 @@ Qwen3-30B-A3B and Qwen3-235B-A22B on H100 (both releases), Qwen3-235B-A22B on B2
 release (25.11 B200 Qwen3-235B VPP 2 vs the preset's 4; 25.11 H100 Qwen3-30B MBS 2 VPP 24 vs 1 and 12; 25.11 GB200
 Qwen3-235B BF16 256 GPUs VPP 3 EP 32 vs the preset's 64, 1 and 8) the column still takes the preset's setting, an
 assumption.
+One row's micro-batch is not the table's: 25.11 H100 GPT-OSS-120B prints MBS 4 and GA 2 at GBS 512, PP 4, 64 GPUs,
+which cannot both hold (GA = GBS / (MBS x DP): MBS 4 at DP 16 is GA 8; every other row of the 25.11 tables satisfies
+it; both figures are the B200 row's above it). The preset of that release leaves BASE_GPT_OSS_120B_CONFIG's
+micro_batch_size=1 on H100 (v0.2.0 scripts/performance/configs/gpt_oss/workload_base_configs.py
+GPT_OSS_120B_H100_BF16_BASE_CONFIG: pipeline_model_parallel_size=4 only), as 26.02's row of the same preset prints
+(MBS 1), so the row is read at micro-batch 1 (GA 32). The 25.11 B200 GPT-OSS-120B row is kept as printed, EP 8, though
+the preset of its release sets expert_model_parallel_size=64 there (GPT_OSS_120B_B200_BF16_BASE_CONFIG, its GBS 512
+and MBS 4 as printed): GA does not involve EP, so nothing in the table settles it (read at EP 64 it scores +1%,
+against +62% as printed; 26.02's EP 64 row of the same layout at GBS 1280 measured 8,047 against this row's 8,213).
 The same layout published at two releases bounds what one software state can fit. In this file's rows (same columns
 but the release) 25.11 -> 26.02 moves 0.94x-1.10x (Llama-3.1-70B and 405B on GB200, Qwen3-30B-A3B on GB200 and
 B200). Outside it (docs/performance-summary-archive.md) Qwen3-30B-A3B on 16 H100, FP8, TP1 PP2 VPP12 EP8, micro-batch
