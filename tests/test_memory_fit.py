@@ -64,10 +64,12 @@ def test_the_fit_path_gives_the_reports_verdict_and_figures(req):
                     verdict = memory_fit(job, plan, budget, limit, first)
                     fits = report.fit_bytes <= budget and (limit is None or host <= limit)
                     assert verdict.complete == fits, (plan, budget, limit, first)
-                    if fits:  # every stage evaluated: the report's own figures
-                        assert (verdict.figure, verdict.host_per_node, verdict.over) == (report.fit_bytes, host, None)
+                    if fits:  # every stage evaluated: the report's own figures, its peak among them (the oracle's)
+                        assert (verdict.figure, verdict.host_per_node, verdict.peak, verdict.over) == (
+                            report.fit_bytes, host, report.peak_bytes, None)
                     else:  # stopped at a stage over: floors of the report's figures, one of them over
                         assert verdict.figure <= report.fit_bytes and verdict.host_per_node <= host
+                        assert 0 < verdict.peak <= report.peak_bytes
                         assert verdict.figure > budget or (limit is not None and verdict.host_per_node > limit)
                         assert 0 <= verdict.over < n
                         over += 1

@@ -9,7 +9,7 @@ import pytest
 
 from meshplan.estimate import memory_stage
 from meshplan.estimate.layer_records import shared_layers
-from meshplan.estimate.memory import memory_fit, memory_terms
+from meshplan.estimate.memory import estimate_memory, memory_fit, memory_terms
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
@@ -54,8 +54,22 @@ def test_left_out_stages_change_no_verdict(setup, monkeypatch):
 
     monkeypatch.setattr(memory_stage.Dominance, "covers", counted)
     with shared_layers():
-        assert verdicts(job, plans, budgets, firsts) == every_stage
+        left_out = verdicts(job, plans, budgets, firsts)
+        assert left_out == every_stage
     assert sum(covered) > len(plans)  # stages were left out
+    # a verdict that fits read (or left out) every stage: the report's fit figure and peak, bit for bit
+    per_plan = len(budgets) * len(firsts)
+    complete = 0
+    for i, plan in enumerate(plans):
+        try:
+            report = estimate_memory(job, plan)
+        except EstimateBlocked:
+            continue
+        for verdict in left_out[i * per_plan:(i + 1) * per_plan]:
+            if verdict.complete:
+                assert (verdict.figure, verdict.peak) == (report.fit_bytes, report.peak_bytes), plan
+                complete += 1
+    assert complete >= len(plans)
 
 
 def test_nothing_left_out_outside_a_scope_or_with_offload_or_fsdp2_walk():

@@ -157,6 +157,26 @@ def test_the_gpu_fit_alone_costs_no_rl_host_estimate(monkeypatch):
     assert not engine.memory_fit(trainer[0], trainer[1], budget, 200 * GIB).complete
 
 
+
+@pytest.mark.parametrize("fields", [dict(tp=2, pp=2, ep=4, dp=4, zero_stage=1), dict(tp=1, pp=4, dp=4, zero_stage=1)])
+def test_an_actor_verdict_that_fits_gives_the_actor_reports_figures(fields):
+    """A complete verdict of the actor engine under a host limit carries its memory report's fit figure, host (the RL
+    step's) and peak exactly, as the oracle reads them in place of the report; one the host refuses keeps the GPU's
+    figures, floors of the report's."""
+    req = Request(**SKYRL, cpu_memory_per_node=290)
+    job, base = resolve(req)
+    trainer, plan = resolve(_training(Request(**SKYRL, **fields)))
+    engine = actor_engine(job, base, req, job.framework)
+    report = engine.memory(trainer, plan)
+    budget = job.gpu.memory_bytes
+    fits = engine.memory_fit(trainer, plan, budget, report.host_bytes_per_node)
+    assert fits.complete and report.fit_bytes <= budget
+    assert (fits.figure, fits.host_per_node, fits.peak) == (
+        report.fit_bytes, report.host_bytes_per_node, report.peak_bytes)
+    over = engine.memory_fit(trainer, plan, budget, report.host_bytes_per_node - 1)
+    assert not over.complete and over.peak <= report.peak_bytes and over.figure <= report.fit_bytes
+
+
 HOST_FREE_VARIANTS = [{"micro_batch_size": 4}, {"recompute": "full"}, {"recompute": "selective"},
                       {"recompute": "full", "recompute_layers": 2, "recompute_method": "uniform"},
                       {"recompute": "full", "recompute_layers": 2, "recompute_method": "block"},

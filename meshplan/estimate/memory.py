@@ -163,18 +163,19 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
 
 
 class FitVerdict(NamedTuple):
-    """What memory_fit found of a plan's report without building it: the largest fit figure and host bytes per node
-    among the stages it evaluated (the report's fit_bytes and host_bytes_per_node when `complete`), and the stage
-    found over the budget or the host limit, where one was (then not every stage was evaluated). Not complete with
-    `over` None: every stage was read and fits the budget, the host is over (the RL actor engine, search/rl_actor.py,
-    which reads the host after the GPU's whole verdict)."""
+    """What memory_fit found of a plan's report without building it: the largest fit figure, host bytes per node and
+    stage total among the stages it evaluated (the report's fit_bytes, host_bytes_per_node and peak_bytes when
+    `complete`), and the stage found over the budget or the host limit, where one was (then not every stage was
+    evaluated). Not complete with `over` None: every stage was read and fits the budget, the host is over (the RL
+    actor engine, search/rl_actor.py, which reads the host after the GPU's whole verdict)."""
 
     figure: int
     host_per_node: int
     complete: bool
     over: int | None
+    peak: int  # the largest stage total_bytes evaluated: the report's peak_bytes when complete, else a floor of it
     # False where the host was found over before any stage's GPU figure was worked out (the RL actor engine, from the
-    # host it already knows): `figure` is then 0, a floor of any, and whether the GPU is over too is not told
+    # host it already knows): `figure` and `peak` are then 0, floors of any, and whether the GPU is over too is not told
     gpu_read: bool = True
 
 
@@ -191,30 +192,31 @@ def memory_fit(job: Job, plan: Plan, budget: int, host: int | None = None, first
     chunks = terms.pipeline.chunks
     first = first if 0 <= first < len(chunks) else 0
     # stage `first` alone first: most plans a search asks end there (over, or one stage); the rest walk on
-    figure, host_node, moment = _stage_figures(job, terms, first, chunks[first])
+    figure, host_node, peak, moment = _stage_figures(job, terms, first, chunks[first])
     if figure > budget or (host is not None and host_node > host):
-        return FitVerdict(figure, host_node, False, first)
+        return FitVerdict(figure, host_node, False, first, peak)
     if len(chunks) == 1:
-        return FitVerdict(figure, host_node, True, None)
-    dominance = Dominance(terms)  # a stage no more than one evaluated before it changes neither the figure nor `over`
-    dominance.add(first, chunks[first], figure, moment)
+        return FitVerdict(figure, host_node, True, None, peak)
+    # a stage no more than one evaluated before changes neither the figure, the peak nor `over`
+    dominance = Dominance(terms)
+    dominance.add(first, chunks[first], peak, moment)
     for rank in range(len(chunks)):
         if rank == first or dominance.covers(rank, chunks[rank]):
             continue
-        fig, stage_host, moment = _stage_figures(job, terms, rank, chunks[rank])
-        figure, host_node = max(figure, fig), max(host_node, stage_host)
+        fig, stage_host, total, moment = _stage_figures(job, terms, rank, chunks[rank])
+        figure, host_node, peak = max(figure, fig), max(host_node, stage_host), max(peak, total)
         if fig > budget or (host is not None and stage_host > host):
-            return FitVerdict(figure, host_node, False, rank)
-        dominance.add(rank, chunks[rank], fig, moment)
-    return FitVerdict(figure, host_node, True, None)
+            return FitVerdict(figure, host_node, False, rank, peak)
+        dominance.add(rank, chunks[rank], total, moment)
+    return FitVerdict(figure, host_node, True, None, peak)
 
 
-def _stage_figures(job: Job, terms: MemoryTerms, rank: int, chunks) -> tuple[int, int, str | None]:
-    """A stage's fit figure (stage_fit_bytes), host bytes per node and reserved peak's moment, from stage_fit: the
-    report's figures without its report."""
+def _stage_figures(job: Job, terms: MemoryTerms, rank: int, chunks) -> tuple[int, int, int, str | None]:
+    """A stage's fit figure (stage_fit_bytes), host bytes per node, total_bytes and reserved peak's moment, from
+    stage_fit: the report's figures without its report."""
     stage = stage_fit(terms, rank, chunks)
     return (int(peak_fit_bytes(stage.total, stage.total - stage.allocated, terms.plan, terms.card)),
-            stage.host * mesh.ranks_per_node(job), stage.moment)
+            stage.host * mesh.ranks_per_node(job), stage.total, stage.moment)
 
 
 def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:

@@ -639,7 +639,7 @@ def unit_experts(terms: MemoryTerms, experts: float) -> float:
 
 class Dominance:
     """The middle stages (neither embedding, output layer nor MTP) memory_fit evaluated for one plan, to leave out
-    the stages whose fit figure and host bytes provably are at most one of theirs (covers)."""
+    the stages whose fit figure, total and host bytes provably are at most one of theirs (covers)."""
 
     def __init__(self, terms: MemoryTerms):
         # no offload: every stage's host bytes are 0 and its activations stay on the GPU; no FSDP2 walk: a stage's
@@ -653,9 +653,12 @@ class Dominance:
         states (the same stage_states memo entry: the same layers by value) and the same layers per virtual chunk,
         holding no more micro-batches in any chunk. Its activations are then the same per-chunk sums times no larger
         counts, so its backward moment is at most the other's term by term, its optimizer step's the same, and every
-        step from them to the fit figure (float sums, products by non-negative counts, int()) is monotone: its
-        reserved peak is at most the other's, and so is its fit figure, unless it peaks at the optimizer step where
-        the other peaks in its backward (a step total the other's figure then bounds: checked). Host bytes are 0."""
+        step from them to the totals (float sums, products by non-negative counts, int()) is monotone: its reserved
+        peak (total_bytes) is at most the other's, unless it peaks at the optimizer step where the other peaks in its
+        backward (a step total the other's total then bounds: checked; where it peaks in its backward the other does
+        too, and at the step both have the same total). Its fit figure is then at most the other's: the reserved
+        peak, or with expandable segments the allocated peak (the larger of the two moments', each at most the
+        other's) plus the page slack. Host bytes are 0."""
         if not self.on or not self.seen:
             return False
         terms = self.terms
@@ -663,20 +666,19 @@ class Dominance:
         if not _middle(mine.params):
             return False
         lengths, held = tuple(map(len, chunks)), stage_held(terms, rank)
-        for states, their_lengths, their_held, fit, step_peak in self.seen:
+        for states, their_lengths, their_held, total, step_peak in self.seen:
             if (states.states is mine.states and their_lengths == lengths
                     and all(a <= b for a, b in zip(held, their_held, strict=True))
-                    and (step_peak or terms.plan.expandable_segments
-                         or peak_total(terms, mine.states, mine.step).total <= fit)):
+                    and (step_peak or peak_total(terms, mine.states, mine.step).total <= total)):
                 return True
         return False
 
-    def add(self, rank: int, chunks, fit: int, moment: str | None) -> None:
-        """Stage `rank` evaluated: its fit figure, and the moment its reserved peak is at."""
+    def add(self, rank: int, chunks, total: int, moment: str | None) -> None:
+        """Stage `rank` evaluated: its total_bytes (its reserved peak), and the moment that peak is at."""
         if self.on:
             mine = stage_states(self.terms, rank, chunks)
             if _middle(mine.params):
-                self.seen.append((mine, tuple(map(len, chunks)), stage_held(self.terms, rank), fit,
+                self.seen.append((mine, tuple(map(len, chunks)), stage_held(self.terms, rank), total,
                                   moment == STEP_MOMENT))
 
 

@@ -1,12 +1,12 @@
 """The exhaustive oracle: every plan of the space estimated by brute force, no bounds, no pruning, none of the search's
-caches (a plan's fit is asked of memory.memory_fit, estimate_memory's own verdict stopping at the first stage over,
-test_memory_fit). The estimates run inside one shared_layers scope, as recommend's do: the cost model's own memos of
-its exact sub-results (a layer's time, a layout's memory terms, a stage's states and fit: layer_records.scope_memo,
-each held bit for bit to the unscoped estimate by its own test, test_layer_memo, test_memory_memo, test_stage_memo),
-so a plan's memory_fit, memory report and throughput (whose offload time estimates the memory again) share them; and
-each blocking rule's verdict is kept per what the rule declares it reads (rules/engine.py Verdicts.passes, in a
-Verdicts of the oracle's own, none of the search's). The best-first search must return the same top K
-(tests/test_search.py); it is slow, so only small jobs call it."""
+caches (a plan's fit and peak are asked of memory.memory_fit, estimate_memory's own verdict and figures, stopping at the
+first stage over, test_memory_fit). The estimates run inside one shared_layers scope, as recommend's do: the cost
+model's own memos of its exact sub-results (a layer's time, a layout's memory terms, a stage's states and fit:
+layer_records.scope_memo, each held bit for bit to the unscoped estimate by its own test, test_layer_memo,
+test_memory_memo, test_stage_memo), so a plan's memory_fit and throughput (whose offload time estimates the memory
+again) share them; and each blocking rule's verdict is kept per what the rule declares it reads (rules/engine.py
+Verdicts.passes, in a Verdicts of the oracle's own, none of the search's). The best-first search must return the same
+top K (tests/test_search.py); it is slow, so only small jobs call it."""
 
 from __future__ import annotations
 
@@ -66,15 +66,21 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
                     if not verdicts.passes(job, plan):
                         continue
                     # memory_fit: estimate_memory's verdict, stopping at the first stage over; `checked`: the check
-                    # above found no structural error, so no blocking rule (require_estimable) is asked again
-                    if fit is not None and not fit(job, plan, budget, host, checked=True).complete:
-                        continue
-                    memory = engine.memory(job, plan)
-                    peak = memory.peak_bytes
-                    if memory.fit_bytes > budget:  # what decides the fit (memory.fit_figure), as the search
-                        continue
-                    if host is not None and memory.host_bytes_per_node > host:  # rule MEM003, as `check` and the search
-                        continue
+                    # above found no structural error, so no blocking rule (require_estimable) is asked again. A
+                    # complete verdict read every stage: the report's fit_bytes <= budget, host_bytes_per_node <= host
+                    # and its peak_bytes, exactly (test_memory_fit), so the report itself is not built
+                    if fit is not None:
+                        verdict = fit(job, plan, budget, host, checked=True)
+                        if not verdict.complete:
+                            continue
+                        peak = verdict.peak
+                    else:
+                        memory = engine.memory(job, plan)
+                        if memory.fit_bytes > budget:  # what decides the fit (memory.fit_figure), as the search
+                            continue
+                        if host is not None and memory.host_bytes_per_node > host:  # rule MEM003, as `check` does
+                            continue
+                        peak = memory.peak_bytes
                     row = OracleRow(engine.throughput(job, plan).step_time_s, peak, plan)
                     twin = space.plain_twin(lay, zero, recompute, mbs)  # the EP overlap's schedule may be slower
                     if twin is not None and (plain := engine.throughput(job, twin).step_time_s) < row.step_time_s:

@@ -159,14 +159,14 @@ def actor_engine(job, base: Plan, req: Request, framework: str) -> Engine | None
         if host is not None:
             known = host_of.known(plan, trainer.num_gpus)
             if known is not None and known > host:  # the host refuses it whatever the GPU: no GPU estimate
-                return FitVerdict(0, known, False, None, gpu_read=False)
+                return FitVerdict(0, known, False, None, 0, gpu_read=False)
         verdict = inner.memory_fit(trainer, plan, budget, None, first, checked)  # type: ignore[misc]
         if not verdict.complete or host is None:
             # over the GPU budget, or only the GPU's fit asked (host_counts.host_only completes a verdict the host
             # stopped, and reads nothing else of it): no host figure, 0 (a floor of any). The RL step's host costs
             # an estimate per offload variant (ActorHost), so it is worked out only where a host limit is asked.
-            return FitVerdict(verdict.figure, 0, verdict.complete, verdict.over)
+            return FitVerdict(verdict.figure, 0, verdict.complete, verdict.over, verdict.peak)
         need = host_of(plan, trainer.num_gpus)
-        return FitVerdict(verdict.figure, need, need <= host, None)
+        return FitVerdict(verdict.figure, need, need <= host, None, verdict.peak)
 
     return replace(inner, memory=memory, memory_fit=memory_fit)
