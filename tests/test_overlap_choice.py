@@ -16,9 +16,9 @@ def test_a_ranked_plan_is_no_slower_than_its_other_ep_overlap():
     """Mixtral-8x7B on 24 H100: TP2 PP3 VPP11 EP8 DP4 steps in 34.359 s with the EP overlap (its all-to-all is inside
     the node; the combined schedule's bubble 1.13 s against 0.08 s) and 34.266 s without, but the search took the
     overlap as dominant, ranked the overlapped plan #2 and never timed the plain one, which was the fastest plan. Since
-    the output layer is timed in the last virtual chunk alone (perf._chunk_seconds) the plain VPP11 plan (34.276 s; 34.603
-    s overlapped) ranks 7 ms behind PP3 without virtual stages, where the overlap is not an option: the interleaved plan
-    is the one whose two schedules the search must both time."""
+    the output layer is timed in the last virtual chunk alone (perf._chunk_seconds) the plain VPP11 plan (34.276 s;
+    34.603 s overlapped) ranks 7 ms behind PP3 without virtual stages, where the overlap is not an option: the
+    interleaved plan is the one whose two schedules the search must both time."""
     req = Request(model="mixtral-8x7b", num_gpus=24, gpu="h100")
     rec = api.recommend(req)
     interleaved = [c for c in rec.candidates if c.plan.pp > 1 and c.plan.vpp > 1]
