@@ -79,3 +79,15 @@ def test_the_sweeps_polled_runs_pay_at_least_the_floor():
     assert set(by_pp) >= {2, 4, 8}
     for pp, floors in by_pp.items():
         assert statistics.median(floors) >= 1.0, (pp, statistics.median(floors))
+
+
+def test_the_polling_check_adds_the_floor_to_every_slot_of_the_1f1b_step():
+    """grad_acc + pp - 1 slots, each one floor longer: the step seconds, not a fitted share."""
+    polling = ta.p2p_polling()
+    case = _case(4, 16, 10.0)
+    tokens = case.job.seq_length * case.job.global_batch_size
+    predicted_tps = tokens / 2.0 / case.job.num_gpus  # a 2 s step
+    step_s = tokens / ta.with_polling_tps(case, predicted_tps, polling) / case.job.num_gpus
+    assert step_s == pytest.approx(2.0 + polling.floor_s(4) * (16 + 4 - 1))
+    flat = _case(1, 16, 10.0)
+    assert ta.with_polling_tps(flat, predicted_tps, polling) == pytest.approx(predicted_tps)
