@@ -483,11 +483,21 @@ def main(argv: list[str] | None = None) -> int:
         cal_half = fit(train, base)
         print(f"fit on {len(train)} rows of {len(half_a)} groups (every other group, sorted by name)")
         _print_summary("  train half", summarize(train, predict(train, cal_half)))
-        _print_summary("  held-out half", summarize(test, predict(test, cal_half)))
+        test_preds = predict(test, cal_half)
+        _print_summary("  held-out half", summarize(test, test_preds))
+        polling, card_preds = p2p_polling(), predict(test, None)  # which runs polled, read at the card's constants
+        rest = [i for i, c in enumerate(test) if not polled(c, card_preds[i], polling)]
+        _print_summary("  held-out half without the polled runs",
+                       summarize([test[i] for i in rest], [test_preds[i] for i in rest]))
         no80 = [c for c in sweep if not c.group.startswith("80B")]
         only80 = [c for c in sweep if c.group.startswith("80B")]
         cal_small = fit(no80, base)
-        _print_summary("fit on 1B+3B, test on 80B", summarize(only80, predict(only80, cal_small)))
+        preds80 = predict(only80, cal_small)
+        _print_summary("fit on 1B+3B, test on 80B", summarize(only80, preds80))
+        card80 = predict(only80, None)
+        rest = [i for i, c in enumerate(only80) if not polled(c, card80[i], polling)]
+        _print_summary("  80B without the polled runs",
+                       summarize([only80[i] for i in rest], [preds80[i] for i in rest]))
         for k in FITTED:
             print(f"  {k}: half-fit {getattr(cal_half, k):.4g}, 1B+3B fit {getattr(cal_small, k):.4g}")
         return 0
