@@ -10,7 +10,9 @@ Data (read-only, ../shared/validation and ../shared/reference/estimators.md sect
 Reports the median absolute % error of tokens/s per GPU, and ranking quality within each
 (model, node count) group of the sweep: Spearman correlation and whether our top-ranked layout
 measures >= 90% of the best measured one; the same on the sweep without "stalled" runs (a measured
-micro-batch >= STALL_S seconds, a fixed stall the model does not try to produce) and by node count.
+micro-batch >= STALL_S seconds, a fixed stall the model does not try to produce), without the pipeline runs that
+measured nanotron bench2's polled p2p (`polled`: a 0.1 s sleep per p2p metadata message, a program meshplan does
+not model; bench/data/playbook_sweep_p2p.yaml) and by node count.
 `--fit` refits the fitted constants of
 cards/calibration.yaml (scipy Nelder-Mead on a robust loss of the log error) on half of the groups
 and on all of them, and prints both; the card holds the all-groups fit.
@@ -29,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from memory_accuracy import FULL_SIZE_HIDDEN, megatron_rows, megatron_skip_reason
 
 from meshplan.arithmetic.flops import noncausal_flops_per_token
@@ -344,8 +347,67 @@ def fit(cases: list[Case], start: Calibration, max_evals: int = 800, stride: int
 # A run is "stalled" when one micro-batch takes >= STALL_S measured seconds (step / grad_acc). In the
 # sweep such runs sit at 0.9-3 s per micro-batch whatever the model (1B or 80B), micro-batch size, TP or
 # PP degree, so the time is not work; the same layout is often fast in a sibling run. They are 100% of the
-# pipeline rows at 64 nodes, 20-50% at 16-32 nodes and rare at 1-4 nodes (bench/README.md).
+# pipeline rows at 64 nodes, 20-50% at 16-32 nodes and rare at 1-4 nodes (bench/README.md). Most of them
+# (the pp > 1 ones) ran nanotron's polled p2p, `polled` below; the threshold also catches 80B runs whose
+# micro-batch is that long by its work.
 STALL_S = 0.9
+
+P2P_POLLING = HERE / "data" / "playbook_sweep_p2p.yaml"
+
+
+@dataclass(frozen=True)
+class P2pPolling:
+    """nanotron bench2 67c5ebb6's pipeline p2p: every metadata message polled with a fixed sleep
+    (bench/data/playbook_sweep_p2p.yaml, with its source)."""
+
+    poll_interval_s: float
+    metadata_messages_per_tensor: int
+    end_stage_tensors: int
+    middle_stage_tensors: int
+    signature_fraction: float
+
+    def floor_s(self, pp: int) -> float:
+        """The least host time the polling adds per micro-batch on the pipeline's busiest stage: one sleep per
+        metadata message of every tensor the stage sends or receives (a middle stage's where pp > 2)."""
+        if pp == 1:
+            return 0.0
+        tensors = self.middle_stage_tensors if pp > 2 else self.end_stage_tensors
+        return self.poll_interval_s * self.metadata_messages_per_tensor * tensors
+
+
+def p2p_polling(path: Path = P2P_POLLING) -> P2pPolling:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    tensors = data["tensors_per_micro_batch"]
+    return P2pPolling(float(data["poll_interval_s"]), int(data["metadata_messages_per_tensor"]),
+                      int(tensors["end_stage"]), int(tensors["middle_stage"]), float(data["signature_fraction"]))
+
+
+def excess_floors(c: Case, predicted_tps: float, polling: P2pPolling) -> float:
+    """How many polling floors (P2pPolling.floor_s) a pp > 1 run's measured step exceeds meshplan's estimate by,
+    per micro-batch; nan for pp = 1 or a refused estimate. Over the sweep it is bimodal: about 0, or 1.1-2.0."""
+    if c.plan.pp == 1 or predicted_tps != predicted_tps:
+        return float("nan")
+    tokens = c.job.seq_length * c.job.global_batch_size
+    measured_s, predicted_s = (tokens / (tps * c.job.num_gpus) for tps in (c.measured_tps, predicted_tps))
+    micro_batches = c.job.global_batch_size // (c.plan.dp * c.plan.micro_batch_size)
+    return (measured_s - predicted_s) / micro_batches / polling.floor_s(c.plan.pp)
+
+
+def with_polling_tps(c: Case, predicted_tps: float, polling: P2pPolling) -> float:
+    """The estimate with the polling floor added to every slot of the 1F1B step (grad_acc + pp - 1 micro-batch
+    slots on the busiest stage's cadence): the mechanism's check on the polled runs, not a score (which runs
+    polled is read from their own excess)."""
+    tokens = c.job.seq_length * c.job.global_batch_size
+    micro_batches = c.job.global_batch_size // (c.plan.dp * c.plan.micro_batch_size)
+    step_s = tokens / (predicted_tps * c.job.num_gpus) + polling.floor_s(c.plan.pp) * (micro_batches + c.plan.pp - 1)
+    return tokens / step_s / c.job.num_gpus
+
+
+def polled(c: Case, predicted_tps: float, polling: P2pPolling) -> bool:
+    """Whether a sweep run measured nanotron bench2's polled p2p: pp > 1 and at least signature_fraction of the
+    polling floor per micro-batch beyond the estimate (meshplan models main's p2p, which does not poll)."""
+    floors = excess_floors(c, predicted_tps, polling)
+    return floors == floors and floors >= polling.signature_fraction
 
 
 def measured_seconds_per_microbatch(c: Case) -> float:
@@ -355,6 +417,32 @@ def measured_seconds_per_microbatch(c: Case) -> float:
 
 def stalled(c: Case) -> bool:
     return measured_seconds_per_microbatch(c) >= STALL_S
+
+
+def _print_polled(sweep: list[Case], preds: list[float], polling: P2pPolling) -> None:
+    """The sweep split by the pipeline p2p its runs measured (`polled`), with the polled runs' excess per
+    micro-batch in floors by pp (the mechanism's check: at least 1 wherever the polling ran)."""
+    flags = [polled(c, p, polling) for c, p in zip(sweep, preds, strict=True)]
+    n_polled = sum(flags)
+    print(f"  pp > 1 runs that measured nanotron bench2's polled p2p (excess >= {polling.signature_fraction} x the "
+          f"floor of {polling.poll_interval_s} s per metadata message; bench/data/playbook_sweep_p2p.yaml): "
+          f"{n_polled} rows")
+    for pp in sorted({c.plan.pp for c, f in zip(sweep, flags, strict=True) if f}):
+        floors = [excess_floors(c, p, polling) for c, p, f in zip(sweep, preds, flags, strict=True)
+                  if f and c.plan.pp == pp]
+        print(f"    pp {pp:2d}: {len(floors):3d} runs, floor {polling.floor_s(pp):.1f} s per micro-batch, measured "
+              f"excess {min(floors):.2f}-{max(floors):.2f} floors (median {statistics.median(floors):.2f})")
+    runs = [(c, p) for c, p, f in zip(sweep, preds, flags, strict=True) if f]
+    plain = statistics.median(abs(p / c.measured_tps - 1) for c, p in runs) if runs else float("nan")
+    floored = statistics.median(abs(with_polling_tps(c, p, polling) / c.measured_tps - 1)
+                                for c, p in runs) if runs else float("nan")
+    print(f"    the polled runs with the floor added to each of the step's grad_acc + pp - 1 slots: median |err| "
+          f"{floored:.1%} ({plain:.1%} without; a check of the mechanism, not a score)")
+    keep = [i for i, f in enumerate(flags) if not f]
+    _print_summary("  without the polled runs", summarize([sweep[i] for i in keep], [preds[i] for i in keep]))
+    keep = [i for i in keep if not stalled(sweep[i])]
+    _print_summary("  without the polled or stalled runs",
+                   summarize([sweep[i] for i in keep], [preds[i] for i in keep]))
 
 
 def _print_summary(title: str, s: dict) -> None:
@@ -395,11 +483,21 @@ def main(argv: list[str] | None = None) -> int:
         cal_half = fit(train, base)
         print(f"fit on {len(train)} rows of {len(half_a)} groups (every other group, sorted by name)")
         _print_summary("  train half", summarize(train, predict(train, cal_half)))
-        _print_summary("  held-out half", summarize(test, predict(test, cal_half)))
+        test_preds = predict(test, cal_half)
+        _print_summary("  held-out half", summarize(test, test_preds))
+        polling, card_preds = p2p_polling(), predict(test, None)  # which runs polled, read at the card's constants
+        rest = [i for i, c in enumerate(test) if not polled(c, card_preds[i], polling)]
+        _print_summary("  held-out half without the polled runs",
+                       summarize([test[i] for i in rest], [test_preds[i] for i in rest]))
         no80 = [c for c in sweep if not c.group.startswith("80B")]
         only80 = [c for c in sweep if c.group.startswith("80B")]
         cal_small = fit(no80, base)
-        _print_summary("fit on 1B+3B, test on 80B", summarize(only80, predict(only80, cal_small)))
+        preds80 = predict(only80, cal_small)
+        _print_summary("fit on 1B+3B, test on 80B", summarize(only80, preds80))
+        card80 = predict(only80, None)
+        rest = [i for i, c in enumerate(only80) if not polled(c, card80[i], polling)]
+        _print_summary("  80B without the polled runs",
+                       summarize([only80[i] for i in rest], [preds80[i] for i in rest]))
         for k in FITTED:
             print(f"  {k}: half-fit {getattr(cal_half, k):.4g}, 1B+3B fit {getattr(cal_small, k):.4g}")
         return 0
@@ -426,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     keep = [i for i, c in enumerate(sweep) if not stalled(c)]
     _print_summary(f"  without stalled runs (>= {STALL_S} s per micro-batch measured; {len(sweep) - len(keep)} rows)",
                    summarize([sweep[i] for i in keep], [preds[i] for i in keep]))
+    _print_polled(sweep, preds, p2p_polling())
     for lo, hi in ((1, 4), (16, 32), (64, 64)):
         idx = [i for i, c in enumerate(sweep) if lo <= c.job.num_gpus // 8 <= hi]
         _print_summary(f"  {lo}-{hi} nodes", summarize([sweep[i] for i in idx], [preds[i] for i in idx]))
