@@ -110,7 +110,7 @@ def fitted_constants() -> list[Fitted]:
 def megatron_pool() -> tuple[moe_fit.Row, ...]:
     """The rows gemm_peak_fraction was fitted on, each with its publication."""
     rows = [moe_fit.Row("bridge", f"{r['release']} {r['system']} {r['model']} {r['precision']}", job.model.name, job,
-                        plan, float(r["tokens_per_s_per_gpu"])) for r, job, plan in bp.cases()]
+                        plan, float(r["tokens_per_s_per_gpu"])) for r, job, plan in bp.fit_cases()]
     rows += [moe_fit.Row("classic", f"{c.source} {c.job.model.name}", c.job.model.name, c.job, c.plan, c.measured_tps,
                          CLASSIC_PUBLICATIONS[c.source]) for c in classic_cases() + golden_cases(DEFAULT_VALIDATION)]
     return tuple(rows)
