@@ -77,7 +77,7 @@ B200). Outside it (docs/performance-summary-archive.md) Qwen3-30B-A3B on 16 H100
 is the 26.02.01 run, so the two sets' signs differ on one layout), and 25.11's PP2 VPP24 micro-batch 2 layout (5,275)
 ran 10,494 in 25.09 with token dropping (2.0x). Both slow H100 runs take the same time per token (micro-batch 2 at
 VPP 24 and micro-batch 1 at VPP 12 within 4%), as do both fast ones (within 16%), where the estimate's per-micro-batch
-MoE costs (the host sync, the per-expert launches) make the first 1.64x faster per token. Per-chunk costs at one
+MoE costs (moe_host_sync_s, the per-expert launches) make the first 1.64x faster per token. Per-chunk costs at one
 layer per chunk do not close that: the output layer replayed in its own chunk (perf._chunk_seconds; its combined 1F1B
 steps wait on it) takes +105% to +98% at VPP 24, every chunk's p2p exposed would add at most 13% to the step, where
 matching 5,275 needs +98%. On B200 those per-micro-batch costs are borne out (26.02 micro-batch 1: 9,691;
@@ -85,7 +85,7 @@ matching 5,275 needs +98%. On B200 those per-micro-batch costs are borne out (26
 from 26.02 to 26.02.01; DeepSeek-V3 on B200 1.26x from 25.11 to 26.02 (its dispatcher changed too).
 
 `--fit` refits the two Megatron-family constants these rows identify (cards/calibration.yaml
-`gemm_peak_fraction`, `moe_gemm_half_ridges`) by grid search on the median |log error| of this set plus the
+`gemm_peak_fraction`, `moe_host_sync_s`) by grid search on the median |log error| of this set plus the
 classic Megatron tables of bench/throughput_accuracy.py, and scores held-out splits (fit on one part, score on
 the other). The card holds the all-rows fit; without --fit the card's constants are used.
 
@@ -197,7 +197,7 @@ def median_abs(log_errs: list[float]) -> float:
 
 GRID = {
     "gemm_peak_fraction": [round(0.60 + 0.02 * i, 2) for i in range(14)],
-    "moe_gemm_half_ridges": [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 14.0, 20.0, 28.0],
+    "moe_host_sync_s": [round(0.5e-3 * i, 4) for i in range(17)],
 }
 
 
@@ -205,8 +205,8 @@ def fit(rows: list[Case]) -> dict[str, float]:
     """Grid search of the two constants on the median |log error| (robust to the few rows far off)."""
     best: tuple[float, dict[str, float]] | None = None
     for g in GRID["gemm_peak_fraction"]:
-        for mo in GRID["moe_gemm_half_ridges"]:
-            ov = {"gemm_peak_fraction": g, "moe_gemm_half_ridges": mo}
+        for mo in GRID["moe_host_sync_s"]:
+            ov = {"gemm_peak_fraction": g, "moe_host_sync_s": mo}
             loss = statistics.median(abs(e) for e in log_errors(rows, **ov))
             if best is None or loss < best[0]:
                 best = (loss, ov)
@@ -229,20 +229,20 @@ def run_fit() -> None:
         ("H100 rows", h100, [("A100/B200/GB200 (held out)", other)]),
         ("A100/B200/GB200 rows", other, [("H100 (held out)", h100)]),
     ]
-    print("| fitted on | rows | gemm_peak_fraction | moe_gemm_half_ridges | scored on | median abs error |")
+    print("| fitted on | rows | gemm_peak_fraction | moe_host_sync_s | scored on | median abs error |")
     print("|---|---|---|---|---|---|")
     for name, train, tests in splits:
         ov = fit(train)
         for tname, test in tests:
             errs = log_errors(test, **ov)
             print(f"| {name} | {len(train)} | {ov['gemm_peak_fraction']:.2f} | "
-                  f"{ov['moe_gemm_half_ridges']:g} | {tname} ({len(errs)}) | {median_abs(errs):.1%} |")
+                  f"{ov['moe_host_sync_s'] * 1e3:.1f} ms | {tname} ({len(errs)}) | {median_abs(errs):.1%} |")
     for m in sorted({c.job.model.name for c in moe}):
         train = [c for c in everything if c.job.model.name != m]
         ov = fit(train)
         errs = log_errors([c for c in moe if c.job.model.name == m], **ov)
         print(f"| all but {m} | {len(train)} | {ov['gemm_peak_fraction']:.2f} | "
-              f"{ov['moe_gemm_half_ridges']:g} | {m} (held out, {len(errs)}) | {median_abs(errs):.1%} |")
+              f"{ov['moe_host_sync_s'] * 1e3:.1f} ms | {m} (held out, {len(errs)}) | {median_abs(errs):.1%} |")
 
 
 def main() -> int:

@@ -4,15 +4,13 @@ publication, beside the card's (in sample).
 
 The fitted constants (a card entry with a `fitted` field, and a framework whose values were fitted; a test holds this
 list to the card) and how each is refitted here:
-- `gemm_peak_fraction` (the shared value: every framework but nanotron) and `moe_gemm_half_ridges`: one fit of the
-  two on one pool (the MoE host sync fitted beside them until 2026-12-06 is counted now, moe_host_sync_launches),
-  the union of the Megatron-family pool (Megatron-Bridge's published table, bench/bridge_published.py, less its
-  GB300 and B300 rows, held out of every fit: bridge_published.HELD_OUT_SYSTEMS; the recipes' pipeline splits from
-  meshplan/knowledge/published_runs.py; and the classic tables of bench/throughput_accuracy.py: Korthikanti 2022
-  Table 5, Narayanan 2021 Table 1, the Megatron-Core H100 table of Megatron-LM's README, Megatron-LM's functional-test
-  golden values) and bench/moe_fit.py's MoE pool (Bridge's MoE rows, the dev set's MoE rows), each measured row
-  once: the least median |log error| of tokens/s per GPU over the grid GEMM_GRID x moe_fit.GRID (14 x 15 points;
-  ties to the lowest GEMM value, then ridges).
+- `gemm_peak_fraction` (the shared value: every framework but nanotron), `moe_gemm_half_ridges`, `moe_host_sync_s`:
+  one fit of the three on one pool, the union of the Megatron-family pool (Megatron-Bridge's published table,
+  bench/bridge_published.py, the recipes' pipeline splits from meshplan/knowledge/published_runs.py, and the classic
+  tables of bench/throughput_accuracy.py: Korthikanti 2022 Table 5, Narayanan 2021 Table 1, the Megatron-Core H100
+  table of Megatron-LM's README, Megatron-LM's functional-test golden values) and bench/moe_fit.py's MoE pool (Bridge's
+  MoE rows, the dev set's MoE rows), each measured row once: the least median |log error| of tokens/s per GPU over
+  the grid GEMM_GRID x moe_fit.GRID (14 x 15 x 25 points; ties to the lowest GEMM value, then ridges, then sync).
   Fitting them one after the other (the GEMM value under the card's MoE constants, then the MoE constants under it)
   fitted the card, not the data: each fit moves with where the other stands, and alternating the two did not settle
   and landed on different values from different starts. A dense row reads no MoE constant, so it is estimated once
@@ -90,8 +88,8 @@ def fitted_constants() -> list[Fitted]:
     """Every fitted constant of the card: the shared entries with a `fitted` field, and a framework's values whose
     summary says they were fitted (nanotron's, less those its source derives: read from nanotron's code)."""
     card = calibration_card()
-    joint = "refit with the other on the joint pool without the held source"
-    how = {"gemm_peak_fraction": joint, "moe_gemm_half_ridges": joint,
+    joint = "refit with the other two on the joint pool without the held source"
+    how = {"gemm_peak_fraction": joint, "moe_gemm_half_ridges": joint, "moe_host_sync_s": joint,
            EAGER: "its one source held: nanotron's fitted eager pass count"}
     out = [Fitted(name, None, str(c.fitted), how.get(name, f"one source ({PLAYBOOK}): out of sample elsewhere; "
                                                             "held-out groups: throughput_accuracy.py --fit half"))
@@ -118,7 +116,7 @@ def megatron_pool() -> tuple[moe_fit.Row, ...]:
     return tuple(rows)
 
 
-# --------------------------------------------------------------------------- one fit of the two constants
+# --------------------------------------------------------------------------- one fit of the three constants
 
 
 @cache
@@ -140,8 +138,8 @@ def joint_pool(validation: Path) -> tuple[moe_fit.Row, ...]:
 
 
 def joint_grid() -> list[dict[str, float]]:
-    """Every (gemm_peak_fraction, moe_gemm_half_ridges) point: GEMM_GRID x moe_fit.grid(), the GEMM value outermost
-    (the order ties are broken in: the lowest GEMM value, then ridges)."""
+    """Every (gemm_peak_fraction, moe_gemm_half_ridges, moe_host_sync_s) point: GEMM_GRID x moe_fit.grid(), the GEMM
+    value outermost (the order ties are broken in: the lowest GEMM value, then ridges, then sync)."""
     return [{"gemm_peak_fraction": g, **ov} for g in GEMM_GRID for ov in moe_fit.grid()]
 
 
@@ -194,8 +192,8 @@ def joint_point(table: Sequence[Sequence[float | None]], keep: list[bool]) -> in
 
 
 def fit_joint(validation: Path, without: str | None = None) -> dict[str, float]:
-    """gemm_peak_fraction and moe_gemm_half_ridges fitted together on the joint pool without the rows of publication
-    `without` (None: all of them)."""
+    """gemm_peak_fraction, moe_gemm_half_ridges and moe_host_sync_s fitted together on the joint pool without the
+    rows of publication `without` (None: all of them)."""
     keep = [r.publication != without for r in joint_pool(validation)]
     return joint_grid()[joint_point(joint_table(validation), keep)]
 
@@ -205,7 +203,7 @@ def fit_joint(validation: Path, without: str | None = None) -> dict[str, float]:
 
 def card_values() -> dict[str, float]:
     cal = calibration()
-    return {k: getattr(cal, k) for k in ("gemm_peak_fraction", "moe_gemm_half_ridges", EAGER)}
+    return {k: getattr(cal, k) for k in ("gemm_peak_fraction", "moe_gemm_half_ridges", "moe_host_sync_s", EAGER)}
 
 
 def fed(validation: Path, source: str) -> bool:
@@ -245,7 +243,7 @@ def card_point() -> int | None:
 
 
 def pool_errors(validation: Path, source: str) -> tuple[int, str, str, str]:
-    """A publication of the joint pool: its rows, the two constants fitted without it, and its median |error| of
+    """A publication of the joint pool: its rows, the three constants fitted without it, and its median |error| of
     tokens/s per GPU under the card's values (in sample) and under those (out of sample)."""
     cols = [j for j, r in enumerate(joint_pool(validation)) if r.publication == source]
     held = fit_joint(validation, source)
@@ -258,7 +256,8 @@ def pool_errors(validation: Path, source: str) -> tuple[int, str, str, str]:
 
 
 def show(values: dict[str, float]) -> str:
-    return f"gemm {values['gemm_peak_fraction']:g}, half_ridges {values['moe_gemm_half_ridges']:g}"
+    return (f"gemm {values['gemm_peak_fraction']:g}, half_ridges {values['moe_gemm_half_ridges']:g}, "
+            f"sync {values['moe_host_sync_s'] * 1e3:.2f} ms")
 
 
 def main() -> int:

@@ -1,30 +1,29 @@
-"""Fit and hold out the MoE mechanism constant (issue 15 item 1): the grouped-GEMM rows curve.
+"""Fit and hold out the MoE mechanism constants (issue 15 item 1): the grouped-GEMM rows curve and the host sync.
 
 Data: every MoE row with a measured throughput in Megatron-Bridge's published table
 (bench/data/megatron_bridge_published.csv, read by bench/bridge_published.py) and in the dev set
 (../shared/validation/production_configs_dev.yaml, mapped by bench/production_configs.py as a user would pass it).
 
-Method: the other constants stay at their card values; `moe_gemm_half_ridges` (cards/calibration.yaml) is fitted by
-grid search on the median |log error| of tokens/s per GPU over the pooled rows, each row weighing the same. The
-dispatcher's host sync was fitted beside it (moe_host_sync_s) until 2026-12-06; it is counted now
-(moe_host_sync_launches, launches of grouped_gemm_launch_s each). The two data sets pulled the sync different ways
-because they ran different software, not different layouts: the Bridge table is releases 25.09-26.02, the dev set
-mostly 26.02.01-26.08, and the same layout ran far faster on the later stack (Qwen3-30B-A3B, 16 H100, FP8, PP2 VPP12
-EP8: 5,113 tok/s in 26.02, 9,058 in 26.02.01, Megatron-Bridge docs/performance-summary-archive.md), so no constant
-fits both and the older rows run fast under any fit of the newer ones. Balancing the two sets' medians (the larger of
-the two, as first fitted in c42b431) held the newer runs 15% slow to keep the older ones near; the pooled median
-leans to the stack the framework cards describe (Megatron-Bridge 0.6.2) without dropping the older runs.
+Method: the other constants stay at their card values; `moe_gemm_half_ridges` and `moe_host_sync_s`
+(cards/calibration.yaml) are fitted by grid search on the median |log error| of tokens/s per GPU over the pooled
+rows, each row weighing the same. The two data sets pull the sync different ways because they ran different
+software, not different layouts: the Bridge table is releases 25.09-26.02, the dev set mostly 26.02.01-26.08, and the
+same layout ran far faster on the later stack (Qwen3-30B-A3B, 16 H100, FP8, PP2 VPP12 EP8: 5,113 tok/s in 26.02,
+9,058 in 26.02.01, Megatron-Bridge docs/performance-summary-archive.md), so no pair of constants fits both and the
+older rows run fast under any fit of the newer ones. Balancing the two sets' medians (the larger of the two, as
+first fitted in c42b431) held the newer runs 15% slow to keep the older ones near; the pooled median leans to the
+stack the framework cards describe (Megatron-Bridge 0.6.2) without dropping the older runs.
 Held out: leave one model out (fit on every other model's rows, score that model's rows), and one data set out
 (fit on Bridge's table, score the dev set, and back). This fit holds gemm_peak_fraction at the card's value, and the
-half-ridge value it finds moves with that value: the card's two values come from bench/fitted_constants.py's one fit
-of the two on the Megatron-family and MoE pools together (its leave-one-source-out too); this module gives the pool, the
-grid and the MoE-only views. No per-row or per-model constant: each split refits the same number.
+MoE pair it finds moves with that value: the card's three values come from bench/fitted_constants.py's one fit of the
+three on the Megatron-family and MoE pools together (its leave-one-source-out too); this module gives the pool, the
+grid and the MoE-only views. No per-row or per-model constant: each split refits the same two numbers.
 
 The per-expert launch floor (--launch): cards/calibration.yaml grouped_gemm_launch_s is assumed (29.2 us, rl's
-eager launch). Whether these rows can fit it: LAUNCH_GRID x LAUNCH_RIDGES (the half-ridge value on a coarser grid)
-in one error table; the launch value moves the experts' launch floor and the host sync's cost together (both are
-that many host launches); the launch value fitted with the ridges on all rows, the least loss at each launch value,
-and leave one source out with the launch value fitted too against held at the card's.
+eager launch). Whether these rows can fit it: LAUNCH_GRID x LAUNCH_PAIRS (the MoE pair on a coarser grid, the launch
+floor and the host sync both per-layer host time that trade off) in one error table; the launch value fitted with the
+pair on all rows, the least loss at each launch value, and leave one source out with the launch value fitted too
+against held at the card's.
 
 Run: python bench/moe_fit.py [--validation DIR] [--launch]
 """
@@ -53,13 +52,15 @@ import production_scoring as pscore
 
 GRID = {
     "moe_gemm_half_ridges": [0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 14.0, 20.0, 28.0],
+    "moe_host_sync_s": [round(0.25e-3 * i, 5) for i in range(0, 25)],
 }
 
 
 # grouped_gemm_launch_s's values (--launch): 0 (no floor) to about twice the card's assumed value, which is one of them
 LAUNCH_GRID = sorted({0.0, 10e-6, 20e-6, calibration().grouped_gemm_launch_s, 40e-6, 60e-6})
-# the half-ridge value beside it, coarser than GRID (the table is LAUNCH_GRID x this, every row once per point)
-LAUNCH_RIDGES = [{"moe_gemm_half_ridges": r} for r in (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 20.0)]
+# the MoE pair beside it, coarser than GRID (the table is LAUNCH_GRID x this, every row once per point)
+LAUNCH_PAIRS = [{"moe_gemm_half_ridges": r, "moe_host_sync_s": round(0.5e-3 * i, 5)}
+                for r in (1.0, 2.0, 3.0, 4.0, 6.0) for i in range(0, 11)]
 
 
 # The publication bench/data/megatron_bridge_published.csv was transcribed from (bench/bridge_published.py): its rows
@@ -103,10 +104,12 @@ def loss(errs: list[float]) -> float:
 def fit(data: list[Row]) -> dict[str, float]:
     """Grid search on the pooled rows' median |log error| (see the module docstring for why not per data set)."""
     best: tuple[float, dict[str, float]] | None = None
-    for ov in grid():
-        value = loss(log_errors(data, **ov))
-        if best is None or value < best[0] - 1e-12:
-            best = (value, ov)
+    for rows_ in GRID["moe_gemm_half_ridges"]:
+        for sync in GRID["moe_host_sync_s"]:
+            ov = {"moe_gemm_half_ridges": rows_, "moe_host_sync_s": sync}
+            value = loss(log_errors(data, **ov))
+            if best is None or value < best[0] - 1e-12:
+                best = (value, ov)
     assert best is not None
     return best[1]
 
@@ -115,7 +118,8 @@ def fit(data: list[Row]) -> dict[str, float]:
 
 
 def grid() -> list[dict[str, float]]:
-    return [{"moe_gemm_half_ridges": r} for r in GRID["moe_gemm_half_ridges"]]
+    return [{"moe_gemm_half_ridges": r, "moe_host_sync_s": s} for r in GRID["moe_gemm_half_ridges"]
+            for s in GRID["moe_host_sync_s"]]
 
 
 def error_table(data: list[Row], **base: float) -> list[list[float | None]]:
@@ -163,11 +167,11 @@ def pct(errs: list[float]) -> str:
 
 
 def show(ov: dict[str, float]) -> str:
-    return f"half_ridges {ov['moe_gemm_half_ridges']:g}"
+    return f"half_ridges {ov['moe_gemm_half_ridges']:g}, sync {ov['moe_host_sync_s'] * 1e3:.2f} ms"
 
 
 def launch_points() -> list[dict[str, float]]:
-    return [{"grouped_gemm_launch_s": launch, **ridges} for launch in LAUNCH_GRID for ridges in LAUNCH_RIDGES]
+    return [{"grouped_gemm_launch_s": launch, **pair} for launch in LAUNCH_GRID for pair in LAUNCH_PAIRS]
 
 
 def launch_table(data: list[Row]) -> list[list[float | None]]:
@@ -190,11 +194,11 @@ def show_launch(ov: dict[str, float]) -> str:
 
 
 def launch_report(data: list[Row]) -> None:
-    """Whether grouped_gemm_launch_s can be fitted: the least loss at each launch value (the ridges refitted), the
-    two fitted on all rows and per data set, and leave one source out with the launch value fitted or held."""
+    """Whether grouped_gemm_launch_s can be fitted: the least loss at each launch value (the pair refitted), the
+    three fitted on all rows and per data set, and leave one source out with the launch value fitted or held."""
     table, points = launch_table(data), launch_points()
     every = [True] * len(data)
-    print("| grouped_gemm_launch_s | best half-ridges | all rows | Bridge table | dev set |")
+    print("| grouped_gemm_launch_s | best pair | all rows | Bridge table | dev set |")
     print("|---|---|---|---|---|")
     for launch in LAUNCH_GRID:
         idx = [i for i, p in enumerate(points) if p["grouped_gemm_launch_s"] == launch]

@@ -176,7 +176,7 @@ def test_every_fitted_constant_of_the_card_is_held_out_by_the_benches():
 
 
 def test_the_joint_fit_of_the_gemm_and_moe_constants_is_one_argmin_with_no_start():
-    """bench/fitted_constants.py fits gemm_peak_fraction and moe_gemm_half_ridges as one argmin over one table: on a
+    """bench/fitted_constants.py fits gemm_peak_fraction and the MoE pair as one argmin over one error table: on a
     table where fitting one constant under the other (from a start, alternating) settles on a different point from
     each start, the joint point is the brute-force least median |error|, whatever the start; leaving a column out is
     the same argmin over the rest, ties to the lowest index."""
@@ -242,27 +242,16 @@ def test_an_rl_row_runs_its_own_split_and_offloads(production_rows):
     assert hosts[0] < hosts[1]  # half the optimizer on the host holds less of it there
 
 
-def test_no_fit_reads_the_held_out_bridge_rows():
-    """Bridge's GB300 and B300 rows were transcribed after the card's constants were set: bridge_published scores
-    them, but fit_cases (what moe_fit.rows and fitted_constants.megatron_pool read) leaves every one out."""
-    import bridge_published as bp
-
-    scored = {r["system"] for r, _, _ in bp.cases()}
-    fitted = {r["system"] for r, _, _ in bp.fit_cases()}
-    assert bp.HELD_OUT_SYSTEMS <= scored and not bp.HELD_OUT_SYSTEMS & fitted
-    assert len(bp.fit_cases()) == sum(r["system"] not in bp.HELD_OUT_SYSTEMS for r, _, _ in bp.cases())
-
-
 def test_the_launch_profile_holds_the_card_value_among_its_points():
     """bench/moe_fit.py --launch compares fitting grouped_gemm_launch_s with holding it at the card's assumed value:
-    that value is a grid point, and every launch value meets every half-ridge value once."""
+    that value is a grid point, and every launch value meets every MoE pair once."""
     import moe_fit
 
     from meshplan.knowledge.calibration import calibration
     assumed = calibration().grouped_gemm_launch_s
     assert any(v == assumed for v in moe_fit.LAUNCH_GRID) and 0.0 in moe_fit.LAUNCH_GRID
     points = moe_fit.launch_points()
-    assert len(points) == len(moe_fit.LAUNCH_GRID) * len(moe_fit.LAUNCH_RIDGES)
+    assert len(points) == len(moe_fit.LAUNCH_GRID) * len(moe_fit.LAUNCH_PAIRS)
     assert len({tuple(sorted(p.items())) for p in points}) == len(points)
 
 

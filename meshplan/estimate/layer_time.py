@@ -25,7 +25,6 @@ from meshplan.estimate.moe_time import (
     dispatch_and_router_bytes,
     expert_launch_floor,
     exposed_ep,
-    host_sync_seconds,
 )
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
@@ -176,8 +175,8 @@ def eager_edge_seconds(ctx: LayerContext, vocab: int) -> float:
 
 def layer_overhead(ctx: LayerContext, moe: bool) -> float:
     """The layer's fixed launch overhead (card), plus in an MoE layer the dispatcher's host syncs, each a stall
-    while the host refills the GPU's queue (host_sync_seconds)."""
+    while the host refills the GPU's queue."""
     overhead = ctx.cal.layer_overhead_s
     if moe and ctx.arch.moe is not None:
-        overhead += ctx.moe_host_syncs * host_sync_seconds(ctx.cal)
+        overhead += ctx.moe_host_syncs * ctx.cal.moe_host_sync_s
     return overhead

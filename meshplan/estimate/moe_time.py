@@ -16,7 +16,6 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
-from meshplan.knowledge.calibration import Calibration
 from meshplan.schema.plan import Job, Plan
 
 # Token dispatch and combine, forward and backward.
@@ -44,13 +43,6 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
     if facts is None:
         return 1.0
     return float(facts.with_ep if plan.ep > 1 else facts.without_ep)
-
-
-def host_sync_seconds(cal: Calibration) -> float:
-    """Seconds one dispatcher host sync costs (moe_host_syncs counts them): the GPU drains while the host waits for
-    the routing metadata, then idles until the host has issued the next kernel that keeps it busy; the card counts
-    those host steps (moe_host_sync_launches), each the host's time for one launch (grouped_gemm_launch_s)."""
-    return cal.moe_host_sync_launches * cal.grouped_gemm_launch_s
 
 
 def expert_launches(job: Job, plan: Plan) -> tuple[float, float]:

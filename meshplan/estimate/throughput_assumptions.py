@@ -14,7 +14,7 @@ from meshplan.estimate.attention_time import (
 )
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption, selective_modules
-from meshplan.estimate.moe_time import host_sync_seconds, moe_host_syncs
+from meshplan.estimate.moe_time import moe_host_syncs
 from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, overlap_off, sharding_schedule
 from meshplan.estimate.tp_overlap import tp_ring_passes
 from meshplan.knowledge.calibration import Calibration, calibration_summary, flex_dispatch_bandwidth
@@ -276,11 +276,10 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     return (f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
             f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward, the router "
             f"{cal.moe_router_bytes_per_logit:.0f} bytes per fp32 logit, each expert GEMM slowed by its rows "
-            f"(tokens per local expert / (that + {cal.moe_gemm_half_ridges:g} x the GPU's ridge rows), fitted on "
-            "published Megatron and MoE runs, bench/fitted_constants.py), and each MoE layer forward "
-            f"{syncs:.0f} host sync{'s' * (syncs != 1)} of {host_sync_seconds(cal) * 1e6:.0f} us (the GPU idle "
-            f"for {cal.moe_host_sync_launches:g} host launches of {cal.grouped_gemm_launch_s * 1e6:.1f} us after "
-            "the routing metadata's read, counted from Megatron-Core's token dispatcher); "
+            f"(tokens per local expert / (that + {cal.moe_gemm_half_ridges:g} x the GPU's ridge rows)), "
+            "and each MoE layer forward "
+            f"{syncs:.0f} host sync{'s' * (syncs != 1)} of {cal.moe_host_sync_s * 1e3:.2f} ms (the "
+            "last two fitted on published MoE runs, bench/moe_fit.py); "
             + ("flex dispatcher under fake_balanced_gate (NeMo AutoModel's FakeBalancedGate): token t's experts are "
                "(t x top_k + j) mod num_experts, consecutive, and DeepEP sends it once to each EP rank (and over the "
                "network once to each NVLink domain) holding them; "
@@ -301,7 +300,7 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
 
 def cuda_graph_assumption(job: Job, plan: Plan) -> str:
     """What the plan's CUDA graphs change in the estimate: nothing meshplan times. Rule CG002 refuses every capture of a
-    dropless MoE layer's experts, so the dispatcher's host sync (host_sync_seconds) and the per-expert grouped-GEMM
+    dropless MoE layer's experts, so the dispatcher's host sync (moe_host_sync_s) and the per-expert grouped-GEMM
     launches (grouped_gemm_launch_s) stand; the captured modules' kernels are launched as one graph, and meshplan
     times no host launch for them eager either (the host runs ahead of the GPU there)."""
     what = ("the whole forward-backward iteration" if plan.cuda_graph_impl == "full_iteration" else

@@ -185,7 +185,7 @@ class Calibration:
     moe_dispatch_passes: float
     moe_router_bytes_per_logit: float
     moe_gemm_half_ridges: float
-    moe_host_sync_launches: float
+    moe_host_sync_s: float
     grouped_gemm_launch_s: float
     host_time_per_layer_s: float
     nvlink_efficiency: float

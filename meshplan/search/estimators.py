@@ -9,7 +9,6 @@ from meshplan.arithmetic.flops import model_flops_per_step
 from meshplan.arithmetic.lora import frozen_flops_per_token
 from meshplan.check.config import StructuralCheck, check_config
 from meshplan.estimate.memory import FitVerdict, estimate_memory, memory_fit, memory_summary
-from meshplan.estimate.moe_time import host_sync_seconds
 from meshplan.estimate.perf import (
     StageCp,
     StageWork,
@@ -44,7 +43,7 @@ class Engine:
     memory_rule: str = "MEM001"
     efficiency_cap: float = 1.0  # best fraction of peak the cost model ever achieves (for the lower bound)
     peak_flops: Callable[[Job], float] | None = None
-    moe_layer_fixed_s: float = 0.0  # MoE host sync per layer per micro-batch (host_sync_seconds; whole in the bound)
+    moe_layer_fixed_s: float = 0.0  # MoE host sync per layer per micro-batch (kept whole in the bound)
     # The throughput estimate in two parts, so the search can drop a plan on its step's floor before replaying its
     # pipeline (the costly part): `terms` then `finish` give exactly `throughput`. None: the search calls `throughput`.
     terms: Callable[[Job, Plan], StepTerms] | None = None
@@ -89,7 +88,7 @@ def default_engine(framework: str) -> Engine:
         efficiency_cap=max(cal.gemm_peak_fraction, cal.attention_peak_fraction),
         peak_flops=lambda job: max(job.gpu.bf16_flops, (job.gpu.fp8_flops or 0.0) * cal.fp8_gemm_relative_efficiency
                                    if job.precision == "fp8" else 0.0),
-        moe_layer_fixed_s=host_sync_seconds(cal),
+        moe_layer_fixed_s=cal.moe_host_sync_s,
         terms=step_terms,
         finish=throughput_of,
         stage_work=stage_work,
