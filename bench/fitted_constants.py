@@ -30,7 +30,8 @@ list to the card) and how each is refitted here:
 bench scores); a source that fed no fit gets the card's values (nothing to refit). Each split refits the same
 constants: no per-row, per-model or per-source value.
 
-Run: python bench/fitted_constants.py [--validation DIR]   (prints each constant's value per held source)
+Run: python bench/fitted_constants.py [--validation DIR] [--jobs N]   (prints each constant's value per held source,
+and the pool's median |error| in sample and held out; --jobs builds the error table over N processes)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import argparse
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import re
 import statistics
@@ -110,7 +112,7 @@ def fitted_constants() -> list[Fitted]:
 def megatron_pool() -> tuple[moe_fit.Row, ...]:
     """The rows gemm_peak_fraction was fitted on, each with its publication."""
     rows = [moe_fit.Row("bridge", f"{r['release']} {r['system']} {r['model']} {r['precision']}", job.model.name, job,
-                        plan, float(r["tokens_per_s_per_gpu"])) for r, job, plan in bp.cases()]
+                        plan, float(r["tokens_per_s_per_gpu"])) for r, job, plan in bp.fit_cases()]
     rows += [moe_fit.Row("classic", f"{c.source} {c.job.model.name}", c.job.model.name, c.job, c.plan, c.measured_tps,
                          CLASSIC_PUBLICATIONS[c.source]) for c in classic_cases() + golden_cases(DEFAULT_VALIDATION)]
     return tuple(rows)
@@ -170,15 +172,26 @@ def table_key(pool: tuple[moe_fit.Row, ...]) -> str:
     return h.hexdigest()[:20]
 
 
+def error_columns(pool: Sequence[moe_fit.Row], jobs: int = 1) -> list[list[float | None]]:
+    """row_errors of each pool row, in the pool's order: in this process, or over `jobs` forked worker processes
+    (each row is estimated apart from the others, so the table is the same; the full grid is some 270,000
+    estimates, a quarter of an hour of one core)."""
+    if jobs <= 1:
+        return [row_errors(r) for r in pool]
+    with multiprocessing.get_context("fork").Pool(jobs) as workers:
+        return workers.map(row_errors, pool, chunksize=1)
+
+
 @cache
-def joint_table(validation: Path) -> tuple[tuple[float | None, ...], ...]:
+def joint_table(validation: Path, jobs: int = 1) -> tuple[tuple[float | None, ...], ...]:
     """log(predicted / measured) of every joint_pool() row (columns) at every joint_grid() point (rows), each (row,
-    point) estimated once; kept under the system's temporary folder, keyed by table_key, for the next run."""
+    point) estimated once (over `jobs` processes: error_columns); kept under the system's temporary folder, keyed by
+    table_key, for the next run."""
     pool = joint_pool(validation)
     path = Path(tempfile.gettempdir()) / f"meshplan-joint-fit-{table_key(pool)}.json"
     if path.exists():
         return tuple(tuple(row) for row in json.loads(path.read_text()))
-    table = tuple(zip(*(row_errors(r) for r in pool), strict=True))
+    table = tuple(zip(*error_columns(pool, jobs), strict=True))
     part = path.with_suffix(f".{os.getpid()}.part")  # another run may read it meanwhile: renamed when whole
     part.write_text(json.dumps(table))
     part.replace(path)
@@ -255,6 +268,28 @@ def pool_errors(validation: Path, source: str) -> tuple[int, str, str, str]:
     return len(cols), show(held), median_abs(card_point()), median_abs(joint_grid().index(held))
 
 
+def pooled_report(validation: Path) -> list[str]:
+    """Median |error| of tokens/s per GPU over the joint pool, all rows, MoE and dense: in sample under the card's
+    values and under the fit on every source, and out of sample (each row under the constants fitted without its
+    publication: leave one source out)."""
+    pool, table, grid = joint_pool(validation), joint_table(validation), joint_grid()
+    without = {s: joint_point(table, [r.publication != s for r in pool]) for s in {r.publication for r in pool}}
+    held = [table[without[r.publication]][j] for j, r in enumerate(pool)]
+    groups = {"all": [True] * len(pool), "MoE": [r.job.model.moe is not None for r in pool]}
+    groups["dense"] = [not m for m in groups["MoE"]]
+
+    def cell(errs: Sequence[float | None], keep: list[bool]) -> str:
+        kept = [abs(math.exp(e) - 1) for e, k in zip(errs, keep, strict=True) if k and e is not None]
+        return f"{statistics.median(kept):.1%} ({len(kept)})" if kept else "-"
+    card, every = card_point(), joint_point(table, [True] * len(pool))
+    lines = ["| pool rows | in sample (card) | in sample (fit on every source: " + show(grid[every]) + ") "
+             "| leave one source out |", "|---|---|---|---|"]
+    for name, keep in groups.items():
+        lines.append(f"| {name} | {cell(table[card], keep) if card is not None else '-'} | "
+                     f"{cell(table[every], keep)} | {cell(held, keep)} |")
+    return lines
+
+
 def show(values: dict[str, float]) -> str:
     return (f"gemm {values['gemm_peak_fraction']:g}, half_ridges {values['moe_gemm_half_ridges']:g}, "
             f"sync {values['moe_host_sync_s'] * 1e3:.2f} ms")
@@ -263,7 +298,9 @@ def show(values: dict[str, float]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--validation", type=Path, default=prow.DEFAULT_VALIDATION)
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes that build the error table (default 1)")
     args = ap.parse_args()
+    joint_table(args.validation, args.jobs)  # built once (or read from the temporary folder); every fit reads it
     print("| constant | framework | held out how |")
     print("|---|---|---|")
     for f in fitted_constants():
@@ -276,6 +313,7 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for source in sorted({r.publication for r in pool}):
         print(f"| {source} | " + " | ".join(str(x) for x in pool_errors(args.validation, source)) + " |")
+    print("\n".join(pooled_report(args.validation)))
     for source, values in held_out(args.validation, {r.publication for r in pool} | {EAGER_SOURCE}).items():
         print(f"without {source}: {values}")
     return 0

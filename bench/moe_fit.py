@@ -81,7 +81,7 @@ class Row:
 
 def rows(validation: Path) -> list[Row]:
     out = [Row("bridge", f"{r['release']} {r['system']} {r['model']} {r['precision']}", job.model.name, job, plan,
-               float(r["tokens_per_s_per_gpu"])) for r, job, plan in bp.cases() if job.model.moe is not None]
+               float(r["tokens_per_s_per_gpu"])) for r, job, plan in bp.fit_cases() if job.model.moe is not None]
     with tempfile.TemporaryDirectory(prefix="meshplan-moefit-") as tmp:  # config.json-built models live here
         for row in prow.load_rows(validation / prow.DATA_NAME):
             s = pscore.score_row(row, pmap.map_row(row, Path(tmp)))

@@ -242,6 +242,35 @@ def test_an_rl_row_runs_its_own_split_and_offloads(production_rows):
     assert hosts[0] < hosts[1]  # half the optimizer on the host holds less of it there
 
 
+def test_no_fit_reads_the_held_out_bridge_rows():
+    """Bridge's GB300 and B300 rows were transcribed after the card's constants were set: bridge_published scores
+    them, but fit_cases (what moe_fit.rows and fitted_constants.megatron_pool read) leaves every one out."""
+    import bridge_published as bp
+
+    scored = {r["system"] for r, _, _ in bp.cases()}
+    fitted = {r["system"] for r, _, _ in bp.fit_cases()}
+    assert bp.HELD_OUT_SYSTEMS <= scored and not bp.HELD_OUT_SYSTEMS & fitted
+    assert len(bp.fit_cases()) == sum(r["system"] not in bp.HELD_OUT_SYSTEMS for r, _, _ in bp.cases())
+
+
+def test_the_joint_error_table_is_the_same_built_over_worker_processes(monkeypatch):
+    """fitted_constants.error_columns over forked workers (--jobs) gives each row's errors in the pool's order, the
+    same as in one process, one value per joint_grid() point (a dense row's repeated over the MoE points)."""
+    import fitted_constants as fc
+    import moe_fit
+
+    monkeypatch.setattr(fc, "GEMM_GRID", [0.62, 0.66])
+    monkeypatch.setattr(moe_fit, "GRID", {"moe_gemm_half_ridges": [3.0], "moe_host_sync_s": [0.0, 3.0e-3]})
+    pool = list(fc.megatron_pool())
+    rows = [next(r for r in pool if r.job.model.moe is None), next(r for r in pool if r.job.model.moe is not None)]
+    rows.append(rows[0])
+    serial = fc.error_columns(rows, jobs=1)
+    assert fc.error_columns(rows, jobs=2) == serial
+    assert all(len(col) == len(fc.joint_grid()) == 4 for col in serial)
+    dense, moe = serial[0], serial[1]
+    assert dense[0] == dense[1] != dense[2] and moe[0] != moe[1]  # the sync moves only the MoE row
+
+
 def test_the_launch_profile_holds_the_card_value_among_its_points():
     """bench/moe_fit.py --launch compares fitting grouped_gemm_launch_s with holding it at the card's assumed value:
     that value is a grid point, and every launch value meets every MoE pair once."""
