@@ -24,6 +24,9 @@ def test_async_tp_cost_exact_cases():
     # one pair (an MoE layer without a shared expert keeps attention's), plus the chunked GEMMs' extra seconds
     assert async_tp_cost(8e9, 8, 1, 2e12, 0.0, 0.25) == pytest.approx(2 * (1e-3 + 4.5e-3) + 0.25)
     assert async_tp_cost(8e9, 1, 2, 2e12, 1e-6, 0.25) == 0.0
+    # two backward reduce-scatters left unfused (async_tp_unfused) run none of the scatter's work
+    assert async_tp_cost(8e9, 8, 2, 2e12, 1e-6, 0.0, unfused=2) == pytest.approx(
+        2 * 2 * (1e-3 + 3e-6) + 2 * (4.5e-3 + 2e-6))
 
 
 def _tt(**kw):
@@ -49,6 +52,7 @@ def test_chunked_gemm_extra_counts_forward_and_gradient_passes():
 
     class C:  # the fields chunked_gemm_extra reads
         bf16_peak, fp8_peak, ridge_rows = 1e15, None, 0.0
+        async_tp_unfused = (False, False)
 
     def fwd(g: Gemm) -> float:
         return g.flops / (1e15 * gemm_efficiency(g, cal))
@@ -58,3 +62,9 @@ def test_chunked_gemm_extra_counts_forward_and_gradient_passes():
     assert tp_overlap.chunked_gemm_extra(gemms, cal, C, False, tp) == pytest.approx(want)  # the logits are not chunked
     want_moe = sum(2 * (tp * fwd(Gemm(g.name, g.m / tp, g.n, g.k)) - fwd(g)) for g in pair[:2])
     assert tp_overlap.chunked_gemm_extra(gemms, cal, C, True, tp) == pytest.approx(want_moe)
+
+    class Unfused(C):  # both pairs' input gradients reduce-scattered unfused: their input GEMMs' dgrad is whole
+        async_tp_unfused = (True, True)
+    passes = {"qkv": 1, "attn_out": 2, "mlp_fc1": 1, "mlp_fc2": 2}
+    want = sum(passes[g.name] * (tp * fwd(Gemm(g.name, g.m / tp, g.n, g.k)) - fwd(g)) for g in pair)
+    assert tp_overlap.chunked_gemm_extra(gemms, cal, Unfused, False, tp) == pytest.approx(want)

@@ -78,7 +78,13 @@ from meshplan.estimate.stage_time import (
     stage_rows,
 )
 from meshplan.estimate.throughput_assumptions import batch_warnings, layout_warnings, throughput_assumptions
-from meshplan.estimate.tp_overlap import tp_input_ops, tp_overlap_mode, tp_sms
+from meshplan.estimate.tp_overlap import (
+    async_tp_unfused,
+    sp_copies,
+    tp_input_ops,
+    tp_overlap_mode,
+    tp_sms,
+)
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.knowledge.tp_card import head_tp
@@ -387,6 +393,7 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
         consecutive_routing=job.moe_fake_balanced_gate,
         expert_launches=expert_launches(job, plan),
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
+        sp_copies=sp_copies(job.card.tp_overlap, plan, job.framework_version),
         **job_facts(job, plan, cal, lk, peaks, attention_kernel))
 
 
@@ -419,6 +426,7 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
     kernel, fraction = attention_efficiency(job, cal, attention_kernel, plan.attention_backend, plan.zero_stage)
     overlap = job.card.tp_overlap
     eager = eager_blocks(job, plan)
+    qkv_separate = convention(job.card, plan.zero_stage, job.framework_version)[1].qkv_projections == "separate"
     return dict(
         arch=trained_model(job), seq=job.seq_length, cal=cal, lk=lk, bf16_peak=peaks.bf16, fp8_peak=peaks.fp8,
         hbm=job.gpu.hbm_bandwidth * cal.hbm_efficiency, flash=flash, dropout=dropout, lora=job.lora,
@@ -427,9 +435,10 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         attention_kernel=kernel, ulysses=runs_ulysses(job.card, plan.zero_stage), mla_v_pad=flash and conv.mla_v_pad,
         torch_cp=runs_torch_cp(job.card, plan.zero_stage),
         kv_repeated=job.card.engine.torch_cp is not None and job.card.engine.torch_cp.repeats_kv(job.framework_version),
-        qkv_separate=convention(job.card, plan.zero_stage, job.framework_version)[1].qkv_projections == "separate",
+        qkv_separate=qkv_separate,
         gather_dispatch=job.card.moe_dispatch is not None and job.card.moe_dispatch.alltoall_as == "allgather",
         tp_overlap_mode=tp_overlap_mode(job.card, plan), tp_rs_splits=overlap.rs_splits,
+        async_tp_unfused=async_tp_unfused(overlap, tp_overlap_mode(job.card, plan), qkv_separate, job.model.gated_mlp),
         tp_input_ops=tp_input_ops(job.card.tp_input_linears, job.model, eager),
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))
 

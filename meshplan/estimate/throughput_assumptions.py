@@ -31,7 +31,8 @@ TP_OVERLAP_TEXT = {
                    "reduce-scatter kernels run on the SMs those leave (the framework card's tp_overlap).",
     "async_tp": "async TP (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time; the "
                 "local shard's copy, the reduce-scatter's sum of partials, the barriers and the chunked GEMMs' "
-                "lower efficiency outside the pipeline (async_tp_cost).",
+                "lower efficiency outside the pipeline (async_tp_cost); a backward reduce-scatter of an input "
+                "gradient that sums several linears' data gradients runs unfused (async_tp_unfused).",
 }
 
 

@@ -48,6 +48,46 @@ def tp_overlap_mode(card: FrameworkCard, plan: Plan) -> str:
     return facts.switch if plan.tp_comm_overlap and facts.switch else facts.base
 
 
+def sp_copies(facts: TpOverlapFacts, plan: Plan, release: str | None) -> tuple[float, float]:
+    """(copies per all-gather, per reduce-scatter) of the plan's sequence-parallel TP collectives that run unfused
+    (every one without the overlap switch; under async TP the reduce-scatters it cannot fuse, async_tp_unfused):
+    where the card's TP plan shards activations on the sequence dim, torch's functional collectives re-lay each one's
+    result out with a copy of the whole activation (SpLayoutCopies); (0, 0) without sequence parallelism, TP or such
+    a card."""
+    copies = facts.sp_layout_copies
+    if copies is None or plan.tp <= 1 or not plan.sequence_parallel:
+        return 0.0, 0.0
+    return copies.copies(release, plan.micro_batch_size)
+
+
+def async_tp_unfused(facts: TpOverlapFacts, mode: str, qkv_separate: bool, gated: bool) -> tuple[bool, bool]:
+    """Per TP pair (attention's, the MLP's), whether async TP leaves the backward reduce-scatter of its input
+    gradient unfused (AsyncTpInputGrads: that gradient sums several linears' data gradients): attention's where Q, K
+    and V are separate linears, a gated MLP's where gate and up are; (False, False) in any other mode."""
+    grads = facts.async_tp_input_grads
+    if mode != "async_tp" or grads is None:
+        return False, False
+    return qkv_separate, gated and grads.gate_up_separate
+
+
+def sp_copy_counts(input_ops: tuple[tuple[int, int], ...], copies: tuple[float, float],
+                   unfused: tuple[bool, ...] | None = None) -> tuple[float, float]:
+    """(forward, backward) activation copies of a layer's TP pairs (`input_ops`: tp_input_ops' per pair) at `copies`
+    per all-gather and per reduce-scatter (sp_copies): per pair forward, the input's gathers and the output's
+    reduce-scatter; backward, the output gradient's gather and the input gradients' reduce-scatters. `unfused`: under
+    async TP, per pair whether its input gradients' reduce-scatters run unfused, the only collectives that copy there
+    (None: every collective runs unfused)."""
+    gather, scatter = copies
+    fwd = bwd = 0.0
+    for k, (f_in, b_in) in enumerate(input_ops):
+        if unfused is None:
+            fwd += f_in * gather + scatter
+            bwd += gather + b_in * scatter
+        elif unfused[k]:
+            bwd += b_in * scatter
+    return fwd, bwd
+
+
 def tp_sms(gpu: GpuSpec, facts: TpOverlapFacts, fp8: bool = False) -> TpSms | None:
     """The job's TpSms (`fp8`: its GEMMs run in FP8), or None where the GPU's SM count is unknown or no overlap kernel
     holds SMs."""
@@ -101,34 +141,48 @@ def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[floa
     ring passes (tp_ring_passes: attention's and the MLP's, attention's alone in an MoE layer without TP-sharded
     weights, moe_layer_tp_ops), expert TP's pair around the experts; less what the framework's overlap mode hides (a
     calibrated fraction, or tp_hidden beside the GEMMs), plus async TP's work outside its pipelines (`terms`: the
-    GEMMs' gemm_terms, where the caller has them). The forward share is the forward's passes over all of them (what
+    GEMMs' gemm_terms, where the caller has them), plus the copies torch's functional collectives make around each
+    unfused sequence-parallel collective (ctx.sp_copies, sp_copy_counts: each reads and writes the activation at the
+    HBM bandwidth elementwise work gets). The forward share is the forward's passes and copies over all of them (what
     full recompute runs again). `pairs`: the indexes in TP_PAIR_GEMMS of the pairs a hybrid model's layer runs (one
     mixer each: hybrid_time.layer_pairs); None: a transformer layer's."""
     arch, plan, cal = ctx.arch, ctx.plan, ctx.cal
     act_bytes = ctx.shard.tokens * arch.hidden_size * BF16
     if pairs is None:
         attention_only = moe and moe_layer_tp_ops(arch, ctx.shard.moe_whole) == TP_COLLECTIVES_ATTENTION_ONLY
-        fwd, bwd = tp_ring_passes(ctx.tp_input_ops, plan.sequence_parallel, 1 if attention_only else 2)
+        at: tuple[int, ...] = (0,) if attention_only else (0, 1)
     else:
-        fwd, bwd = tp_ring_passes(tuple(ctx.tp_input_ops[i] for i in pairs), plan.sequence_parallel, len(pairs))
+        at = pairs
+    run = tuple(ctx.tp_input_ops[i] for i in at)
+    async_tp = ctx.tp_overlap_mode == "async_tp" and plan.tp > 1 and plan.sequence_parallel
+    unfused = tuple(ctx.async_tp_unfused[i] for i in at) if async_tp else None
+    fwd, bwd = tp_ring_passes(run, plan.sequence_parallel, len(run))
     share = fwd / (fwd + bwd) if fwd + bwd else 0.5
     groups = mesh_groups(plan, law=ctx.law)
     tp_one = ring_time(act_bytes, groups.tp.size, groups.tp.stride, ctx.lk)
     tp_comm = (fwd + bwd) * tp_one
+    copies = 0.0
+    copy_fwd, copy_bwd = sp_copy_counts(run, ctx.sp_copies, unfused) if plan.tp > 1 else (0.0, 0.0)
+    if copy_fwd + copy_bwd:  # each copy reads and writes the whole activation on the compute stream, beside no kernel
+        one_copy = 2.0 * act_bytes / ctx.hbm
+        copies = (copy_fwd + copy_bwd) * one_copy
+        share = (fwd * tp_one + copy_fwd * one_copy) / (tp_comm + copies)
     if moe and plan.etp > 1:
         tp_comm += EXPERT_TP_COLLECTIVES_PER_LAYER * ring_time(act_bytes, groups.etp.size, groups.etp.stride, ctx.lk)
     if ctx.tp_overlap_mode == "fraction":
-        return (1.0 - cal.tp_overlap) * tp_comm, share
+        return (1.0 - cal.tp_overlap) * tp_comm + copies, share
     # the expert-TP gathers run in the token dispatcher, beside no GEMM
     gemm_pairs = tp_pairs(gemms, cal, ctx, moe, terms)
     if pairs is not None:  # a hybrid layer's: the pairs it runs, each at its own index (the SMs the card gives it)
         gemm_pairs = [p if i in pairs else (0.0, 0.0) for i, p in enumerate(gemm_pairs)]
-    exposed = tp_comm - tp_hidden(ctx.tp_overlap_mode, tp_one, gemm_pairs, plan.tp,
-                                  plan.sequence_parallel, ctx.tp_rs_splits, ctx.tp_sms)
-    if ctx.tp_overlap_mode == "async_tp" and plan.tp > 1 and plan.sequence_parallel:
+    exposed = tp_comm + copies - tp_hidden(ctx.tp_overlap_mode, tp_one, gemm_pairs, plan.tp,
+                                           plan.sequence_parallel, ctx.tp_rs_splits, ctx.tp_sms,
+                                           ctx.async_tp_unfused)
+    if async_tp:
         exposed += async_tp_cost(act_bytes, plan.tp, len(gemm_pairs if pairs is None else pairs), ctx.hbm,
                                  ctx.lk.intra_lat,
-                                 chunked_gemm_extra(gemms, cal, ctx, moe, plan.tp))
+                                 chunked_gemm_extra(gemms, cal, ctx, moe, plan.tp),
+                                 sum(1 for u in unfused or () if u))
     return exposed, share
 
 
@@ -160,7 +214,7 @@ def slowed_gemm(gemm: float, comm: float, held: int, sms: int, margin: bool) -> 
 
 
 def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, sp: bool = True,
-              rs_splits: int = 0, sms: TpSms | None = None) -> float:
+              rs_splits: int = 0, sms: TpSms | None = None, unfused: tuple[bool, ...] = ()) -> float:
     """TP seconds hidden per layer behind the GEMMs each collective runs beside (`one`: one all-gather or
     reduce-scatter of the layer's activations). Per pair, forward: an all-gather before the input GEMM, a
     reduce-scatter after the output GEMM; backward: the output GEMM's grad all-gather before its dgrad, the input
@@ -173,8 +227,9 @@ def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, 
       over rs_splits chunks (the first chunk's GEMM and the last chunk's transfer run alone: (n-1)/n of the
       shorter); the dgrad reduce-scatter runs in bulk beside the whole wgrad GEMM.
     - async_tp (torch micro-pipelined TP): both all-gathers chunked by tp as above, both reduce-scatters pipelined
-      over tp chunks, the dgrad one with the dgrad GEMM that produces it; what runs outside the pipelines is added
-      by exposed_tp (async_tp_cost).
+      over tp chunks, the dgrad one with the dgrad GEMM that produces it, but not where Inductor cannot fuse it
+      (`unfused`, per pair index: its input gradient sums several linears' dgrads, async_tp_unfused); what runs
+      outside the pipelines is added by exposed_tp (async_tp_cost).
     Without sequence parallelism each pair is one all-reduce (two collectives' time) forward and one backward.
     With userbuffers the forward and the dgrad reduce-scatter are SM kernels (`sms`: the card's fprop_rs_sms and
     wgrad_rs_sms) and the GEMM beside each runs on the SMs left (slowed_gemm): the time hidden is counted against the
@@ -198,7 +253,8 @@ def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, 
             hidden += (min(one, ag * into) + min(one, ag * out) + (n - 1) / n * min(one, rs_out) - (rs_out - out)
                        + min(one if sp else 2 * one, wgrad) - (wgrad - into))
         elif mode == "async_tp":
-            hidden += min(one, ag * into) + min(one, ag * out) + ag * min(one, out) + ag * min(one, into)
+            dgrad_rs = 0.0 if i < len(unfused) and unfused[i] else ag * min(one, into)
+            hidden += min(one, ag * into) + min(one, ag * out) + ag * min(one, out) + dgrad_rs
         else:
             raise ValueError(f"unknown TP overlap mode {mode!r}")
     return hidden
@@ -208,16 +264,22 @@ def chunked_gemm_extra(gemms: list[Gemm], cal: Calibration, ctx: LayerContext, m
     """Seconds async TP's chunking adds to the TP pairs' GEMMs (tp_pairs): _fused_all_gather_matmul_impl runs the
     forward's and the gradient's matmul as tp GEMMs of m/tp rows, one per gathered shard, and
     _fused_matmul_reduce_scatter_impl (chunk_producer) one per scattered shard, each lower on the rows curve
-    (gemm_efficiency); the weight-gradient GEMM is not chunked. So 2 of the 3 passes (gemm_seconds) run chunked."""
-    names = {n for pair in (TP_PAIR_GEMMS[:1] if moe else TP_PAIR_GEMMS) for side in pair for n in side}
-    picked = [g for g in gemms if g.name in names]
-    whole = gemm_seconds(picked, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
-    chunked = tp * gemm_seconds([replace(g, m=g.m / tp) for g in picked], cal, ctx.bf16_peak, ctx.fp8_peak,
-                                ctx.ridge_rows)
-    return (chunked - whole) * 2.0 / TRAINING_PASSES_PER_FORWARD
+    (gemm_efficiency); the weight-gradient GEMM is not chunked. So 2 of the 3 passes (gemm_seconds) run chunked, but
+    1 of an input-side GEMM whose data gradient feeds a reduce-scatter async TP leaves unfused
+    (ctx.async_tp_unfused)."""
+    extra = 0.0
+    for k, (into, out) in enumerate(TP_PAIR_GEMMS[:1] if moe else TP_PAIR_GEMMS):
+        for side, passes in ((into, 1.0 if ctx.async_tp_unfused[k] else 2.0), (out, 2.0)):
+            picked = [g for g in gemms if g.name in side]
+            whole = gemm_seconds(picked, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+            chunked = tp * gemm_seconds([replace(g, m=g.m / tp) for g in picked], cal, ctx.bf16_peak, ctx.fp8_peak,
+                                        ctx.ridge_rows)
+            extra += (chunked - whole) * passes / TRAINING_PASSES_PER_FORWARD
+    return extra
 
 
-def async_tp_cost(act_bytes: float, tp: int, pairs: int, hbm: float, barrier_s: float, chunk_extra: float) -> float:
+def async_tp_cost(act_bytes: float, tp: int, pairs: int, hbm: float, barrier_s: float, chunk_extra: float,
+                  unfused: int = 0) -> float:
     """Seconds per layer torch's async TP spends outside its pipelines (pytorch/pytorch
     torch/distributed/_symmetric_memory/__init__.py), forward and backward, per TP pair one all-gather + matmul
     and one matmul + reduce-scatter each way:
@@ -228,10 +290,11 @@ def async_tp_cost(act_bytes: float, tp: int, pairs: int, hbm: float, barrier_s: 
       (reduce_partials / torch.sum over the rank dimension): read act_bytes, write act_bytes / tp;
     - the barriers on the compute stream (ASYNC_TP_AG_BARRIERS, ASYNC_TP_RS_BARRIERS), each one signal and wait
       among the NVLink peers: barrier_s (the links' intra-domain latency);
-    - chunk_extra: the chunked GEMMs' lost efficiency (chunked_gemm_extra)."""
+    - chunk_extra: the chunked GEMMs' lost efficiency (chunked_gemm_extra).
+    `unfused`: the backward reduce-scatters async TP leaves unfused (async_tp_unfused), which run none of this."""
     if tp <= 1:
         return 0.0
     shard = act_bytes / tp
     gather = 2.0 * shard / hbm + ASYNC_TP_AG_BARRIERS * barrier_s
     scatter = (act_bytes + shard) / hbm + ASYNC_TP_RS_BARRIERS * barrier_s
-    return FORWARD_AND_BACKWARD * pairs * (gather + scatter) + chunk_extra
+    return FORWARD_AND_BACKWARD * pairs * gather + (FORWARD_AND_BACKWARD * pairs - unfused) * scatter + chunk_extra

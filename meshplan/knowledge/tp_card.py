@@ -25,6 +25,47 @@ class MoeTensorParallel(_Card):
     source: str
 
 
+class SpLayoutCopies(_Card):
+    """The copies torch's functional collectives make around each sequence-parallel collective of a TP plan that
+    shards the activations on the sequence dim of [batch, seq, hidden] (DTensor's ParallelStyles with Shard(1)), where
+    the collective runs unfused (no TP overlap switch). NCCL gathers and scatters along dim 0, so all_gather_tensor
+    re-lays the gathered result out by torch.cat of its chunks along the sequence dim, and reduce_scatter_tensor cats
+    the input's sequence chunks along dim 0 before it: one copy of the whole activation each, read and written on the
+    compute stream (estimate/tp_overlap.sp_copies). Async TP's fused ops move the sequence dim to the front instead
+    (a view) and copy nothing."""
+
+    releases: list[str] = Field(description="The framework's releases whose TP plan shards activations that way")
+    gather_copy_at_batch_one_releases: list[str] = Field(
+        [], description="Those whose all-gather copies even at micro-batch 1 (torch before it returned a view when "
+                        "every dim before the sequence dim is 1); the others' all-gather at micro-batch 1 is a view")
+    source: str
+
+    def copies(self, release: str | None, micro_batch_size: int) -> tuple[float, float]:
+        """(copies per all-gather, per reduce-scatter) of `release` at `micro_batch_size`: (0, 0) for a release the
+        card does not list (an unread one: none counted)."""
+        if not _in_series(release, self.releases):
+            return 0.0, 0.0
+        gather = micro_batch_size > 1 or _in_series(release, self.gather_copy_at_batch_one_releases)
+        return (1.0 if gather else 0.0), 1.0
+
+
+def _in_series(release: str | None, series: list[str]) -> bool:
+    """Whether `release` is one of `series` or a release of one of them (0.1.0 of 0.1)."""
+    return bool(release) and any(release == s or release.startswith(s + ".") for s in series)
+
+
+class AsyncTpInputGrads(_Card):
+    """Which TP pairs' backward reduce-scatter async TP leaves unfused: Inductor's micro-pipeline pass
+    (torch/_inductor/fx_passes/micro_pipeline_tp.py fuse_matmul_reduce_scatter, _find_producer_matmul) fuses a
+    reduce-scatter only of one matmul's output, and a pair's input gradient is the sum of the data gradients of the
+    column-parallel linears reading that input: attention's where Q, K and V are separate linears (the memory
+    convention's qkv_projections), a gated MLP's where gate and up are (`gate_up_separate`). That reduce-scatter runs
+    as without the switch, after its GEMMs (estimate/tp_overlap.exposed_tp)."""
+
+    gate_up_separate: bool = Field(description="The model code runs a gated MLP's gate and up as two linears")
+    source: str
+
+
 class TpOverlapFacts(_Card):
     """Which TP/SP collectives the framework runs beside a GEMM, without and with its TP overlap switch
     (Plan.tp_comm_overlap); meshplan/estimate/tp_overlap.py tp_hidden turns each mode into the time hidden, at most that
@@ -52,6 +93,12 @@ class TpOverlapFacts(_Card):
         False, description="That weight-gradient GEMM launched on the other SMs for its whole time (Transformer "
                            "Engine's set_sm_margin); False: it shares them only while the kernel runs")
     comm_sms_source: str = ""
+    sp_layout_copies: SpLayoutCopies | None = Field(
+        None, description="Without the switch, the copies DTensor makes around each sequence-parallel collective "
+                          "(SpLayoutCopies); None: none")
+    async_tp_input_grads: AsyncTpInputGrads | None = Field(
+        None, description="With the async_tp switch, the pairs whose input-gradient reduce-scatter stays unfused "
+                          "(AsyncTpInputGrads); None: every one fused")
     needs_sequence_parallel: bool = False
     needs_compile: bool = False
     source: str
