@@ -166,6 +166,8 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**L8B, "framework": "verl", "zero_stage": 3, "num_gpus": 8}),
     "SP001": ({**L8B, "num_gpus": 8, "sequence_parallel": True}, {**L8B, "num_gpus": 8}),
     "SP002": ({**L8B, "num_gpus": 8, "tp": 2, "sequence_parallel": False}, {**L8B, "num_gpus": 8, "tp": 2}),
+    # Megatron-Core's sequence-parallel scatter of each CP rank's tokens over tp (it asserts at the first forward)
+    "SP004": ({**L8B, "num_gpus": 8, "tp": 2, "seq_length": 4097}, {**L8B, "num_gpus": 8, "tp": 2, "seq_length": 4098}),
     "SP003": ({**L8B, "framework": "skyrl", "num_gpus": 8, "tp": 2, "sequence_parallel": False},
               {**L8B, "framework": "skyrl", "num_gpus": 8, "tp": 2}),
     "CP001": ({**L8B, "num_gpus": 8, "cp": 4, "seq_length": 8196}, {**L8B, "num_gpus": 8, "cp": 4, "seq_length": 8192}),
