@@ -364,7 +364,8 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 2}),
     "RL002": ({**QWEN_MOE, **RL, "rollout_tp": 3}, {**QWEN_MOE, **RL, "rollout_tp": 4}),
     "RL003": ({**QWEN_MOE, **RL, "rollout_gpus": 8}, {**QWEN_MOE, **RL, "rollout_gpus": 16}),
-    "RL004": ({**QWEN_MOE, **RL, "rollout_tp": 16}, {**QWEN_MOE, **RL, "rollout_tp": 8}),
+    "RL004": ({**QWEN_MOE, **RL, "rollout_tp": 16, "with_memory": True},  # its fix reads the engine's budget
+              {**QWEN_MOE, **RL, "rollout_tp": 8, "with_memory": True}),
     # vLLM refuses expert parallelism on a model without experts (verl used to label it EP2 and rank it)
     "RL007": ({"model": "qwen3-8b", "framework": "verl", "num_gpus": 8, "job": "rl", "rollout_tp": 2, "rollout_ep": 2},
               {**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 2}),
@@ -412,7 +413,7 @@ def test_card_and_code_agree_and_every_rule_has_a_lifecycle():
         assert entry.get("status") in ("stable", "preview", "deprecated"), rule_id
         assert isinstance(entry.get("since"), str) and entry["since"].count(".") == 2, rule_id
     assert set(load_rules()) == code_ids
-    assert memory_rules() == {"MEM001", "MEM002", "MEM003", "RL005", "RL006", "CP002"}
+    assert memory_rules() == {"MEM001", "MEM002", "MEM003", "RL004", "RL005", "RL006", "CP002"}
 
 
 def load_card_raw() -> dict:

@@ -96,16 +96,18 @@ def torchtitan_sequence_divisible(ctx: Context) -> Values:
 
 
 
-@rule("SP004", reads=("tp", "cp", "sequence_parallel"))
+@rule("SP004", reads=("tp", "cp", "sequence_parallel", "tp_comm_overlap"))
 def megatron_sequence_parallel_divisible(ctx: Context) -> Values:
     """Megatron-Core's sequence parallelism scatters each CP rank's [s/cp, b, h] embeddings over tp along s, and its
     split asserts the length divides (Megatron-LM's start-up checks s against 2*cp alone: CP001). The fix's lengths
-    are multiples of both splits."""
+    are multiples of both splits; sequence parallelism off is named only where the TP overlap does not need it
+    (TP005)."""
     p, seq = ctx.plan, ctx.job.seq_length
     if not p.sequence_parallel or p.tp == 1 or seq % (p.cp * p.tp) == 0:
         return None
     unit = lcm(2 * p.cp if p.cp > 1 else 1, p.cp * p.tp)
-    return {"seq": seq, "cp": p.cp, "tp": p.tp, "split": p.cp * p.tp, "seqs": neighbours(seq, unit)}
+    return {"seq": seq, "cp": p.cp, "tp": p.tp, "split": p.cp * p.tp, "seqs": neighbours(seq, unit),
+            "or_off": "" if p.tp_comm_overlap else ", or sequence_parallel=false"}
 
 
 @rule("UL001", reads=("tp", "pp", "cp", "ep", "etp"))
