@@ -1,6 +1,6 @@
 """Settings a plan has nothing for: refused where the framework refuses them, else accepted with a warning naming them
-(the rules card's no_effect rules EP006, EP010, EP011, SP001, RC009, PP019, CP008), the estimates those without them, in the same
-words on every face (the API, the CLI's check and estimates, the MCP tools in process)."""
+(the rules card's no_effect rules EP006, EP010, EP011, SP001, RC009, PP019, CP008), the estimates those without them,
+in the same words on every face (the API, the CLI's check and estimates, the MCP tools in process)."""
 
 from __future__ import annotations
 
