@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
-from meshplan.request.parse import names_no_model, parse_request
+from meshplan.request.parse import model_required, names_no_model, parse_request
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.measured import MeasuredRun, RunComparison
 from meshplan.schema.model import ModelReport, ModelSummary
@@ -51,8 +51,11 @@ def script_request(req: Request) -> Request:
 
 
 def describe_model(model: str) -> ModelReport:
+    """The model's parameter counts; a blank model is no model, refused in the words every request gets."""
     from meshplan.knowledge.catalog import describe_model as describe
 
+    if names_no_model(model):
+        raise model_required()
     return describe(script_model(model))
 
 

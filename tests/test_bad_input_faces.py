@@ -12,6 +12,8 @@ from http_servers import free_port
 from mcp_calls import call_tool
 from test_mcp_protocol_edges import INIT, post, sse_data
 
+from meshplan import api
+from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
 from meshplan.faces.mcp.__main__ import main as mcp_main
 from meshplan.schema.request import PATTERN_WORDS, Request
@@ -91,6 +93,34 @@ def test_a_blank_model_is_a_model_not_given_on_every_face(capsys, tmp_path, blan
     batch.write_text(json.dumps({"model": blank, "gpu": "h100"}) + "\n", encoding="utf-8")
     assert cli.main(["memory", "--batch", str(batch)]) == cli.EXIT_USAGE
     assert json.loads(capsys.readouterr().out)["error"].startswith(MODEL_REQUIRED)
+
+
+@pytest.mark.parametrize("blank", ["", "   "])
+def test_describe_of_a_blank_model_is_refused_in_the_same_words(capsys, blank):
+    """describe said 'describe needs a model. Fix: meshplan describe llama-3.1-8b' (MODEL ''), 'model must be a
+    non-empty string' (MODEL of spaces, and MCP's describe_model) where every other ask says a model is required."""
+    assert cli_refusal(capsys, ["describe", blank]).startswith(MODEL_REQUIRED)
+    assert cli_refusal(capsys, ["describe"]).startswith(MODEL_REQUIRED)
+    assert mcp_refusal("describe_model", {"model": blank}).startswith(MODEL_REQUIRED)
+    with pytest.raises(MeshplanError, match=r"^A model is required"):
+        api.describe_model(blank)
+
+
+@pytest.mark.parametrize(("tool", "field"), [("estimate_memory", "seq_length"), ("estimate_memory", "gpu"),
+                                            ("recommend_parallelism", "top_k")])
+def test_a_null_for_an_argument_with_a_default_is_the_argument_left_out_on_every_face(capsys, tmp_path, tool, field):
+    """A batch line's (and the api's) null is a field left out; the MCP tools refused a null for an argument with a
+    default, 'seq_length: Input should be a valid integer (got None)', where the batch line answered at 4096."""
+    asked = {"model": "llama-3.1-8b", "num_gpus": 8, "global_batch_size": 64}
+    result = call_tool(tool, {**asked, field: None})
+    assert not result.is_error, result.content[0].text[:300]
+    assert result.structured_content == call_tool(tool, asked).structured_content
+    if tool == "estimate_memory":
+        batch = tmp_path / "asks.jsonl"
+        batch.write_text(json.dumps({**asked, field: None}) + "\n", encoding="utf-8")
+        assert cli.main(["memory", "--batch", str(batch)]) == cli.EXIT_OK
+        said = json.loads(capsys.readouterr().out)
+        assert said["peak_bytes"] == result.structured_content["peak_bytes"]
 
 
 @pytest.mark.parametrize("field", ["moe_routing_imbalance", "rollout_memory_fraction", "headroom",

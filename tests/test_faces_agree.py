@@ -151,6 +151,12 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("check_config", {**L8, "num_gpus": 8, "tp": 0}),
     ("describe_model", {"model": "no-such-model-xyz"}),
     ("estimate_throughput", {**L8, "num_gpus": 8, "precision": "fp4"}),
+    # Megatron-Core's sequence-parallel scatter of 4097 tokens over TP2 (SP004): every face said the layout ran
+    ("estimate_memory", {**L8, "num_gpus": 8, "tp": 2, "seq_length": 4097}),
+    # the flex dispatcher on a dense model (EP006, no effect): said by the estimates on every face, not check alone
+    ("estimate_throughput", {**L8, "num_gpus": 8, "moe_token_dispatcher": "flex"}),
+    # describe of a blank model: the words every other ask gives
+    ("describe_model", {"model": " "}),
     # attention_backend and dropout (Megatron-LM's functional tests: --attention-backend unfused, dropout 0.1)
     ("estimate_memory", {**L8, "num_gpus": 8, "tp": 2, "attention_backend": "unfused", "dropout": True}),
     ("estimate_throughput", {**L8, "num_gpus": 8, "attention_backend": "flash", "dropout": True}),

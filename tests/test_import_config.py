@@ -865,6 +865,22 @@ def test_skyrl_fsdp_size_render_writes_is_read():
     assert any("fsdp_size = 4" in n and "dp_replicate" in n for n in hybrid.notes), hybrid.notes
 
 
+@pytest.mark.parametrize("job", ["rl", "sft"])
+def test_skyrl_sequence_parallel_render_writes_is_read(job):
+    """render writes transformer_config_kwargs.sequence_parallel=false where a request turns SkyRL's own SP (tp > 1)
+    off, and SkyRL applies it over its own (megatron_worker.py); import called it 'no meshplan field' and read SP on,
+    so check --config of meshplan's own render estimated another run than the request (Llama-3.1-8B TP2 on 8 H100:
+    48.5 GiB asked, 46.2 GiB read back)."""
+    fields = {"model": "llama-3.1-8b", "framework": "skyrl", "num_gpus": 8, "zero_stage": 1, "tp": 2, "job": job,
+              "sequence_parallel": False}
+    text = api.render_config("skyrl", parse_request(fields), force=True).text
+    imported = api.import_config(text, path="run.sh", framework="skyrl")
+    assert imported.request["sequence_parallel"] is False
+    assert not any("sequence_parallel" in u for u in imported.unsupported), imported.unsupported
+    request = api.request_from_config(imported, {})
+    assert api.estimate_memory(request).peak_bytes == api.estimate_memory(parse_request(fields)).peak_bytes
+
+
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen2.5-7b"])
 def test_a_rendered_megatron_deepspeed_script_builds_the_untied_model_it_was_planned_for(model):
     """The Megatron-DeepSpeed render left out --untie-embeddings-and-output-weights (megatron/arguments.py, 4efb479:

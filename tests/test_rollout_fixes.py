@@ -11,7 +11,7 @@ import re
 import pytest
 
 from meshplan import api
-from meshplan.adapters.read.fixes import fix_changes
+from meshplan.adapters.read.fixes import NO_FIX, fix_changes
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.request import Request
 
@@ -108,3 +108,33 @@ def test_rl006s_phase_offload_names_the_fraction_the_freed_memory_needs():
     assert "optimizer_offload=true with rollout_memory_fraction=" in rl006.fix
     for change in fix_changes(rl006.fix, fields):
         assert "RL006" not in {f.id for f in api.check_config(Request(**(fields | change))).findings}, change
+
+
+DSV3_ROLLOUT = dict(model="deepseek-v3", framework="verl", gpu="h100", num_gpus=256, job="rl", algorithm="grpo",
+                    tp=1, pp=16, ep=16, etp=1, first_stage_layers=4, last_stage_layers=1, recompute="full",
+                    recompute_method="uniform", recompute_layers=1, param_offload=True, optimizer_offload=True,
+                    micro_batch_size=1, prompts_per_step=512, prompts_per_mini_batch=128, samples_per_prompt=4,
+                    prompt_length=2048, response_length=4096, rollout_memory_fraction=0.8, rollout_tp=32)
+
+
+def test_rl004_names_no_node_sized_rollout_tp_whose_engine_cannot_start():
+    """verl's run_deepseek671b_math_megatron_80gb.sh runs vLLM at rollout_tp=32 on 8-GPU nodes: RL004's fix was
+    'rollout_tp in {1, 2, 4, 8}' and check --config wrote rollout_tp=1, where the engine needs 1,250 GiB per GPU
+    (RL006 at each of them). Now the fix says none inside the node holds it and check --config writes no edit."""
+    rl004 = next(f for f in api.check_config(Request(**DSV3_ROLLOUT)).findings if f.id == "RL004")
+    assert rl004.fix.startswith("None of the rollout_tp inside the 8-GPU domain")
+    assert "keep rollout_tp=32" in rl004.fix
+    assert NO_FIX.search(rl004.fix)  # config_fixes reads no edit from it
+    assert "RL006" in errors({**DSV3_ROLLOUT, "rollout_tp": 8})  # the largest size inside the node: no sequence
+
+
+def test_rl004_names_the_node_sized_rollout_tps_that_hold_a_sequence():
+    """Where sizes inside the node hold the engine, the fix names those, and the one check --config writes clears
+    both RL004 and RL006."""
+    fields = dict(model="qwen3-30b-a3b", framework="verl", gpu="h100", num_gpus=16, ep=8, job="rl",
+                  samples_per_prompt=8, rollout_tp=16)
+    rl004 = next(f for f in api.check_config(Request(**fields)).findings if f.id == "RL004")
+    assert rl004.fix.startswith("Keep rollout_tp within the node (rollout_tp in {")
+    [change] = fix_changes(rl004.fix, fields)
+    assert change["rollout_tp"] <= 8
+    assert not {"RL004", "RL006"} & set(errors({**fields, **change}))

@@ -1,6 +1,6 @@
 """Settings a plan has nothing for: refused where the framework refuses them, else accepted with a warning naming them
-(the rules card's no_effect rules EP010, EP011, RC009, PP019, CP008), the estimates those without them, in the same
-words on every face (the API, the CLI's check and estimates, the MCP tools in process)."""
+(the rules card's no_effect rules EP006, EP010, EP011, SP001, RC009, PP019, CP008), the estimates those without them,
+in the same words on every face (the API, the CLI's check and estimates, the MCP tools in process)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ CASES = [
     ("PP019", {"account_for_embedding": True}, {}),
     ("EP011", {"moe_token_dispatcher": "alltoall"}, {}),
     ("EP011", {"framework": "torchtitan", "moe_token_dispatcher": "alltoall"}, {"framework": "torchtitan"}),
+    ("EP006", {"moe_token_dispatcher": "flex"}, {}),  # memory and throughput said nothing (check warned)
+    ("EP006", {"framework": "megatron-bridge", "moe_token_dispatcher": "flex"}, {"framework": "megatron-bridge"}),
+    ("SP001", {"sequence_parallel": True}, {}),  # Megatron-LM's validate_args turns it off at tp 1
+    ("SP001", {"framework": "torchtitan", "sequence_parallel": True}, {"framework": "torchtitan"}),
     ("CP008", {"cp_comm_type": "a2a"}, {}),
     ("CP008", {"framework": "torchtitan", "cp_comm_type": "allgather"}, {"framework": "torchtitan"}),
 ]
@@ -60,6 +64,10 @@ def test_a_setting_with_no_effect_is_warned_and_priced_as_without_it(rule, given
     assert finding.severity == "warning"
     assert not found(rule, reads_as)
     assert figures(given) == figures(reads_as)
+    line = f"{rule} (warning): {finding.message} Fix: {finding.fix}"  # the estimates say it too, not check alone
+    req = Request(**{**DENSE, **given})
+    assert line in api.estimate_memory(req).warnings
+    assert line in api.estimate_throughput(req).warnings
 
 
 @pytest.mark.parametrize(("rule", "given"), [
@@ -70,6 +78,8 @@ def test_a_setting_with_no_effect_is_warned_and_priced_as_without_it(rule, given
     ("PP019", {"framework": "torchtitan", "pp": 2, "pipeline_microbatches": 2}),
     ("CP008", {"cp": 2, "cp_comm_type": "a2a"}),
     ("EP011", {"model": "mixtral-8x7b", "ep": 8, "moe_token_dispatcher": "alltoall"}),
+    ("EP006", {"model": "mixtral-8x7b", "ep": 8, "moe_token_dispatcher": "flex"}),
+    ("SP001", {"tp": 2, "sequence_parallel": True}),
 ])
 def test_the_rules_are_silent_where_the_setting_acts(rule, given):
     assert not found(rule, given)
@@ -85,6 +95,7 @@ def test_the_fix_of_each_warning_passes_check():
             fixed = {**given, "recompute_layers": most}
         else:
             knobs = {"EP010": ("etp",), "CP008": ("cp_comm_type",), "EP011": ("moe_token_dispatcher",),
+                     "EP006": ("moe_token_dispatcher",), "SP001": ("sequence_parallel",),
                      "PP019": ("pipeline_microbatches", "pipeline_schedule", "account_for_embedding",
                                "account_for_loss")}[rule]
             assert all(k in finding.fix for k in knobs if k in given)

@@ -147,6 +147,25 @@ def test_next_steps_name_real_commands():
                 assert word in _commands(), step
 
 
+@pytest.mark.parametrize("fields", [
+    {"model": "llama-3.1-8b", "num_gpus": 8, "framework": "verl", "zero_stage": 3, "precision": "fp8"},
+    {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2},
+])
+def test_checks_ok_promises_a_render_only_where_render_writes_it(fields):
+    """check said 'meshplan render writes it in the framework's own keys' beside a layout render refuses (verl has no
+    fp8 training key: render's refusal alone, AD001 holds the layout's own knobs): now it says render's refusal."""
+    req = parse_request(fields)
+    report = api.check_config(req)
+    assert report.ok
+    try:
+        api.render_config(fields.get("framework", "megatron-core"), req)
+    except MeshplanError as exc:
+        assert f"`meshplan render` refuses it: {exc.reason.rstrip('.')}" in report.next_steps[-1]
+        assert "writes it" not in report.next_steps[-1]
+    else:
+        assert "`meshplan render` writes it in the framework's own keys" in report.next_steps[-1]
+
+
 @pytest.mark.parametrize(("fraction", "text"), [
     (0.1, "10%"), (0.032, "3.2%"), (0.999999, "99.9999%"), (0.9999, "99.99%"), (1 - 1e-12, ">99.999999%"),
     (1e-12, "<0.000001%"), (0.0, "0%"), (1.0, "100%"), (0.5, "50%"),
@@ -305,7 +324,7 @@ def test_piped_tables_are_not_wrapped_at_80_columns(tmp_path):
                          timeout=300)
     assert out.returncode == 1, out.stderr
     report = api.check_config(parse_request({"model": "llama-3.1-8b", "num_gpus": 8, "tp": 3}))
-    rows = {line.split()[0]: line for line in out.stdout.splitlines() if line[:2] in ("WS", "TP")}
+    rows = {line.split()[0]: line for line in out.stdout.splitlines() if line[:2] in ("WS", "TP", "SP")}
     for f in report.findings:  # each finding on one line, its message and fix whole
         assert f.message in rows[f.id] and f.fix in rows[f.id], rows.get(f.id)
     assert max(len(line.rstrip()) for line in out.stdout.splitlines()) > 80

@@ -18,6 +18,7 @@ from meshplan.arithmetic.mesh import own_ep_ranks_note
 from meshplan.check.split import framework_options, split_choice, split_words, with_option
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import memory_summary
+from meshplan.knowledge.adapter_knobs import default_render, missing_knob
 from meshplan.rl.memory import job_memory
 from meshplan.rules.engine import Context, EstimateBlocked, finding, rules_for, verdicts
 from meshplan.schema.plan import Job, Plan
@@ -35,7 +36,8 @@ def check_config(job: Job, plan: Plan, *, include_memory: bool = True) -> CheckR
         memory, note = _memory_findings(Context(job, plan), findings)
         next_steps.extend(filter(None, [note, own_ep_ranks_note(job, plan)]))  # the memory report warns it too
     ok = not any(f.severity == "error" for f in findings)
-    next_steps.extend(_next_steps(ok, structural_error, findings))
+    refusal = _render_refusal(job, plan) if ok and include_memory else None  # the search's structural form skips it
+    next_steps.extend(_next_steps(ok, structural_error, findings, refusal))
     return CheckReport(ok=ok, framework=job.framework, model=job.model.name, plan=plan, findings=findings,
                        memory=memory, next_steps=next_steps)
 
@@ -67,7 +69,23 @@ class StructuralCheck:
         return verdicts(job).first_errors_over(job, variants, base, builds)
 
 
-def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> list[str]:
+def _render_refusal(job: Job, plan: Plan) -> str | None:
+    """What `render` says where the config it writes by default has no key for a setting the plan uses beyond its
+    layout (AD001 refuses the layout's own knobs; fp8 on verl's engines is render's refusal alone), in render's words
+    (adapters/capabilities.refuse_missing: the same card function), or None where it writes them all."""
+    target = default_render(job.card, job, plan)
+    if target is None:
+        return None
+    missing = missing_knob(job.card, *target, job, plan)
+    if missing is None:
+        return None
+    version, variant = target
+    return (f"{job.card.display_name} {version} ({variant}) cannot express {missing.setting}: {missing.reason} "
+            f"({missing.instead.rstrip('.')})")
+
+
+def _next_steps(ok: bool, structural_error: bool, findings: list[Finding],
+                render_refusal: str | None = None) -> list[str]:
     if structural_error:
         ids = ", ".join(sorted({f.id for f in findings if f.severity == "error"}))
         return [f"Fix the errors ({ids}) with the values their fix names, then run `meshplan check` again; "
@@ -79,6 +97,9 @@ def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> li
                     "that fits."]
         return [f"Apply the fix{'es' if len(ids) > 1 else ''} of {', '.join(ids)}, then run `meshplan check` again; "
                 "`meshplan recommend` lists layouts that fit."]
+    if render_refusal is not None:  # the layout runs, but render refuses a setting: said here, not promised
+        return ["The layout passes every rule of its framework: `meshplan throughput` predicts its speed; "
+                f"`meshplan render` refuses it: {render_refusal}."]
     return ["The layout passes every rule of its framework: `meshplan throughput` predicts its speed, "
             "`meshplan render` writes it in the framework's own keys."]
 

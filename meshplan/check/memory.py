@@ -1,6 +1,7 @@
 """The rules that read the memory estimate (`memory: true` in cards/rules.yaml): the plan fits the GPU (MEM001, its
 fix the nearby layouts that fit, meshplan/check/alternatives.py), keeps some headroom (MEM002), the node's host
-memory holds what is offloaded (MEM003), and each RL phase fits (RL005).
+memory holds what is offloaded (MEM003), each RL phase fits (RL005), the rollout engine holds a sequence (RL006), and a
+rollout TP across nodes is told the sizes inside one whose engine holds its weights (RL004).
 
 check_config estimates the plan once and runs these over the estimate (`Context.memory_report`); each returns None
 when its rule passes, else the numbers for the card's message and fix templates.
@@ -21,6 +22,7 @@ from meshplan.estimate.memory import estimate_memory, memory_budget
 from meshplan.rl.engine import engine_kv_bytes_per_sequence, engine_weight_bytes, engine_working_bytes
 from meshplan.rl.memory import job_memory
 from meshplan.rules.engine import Context, Values, rule
+from meshplan.rules.fix_values import divisors, fmt_set
 from meshplan.rules.rollout import phase_knobs
 from meshplan.schema.reports import EngineMemory, MemoryReport
 
@@ -148,6 +150,36 @@ def _host_fix(ctx: Context, per_gpu: float, kinds: dict[str, int], budget: float
             "activations": "activation_offload", "cpu_optimizer": "optimizer_offload",
             "weights": "param_offload"}.get(biggest, f"the {biggest} offload")
     return f"Drop {knob}, use more nodes (a smaller shard per GPU), or nodes with more host memory."
+
+
+@rule("RL004")
+def rollout_tp_in_node(ctx: Context) -> Values:
+    """A rollout TP over more GPUs than the NVLink domain: the fix names the sizes inside it whose engine holds its
+    weights and one sequence in the budget this plan's engine has (RL006's arithmetic), and where none does says so
+    ('none of': check --config writes no edit) instead of naming a size the engine cannot start at (DeepSeek-V3 at
+    rollout_tp=32 was told rollout_tp=1, 1,250 GiB of weights per GPU)."""
+    job, plan = ctx.job, ctx.plan
+    domain = ctx.fast_domain
+    if plan.rollout_tp is None or plan.rollout_tp <= domain:
+        return None
+    report = ctx.memory_report
+    rollout = next((p for p in report.phases if p.phase == "rollout"), None) if report is not None else None
+    budget = rollout.engine.budget_bytes if rollout is not None and rollout.engine is not None else None
+    length = job.rl.prompt_length + job.rl.response_length
+    inside = divisors(domain)
+    holding = [tp for tp in inside if budget is None
+               or _engine_needs(job, plan.model_copy(update={"rollout_tp": tp}), length)[0] <= budget]
+    if holding:
+        fix = (f"Keep rollout_tp within the node (rollout_tp in {fmt_set(holding)}) and add replicas or rollout EP "
+               "(= TP x DP) instead")
+    else:
+        need = _engine_needs(job, plan.model_copy(update={"rollout_tp": domain}), length)[0]
+        fix = (f"None of the rollout_tp inside the {domain}-GPU domain ({fmt_set(inside)}) holds the engine's weights "
+               f"and one sequence (it needs {gib(need)} per GPU at rollout_tp={domain}; the engine has "
+               f"{gib(budget)}): keep rollout_tp={plan.rollout_tp}")
+    gpu = job.gpu
+    return {"tp": plan.rollout_tp, "domain": domain, "net": f"{gpu.network_bandwidth / 1e9:.0f}",
+            "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}", "fix": fix}
 
 
 @rule("RL005")

@@ -170,6 +170,13 @@ def names_no_model(value: Any) -> bool:
     return isinstance(value, str) and not value.strip()
 
 
+def model_required() -> MeshplanError:
+    """A request or a describe that names no model, in every face's words (the CLI has no list_models)."""
+    return MeshplanError("A model is required.",
+                         fix="Name the model (MODEL or --model; MCP: model): a catalog key (meshplan models; MCP: "
+                             "list_models), a Hugging Face id, a config.json path, or a size such as '70B'.")
+
+
 def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Request:
     """A `Request` from loose values, as every face receives them: unknown names are errors naming the closest
     field, and a null (or absent) optional field stays open for resolve() and the search to fill."""
@@ -186,10 +193,7 @@ def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Req
     try:
         if "model" not in fields:  # the other values are checked first, as MCP's argument check does before this
             Request.model_validate({**fields, "model": "unnamed"})
-            raise MeshplanError("A model is required.",  # every face's words: the CLI has no list_models
-                                fix="Name the model (MODEL or --model; MCP: model): a catalog key (meshplan models; "
-                                    "MCP: list_models), a Hugging Face id, a config.json path, or a size such as "
-                                    "'70B'.")
+            raise model_required()
         return Request.model_validate(fields)
     except ValidationError as exc:
         raise request_error(exc) from exc

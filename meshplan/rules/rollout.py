@@ -1,5 +1,6 @@
-"""The structural RL rollout rules of cards/rules.yaml (RL001-RL004, RL007): the rollout engine's layout against the
-framework's own checks. RL005, whether each RL phase fits, reads the memory estimate (meshplan/check/memory.py).
+"""The structural RL rollout rules of cards/rules.yaml (RL001-RL003, RL007): the rollout engine's layout against the
+framework's own checks. RL004 (rollout TP across nodes, whose fix names only the sizes whose engine holds the weights)
+and RL005, whether each RL phase fits, read the memory estimate (meshplan/check/memory.py).
 
 Each condition returns None when its rule passes (or the job is not an RL job), else the numbers for the card's
 message and fix templates; the facts they test are in the framework cards' `rl` sections
@@ -8,7 +9,6 @@ message and fix templates; the facts they test are in the framework cards' `rl` 
 
 from __future__ import annotations
 
-from meshplan.arithmetic import mesh
 from meshplan.knowledge.cards import FrameworkCard
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import divisors, fmt_set, neighbours
@@ -69,19 +69,6 @@ def colocated_spans_trainer(ctx: Context) -> Values:
     if p.rollout_gpus is None or p.rollout_gpus == ctx.world:
         return None
     return {"gpus": p.rollout_gpus, "trainer": ctx.world, "framework": ctx.framework}
-
-
-@rule("RL004", reads=("rollout_tp",))
-def rollout_tp_in_node(ctx: Context) -> Values:
-    p = ctx.plan
-    if p.rollout_tp is None:
-        return None
-    domain = mesh.job_domain(ctx.job)
-    if p.rollout_tp <= domain:
-        return None
-    gpu = ctx.job.gpu
-    return {"tp": p.rollout_tp, "domain": domain, "net": f"{gpu.network_bandwidth / 1e9:.0f}",
-            "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}", "working": fmt_set(divisors(domain))}
 
 
 def phase_knobs(card: FrameworkCard, plan: Plan) -> list[str]:

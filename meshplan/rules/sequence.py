@@ -1,5 +1,6 @@
-"""The sequence rules of cards/rules.yaml (CP*, TT002, UL001, SQ*): context-parallel and Ulysses splits of the
-sequence (and a model whose attention takes none), and a sequence longer than the positions the model knows.
+"""The sequence rules of cards/rules.yaml (CP*, TT002, SP004, UL001, SQ*): context-parallel, sequence-parallel and
+Ulysses splits of the sequence (and a model whose attention takes none), and a sequence longer than the positions the
+model knows.
 
 Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
 it states the framework's own test (the source the card names), not a tidier version of it.
@@ -8,7 +9,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import BATCH_READS, LISTED, divisors, fmt_set, layout_words, neighbours
+from meshplan.rules.fix_values import BATCH_READS, LISTED, divisors, fmt_set, layout_words, lcm, neighbours
 from meshplan.rules.world import tiling
 
 
@@ -93,6 +94,20 @@ def torchtitan_sequence_divisible(ctx: Context) -> Values:
         return None
     return {"seq": seq, "unit": unit, "seqs": neighbours(seq, unit)}
 
+
+
+@rule("SP004", reads=("tp", "cp", "sequence_parallel", "tp_comm_overlap"))
+def megatron_sequence_parallel_divisible(ctx: Context) -> Values:
+    """Megatron-Core's sequence parallelism scatters each CP rank's [s/cp, b, h] embeddings over tp along s, and its
+    split asserts the length divides (Megatron-LM's start-up checks s against 2*cp alone: CP001). The fix's lengths
+    are multiples of both splits; sequence parallelism off is named only where the TP overlap does not need it
+    (TP005)."""
+    p, seq = ctx.plan, ctx.job.seq_length
+    if not p.sequence_parallel or p.tp == 1 or seq % (p.cp * p.tp) == 0:
+        return None
+    unit = lcm(2 * p.cp if p.cp > 1 else 1, p.cp * p.tp)
+    return {"seq": seq, "cp": p.cp, "tp": p.tp, "split": p.cp * p.tp, "seqs": neighbours(seq, unit),
+            "or_off": "" if p.tp_comm_overlap else ", or sequence_parallel=false"}
 
 
 @rule("UL001", reads=("tp", "pp", "cp", "ep", "etp"))

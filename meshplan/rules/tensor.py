@@ -169,7 +169,7 @@ def skyrl_sets_sp(ctx: Context) -> Values:
     derived = ctx.plan.tp > 1
     if ctx.plan.sequence_parallel == derived:
         return None
-    return {"given": ctx.plan.sequence_parallel, "derived": derived, "tp": ctx.plan.tp}
+    return {"given": str(ctx.plan.sequence_parallel).lower(), "derived": str(derived).lower(), "tp": ctx.plan.tp}
 
 
 @rule("TP007", reads=("tp", "pp", "cp", "ep", "etp"))

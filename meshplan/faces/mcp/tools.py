@@ -190,7 +190,9 @@ def _takes_text(annotation: Any) -> bool:
 
 def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Callable[..., Any]:
     """Validate a call against the tool's input schema: an unknown name is an error naming the closest field, and a
-    value of another JSON type than the schema's is refused (strict, as `Request` is on every face)."""
+    value of another JSON type than the schema's is refused (strict, as `Request` is on every face). A null for an
+    argument with a default is that argument left out, as parse_request reads a null on every other face (a batch
+    line's "seq_length": null took 4096 where this tool said 'Input should be a valid integer (got None)')."""
 
     @functools.wraps(fn)
     def call(**arguments: Any) -> Any:
@@ -198,6 +200,8 @@ def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Call
             for name in arguments:
                 if name not in arg_model.model_fields:  # named as every face names a request's fields
                     raise unknown_field_error(name, [f for f in arg_model.model_fields if f not in CONFIG_NAMES])
+            arguments = {name: value for name, value in arguments.items()
+                         if value is not None or arg_model.model_fields[name].is_required()}
             if (first := getattr(fn, "check_first", None)) is not None:  # a refusal worded by its one home
                 first(arguments)
             validated = arg_model.model_validate(arguments, strict=True)  # Request's types: no `true` as 1, no "8"
