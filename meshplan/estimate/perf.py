@@ -82,7 +82,7 @@ from meshplan.estimate.tp_overlap import tp_input_ops, tp_overlap_mode, tp_sms
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.knowledge.tp_card import head_tp
-from meshplan.rules.context import rank_tokens, runs_torch_cp, runs_ulysses
+from meshplan.rules.context import rank_tokens, ring_repeats_kv, runs_torch_cp, runs_ulysses
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import PLAN_LIST_FIELDS, Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
@@ -425,8 +425,7 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         lora_engine=lora_engine(job.card, plan.zero_stage) if job.lora else None,
         eager=eager, hf_eager=hf_eager_code(job, plan), experts_fused=experts_fused(job), attention_fraction=fraction,
         attention_kernel=kernel, ulysses=runs_ulysses(job.card, plan.zero_stage), mla_v_pad=flash and conv.mla_v_pad,
-        torch_cp=runs_torch_cp(job.card, plan.zero_stage),
-        kv_repeated=job.card.engine.torch_cp is not None and job.card.engine.torch_cp.repeats_kv(job.framework_version),
+        torch_cp=runs_torch_cp(job.card, plan.zero_stage), kv_repeated=ring_repeats_kv(job, plan.zero_stage),
         qkv_separate=convention(job.card, plan.zero_stage, job.framework_version)[1].qkv_projections == "separate",
         gather_dispatch=job.card.moe_dispatch is not None and job.card.moe_dispatch.alltoall_as == "allgather",
         tp_overlap_mode=tp_overlap_mode(job.card, plan), tp_rs_splits=overlap.rs_splits,
