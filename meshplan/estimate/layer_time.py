@@ -126,7 +126,7 @@ def attention_widths(ctx: LayerContext) -> dict[str, float]:
     heads = arch.num_attention_heads / sh.tp
     if arch.mla is not None:
         m = arch.mla
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        qk = m.qk_head_dim
         query, key_value = heads * qk, heads * (qk + m.v_head_dim)
         normed = m.kv_lora_rank + (m.q_lora_rank or 0)
     else:
