@@ -1,5 +1,5 @@
 """A card's per-release fact stated for a release line (knowledge/release_lines.py), the one match every reader of such
-a fact uses."""
+a fact uses, and the micro-batches per step every reader counts (schema/plan.step_microbatches)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.release_lines import in_any_line, in_line, longest_line
+from meshplan.schema.plan import Plan, step_microbatches
 
 
 @pytest.mark.parametrize(("release", "line", "holds"), [
@@ -32,3 +33,9 @@ def test_torchtitans_loss_is_its_lines():
     card = framework_card("torchtitan")
     assert [card.convention_for(v) for v in ("0.1.0", "0.2", "0.2.2", "0.3.0", "0.20.0", None)] == \
         ["fsdp2", "fsdp2", "fsdp2", "fsdp2_chunked_loss", "fsdp2_chunked_loss", "fsdp2_chunked_loss"]
+
+
+@pytest.mark.parametrize(("gbs", "mbs", "dp", "m"), [(256, 2, 8, 16), (256, 4, 8, 8), (7, 2, 2, 1), (4, 4, 4, 1)])
+def test_micro_batches_per_step_are_the_global_batch_over_micro_batch_times_dp(gbs, mbs, dp, m):
+    assert step_microbatches(gbs, mbs, dp) == m  # at least one, as every reader takes it
+    assert Plan(dp=dp, micro_batch_size=mbs).num_microbatches(gbs) == m
