@@ -298,3 +298,10 @@ def test_classic_families_alibi_and_parallel_attention():
     assert gptj.parallel_attention and gptj.norms_per_layer == 1 and not gptj.qkv_bias and gptj.output_bias
     assert gptj.rope.fraction == 0.5  # rotary_dim 8 of a 16-wide head
     assert total_params(gptj) == 2 * (4 * h * h + 2 * (4 * h * h) + 5 * h + 2 * h) + 100 * h + 2 * h + 100 * h + 100
+
+
+def test_mla_query_key_head_width_is_its_two_parts():
+    """MLASpec.qk_head_dim, the one count of MLA's Q/K head width: DeepSeek-V3's 128 position-free + 64 rotary, the
+    head_dim the reader gives the model."""
+    arch = resolve_model("deepseek-v3")
+    assert arch.mla.qk_head_dim == 192 == arch.mla.qk_nope_head_dim + arch.mla.qk_rope_head_dim == arch.head_dim

@@ -8,6 +8,8 @@ import random
 
 import pytest
 
+from meshplan.arithmetic.flops import weight_gradient_share
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.pipeline_floor import FLOOR_MARGIN, chain_floor
 from meshplan.arithmetic.pipeline_timeline import Shape, replays_whole, shape_for, simulate
 from meshplan.estimate import perf
@@ -139,7 +141,7 @@ def test_the_output_layer_runs_on_the_last_chunk_of_its_rank():
     terms = step_terms(job, plan)
     inp = terms.inputs
     shape, _ = perf._pipeline_shape(terms.m, inp)
-    fwd, bwd, last = perf._chunk_seconds(terms.rows, shape, inp)
+    fwd, bwd, last, _ = perf._chunk_seconds(terms.rows, shape, inp)
     owner = inp.pipeline.head_rank
     assert owner == shape.rank_of(shape.stages - 1) == 3 and inp.head > 0 and last is not None
     assert last[0] - fwd[owner] == pytest.approx(inp.head / 3)
@@ -165,9 +167,38 @@ def test_a_split_that_counts_the_loss_leaves_the_heads_chunk_its_own_layers():
     owner = inp.pipeline.head_rank
     assert [len(c) for c in inp.pipeline.chunks[owner]] == [2] * 7 + [1]
     shape, _ = perf._pipeline_shape(terms.m, inp)
-    fwd, bwd, last = perf._chunk_seconds(terms.rows, shape, inp)
+    fwd, bwd, last, _ = perf._chunk_seconds(terms.rows, shape, inp)
     assert last is not None
     rest = terms.rows[owner].total - inp.head
     assert fwd[owner] + bwd[owner] == pytest.approx(rest * 2 / 15)
     assert last[0] + last[1] == pytest.approx(rest / 15 + inp.head)
+    assert terms.floor <= estimate_throughput(job, plan).step_time_s
+
+
+def test_the_head_ranks_weight_gradients_split_over_its_chunks_and_the_head():
+    """Where the order runs weight gradients apart (torchtitan's interleaved zero bubble), _chunk_seconds splits them
+    with the chunks: each rank's part of a chunk's backward is the weight gradients' share of its backward compute over
+    its chunks; on the head's rank its layers' part by its chunks' backward seconds, the head's own on the last chunk
+    alone, summing to the rank's share; without the share nothing is split and the chunks' seconds are the same."""
+    job, plan = resolve(Request(model="llama-3.1-70b", num_gpus=32, gpu="h100", framework="torchtitan", tp=8, pp=4,
+                                vpp=4, pipeline_schedule="zero_bubble", micro_batch_size=1, global_batch_size=64))
+    terms = step_terms(job, plan)
+    inp, rows = terms.inputs, terms.rows
+    shape, _ = perf._pipeline_shape(terms.m, inp)
+    assert shape.order == "interleaved_zero_bubble"
+    share = weight_gradient_share(inp.ctx.arch, job.seq_length)
+    chunks = perf._chunk_seconds(rows, shape, inp, share)
+    owner = inp.pipeline.head_rank
+    assert chunks.last is not None and inp.head > 0
+    for rank, row in enumerate(rows):
+        if rank != owner:
+            assert chunks.wgrad[rank] == pytest.approx(share * (row.compute - row.fwd) / shape.vpp)
+    row = rows[owner]
+    assert (shape.vpp - 1) * chunks.wgrad[owner] + chunks.last[2] == pytest.approx(share * (row.compute - row.fwd))
+    head_bwd = inp.head - inp.head / TRAINING_PASSES_PER_FORWARD
+    assert chunks.wgrad[owner] / chunks.bwd[owner] == pytest.approx(
+        (chunks.last[2] - share * head_bwd) / (chunks.last[1] - head_bwd))  # layers' part per layers' backward second
+    plain = perf._chunk_seconds(rows, shape, inp)
+    assert plain.wgrad is None and plain.last == (*chunks.last[:2], 0.0)
+    assert (plain.fwd, plain.bwd) == (chunks.fwd, chunks.bwd)
     assert terms.floor <= estimate_throughput(job, plan).step_time_s

@@ -8,7 +8,14 @@ import pytest
 
 from meshplan.arithmetic.flops import model_flops_per_token, noncausal_flops_per_token
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.published_runs import run_day, tflops_causal_full
+from meshplan.knowledge.published_runs import (
+    main_snapshot,
+    read_run_day,
+    release_ran,
+    run_day,
+    tflops_causal_full,
+    torchtitan_pipeline_microbatches,
+)
 
 
 @pytest.mark.parametrize(
@@ -59,3 +66,26 @@ def test_the_full_count_adds_the_causal_half_of_the_core(seq):
     # at 1M tokens the core is nearly all the work: the full count is nearly twice the halved one
     if seq == 1048576:
         assert noncausal_flops_per_token(arch, seq) / model_flops_per_token(arch, seq) > 1.9
+
+
+@pytest.mark.parametrize(
+    ("when", "day", "leads", "main"),
+    [
+        ("2025-10-02 (main branch)", "2025-10-02", True, True),
+        ("2025-08 (torchtitan 6fc499f, torch 2.9.0.dev20250815)", "2025-08", True, False),
+        ("PR #3107 (2026-04); card validated 2026-07-26", "2026-04", False, False),  # a date further in leads nothing
+        ("NeMo 24.07", "2024-07", False, False),  # a container tag dates the run, not a release of theirs
+        ("2025-2026", None, False, False),
+        (None, None, False, False),
+    ],
+)
+def test_every_date_reader_reads_one_run_day(when, day, leads, main):
+    """One reading of a row's date (published_runs.read_run_day) serves every reader: the releases, the torchtitan
+    micro-batch default and the main-branch snapshot take only a date that opens the row's words."""
+    dated = read_run_day("", when)
+    assert (dated.day, dated.leads, dated.main_branch) == (day, leads, main)
+    assert main_snapshot(when) == (f"main@{day}" if leads and main and len(day) == 10 else None)
+    assert release_ran("torchtitan", when) == ("0.1" if leads else None)  # every leading date here before 6a3a9da95
+    assert torchtitan_pipeline_microbatches(when, 4, 2) is None  # every leading date here is after 5e2033c
+    assert torchtitan_pipeline_microbatches("2024-12", 4, 2) == 4  # before 90567fc: the pipeline degree
+    assert torchtitan_pipeline_microbatches("2025-02", 4, 2) == 8  # then the stages

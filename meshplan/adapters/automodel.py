@@ -107,7 +107,7 @@ def batch_section(job: Job, plan: Plan) -> tuple[Section, list[str]]:
     """step_scheduler: global_batch_size and local_batch_size. With PP the local batch is the pipeline's batch, cut
     into local_batch_size // pp_microbatch_size micro-batches (recipes/llm/train_ft.py); without PP it is one
     forward's batch and StepScheduler accumulates global / (local x dp) of them."""
-    microbatches = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
+    microbatches = plan.num_microbatches(job.global_batch_size)
     per_run = plan.pipeline_microbatches or microbatches  # Plan.pipeline_microbatches: one run of the schedule
     local = plan.micro_batch_size * per_run if plan.pp > 1 else plan.micro_batch_size
     note = (f"local_batch_size={local}: one pipeline pass of {per_run} micro-batches of pp_microbatch_size="

@@ -235,7 +235,7 @@ def build_kempnerforge(job: Job, plan: Plan, variant: str, version: str) -> Buil
     replicate, shard = _dp(plan)
     distributed = [("dp_shard", shard), ("dp_replicate", replicate), ("tp", plan.tp), ("pp", plan.pp),
                    ("pp_schedule", plan.pipeline_schedule or "1f1b"), ("cp", plan.cp), ("ep", plan.ep)]
-    accumulation = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
+    accumulation = plan.num_microbatches(job.global_batch_size)
     train = [("batch_size", plan.micro_batch_size), ("grad_accum_steps", accumulation),
              ("seq_len", job.seq_length), ("mixed_precision", job.precision),
              ("activation_checkpointing", plan.recompute),

@@ -110,7 +110,7 @@ def _attention_per_layer(arch: Architecture, seq_length: int) -> float:
     s = 2 * attended_keys(arch, seq_length)  # the full causal count's s, or what the windows leave of it
     if arch.mla is not None:
         m = arch.mla
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        qk = m.qk_head_dim
         q_term = h * a * qk if not m.q_lora_rank else m.q_lora_rank * (h + a * qk + 1)
         per_token = (
             q_term
@@ -215,7 +215,7 @@ def _core_flops_per_key(arch: Architecture) -> float:
     backward: 6 x 2 x heads x (QK width + V width) / 2 as Megatron's attention term has it."""
     if arch.mla is not None:
         m = arch.mla
-        return 6 * arch.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        return 6 * arch.num_attention_heads * (m.qk_head_dim + m.v_head_dim)
     return 12 * arch.head_dim * arch.num_attention_heads
 
 
@@ -298,7 +298,7 @@ def attention_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
     heads = a / t
     if arch.mla is not None:
         m = arch.mla
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        qk = m.qk_head_dim
         out = []
         if m.q_lora_rank:
             # Megatron-Core keeps the down-projections replicated across TP ranks.
@@ -391,7 +391,7 @@ def attention_core_flops(arch: Architecture, sh: Shard, seq_length: int,
     heads = arch.num_attention_heads / sh.tp
     if arch.mla is not None:
         m = arch.mla
-        width = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
+        width = m.qk_head_dim + m.v_head_dim
     else:
         width = 2 * arch.head_dim
     return 2.0 * sh.tokens * attended_keys(arch, seq_length, tiles) * heads * width

@@ -263,7 +263,7 @@ def mla_linears(arch: Architecture) -> list[Adapted]:
     if arch.mla is None:
         return []
     h, mla, heads = arch.hidden_size, arch.mla, arch.num_attention_heads
-    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    qk = mla.qk_head_dim
     if mla.q_lora_rank:
         out = [Adapted(target="linear_q_down_proj", inputs=h, outputs=mla.q_lora_rank, column=True),
                Adapted(target="linear_q_up_proj", inputs=mla.q_lora_rank, outputs=heads * qk, column=True)]

@@ -114,7 +114,7 @@ def unfused_attention_seconds(ctx: LayerContext) -> tuple[float, float]:
     arch, sh, cal = ctx.arch, ctx.shard, ctx.cal
     heads = arch.num_attention_heads / sh.tp
     if arch.mla is not None:
-        qk_width = arch.mla.qk_nope_head_dim + arch.mla.qk_rope_head_dim
+        qk_width = arch.mla.qk_head_dim
         v_width = arch.mla.v_head_dim
     else:
         qk_width = v_width = arch.head_dim

@@ -50,7 +50,7 @@ def kv_width(arch: Architecture, tp: int) -> float:
         return m.kv_lora_rank + m.qk_rope_head_dim + arch.dsa.index_head_dim
     if arch.mla is not None:
         m = arch.mla
-        return arch.num_attention_heads / tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        return arch.num_attention_heads / tp * (m.qk_head_dim + m.v_head_dim)
     return 2 * (-(-arch.num_kv_heads // tp)) * arch.head_dim
 
 
@@ -59,7 +59,7 @@ def q_out_width(arch: Architecture, tp: int) -> float:
     heads = arch.num_attention_heads / tp
     if arch.mla is not None:
         m = arch.mla
-        return heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        return heads * (m.qk_head_dim + m.v_head_dim)
     return 2 * heads * arch.head_dim
 
 
@@ -83,7 +83,7 @@ def ulysses_widths(arch: Architecture, degree: int, v_pad: bool) -> tuple[float,
     head width first, the convention's mla_v_pad; the output is sliced back only after its all-to-all)."""
     if arch.mla is not None:
         m = arch.mla
-        qk = arch.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        qk = arch.num_attention_heads * m.qk_head_dim
         v = qk if v_pad else arch.num_attention_heads * m.v_head_dim
         return qk, qk, v, v
     heads, kv = arch.num_attention_heads * arch.head_dim, ulysses_heads(arch.num_kv_heads, degree) * arch.head_dim
@@ -115,7 +115,7 @@ def torch_ring_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: 
     heads = arch.num_attention_heads / plan.tp
     kv = 2 * heads * arch.head_dim if ctx.kv_repeated else kv_width(arch, plan.tp)  # K + V elements per token
     out = heads * (arch.mla.v_head_dim if arch.mla is not None else arch.head_dim)
-    q = heads * (arch.mla.qk_nope_head_dim + arch.mla.qk_rope_head_dim if arch.mla is not None else arch.head_dim)
+    q = heads * (arch.mla.qk_head_dim if arch.mla is not None else arch.head_dim)
     tokens, steps = ctx.shard.tokens, c - 1
     fwd_bytes = tokens * (kv * TORCH_CP_KV_FWD_PER_STEP * c
                           + out * (TORCH_CP_OUT_FWD_FIXED + TORCH_CP_OUT_FWD_PER_STEP * steps))

@@ -21,7 +21,7 @@ from meshplan.arithmetic.memory_states import (
 )
 from meshplan.core.units import GIB
 from meshplan.estimate.layer_records import scope_memo
-from meshplan.estimate.memory_terms import MemoryTerms, StageParams
+from meshplan.estimate.memory_terms import MemoryTerms, StageParams, layer_on_rank
 from meshplan.schema.reports import StageMemory
 
 
@@ -529,8 +529,7 @@ def layer_units(table, per_kind: dict, tensors: list, dense_dp: int, expert_dp: 
             working = per_kind[(moe, "none")] - stored
         else:
             working = 0.0
-        dense = table.tp_sharded[i] / tp + table.replicated[i]
-        experts = table.experts[i] / ep_etp
+        dense, experts = layer_on_rank(table, i, tp, ep_etp)
         grads = worked.get((dense, experts))
         if grads is None:
             grads = worked[(dense, experts)] = unit_grads(tensors, dense_dp, expert_dp, dense, experts)

@@ -30,8 +30,8 @@ from meshplan.estimate.layer_records import (
     layer_key,
     scope_memo,
 )
-from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds, gemm_time, layer_overhead
-from meshplan.estimate.moe_time import backward_launch_wait, busiest_rank_experts, exposed_ep
+from meshplan.estimate.layer_time import assembled_layer_time, elementwise_load, elementwise_seconds, gemm_time
+from meshplan.estimate.moe_time import busiest_rank_experts
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
 from meshplan.schema.model import LAYER_KINDS, MIXER_KINDS
@@ -72,21 +72,14 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
     elementwise = elementwise_seconds(ctx, load)
     # conv, scan or chunked rule and gated norm: a third in the forward
     mixer = mamba_mixer_seconds(ctx) if kind == "M" else gdn_mixer_seconds(ctx) if kind == "G" else 0.0
-    overhead = layer_overhead(ctx, moe)
-    copy = load.weight_copy_bytes / ctx.hbm
-    fwd_compute = gemm_fwd + attention_fwd + (elementwise + mixer - copy) / TRAINING_PASSES_PER_FORWARD + copy
-    if moe and ctx.lora is None:  # the backward waiting for its experts' launches (layer_time's)
-        gemm += backward_launch_wait(ctx, gemm + attention + elementwise + mixer - fwd_compute)
     tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms, pairs=layer_pairs(ctx, kind))
-    cp_fwd, cp = cp_time(ctx, attention_fwd, attention) if kind == "*" else mamba_cp(ctx) if kind == "M" \
+    cp = cp_time(ctx, attention_fwd, attention) if kind == "*" else mamba_cp(ctx) if kind == "M" \
         else gdn_cp(ctx) if kind == "G" else (0.0, 0.0)
-    compute = gemm + attention + elementwise + mixer + overhead
-    ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
     forwards = gdn_recomputed_forwards if kind == "G" else recomputed_forwards
-    return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise + mixer, overhead=overhead, tp=tp,
-                     tp_fwd=tp * tp_fwd_share, cp=cp, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
-                     attention_fwd=attention_fwd,
-                     later=partial(forwards, ctx, gemms, load, elementwise, terms))
+    later = partial(forwards, ctx, gemms, load, elementwise, terms)
+    return assembled_layer_time(ctx, moe, load, gemm=gemm, gemm_fwd=gemm_fwd, attention_fwd=attention_fwd,
+                                attention=attention, elementwise=elementwise, mixer=mixer, tp=tp,
+                                tp_fwd_share=tp_fwd_share, cp=cp, later=later)
 
 
 def gdn_recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad, elementwise: float,

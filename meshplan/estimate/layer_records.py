@@ -72,7 +72,7 @@ class LayerContext:
     gather_dispatch: bool = False  # the non-flex MoE dispatcher gathers the EP group's tokens (moe_time.gather_ep)
     ulysses: bool = False  # cp is Ulysses sequence parallelism on this engine (rules/context.runs_ulysses)
     torch_cp: bool = False  # cp is torch's context_parallel ring on this engine (rules/context.runs_torch_cp)
-    kv_repeated: bool = False  # ... with K and V repeated to every query head before SDPA (TorchRingCp.repeats_kv)
+    kv_repeated: bool = False  # ... with K and V repeated to every query head before SDPA (context.ring_repeats_kv)
     mla_v_pad: bool = False  # MLA's V padded to the QK head width for flash attention (the convention's mla_v_pad)
     qkv_separate: bool = False  # Q, K, V as three linears (the convention's qkv_projections): op-level SAC counts each
     tp_overlap_mode: str = "fraction"  # which TP collectives run beside a GEMM (tp_overlap_mode; tp_hidden)

@@ -38,19 +38,32 @@ def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
     attention_fwd, attention = attention_seconds(ctx)
     load = elementwise_load(ctx, moe)
     elementwise = elementwise_seconds(ctx, load)
+    tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms)
+    return assembled_layer_time(ctx, moe, load, gemm=gemm, gemm_fwd=gemm_fwd, attention_fwd=attention_fwd,
+                                attention=attention, elementwise=elementwise, mixer=0.0, tp=tp,
+                                tp_fwd_share=tp_fwd_share, cp=cp_time(ctx, attention_fwd, attention),
+                                later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms))
+
+
+def assembled_layer_time(ctx: LayerContext, moe: bool, load: ElementwiseLoad, *, gemm: float, gemm_fwd: float,
+                         attention_fwd: float, attention: float, elementwise: float, mixer: float, tp: float,
+                         tp_fwd_share: float, cp: tuple[float, float], later) -> LayerTime:
+    """One layer's LayerTime from its parts (layer_time's and hybrid_time.hybrid_layer_time's, one home): the
+    forward's share of its compute (the GEMMs' and attention's forward, a third of the memory-bound passes and of a
+    Mamba-2 or Gated DeltaNet `mixer`'s, the stacked expert weights' copy all in the forward), an MoE layer's backward
+    waiting for its experts' launches beyond what its other work hides, its overhead and exposed EP all-to-all; `cp`
+    the (forward, whole) CP seconds. A layer without a mixer passes 0.0, which adds nothing to any sum."""
     overhead = layer_overhead(ctx, moe)
     copy = load.weight_copy_bytes / ctx.hbm  # all in the forward (stacked weights), the rest a third of the passes
-    fwd_compute = gemm_fwd + attention_fwd + (elementwise - copy) / TRAINING_PASSES_PER_FORWARD + copy
+    fwd_compute = gemm_fwd + attention_fwd + (elementwise + mixer - copy) / TRAINING_PASSES_PER_FORWARD + copy
     if moe and ctx.lora is None:  # the backward waiting for its experts' launches beyond what its other work hides
-        gemm += backward_launch_wait(ctx, gemm + attention + elementwise - fwd_compute)
-    tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms)
-    cp_fwd, cp = cp_time(ctx, attention_fwd, attention)
-    compute = gemm + attention + elementwise + overhead  # LayerTime.compute
+        gemm += backward_launch_wait(ctx, gemm + attention + elementwise + mixer - fwd_compute)
+    compute = gemm + attention + elementwise + mixer + overhead  # LayerTime.compute
     ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
-    return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise, overhead=overhead, tp=tp,
-                     tp_fwd=tp * tp_fwd_share, cp=cp, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
-                     attention_fwd=attention_fwd,
-                     later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms))
+    cp_fwd, cp_seconds = cp
+    return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise + mixer, overhead=overhead, tp=tp,
+                     tp_fwd=tp * tp_fwd_share, cp=cp_seconds, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
+                     attention_fwd=attention_fwd, later=later)
 
 
 def overlapped_twin(ctx: LayerContext, plain: LayerTime) -> LayerTime:
@@ -126,7 +139,7 @@ def attention_widths(ctx: LayerContext) -> dict[str, float]:
     heads = arch.num_attention_heads / sh.tp
     if arch.mla is not None:
         m = arch.mla
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        qk = m.qk_head_dim
         query, key_value = heads * qk, heads * (qk + m.v_head_dim)
         normed = m.kv_lora_rank + (m.q_lora_rank or 0)
     else:

@@ -34,6 +34,7 @@ from meshplan.estimate.memory_terms import (
     STATES_UNREAD_FIELDS,
     MemoryTerms,
     StageParams,
+    layer_on_rank,
     param_table,
     stage_params,
     vision_weight_bytes,
@@ -602,10 +603,8 @@ def gathered_units(terms: MemoryTerms, params: StageParams) -> float:
     """FSDP/ZeRO-3's gathered units at the worst unit's backward (memory_states.gathered_transient; LoRA's frozen
     base: frozen_gathered_transient) over the stage's units in forward order: embedding, decoder layers, output layer
     (with the final norm)."""
-    plan, table = terms.plan, terms.table
     units = [params.embedding] if params.first else []
-    units += [table.tp_sharded[i] / plan.tp + table.replicated[i]
-              + unit_experts(terms, table.experts[i] / (plan.ep * plan.etp)) for i in params.layers]
+    units += layer_unit_params(terms, params.layers)
     units += [params.output_layer + terms.norm_width] if params.last else []
     return (frozen_gathered_transient if terms.job.lora is not None else gathered_transient)(terms.conv, units)
 
@@ -619,16 +618,27 @@ def forward_gathered(terms: MemoryTerms, params: StageParams) -> float:
     where untied, then the decoder layers."""
     if not terms.gathered:
         return 0.0
-    conv, plan, table = terms.conv, terms.plan, terms.table
+    conv = terms.conv
     running = conv.unsharded_param_bytes or conv.prefetched_bytes
     tied = params.first and params.last and not params.output_layer
     root = (params.output_layer + terms.norm_width if params.last else 0.0) + (params.embedding if tied else 0.0)
     units = [params.embedding] if params.first and not tied else []
-    units += [table.tp_sharded[i] / plan.tp + table.replicated[i]
-              + unit_experts(terms, table.experts[i] / (plan.ep * plan.etp)) for i in params.layers]
+    units += layer_unit_params(terms, params.layers)
     step = max((running * p + conv.prefetched_bytes * (units[k + 1] if k + 1 < len(units) else 0.0)
                 for k, p in enumerate(units)), default=0.0)
     return running * root + step
+
+
+def layer_unit_params(terms: MemoryTerms, layers) -> list[float]:
+    """Each of these decoder layers' FSDP unit on this rank, in order: its dense parameters and the routed experts the
+    unit holds (memory_terms.layer_on_rank, unit_experts)."""
+    plan, table = terms.plan, terms.table
+    split = plan.ep * plan.etp
+    units = []
+    for i in layers:
+        dense, routed = layer_on_rank(table, i, plan.tp, split)
+        units.append(dense + unit_experts(terms, routed))
+    return units
 
 
 def unit_experts(terms: MemoryTerms, experts: float) -> float:

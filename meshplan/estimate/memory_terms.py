@@ -124,9 +124,8 @@ class RankParts(NamedTuple):
     # weights only, not in held (vision_weight_bytes)
 
     def layer(self, i: int) -> tuple[float, float]:
-        """(dense, routed) parameters of decoder layer `i` on this rank."""
-        return (self.table.tp_sharded[i] / self.tp + self.table.replicated[i],
-                self.table.experts[i] / self.expert_split)
+        """(dense, routed) parameters of decoder layer `i` on this rank (layer_on_rank)."""
+        return layer_on_rank(self.table, i, self.tp, self.expert_split)
 
     def sums(self, layers) -> tuple[int, int, int]:
         """These decoder layers' parameters, unsharded: (what TP splits, what it keeps whole, routed experts)."""
@@ -159,6 +158,13 @@ class RankParts(NamedTuple):
             dense += mtp_sharded / self.tp + mtp_repl
             experts += mtp_experts / self.expert_split
         return dense, experts
+
+
+def layer_on_rank(table: ParamTable, i: int, tp: int, expert_split: int) -> tuple[float, float]:
+    """(dense, routed) parameters of decoder layer `i` on one rank: its TP shard with what TP keeps whole, its routed
+    experts over EP x ETP (`expert_split`). The one per-layer split RankParts, the memory's FSDP units
+    (memory_stage.layer_unit_params) and FSDP2's backward walk (fsdp_walk) read."""
+    return table.tp_sharded[i] / tp + table.replicated[i], table.experts[i] / expert_split
 
 
 def table_sums(table: ParamTable, layers) -> tuple[int, int, int]:

@@ -88,7 +88,7 @@ from meshplan.estimate.tp_overlap import (
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.knowledge.tp_card import head_tp
-from meshplan.rules.context import rank_tokens, runs_torch_cp, runs_ulysses
+from meshplan.rules.context import rank_tokens, ring_repeats_kv, runs_torch_cp, runs_ulysses
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import PLAN_LIST_FIELDS, Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
@@ -174,7 +174,7 @@ class StepTerms(NamedTuple):
         if self.plan.pp > 1:
             shape, runs = _pipeline_shape(self.m, self.inputs)
             if replays_whole(shape):
-                fwd, bwd, last = _chunk_seconds(self.rows, shape, self.inputs)
+                fwd, bwd, last, _ = _chunk_seconds(self.rows, shape, self.inputs)
                 if last is not None:  # chain_floor's rank seconds at most each of its chunks', the last one's excess
                     owner = self.inputs.pipeline.head_rank
                     fwd[owner], bwd[owner] = min(fwd[owner], last[0]), min(bwd[owner], last[1])
@@ -433,8 +433,7 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         lora_engine=lora_engine(job.card, plan.zero_stage) if job.lora else None,
         eager=eager, hf_eager=hf_eager_code(job, plan), experts_fused=experts_fused(job), attention_fraction=fraction,
         attention_kernel=kernel, ulysses=runs_ulysses(job.card, plan.zero_stage), mla_v_pad=flash and conv.mla_v_pad,
-        torch_cp=runs_torch_cp(job.card, plan.zero_stage),
-        kv_repeated=job.card.engine.torch_cp is not None and job.card.engine.torch_cp.repeats_kv(job.framework_version),
+        torch_cp=runs_torch_cp(job.card, plan.zero_stage), kv_repeated=ring_repeats_kv(job, plan.zero_stage),
         qkv_separate=qkv_separate,
         gather_dispatch=job.card.moe_dispatch is not None and job.card.moe_dispatch.alltoall_as == "allgather",
         tp_overlap_mode=tp_overlap_mode(job.card, plan), tp_rs_splits=overlap.rs_splits,
@@ -601,19 +600,10 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     if plan.pp == 1:
         return PipelineTime(worst, m * t_max, 0.0)
     shape, runs = _pipeline_shape(m, inp)
-    fwd, bwd, last = _chunk_seconds(rows, shape, inp)
-    wgrad = None
-    if shape.order in SPLIT_ORDERS:  # the weight gradients' share of each chunk's backward compute
-        share = weight_gradient_share(inp.ctx.arch, inp.job.seq_length)  # the model as the framework builds it
-        wgrad = [share * (r.compute - r.fwd) / shape.vpp for r in rows]
-        if last is not None:  # the head rank's by its chunks' backward seconds, the head's on its chunk alone
-            owner, row = inp.pipeline.head_rank, rows[inp.pipeline.head_rank]
-            head_bwd = inp.head - inp.head / TRAINING_PASSES_PER_FORWARD
-            rest = share * (row.compute - row.fwd - head_bwd)
-            layers_bwd = (shape.vpp - 1) * bwd[owner] + last[1] - head_bwd
-            wgrad[owner] = rest * bwd[owner] / layers_bwd if layers_bwd > 0 else 0.0
-            last = (last[0], last[1], share * head_bwd + (rest - (shape.vpp - 1) * wgrad[owner]))
-    timeline = simulate(shape, fwd, bwd, inp.pp_hop, wgrad, last)
+    # the weight gradients' share of each chunk's backward compute, where the order runs them apart
+    share = weight_gradient_share(inp.ctx.arch, inp.job.seq_length) if shape.order in SPLIT_ORDERS else None
+    chunks = _chunk_seconds(rows, shape, inp, share)
+    timeline = simulate(shape, chunks.fwd, chunks.bwd, inp.pp_hop, chunks.wgrad, chunks.last)
     seconds = max(runs * timeline.seconds, m * t_max)
     facts = inp.job.card.pipeline
     name = facts.interleaved if shape.order == "interleaved_1f1b" and facts.interleaved else facts.schedule
@@ -623,7 +613,7 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
         name += f" (v={shape.vpp}, {shape.group} micro-batches per chunk in turn)"
     elif shape.order in V_ORDERS:
         name += " (two chunks per rank in a V)"
-    if wgrad is not None:
+    if share is not None:
         name += (f", weight gradients apart from the input gradients ({share:.0%} of the backward's FLOPs, the "
                  "linears' weight-gradient GEMMs)")
     if runs > 1:
@@ -639,33 +629,58 @@ def _pipeline_shape(m: int, inp: StageInputs) -> tuple[Shape, int]:
     return plan_shape(inp.job.card, plan.pp, plan.vpp, m // runs, plan.runs_schedule), runs
 
 
-def _chunk_seconds(rows: list[StageTime], shape: Shape,
-                   inp: StageInputs) -> tuple[list[float], list[float], tuple[float, float, float] | None]:
+class ChunkSeconds(NamedTuple):
+    """One micro-batch's seconds per chunk as `_pipeline` replays them (simulate's arguments): each rank's forward and
+    backward per chunk, the last virtual stage's (forward, backward, weight-gradient part) where they are not its
+    rank's (None elsewhere), and each rank's weight-gradient part of a chunk's backward where the order runs it apart
+    from the input gradient (None elsewhere)."""
+
+    fwd: list[float]
+    bwd: list[float]
+    last: tuple[float, float, float] | None
+    wgrad: list[float] | None
+
+
+def _chunk_seconds(rows: list[StageTime], shape: Shape, inp: StageInputs,
+                   wgrad_share: float | None = None) -> ChunkSeconds:
     """Each rank's forward and backward seconds per chunk of one micro-batch, as `_pipeline` replays them, and where
-    the head's rank runs more than one chunk, the (forward, backward, 0) seconds of the last virtual stage's chunk
-    (simulate's `last`; None elsewhere), that rank's fwd / bwd then its other chunks'. The output layer and loss run in
-    that chunk alone (Megatron-Core's get_model builds post_process only into the last virtual stage's model chunk,
-    is_pipeline_last_stage with its vp_stage), beside its own decoder layers (Stages.chunks: fewer where a recipe counts
-    the loss in the split) and the MTP blocks that rank trains (Megatron-Core puts them in the last stage); the rest of
-    the rank's micro-batch is shared by its layers and MTP blocks alike (stage_kinds: each costs like a layer), the
-    forward the same share of it in every chunk, and the rank's total is the same."""
+    the head's rank runs more than one chunk, the (forward, backward, weight-gradient part) seconds of the last virtual
+    stage's chunk (simulate's `last`; None elsewhere), that rank's fwd / bwd then its other chunks'. The output layer
+    and loss run in that chunk alone (Megatron-Core's get_model builds post_process only into the last virtual stage's
+    model chunk, is_pipeline_last_stage with its vp_stage), beside its own decoder layers (Stages.chunks: fewer where a
+    recipe counts the loss in the split) and the MTP blocks that rank trains (Megatron-Core puts them in the last
+    stage); the rest of the rank's micro-batch is shared by its layers and MTP blocks alike (stage_kinds: each costs
+    like a layer), the forward the same share of it in every chunk, and the rank's total is the same.
+
+    `wgrad_share`: the weight gradients' share of the backward compute where the order runs them apart (None: it does
+    not, and no weight-gradient part is split): each chunk's part; on the head's rank its layers' part by its chunks'
+    backward seconds less the head's, the head's own on its chunk alone."""
     fwd = [r.total * _forward_share(r) / shape.vpp for r in rows]
     bwd = [r.total / shape.vpp - f for r, f in zip(rows, fwd, strict=True)]
+    wgrad = None if wgrad_share is None else [wgrad_share * (r.compute - r.fwd) / shape.vpp for r in rows]
     owner, head, pipeline = inp.pipeline.head_rank, inp.head, inp.pipeline
     if shape.vpp == 1 or shape.rank_of(shape.stages - 1) != owner:
-        return fwd, bwd, None
+        return ChunkSeconds(fwd, bwd, None, wgrad)
     units = len(stage_kinds(owner, pipeline.layers(owner), inp))  # its decoder layers and MTP blocks
     last_units = len(pipeline.chunks[owner][-1]) + units - len(pipeline.layers(owner))
     if head <= 0.0 and last_units * shape.vpp == units:  # every chunk alike
-        return fwd, bwd, None
+        return ChunkSeconds(fwd, bwd, None, wgrad)
     row = rows[owner]
     head_fwd = head / TRAINING_PASSES_PER_FORWARD
+    head_bwd = head - head_fwd
     rest_fwd, rest_bwd = row.total * _forward_share(row) - head_fwd, row.total - row.total * _forward_share(row)
-    rest_bwd -= head - head_fwd
+    rest_bwd -= head_bwd
     other = (units - last_units) / (shape.vpp - 1) / units if units else 1.0 / shape.vpp
     mine = last_units / units if units else 1.0 / shape.vpp
     fwd[owner], bwd[owner] = rest_fwd * other, rest_bwd * other
-    return fwd, bwd, (rest_fwd * mine + head_fwd, rest_bwd * mine + head - head_fwd, 0.0)
+    last_fwd, last_bwd = rest_fwd * mine + head_fwd, rest_bwd * mine + head - head_fwd
+    if wgrad is None:
+        return ChunkSeconds(fwd, bwd, (last_fwd, last_bwd, 0.0), None)
+    layers_wgrad = wgrad_share * (row.compute - row.fwd - head_bwd)
+    layers_bwd = (shape.vpp - 1) * bwd[owner] + last_bwd - head_bwd  # its chunks' backward seconds less the head's
+    wgrad[owner] = layers_wgrad * bwd[owner] / layers_bwd if layers_bwd > 0 else 0.0
+    last_wgrad = wgrad_share * head_bwd + (layers_wgrad - (shape.vpp - 1) * wgrad[owner])
+    return ChunkSeconds(fwd, bwd, (last_fwd, last_bwd, last_wgrad), wgrad)
 
 
 def _forward_share(row: StageTime) -> float:

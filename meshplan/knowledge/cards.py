@@ -37,6 +37,7 @@ from meshplan.knowledge.pipeline_card import MEGATRON_PIPELINE, PipelineFacts
 from meshplan.knowledge.precision_card import MixedPrecisionPresets
 from meshplan.knowledge.read_card import ReadSection, RegistryEntry, TomlModel
 from meshplan.knowledge.release_card import DATE, ChangeName, ReleaseChange
+from meshplan.knowledge.release_lines import longest_line
 from meshplan.knowledge.rl_card import RLCard
 from meshplan.knowledge.tp_card import MoeTensorParallel, OutputHeadTp, TpInputLinears, TpOverlapFacts
 from meshplan.schema.choices import FRAMEWORKS, Engine
@@ -365,11 +366,8 @@ class FrameworkCard(_Card):
     def convention_for(self, version: str | None) -> MemoryConvention:
         """The byte convention of a release: the longest matching prefix in memory_convention_by_version, else the
         card's memory_convention."""
-        if version:
-            for prefix in sorted(self.memory_convention_by_version, key=len, reverse=True):
-                if version == prefix or version.startswith(prefix + "."):
-                    return self.memory_convention_by_version[prefix]
-        return self.memory_convention
+        line = longest_line(version, self.memory_convention_by_version)
+        return self.memory_convention if line is None else self.memory_convention_by_version[line]
 
     def engine_at(self, zero_stage: int) -> Engine:
         return self.engine.by_zero_stage[zero_stage]

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from meshplan.knowledge.release_lines import in_any_line, in_line, longest_line
 from meshplan.schema.choices import AttentionBackend, Engine
 
 
@@ -32,8 +33,7 @@ class RecomputeSemantics(_Card):
         """Whether op-level SAC of `release` recomputes attention run by `kernel` (unsaved_attention)."""
         if self.selective != "op_sac" or not release or kernel is None:
             return False
-        return any(kernel in kernels for prefix, kernels in self.unsaved_attention.items()
-                   if release == prefix or release.startswith(prefix + "."))
+        return any(kernel in kernels for line, kernels in self.unsaved_attention.items() if in_line(release, line))
 
 
 class CompileSemantics(_Card):
@@ -142,12 +142,11 @@ class AttentionSemantics(_Card):
     def ships_chunked(self, release: str) -> bool:
         """Whether `release` (a known release: releases.resolve_release) has model code for the chunked_model_types
         (chunked_releases: its series among them, or none listed)."""
-        return not self.chunked_releases or any(release == s or release.startswith(s + ".")
-                                                for s in self.chunked_releases)
+        return not self.chunked_releases or in_any_line(release, self.chunked_releases)
 
     def refuses_selective(self, model_type: str, release: str) -> bool:
         """Whether `release`'s model code for `model_type` refuses selective recompute (no_selective_releases)."""
-        return any(release == s or release.startswith(s + ".") for s in self.no_selective_releases.get(model_type, ()))
+        return in_any_line(release, self.no_selective_releases.get(model_type, ()))
 
     @model_validator(mode="after")
     def _mla_backend_has_a_kernel(self) -> AttentionSemantics:
@@ -164,11 +163,8 @@ class AttentionSemantics(_Card):
             table = self.by_engine[engine]  # type: ignore[index]
         elif mla and self.mla_backend is not None:
             return self.backends.get(self.mla_backend)
-        elif version:
-            for prefix in sorted(self.by_version, key=len, reverse=True):
-                if version == prefix or version.startswith(prefix + "."):
-                    table = self.by_version[prefix]
-                    break
+        elif (line := longest_line(version, self.by_version)) is not None:
+            table = self.by_version[line]
         return table.get(arch or "", table.get("default"))
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from meshplan.knowledge.release_lines import in_any_line
 from meshplan.schema.choices import CpPadding, Engine
 
 # the byte presets of cards/memory.yaml
@@ -34,7 +35,7 @@ class TorchRingCp(_Card):
 
     def repeats_kv(self, release: str | None) -> bool:
         """Whether `release`'s model hands SDPA K and V repeated to every query head (repeated_kv_releases)."""
-        return bool(release) and any(release == s or release.startswith(s + ".") for s in self.repeated_kv_releases)
+        return in_any_line(release, self.repeated_kv_releases)
 
 
 class EngineFacts(_Card):

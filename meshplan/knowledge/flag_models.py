@@ -441,7 +441,7 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
         raise MeshplanError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}, and "
                             "--kv-channels is not given.", fix=FIX)
     dsa = _dsa(f, mla)
-    head_dim = (mla.qk_nope_head_dim + mla.qk_rope_head_dim) if mla else f.int("head_dim", default=hidden // heads)
+    head_dim = mla.qk_head_dim if mla else f.int("head_dim", default=hidden // heads)
     qk_norm = f.switch("qk_layernorm") and mla is None
     if qk_norm and not rms:
         raise MeshplanError("--qk-layernorm with --normalization LayerNorm: meshplan counts q/k norms of RMSNorm "

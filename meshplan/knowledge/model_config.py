@@ -500,7 +500,7 @@ def _dsa_spec(cfg: dict[str, Any], model_type: str, f: _Fields, mla: MLASpec | N
 def _head_dim(cfg: dict[str, Any], f: _Fields, *, hidden: int, heads: int, mla: MLASpec | None) -> int:
     """The query/key head width: MLA's nope + rope dims, else head_dim as given, else hidden_size / heads."""
     if mla is not None:
-        return mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        return mla.qk_head_dim
     if cfg.get("head_dim") is not None:
         return f.int("head_dim")
     if hidden % heads:

@@ -22,7 +22,7 @@ def attention_params(arch: Architecture) -> int:
     h, a, d, g = arch.hidden_size, arch.num_attention_heads, arch.head_dim, arch.num_kv_heads
     if arch.mla is not None:
         m = arch.mla
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        qk = m.qk_head_dim
         if m.q_lora_rank:
             q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk  # q_a, q_a_layernorm, q_b
         else:

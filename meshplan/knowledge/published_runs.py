@@ -20,6 +20,57 @@ MODELZOO = "Megatron-MoE-ModelZoo"
 # --------------------------------------------------------------------------- framework releases, by date
 
 
+# A run's day in its row: an ISO date or month, NeMo's container tag YY.MM (NeMo 24.03.01), or a lone year; and
+# whether the row says it ran the development branch.
+_RUN_DAY = re.compile(r"\b(\d{4})-(0[1-9]|1[0-2])(?:-(\d{2}))?\b")
+_NEMO_TAG = re.compile(r"\bnemo\s*(\d{2})\.(0[1-9]|1[0-2])\b", re.IGNORECASE)
+_LONE_YEAR = re.compile(r"^(20\d{2})(?![\d-])")
+_MAIN_BRANCH = re.compile(r"\bmain\b")
+
+
+@dataclass(frozen=True)
+class RunDay:
+    """The day a published run's row dates it, read once (read_run_day) for every reader of a row's date: `day` ISO,
+    or its month or year (a shorter prefix counts as before any day it holds), None where none is stated; `leads`,
+    whether `when` opens with that ISO date or month (the release, snapshot and micro-batch readers take only those:
+    a date further in, "PR #3107 (2026-04); card validated ...", or a container tag dates no release of theirs);
+    `main_branch`, whether `when` says the run ran the main branch ('2025-10-02 (main branch)')."""
+
+    day: str | None = None
+    leads: bool = False
+    main_branch: bool = False
+
+    @property
+    def to_the_day(self) -> bool:
+        """Whether the row dates the run to the day (YYYY-MM-DD), not its month or year only."""
+        return self.day is not None and len(self.day) == len("YYYY-MM-DD")
+
+    def before(self, since: str) -> bool:
+        """Whether the run predates the ISO day `since` (a month-only or year-only date counts as before any day it
+        holds); False where no day is stated."""
+        return self.day is not None and self.day < since
+
+
+def read_run_day(framework: str, when: str | None) -> RunDay:
+    """A row's RunDay from its date words `when` (version_or_date) and its framework's words: an ISO date or month in
+    `when`, else NeMo's container tag YY.MM in `when` or `framework`, else a lone year leading `when` ("2024
+    (r0.8.0)"); no day where none is stated or `when` spans years ("2025-2026")."""
+    text = str(when or "")
+    main = _MAIN_BRANCH.search(text) is not None
+    if found := _RUN_DAY.search(text):
+        return RunDay("-".join(part for part in found.groups() if part), found.start() == 0, main)
+    if tag := (_NEMO_TAG.search(text) or _NEMO_TAG.search(framework)):
+        return RunDay(f"20{tag.group(1)}-{tag.group(2)}", main_branch=main)
+    if year := _LONE_YEAR.match(text.strip()):
+        return RunDay(year.group(1), main_branch=main)
+    return RunDay(main_branch=main)
+
+
+def run_day(framework: str, when: str | None) -> str | None:
+    """The day (ISO, or its month or year) a run's row dates it (read_run_day's), None where none is stated."""
+    return read_run_day(framework, when).day
+
+
 # torchtitan's loss became chunked with ChunkedCELoss (pytorch/torchtitan PR #2937, merged 2026-04-27; the card's
 # memory_convention_why): a torchtitan row measured before that ran the whole-sequence loss of the 0.2 line.
 TORCHTITAN_CHUNKED_LOSS_SINCE = "2026-04-27"
@@ -55,14 +106,13 @@ BRIDGE_RECIPES_WITHOUT_EXPANDABLE = {
 # dates the changes its estimate reads (release_changes, oldest_snapshot): framework_version main@YYYY-MM-DD, the
 # card's facts less the changes made after that day (knowledge/releases.py). NeMo AutoModel's published tables say
 # "NeMo AutoModel Version: main Branch" with their "Last Updated" day (docs/performance-summary.md at 89e3a9fdd).
-MAIN_BRANCH = re.compile(r"^(\d{4}-\d{2}-\d{2})\b.*\bmain\b")
 
 
 def main_snapshot(when: str | None) -> str | None:
     """main@YYYY-MM-DD for a run dated to the day that says it ran the main branch ('2025-10-02 (main branch)'),
     else None (a release, or a month-only date)."""
-    found = MAIN_BRANCH.match(str(when or ""))
-    return f"main@{found[1]}" if found else None
+    dated = read_run_day("", when)
+    return f"main@{dated.day}" if dated.leads and dated.to_the_day and dated.main_branch else None
 
 
 # How many micro-batches torchtitan cut a local batch into under PP (pytorch/torchtitan): until 90567fc (2025-01-07,
@@ -79,24 +129,24 @@ def torchtitan_pipeline_microbatches(when: str | None, pp: int, vpp: int) -> int
     """The micro-batches a torchtitan run dated `when` (a month-only date counts as before a day in that month) cut
     its local batch into by default under PP, in the releases that counted them; None since 5e2033c (the local batch
     is cut into micro-batches of pipeline_parallel_microbatch_size) or for a run without a date."""
-    when = str(when or "")[:10]
-    if not re.match(r"\d{4}-\d{2}", when) or when >= TORCHTITAN_PP_MICROBATCH_SIZE_SINCE:
+    dated = read_run_day("torchtitan", when)
+    if not dated.leads or not dated.before(TORCHTITAN_PP_MICROBATCH_SIZE_SINCE):
         return None
-    return pp * vpp if when >= TORCHTITAN_PP_STAGES_MICROBATCHES_SINCE else pp
+    return pp if dated.before(TORCHTITAN_PP_STAGES_MICROBATCHES_SINCE) else pp * vpp
 
 
 def release_ran(framework: str, when: str | None) -> str | None:
     """The framework release a run dated `when` (ISO; a month-only date counts as before a day in that month) ran,
     where meshplan's estimate depends on it (torchtitan's loss and attention kernel, verl's attention kernel), else
     None."""
-    when = str(when or "")
-    if framework not in ("torchtitan", "verl") or not re.match(r"\d{4}-\d{2}", when):
+    dated = read_run_day(framework, when)
+    if framework not in ("torchtitan", "verl") or not dated.leads:
         return None
     if framework == "verl":
-        return VERL_BEFORE_FLASH if when < VERL_FLASH_SINCE else None
-    if when < TORCHTITAN_CUDNN_SDPA_SINCE:
+        return VERL_BEFORE_FLASH if dated.before(VERL_FLASH_SINCE) else None
+    if dated.before(TORCHTITAN_CUDNN_SDPA_SINCE):
         return "0.1"
-    if when < TORCHTITAN_CHUNKED_LOSS_SINCE:
+    if dated.before(TORCHTITAN_CHUNKED_LOSS_SINCE):
         return "0.2"
     return None
 
@@ -120,41 +170,23 @@ TFLOPS_CAUSAL_HALVED_SINCE: tuple[tuple[str, str], ...] = (
     ("megatron-core", "2025-03-06"),
     ("megatron-lm", "2025-03-06"),
 )
-# A run's day in its row: an ISO date or month, NeMo's container tag YY.MM (NeMo 24.03.01), or a lone year.
-_RUN_DAY = re.compile(r"\b(\d{4})-(0[1-9]|1[0-2])(?:-(\d{2}))?\b")
-_NEMO_TAG = re.compile(r"\bnemo\s*(\d{2})\.(0[1-9]|1[0-2])\b", re.IGNORECASE)
-_LONE_YEAR = re.compile(r"^(20\d{2})(?![\d-])")
-
-
-def run_day(framework: str, when: str | None) -> str | None:
-    """The day (ISO, or its month or year: a shorter prefix counts as before any day it holds) a run's row dates it:
-    an ISO date or month in `when`, else NeMo's container tag YY.MM in `when` or `framework`, else a lone year
-    leading `when` ("2024 (r0.8.0)"); None where none is stated or `when` spans years ("2025-2026")."""
-    text = str(when or "")
-    if day := _RUN_DAY.search(text):
-        return "-".join(part for part in day.groups() if part)
-    if tag := (_NEMO_TAG.search(text) or _NEMO_TAG.search(framework)):
-        return f"20{tag.group(1)}-{tag.group(2)}"
-    if year := _LONE_YEAR.match(text.strip()):
-        return year.group(1)
-    return None
 
 
 def tflops_causal_full(framework: str, when: str | None) -> bool:
     """Whether the TFLOP/s a run of `framework` (its row's words) on day `when` logged counted the causal attention
     core full (TFLOPS_CAUSAL_HALVED_SINCE): its release predates the halving in the formula family its framework
     starts with. A run whose day is not stated counts as today's formula."""
-    day = run_day(framework, when)
     words = framework.strip().lower()
     since = next((since for name, since in TFLOPS_CAUSAL_HALVED_SINCE if words.startswith(name)), "")
-    return day is not None and day < since
+    return read_run_day(framework, when).before(since)
 
 
 def ran_without_expandable_segments(framework: str, when: str | None, cited: str) -> bool:
     """A run whose launcher left PyTorch's expandable segments off where its framework card's default sets them: a
     verl run before its workers set them (a month-only date counts as before), a Megatron-Bridge run of a recipe
     whose env_vars leave them out (BRIDGE_RECIPES_WITHOUT_EXPANDABLE, named in `cited`)."""
-    if framework == "verl" and not str(when or "") >= VERL_EXPANDABLE_SINCE:
+    dated = read_run_day(framework, when)
+    if framework == "verl" and (dated.day is None or dated.before(VERL_EXPANDABLE_SINCE)):
         return True
     return framework == "megatron-bridge" and any(name in cited for name in BRIDGE_RECIPES_WITHOUT_EXPANDABLE)
 

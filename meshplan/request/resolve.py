@@ -27,7 +27,7 @@ from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture, layer_kind_counts
-from meshplan.schema.plan import Job, Plan
+from meshplan.schema.plan import Job, Plan, step_microbatches
 from meshplan.schema.request import Request
 
 
@@ -171,7 +171,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         cp_comm_type=_cp_comm_type(req, arch, card, cp, unread),
         moe_token_dispatcher=_dispatcher(req, arch, unread),
         moe_a2a_overlap=_a2a_overlap(req, notes), pipeline_schedule=req.pipeline_schedule,
-        pipeline_microbatches=_pipeline_microbatches(req, card, pp=pp, m=max(1, gbs // (mbs * dp)), notes=notes,
+        pipeline_microbatches=_pipeline_microbatches(req, card, pp=pp, m=step_microbatches(gbs, mbs, dp), notes=notes,
                                                      unread=unread),
         torch_compile=_torch_compile(req, card, notes),
         tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),

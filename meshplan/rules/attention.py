@@ -42,7 +42,7 @@ def flash_on_unequal_head_widths(ctx: Context) -> Values:
     mla = ctx.job.model.mla
     if ctx.plan.attention_backend != "flash" or ctx.backend != "megatron" or mla is None:
         return None
-    qk, v = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
+    qk, v = mla.qk_head_dim, mla.v_head_dim
     if qk == v:
         return None
     return {"model": ctx.job.model.name, "qk": qk, "v": v}

@@ -1,6 +1,7 @@
 """What a rule's condition sees: a job and plan with the derived numbers most rules read (`Context`, each worked out
 once per check), and which engine runs the model at a ZeRO stage (`backend_of`), whether it runs cp as Ulysses
-(`runs_ulysses`), how it pads to the cp split (`cp_padding_of`) and the tokens a cp rank computes so (`rank_tokens`).
+(`runs_ulysses`) or through torch's ring (`torch_ring`), how it pads to the cp split (`cp_padding_of`) and the tokens
+a cp rank computes so (`rank_tokens`).
 Apart from the registry (rules/engine.py), which runs the conditions over it and keeps their verdicts."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from meshplan.arithmetic import mesh
 from meshplan.arithmetic.activations import cp_rank_tokens
 from meshplan.core.once import once
 from meshplan.knowledge.cards import Engine, FrameworkCard
+from meshplan.knowledge.engine_card import TorchRingCp
 from meshplan.knowledge.rl_card import RLCard
 from meshplan.schema.choices import CpPadding
 from meshplan.schema.plan import Job, Plan
@@ -35,12 +37,26 @@ def runs_ulysses(card: FrameworkCard, zero_stage: int) -> bool:
     return card.engine_at(zero_stage) in card.engine.ulysses
 
 
-def runs_torch_cp(card: FrameworkCard, zero_stage: int) -> bool:
-    """Whether the engine this ZeRO stage selects runs cp through torch's context_parallel ring (the card's
-    engine.torch_cp: torchtitan's FSDP2), whatever cp_comm_type says; the estimate's cp_time reads it
-    (LayerContext.torch_cp)."""
+def torch_ring(card: FrameworkCard, zero_stage: int) -> TorchRingCp | None:
+    """The card's torch context_parallel ring (engine.torch_cp: torchtitan's FSDP2) where the engine this ZeRO stage
+    selects runs cp through it, whatever cp_comm_type says; None where it runs another mechanism. The one reading of
+    it: runs_torch_cp and ring_repeats_kv ask it."""
     ring = card.engine.torch_cp
-    return ring is not None and card.engine_at(zero_stage) in ring.engines
+    return ring if ring is not None and card.engine_at(zero_stage) in ring.engines else None
+
+
+def runs_torch_cp(card: FrameworkCard, zero_stage: int) -> bool:
+    """Whether the engine this ZeRO stage selects runs cp through torch's context_parallel ring (torch_ring); the
+    estimate's cp_time (LayerContext.torch_cp) and the search's CP references read it."""
+    return torch_ring(card, zero_stage) is not None
+
+
+def ring_repeats_kv(job: Job, zero_stage: int) -> bool:
+    """Whether the torch ring this ZeRO stage runs (torch_ring) moves and accumulates K and V at the query heads'
+    width: the job's release hands SDPA K and V repeated to every query head (TorchRingCp.repeats_kv). False where
+    the stage runs no torch ring (LayerContext.kv_repeated, which only its time reads)."""
+    ring = torch_ring(job.card, zero_stage)
+    return ring is not None and ring.repeats_kv(job.framework_version)
 
 
 def cp_padding_of(card: FrameworkCard, zero_stage: int) -> CpPadding | None:

@@ -61,6 +61,12 @@ class MLASpec(StrictModel):
     qk_rope_head_dim: int
     v_head_dim: int
 
+    @property
+    def qk_head_dim(self) -> int:
+        """A query's and a key's width per head, its position-free part and its rotary part (DeepSeek-V3's 128 + 64;
+        transformers' DeepseekV3Config.qk_head_dim): every count of MLA's Q/K heads reads it here."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
 
 class DSASpec(StrictModel):
     """DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer per layer scores every preceding key for each

@@ -215,6 +215,13 @@ def degree_words(tp: int, pp: int, vpp: int = 1, cp: int = 1, ep: int = 1, etp: 
                                                                         ("ETP", etp)) if value > 1)]
 
 
+
+def step_microbatches(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
+    """Micro-batches each data-parallel rank runs per step: the global batch over micro-batch x dp, at least one. The
+    one count the estimate (Plan.num_microbatches), the search's floors and bounds, which have a layout and a
+    micro-batch size but no plan, and the renders' accumulation steps read."""
+    return max(1, global_batch_size // (micro_batch_size * dp))
+
 class Plan(StrictModel):
     """A parallel layout. GPU count = tp*cp*pp*dp; the MoE part folds ep*etp into the same ranks."""
 
@@ -291,7 +298,8 @@ class Plan(StrictModel):
     )
 
     def num_microbatches(self, global_batch_size: int) -> int:
-        return max(1, global_batch_size // (self.micro_batch_size * self.dp))
+        """Micro-batches each data-parallel rank runs per step (step_microbatches)."""
+        return step_microbatches(global_batch_size, self.micro_batch_size, self.dp)
 
     def schedule_microbatches(self, global_batch_size: int) -> int:
         """Micro-batches one run of the pipeline schedule takes: pipeline_microbatches, else all of the step's."""

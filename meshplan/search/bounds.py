@@ -22,7 +22,7 @@ from meshplan.estimate.perf import StageWork
 from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys
 from meshplan.rules.context import rank_tokens
 from meshplan.rules.engine import EstimateBlocked
-from meshplan.schema.plan import Job, Plan
+from meshplan.schema.plan import Job, Plan, step_microbatches
 from meshplan.search.estimators import reference_seconds
 from meshplan.search.floors import estimate_stages
 from meshplan.search.grid_syncs import grid_stage_sync
@@ -65,8 +65,7 @@ class StepTimeBounds(SearchPlans):
     bounds_memo: dict[tuple, float | tuple | None] = field(default_factory=dict)
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
-        m = self.job.global_batch_size // (mbs * lay.dp)
-        return m if m > 1 else 1  # max(1, m), without the call (asked some 15,000 times a search)
+        return step_microbatches(self.job.global_batch_size, mbs, lay.dp)
 
     def ideal_time(self, lay: Layout, mbs: int, ideal: float) -> float:
         """Every GPU at the cost model's best fraction of peak, stretched by the bubble (p-1)/(m*v)."""

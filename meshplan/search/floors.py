@@ -43,7 +43,7 @@ from meshplan.estimate.attention_time import op_sac_may_recompute_attention
 from meshplan.estimate.memory import selective_modules
 from meshplan.knowledge.gdn_config import pipeline_unit
 from meshplan.knowledge.model_counts import layer_params, per_architecture
-from meshplan.schema.plan import Job
+from meshplan.schema.plan import Job, step_microbatches
 from meshplan.search.space import DEFAULT_PLAN, Layout, state_preset
 
 
@@ -200,7 +200,7 @@ def first_stage_floor_rows(job: Job, lay: Layout, zero_stage: int, recomputes: t
     rows = []
     for mbs, figures in zip(sizes, _row_figures(job, lay, conv, part, recomputes, sizes, sp,
                                                 activation_offload, memo), strict=True):
-        m = max(1, gbs // (mbs * dp))
+        m = step_microbatches(gbs, mbs, dp)
         states = part.states[m == 1]
         if states is None:
             states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
@@ -225,12 +225,12 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
     part = _part(job, lay, zero_stage, conv, tensors, memo)
     figures = _row_figures(job, lay, conv, part, recomputes, sizes, sp, activation_offload, memo)
     dp, gbs = lay.dp, job.global_batch_size
-    ones = [max(1, gbs // (mbs * dp)) == 1 for mbs in sizes]
+    ones = [step_microbatches(gbs, mbs, dp) == 1 for mbs in sizes]
     states = [part.states[False], part.states[True]]
     for one in (False, True):
         if states[one] is None and one in ones:
             states[one] = _part_states(job, lay, zero_stage, part, conv, tensors, one, memo)
-    walks = tuple(_walk_floor(job, lay, zero_stage, part, conv, preset[1], max(1, gbs // (mbs * dp)),
+    walks = tuple(_walk_floor(job, lay, zero_stage, part, conv, preset[1], step_microbatches(gbs, mbs, dp),
                               activation_offload, memo) for mbs in sizes) if part.walk else None
     key = ("needs", id(figures), states[0], states[1], part.gathered, part.reserve_fraction, part.fixed, reserved,
            budget, walks)
@@ -275,7 +275,7 @@ def _row_figures(job: Job, lay: Layout, conv: Convention, part: _FloorPart,
     by_tokens = _activation_sums(switches, tp, sp, lay.etp, recomputes, memo)
     out = []
     for at, mbs in enumerate(sizes):
-        m = max(1, gbs // (mbs * dp))
+        m = step_microbatches(gbs, mbs, dp)
         tokens = activations.least_rank_tokens(job.seq_length, mbs, lay.cp)  # padding not counted
         layers_held = None if fewer is None else fewer[at]
         held = 1 if pp == 1 else min(m, pp)
@@ -341,7 +341,7 @@ def _chunks_held(job: Job, lay: Layout, sizes: tuple[int, ...], memo: dict) -> t
         return memo[key]
     group, out = job.card.pipeline.group, []
     for mbs in sizes:
-        m = max(1, job.global_batch_size // (mbs * lay.dp))
+        m = step_microbatches(job.global_batch_size, mbs, lay.dp)
         cap = min(m, lay.pp)
         try:
             held = in_flight(0, lay.pp, lay.vpp, m, group, lay.schedule or None)

@@ -20,7 +20,7 @@ from meshplan.arithmetic.mesh import crosses_domains
 from meshplan.estimate.memory import FitVerdict, memory_budget
 from meshplan.estimate.perf import StepTerms
 from meshplan.rules.engine import Context, backend_of, load_rules
-from meshplan.schema.plan import Job, Plan
+from meshplan.schema.plan import Job, Plan, step_microbatches
 from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
 from meshplan.search.estimators import Engine
 from meshplan.search.floors import (
@@ -390,7 +390,7 @@ class SearchPlans(HostCounts, OverlapChoice):
             return low, high
         card, gbs, lora = self.job.card, self.job.global_batch_size, self.job.lora is not None
         defer = self.fixed.carried.get("defer_fsdp_grad_sync")
-        holds = lambda b: accumulated_grad_bytes(card, max(1, gbs // (b * lay.dp)), True, lay.pp, defer, lora)  # noqa: E731
+        holds = lambda b: accumulated_grad_bytes(card, step_microbatches(gbs, b, lay.dp), True, lay.pp, defer, lora)  # noqa: E731
         held = holds(mbs) if card.grad_accumulation else None
         for key in (lay, self.own(lay)):
             for b, need in known.get(key, {}).items():

@@ -46,6 +46,7 @@ from meshplan.check.split import (
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.layer_records import scope_memo
+from meshplan.estimate.memory import attention_switches
 from meshplan.knowledge.adapter_knobs import default_render, missing_knob
 from meshplan.knowledge.cards import FrameworkCard, load_card
 from meshplan.knowledge.defaults_card import SearchKnobs
@@ -632,12 +633,17 @@ def params_split(job: Job) -> tuple[int, int]:
 
 def state_preset(job: Job, zero_stage: int, carried: dict[str, object]) -> tuple[Convention, list[StateTensor]]:
     """The byte preset an estimate takes for a plan with these carried fields (memory_states.with_precision: the
-    precision knobs and torch.compile), as the search's memory floors read it: Muon's one momentum counted on every
-    parameter (it keeps Adam's two moments on the embedding, output layer, norms and biases: fewer bytes, so still a
-    floor); a LoRA job's frozen base keeps its weights only; gradients freed before the backward where some layout
-    frees them (torchtitan 0.3 with its CUDA graphs off, memory_states.cuda_graphs_off: the floors take the lesser)."""
+    precision knobs and torch.compile; its flash attention and dropout the carried backend's and dropout's, as every
+    estimate reads them, estimate/memory.attention_switches, not the convention's), as the search's memory floors read
+    it: Muon's one momentum counted on every parameter (it keeps Adam's two moments on the embedding, output layer,
+    norms and biases: fewer bytes, so still a floor); a LoRA job's frozen base keeps its weights only; gradients
+    freed before the backward where some layout frees them (torchtitan 0.3 with its CUDA graphs off,
+    memory_states.cuda_graphs_off: the floors take the lesser)."""
     plan = Plan(zero_stage=zero_stage, **carried)  # type: ignore[arg-type]
     _, conv, tensors = with_precision(job, plan)
+    flash, dropout = attention_switches(job, conv, plan)  # the carried backend and dropout, as the estimate reads them
+    if (flash, dropout) != (conv.flash_attention, conv.dropout):
+        conv = conv.model_copy(update={"flash_attention": flash, "dropout": dropout})
     if conv.grads_set_to_none_without_cuda_graphs:  # a layout that turns CUDA graphs off frees them: the lesser
         conv = conv.model_copy(update={"grads_set_to_none": True})
     if plan.optimizer == "muon":

@@ -12,7 +12,7 @@ from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.tp_overlap import TP_COLLECTIVES_PER_LAYER, moe_layer_tp_ops, tp_overlap_mode
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.cards import FrameworkCard
-from meshplan.schema.plan import Job, Plan
+from meshplan.schema.plan import Job, Plan, step_microbatches
 from meshplan.search.space import Layout
 
 
@@ -42,7 +42,7 @@ def tp_step_floor(job: Job, lay: Layout, sizes: tuple[int, ...], lk: Links, shar
     layers = -(-arch.num_layers // lay.pp)
     least = float("inf")
     for mbs in sizes:
-        m = max(1, job.global_batch_size // (mbs * lay.dp))
+        m = step_microbatches(job.global_batch_size, mbs, lay.dp)
         act_bytes = mbs * job.seq_length / lay.cp * arch.hidden_size * BF16
         least = min(least, m * layers * share * ops * ring_time(act_bytes, lay.tp, 1, lk))
     return least
