@@ -80,3 +80,17 @@ def test_llama3_paper_rows_read_as_its_section_3_3_2_states(run):
         assert req.pipeline_layout == "E|(t|)*126L" and req.first_stage_layers is None, row_id
     req = by_id["llama3paper_405b_16384_h100"].mapping.request
     assert [stage.layers for stage in estimate_memory(req).stages] == [7] + [8] * 14 + [7]
+
+
+def test_mlperf_lora_rows_are_scored_with_the_lora_their_runs_set(run):
+    """The MLPerf Llama 2 70B LoRA rows state their rank and targets in their lora section (rank 16 on linear_qkv and
+    linear_proj: NeMo's target_modules ['attention'] in v4.0, Megatron-Core's names in v5.0), and are scored with them,
+    not with the framework's default LoRA (no "lora" knob)."""
+    rows, scores, _ = run
+    lora = [(r, s) for r, s in zip(rows, scores, strict=True) if r["category"] == "lora"]
+    assert len(lora) >= 9
+    for row, score in lora:
+        req = score.mapping.request
+        assert req.lora_rank == row["lora"]["rank"] == 16, row["id"]
+        assert req.lora_targets == row["lora"]["targets"] == ["linear_qkv", "linear_proj"], row["id"]
+        assert "lora" not in score.mapping.knobs, row["id"]
