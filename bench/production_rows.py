@@ -52,6 +52,11 @@ KNOBS: dict[str, tuple[str, str]] = {
     "dynamic_batch": ("memory, time", "verl use_dynamic_bsz (token-budget micro-batches); scored at mbs x seq"),
     "lora": ("memory, time", "LoRA whose rank or targets neither the row's lora section nor a recipe it cites "
              "(LORA_RECIPES) states; scored as job=lora with the framework's default for what is unstated"),
+    "parameter_transpose_cache": ("memory", "Megatron-Core's disable_parameter_transpose_cache under Transformer "
+                                  "Engine 1.x with fp8 primary weights: TE 1.6 makes the weight's transpose in each "
+                                  "backward and keeps none (float8_tensor.py transpose_2d(cache=False)), 1 B per "
+                                  "element on Hopper; TE 2.x keeps it on the parameter whatever the switch "
+                                  "(Float8Tensor.update_usage), meshplan's 2 B; scored with it kept"),
     "hsdp": ("memory, time", "HSDP (shard inside a group, replicate across); scored as full sharding"),
     "framework": ("memory, time", "a framework meshplan has no card for; scored with the nearest card"),
     "gpu": ("time", "a GPU outside the catalog; scored on the nearest catalog GPU, fit judged against the "
@@ -686,6 +691,8 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
         knobs["lora"] = "LoRA fine-tuning"
     if "cuda graph" in low:
         knobs["cuda_graphs"] = row["outcome"]["other"]
+    if re.search(r"disable_parameter_transpose_cache:? true", low):
+        knobs["parameter_transpose_cache"] = "disable_parameter_transpose_cache true"
     if re.search(r"ep overlap|a2a overlap|1f1b overlap", low):
         knobs["moe_a2a_overlap"] = row["outcome"]["other"]
     if re.search(r"tp comm overlap|asynctp", row_text(row["name"], other).lower()):  # the row's name states AsyncTP
