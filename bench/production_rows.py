@@ -57,6 +57,9 @@ KNOBS: dict[str, tuple[str, str]] = {
                                   "backward and keeps none (float8_tensor.py transpose_2d(cache=False)), 1 B per "
                                   "element on Hopper; TE 2.x keeps it on the parameter whatever the switch "
                                   "(Float8Tensor.update_usage), meshplan's 2 B; scored with it kept"),
+    "activation_func_fp8_input_store": ("memory", "Megatron-Core's activation_func_fp8_input_store: the fused "
+                                        "SwiGLU saves its input (fc1's output) in fp8 for the backward, half its "
+                                        "bf16 bytes (transformer_config.py, mlp.py bias_swiglu_impl); scored in bf16"),
     "hsdp": ("memory, time", "HSDP (shard inside a group, replicate across); scored as full sharding"),
     "framework": ("memory, time", "a framework meshplan has no card for; scored with the nearest card"),
     "gpu": ("time", "a GPU outside the catalog; scored on the nearest catalog GPU, fit judged against the "
@@ -691,6 +694,8 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
         knobs["lora"] = "LoRA fine-tuning"
     if "cuda graph" in low:
         knobs["cuda_graphs"] = row["outcome"]["other"]
+    if "activation_func_fp8_input_store" in low:
+        knobs["activation_func_fp8_input_store"] = "fc1's output saved in fp8 for the SwiGLU backward"
     if re.search(r"disable_parameter_transpose_cache:? true", low):
         knobs["parameter_transpose_cache"] = "disable_parameter_transpose_cache true"
     if re.search(r"ep overlap|a2a overlap|1f1b overlap", low):

@@ -97,3 +97,7 @@ def test_mlperf_lora_rows_are_scored_with_the_lora_their_runs_set(run):
         # v4.0's NeMo yaml turns Megatron-Core's parameter transpose cache off (TE 1.6: no fp8 weight transpose kept),
         # which meshplan cannot express: counted as not expressible for memory
         assert ("parameter_transpose_cache" in score.mapping.knobs) == row["id"].startswith("mlperf40"), row["id"]
+        # v5.0's 8-GPU runs store the SwiGLU input in fp8 (FP8_ACT=1), which meshplan cannot express either
+        stores = "activation_func_fp8_input_store" in row["outcome"]["other"]
+        assert ("activation_func_fp8_input_store" in score.mapping.knobs) == stores, row["id"]
+    assert sum("activation_func_fp8_input_store" in s.mapping.knobs for _, s in lora) == 2
