@@ -28,6 +28,9 @@ Method (no per-row constants, nothing fitted):
   reduce gradients in bf16 (perf_table_fields), verl's example scripts pack each micro-batch to a token budget of
   the row's seq_length (dynamic_batch_fields), and a measured study's recipe sets its optimizer precision
   (study_recipe_fields: Bridge's Moonlight recompute study ran the 8-H100 recipe's bf16 moments and main grads).
+- A LoRA row's rank and targets from its own `lora` section (rank, alpha, targets in Megatron-Core's linear names,
+  production_rows.stated_lora), what it leaves out from the recipe it cites (LORA_RECIPES), else the framework's
+  default (knob "lora").
 - A setting the row uses that meshplan cannot express yet (KNOBS: a layout named but not given, offload,
   precision-aware optimizer, FP8 recipes, RL phases, a GPU or model type outside the catalog...) is recorded
   as "not expressible: <knob>", and the row is still scored with the nearest expressible settings: those rows

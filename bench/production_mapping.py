@@ -138,7 +138,7 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
         if (p["tp"] or 1) <= 1:
             notes.append("TP comm overlap stated at tp 1: no TP communication, scored without")
     fields |= allocator_field(row, framework)
-    if "lora" in knobs:  # LoRA rows: job=lora, rank and targets from the recipe the row cites (issue 16 item 5)
+    if "lora" in knobs:  # LoRA rows: job=lora, rank and targets from the row's lora section, else its cited recipe
         framework, f, k = lora_for(row, framework, knobs.pop("lora"))
         fields |= f
         knobs |= k

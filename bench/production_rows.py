@@ -25,7 +25,7 @@ from meshplan.knowledge.catalog import catalog_architecture, families_card, fami
 from meshplan.knowledge.gdn_config import decoder_flags
 from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 from meshplan.knowledge.published_runs import TITAN_OP_TOMLS
-from meshplan.schema.choices import FRAMEWORKS, RecomputeModule
+from meshplan.schema.choices import FRAMEWORKS, LoraTarget, RecomputeModule
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture
 from meshplan.schema.request import Request
@@ -50,8 +50,16 @@ KNOBS: dict[str, tuple[str, str]] = {
     "account_for_loss": ("memory, time", "issue 14 `account_for_loss`; scored without"),
     "rl_phases": ("memory", "RL job: the GPU also holds a rollout engine between phases; scored as training only"),
     "dynamic_batch": ("memory, time", "verl use_dynamic_bsz (token-budget micro-batches); scored at mbs x seq"),
-    "lora": ("memory, time", "LoRA whose rank and targets neither the row nor a recipe it cites states; scored as "
-             "job=lora with the framework's default rank and targets (LORA_RECIPES)"),
+    "lora": ("memory, time", "LoRA whose rank or targets neither the row's lora section nor a recipe it cites "
+             "(LORA_RECIPES) states; scored as job=lora with the framework's default for what is unstated"),
+    "parameter_transpose_cache": ("memory", "Megatron-Core's disable_parameter_transpose_cache under Transformer "
+                                  "Engine 1.x with fp8 primary weights: TE 1.6 makes the weight's transpose in each "
+                                  "backward and keeps none (float8_tensor.py transpose_2d(cache=False)), 1 B per "
+                                  "element on Hopper; TE 2.x keeps it on the parameter whatever the switch "
+                                  "(Float8Tensor.update_usage), meshplan's 2 B; scored with it kept"),
+    "activation_func_fp8_input_store": ("memory", "Megatron-Core's activation_func_fp8_input_store: the fused "
+                                        "SwiGLU saves its input (fc1's output) in fp8 for the backward, half its "
+                                        "bf16 bytes (transformer_config.py, mlp.py bias_swiglu_impl); scored in bf16"),
     "hsdp": ("memory, time", "HSDP (shard inside a group, replicate across); scored as full sharding"),
     "framework": ("memory, time", "a framework meshplan has no card for; scored with the nearest card"),
     "gpu": ("time", "a GPU outside the catalog; scored on the nearest catalog GPU, fit judged against the "
@@ -682,10 +690,14 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
         knobs["rl_phases"] = "actor training colocated with the rollout engine"
     if "dynamic batch" in row_text(row["flags"]["caveats"]).lower():
         knobs["dynamic_batch"] = "token-budget micro-batches"
-    if row["category"] == "lora":
+    if row["category"] == "lora" or row.get("lora"):  # a row with a lora section is a LoRA run, whatever its category
         knobs["lora"] = "LoRA fine-tuning"
     if "cuda graph" in low:
         knobs["cuda_graphs"] = row["outcome"]["other"]
+    if "activation_func_fp8_input_store" in low:
+        knobs["activation_func_fp8_input_store"] = "fc1's output saved in fp8 for the SwiGLU backward"
+    if re.search(r"disable_parameter_transpose_cache:? true", low):
+        knobs["parameter_transpose_cache"] = "disable_parameter_transpose_cache true"
     if re.search(r"ep overlap|a2a overlap|1f1b overlap", low):
         knobs["moe_a2a_overlap"] = row["outcome"]["other"]
     if re.search(r"tp comm overlap|asynctp", row_text(row["name"], other).lower()):  # the row's name states AsyncTP
@@ -693,6 +705,66 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
     if re.search(r"\bcompile\b", row_text(row["name"], other).lower()):  # the row's name states it too
         knobs["torch_compile"] = row_text(row["name"], other)
     return knobs
+
+
+# --------------------------------------------------------------------------- LoRA
+
+# A LoRA row's own settings, its `lora` section (null or left out: the row states none): the adapters' rank, their
+# alpha (kept for the record: it scales the adapters' output and moves neither memory nor time) and the linears
+# adapted, in Megatron-Core's names (the Request's lora_targets); `targets_source` says how the source's own names map
+# to them. Read the same way for every row; what the section leaves out the cited recipe or the framework's default
+# fills (production_sources.lora_for).
+LORA_SECTION = ("rank", "alpha", "targets", "targets_source")
+LORA_TARGETS = get_args(LoraTarget)
+
+
+@dataclass(frozen=True)
+class StatedLora:
+    """The LoRA settings a row states in its `lora` section (None: not stated)."""
+
+    rank: int | None = None
+    alpha: float | None = None
+    targets: tuple[str, ...] | None = None
+
+    def request_fields(self) -> dict[str, Any]:
+        """The Request's LoRA fields for what the row states (alpha has none: it changes no estimate)."""
+        fields: dict[str, Any] = {}
+        if self.rank is not None:
+            fields["lora_rank"] = self.rank
+        if self.targets is not None:
+            fields["lora_targets"] = list(self.targets)
+        return fields
+
+
+def stated_lora(row: dict[str, Any]) -> StatedLora:
+    """The row's `lora` section read as StatedLora; Unmapped, naming the field and what it takes, where a value is
+    not one (a rank that is no positive whole number, an alpha that is no number, a target that is no Megatron-Core
+    linear meshplan adapts, a key the section does not have)."""
+    section = row.get("lora")
+    if section is None:
+        return StatedLora()
+    if not isinstance(section, dict):
+        raise Unmapped(f"lora {section!r}: expected a section with {', '.join(LORA_SECTION)}")
+    unknown = sorted(set(section) - set(LORA_SECTION))
+    if unknown:
+        raise Unmapped(f"lora.{unknown[0]}: not a field of the lora section (allowed: {', '.join(LORA_SECTION)})")
+    rank, alpha, targets = section.get("rank"), section.get("alpha"), section.get("targets")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+        raise Unmapped(f"lora.rank {rank!r}: expected a whole number of at least 1")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, int | float)):
+        raise Unmapped(f"lora.alpha {alpha!r}: expected a number")
+    if targets is not None:
+        if not isinstance(targets, list) or not targets:
+            raise Unmapped(f"lora.targets {targets!r}: expected a list of Megatron-Core linear names")
+        unknown = [t for t in targets if t not in LORA_TARGETS]
+        if unknown:
+            raise Unmapped(f"lora.targets {unknown[0]!r}: not a linear meshplan adapts (allowed: "
+                           f"{', '.join(LORA_TARGETS)})")
+        twice = sorted({t for t in targets if targets.count(t) > 1})
+        if twice:
+            raise Unmapped(f"lora.targets {twice[0]!r}: given more than once")
+        targets = tuple(targets)
+    return StatedLora(rank=rank, alpha=alpha, targets=targets)
 
 
 def peak_convention(row: dict[str, Any], framework: str | None = None) -> str:

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from production_rows import row_text
+from production_rows import row_text, stated_lora
 
 from meshplan.arithmetic.lora import lora_engines
 from meshplan.arithmetic.schedule import format_layout, parse_layout
@@ -342,11 +342,12 @@ def allocator_field(row: dict[str, Any], framework: str) -> dict[str, Any]:
 
 
 def lora_for(row: dict[str, Any], framework: str, what: str) -> tuple[str, dict[str, Any], dict[str, str]]:
-    """(framework, Request LoRA fields, knobs) of a LoRA row: the cited recipe's rank and targets, else job=lora with
-    the framework's defaults (knob "lora"). A framework whose card runs no LoRA but names the framework that trains
-    the same model with it (its lora_rank knob's runs_on: Megatron-LM's pretrain_gpt -> Megatron-Bridge, whose LoRA is
-    NeMo's ParallelLinearAdapter carried over) has the row scored there; one that names none keeps it (rule
-    LORA001 says so)."""
+    """(framework, Request LoRA fields, knobs) of a LoRA row: the rank and targets its own `lora` section states
+    (production_rows.stated_lora), what it leaves out from the recipe it cites (LORA_RECIPES), else job=lora with the
+    framework's default for it (knob "lora", naming what was not stated). A framework whose card runs no LoRA but
+    names the framework that trains the same model with it (its lora_rank knob's runs_on: Megatron-LM's pretrain_gpt
+    -> Megatron-Bridge, whose LoRA is NeMo's ParallelLinearAdapter carried over) has the row scored there; one that
+    names none keeps it (rule LORA001 says so)."""
     knobs: dict[str, str] = {}
     card = framework_card(framework)
     elsewhere = None if lora_engines(card) or card.adapter is None else \
@@ -355,8 +356,12 @@ def lora_for(row: dict[str, Any], framework: str, what: str) -> tuple[str, dict[
         knobs["framework"] = (f"{row['framework']} LoRA: scored with {elsewhere}, which trains the same model with "
                               "LoRA")
         framework = elsewhere
+    fields = stated_lora(row).request_fields()
     cited = row_text(row["source"]["citation"])
-    for recipe, (rank, targets, _) in LORA_RECIPES.items():
-        if recipe in cited:
-            return framework, {"lora_rank": rank, "lora_targets": targets}, knobs
-    return framework, {"job": "lora"}, knobs | {"lora": f"{what}: rank and targets not stated"}
+    recipe = next(({"lora_rank": rank, "lora_targets": targets} for name, (rank, targets, _) in LORA_RECIPES.items()
+                   if name in cited), {})
+    fields = recipe | fields
+    unstated = [word for key, word in (("lora_rank", "rank"), ("lora_targets", "targets")) if key not in fields]
+    if unstated:
+        knobs["lora"] = f"{what}: {' and '.join(unstated)} not stated"
+    return framework, fields if "lora_rank" in fields else {"job": "lora"} | fields, knobs

@@ -80,3 +80,24 @@ def test_llama3_paper_rows_read_as_its_section_3_3_2_states(run):
         assert req.pipeline_layout == "E|(t|)*126L" and req.first_stage_layers is None, row_id
     req = by_id["llama3paper_405b_16384_h100"].mapping.request
     assert [stage.layers for stage in estimate_memory(req).stages] == [7] + [8] * 14 + [7]
+
+
+def test_mlperf_lora_rows_are_scored_with_the_lora_their_runs_set(run):
+    """The MLPerf Llama 2 70B LoRA rows state their rank and targets in their lora section (rank 16 on linear_qkv and
+    linear_proj: NeMo's target_modules ['attention'] in v4.0, Megatron-Core's names in v5.0), and are scored with them,
+    not with the framework's default LoRA (no "lora" knob)."""
+    rows, scores, _ = run
+    lora = [(r, s) for r, s in zip(rows, scores, strict=True) if r["category"] == "lora"]
+    assert len(lora) >= 9
+    for row, score in lora:
+        req = score.mapping.request
+        assert req.lora_rank == row["lora"]["rank"] == 16, row["id"]
+        assert req.lora_targets == row["lora"]["targets"] == ["linear_qkv", "linear_proj"], row["id"]
+        assert "lora" not in score.mapping.knobs, row["id"]
+        # v4.0's NeMo yaml turns Megatron-Core's parameter transpose cache off (TE 1.6: no fp8 weight transpose kept),
+        # which meshplan cannot express: counted as not expressible for memory
+        assert ("parameter_transpose_cache" in score.mapping.knobs) == row["id"].startswith("mlperf40"), row["id"]
+        # v5.0's 8-GPU runs store the SwiGLU input in fp8 (FP8_ACT=1), which meshplan cannot express either
+        stores = "activation_func_fp8_input_store" in row["outcome"]["other"]
+        assert ("activation_func_fp8_input_store" in score.mapping.knobs) == stores, row["id"]
+    assert sum("activation_func_fp8_input_store" in s.mapping.knobs for _, s in lora) == 2

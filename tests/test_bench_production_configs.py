@@ -362,3 +362,41 @@ def test_a_lora_row_moves_only_where_the_card_names_the_framework_that_runs_it(p
         **adapter.versions, adapter.default_version: version.model_copy(update={"knobs": knobs_without})}})})
     monkeypatch.setattr(psrc, "framework_card", lambda f: unnamed if f == "megatron-core" else framework_card(f))
     assert psrc.lora_for(row, "megatron-core", "LoRA")[0] == "megatron-core"
+
+
+def test_a_lora_row_reads_its_own_lora_section_before_a_cited_recipe(production_rows):
+    """A row's `lora` section (production_rows.stated_lora) gives the Request's rank and targets, read the same way
+    for every row; what it leaves out the recipe it cites fills (LORA_RECIPES), else the framework's default with the
+    knob "lora" naming what was not stated. A value the section cannot hold is refused with the field and what it
+    takes."""
+    recipe_row = copy.deepcopy(production_rows["mbridge_h100_llama3_70b_lora_8_fp8"])  # cites a LORA_RECIPES recipe
+    assert psrc.lora_for(recipe_row, "megatron-bridge", "LoRA")[1:] == (
+        {"lora_rank": 16, "lora_targets": ["linear_qkv"]}, {})
+    recipe_row["lora"] = {"rank": 8, "alpha": 16, "targets": ["linear_fc1", "linear_fc2"]}
+    assert psrc.lora_for(recipe_row, "megatron-bridge", "LoRA")[1:] == (
+        {"lora_rank": 8, "lora_targets": ["linear_fc1", "linear_fc2"]}, {})
+    recipe_row["lora"] = {"rank": 32}  # the recipe's targets fill the rest
+    assert psrc.lora_for(recipe_row, "megatron-bridge", "LoRA")[1] == {"lora_rank": 32, "lora_targets": ["linear_qkv"]}
+
+    bare = copy.deepcopy(production_rows["nemo2407_h100_lora_llama2_70b_8gpu"])  # states none, cites no recipe
+    _, fields, knobs = psrc.lora_for(bare, "megatron-bridge", "LoRA")
+    assert fields == {"job": "lora"} and knobs["lora"] == "LoRA: rank and targets not stated"
+    bare["lora"] = {"targets": ["linear_qkv", "linear_proj"], "rank": None}
+    _, fields, knobs = psrc.lora_for(bare, "megatron-bridge", "LoRA")
+    assert fields == {"job": "lora", "lora_targets": ["linear_qkv", "linear_proj"]}
+    assert knobs["lora"] == "LoRA: rank not stated"
+    bare["lora"] = {"rank": 16, "targets": ["linear_qkv", "linear_proj"]}
+    _, fields, knobs = psrc.lora_for(bare, "megatron-bridge", "LoRA")
+    assert fields == {"lora_rank": 16, "lora_targets": ["linear_qkv", "linear_proj"]} and "lora" not in knobs
+
+    for section, words in (({"rank": 0}, "lora.rank 0: expected a whole number of at least 1"),
+                           ({"rank": "16"}, "lora.rank '16'"), ({"alpha": "x"}, "lora.alpha 'x': expected a number"),
+                           ({"targets": ["attention"]}, "lora.targets 'attention': not a linear meshplan adapts"),
+                           ({"targets": ["linear_qkv", "linear_qkv"]}, "given more than once"),
+                           ({"dim": 16}, "lora.dim: not a field of the lora section"), ([16], "expected a section")):
+        bare["lora"] = section
+        with pytest.raises(prow.Unmapped, match=words.replace("(", r"\(")):
+            prow.stated_lora(bare)
+    row = copy.deepcopy(production_rows["nemo2407_h100_lora_llama2_70b_8gpu"])
+    row["lora"] = {"rank": -1}
+    assert "lora.rank -1" in pmap.map_row(row, Path("/nonexistent")).unmapped  # counted with its reason, no traceback

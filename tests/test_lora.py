@@ -381,3 +381,22 @@ def test_default_targets_are_said_as_the_engine_sets_them(framework, zero, says,
     note = next(n for n in job.notes if n.startswith("lora_targets not given"))
     assert says in note and "linear_qkv skipped: DeepSeek-V2-Lite has none" in note
     assert ("Megatron-Bridge only warns" in note) is bridge_clause
+
+
+@pytest.mark.parametrize(("gpu", "fp8_bytes"), [("h100", 2), ("b200", 1)])
+def test_frozen_base_weights_take_the_fp8_primary_weight_bytes(gpu, fp8_bytes):
+    """A LoRA job's frozen base linears under fp8 primary weights (memory_states.fp8_param_gather, the one predicate)
+    hold the fp8 weight in place of the bf16 one: 1 B per element, plus on Hopper the transpose Transformer Engine 2.x
+    keeps on the parameter for the dgrad GEMM (Float8Tensor.update_usage(columnwise_usage=True) in Linear's forward,
+    never freed), none on Blackwell, whose FP8 GEMMs take any layout; the adapters stay bf16. Without fp8 primary
+    weights an fp8 job keeps the bf16 weight and an fp8 copy beside it. The output layer, Megatron-Core's
+    ColumnParallelLinear and no Transformer Engine module, stays bf16 either way (memory_stage.fp8_weight_params)."""
+    linear = LAYERS * (H * QKV + H * H + 2 * H * FFN + FFN * H)  # the decoder's linear weights (TP 1), no output layer
+    base = dict(L8B, gpu=gpu, seq_length=4096, micro_batch_size=1, tp=1, recompute="full", lora_rank=16)
+    bf16 = estimate_memory(*resolve(Request(**base, precision="bf16"))).stages[0].weights_bytes
+    primary = estimate_memory(*resolve(Request(**base, precision="fp8", fp8_recipe="delayed",
+                                               fp8_param_gather=True))).stages[0].weights_bytes
+    copy = estimate_memory(*resolve(Request(**base, precision="fp8", fp8_recipe="delayed",
+                                            fp8_param_gather=False))).stages[0].weights_bytes
+    assert primary - bf16 == (fp8_bytes - 2) * linear
+    assert copy - bf16 == fp8_bytes * linear

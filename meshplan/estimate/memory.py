@@ -631,7 +631,7 @@ def _fp8_assumption(conv, gather: bool) -> str:
     if conv.fp8_weights == "transformer_engine":
         weight = (f"fp8 primary weights in place of the bf16 ones ({conv.fp8_weight_bytes:+g} B per linear-layer "
                   "parameter)" if gather else f"{conv.fp8_weight_bytes:g} B of fp8 weight per linear-layer parameter "
-                  "beside the bf16 one (Transformer Engine)")
+                  "beside the bf16 one (Transformer Engine)") + "; the output layer, no Transformer Engine module, bf16"
     elif conv.fp8_weight_bytes:
         weight = f"{conv.fp8_weight_bytes:g} B of fp8 weight copy per linear-layer parameter"
     else:

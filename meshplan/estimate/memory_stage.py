@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from meshplan.arithmetic.lora import adapter_params, lora_engine
 from meshplan.arithmetic.memory_states import (
+    Convention,
     accumulated_grad_bytes,
     experts_in_units,
     frozen_gathered_transient,
@@ -412,8 +413,9 @@ def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]
     vision = vision_weight_bytes(terms, params, detail)
     states["weights"] += vision.bytes
     if terms.job.precision == "fp8" and conv.fp8_weight_bytes:
-        states["weights"] += conv.fp8_weight_bytes * params.linear
-        detail["fp8_weight_copies"] = int(conv.fp8_weight_bytes * params.linear)
+        fp8_params = fp8_weight_params(conv, params)
+        states["weights"] += conv.fp8_weight_bytes * fp8_params
+        detail["fp8_weight_copies"] = int(conv.fp8_weight_bytes * fp8_params)
     detail["params_on_gpu"] = int(dense + experts)
     # the parameters whose stored weights this GPU holds: their shard where the weights are sharded (ZeRO-3, FSDP),
     # as a model built the same way keeps them (the RL step's reference model: rl/memory.reference_bytes)
@@ -421,6 +423,17 @@ def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]
     detail["weight_params"] = int(dense / terms.dense_dp + experts / terms.expert_dp if sharded else dense + experts)
     detail["weight_params"] += int(vision.params / terms.dense_dp if sharded else vision.params)
     return states
+
+
+def fp8_weight_params(conv: Convention, params: StageParams) -> float:
+    """The rank's parameters that take the convention's fp8 weight bytes (an fp8 copy, or with fp8 primary weights
+    the fp8 weight in place of the bf16 one, frozen or trained alike): its linear layers, less the output layer where
+    those weights are Transformer Engine's, as Megatron-Core builds that layer as tensor_parallel.ColumnParallelLinear,
+    no TE module, so fp8_autocast and fp8_model_init leave its weight bf16 (NVIDIA/Megatron-LM d98e8a6
+    megatron/core/models/gpt/gpt_model.py; its TE head, TELMHeadColumnParallelLinear, only with fp8_output_proj under
+    mxfp8, not modelled), as the distributed optimizer's all-gather counts it
+    (sharding_traffic.optimizer_gather_bytes)."""
+    return params.linear - (params.head if conv.fp8_weights == "transformer_engine" else 0.0)
 
 
 def lora_states(terms: MemoryTerms, params: StageParams, states: dict[str, float],

@@ -332,7 +332,8 @@ def nemo2_perf_precision(release: str | None) -> NemoPerfPrecision | None:
     return NEMO2_PERF_PRECISION.get(found.group(1)) if found else None
 
 
-# LoRA settings of the recipes LoRA rows cite (the rows state none): recipe function -> (rank, targets, source).
+# LoRA settings of the recipes LoRA rows cite, for a row whose own lora section states none of them (the bench's
+# production_rows.stated_lora): recipe function -> (rank, targets, source).
 LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {
     "llama3_70b_peft_8gpu_h100_fp8cs_config": (16, ["linear_qkv"], "Megatron-Bridge perf_recipes/llama/h100/llama3.py "
                                                "(cfg.peft.target_modules = ['linear_qkv']) on recipes/llama llama3_70b "
