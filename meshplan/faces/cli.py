@@ -22,7 +22,7 @@ from meshplan import __version__, api
 from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import plural
-from meshplan.faces.mcp import start_up
+from meshplan.faces.mcp import ALLOW_SERVER_FILES_HELP, start_up
 from meshplan.request.parse import ascii_float, ascii_int, field_aliases, likely_field, parse_request, request_error
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.options import MinimumGpusOptions, RecommendOptions, ReportOptions
@@ -482,7 +482,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from meshplan.faces.mcp.server import chosen_transport, run
 
     run(transport=chosen_transport(args.transport, args.http), host=args.host, port=args.port,
-        allowed_hosts=args.allowed_host)
+        allowed_hosts=args.allowed_host, allow_server_files=args.allow_server_files)
     return EXIT_OK
 
 
@@ -671,6 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="Extra Host header to accept over HTTP when binding beyond loopback (repeatable; "
                         "default: loopback names only)")
+    p.add_argument("--allow-server-files", action="append", default=[], metavar="DIR", help=ALLOW_SERVER_FILES_HELP)
     p.set_defaults(func=cmd_serve)
 
     add_import_parser(sub)

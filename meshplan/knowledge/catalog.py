@@ -10,6 +10,7 @@ import re
 from functools import cache, lru_cache
 from pathlib import Path
 
+from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.knowledge.cards import ModelCard, model_card, model_card_names
 from meshplan.knowledge.families_card import FamilyType, families_card
@@ -92,10 +93,10 @@ def catalog_keys() -> list[str]:
 def _looks_like_path(name: str) -> bool:
     if name.endswith(".json") or name.startswith((".", "~")):
         return True
-    try:
-        return "/" in name and Path(name).exists()
-    except (OSError, ValueError):
+    if "/" not in name:
         return False
+    # a remote caller's absolute path is refused by server_path, never probed: whether it exists is the server's
+    return (server_files.confined() and name.startswith("/")) or server_files.exists(name)
 
 
 def resolve_model(name: str) -> Architecture:
@@ -115,7 +116,7 @@ def resolve_model(name: str) -> Architecture:
         return section_architecture(name)
     if _looks_like_path(name):
         try:
-            path = Path(name).expanduser()
+            path = server_files.server_path(name, "model").expanduser()
         except RuntimeError as exc:  # '~user' for a user this machine does not know
             raise MeshplanError(f"Cannot expand the home directory in {name[:200]!r}: {exc}",
                                 fix="Give the config.json path without '~', or a catalog key.") from exc
@@ -127,12 +128,14 @@ def resolve_model(name: str) -> Architecture:
             raise
     # a folder here holding a config.json, named like no catalog model or size ('my-model', a clone of a Hugging Face
     # repository): read as './my-model' reads it, where 'Unknown model' was the answer
-    return architecture_from_file(Path(name))
+    return architecture_from_file(server_files.server_path(name, "model"))
 
 
 def _in_working_directory(name: str) -> bool:
     """Whether `name` (no catalog model, variant or size) is a folder in the working directory holding a config.json
     (any other file or folder of that name stays an unknown model: the MCP server's directory is the host's)."""
+    if server_files.confined():  # a remote caller's working directory is the operator's folder, if any
+        return server_files.is_file(Path(name) / "config.json")
     try:
         return (Path(name) / "config.json").is_file()
     except (OSError, ValueError):

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from pydantic import Field
 
+from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import _Card, load_card
 from meshplan.knowledge.families_card import unknown_activation
@@ -736,9 +737,12 @@ MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; refuse anything that is
 
 
 def _config_path(path: Path) -> Path:
+    """The config.json a model path names (a folder: the config.json in it); for a remote caller inside the folders it
+    may read, the file itself too (a config.json symlinked out of the folder is refused, core/server_files.py)."""
+    path = server_files.server_path(path, "model")
+    if server_files.is_dir(path):  # is_dir: a MeshplanError is a ValueError, which the try below reads as no file
+        path = server_files.server_path(path / "config.json", "model")
     try:
-        if path.is_dir():
-            path = path / "config.json"
         if path.is_file():
             return path
     except (OSError, ValueError):  # a name too long for the file system, a NUL byte

@@ -78,6 +78,7 @@ from meshplan.adapters.read.shell import MAX_CONFIG_CHARS, read_script
 from meshplan.adapters.read.verl_sft import DETECT as VERL_SFT
 from meshplan.adapters.read.verl_sft import read_verl_sft, read_verl_sft_yaml
 from meshplan.arithmetic.mesh import file_data_parallel
+from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.imported import ImportedConfig
@@ -311,8 +312,9 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
 def import_file(path: str, framework: str | None = None, config_format: str | None = None) -> ImportedConfig:
     """import_config of a file on disk (a missing or unreadable file is a MeshplanError)."""
     shown = path  # FILE.py:FUNCTION picks one function of a torchtitan config_registry.py
+    path = server_files.server_name(path, "config file")  # a remote caller's: inside the folders it may read
     if not os.path.exists(path) and re.search(r"\.py:\w+$", path):
-        path = path.rsplit(":", 1)[0]
+        path = server_files.server_name(path.rsplit(":", 1)[0], "config file")
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as handle:
             text = handle.read(MAX_CONFIG_CHARS + 1)

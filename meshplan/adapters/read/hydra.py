@@ -15,6 +15,7 @@ from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, lora
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, flag_settings, yaml_settings
 from meshplan.arithmetic.mesh import file_data_parallel, rl_job_gpus
+from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card, rl_card
 from meshplan.knowledge.catalog import resolve_model
@@ -350,7 +351,7 @@ def model_named_by_path(reading: Reading) -> None:
     except MeshplanError:
         pass
     name = model.rstrip("/").rsplit("/", 1)[-1]
-    if not name or Path(model).expanduser().exists():
+    if not name or server_files.exists(model):  # a remote caller's path is on its own machine, not probed here
         return
     try:
         resolve_model(name)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from meshplan.adapters.read.keys import Reading
 from meshplan.adapters.read.settings import Setting, yaml_settings
+from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError
 
 MAX_FILES = 64
@@ -95,7 +96,7 @@ class _Composer:
     def find(self, name: str) -> Path | None:
         for root in self.roots:
             candidate = root / f"{name}.yaml"
-            if candidate.is_file():
+            if server_files.is_file(candidate):  # a remote caller's: inside the folders it may read
                 return candidate
         return None
 

@@ -31,6 +31,7 @@ from meshplan.adapters.read.model_match import (
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
 from meshplan.adapters.read.shell import Command, Script, Word, logical_lines, read_script
 from meshplan.arithmetic.mesh import ep_has_own_ranks, replica_size
+from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.allocator_card import ALLOC_ENV, ALLOC_OPTIONS, AllocatorSetting
 from meshplan.knowledge.cards import framework_card, rl_card
@@ -260,8 +261,11 @@ def named_file(reading: Reading, word: Word, flag: str, suffixes: tuple[str, ...
     given = Path(word.text)
     here = Path(reading.path).resolve()
     folders = [] if reading.path.startswith("<") else [here.parent, *here.parents]
-    found = given if given.is_absolute() and given.is_file() else next(
-        (folder / given for folder in folders if not given.is_absolute() and (folder / given).is_file()), None)
+    if given.is_absolute():  # a remote caller's: refused outside the folders it may read (core/server_files.py)
+        named = server_files.server_path(given, where)
+        found = named if named.is_file() else None
+    else:  # the folders above the script, each candidate as far as the caller may read
+        found = next((folder / given for folder in folders if server_files.is_file(folder / given)), None)
     if found is None:
         raise MeshplanError(f"{where}: the file is not found "
                             + ("(a pasted script has no folder)" if not folders else

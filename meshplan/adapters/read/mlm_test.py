@@ -23,6 +23,7 @@ import yaml
 
 from meshplan.adapters.read.keys import Reading, read_section
 from meshplan.adapters.read.launch import read_megatron
+from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.read_card import CiRecipes
 
@@ -166,10 +167,12 @@ def ci_recipe_world(path: str, ci: CiRecipes) -> list[RecipeRow] | str | None:
         return None
     root, model, test = case
     folder = root / ci.recipes
-    if not folder.is_dir():
+    if not server_files.is_dir(folder):
         return f"the CI recipes ({ci.recipes}) are not in the file's checkout"
     rows = []
     for recipe in sorted(folder.rglob("*.yaml")):
+        if not server_files.is_file(recipe):  # a remote caller's: inside the folders it may read
+            continue
         stat = recipe.stat()
         for m, c, nodes, per_node, gpus, line in _recipe_rows(str(recipe), stat.st_mtime_ns, stat.st_size,
                                                             ci.default_gpus_per_node):

@@ -11,6 +11,15 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+# The help of --allow-server-files, the same on `meshplan serve` and `meshplan-mcp` (here: neither loads the server to
+# print its help).
+ALLOW_SERVER_FILES_HELP = (
+    "Over HTTP the caller is remote, so the server reads none of its own files for a request: a model's config.json "
+    "path, a launch script or a config file a pasted script names is refused, and the content is sent instead "
+    "(config_text, or a config.json pasted in the web page). This opens DIR: paths inside it (resolved, no symlink "
+    "out) are read, a relative one from the first DIR given (repeatable; default: none; stdio reads its user's paths "
+    "as given)")
+
 
 @contextmanager
 def start_up() -> Iterator[None]:

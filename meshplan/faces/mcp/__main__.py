@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from meshplan.core.errors import MeshplanError
-from meshplan.faces.mcp import start_up
+from meshplan.faces.mcp import ALLOW_SERVER_FILES_HELP, start_up
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,6 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
         help="Extra Host header to accept over HTTP when binding beyond loopback (repeatable)",
     )
+    parser.add_argument("--allow-server-files", action="append", default=[], metavar="DIR",
+                        help=ALLOW_SERVER_FILES_HELP)
     args = parser.parse_args(argv)
 
     with start_up():
@@ -30,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         run(transport=chosen_transport(args.transport, args.http), host=args.host, port=args.port,
-            allowed_hosts=args.allowed_host)
+            allowed_hosts=args.allowed_host, allow_server_files=args.allow_server_files)
     except MeshplanError as exc:
         print(f"meshplan-mcp: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import anyio
 from mcp.server import MCPServer
@@ -24,6 +25,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 
 from meshplan import __version__
+from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError, closest
 
 from .deferred import deferred_tools
@@ -50,7 +52,8 @@ All tools take the same flat arguments (model, gpu, num_gpus, seq_length, global
 micro_batch_size, precision, framework, tp, pp, vpp, cp, ep, etp, dp, sequence_parallel, zero_stage, \
 recompute, headroom); a field left out (or null) is searched by recommend_parallelism and filled with a stated \
 default elsewhere; an unknown field is an error naming the closest one. \
-A model is a catalog key, a Hugging Face id, a config.json path or a size like "70B". \
+A model is a catalog key, a Hugging Face id, a config.json path or a size like "70B" (over HTTP a path names the \
+server's file, refused unless its operator opened that folder: send a config as config_text). \
 Results are bytes and seconds; each carries a summary, its assumptions and next steps. Quote the \
 tools' numbers rather than estimating. Background: skill://parallelism-strategies/SKILL.md; the data \
 behind every answer: card://index.\
@@ -145,8 +148,21 @@ def chosen_transport(transport: str | None, http: bool) -> str:
     return "http" if http else (transport or "stdio")
 
 
+def server_folders(folders: Sequence[str]) -> list[Path]:
+    """The folders --allow-server-files names, each an existing folder (a typo would open nothing, silently)."""
+    found = []
+    for folder in folders:
+        path = Path(folder).expanduser()
+        if not path.is_dir():
+            raise MeshplanError(f"--allow-server-files {folder}: not a folder on this machine.",
+                                fix="Name a folder that exists (the HTTP server's callers may read the files in it).")
+        found.append(path.resolve())
+    return found
+
+
 def run(
-    transport: str = "stdio", host: str | None = None, port: int | None = None, allowed_hosts: Sequence[str] = ()
+    transport: str = "stdio", host: str | None = None, port: int | None = None, allowed_hosts: Sequence[str] = (),
+    allow_server_files: Sequence[str] = (),
 ) -> None:
     """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp (host and port None: DEFAULT_HOST,
     DEFAULT_PORT); blocks until the client leaves.
@@ -155,6 +171,10 @@ def run(
     server with status 130 at once; an HTTP server shuts down and raises KeyboardInterrupt, which the
     entry points turn into the same status. A host, port or allowed host given to a stdio server is refused: it
     binds nothing, and `serve --port 9000` ran on stdio without a word.
+
+    Over HTTP the caller is remote, so the server reads none of its own files for a request (a model's config.json
+    path, a launch script, a file a pasted script names: core/server_files.py), but inside the folders
+    `allow_server_files` names; over stdio the caller is the machine's user and its paths are read as given.
     """
     if transport == "stdio":
         given = [name for name, set_ in (("--host", host is not None), ("--port", port is not None),
@@ -163,6 +183,10 @@ def run(
             raise MeshplanError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} where the HTTP server "
                                 "binds, and this server runs on stdio, which binds nothing.",
                                 fix="Add --http to serve at http://HOST:PORT/mcp, or drop " + " and ".join(given) + ".")
+        if allow_server_files:
+            raise MeshplanError("--allow-server-files opens a folder to an HTTP server's remote callers, and this "
+                                "server runs on stdio, whose user's paths are read as given.",
+                                fix="Add --http to serve at http://HOST:PORT/mcp, or drop --allow-server-files.")
         print(STDIO_WAITING, file=sys.stderr, flush=True)
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, _stop_now) if in_main else None
@@ -178,6 +202,7 @@ def run(
     port = DEFAULT_PORT if port is None else port
     if not 0 < port < 65536:
         raise MeshplanError(f"Port {port} is out of range.", fix="Use a port between 1 and 65535, e.g. 8765.")
+    folders = server_folders(allow_server_files)
     if host in WILDCARD and not allowed_hosts:
         print(
             f"meshplan-mcp: bound to {host or 'all interfaces'}, but only loopback Host headers are accepted; "
@@ -195,10 +220,13 @@ def run(
     # Keep idle connections open longer than uvicorn's 5 s default: a client that reuses a pooled
     # connection just as the server closes it gets a reset on its next POST, which a busy host hits.
     config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
+    reads = (f"callers' paths read inside {', '.join(map(str, folders))} only" if folders else
+             "no file of this machine read for a caller (--allow-server-files DIR opens one folder)")
     print(f"meshplan MCP server on {http_url(host, port)} (streamable HTTP), the web page at "
-          f"{http_url(host, port)[:-len('mcp')]}; Ctrl-C to stop", file=sys.stderr, flush=True)
+          f"{http_url(host, port)[:-len('mcp')]}; {reads}; Ctrl-C to stop", file=sys.stderr, flush=True)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        with server_files.remote(folders):  # every request's reads confined; the tools' threads inherit it
+            uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         print(STOPPED, file=sys.stderr, flush=True)
         raise

@@ -24,6 +24,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshplan import __version__, api
+from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.faces.report.gather import gather
 from meshplan.faces.report.render import environment, render_html
@@ -93,13 +94,17 @@ PASTED = "pasted config.json"  # the model's name on the page: the temporary fil
 def answer(values: dict[str, str]) -> tuple[str, str, str]:
     """(report body, recommend's JSON, error) for the form's values: the same call as `meshplan report
     --recommend` (an error is a MeshplanError's words, never a traceback). A pasted config.json is named as such,
-    not by the temporary file the resolver read it from (a path the reader never saw, deleted once answered)."""
-    with tempfile.TemporaryDirectory(prefix="meshplan-page-") as tmp:
+    not by the temporary file the resolver read it from (a path the reader never saw, deleted once answered); that
+    file's folder is the one a remote caller may read beside the operator's (--allow-server-files): a path typed as
+    the model is the server's file, refused."""
+    with tempfile.TemporaryDirectory(prefix="meshplan-page-") as tmp, server_files.granted(Path(tmp)):
+        folder = Path(tmp).resolve()  # the name a remote caller's read resolves it to (core/server_files.py)
+
         def named(text: str) -> str:
-            return text.replace(str(Path(tmp) / "config.json"), PASTED)
+            return text.replace(str(folder / "config.json"), PASTED)
 
         try:
-            req = parse_request(_request_fields(values, Path(tmp)))
+            req = parse_request(_request_fields(values, folder))
             report = gather(req, recommend=True)
         except ValidationError as exc:
             return "", "", named(str(request_error(exc)))
