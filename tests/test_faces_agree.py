@@ -49,6 +49,11 @@ L70 = {"model": "llama-3.1-70b", "gpu": "h100"}
 Q30 = {"model": "qwen3-30b-a3b", "gpu": "h100"}
 DSV3 = {"model": "deepseek-v3", "gpu": "h100"}
 
+# a model's config.json sent as its text (what a caller over HTTP sends, where a path names the server's file)
+CONFIG_JSON = json.dumps({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+                          "num_attention_heads": 16, "num_hidden_layers": 16, "num_key_value_heads": 8,
+                          "vocab_size": 32000, "hidden_act": "silu", "tie_word_embeddings": False})
+
 # (tool, arguments): at least 30, every tool, the examples, some refusals.
 RL = {"framework": "verl", "num_gpus": 16, "ep": 8, "job": "rl", "samples_per_prompt": 8, "prompts_per_step": 64,
       "response_length": 4096}
@@ -176,6 +181,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                       "zero_stage": 1, "recompute": "full"}),
     ("render_config", {"framework": "torchtitan", **L8, "num_gpus": 12, "tp": 2}),
     ("check_config", {**L8, "num_gpus": 13}),
+    ("estimate_memory", {"model": CONFIG_JSON, "gpu": "h100", "num_gpus": 8, "tp": 2}),
+    ("describe_model", {"model": CONFIG_JSON[:-1]}),  # bad JSON: the words a config.json file's gets
 ]
 
 

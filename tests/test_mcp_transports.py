@@ -125,7 +125,7 @@ def test_bad_lines_get_error_replies_and_the_server_keeps_serving(raw):
         (13, {"model": 1e308}, "valid string"),
         (14, {**MEMORY_ARGS, "micro_batch_size": 1.5}, "integer"),
         (15, {**MEMORY_ARGS, "sequence_parallel": "perhaps"}, "boolean"),
-        (19, {"model": "x" * 1_000_000}, "at most 4096 characters"),
+        (19, {"model": "x" * ((1 << 20) + 1)}, "at most 1048576 characters"),
     ]:
         name = "describe_model" if req_id in (13, 19) else "estimate_memory"
         reply = raw.ask(call(req_id, name, arguments))

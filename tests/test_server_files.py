@@ -128,7 +128,7 @@ def test_a_pasted_script_naming_a_server_file_is_refused_over_http(files):
         assert REFUSED in _error(api.import_config, script)
 
 
-def test_the_page_reads_its_own_temporary_file_but_no_path_typed_as_the_model(files):
+def test_the_page_reads_a_pasted_config_json_as_text_but_no_path_typed_as_the_model(files):
     from meshplan.faces.report.page import PASTED, answer
 
     with server_files.remote():
@@ -172,6 +172,23 @@ async def test_over_http_a_path_is_refused_and_config_text_works(http_server, fi
     failed, text = await _call(http_server, "check_config", {"config_text": ds_config, "model": "llama-3.1-8b",
                                                              "num_gpus": 8})
     assert not failed, text
+
+
+async def test_over_http_a_config_json_is_sent_as_text(http_server):
+    """A model's config.json travels as its text, as model or as config_text, and reads as the same model; bad JSON
+    is refused in the words a config.json file gets (a position in the caller's own text, no server path)."""
+    expected = api.describe_model(json.dumps(CONFIG)).total_params
+    for args in ({"model": json.dumps(CONFIG)}, {"config_text": json.dumps(CONFIG)}):
+        failed, text = await _call(http_server, "estimate_memory", {**args, "num_gpus": 8, "tp": 2})
+        assert not failed and "pasted config.json" in text, text
+    failed, text = await _call(http_server, "describe_model", {"model": json.dumps(CONFIG)})
+    assert not failed and (f"{expected:,}" in text or str(expected) in text), text
+    for tool, args in (("estimate_memory", {"config_text": json.dumps(CONFIG)[:-1], "num_gpus": 8}),
+                       ("describe_model", {"model": json.dumps(CONFIG)[:-1]})):
+        failed, text = await _call(http_server, tool, args)
+        end = len(json.dumps(CONFIG))
+        assert failed and text.endswith("'pasted config.json' is not valid JSON: Expecting ',' delimiter: line 1 "
+                                        f"column {end} (char {end - 1}). Fix: Fix the JSON there."), text
 
 
 def test_over_http_the_page_takes_a_pasted_config_json_and_refuses_a_path(http_server, files):

@@ -10,7 +10,8 @@ outside the folders the operator allowed (`serve --allow-server-files DIR`; none
 nothing of the file.
 
 The policy lives in a ContextVar (as cancel.py's token): the tool calls' worker threads and the page's inherit the
-server's, and the page grants its own temporary folder for one answer (`granted`).
+server's. A model's config.json needs no file: its text is the model (`model`, MCP's config_text, the page's paste;
+knowledge/model_config.architecture_from_text).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from meshplan.core.errors import MeshplanError
 
-__all__ = ["confined", "exists", "granted", "is_dir", "is_file", "remote", "server_name", "server_path"]
+__all__ = ["confined", "exists", "is_dir", "is_file", "remote", "server_name", "server_path"]
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,9 @@ class Confinement:
 _policy: ContextVar[Confinement | None] = ContextVar("meshplan_server_files", default=None)
 
 SEND_CONTENT = ("Over HTTP send the content, not a path: a framework config or launch script as config_text; a "
-                "model's config.json pasted in the web page at /; or a catalog key, Hugging Face id or size such as "
-                "'70B' as model. Or the server's operator starts it with --allow-server-files DIR to let it read that "
-                "folder (a relative path is read from there).")
+                "model's config.json as its text, as model or config_text (or pasted in the web page at /); or a "
+                "catalog key, Hugging Face id or size such as '70B' as model. Or the server's operator starts it with "
+                "--allow-server-files DIR to let it read that folder (a relative path is read from there).")
 
 
 @contextmanager
@@ -48,20 +49,6 @@ def remote(allowed: Sequence[Path] = ()) -> Iterator[None]:
     existing folder, which the entry points check before the server starts)."""
     roots = tuple(Path(folder).resolve() for folder in allowed)
     token = _policy.set(Confinement(roots, roots[0] if roots else None))
-    try:
-        yield
-    finally:
-        _policy.reset(token)
-
-
-@contextmanager
-def granted(folder: Path) -> Iterator[None]:
-    """The body may also read `folder` (the page's own temporary file); a no-op where the caller is local."""
-    policy = _policy.get()
-    if policy is None:
-        yield
-        return
-    token = _policy.set(Confinement((*policy.roots, Path(folder).resolve()), policy.base))
     try:
         yield
     finally:

@@ -16,7 +16,12 @@ from meshplan.knowledge.cards import ModelCard, model_card, model_card_names
 from meshplan.knowledge.families_card import FamilyType, families_card
 from meshplan.knowledge.flag_models import NAME, flags_architecture, flags_report
 from meshplan.knowledge.generic_models import generic_architecture, parse_size
-from meshplan.knowledge.model_config import architecture_from_config, architecture_from_file
+from meshplan.knowledge.model_config import (
+    architecture_from_config,
+    architecture_from_file,
+    architecture_from_text,
+    is_config_text,
+)
 from meshplan.knowledge.model_counts import count_components, mtp_params, vision_params
 from meshplan.knowledge.section_models import NAME as SECTION_NAME
 from meshplan.knowledge.section_models import section_architecture, section_report
@@ -101,9 +106,10 @@ def _looks_like_path(name: str) -> bool:
 
 def resolve_model(name: str) -> Architecture:
     """A catalog key, HF id or alias (case-insensitive, Instruct/Base/Chat variants included), a path to a
-    config.json (re-read when the file changes), a size such as '70B', or a launch script's architecture flags
-    ('megatron-core flags: --num-layers 40 ...', what `meshplan import` states for a model no catalog card has), or a
-    config section's ('kempnerforge model section: dim=5120 ...', knowledge/section_models.py)."""
+    config.json (re-read when the file changes) or a config.json's text (a JSON object), a size such as '70B', or a
+    launch script's architecture flags ('megatron-core flags: --num-layers 40 ...', what `meshplan import` states for
+    a model no catalog card has), or a config section's ('kempnerforge model section: dim=5120 ...',
+    knowledge/section_models.py)."""
     if not isinstance(name, str) or not name.strip():
         raise MeshplanError("model must be a non-empty string.", fix="Try 'meshplan models' for the catalog.")
     name = name.strip()
@@ -114,6 +120,8 @@ def resolve_model(name: str) -> Architecture:
         return flags_architecture(name)
     if SECTION_NAME.match(name):
         return section_architecture(name)
+    if is_config_text(name):
+        return architecture_from_text(name)
     if _looks_like_path(name):
         try:
             path = server_files.server_path(name, "model").expanduser()
@@ -154,7 +162,7 @@ def _resolve_name(name: str) -> Architecture:
     hints = closest(name, list(_catalog_index()))
     hint_keys = list(dict.fromkeys(_catalog_index()[h] for h in hints))
     raise MeshplanError(
-        f"Unknown model {name!r}.",
+        f"Unknown model {name[:200]!r}.",
         fix=(f"Did you mean: {', '.join(hint_keys)}? " if hint_keys else "")
         + "Use a catalog key (meshplan models), a Hugging Face id (Instruct/Base/Chat variants of catalog models "
         "included), a path to a config.json, or a size like '70B'.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -772,7 +773,8 @@ NOT_A_MODEL_CONFIG = ("A model path is a Hugging Face config.json; a framework's
                       "shell) is read as --config FILE on the CLI, config_text on MCP.")
 
 
-def _parse_config(raw: bytes, path: Path) -> dict[str, Any]:
+def _parse_config(raw: bytes, path: Path | str) -> dict[str, Any]:
+    """The config.json's object; `path` is the file, or CONFIG_TEXT_NAME for a config.json sent as text."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: also ints over 4300 digits
@@ -798,11 +800,45 @@ def architecture_from_file(path: Path) -> Architecture:
     """A config.json's architecture, cached by path and content hash: an edited file is parsed again, an
     unchanged one gives the same object (which the estimators' per-architecture caches key on)."""
     path = _config_path(path)
-    raw = _config_bytes(path)
-    key = (str(path), hashlib.sha256(raw).hexdigest())
+    return _cached_architecture(_config_bytes(path), path)
+
+
+CONFIG_TEXT_NAME = "pasted config.json"  # the model's name, and its errors' subject, when its config.json came as text
+
+
+def is_config_text(model: str) -> bool:
+    """Whether a request's model is a config.json's text (a JSON object) rather than a name or a path: what a caller
+    over HTTP sends, where a path names the server's file (core/server_files.py), and what the web page's paste is."""
+    return model.lstrip().startswith("{")
+
+
+MODEL_CONFIG_KEY = re.compile(r'"(model_type|architectures)"\s*:')  # keys no framework config meshplan reads has
+
+
+def is_model_config_json(text: str) -> bool:
+    """Whether a pasted config (MCP's config_text) is a Hugging Face config.json: a JSON object naming model_type or
+    architectures, read as the model, not as a framework's config. Told by its keys' text, not by parsing, so a
+    config.json with a slip is refused in the words a config.json file gets, not as a broken DeepSpeed JSON."""
+    return is_config_text(text) and MODEL_CONFIG_KEY.search(text) is not None
+
+
+def architecture_from_text(text: str) -> Architecture:
+    """The architecture of a config.json sent as its text, read as architecture_from_file reads the file (the same
+    size cap, JSON errors and model_type checks), named CONFIG_TEXT_NAME; cached by content."""
+    raw = text.encode("utf-8")
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise _too_large(Path(CONFIG_TEXT_NAME))
+    return _cached_architecture(raw, CONFIG_TEXT_NAME)
+
+
+def _cached_architecture(raw: bytes, source: Path | str) -> Architecture:
+    """The architecture of a config.json's bytes from `source` (its file, or CONFIG_TEXT_NAME), one object per source
+    and content (which the estimators' per-architecture caches key on)."""
+    key = (str(source), hashlib.sha256(raw).hexdigest())
     arch = _config_cache.get(key)
     if arch is None:
-        arch = architecture_from_config(_parse_config(raw, path), name=str(path), origin=f"config.json {path}")
+        origin = f"config.json {source}" if isinstance(source, Path) else source
+        arch = architecture_from_config(_parse_config(raw, source), name=str(source), origin=origin)
         if len(_config_cache) >= _CONFIG_CACHE_SIZE:
             _config_cache.clear()
         _config_cache[key] = arch

@@ -59,9 +59,12 @@ class Request(StrictModel):
     model_config = ConfigDict(strict=True)
 
     model: str = Field(
-        max_length=4096,  # PATH_MAX: longer is never a real name or path, and would be echoed in errors
+        # a config.json's text is capped where it is read (model_config.MAX_CONFIG_BYTES); a name or path is
+        # echoed in errors at most 200 characters long
+        max_length=1 << 20,
         description="Catalog key (llama-3.1-70b), Hugging Face id (meta-llama/Llama-3.1-70B), path to a "
-        "config.json, a size alone ('70B'), the path of a launch script (train.sh: the model its flags state), or "
+        "config.json or a config.json's text itself (a JSON object: over HTTP, where a path names the server's "
+        "file), a size alone ('70B'), the path of a launch script (train.sh: the model its flags state), or "
         "a Megatron-LM script's architecture flags as import states them ('megatron-core flags: --num-layers 40 "
         "--hidden-size 5120 ...')",
     )

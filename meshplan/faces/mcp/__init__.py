@@ -16,7 +16,8 @@ from contextlib import contextmanager
 ALLOW_SERVER_FILES_HELP = (
     "Over HTTP the caller is remote, so the server reads none of its own files for a request: a model's config.json "
     "path, a launch script or a config file a pasted script names is refused, and the content is sent instead "
-    "(config_text, or a config.json pasted in the web page). This opens DIR: paths inside it (resolved, no symlink "
+    "(a config.json's text as model or config_text, a framework config as config_text, or a config.json pasted in "
+    "the web page). This opens DIR: paths inside it (resolved, no symlink "
     "out) are read, a relative one from the first DIR given (repeatable; default: none; stdio reads its user's paths "
     "as given)")
 

@@ -52,8 +52,9 @@ All tools take the same flat arguments (model, gpu, num_gpus, seq_length, global
 micro_batch_size, precision, framework, tp, pp, vpp, cp, ep, etp, dp, sequence_parallel, zero_stage, \
 recompute, headroom); a field left out (or null) is searched by recommend_parallelism and filled with a stated \
 default elsewhere; an unknown field is an error naming the closest one. \
-A model is a catalog key, a Hugging Face id, a config.json path or a size like "70B" (over HTTP a path names the \
-server's file, refused unless its operator opened that folder: send a config as config_text). \
+A model is a catalog key, a Hugging Face id, a size like "70B", a config.json path, or a config.json's text \
+itself, as model or as config_text (over HTTP a path names the server's file, refused unless its operator opened \
+that folder: send the config.json's text, and a framework config as config_text). \
 Results are bytes and seconds; each carries a summary, its assumptions and next steps. Quote the \
 tools' numbers rather than estimating. Background: skill://parallelism-strategies/SKILL.md; the data \
 behind every answer: card://index.\

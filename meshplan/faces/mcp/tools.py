@@ -25,6 +25,7 @@ from meshplan import api
 from meshplan.core.card_files import frameworks_with_section
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib, percent, plural
+from meshplan.knowledge.model_config import is_model_config_json
 from meshplan.request.parse import parse_request, request_error, unknown_field_error
 from meshplan.schema.choices import StrictModel
 from meshplan.schema.imported import ImportedConfig
@@ -90,7 +91,8 @@ CONFIG_PARAMETERS = [
     inspect.Parameter("config_text", _KW, default=None, annotation=Annotated[str | None, Field(
         None, description="The text of the user's framework config or launch script (a "
         "Megatron-LM, DeepSpeed, Megatron-Bridge, verl, SkyRL or torchtitan shell script, a torchtitan or "
-        "KempnerForge TOML, a DeepSpeed JSON, a NeMo AutoModel recipe YAML): read, never run; its fields start the "
+        "KempnerForge TOML, a DeepSpeed JSON, a NeMo AutoModel recipe YAML), or a Hugging Face config.json (a JSON "
+        "object with model_type), read as the model: read, never run; its fields start the "
         "request (the model too, where it names one: then `model` may be left out) and every argument given beside "
         "it with a value other than its default overrides them (default: none)")]),
     inspect.Parameter("config_format", _KW, default=None, annotation=Annotated[
@@ -146,6 +148,9 @@ def to_request(args: dict[str, Any], config: ImportedConfig | None = None, scan_
     config_text, the file's fields first (`config`: read_config's reading of it) and the arguments over them
     (meshplan.api.request_from_config; `scan_gpus`: minimum_gpus, the file's GPU count left out)."""
     text, fmt = args.pop("config_text", None), args.pop("config_format", None)
+    if text is not None and fmt in (None, "json") and is_model_config_json(text):
+        # a model's config.json: the model, as its text (a `model` given beside it wins, as over any config's fields)
+        return parse_request({**args, "model": args.get("model") or text})
     if text is not None:
         given = _given(args)
         imported = config or api.import_config(text, framework=given.get("framework"), config_format=fmt)
@@ -162,8 +167,8 @@ def _given(args: dict[str, Any]) -> dict[str, Any]:
 def read_config(args: dict[str, Any]) -> ImportedConfig | None:
     """config_text read as to_request reads it (None without one), for the tools that also answer in its keys."""
     text = args.get("config_text")
-    if text is None:
-        return None
+    if text is None or (args.get("config_format") in (None, "json") and is_model_config_json(text)):
+        return None  # none, or a model's config.json: to_request reads it as the model
     return api.import_config(text, framework=_given(args).get("framework"), config_format=args.get("config_format"))
 
 

@@ -11,8 +11,6 @@ page itself loads nothing from anywhere (inline CSS, no script).
 from __future__ import annotations
 
 import re
-import tempfile
-from pathlib import Path
 from typing import Any, get_args
 from urllib.parse import parse_qs
 
@@ -24,11 +22,11 @@ from starlette.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshplan import __version__, api
-from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.faces.report.gather import gather
 from meshplan.faces.report.render import environment, render_html
 from meshplan.knowledge.hardware import gpu_catalog
+from meshplan.knowledge.model_config import CONFIG_TEXT_NAME
 from meshplan.request.parse import parse_request, request_error
 from meshplan.schema.choices import FRAMEWORKS, JobKind, Precision
 from meshplan.schema.request import Request
@@ -64,8 +62,8 @@ def _control_characters(values: dict[str, str]) -> str:
             "form again.") if found else ""
 
 
-def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
-    """The form as request fields; a pasted config.json is written to a file the resolver reads as a path."""
+def _request_fields(values: dict[str, str]) -> dict[str, Any]:
+    """The form as request fields; a pasted config.json is the model, as its text."""
     unknown = [k for k in values if k not in FORM_FIELDS]
     if unknown:  # a hand-made URL (?tp=2) would otherwise be answered as if tp were searched
         # a request field the form lacks (?vpp=3) is meant as it is: no form field's spelling to offer for it
@@ -79,39 +77,30 @@ def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
         # api's reading: '１６' was answered for 16 GPUs, which both refuse)
         if re.fullmatch(r"[+-]?[0-9]+", fields.get(name, "")):
             fields[name] = int(fields[name])  # (-8 is below 1, not 'no integer'); the parser names the rest
-    if "config" in values:
-        path = config_dir / "config.json"
-        path.write_text(values["config"], encoding="utf-8")
-        fields["model"] = str(path)
+    if "config" in values:  # the model is the config.json's text, read as such (no file: knowledge/model_config.py)
+        fields["model"] = values["config"]
     if "model" not in fields:
         raise MeshplanError("No model given.", fix="Pick a catalog model or paste a config.json.")
     return fields
 
 
-PASTED = "pasted config.json"  # the model's name on the page: the temporary file it was read from is gone
+PASTED = CONFIG_TEXT_NAME  # the model's name on the page when a config.json is pasted
 
 
 def answer(values: dict[str, str]) -> tuple[str, str, str]:
     """(report body, recommend's JSON, error) for the form's values: the same call as `meshplan report
-    --recommend` (an error is a MeshplanError's words, never a traceback). A pasted config.json is named as such,
-    not by the temporary file the resolver read it from (a path the reader never saw, deleted once answered); that
-    file's folder is the one a remote caller may read beside the operator's (--allow-server-files): a path typed as
-    the model is the server's file, refused."""
-    with tempfile.TemporaryDirectory(prefix="meshplan-page-") as tmp, server_files.granted(Path(tmp)):
-        folder = Path(tmp).resolve()  # the name a remote caller's read resolves it to (core/server_files.py)
-
-        def named(text: str) -> str:
-            return text.replace(str(folder / "config.json"), PASTED)
-
-        try:
-            req = parse_request(_request_fields(values, folder))
-            report = gather(req, recommend=True)
-        except ValidationError as exc:
-            return "", "", named(str(request_error(exc)))
-        except MeshplanError as exc:
-            return "", "", named(str(exc))
-        rec = report.recommendation
-        return named(render_html(report, fragment=True)), named(rec.model_dump_json(indent=2)) if rec else "", ""
+    --recommend` (an error is a MeshplanError's words, never a traceback). A pasted config.json is the model as its
+    text, named PASTED; a path typed as the model is the server's file, refused for a remote caller unless its
+    operator opened the folder (--allow-server-files)."""
+    try:
+        req = parse_request(_request_fields(values))
+        report = gather(req, recommend=True)
+    except ValidationError as exc:
+        return "", "", str(request_error(exc))
+    except MeshplanError as exc:
+        return "", "", str(exc)
+    rec = report.recommendation
+    return render_html(report, fragment=True), rec.model_dump_json(indent=2) if rec else "", ""
 
 
 def page(values: dict[str, str]) -> str:
