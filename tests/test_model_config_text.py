@@ -94,3 +94,15 @@ async def test_over_stdio_model_and_config_text_take_the_text(tmp_path):
         assert answers[0].structured_content["model"] == CONFIG_TEXT_NAME
         bad = await client.call_tool("check_config", {"config_text": '{"model_type": "mamba"}', "num_gpus": 8})
         assert bad.is_error and "Unsupported model_type 'mamba' in config.json" in bad.content[0].text
+
+
+def test_a_config_json_read_as_a_framework_config_is_named_a_model(tmp_path):
+    """`--config config.json` (or api.import_config) was told the file is 'not a deepspeed ds_config'."""
+    path = tmp_path / "config.json"
+    path.write_text(TEXT)
+    with pytest.raises(MeshplanError, match=r"a Hugging Face config\.json .*, a model, not a framework's config"):
+        api.import_file(str(path))
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        code = cli.main(["memory", "--config", str(path), "--num-gpus", "8"])
+    assert code != 0 and "Pass it as the model: --model FILE" in err.getvalue()

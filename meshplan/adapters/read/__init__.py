@@ -80,6 +80,7 @@ from meshplan.adapters.read.verl_sft import read_verl_sft, read_verl_sft_yaml
 from meshplan.arithmetic.mesh import file_data_parallel
 from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.model_config import is_model_config_json
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.imported import ImportedConfig
 
@@ -205,6 +206,11 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     if config_format is not None and config_format not in FORMATS:
         raise MeshplanError(f"Unknown config_format {config_format!r}.", fix=f"Use one of: {', '.join(FORMATS)}.")
     fmt = config_format or detect_format(text)
+    if framework is None and fmt == "json" and is_model_config_json(text):  # not 'not a deepspeed ds_config'
+        raise MeshplanError(f"{path}: a Hugging Face config.json (it names model_type or architectures), a model, "
+                            "not a framework's config.",
+                            fix="Pass it as the model: --model FILE on the CLI; on MCP and over HTTP its text as "
+                                "model or config_text.")
     if framework is None:
         reader = _yaml_reader(text, path) if fmt == "yaml" else \
             {"json": read_deepspeed_json, "toml": read_toml_any}.get(fmt) or _shell_reader(text)
