@@ -1,6 +1,7 @@
 """Which of a card's release lines a framework release belongs to: a card states a per-release fact for a line ('0.2'
 holds 0.2, 0.2.0 and 0.2.1, not 0.20), and every reader of such a fact (the memory convention, the attention kernel,
-op-level SAC's save list, chunked attention, selective recompute, torch's CP ring) matches the release here."""
+op-level SAC's save list, chunked attention, selective recompute, torch's CP ring, torchtitan's sequence-parallel
+layout copies) matches the release here."""
 
 from __future__ import annotations
 

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.knowledge.release_lines import in_any_line
+
 
 class _Card(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -43,15 +45,10 @@ class SpLayoutCopies(_Card):
     def copies(self, release: str | None, micro_batch_size: int) -> tuple[float, float]:
         """(copies per all-gather, per reduce-scatter) of `release` at `micro_batch_size`: (0, 0) for a release the
         card does not list (an unread one: none counted)."""
-        if not _in_series(release, self.releases):
+        if not in_any_line(release, self.releases):
             return 0.0, 0.0
-        gather = micro_batch_size > 1 or _in_series(release, self.gather_copy_at_batch_one_releases)
+        gather = micro_batch_size > 1 or in_any_line(release, self.gather_copy_at_batch_one_releases)
         return (1.0 if gather else 0.0), 1.0
-
-
-def _in_series(release: str | None, series: list[str]) -> bool:
-    """Whether `release` is one of `series` or a release of one of them (0.1.0 of 0.1)."""
-    return bool(release) and any(release == s or release.startswith(s + ".") for s in series)
 
 
 class AsyncTpInputGrads(_Card):
