@@ -148,7 +148,7 @@ def to_request(args: dict[str, Any], config: ImportedConfig | None = None, scan_
     config_text, the file's fields first (`config`: read_config's reading of it) and the arguments over them
     (meshplan.api.request_from_config; `scan_gpus`: minimum_gpus, the file's GPU count left out)."""
     text, fmt = args.pop("config_text", None), args.pop("config_format", None)
-    if text is not None and fmt in (None, "json") and is_model_config_json(text):
+    if _is_model_json(text, fmt):
         # a model's config.json: the model, as its text (a `model` given beside it wins, as over any config's fields)
         return parse_request({**args, "model": args.get("model") or text})
     if text is not None:
@@ -164,10 +164,16 @@ def _given(args: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k not in Request.model_fields or v != Request.model_fields[k].default}
 
 
+def _is_model_json(text: str | None, config_format: str | None) -> bool:
+    """Whether config_text is a model's config.json (read as the model), not a framework's config: one test for
+    to_request and read_config."""
+    return text is not None and config_format in (None, "json") and is_model_config_json(text)
+
+
 def read_config(args: dict[str, Any]) -> ImportedConfig | None:
     """config_text read as to_request reads it (None without one), for the tools that also answer in its keys."""
     text = args.get("config_text")
-    if text is None or (args.get("config_format") in (None, "json") and is_model_config_json(text)):
+    if text is None or _is_model_json(text, args.get("config_format")):
         return None  # none, or a model's config.json: to_request reads it as the model
     return api.import_config(text, framework=_given(args).get("framework"), config_format=args.get("config_format"))
 
