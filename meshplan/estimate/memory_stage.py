@@ -642,7 +642,7 @@ def forward_gathered(terms: MemoryTerms, params: StageParams) -> float:
     return running * root + step
 
 
-def layer_unit_params(terms: MemoryTerms, layers) -> list[float]:
+def layer_unit_params(terms: MemoryTerms, layers: list[int]) -> list[float]:
     """Each of these decoder layers' FSDP unit on this rank, in order: its dense parameters and the routed experts the
     unit holds (memory_terms.layer_on_rank, unit_experts)."""
     plan, table = terms.plan, terms.table
