@@ -29,11 +29,11 @@ def test_a_grid_stage_sync_is_its_own_grids_and_shared_by_grids_alike(req, monke
         worked += 1
         return direct(*args)
 
-    def checked(bounds, lay, zero, least):
+    def checked(bounds, lay, zero, least, vpp=1):
         nonlocal asked
         asked += 1
-        stage = kept(bounds, lay, zero, least)
-        assert stage == direct(bounds, lay, zero, least), (lay, zero)
+        stage = kept(bounds, lay, zero, least, vpp)
+        assert stage == direct(bounds, lay, zero, least, vpp), (lay, zero, vpp)
         return stage
 
     monkeypatch.setattr(grid_syncs, "_stage_sync", counted)

@@ -697,8 +697,10 @@ def _pipeline_words(pipeline: PipelineTime) -> list[str]:
 
 
 def _dp_exposed(s: int, row: StageTime, inp: StageInputs, syncs: dict | None = None) -> float:
-    """Stage `s`'s exposed once-per-step DP traffic: the gradient reduction (overlapped with the last backward;
-    later stages finish their backward earlier, which gives them slack) and the ZeRO parameter all-gather. `syncs`:
+    """Stage `s`'s exposed once-per-step DP traffic: the gradient reduction (overlapped with the last backward, or
+    chunk by chunk with the backward after each chunk's last micro-batch where the framework launches it so:
+    sync_chunks; later stages finish their backward earlier, which gives them slack) and the ZeRO parameter all-gather
+    (with the first forward, or a chunk ahead). `syncs`:
     step_sync per the stage's dense and expert parameters, kept by the caller for one plan's stages (all else it
     reads is the plan's)."""
     plan, cal, traffic = inp.plan, inp.ctx.cal, inp.traffic
@@ -716,8 +718,61 @@ def _dp_exposed(s: int, row: StageTime, inp: StageInputs, syncs: dict | None = N
         sync = step_sync(inp.job, plan, cal, inp.ctx.lk, traffic, *key[:2], inp.sharding.per_step, edge=edge)
         if syncs is not None:
             syncs[key] = sync
-    exposed += max(0.0, sync.reduce - sync.reduce_hidden * bwd - slack)
-    return exposed + max(0.0, sync.gather - sync.gather_hidden * row.fwd)
+    chunks = sync_chunks(inp.job, plan.pp, plan.vpp, plan.num_microbatches(inp.job.global_batch_size))
+    exposed += chunked_reduce_exposed(sync.reduce, sync.reduce_hidden, bwd, chunks, slack)
+    return exposed + chunked_gather_exposed(sync.gather, sync.gather_hidden, row.fwd, chunks)
+
+
+class SyncChunks(NamedTuple):
+    """How a rank's overlapped once-per-step DP sync is launched (the card's pipeline.chunk_dp_sync): in `chunks`
+    equal parts, one per virtual chunk, `group` micro-batches of each chunk's work apart (the last micro-batch group's
+    size: min(m, pp)); one part at the stage's last backward and first forward where the framework does not."""
+
+    chunks: int = 1
+    group: int = 1
+
+
+def sync_chunks(job: Job, pp: int, vpp: int, m: int | None = None) -> SyncChunks:
+    """The SyncChunks of a plan of pp stages of vpp chunks at `m` micro-batches per step (None: the most any m gives,
+    pp, what the search's sync floor reads)."""
+    if vpp == 1 or not job.card.pipeline.chunk_dp_sync:
+        return SyncChunks()
+    return SyncChunks(vpp, pp if m is None else min(m, pp))
+
+
+def chunked_reduce_exposed(seconds: float, share: float, bwd: float, chunks: SyncChunks, slack: float = 0.0) -> float:
+    """The exposed part of a rank's gradient reduction of `seconds`, `share` of a chunk's last backward hiding its own
+    buckets (0: not overlapped, all of it after the backward), `bwd` the stage's backward per micro-batch. Launched per
+    chunk from the last chunk to the first, each once its last micro-batch's backward is done, the reductions queue
+    on one stream behind the group x bwd / chunks of backward left after each: chunk c's is done (c + 1) x seconds /
+    chunks after the first launch at the latest, c x group x bwd / chunks before the backward ends, so the tail is the
+    larger of the last chunk's part and what the window leaves; one chunk is the stage's whole sync. `slack`: how much
+    earlier this rank's backward ends than the step's."""
+    if share <= 0.0:
+        return max(0.0, seconds - slack)
+    op = bwd / chunks.chunks
+    tail = max(seconds / chunks.chunks, seconds - (chunks.chunks - 1) * chunks.group * op)
+    return max(0.0, tail - share * op - slack)
+
+
+def chunked_gather_exposed(seconds: float, share: float, fwd: float, chunks: SyncChunks) -> float:
+    """The exposed part of ZeRO-1/2's parameter all-gather of `seconds`, `share` of a chunk's first forward hiding its
+    own buckets (0: not overlapped, all of it before the forward), `fwd` the stage's forward per micro-batch. Per chunk,
+    the first chunk's before its first forward and each later one's launched a chunk ahead, with group x fwd / chunks
+    of the chunk before it to run beside."""
+    if share <= 0.0:
+        return seconds
+    op, part = fwd / chunks.chunks, seconds / chunks.chunks
+    return max(0.0, part - share * op) + (chunks.chunks - 1) * max(0.0, part - chunks.group * op)
+
+
+def chunked_share(share: float, chunks: SyncChunks) -> float:
+    """The most of one micro-batch's backward (or forward) the chunked sync may hide per second of it, at most
+    (chunked_reduce_exposed and chunked_gather_exposed are at least seconds less this times bwd or fwd): the search's
+    sync floor (estimate/sync_floor.py)."""
+    if share <= 0.0:
+        return 0.0
+    return (share + (chunks.chunks - 1) * chunks.group) / chunks.chunks
 
 
 def stage_edge(s: int, inp: StageInputs) -> float:
@@ -728,8 +783,9 @@ def stage_edge(s: int, inp: StageInputs) -> float:
 
 class StepSync(NamedTuple):
     """A rank's once-per-step DP collectives outside FSDP's units (_dp_exposed): the gradients' reduction, hidden by
-    up to `reduce_hidden` of the last micro-batch's backward, and ZeRO-1/2's all-gather of the updated parameters,
-    hidden by up to `gather_hidden` of the next forward (0 and 0 where there is none of either)."""
+    up to `reduce_hidden` of the last micro-batch's backward (of each chunk's, where they are launched per chunk:
+    chunked_reduce_exposed), and ZeRO-1/2's all-gather of the updated parameters, hidden by up to `gather_hidden` of
+    the next forward (chunked_gather_exposed) (0 and 0 where there is none of either)."""
 
     reduce: float
     reduce_hidden: float

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.comm import Links, job_links
 from meshplan.estimate.memory_terms import RankParts, time_rank_parts
-from meshplan.estimate.perf import dp_traffic, step_sync
+from meshplan.estimate.perf import chunked_share, dp_traffic, step_sync, sync_chunks
 from meshplan.estimate.sharding_traffic import DpTraffic, sharding_schedule
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.schema.plan import Job, Plan
@@ -49,16 +49,19 @@ class SyncRates:
     per_step: bool  # the sharding schedule's units move the gradients (ZeRO-2/3, FSDP)
     parts: RankParts  # which parameters a rank holds
 
-    def floor(self, sums: tuple[float, float, float]) -> SyncFloor:
+    def floor(self, sums: tuple[float, float, float], vpp: int = 1) -> SyncFloor:
         """The SyncFloor of a first rank whose decoder layers' unsharded parameters are `sums` (RankParts.sums), with
         the embedding (and, with one stage, the output layer): what stage_params gives that rank (RankParts.held but
-        the MTP blocks). More of any never lowers it (each collective's time grows with its bytes), so it also bounds
-        a rank holding more."""
+        the MTP blocks), in plans of at most `vpp` virtual chunks (the hidden share only grows with them:
+        perf.chunked_share). More of any parameters never lowers it (each collective's time grows with its bytes), so
+        it also bounds a rank holding more."""
         plan = self.plan
         # (with more than one stage the output layer is on another rank but a V order's: left out, a lower bound)
         held = self.parts.held_sums(sums, first=True, last=plan.pp == 1, mtp=False)
         sync = step_sync(self.job, plan, self.cal, self.lk, self.traffic, *held, self.per_step)
-        return SyncFloor(sync.reduce + sync.gather, max(sync.reduce_hidden, sync.gather_hidden))
+        chunks = sync_chunks(self.job, plan.pp, vpp)
+        return SyncFloor(sync.reduce + sync.gather,
+                         max(chunked_share(sync.reduce_hidden, chunks), chunked_share(sync.gather_hidden, chunks)))
 
     def at(self, plan: Plan) -> SyncRates:
         """The SyncRates of a plan of the same grid (degrees and the request's fields) at another ZeRO stage: the same
@@ -85,13 +88,14 @@ def sync_floor(job: Job, plan: Plan, layers: Sequence[int]) -> SyncFloor:
     rank holds decoder `layers` (schedule.Stages.layers(0)) and the embedding.
 
     Why it holds: the step's DP term is the largest over ranks of _dp_exposed, and the first rank's has no slack (it
-    finishes the last backward). Its terms are max(0, reduce - reduce_hidden x bwd) and max(0, gather - gather_hidden x
-    fwd) (step_sync), each at least its traffic less that share of the last micro-batch's backward or forward, and
-    bwd + fwd is that micro-batch's compute and recompute, so the term is at least reduce + gather - the larger share x
-    (compute + recompute). FSDP's per-unit gathers and reduce-scatters (the sharding schedule's per-step units) are not
-    counted (0 is their floor), nor a LoRA job's adapters (no floor: SyncFloor())."""
+    finishes the last backward). Its terms, perf.chunked_reduce_exposed and chunked_gather_exposed of step_sync's
+    reduce and gather, are each at least its traffic less its chunked_share of one micro-batch's backward or forward
+    (the plan's virtual chunks at the most micro-batches per group, pp), and bwd + fwd is that micro-batch's compute
+    and recompute, so the term is at least reduce + gather - the larger share x (compute + recompute). FSDP's
+    per-unit gathers and reduce-scatters (the sharding schedule's per-step units) are not counted (0 is their floor),
+    nor a LoRA job's adapters (no floor: SyncFloor())."""
     rates = sync_rates(job, plan)
-    return SyncFloor() if rates is None else rates.floor(rates.parts.sums(layers))
+    return SyncFloor() if rates is None else rates.floor(rates.parts.sums(layers), plan.vpp)
 
 
 def synced_keys(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...], each: bool = False) -> list[float]:

@@ -43,6 +43,13 @@ class PipelineFacts(_Card):
                            "asynchronously and waits for them only before the next op (Megatron's overlap_p2p_comm), "
                            "so they run beside compute; the warm-up forwards' and cool-down backwards' transfers stay "
                            "blocking. False: every transfer blocks its rank")
+    chunk_dp_sync: bool = Field(
+        False, description="True: with virtual stages and the data-parallel sync overlapped, the framework launches "
+                           "it model chunk by model chunk: each chunk's gradient reduction once the backward of its "
+                           "last micro-batch is done, each chunk's parameter all-gather (distributed optimizer) at the "
+                           "first forward of the chunk before it, so the other chunks' backward and forward run beside "
+                           "them (perf.chunked_reduce_exposed / chunked_gather_exposed). False: the stage's whole "
+                           "sync at its last backward and before its first forward")
     partition: Literal["told", "remainder_first"] = Field(
         "told", description="told: the framework is given its split (even, first/last stage sizes or a layout); "
                             "remainder_first: it partitions the layers itself, floor(L/pp) per stage and the first "
@@ -64,6 +71,7 @@ MEGATRON_PIPELINE = PipelineFacts(
     schedules={"1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B",
                "combined_1f1b": "combined 1F1B (overlap_moe_expert_parallel_comm)"},
     steady_p2p_overlap=True,
+    chunk_dp_sync=True,
     source="NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py (forward_backward_pipelining_without_"
            "interleaving / _with_interleaving, get_pp_rank_microbatches, get_schedule_table; with "
            "overlap_moe_expert_parallel_comm the combined_1f1b.py path); megatron-core 0.19.2 has no GPipe, "
@@ -75,4 +83,15 @@ MEGATRON_PIPELINE = PipelineFacts(
            "state pp_post_forward / pp_post_backward post send_forward_recv_forward / send_backward_recv_backward "
            "with overlap_p2p_comm=True and pp_pre_forward / pp_pre_backward wait on them before the next op; the "
            "warm-up forwards and the cool-down backwards call them blocking (overlap_p2p_comm_warmup_flush off by "
-           "default)")
+           "default). chunk_dp_sync: forward_backward_pipelining_with_interleaving (core_v0.7.0, unchanged on main "
+           "d98e8a64) disables the gradient sync until a chunk's last micro-batch "
+           "(is_last_microbatch_for_model_chunk: the last micro-batch group's pp micro-batches of each chunk, run "
+           "backward from the last chunk to the first) and then calls that chunk's grad_sync_func (or lets its "
+           "buckets' hooks launch it), delayed by the rank's pipeline_parallel_rank ops; it calls param_sync_func for "
+           "chunks 0 and 1 before the warm-up and for chunk k + 1 at chunk k's first forward (microbatch_id + "
+           "pipeline_parallel_rank); Megatron-LM's training.py sets them to the model chunks' start_grad_sync and "
+           "the distributed optimizer's param sync under --overlap-grad-reduce / --overlap-param-gather, NeMo 1.x's "
+           "megatron_gpt_model.py fwd_bwd_step to distributed_fused_adam's reduce_overlap_gradients / "
+           "sync_overlap_parameters under overlap_grad_sync / "
+           "overlap_param_sync (MLPerf Training v4.0 NVIDIA gpt3 conf/optim/distributed_fused_adam.yaml, "
+           "mlcommons/training_results_v4.0 62f111b7)")

@@ -502,22 +502,28 @@ class StepTimeBounds(SearchPlans):
             per_micro = self.bounds_memo[key] = self.engine.sharding_floor(self.job, self.grid_plan(lay, zero))
         return per_micro  # type: ignore[return-value]
 
-    def first_rank_sync(self, lay: Layout, zero: int,
-                        params: tuple[float, float, float] | None = None) -> SyncFloor | None:
+    def first_rank_sync(self, lay: Layout, zero: int, params: tuple[float, float, float] | None = None,
+                        vpp: int | None = None) -> SyncFloor | None:
         """The SyncFloor of the layout's plans at this ZeRO stage, or of a first rank holding `params` (RankParts.sums:
-        TP-split, TP-whole, routed, unsharded; default: the layout's own, rank0_params); None where there is none (no
-        such Engine estimator, a LoRA job, no estimate takes the layout's stages). Kept per grid, ZeRO stage and
-        parameters."""
+        TP-split, TP-whole, routed, unsharded; default: the layout's own, rank0_params), in plans of at most `vpp`
+        virtual chunks (default: the layout's); None where there is none (no such Engine estimator, a LoRA job, no
+        estimate takes the layout's stages). Kept per grid, ZeRO stage, parameters and sync_vpp."""
         if params is None:
             params = self.rank0_params(lay, zero)
             if params is None:
                 return None
-        key = ("sync", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero, params)
+        chunks = self.sync_vpp(lay.vpp if vpp is None else vpp)
+        key = ("sync", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero, params, chunks)
         hit = self.bounds_memo.get(key, False)
         if hit is False:
             rates = self.grid_sync(lay, zero)
-            hit = self.bounds_memo[key] = None if rates is None else rates.floor(params)
+            hit = self.bounds_memo[key] = None if rates is None else rates.floor(params, chunks)
         return hit  # type: ignore[return-value]
+
+    def sync_vpp(self, vpp: int) -> int:
+        """The virtual chunks a DP floor reads of plans of at most `vpp`: those, where the framework launches its DP
+        sync chunk by chunk (its card's pipeline.chunk_dp_sync: perf.sync_chunks), else 1 (the floor is the same)."""
+        return vpp if self.job.card.pipeline.chunk_dp_sync else 1
 
     def grid_sync(self, lay: Layout, zero: int) -> SyncRates | None:
         """The Engine's sync_rates of the layout's grid at this ZeRO stage (a plan of the grid: the DP traffic reads
@@ -595,13 +601,14 @@ class StepTimeBounds(SearchPlans):
         grid for grid_stage_keys, unless `keep` is False (impossible.below_settled: without `seeds`, the same keys from
         synced as the seeds' own would give, since a stage that raises none of them raises none of theirs)."""
         lay, syncs = lays[0], []
+        chunks = self.sync_vpp(max(one.vpp for one in lays))  # the floor's hidden share grows with the chunks
         for zero in self.zeros:
             least = self.bounds_memo.get(("least rank0", lay.pp, zero)) if lay.pp > 1 else None
             if least is None:  # one stage (one shape), or none noted: the layouts' own
                 params = [self.rank0_params(one, zero) for one in lays]
                 if all(p is not None for p in params):
                     least = tuple(map(min, zip(*params, strict=True)))  # type: ignore[arg-type]
-            stage = grid_stage_sync(self, lay, zero, least)  # type: ignore[arg-type]
+            stage = grid_stage_sync(self, lay, zero, least, chunks)  # type: ignore[arg-type]
             per_micro, seconds, hidden = stage
             # (synced's own test, term for term)
             if seeds is not None and all(m * per_micro <= key and (seconds <= 0.0 or seconds - hidden * key / m <= 0.0)
@@ -611,14 +618,15 @@ class StepTimeBounds(SearchPlans):
             syncs.append(stage)
         found = () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
         if keep:
-            self.bounds_memo[("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)] = found
+            self.bounds_memo[("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, chunks)] = found
         return found
 
     def grid_stage_keys(self, lay: Layout, mbs: int, pipe: float) -> list[float]:
         """Per ZeRO stage, synced of one node where `pipe` bounds its plans' pipeline, with its grid's group_syncs
         (its seed group's, kept when it opened; worked out for this layout otherwise): no estimate beyond the group's,
         so a node's stages are split at no cost (engine.refine_shard); `pipe` for each where none raises it."""
-        syncs = self.bounds_memo.get(("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp))
+        syncs = self.bounds_memo.get(("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp,
+                                      self.sync_vpp(lay.vpp)))
         if syncs is None:
             syncs = self.group_syncs([lay])
         if not syncs:

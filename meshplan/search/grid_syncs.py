@@ -34,30 +34,31 @@ class GridBounds(Protocol):
 
     def grid_plan(self, lay: Layout, zero: int) -> Plan: ...
 
-    def first_rank_sync(self, lay: Layout, zero: int,
-                        params: tuple[float, float, float] | None = None) -> SyncFloor | None: ...
+    def first_rank_sync(self, lay: Layout, zero: int, params: tuple[float, float, float] | None = None,
+                        vpp: int | None = None) -> SyncFloor | None: ...
 
     def sharding_per_micro(self, lay: Layout, zero: int) -> float: ...
 
 
 def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
-                    least: tuple[float, float, float] | None) -> StageSync:
+                    least: tuple[float, float, float] | None, vpp: int = 1) -> StageSync:
     """The StageSync of the layout's grid at this ZeRO stage for a first rank holding `least` (RankParts.sums; None:
-    no floor, the sharding traffic alone): the sharding traffic per micro-batch (sharding_per_micro) and the first
-    rank's SyncFloor (first_rank_sync), none where its seconds are not positive. Kept in the search's bounds memo per
-    what the estimators read (the module docstring) where they are the cost model's own; else per grid, as asked."""
+    no floor, the sharding traffic alone) in plans of at most `vpp` virtual chunks (bounds.sync_vpp): the sharding
+    traffic per micro-batch (sharding_per_micro) and the first rank's SyncFloor (first_rank_sync), none where its
+    seconds are not positive. Kept in the search's bounds memo per what the estimators read (the module docstring)
+    where they are the cost model's own; else per grid, as asked."""
     engine = bounds.engine
     if engine.sync_rates is not sync_rates or engine.sharding_floor is not sharding_floor:
-        return _stage_sync(bounds, lay, zero, least)
+        return _stage_sync(bounds, lay, zero, least, vpp)
     job, memo = bounds.job, bounds.bounds_memo
     law = job.card.world_size_law
     edp = int(mesh.expert_dp(job.num_gpus, lay, law)) if job.model.moe else 1
     groups = mesh.mesh_groups(lay, edp=edp, law=law)  # type: ignore[arg-type]  # (the grid plan's degrees)
-    key = ("stage sync", zero, least, lay.tp, lay.pp, lay.ep, lay.etp, groups.dp_cp, groups.edp,
+    key = ("stage sync", zero, least, vpp, lay.tp, lay.pp, lay.ep, lay.etp, groups.dp_cp, groups.edp,
            _schedule(bounds, lay, zero))
     hit = memo.get(key)
     if hit is None:
-        hit = memo[key] = _stage_sync(bounds, lay, zero, least)
+        hit = memo[key] = _stage_sync(bounds, lay, zero, least, vpp)
     return hit  # type: ignore[return-value]
 
 
@@ -75,9 +76,9 @@ def _schedule(bounds: GridBounds, lay: Layout, zero: int) -> tuple[bool, ...]:
 
 
 def _stage_sync(bounds: GridBounds, lay: Layout, zero: int,
-                least: tuple[float, float, float] | None) -> StageSync:
+                least: tuple[float, float, float] | None, vpp: int = 1) -> StageSync:
     """grid_stage_sync of this very grid, from the search's per-grid bounds."""
-    floor = None if least is None else bounds.first_rank_sync(lay, zero, least)
+    floor = None if least is None else bounds.first_rank_sync(lay, zero, least, vpp)
     if floor is None or floor.seconds <= 0.0:
         floor = SyncFloor()
     return StageSync(bounds.sharding_per_micro(lay, zero), floor.seconds, floor.hidden)
