@@ -44,6 +44,10 @@ def test_chunked_reduction_by_hand():
     op = bwd / 8
     assert chunked_reduce_exposed(0.315, 0.8, bwd, chunks) == pytest.approx(0.315 / 8 - 0.8 * op)
     assert chunked_reduce_exposed(1.2, 0.8, bwd, chunks) == pytest.approx(1.2 - 7 * 6 * op - 0.8 * op)
+    # a later pipeline rank's backward ends `slack` earlier, which the last chunk's part gains, but it launches each
+    # chunk's sync as much later (microbatch_id - pipeline_parallel_rank), so the queue's tail does not
+    assert chunked_reduce_exposed(0.315, 0.8, bwd, chunks, slack=0.01) == pytest.approx(0.315 / 8 - 0.01 - 0.8 * op)
+    assert chunked_reduce_exposed(1.2, 0.8, bwd, chunks, slack=0.01) == pytest.approx(1.2 - 7 * 6 * op - 0.8 * op)
 
 
 def test_chunked_gather_by_hand():

@@ -747,12 +747,16 @@ def chunked_reduce_exposed(seconds: float, share: float, bwd: float, chunks: Syn
     on one stream behind the group x bwd / chunks of backward left after each: chunk c's is done (c + 1) x seconds /
     chunks after the first launch at the latest, c x group x bwd / chunks before the backward ends, so the tail is the
     larger of the last chunk's part and what the window leaves; one chunk is the stage's whole sync. `slack`: how much
-    earlier this rank's backward ends than the step's."""
+    earlier this rank's backward ends than the step's (s chunk-backwards on pipeline rank s), which the last chunk's
+    part gains; the queue does not, as the schedule launches each chunk's sync that many chunk-backwards late
+    (microbatch_id - pipeline_parallel_rank)."""
     if share <= 0.0:
         return max(0.0, seconds - slack)
     op = bwd / chunks.chunks
-    tail = max(seconds / chunks.chunks, seconds - (chunks.chunks - 1) * chunks.group * op)
-    return max(0.0, tail - share * op - slack)
+    if chunks.chunks == 1:
+        return max(0.0, seconds - share * op - slack)
+    tail = max(seconds / chunks.chunks - slack, seconds - (chunks.chunks - 1) * chunks.group * op)
+    return max(0.0, tail - share * op)
 
 
 def chunked_gather_exposed(seconds: float, share: float, fwd: float, chunks: SyncChunks) -> float:
