@@ -793,8 +793,20 @@ def _optimizer_seconds(row: StageTime, inp: StageInputs, m: int) -> float:
     adam_bytes = optimizer_step_bytes(inp.job, inp.plan) or cal.optimizer_bytes_per_param  # foreach: more passes
     opt = ((dense_local + expert_local - muon_local) * adam_bytes
            + muon_local * cal.muon_bytes_per_param) / ctx.hbm + row.muon.seconds
-    opt += m * (row.dense_params + row.expert_params) * cal.grad_accum_bytes_per_param / ctx.hbm
+    opt += (row.dense_params + row.expert_params) * grad_accumulation_bytes(inp.job, inp.plan, cal, m) / ctx.hbm
     return opt
+
+
+def grad_accumulation_bytes(job: Job, plan: Plan, cal: Calibration, m: int) -> float:
+    """HBM bytes per parameter a step of `m` micro-batches spends adding each micro-batch's gradient to the step's sum
+    outside the weight-gradient GEMM: the framework card's pass at the plan's ZeRO stage (grad_accumulation_pass:
+    DeepSpeed's BF16_Optimizer cast-and-add into its fp32 buffer every micro-batch, autograd's in-place add after the
+    first under ZeRO-1), else the calibration's grad_accum_bytes_per_param every micro-batch."""
+    passes = job.card.grad_accumulation_pass
+    stage = passes.by_zero_stage.get(plan.zero_stage) if passes is not None else None
+    if stage is None:
+        return m * cal.grad_accum_bytes_per_param
+    return stage.passes(m) * stage.bytes_per_param
 
 
 def _report(job: Job, plan: Plan, ctx: LayerContext, step: float, peaks: Peaks, breakdown: ThroughputBreakdown,
