@@ -622,6 +622,12 @@ def zero_for(row: dict[str, Any]) -> tuple[int | None, dict[str, str]]:
         knobs["hsdp"] = f"shard group {p['fsdp']} of dp {p['dp']}"
     if re.search(r"fsdp|zero-3|hsdp", low) or p["fsdp"]:
         return 3, knobs
+    ds_stage = re.search(r"ds[_ ]config zero stage (\d)", low)
+    if ds_stage:
+        # a DeepSpeed row that states its ds_config's zero_optimization.stage: what meshplan's zero_stage is on the
+        # deepspeed card (its zero_N knobs write that key), whatever the row calls the optimizer's own sharding
+        # (BLOOM-176B's BF16_Optimizer: "its own ZeRO-1" at ds_config stage 0)
+        return int(ds_stage.group(1)), knobs
     if "no distributed optimizer for muon" in low:
         # Bridge's Muon recipes turn use_distributed_optimizer off but name optimizer="dist_muon"
         # (recipes/utils/optimizer_utils.py distributed_muon_with_cosine_annealing), which training/optim.py passes

@@ -259,6 +259,15 @@ def test_deepspeed_zero0_all_reduces_after_the_backward_whatever_the_switch():
     assert on.step_time_s == off.step_time_s and on.breakdown.dp_comm_s == off.breakdown.dp_comm_s
     megatron_on, megatron_off = zero0("megatron-core", True), zero0("megatron-core", False)
     assert megatron_on.breakdown.dp_comm_s < megatron_off.breakdown.dp_comm_s
-    assert on.breakdown.dp_comm_s == pytest.approx(megatron_off.breakdown.dp_comm_s)  # the same all-reduce, exposed
+    # the same all-reduce, exposed, and then BF16_Optimizer's all-gather of the bf16 weights from its dp shards (its
+    # own ZeRO-1), inside optimizer.step(): the gather ZeRO-1 runs after its reduce-scatter, half the all-reduce
+    zero1 = estimate_throughput(*resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=64, framework="deepspeed",
+                                                 zero_stage=1, tp=1, pp=1, grad_reduce_overlap=False)))
+    gather = zero1.breakdown.dp_comm_s - megatron_off.breakdown.dp_comm_s / 2
+    assert gather > 0
+    assert on.breakdown.dp_comm_s == pytest.approx(megatron_off.breakdown.dp_comm_s + gather)
     [dp] = [a for a in on.assumptions if a.startswith("DP:")]
     assert "all-reduced after the last backward, none of it hidden" in dp
+    assert "bf16 parameters are all-gathered, 0% of the next forward hiding it" in dp
+    [megatron_dp] = [a for a in megatron_off.assumptions if a.startswith("DP:")]
+    assert "all-gathered" not in megatron_dp

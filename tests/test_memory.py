@@ -5,7 +5,14 @@ import json
 import pytest
 
 from meshplan.arithmetic.activations import MOE_BYTES, Layout, attention_saves, layer_activations, shape_of
-from meshplan.arithmetic.memory_states import bytes_per_param, convention, gathered_transient, memory_card, state_bytes
+from meshplan.arithmetic.memory_states import (
+    bytes_per_param,
+    convention,
+    gathered_transient,
+    memory_card,
+    optimizer_sharded,
+    state_bytes,
+)
 from meshplan.arithmetic.schedule import compute_balanced_counts, in_flight, megatron_stages
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory, memory_summary
@@ -33,14 +40,31 @@ def job_for(model: str | Architecture, num_gpus: int, framework: str = "megatron
 
 
 @pytest.mark.parametrize(("stage", "exact", "figure"), [
-    (0, 120e9, 120.0), (1, 31.40625e9, 31.4), (2, 16.640625e9, 16.6), (3, 1.875e9, 1.9),
+    (1, 31.40625e9, 31.4), (2, 16.640625e9, 16.6), (3, 1.875e9, 1.9),
 ])
 def test_zero_paper_figure_1(stage, exact, figure):
-    """Rajbhandari et al. 2019, Figure 1: 7.5B parameters, 64 data-parallel GPUs, K = 12."""
+    """Rajbhandari et al. 2019, Figure 1: 7.5B parameters, 64 data-parallel GPUs, K = 12 (its baseline, 120 GB
+    unsharded, is fp16 mixed precision without ZeRO: DeepSpeed's bf16 ZeRO-0 is BF16_Optimizer, below)."""
     _, _, tensors = convention(framework_card("deepspeed"), stage)
     total = sum(state_bytes(tensors, 7.5e9, 64).values())
     assert total == pytest.approx(exact, rel=1e-12)
     assert round(total / 1e9, 1) == figure
+
+
+def test_deepspeed_bf16_zero0_is_bf16_optimizer():
+    """DeepSpeed's bf16 without ZeRO wraps the optimizer in BF16_Optimizer (runtime/engine.py get_data_types: an fp32
+    grad_accum_dtype): bf16 weights and grads 2 + 2, an fp32 gradient buffer over every parameter 4, and the fp32
+    master and Adam moments over this rank's dp partition, 12 / dp (runtime/bf16_optimizer.py __init__)."""
+    _, _, tensors = convention(framework_card("deepspeed"), 0)
+    assert bytes_per_param(tensors, 8) == 2 + 2 + 4 + 12 / 8
+    assert bytes_per_param(tensors, 1) == 20  # one rank: the same 20 B as nanotron's fp32 accumulation
+    by_class = state_bytes(tensors, 1e9, 4)
+    assert by_class["gradients"] == 6e9 and by_class["optimizer"] == 3e9
+    # so its step updates the dp shard and all-gathers the weights, as ZeRO-1 does (estimate/perf.step_sync)
+    assert optimizer_sharded(framework_card("deepspeed"), 0)
+    assert not optimizer_sharded(framework_card("megatron-core"), 0) and not optimizer_sharded(
+        framework_card("nanotron"), 0)
+    assert all(optimizer_sharded(framework_card(name), 1) for name in ("deepspeed", "megatron-core", "nanotron"))
 
 
 def test_megatron_distributed_optimizer_bytes_per_param():

@@ -13,7 +13,7 @@ from meshplan.arithmetic.gemm import gemm_efficiency
 from meshplan.arithmetic.schedule import megatron_stages, stages_for
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.attention_time import attention_efficiency
-from meshplan.estimate.perf import estimate_throughput, stage_layers
+from meshplan.estimate.perf import estimate_throughput, grad_accumulation_bytes, stage_layers
 from meshplan.knowledge.calibration import CALIBRATION_KEYS, calibration, calibration_card
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
@@ -609,3 +609,34 @@ def test_step_terms_work_out_each_stages_dp_sync_once_per_its_parameters(monkeyp
     assert len(asked) == len(set(keys)) < plan.pp
     per_stage = max(perf._dp_exposed(s, row, terms.inputs) for s, row in enumerate(terms.rows))
     assert terms.dp_exposed == per_stage * plan.schedule_runs(job.global_batch_size)
+
+
+@pytest.mark.parametrize(("framework", "zero_stage", "m", "expected"), [
+    ("deepspeed", 0, 8, 8 * 18),  # BF16_Optimizer: bf16 grad cast to fp32 (2 + 4) and added into its buffer (4 + 4 + 4)
+    ("deepspeed", 1, 8, 7 * 6),  # AccumulateGrad: the first micro-batch's grad kept, each later one added in place
+    ("deepspeed", 1, 1, 0),
+    ("deepspeed", 3, 8, 0),  # not read: the calibration's 0
+    ("nanotron", 1, 8, 8 * 10),  # no card section: the framework's calibration, every micro-batch
+    ("megatron-core", 1, 8, 0),  # fused into the weight-gradient GEMM
+])
+def test_grad_accumulation_bytes_per_stage(framework, zero_stage, m, expected):
+    """The gradient accumulation outside the GEMM a step pays per parameter: the framework card's pass at the plan's
+    ZeRO stage (cards/frameworks/deepspeed.yaml grad_accumulation_pass), else the calibration's per micro-batch."""
+    job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, framework=framework, zero_stage=zero_stage,
+                                pp=2 if zero_stage < 2 else 1, global_batch_size=64))
+    assert grad_accumulation_bytes(job, plan, calibration(framework), m) == expected
+
+
+def test_deepspeed_accumulation_pass_in_the_step():
+    """The pass adds its HBM time to the step once per micro-batch: DeepSpeed's ZeRO-0 step (BF16_Optimizer) with
+    twice the micro-batches spends 18 B per parameter more on each added one, over the GPU's HBM bandwidth, beside
+    its compute (the other_s term holds the optimizer step and the accumulation), at the calibration's achieved HBM
+    bandwidth."""
+    fields = dict(model="llama-3.1-8b", num_gpus=8, framework="deepspeed", zero_stage=0, pp=1, dp=8,
+                  micro_batch_size=1)
+    job, plan = resolve(Request(**fields, global_batch_size=64))
+    double = estimate(**fields, global_batch_size=128)
+    added = plan.num_microbatches(job.global_batch_size)
+    extra = double.breakdown.other_s - estimate_throughput(job, plan).breakdown.other_s
+    hbm = job.gpu.hbm_bandwidth * calibration("deepspeed").hbm_efficiency
+    assert extra == pytest.approx(added * 18 * total_params(job.model) / hbm, rel=1e-6)

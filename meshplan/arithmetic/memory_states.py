@@ -283,6 +283,13 @@ def uses_fsdp(card: FrameworkCard, zero_stage: int) -> bool:
     return card.memory_convention.startswith("fsdp2") or zero_stage == 3
 
 
+def optimizer_sharded(card: FrameworkCard, zero_stage: int, version: str | None = None) -> bool:
+    """Whether the engine at this ZeRO stage keeps its optimizer states (fp32 master, moments) on a dp shard, so its
+    step updates that shard and all-gathers the updated weights: ZeRO-1 and up, and DeepSpeed's bf16 ZeRO-0, whose
+    BF16_Optimizer shards them itself (cards/memory.yaml deepspeed "0")."""
+    return any(t.tensor_class == "optimizer" and t.shard == "dp" for t in convention(card, zero_stage, version)[2])
+
+
 def convention(card: FrameworkCard, zero_stage: int,
                version: str | None = None) -> tuple[str, Convention, list[StateTensor]]:
     """The preset and its tensor list for this ZeRO stage; an unsupported stage is a clear error."""

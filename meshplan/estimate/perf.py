@@ -29,7 +29,13 @@ from meshplan.arithmetic.comm import Links, allreduce_time, job_links, p2p_time,
 from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token, weight_gradient_share
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
-from meshplan.arithmetic.memory_states import built_vocab, convention, optimizer_step_bytes, uses_fsdp
+from meshplan.arithmetic.memory_states import (
+    built_vocab,
+    convention,
+    optimizer_sharded,
+    optimizer_step_bytes,
+    uses_fsdp,
+)
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.arithmetic.param_wrapper import param_wrapper_step_flops
 from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
@@ -809,7 +815,11 @@ def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraf
     grad_bytes = grad_reduce_bytes(plan, cal)  # the plan's grad_reduce_in_fp32, else the framework's default
     # ZeRO-1/2 (not FSDP) may still all-reduce the whole gradient (nanotron without DDP) and may
     # run it after the backward instead of bucket by bucket inside it (zero_grad_* in the card).
-    sharded_opt = plan.zero_stage > 0 and not uses_fsdp(job.card, plan.zero_stage)
+    zero_reduce = plan.zero_stage > 0 and not uses_fsdp(job.card, plan.zero_stage)
+    # the optimizer on a dp shard, its updated weights all-gathered after the step: ZeRO-1/2, and DeepSpeed's bf16
+    # ZeRO-0 (BF16_Optimizer's own sharding, whose gradients are still all-reduced after the backward)
+    sharded_opt = optimizer_sharded(job.card, plan.zero_stage, job.framework_version) \
+        and not uses_fsdp(job.card, plan.zero_stage)
     if per_step:
         replicas = 0.0 if traffic.replicas_with_each_reduce else traffic.replica_allreduce(dense, expert, grad_bytes)
         sync = StepSync(replicas, cal.dp_overlap)
@@ -817,7 +827,7 @@ def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraf
         reduce = (allreduce_time(dense * grad_bytes, traffic.dense.size, traffic.dense.stride, lk)
                   + allreduce_time(expert * grad_bytes, traffic.expert.size, traffic.expert.stride, lk))
         reduce += traffic.replica_allreduce(dense, expert, grad_bytes)
-        sync = StepSync(reduce, cal.zero_grad_overlap if sharded_opt else cal.dp_overlap)
+        sync = StepSync(reduce, cal.zero_grad_overlap if zero_reduce else cal.dp_overlap)
     else:
         # ZeRO-1/2: the buckets' reduce-scatter, then (hybrid sharding) the shard's all-reduce across the replicas
         sync = StepSync(traffic(dense, expert, grad_bytes) + traffic.replica_allreduce(dense, expert, grad_bytes),
@@ -835,7 +845,7 @@ def _optimizer_seconds(row: StageTime, inp: StageInputs, m: int) -> float:
     plus their Newton-Schulz iterations) and the gradient accumulation over `m` micro-batches."""
     cal, ctx, traffic = inp.ctx.cal, inp.ctx, inp.traffic
     dense_group, expert_group = traffic.dense_group, traffic.expert_group
-    shard_group = 1 if inp.plan.zero_stage == 0 else None
+    shard_group = None if optimizer_sharded(inp.job.card, inp.plan.zero_stage, inp.job.framework_version) else 1
     dense_local = row.dense_params / (shard_group or dense_group)
     expert_local = row.expert_params / (shard_group or expert_group)
     muon_local = (row.muon.dense / (shard_group or dense_group)
@@ -843,8 +853,20 @@ def _optimizer_seconds(row: StageTime, inp: StageInputs, m: int) -> float:
     adam_bytes = optimizer_step_bytes(inp.job, inp.plan) or cal.optimizer_bytes_per_param  # foreach: more passes
     opt = ((dense_local + expert_local - muon_local) * adam_bytes
            + muon_local * cal.muon_bytes_per_param) / ctx.hbm + row.muon.seconds
-    opt += m * (row.dense_params + row.expert_params) * cal.grad_accum_bytes_per_param / ctx.hbm
+    opt += (row.dense_params + row.expert_params) * grad_accumulation_bytes(inp.job, inp.plan, cal, m) / ctx.hbm
     return opt
+
+
+def grad_accumulation_bytes(job: Job, plan: Plan, cal: Calibration, m: int) -> float:
+    """HBM bytes per parameter a step of `m` micro-batches spends adding each micro-batch's gradient to the step's sum
+    outside the weight-gradient GEMM: the framework card's pass at the plan's ZeRO stage (grad_accumulation_pass:
+    DeepSpeed's BF16_Optimizer cast-and-add into its fp32 buffer every micro-batch, autograd's in-place add after the
+    first under ZeRO-1), else the calibration's grad_accum_bytes_per_param every micro-batch."""
+    passes = job.card.grad_accumulation_pass
+    stage = passes.by_zero_stage.get(plan.zero_stage) if passes is not None else None
+    if stage is None:
+        return m * cal.grad_accum_bytes_per_param
+    return stage.passes(m) * stage.bytes_per_param
 
 
 def _report(job: Job, plan: Plan, ctx: LayerContext, step: float, peaks: Peaks, breakdown: ThroughputBreakdown,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
-from meshplan.arithmetic.memory_states import convention
+from meshplan.arithmetic.memory_states import convention, optimizer_sharded
 from meshplan.arithmetic.mesh import flex_backend, job_domain, mesh_groups, own_ep_ranks_note
 from meshplan.estimate.attention_time import (
     FLASH_ATTENTION_PASSES_PER_FORWARD,
@@ -106,8 +106,13 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
         said = f"DP: gradients reduced in {nbytes:.0f}-byte elements over dp x cp once per step, "
         if plan.zero_stage == 0:
             hidden = dp_hidden_share(plan, cal.dp_overlap)  # 0: DeepSpeed's all-reduce after the backward
-            return said + (f"overlapped with {hidden:.0%} of the last backward." if hidden else
-                           "all-reduced after the last backward, none of it hidden.")
+            said += (f"overlapped with {hidden:.0%} of the last backward." if hidden else
+                     "all-reduced after the last backward, none of it hidden.")
+            if optimizer_sharded(job.card, plan.zero_stage, job.framework_version):  # DeepSpeed's BF16_Optimizer
+                said += (" The optimizer steps its dp shard of the fp32 master weights (its own ZeRO-1), then the bf16 "
+                         f"parameters are all-gathered, {dp_hidden_share(plan, cal.param_gather_overlap):.0%} of the "
+                         "next forward hiding it.")
+            return said
         return (said + ("all-reduced" if cal.zero_grad_allreduce >= 0.5 else "reduce-scattered")
                 + f" with {dp_hidden_share(plan, cal.zero_grad_overlap):.0%} of the last backward hiding it; then "
                 f"the bf16 parameters are all-gathered, {dp_hidden_share(plan, cal.param_gather_overlap):.0%} of "

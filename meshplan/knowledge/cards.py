@@ -20,7 +20,13 @@ from meshplan.knowledge.adapter_card import ADAPTER_KNOBS, AdapterSection
 from meshplan.knowledge.allocator_card import AllocatorFacts, AllocatorSetting
 from meshplan.knowledge.compute_card import AttentionSemantics, CompileSemantics, EagerModelCode, RecomputeSemantics
 from meshplan.knowledge.defaults_card import FrameworkDefaults, FrameworkLimits, MemoryFix, SearchKnobs
-from meshplan.knowledge.engine_card import EngineFacts, MemoryConvention, OptimizerStepFacts, VisionTowerEngines
+from meshplan.knowledge.engine_card import (
+    EngineFacts,
+    GradAccumulationPasses,
+    MemoryConvention,
+    OptimizerStepFacts,
+    VisionTowerEngines,
+)
 from meshplan.knowledge.fsdp_card import FullEpExperts, GradAccumulationFacts, ShardingOverlapOff, Zero3Prefetch
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.moe_card import (
@@ -256,6 +262,8 @@ class FrameworkCard(_Card):
                           "stays 'not stated')")
     optimizer_step: OptimizerStepFacts | None = Field(
         None, description="Absent: the step's implementation was not read; counted as fused (no temporaries)")
+    grad_accumulation_pass: GradAccumulationPasses | None = Field(
+        None, description="Absent: every ZeRO stage takes the calibration's grad_accum_bytes_per_param per micro-batch")
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
     moe_host_syncs: MoeHostSyncs | None = Field(None, description="Absent: Megatron-Core's one per MoE layer forward")
     moe_expert_weights: MoeExpertWeights | None = Field(None, description="Absent: read in place by the grouped GEMM")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.knowledge.release_lines import in_any_line
 from meshplan.schema.choices import CpPadding, Engine
@@ -76,6 +76,35 @@ class OptimizerStepFacts(_Card):
 
     by_engine: dict[Engine, OptimizerImplementation]
     source: str
+
+
+class AccumulationPass(_Card):
+    """One ZeRO stage's gradient accumulation outside the weight-gradient GEMM: HBM bytes per parameter of the
+    stage that each micro-batch's backward moves to fold its gradient into the step's sum, and whether the step's
+    first micro-batch pays it too (a cast-and-add into a zeroed buffer) or not (autograd's AccumulateGrad keeps the
+    first gradient as it is and adds the later ones in place)."""
+
+    bytes_per_param: float = Field(ge=0)
+    first_micro_batch: bool
+
+    def passes(self, micro_batches: int) -> int:
+        """The micro-batches of a step that pay the pass."""
+        return micro_batches if self.first_micro_batch else max(micro_batches - 1, 0)
+
+
+class GradAccumulationPasses(_Card):
+    """The gradient accumulation pass per ZeRO stage where the framework's engine runs one outside the GEMM (the
+    card's `grad_accumulation_pass`); a stage left out takes the calibration's grad_accum_bytes_per_param on every
+    micro-batch (Megatron-Core's fused wgrad accumulation: 0)."""
+
+    by_zero_stage: dict[int, AccumulationPass]
+    source: str
+
+    @model_validator(mode="after")
+    def _known_stages(self) -> GradAccumulationPasses:
+        if set(self.by_zero_stage) - set(ZERO_STAGES):
+            raise ValueError(f"by_zero_stage takes the stages {list(ZERO_STAGES)}, got {sorted(self.by_zero_stage)}")
+        return self
 
 
 class VisionTowerEngines(BaseModel):
