@@ -9,8 +9,15 @@ import pytest
 from meshplan.arithmetic.activations import ulysses_heads
 from meshplan.arithmetic.comm import alltoall_time, job_links
 from meshplan.arithmetic.mesh import mesh_groups
-from meshplan.estimate.context_parallel import kv_width, q_out_width, ring_exposed, ulysses_widths
-from meshplan.estimate.perf import estimate_throughput
+from meshplan.estimate.context_parallel import (
+    kv_width,
+    q_out_width,
+    ring_exposed,
+    te_ring_pass_bytes,
+    te_ring_passes,
+    ulysses_widths,
+)
+from meshplan.estimate.perf import _step_context, estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
@@ -70,10 +77,46 @@ def test_a2a_plus_p2p_inside_one_domain_is_ulysses():
 
 def test_ring_inside_a_node_hides_behind_long_attention():
     """8 ranks on NVLink at 32K tokens each: every hop (~134 MB at NVLink speed) is shorter than a step's attention,
-    so the ring exposes nothing, while the same job's all-gather (not overlapped) does."""
+    so the ring exposes no transfer, only its merges and accumulations (te_ring_passes: 32 layers, 1 micro-batch per
+    rank), while the same job's all-gather (not overlapped) exposes its traffic."""
     inside = dict(LONG, num_gpus=8, cp=8, seq_length=262144)
-    assert estimate(**inside, cp_comm_type="p2p").breakdown.cp_comm_s == 0.0
+    job, plan = resolve(Request(**inside, cp_comm_type="p2p"))
+    *_, ctx = _step_context(job, plan, calibration(job.framework))
+    passes = sum(te_ring_passes(ctx, 8))
+    assert passes > 0.0
+    assert estimate(**inside, cp_comm_type="p2p").breakdown.cp_comm_s == pytest.approx(
+        plan.num_microbatches(job.global_batch_size) * 32 * passes, rel=1e-12)
     assert estimate(**inside, cp_comm_type="allgather").breakdown.cp_comm_s > 0.0
+
+
+def test_te_ring_bytes_per_element_follow_its_branches():
+    """TransformerEngine v2.3 AttnFuncWithCPAndKVP2P, bf16, causal, sbhd: a copy moves 4 B an element, a merge
+    (x.add_(y)) 6. Two ranks: rank 0 merges its second output half only (4 + 3), rank 1 the whole (4 + 6); dQ the
+    same (rank 0: half copy 2, then half copy + half add 5; rank 1: copy 4, add 6); dK/dV after the send buffer's
+    copy (4): rank 0 copies it whole (4), then half adds, half copies (5); rank 1 copies the first half (2), then
+    adds the whole (6). K/V's cat into the first send buffer, 4, forward. The last rank's output and dQ grow by a
+    whole merge a step: 4 + 6 (c - 1)."""
+    assert te_ring_pass_bytes(2, 0) == (7.0, 4.0, 7.0, 13.0)
+    assert te_ring_pass_bytes(2, 1) == (10.0, 4.0, 10.0, 12.0)
+    for c in (4, 8, 32):
+        out, kv, dq, _ = te_ring_pass_bytes(c, c - 1)
+        assert out == dq == 4 + 6 * (c - 1)
+        assert kv == 4
+        assert te_ring_pass_bytes(c, 0)[0] == 4 + 3 * (c - 1)  # rank 0 merges second halves only
+        assert te_ring_pass_bytes(c, 0)[3] == 4 + 4 + 6 * (c - 2) + 5  # whole adds but the last's half copy
+
+
+def test_te_ring_passes_take_each_pass_on_its_busiest_rank_at_hbm_bandwidth():
+    """Llama 3.1 8B, cp 4, tp 1, 32,768 tokens a rank: output and dQ 32 x 128 elements a token, K/V 2 x 8 x 128.
+    Forward on the last rank: output 4 + 18, K/V 4. Backward the most over the ranks of dQ and dK/dV together."""
+    job, plan = resolve(Request(**dict(LONG, num_gpus=4, cp=4, seq_length=131072, global_batch_size=1)))
+    *_, ctx = _step_context(job, plan, calibration(job.framework))
+    tokens, heads, kv = 32768, 32 * 128, 2 * 8 * 128
+    fwd, bwd = te_ring_passes(ctx, 4)
+    assert fwd == pytest.approx(tokens * (heads * 22 + kv * 4) / ctx.hbm)
+    most = max(heads * te_ring_pass_bytes(4, r)[2] + kv * te_ring_pass_bytes(4, r)[3] for r in range(4))
+    assert bwd == pytest.approx(tokens * most / ctx.hbm)
+    assert te_ring_passes(ctx, 1) == (0.0, 0.0)
 
 
 def test_hierarchical_sizes_are_what_the_adapters_render_and_what_is_timed():
@@ -102,7 +145,7 @@ def test_ulysses_engines_time_cp_as_all_to_alls(framework):
     _, plan = resolve(Request(**common, zero_stage=3))
     assert plan.cp_comm_type == "p2p"  # the plan keeps the default: the engine has no comm type
     ring = estimate(**common, zero_stage=1, micro_batch_size=1).breakdown.cp_comm_s
-    assert ring == 0.0
+    assert 0.0 < ring < ulysses  # the ring's transfer hidden: only its merges and accumulations
 
 
 def test_ulysses_sends_q_k_v_and_the_output_one_all_to_all_each_with_k_v_repeated_to_the_degree():

@@ -37,6 +37,18 @@ TORCH_CP_Q_BWD_FIXED = 4.0 + 10.0 + 6.0
 TORCH_CP_Q_BWD_PER_STEP = 10.0
 FP32 = 4.0
 
+# Transformer Engine's p2p ring (AttnFuncWithCPAndKVP2P, NVIDIA/TransformerEngine v2.3 5de3e148
+# transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py), bf16 in Megatron-Core's sbhd, causal
+# with DualChunkSwap (rank r holds chunks r and 2c-1-r): ring step 0 runs its own two chunks causally, steps 1..r the
+# whole q against the first K/V half, steps r+1..c-1 the second q half against the whole K/V (backward: steps
+# i >= c-1-r whole q and first K/V half, the rest second q half and whole K/V). Besides each step's kernel, the compute
+# stream copies and merges whole tensors or their halves (in sbhd a half is a contiguous view, so no .contiguous()
+# copies): a copy reads and writes bf16, a merge x.add_(y) reads two and writes one (flash_attn_fwd_out_correction's
+# out.add_(out_step x exp(lse_step - lse)) too: the log-sum-exp it reads, one value a row and head, is left out, as are
+# the double-precision lse merges on it, a few percent of these bytes).
+TE_RING_COPY = 2 * BF16
+TE_RING_MERGE = 3 * BF16
+
 
 def kv_width(arch: Architecture, tp: int) -> float:
     """K plus V elements per token held by one TP rank (what CP exchanges). MLA sends its up-projected per-head K
@@ -61,6 +73,55 @@ def q_out_width(arch: Architecture, tp: int) -> float:
         m = arch.mla
         return heads * (m.qk_head_dim + m.v_head_dim)
     return 2 * heads * arch.head_dim
+
+
+def te_ring_pass_bytes(c: int, rank: int) -> tuple[float, float, float, float]:
+    """Bytes per element of CP rank `rank`'s whole chunk that Transformer Engine's causal p2p ring of `c` ranks moves
+    on the compute stream besides its attention kernels, as (attention output forward, K/V forward, dQ backward,
+    dK/dV backward) (TE_RING_*): forward k and v cat into the first send buffer; the output merged after the ring,
+    step 0's out_per_step scaled into it (flash_attn_fwd_out_correction_init, a copy's traffic), each later step's
+    added, whole for steps 1..rank, its second half for the rest. Backward K/V copied into the send buffer; each
+    step's dq_ copied or added into dq, dkv_ into the dK/dV buffer that travels with K/V, whole or half as the
+    step's chunks (AttnFuncWithCPAndKVP2P.backward's branches, bf16: no fp32 accumulator)."""
+    out = TE_RING_COPY + sum(TE_RING_MERGE * (1.0 if i <= rank else 0.5) for i in range(1, c))
+    dq = dkv = 0.0
+    for i in range(c):
+        whole_q = i >= c - rank - 1
+        if i > c - rank - 1:
+            dq += TE_RING_MERGE
+        elif i == c - rank - 1:
+            dq += TE_RING_COPY if rank == c - 1 else (TE_RING_COPY + TE_RING_MERGE) / 2
+        else:
+            dq += (TE_RING_MERGE if i > 0 else TE_RING_COPY) / 2
+        if i == c - 1:
+            dkv += (TE_RING_MERGE + TE_RING_COPY) / 2 if rank == 0 else TE_RING_MERGE
+        elif whole_q:
+            dkv += (TE_RING_COPY if i == 0 and rank == c - 1 else TE_RING_MERGE) / 2
+        else:
+            dkv += TE_RING_MERGE if i > 0 else TE_RING_COPY
+    return out, TE_RING_COPY, dq, TE_RING_COPY + dkv
+
+
+def te_ring_passes(ctx: LayerContext, c: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's Transformer Engine p2p ring passes per micro-batch at HBM bandwidth
+    (te_ring_pass_bytes), on the rank with the most of each (the ranks meet again at the next collective): the
+    attention output and dQ at the query heads' widths (MLA: v_head_dim and qk_head_dim), K/V at kv_width. The
+    ranks' chunks hold the same elements under a2a+p2p, its all-to-all trading tokens for heads; (0, 0) for one
+    rank."""
+    if c <= 1:
+        return 0.0, 0.0
+    arch, tp = ctx.arch, ctx.plan.tp
+    heads = arch.num_attention_heads / tp
+    out = heads * (arch.mla.v_head_dim if arch.mla is not None else arch.head_dim)
+    q = heads * (arch.mla.qk_head_dim if arch.mla is not None else arch.head_dim)
+    kv = kv_width(arch, tp)
+    fwd = bwd = 0.0
+    for rank in range(c):
+        out_b, kv_fwd_b, dq_b, dkv_b = te_ring_pass_bytes(c, rank)
+        fwd = max(fwd, out * out_b + kv * kv_fwd_b)
+        bwd = max(bwd, q * dq_b + kv * dkv_b)
+    tokens = ctx.shard.tokens
+    return tokens * fwd / ctx.hbm, tokens * bwd / ctx.hbm
 
 
 def ring_exposed(hop_s: float, steps: int, attention_fwd: float, attention_bwd: float,
@@ -164,4 +225,5 @@ def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -
                             a2a.size, a2a.stride, lk)
     fwd, total = ring_exposed(p2p_time(kv_bytes, ring.crosses(lk.domain), lk), ring.size, attention_fwd,
                               attention_bwd, ctx.cal.cp_overlap)
-    return fwd + a2a_one, total + FORWARD_AND_BACKWARD * a2a_one
+    passes_fwd, passes_bwd = te_ring_passes(ctx, ring.size)
+    return fwd + passes_fwd + a2a_one, total + passes_fwd + passes_bwd + FORWARD_AND_BACKWARD * a2a_one
