@@ -20,7 +20,7 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms
 from meshplan.arithmetic.mamba import mamba_gemms, ssd_scan_flops
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.attention_time import attention_seconds
-from meshplan.estimate.context_parallel import cp_time
+from meshplan.estimate.context_parallel import cp_passes, cp_time
 from meshplan.estimate.layer_records import (
     BF16,
     FORWARD_AND_BACKWARD,
@@ -79,7 +79,8 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
     later = partial(forwards, ctx, gemms, load, elementwise, terms)
     return assembled_layer_time(ctx, moe, load, gemm=gemm, gemm_fwd=gemm_fwd, attention_fwd=attention_fwd,
                                 attention=attention, elementwise=elementwise, mixer=mixer, tp=tp,
-                                tp_fwd_share=tp_fwd_share, cp=cp, later=later)
+                                tp_fwd_share=tp_fwd_share, cp=cp,
+                                cp_work=cp_passes(ctx) if kind == "*" else (0.0, 0.0), later=later)
 
 
 def gdn_recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad, elementwise: float,

@@ -16,7 +16,7 @@ from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, summed
 from meshplan.arithmetic.param_wrapper import delta_pass_bytes
 from meshplan.estimate.attention_time import attention_seconds
-from meshplan.estimate.context_parallel import cp_time
+from meshplan.estimate.context_parallel import cp_passes, cp_time
 from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime
 from meshplan.estimate.lora_gemms import lora_gemm_seconds
 from meshplan.estimate.moe_time import (
@@ -42,20 +42,27 @@ def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
     return assembled_layer_time(ctx, moe, load, gemm=gemm, gemm_fwd=gemm_fwd, attention_fwd=attention_fwd,
                                 attention=attention, elementwise=elementwise, mixer=0.0, tp=tp,
                                 tp_fwd_share=tp_fwd_share, cp=cp_time(ctx, attention_fwd, attention),
+                                cp_work=cp_passes(ctx),
                                 later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms))
 
 
 def assembled_layer_time(ctx: LayerContext, moe: bool, load: ElementwiseLoad, *, gemm: float, gemm_fwd: float,
                          attention_fwd: float, attention: float, elementwise: float, mixer: float, tp: float,
-                         tp_fwd_share: float, cp: tuple[float, float], later) -> LayerTime:
+                         tp_fwd_share: float, cp: tuple[float, float], cp_work: tuple[float, float],
+                         later) -> LayerTime:
     """One layer's LayerTime from its parts (layer_time's and hybrid_time.hybrid_layer_time's, one home): the
     forward's share of its compute (the GEMMs' and attention's forward, a third of the memory-bound passes and of a
     Mamba-2 or Gated DeltaNet `mixer`'s, the stacked expert weights' copy all in the forward), an MoE layer's backward
     waiting for its experts' launches beyond what its other work hides, its overhead and exposed EP all-to-all; `cp`
-    the (forward, whole) CP seconds. A layer without a mixer passes 0.0, which adds nothing to any sum."""
+    the (forward, whole) CP traffic's seconds, `cp_work` the (forward, whole) seconds of CP's memory-bound merges and
+    copies (context_parallel.cp_passes), memory-bound passes with the layer's others. A layer without a mixer passes
+    0.0, which adds nothing to any sum."""
     overhead = layer_overhead(ctx, moe)
     copy = load.weight_copy_bytes / ctx.hbm  # all in the forward (stacked weights), the rest a third of the passes
-    fwd_compute = gemm_fwd + attention_fwd + (elementwise + mixer - copy) / TRAINING_PASSES_PER_FORWARD + copy
+    cp_work_fwd, cp_work_seconds = cp_work
+    fwd_compute = (gemm_fwd + attention_fwd + (elementwise + mixer - copy) / TRAINING_PASSES_PER_FORWARD + copy
+                   + cp_work_fwd)
+    elementwise += cp_work_seconds
     if moe and ctx.lora is None:  # the backward waiting for its experts' launches beyond what its other work hides
         gemm += backward_launch_wait(ctx, gemm + attention + elementwise + mixer - fwd_compute)
     compute = gemm + attention + elementwise + mixer + overhead  # LayerTime.compute
