@@ -54,8 +54,10 @@ def describe_model(model: str) -> ModelReport:
     """The model's parameter counts; a blank model is no model, refused in the words every request gets."""
     from meshplan.knowledge.catalog import describe_model as describe
 
-    if names_no_model(model):
+    if model is None or names_no_model(model):  # None: a describe without a model, as the CLI's and MCP's null
         raise model_required()
+    if not isinstance(model, str):  # refused in the words a request's model of that type gets on every face
+        parse_request({"model": model})
     return describe(script_model(model))
 
 
