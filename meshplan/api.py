@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
-from meshplan.request.parse import model_required, names_no_model, parse_request
+from meshplan.request.parse import checked_fields, model_required, names_no_model, parse_request
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.measured import MeasuredRun, RunComparison
 from meshplan.schema.model import ModelReport, ModelSummary
@@ -270,8 +270,9 @@ def request_from_config(imported: ImportedConfig, given: Mapping[str, Any] | Non
     `scan_gpus` for minimum_gpus: the file's GPU count left out (the scan finds it)."""
     from meshplan.adapters.read import request_values
 
-    # a blank model beside the file is no model given, as parse_request reads it: the file's model stands
-    given = {k: v for k, v in (given or {}).items() if not (k == "model" and names_no_model(v))}
+    # each field given checked before the file's values are laid under it (a blank model is no model given, as
+    # parse_request reads it: the file's model stands)
+    given = checked_fields(given or {})
     req = parse_request(request_values(imported, given, scan_gpus))
     _refused_from_the_file(req, imported, given)
     return req
