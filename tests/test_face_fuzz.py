@@ -24,6 +24,7 @@ from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
 from meshplan.knowledge.catalog import MAX_MODEL_NAME_CHARS
+from meshplan.request.parse import parse_request
 
 # Each face may name the first of several faults it meets; every other kind is a defect.
 ALLOWED = {"order"}
@@ -167,3 +168,18 @@ def test_a_field_given_beside_a_config_is_checked_before_the_file_is_laid_under_
     mcp = call_tool("check_config", {"config_text": text, **given}).content[0].text
     assert mcp.removeprefix("Error executing tool check_config: ").split(" Valid fields")[0] \
         == str(refused.value).split(" Valid fields")[0]
+
+
+@pytest.mark.parametrize(("model", "layout"), [("llama-3.1-8b", "Et*100|L"), ("qwen3-next-80b-a3b", "Et*100|L"),
+                                               ("deepseek-v2-lite", "E|t*2|L")])
+def test_a_layout_of_another_layer_count_is_never_searched(model, layout):
+    """recommend and minimum_gpus took a pipeline_layout of more (or fewer) decoder layers than the model as a split to
+    search: the floors' spans ran past the model's layers (IndexError on every face) or the search ran for minutes
+    (DeepSeek-V2-Lite's 27 layers as 2). search/space.given_options leaves out the layout schedule.layout_problem
+    refuses, as check's PP009 does; nothing is ranked, and the answer says which rule removed the plans."""
+    asked = {"model": model, "gpu": "h200", "pipeline_layout": layout}
+    rec = api.recommend(parse_request({**asked, "num_gpus": 16}))
+    assert not rec.candidates and set(rec.rejected) == {"pp-layers"}
+    assert api.minimum_gpus(parse_request(asked), max_gpus=8).num_gpus is None
+    result = call_tool("recommend_parallelism", {**asked, "num_gpus": 16})
+    assert not result.is_error and result.structured_content["rejected"] == {"pp-layers": rec.considered}
