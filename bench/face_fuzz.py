@@ -230,15 +230,23 @@ def config_text(rng: random.Random) -> tuple[str, str | None]:
     return text, (FORMATS[path.suffix] if rng.random() < 0.5 else None)
 
 
-def log_text(rng: random.Random) -> Any:
-    """A run's log of tests/logs as compare_run's log_text: whole, cut short, blank, noise or of a wrong type."""
-    text = rng.choice(sorted(LOGS.glob("*.log"))).read_text(encoding="utf-8", errors="replace")
+# the framework each log of tests/logs comes from, by its name's start (the longest first)
+LOG_FRAMEWORKS = (("megatron_deepspeed", "deepspeed"), ("deepspeed", "deepspeed"), ("kempnerforge", "kempnerforge"),
+                  ("megatron", "megatron-core"), ("torchtitan", "torchtitan"), ("verl", "verl"))
+
+
+def log_text(rng: random.Random) -> tuple[Any, str | None]:
+    """A run's log of tests/logs as compare_run's log_text (whole, cut short, blank, noise or of a wrong type), with
+    the framework it comes from."""
+    path = rng.choice(sorted(LOGS.glob("*.log")))
+    text = path.read_text(encoding="utf-8", errors="replace")
+    framework = next((f for start, f in LOG_FRAMEWORKS if path.name.startswith(start)), None)
     roll = rng.random()
     if roll < 0.8:
-        return text
+        return text, framework
     if roll < 0.9:
-        return text[:rng.randint(0, len(text))]
-    return rng.choice(["", "  \n", "step 1 loss nan", None, 8])
+        return text[:rng.randint(0, len(text))], framework
+    return rng.choice(["", "  \n", "step 1 loss nan", None, 8]), framework
 
 
 def draw(rng: random.Random) -> Case:
@@ -268,8 +276,10 @@ def draw(rng: random.Random) -> Case:
         args.setdefault("seq_length", 4096)
         if rng.random() < 0.3:
             args["top_k" if tool == "recommend_parallelism" else "max_gpus"] = rng.choice([1, 3, 0, 51, 64, "5"])
-    if tool == "compare_run":
-        args["log_text"] = log_text(rng)
+    if tool == "compare_run":  # mostly with the log's own framework, which the reader looks for
+        args["log_text"], framework = log_text(rng)
+        if framework and rng.random() < 0.8:
+            args["framework"] = framework
     if tool == "render_report" and rng.random() < 0.3:
         args["recommend"] = rng.choice([True, False, "yes"])
         if args["recommend"] is True and isinstance(args.get("num_gpus"), int) and args["num_gpus"] > 64:
