@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
-from meshplan.request.parse import model_required, names_no_model, parse_request
+from meshplan.request.parse import checked_fields, model_required, names_no_model, parse_request
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.measured import MeasuredRun, RunComparison
 from meshplan.schema.model import ModelReport, ModelSummary
@@ -54,8 +54,10 @@ def describe_model(model: str) -> ModelReport:
     """The model's parameter counts; a blank model is no model, refused in the words every request gets."""
     from meshplan.knowledge.catalog import describe_model as describe
 
-    if names_no_model(model):
+    if model is None or names_no_model(model):  # None: a describe without a model, as the CLI's and MCP's null
         raise model_required()
+    if not isinstance(model, str):  # refused in the words a request's model of that type gets on every face
+        parse_request({"model": model})
     return describe(script_model(model))
 
 
@@ -268,8 +270,9 @@ def request_from_config(imported: ImportedConfig, given: Mapping[str, Any] | Non
     `scan_gpus` for minimum_gpus: the file's GPU count left out (the scan finds it)."""
     from meshplan.adapters.read import request_values
 
-    # a blank model beside the file is no model given, as parse_request reads it: the file's model stands
-    given = {k: v for k, v in (given or {}).items() if not (k == "model" and names_no_model(v))}
+    # each field given checked before the file's values are laid under it (a blank model is no model given, as
+    # parse_request reads it: the file's model stands)
+    given = checked_fields(given or {})
     req = parse_request(request_values(imported, given, scan_gpus))
     _refused_from_the_file(req, imported, given)
     return req

@@ -95,6 +95,20 @@ def catalog_keys() -> list[str]:
     return model_card_names()
 
 
+# The longest model name or path read as one: Linux's PATH_MAX (limits.h, 4096 bytes), which no catalog key, Hugging
+# Face id (96 characters at most) or size comes near. A longer value (Request.model takes 1 MiB, for a config.json's
+# text) is refused before the path probes and the did-you-mean, which took a second over a pasted 1 MiB name.
+MAX_MODEL_NAME_CHARS = 4096
+
+
+def _name_too_long(name: str) -> MeshplanError:
+    return MeshplanError(
+        f"The model {name[:80]!r}... is {len(name):,} characters long: a model's name, Hugging Face id or path is at "
+        f"most {MAX_MODEL_NAME_CHARS:,}.",
+        fix="Name the model by a catalog key (meshplan models), a Hugging Face id or a size such as '70B', or give "
+        "its config.json: the file's path, or its text itself (a JSON object, starting with '{').")
+
+
 def _looks_like_path(name: str) -> bool:
     if name.endswith(".json") or name.startswith((".", "~")):
         return True
@@ -122,6 +136,8 @@ def resolve_model(name: str) -> Architecture:
         return section_architecture(name)
     if is_config_text(name):
         return architecture_from_text(name)
+    if len(name) > MAX_MODEL_NAME_CHARS:
+        raise _name_too_long(name)
     if _looks_like_path(name):
         try:
             path = server_files.server_path(name, "model").expanduser()

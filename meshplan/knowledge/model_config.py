@@ -748,7 +748,9 @@ def _config_path(path: Path) -> Path:
             return path
     except (OSError, ValueError):  # a name too long for the file system, a NUL byte
         pass
-    raise MeshplanError(f"No config.json at {str(path)[:200]!r}.")
+    raise MeshplanError(f"No config.json at {str(path)[:200]!r}.",
+                        fix="Give the path of a model's Hugging Face config.json or of the folder that holds it, its "
+                        "text itself (a JSON object), a catalog key (meshplan models) or a size such as '70B'.")
 
 
 def _too_large(path: Path) -> MeshplanError:

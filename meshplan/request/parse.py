@@ -177,9 +177,12 @@ def model_required() -> MeshplanError:
                              "list_models), a Hugging Face id, a config.json path, or a size such as '70B'.")
 
 
-def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Request:
-    """A `Request` from loose values, as every face receives them: unknown names are errors naming the closest
-    field, and a null (or absent) optional field stays open for resolve() and the search to fill."""
+def checked_fields(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> dict[str, Any]:
+    """The request fields among `values`, each checked on its own (an unknown name, a type, a bound) as every face
+    words it, a model not required: a request, or the fields given beside a config file, which fills the rest
+    (api.request_from_config laid a wrong-typed field under the file's, and `"tp": "4k"` beside one ended in a
+    TypeError). A null, or a blank model, is a field left out. Request has field validators only, so a field
+    checked alone is checked as in the whole request."""
     if not isinstance(values, Mapping):
         raise MeshplanError(f"A request is a JSON object of fields, got {type(values).__name__}.",
                             fix='e.g. {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}')
@@ -191,9 +194,19 @@ def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Req
     if names_no_model(fields.get("model")):  # said as a model left out is, on every face (the CLI's MODEL '' was;
         del fields["model"]  # MCP's model '' was not)
     try:
-        if "model" not in fields:  # the other values are checked first, as MCP's argument check does before this
-            Request.model_validate({**fields, "model": "unnamed"})
-            raise model_required()
+        Request.model_validate({"model": "unnamed", **fields})
+    except ValidationError as exc:
+        raise request_error(exc) from exc
+    return fields
+
+
+def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Request:
+    """A `Request` from loose values, as every face receives them: unknown names are errors naming the closest
+    field, and a null (or absent) optional field stays open for resolve() and the search to fill."""
+    fields = checked_fields(values, also=also)
+    if "model" not in fields:  # the other values are checked first, as MCP's argument check does before this
+        raise model_required()
+    try:
         return Request.model_validate(fields)
     except ValidationError as exc:
         raise request_error(exc) from exc

@@ -33,6 +33,7 @@ from meshplan.arithmetic.pipeline_timeline import schedule_order
 from meshplan.arithmetic.schedule import (
     VirtualSplit,
     accounted_counts,
+    layout_problem,
     parse_layout,
 )
 from meshplan.check.split import (
@@ -415,15 +416,18 @@ def reference_split(arch: Architecture, fixed: Fixed) -> VirtualSplit | None:
     return VirtualSplit((arch.num_layers,), layout="E" + "t" * split_layers(arch) + "L")
 
 
-def given_options(num_layers: int, pp: int, fixed: Fixed, unit: int = 1) -> tuple[PipelineOption, ...]:
+def given_options(num_layers: int, pp: int, fixed: Fixed, unit: int = 1, mtp_layers: int = 0
+                  ) -> tuple[PipelineOption, ...]:
     """The request's own explicit layout (its vpp the layout's stages over pp) or embedding/loss accounting (at every
     vpp it divides): the split is kept as given; one Megatron-Core refuses is left out (rule PP009 says why, as
-    `meshplan check` does at fixed degrees). Each t and accounted layer is `unit` layers (a Gated DeltaNet hybrid's
-    decoder layer: schedule.explicit_stages)."""
+    `meshplan check` does at fixed degrees: schedule.layout_problem, so a layout of more decoder layers than the model
+    has, whose spans ran past the model's layers in the floors, IndexError, is never searched). Each t and accounted
+    layer is `unit` layers (a Gated DeltaNet hybrid's decoder layer: schedule.explicit_stages); `mtp_layers` the
+    model's MTP layers, which a layout places all or none of."""
     layout = fixed.values.get("pipeline_layout")
     if layout is not None:
         stages = parse_layout(str(layout))
-        if len(stages) % pp:
+        if layout_problem(stages, pp, max(1, len(stages) // pp), num_layers // unit, mtp_layers):
             return ()
         counts = tuple(stage.count("t") * unit for stage in stages)
         return (PipelineOption(len(stages) // pp, None, None, VirtualSplit(counts, layout=str(layout))),)
@@ -528,7 +532,7 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
         for tp in choices("tp", rest):
             tp_ok = tp_splits_heads(job, tp)
             for pp in choices("pp", max(1, rest // tp)):
-                options = (given_options(L, pp, fixed, pipeline_unit(arch)) if given_split else
+                options = (given_options(L, pp, fixed, pipeline_unit(arch), arch.num_mtp_layers) if given_split else
                            model_pipeline_options(arch, pp, kn.vpp, uneven_interleave,  # type: ignore[arg-type]
                                                   fixed_split, layouts=layouts, own_partition=own))
                 for cp in choices("cp", max(1, rest // (tp * pp))) if kn.cp or "cp" in fixed else (1,):

@@ -26,7 +26,7 @@ from meshplan.core.card_files import frameworks_with_section
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib, percent, plural
 from meshplan.knowledge.model_config import is_model_config_json
-from meshplan.request.parse import parse_request, request_error, unknown_field_error
+from meshplan.request.parse import model_required, parse_request, request_error, unknown_field_error
 from meshplan.schema.choices import StrictModel
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.options import MinimumGpusOptions, RecommendOptions
@@ -254,6 +254,16 @@ def describe_model(model: ModelName) -> ModelAnswer:
         "Call estimate_memory with a layout to see per-GPU memory per pipeline stage.",
     ]
     return extend(report, ModelAnswer, summary=summary, next_steps=steps)
+
+
+def _model_named_first(arguments: dict[str, Any]) -> None:
+    """describe_model's model left out or null refused as every face refuses a describe without a model (the schema
+    said 'model: Input should be a valid string (got None)' where the api and the CLI say a model is required)."""
+    if arguments.get("model") is None:
+        raise model_required()
+
+
+describe_model.check_first = _model_named_first  # type: ignore[attr-defined]  # strict_arguments runs it
 
 
 LIST_MODELS = (
