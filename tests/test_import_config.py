@@ -546,8 +546,7 @@ def test_api_and_mcp_tool_agree_on_config_text():
 
     text = (CONFIGS / "kempnerforge_70b_32gpu_tp4_pp4.toml").read_text()
     via_api = api.estimate_memory(api.request_from_config(api.import_config(text), {"num_gpus": 32}))
-    via_tool = tools.estimate_memory(**{**{p.name: p.default for p in tools.request_parameters()},
-                                        "model": "llama-3-70b", "num_gpus": 32, "config_text": text})
+    via_tool = tools.estimate_memory(model="llama-3-70b", num_gpus=32, config_text=text)
     assert via_tool.peak_bytes == via_api.peak_bytes and via_tool.plan.pp == 4
 
 

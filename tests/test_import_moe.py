@@ -38,8 +38,7 @@ def test_mcp_config_text_reads_the_moe_model():
     from meshplan.faces.mcp import tools
 
     text = (CONFIGS / "megatron_mixtral_8x7b.sh").read_text()
-    args = {**{p.name: p.default for p in tools.request_parameters()}, "config_text": text, "num_gpus": 32}
-    args.pop("model", None)
+    args = {"config_text": text, "num_gpus": 32}  # as strict_arguments passes them: the arguments sent alone
     request = tools.to_request(args)
     assert request.model == "mixtral-8x7b" and request.ep == 8 and request.pp == 4
 
@@ -131,8 +130,7 @@ def test_mcp_config_text_of_an_unmatched_moe_script_is_a_clear_error():
     from meshplan.faces.mcp import tools
 
     text = (CONFIGS / "mds_gpt_1.3b_moe128.sh").read_text()
-    args = {**{p.name: p.default for p in tools.request_parameters()}, "config_text": text, "num_gpus": 64}
-    args.pop("model", None)
+    args = {"config_text": text, "num_gpus": 64}  # as strict_arguments passes them: the arguments sent alone
     with pytest.raises(MeshplanError, match="no catalog model has this MoE architecture"):
         tools.to_request(args)
 

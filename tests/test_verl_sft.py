@@ -240,8 +240,7 @@ def test_a_yaml_mapping_of_neither_config_names_its_keys(tmp_path, capsys, face)
 def test_the_mcp_tools_read_a_verl_sft_yaml_as_config_text():
     from meshplan.faces.mcp import tools
 
-    answer = tools.check_config(**{**{p.name: p.default for p in tools.request_parameters()},
-                                   "model": "qwen2.5-7b", "gpu": "h100", "config_text": NO_MODEL, "num_gpus": 8})
+    answer = tools.check_config(model="qwen2.5-7b", gpu="h100", config_text=NO_MODEL, num_gpus=8)
     assert answer.framework == "verl" and answer.plan.zero_stage == 3
 
 

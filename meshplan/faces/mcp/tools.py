@@ -93,8 +93,8 @@ CONFIG_PARAMETERS = [
         "Megatron-LM, DeepSpeed, Megatron-Bridge, verl, SkyRL or torchtitan shell script, a torchtitan or "
         "KempnerForge TOML, a DeepSpeed JSON, a NeMo AutoModel recipe YAML), or a Hugging Face config.json (a JSON "
         "object with model_type), read as the model: read, never run; its fields start the "
-        "request (the model too, where it names one: then `model` may be left out) and every argument given beside "
-        "it with a value other than its default overrides them (default: none)")]),
+        "request (the model too, where it names one: then `model` may be left out) and every argument sent beside "
+        "it overrides them, whatever its value; one left out or null leaves the file's (default: none)")]),
     inspect.Parameter("config_format", _KW, default=None, annotation=Annotated[
         Literal["shell", "toml", "json", "yaml"] | None, Field(None, description="config_text's format (default: "
                                                                           "detected from the text)")]),
@@ -146,22 +146,17 @@ def tool_errors() -> Iterator[None]:
 def to_request(args: dict[str, Any], config: ImportedConfig | None = None, scan_gpus: bool = False) -> Request:
     """The tool's request arguments as a `Request`; a null argument stays open, exactly as if left out. With
     config_text, the file's fields first (`config`: read_config's reading of it) and the arguments over them
-    (meshplan.api.request_from_config; `scan_gpus`: minimum_gpus, the file's GPU count left out)."""
+    (meshplan.api.request_from_config; `scan_gpus`: minimum_gpus, the file's GPU count left out). `args` holds the
+    arguments the caller sent and no others (strict_arguments passes no default), so any one of them overrides the
+    file whatever its value, as a CLI flag does, and a framework left out lets the reader detect the file's."""
     text, fmt = args.pop("config_text", None), args.pop("config_format", None)
     if _is_model_json(text, fmt):
         # a model's config.json: the model, as its text (a `model` given beside it wins, as over any config's fields)
         return parse_request({**args, "model": args.get("model") or text})
     if text is not None:
-        given = _given(args)
-        imported = config or api.import_config(text, framework=given.get("framework"), config_format=fmt)
-        return api.request_from_config(imported, given, scan_gpus=scan_gpus)
+        imported = config or api.import_config(text, framework=args.get("framework"), config_format=fmt)
+        return api.request_from_config(imported, args, scan_gpus=scan_gpus)
     return parse_request(args)
-
-
-def _given(args: dict[str, Any]) -> dict[str, Any]:
-    """The arguments the caller set: one left at its default (the SDK fills every one) neither overrides the file
-    nor picks its reader (framework="megatron-core", the default, read a DeepSpeed JSON as a Megatron script)."""
-    return {k: v for k, v in args.items() if k not in Request.model_fields or v != Request.model_fields[k].default}
 
 
 def _is_model_json(text: str | None, config_format: str | None) -> bool:
@@ -175,7 +170,7 @@ def read_config(args: dict[str, Any]) -> ImportedConfig | None:
     text = args.get("config_text")
     if text is None or _is_model_json(text, args.get("config_format")):
         return None  # none, or a model's config.json: to_request reads it as the model
-    return api.import_config(text, framework=_given(args).get("framework"), config_format=args.get("config_format"))
+    return api.import_config(text, framework=args.get("framework"), config_format=args.get("config_format"))
 
 
 class _ArgumentsAsSent(FuncMetadata):
@@ -203,7 +198,12 @@ def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Call
     """Validate a call against the tool's input schema: an unknown name is an error naming the closest field, and a
     value of another JSON type than the schema's is refused (strict, as `Request` is on every face). A null for an
     argument with a default is that argument left out, as parse_request reads a null on every other face (a batch
-    line's "seq_length": null took 4096 where this tool said 'Input should be a valid integer (got None)')."""
+    line's "seq_length": null took 4096 where this tool said 'Input should be a valid integer (got None)').
+
+    The tool gets the arguments the client sent (the validated values of `model_fields_set`), never the schema's
+    defaults: beside config_text a sent argument overrides the file whatever its value and one left out does not,
+    as with the CLI's flags. Filled with every default, a tool could not tell seq_length=4096 sent from left out
+    (it kept the file's 2048 where `meshplan min-gpus --seq-length 4096` did not)."""
 
     @functools.wraps(fn)
     def call(**arguments: Any) -> Any:
@@ -216,7 +216,7 @@ def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Call
             if (first := getattr(fn, "check_first", None)) is not None:  # a refusal worded by its one home
                 first(arguments)
             validated = arg_model.model_validate(arguments, strict=True)  # Request's types: no `true` as 1, no "8"
-        return fn(**{name: getattr(validated, name) for name in arg_model.model_fields})
+        return fn(**{name: getattr(validated, name) for name in validated.model_fields_set})
 
     return call
 
