@@ -367,11 +367,9 @@ def via_api(case: Case) -> Outcome:
         config = None
         if text is not None and fmt in (None, "json") and is_model_config_json(text):
             req = parse_request({**args, "model": args.get("model") or text})
-        elif text is not None:
-            given = {k: v for k, v in args.items() if k not in Request.model_fields
-                     or v != Request.model_fields[k].default}
-            config = api.import_config(text, framework=given.get("framework"), config_format=fmt)
-            req = api.request_from_config(config, given, scan_gpus=case.tool == "minimum_gpus")
+        elif text is not None:  # every argument sent overrides the file, whatever its value
+            config = api.import_config(text, framework=args.get("framework"), config_format=fmt)
+            req = api.request_from_config(config, args, scan_gpus=case.tool == "minimum_gpus")
         else:
             req = parse_request(args)
         if case.tool == "recommend_parallelism":
@@ -446,10 +444,6 @@ def cli_argv(case: Case, config_path: str | None, folder: Path | None = None) ->
         if args.pop("recommend", False) not in (True, False):
             return None
     for name, value in args.items():
-        if text is not None and name in Request.model_fields and value == Request.model_fields[name].default:
-            # beside a config, the MCP tools (and the api face here, as they) read an argument at its default as one
-            # left out (a client may fill every default: tools._given); a flag overrides the file whatever its value
-            continue
         if name == "top_k" and case.tool == "render_report" and args.get("recommend") is not True:
             return None  # --top-k without --recommend: the CLI's report takes it only with the search
         kind = Request.model_fields[name].annotation if name in Request.model_fields else OPTION_KINDS.get(name)
