@@ -58,6 +58,10 @@ from meshplan.schema.options import MinimumGpusOptions, RecommendOptions, Report
 from meshplan.schema.request import Request  # noqa: E402
 
 CONFIGS = (ROOT / "tests" / "configs", ROOT / "tests" / "data" / "real_configs")
+# The request fields with a default other than none: sent beside a config at that default, they must still override it
+# (the MCP tools once read such an argument as left out)
+DEFAULTED_FIELDS = tuple(name for name, spec in Request.model_fields.items()
+                         if not spec.is_required() and spec.default is not None)
 # tool -> the CLI subcommand that answers it
 COMMANDS = {"estimate_memory": "memory", "estimate_throughput": "throughput", "check_config": "check",
             "recommend_parallelism": "recommend", "render_config": "render", "minimum_gpus": "min-gpus",
@@ -296,6 +300,9 @@ def draw(rng: random.Random) -> Case:
             args["config_format"] = fmt
         if rng.random() < 0.5:
             args.pop("model", None)
+        if rng.random() < 0.4:  # a field sent at its default overrides the file as any value does, on every face
+            name = rng.choice([n for n in DEFAULTED_FIELDS if n != "framework" or tool != "render_config"])
+            args[name] = Request.model_fields[name].default
     return Case(tool, args)
 
 
