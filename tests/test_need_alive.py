@@ -69,9 +69,12 @@ def test_a_node_whose_rules_pass_a_heavier_recompute_only_is_keyed_at_that_recom
     """DeepSpeed offloads only the inputs its activation checkpointing keeps (OF002): with activation_offload the
     rules pass full recompute only, though TP2's floors fit with none at every ZeRO stage. The NEED node carries full
     recompute as its low with its pipeline bound as its key, the lighter plans counted under OF002, none under the
-    memory rule; what it stands for plus those counted is every plan of it, and its estimates are at full only."""
+    memory rule; what it stands for plus those counted is every plan of it, and its estimates are at full only.
+    No headroom: ZeRO 0 is BF16_Optimizer, whose unsharded fp32 gradient buffer beside the bf16 gradients makes its
+    model states 20 bytes a parameter at DP1 (74.8 GiB of TP2's 4B), over a 10%-headroom budget (71.7 GiB) and within
+    the whole card (79.6 GiB), so every ZeRO stage reaches the rules."""
     req = Request(model="llama-3.1-8b", num_gpus=2, gpu="h100", framework="deepspeed", activation_offload=True,
-                  seq_length=2048, global_batch_size=8, headroom=0.1)
+                  seq_length=2048, global_batch_size=8, headroom=0.0)
     search = search_of(req)
     search.budget_bytes = memory_budget(search.job, headroom_for(req))
     n_r = len(search.recomputes)
