@@ -241,7 +241,9 @@ def _folded(row: dict, plan: dict) -> str:
 
 
 def test_recommend_table_shows_every_folded_equivalent_under_its_row(piped80, capsys):
-    report, out = _recommend(capsys, "qwen3-235b-a22b", "--num-gpus", "64")
+    # nanotron on 4 GPUs: its fastest layouts are DP1, where ZeRO 0 and 1 are the same numbers, so rows fold clones
+    # that differ in a knob (a CP split and its micro-batch twin no longer fold: TE's ring passes are priced)
+    report, out = _recommend(capsys, "llama-3.1-8b", "--num-gpus", "4", "--framework", "nanotron")
     table = _table_lines(out, "#")
     assert all(len(line.rstrip()) <= 80 for line in table) and "…" not in out
     rows: list[list[str]] = []  # each ranked row with the lines printed under it

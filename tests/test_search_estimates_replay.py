@@ -75,7 +75,7 @@ def test_a_searchs_estimates_are_the_plain_ones(req, monkeypatch):
     monkeypatch.setattr(estimators, "step_terms", recorded_terms)
     monkeypatch.setattr(estimators, "stage_work", recording(stage_work, works))
     monkeypatch.setattr(estimators, "stage_cp", recording(stage_cp, cps))
-    recommend(req)
+    recommend(req, top_k=8)  # eight ranked rows: enough whole searches' estimates to replay (fits, steps, works)
     assert len(fits) > 50 and len(steps) > 20 and len(works) > 5
     for job, plan, work in works:
         assert work_of(job, plan) == (work if isinstance(work, str) else work[:6]), plan.short()
