@@ -183,6 +183,12 @@ def checked_fields(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> di
     (api.request_from_config laid a wrong-typed field under the file's, and `"tp": "4k"` beside one ended in a
     TypeError). A null, or a blank model, is a field left out. Request has field validators only, so a field
     checked alone is checked as in the whole request."""
+    return _checked(values, also)[0]
+
+
+def _checked(values: Mapping[str, Any], also: Iterable[str]) -> tuple[dict[str, Any], Request]:
+    """checked_fields's fields and the Request they validate to (its model 'unnamed' where they name none): one
+    validation, which parse_request returns where a model is named."""
     if not isinstance(values, Mapping):
         raise MeshplanError(f"A request is a JSON object of fields, got {type(values).__name__}.",
                             fix='e.g. {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}')
@@ -194,22 +200,18 @@ def checked_fields(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> di
     if names_no_model(fields.get("model")):  # said as a model left out is, on every face (the CLI's MODEL '' was;
         del fields["model"]  # MCP's model '' was not)
     try:
-        Request.model_validate({"model": "unnamed", **fields})
+        return fields, Request.model_validate({"model": "unnamed", **fields})
     except ValidationError as exc:
         raise request_error(exc) from exc
-    return fields
 
 
 def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Request:
     """A `Request` from loose values, as every face receives them: unknown names are errors naming the closest
     field, and a null (or absent) optional field stays open for resolve() and the search to fill."""
-    fields = checked_fields(values, also=also)
+    fields, request = _checked(values, also)
     if "model" not in fields:  # the other values are checked first, as MCP's argument check does before this
         raise model_required()
-    try:
-        return Request.model_validate(fields)
-    except ValidationError as exc:
-        raise request_error(exc) from exc
+    return request
 
 
 def request_error(exc: ValidationError) -> MeshplanError:
