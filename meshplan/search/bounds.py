@@ -18,7 +18,7 @@ from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory_terms import job_layer_sums
 from meshplan.estimate.moe_time import a2a_steady_share
-from meshplan.estimate.perf import StageWork
+from meshplan.estimate.perf import StageWork, sync_chunks
 from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys
 from meshplan.rules.context import rank_tokens
 from meshplan.rules.engine import EstimateBlocked
@@ -522,8 +522,13 @@ class StepTimeBounds(SearchPlans):
 
     def sync_vpp(self, vpp: int) -> int:
         """The virtual chunks a DP floor reads of plans of at most `vpp`: those, where the framework launches its DP
-        sync chunk by chunk (its card's pipeline.chunk_dp_sync: perf.sync_chunks), else 1 (the floor is the same)."""
-        return vpp if self.job.card.pipeline.chunk_dp_sync else 1
+        sync chunk by chunk (perf.sync_chunks, the card's pipeline.chunk_dp_sync), else 1 (the floor is the same)."""
+        return sync_chunks(self.job, 1, vpp).chunks
+
+    def syncs_key(self, lay: Layout, chunks: int) -> tuple:
+        """The bounds memo's key of group_syncs's DP bounds of the layout's grid at `chunks` (sync_vpp): one home for
+        the writer and its readers (grid_stage_keys, impossible.least_dp_key)."""
+        return ("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, chunks)
 
     def grid_sync(self, lay: Layout, zero: int) -> SyncRates | None:
         """The Engine's sync_rates of the layout's grid at this ZeRO stage (a plan of the grid: the DP traffic reads
@@ -618,15 +623,14 @@ class StepTimeBounds(SearchPlans):
             syncs.append(stage)
         found = () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
         if keep:
-            self.bounds_memo[("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, chunks)] = found
+            self.bounds_memo[self.syncs_key(lay, chunks)] = found
         return found
 
     def grid_stage_keys(self, lay: Layout, mbs: int, pipe: float) -> list[float]:
         """Per ZeRO stage, synced of one node where `pipe` bounds its plans' pipeline, with its grid's group_syncs
         (its seed group's, kept when it opened; worked out for this layout otherwise): no estimate beyond the group's,
         so a node's stages are split at no cost (engine.refine_shard); `pipe` for each where none raises it."""
-        syncs = self.bounds_memo.get(("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp,
-                                      self.sync_vpp(lay.vpp)))
+        syncs = self.bounds_memo.get(self.syncs_key(lay, self.sync_vpp(lay.vpp)))
         if syncs is None:
             syncs = self.group_syncs([lay])
         if not syncs:

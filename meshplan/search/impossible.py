@@ -126,8 +126,7 @@ def reaches_rules(probe: BestFirstSearch, key: float, lay: Layout, mbs: int, cut
 def least_dp_key(probe: BestFirstSearch, lay: Layout, mbs: int, pipe: float, syncs: tuple | None) -> float:
     """The least over the ZeRO stages of grid_stage_keys (synced of each stage alone: their least is synced of all),
     from the DP bound the grid keeps, else `syncs`, else `pipe`."""
-    kept = probe.bounds_memo.get(("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, probe.sync_vpp(lay.vpp)),
-                                 syncs)
+    kept = probe.bounds_memo.get(probe.syncs_key(lay, probe.sync_vpp(lay.vpp)), syncs)
     return probe.synced([pipe], [probe.microbatches(lay, mbs)], kept)[0] if kept else pipe  # type: ignore[arg-type]
 
 
