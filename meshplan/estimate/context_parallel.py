@@ -291,11 +291,11 @@ def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -
     tokens = ctx.shard.tokens
     kv_bytes = tokens * kv_width(arch, plan.tp) * BF16
     attention_bwd = attention_fwd_bwd - attention_fwd
-    group = mesh_groups(plan, law=ctx.law).cp
-    if plan.cp_comm_type == "allgather" and arch.dsa is not None:
-        one = ring_time(c * kv_bytes, group.size, group.stride, lk)
-        return one, FORWARD_AND_BACKWARD * one
     if plan.cp_comm_type == "allgather":
+        group = mesh_groups(plan, law=ctx.law).cp
+        if arch.dsa is not None:  # DSA's own gather of its latent key, once each way
+            one = ring_time(c * kv_bytes, group.size, group.stride, lk)
+            return one, FORWARD_AND_BACKWARD * one
         gather_fwd, gather_bwd = te_gather_time(ctx, group)
         return gather_fwd, gather_fwd + gather_bwd
     a2a, ring = te_cp_groups(ctx)
