@@ -124,7 +124,8 @@ def test_a_null_for_an_argument_with_a_default_is_the_argument_left_out_on_every
 
 
 @pytest.mark.parametrize("field", ["moe_routing_imbalance", "rollout_memory_fraction", "headroom",
-                                   "optimizer_offload_fraction", "cpu_memory_per_node"])
+                                   "optimizer_offload_fraction", "cpu_memory_per_node",
+                                   "network_gbps_per_node"])
 @pytest.mark.parametrize(("token", "shown"), [("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf")])
 def test_a_float_field_refuses_nan_and_infinity_as_not_finite(capsys, tmp_path, field, token, shown):
     """Python's json reads NaN and Infinity (a batch line here, an MCP call below): they were refused by a bound, in

@@ -183,6 +183,13 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("check_config", {**L8, "num_gpus": 13}),
     ("estimate_memory", {"model": CONFIG_JSON, "gpu": "h100", "num_gpus": 8, "tp": 2}),
     ("describe_model", {"model": CONFIG_JSON[:-1]}),  # bad JSON: the words a config.json file's gets
+    # the cluster's own inter-node network (request/resolve.cluster_gpu): timed on it, searched on it, refused out of
+    # its bounds alike
+    ("estimate_throughput", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "global_batch_size": 256,
+                             "network_gbps_per_node": 400.0}),
+    ("recommend_parallelism", {**L8, "num_gpus": 16, "network_gbps_per_node": 400.0, "top_k": 2}),
+    ("minimum_gpus", {**L70, "tp": 8, "max_gpus": 16, "network_gbps_per_node": 400.0}),
+    ("check_config", {**L8, "num_gpus": 16, "network_gbps_per_node": 0.5}),
 ]
 
 

@@ -10,7 +10,7 @@ recompute."""
 from __future__ import annotations
 
 import pytest
-from test_search_oracle import sampled_request
+from test_search_oracle import sampled_network_request, sampled_request
 
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.request import Request
@@ -105,6 +105,19 @@ def test_the_step_time_bounds_are_under_the_estimate_on_sampled_requests():
     # the sharding bound is tight where the traffic is the stage's time (a ZeRO-3 plan whose gathers outlast its
     # layers): one percent more would be over an estimate
     assert max(tightest) > 0.99
+
+
+def test_the_step_time_bounds_are_under_the_estimate_on_a_stated_network():
+    """The oracle's sampler on a cluster's own network (network_gbps_per_node: slower than a DGX's, the DGX's, faster
+    than NVLink's share) in nodes of 2 where the count allows: the bounds read the job's links, as the estimates do."""
+    compared = 0
+    for seed in range(16):
+        req, _ = sampled_network_request(seed)
+        try:
+            compared += check_bounds(req, stride=3)
+        except MeshplanError:  # a request refused up front has no space to bound
+            continue
+    assert compared > 5000
 
 
 def test_the_dp_bound_raises_the_keys_of_deepseek_v3_and_stays_under_every_estimate():

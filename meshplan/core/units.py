@@ -6,6 +6,7 @@ import math
 GIB = 1 << 30  # GiB: what torch's memory counters and every memory report use
 GB = 10**9  # GB: what GPU and host-memory datasheets quote
 TERA = 10**12  # TFLOP/s: what the frameworks log a GPU's model FLOP rate in
+GBIT_BYTES = 10**9 / 8  # bytes/s in one Gb/s: the decimal gigabits a NIC's or a cluster's datasheet quotes
 
 
 def gib(nbytes: float) -> str:

@@ -294,6 +294,8 @@ def compared_at(rec: Recommendation, req: Request) -> str:
     gpus = (f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}; {_rl_pools(rec, rec.trainer_gpus)})"
             if rec.trainer_gpus is not None else  # an RL job's pools apart, else the nodes' split
             f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}){_part_nodes(rec, gpu.gpus_per_node, req.gpus_per_node)}")
+    if req.network_gbps_per_node is not None:  # the cluster's network every layout was timed on
+        gpus += f", network {req.network_gbps_per_node:,g} Gb/s per node"
     parts += [gpus, rec.framework,
               f"{percent(headroom)} of GPU memory kept free" + (" (MEM002 default)" if req.headroom is None else "")]
     return "compared at: " + ", ".join(parts)

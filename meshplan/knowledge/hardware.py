@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import cache
 
 from meshplan.core.errors import MeshplanError, closest
+from meshplan.core.units import GBIT_BYTES
 from meshplan.knowledge.cards import HardwareCard, load_card
 from meshplan.schema.hardware import GpuSpec
 
@@ -34,3 +35,12 @@ def get_gpu(name: str) -> GpuSpec:
             + f"Known GPUs: {', '.join(gpu_catalog())}.",
         )
     return gpu_catalog()[key]
+
+
+def with_node_network(gpu: GpuSpec, gbps_per_node: float, node_gpus: int) -> GpuSpec:
+    """`gpu` on a cluster whose nodes' NICs move `gbps_per_node` Gb/s each direction, shared evenly by a node's
+    `node_gpus` GPUs: the part's record with that share as its network_bandwidth (bytes/s per GPU), the one figure
+    every inter-node time reads (arithmetic/comm.links, rl/step_time's weight reshard, rules TP004 and RL004). The
+    catalog's figure is a DGX's, one NIC per GPU (H100: 400 Gb/s); a cluster of fewer or slower NICs differs (Jean
+    Zay's A100 nodes: 4x Omni-Path 100 Gb/s, 50 Gb/s per GPU)."""
+    return gpu.model_copy(update={"network_bandwidth": gbps_per_node * GBIT_BYTES / node_gpus})

@@ -15,11 +15,12 @@ from meshplan.arithmetic.memory_states import convention_name, memory_card, upca
 from meshplan.arithmetic.mesh import DEFAULT_BATCH_TOKENS, default_global_batch
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
+from meshplan.core.units import GBIT_BYTES
 from meshplan.knowledge.adapter_knobs import unwritable_reason
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.compute_card import cp_comm_type_default
-from meshplan.knowledge.hardware import get_gpu
+from meshplan.knowledge.hardware import get_gpu, with_node_network
 from meshplan.knowledge.release_card import ReleaseChange
 from meshplan.knowledge.releases import kernel_before_change, predates, resolve_release
 from meshplan.request.mtp_depth import mtp_asked, trained_mtp, writable_mtp
@@ -120,6 +121,29 @@ def _launchable_words(num_gpus: int, node: int) -> str:
     return " or ".join([*options, f"{whole} ({whole // node} whole nodes)"])
 
 
+def cluster_gpu(req: Request) -> tuple[GpuSpec, list[str]]:
+    """The request's GPU as its cluster runs it, and the note that says so where it differs from the catalog's: the
+    part with the inter-node network the request states (network_gbps_per_node, shared by the node's GPUs: the
+    request's gpus_per_node, else the part's node, whatever the launch split runs of it) in place of its card's
+    network_bandwidth. The job carries it (Job.gpu), so every estimate, rule and search reads the cluster's network
+    there, and the search's jobs, resolved from the same request, too."""
+    gpu = get_gpu(req.gpu)
+    if req.network_gbps_per_node is None:
+        return gpu, []
+    node = req.gpus_per_node or gpu.gpus_per_node
+    ours = with_node_network(gpu, req.network_gbps_per_node, node)
+    note = (f"network_gbps_per_node={req.network_gbps_per_node:g}: {_rate_words(ours.network_bandwidth * node)} per "
+            f"node, shared by its {node} GPU{'s' if node > 1 else ''}: {_rate_words(ours.network_bandwidth)} per GPU "
+            f"each direction, where the {gpu.name} card has {_rate_words(gpu.network_bandwidth)}; every inter-node "
+            "collective and transfer is timed at it.")
+    return ours, [note]
+
+
+def _rate_words(bytes_per_s: float) -> str:
+    """A network rate as its datasheet's Gb/s and as GB/s ('50 Gb/s (6.25 GB/s)')."""
+    return f"{bytes_per_s / GBIT_BYTES:,.4g} Gb/s ({bytes_per_s / 1e9:,.4g} GB/s)"
+
+
 def _estimable(arch: Architecture, req: Request) -> Architecture:
     """The model, unless it is a hybrid (Mamba-2 or Gated DeltaNet, attention, MLP and MoE layers) asked as an RL job,
     which meshplan does not model for one: refused rather than priced as if every layer were attention and an MLP. A
@@ -138,7 +162,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     """Fill the plan's and job's defaults from the framework card and the GPU count. The steps run in a fixed
     order, so the notes read in that order and the first wrong field is the one an error names."""
     arch = _estimable(resolve_model(req.model), req)
-    gpu = get_gpu(req.gpu)
+    gpu, network = cluster_gpu(req)  # the catalog part, on the request's network where it states one
     card = framework_card(req.framework)
     notes: list[str] = []
     unread: list[str] = []  # fields given that this layout has nothing for (Job.given_unread)
@@ -163,6 +187,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
                         runs_per_step=card.pipeline.runs_per_accumulation_step)
     whose = f" (the trainer's share of num_gpus={asked_gpus})" if asked_gpus not in (None, num_gpus) else ""
     gpn = launch_gpus_per_node(num_gpus, gpu, req.gpus_per_node, notes, whose)
+    notes += network
     plan = Plan(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp,
         sequence_parallel=sp, zero_stage=zero, dp_replicate=req.dp_replicate or 1, micro_batch_size=mbs,

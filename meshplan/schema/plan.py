@@ -125,7 +125,9 @@ class Job(StrictModel):
     """What is trained, on what, with which settings: everything but the layout."""
 
     model: Architecture
-    gpu: GpuSpec
+    gpu: GpuSpec = Field(description="The catalog part on the job's cluster: its network_bandwidth the request's "
+                                     "network_gbps_per_node shared by a node's GPUs where it states one "
+                                     "(request/resolve.cluster_gpu), what every inter-node time reads")
     num_gpus: int = Field(ge=1)
     world_follows_layout: bool = Field(
         False, description="num_gpus was left out: it is the degrees' product (request/resolve.py), so a fix that "

@@ -38,6 +38,7 @@ from meshplan.schema.choices import (
 MAX_GPUS = 1 << 30
 MAX_DEGREE = 1 << 20
 MAX_TOKENS = 1 << 30
+MAX_NODE_GBPS = 1_000_000  # 1 Pb/s per node: over a thousand 800 Gb/s NICs (1,024 GPUs per node at most)
 # A text field's pattern as a refusal says it ('String should match pattern ...' showed the user a regular expression)
 PATTERN_WORDS = {
     "selective_ac_option": "'op' or a whole number of blocks, 1 to 9999",
@@ -73,6 +74,14 @@ class Request(StrictModel):
     )
     num_gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="Total GPUs (default: the plan's product)")
     gpus_per_node: int | None = Field(None, ge=1, le=1024, description="GPUs per node (default: the GPU's node)")
+    network_gbps_per_node: float | None = Field(
+        None, allow_inf_nan=False, ge=1, le=MAX_NODE_GBPS,
+        description="The cluster's inter-node (scale-out) network per node in Gb/s, one direction: its NICs x their "
+                    "line rate, as a cluster's spec sheet states it (DGX H100: 8 x 400 = 3200; 4x Omni-Path 100 Gb/s: "
+                    "400), shared evenly by the node's GPUs (gpus_per_node, else the GPU's node); every inter-node "
+                    "transfer is timed at it (default: the GPU card's network_bandwidth per GPU, e.g. H100's 400 Gb/s, "
+                    "a DGX's one NIC per GPU)",
+    )
     seq_length: int = Field(4096, ge=1, le=MAX_TOKENS, description="Tokens per sequence")
     global_batch_size: int | None = Field(
         None, ge=1, le=MAX_TOKENS, description="Sequences per optimizer step (default: see assumptions)"

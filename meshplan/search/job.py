@@ -8,6 +8,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import (
     batch_unit_text,
+    cluster_gpu,
     default_batch_note,
     default_global_batch,
     launch_gpus_per_node,
@@ -50,6 +51,7 @@ def search_job(req: Request) -> tuple[Job, list[str]]:
     job, _ = resolve(req.model_copy(update=dict.fromkeys(OPEN_FOR_SEARCH)))
     notes: list[str] = []
     launch_gpus_per_node(job.num_gpus, job.gpu, req.gpus_per_node, notes)  # its note, where the nodes are part-filled
+    notes += cluster_gpu(req)[1]  # the request's network, where it states one (every layout is timed on it)
     # the search holds every estimate to its own budget (policy.memory_budget, the same headroom): its memory reports
     # stay against the whole GPU, so a near miss is measured from capacity
     job = job.model_copy(update={"headroom": None})

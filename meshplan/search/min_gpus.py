@@ -13,7 +13,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.core.units import plural
 from meshplan.estimate.layer_records import shared_layers
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.request.resolve import DEFAULT_BATCH_TOKENS
+from meshplan.request.resolve import DEFAULT_BATCH_TOKENS, cluster_gpu
 from meshplan.rl.job import is_rl_request, resolve_rl, trainer_request
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import MinimumGpus, Recommendation
@@ -143,6 +143,7 @@ def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendatio
         "the smallest micro-batch) keeps the headroom; the first count where one does is settled by recommend's own "
         "search there, so the count and `recommend --num-gpus` agree.",
         batch,
+        *cluster_gpu(req)[1],  # the request's network, where it states one
         *fixed_assumption(fixed),
     ]
     if scan.proof is not None:
