@@ -13,6 +13,10 @@ Method (no per-row constants, nothing fitted):
     model fields (HF model_type from the row's family, cards/model_families.yaml) in a temporary folder; a field the
     row leaves out comes from the catalog card of that model_type with the nearest hidden size (a note).
   - gpu: the catalog GPU the row's gpu_type names, when its memory is the row's gpu_memory_gb (within 3%);
+  - network: the row's hardware.inter_node text, read by one parser (production_rows.network_for) into the request's
+    network_gbps_per_node: a rate per node ('8x 400 Gb/s per node', '4x Omni-Path 100 Gb/s per node') as stated, one
+    per GPU times the node's GPUs; a text with no rate or no 'per node' / 'per GPU' leaves the GPU card's network,
+    counted in the summary by why;
   - framework: the meshplan framework the row's framework string names: the framework cards' names, display names
     and aliases, and bench/data/frameworks_without_card.yaml (the name met first, the longest there); a framework
     without a card is scored with its nearest card (knob "framework") or not mapped, with its reason;
@@ -180,6 +184,10 @@ def print_summary(s: Summary, issue: dict[str, Any] | None) -> None:
     print("throughput, median |error| of tokens/s per GPU (median signed): " + ", ".join(
         f"{k} {_pct(e.median, False)} ({e.rows}; {'-' if e.signed is None else f'{e.signed:+.1%}'})"
         for k, e in s.throughput.items()))
+    read = s.network_reads.get(prow.NETWORK_READ, 0)
+    left = ", ".join(f"{why} {n}" for why, n in s.network_reads.items() if why != prow.NETWORK_READ) or "none"
+    print(f"inter-node network (network_gbps_per_node from hardware.inter_node): {read} of {s.mapped} mapped rows "
+          f"read; left at the GPU card's: {left}")
     print("not expressible (rows, of which mapped, what it changes):")
     for knob, n in s.knob_rows.items():
         print(f"  {knob:28s} {n:3d} {s.knob_rows_mapped.get(knob, 0):3d}  {KNOBS[knob][0]}")
@@ -235,7 +243,7 @@ def json_report(validation: Path, rows: list[dict[str, Any]], scores: list[Score
     constants each held source was scored under), and each row not mapped with its reason."""
     oos, constants = out_of_sample(validation, rows, scores)
     return {**figures(summary), "out_of_sample": {**figures(oos), "constants_by_held_source": constants},
-            "not_mapped": summary.unmapped,
+            "not_mapped": summary.unmapped, "inter_node_network": summary.network_reads,
             "not_expressible": {s.mapping.row_id: sorted(s.mapping.knobs) for s in scores if s.mapping.knobs}}
 
 

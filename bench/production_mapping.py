@@ -17,6 +17,7 @@ from production_rows import (
     gpu_for,
     hsdp_fields,
     model_for,
+    network_for,
     offload_fields,
     optimizer_for,
     precision_for,
@@ -51,6 +52,7 @@ from meshplan.adapters.common import torchtitan_batch
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.hardware import get_gpu, with_node_network
 from meshplan.knowledge.published_runs import bridge_perf_tp_overlap, torchtitan_pipeline_microbatches
 from meshplan.schema.request import Request
 
@@ -61,7 +63,7 @@ def map_row(raw: dict[str, Any], workdir: Path) -> Mapping:
     row, read_notes, read_knobs = read_row(raw)
     out = Mapping(row_id=row["id"], stated_memory=stated_memory_settings(row), ran=ran(row))
     try:
-        req, knobs, notes, capacity, source = _request(row, workdir)
+        req, knobs, notes, capacity, source, network = _request(row, workdir)
     except Unmapped as exc:
         out.unmapped = str(exc)
         return out
@@ -71,13 +73,14 @@ def map_row(raw: dict[str, Any], workdir: Path) -> Mapping:
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # a field no reader takes
         out.unmapped = f"the row's fields cannot be read as a request ({type(exc).__name__}: {exc})"
         return out
-    out.request, out.knobs, out.notes, out.capacity_bytes, out.model_source = (
-        req, read_knobs | knobs, read_notes + notes, capacity, source)
+    out.request, out.knobs, out.notes, out.capacity_bytes, out.model_source, out.network = (
+        req, read_knobs | knobs, read_notes + notes, capacity, source, network)
     return out
 
 
-def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str], list[str], int, str]:
-    """(Request, knobs, notes, capacity, model source) of a row read by read_row; Unmapped with the reason else."""
+def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str], list[str], int, str, str]:
+    """(Request, knobs, notes, capacity, model source, network_for's reading) of a row read by read_row; Unmapped with
+    the reason else."""
     w, p = row["workload"], row["parallelism"]
     if w["seq_length"] is None:
         raise Unmapped("sequence length not stated")
@@ -88,6 +91,9 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     knobs |= k
     model, source, notes, k = model_for(row, workdir)
     knobs |= k
+    network, network_read = network_for(row["hardware"], gpu)  # the row's inter-node network; None: the card's
+    if network is not None and (note := network_note(gpu, network, row["hardware"]["gpus_per_node"])):
+        notes.append(note)
     recompute, fields, k = recompute_for(row, framework)
     knobs |= k
     precision, f, k = precision_for(row, framework)
@@ -156,6 +162,7 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     fields |= f
     req = Request(
         model=model, gpu=gpu, num_gpus=row["hardware"]["num_gpus"], gpus_per_node=row["hardware"]["gpus_per_node"],
+        network_gbps_per_node=network,
         seq_length=w["seq_length"], global_batch_size=w["global_batch_size"],
         micro_batch_size=w["micro_batch_size"],
         precision=precision, framework=framework, tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"],
@@ -164,7 +171,18 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
         first_stage_layers=first, last_stage_layers=last, framework_version=framework_version_for(row, framework),
         **fields,
     )
-    return req, knobs, notes, capacity, source
+    return req, knobs, notes, capacity, source, network_read
+
+
+def network_note(gpu: str, gbps_per_node: float, node_gpus: int | None) -> str | None:
+    """The row's note where the network its inter_node text states is not its GPU card's (per GPU, as resolve shares
+    it: knowledge/hardware.with_node_network); None where they agree."""
+    card = get_gpu(gpu)
+    ours = with_node_network(card, gbps_per_node, node_gpus or card.gpus_per_node).network_bandwidth
+    if ours == card.network_bandwidth:
+        return None
+    return (f"network {gbps_per_node:,g} Gb/s per node: {ours / 1e9:,.4g} GB/s per GPU, where the {card.key} card has "
+            f"{card.network_bandwidth / 1e9:,.4g}")
 
 
 def pipeline_batch(row: dict[str, Any], framework: str, w: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -99,6 +99,7 @@ class Mapping:
     capacity_bytes: int | None = None
     model_source: str = ""
     stated_memory: bool = False
+    network: str = ""  # network_for's reading of the row's inter_node text: NETWORK_READ, else why the card's stays
     ran: bool = True  # not a recommendation: the row measured something or its source is no recipe (ran)
 
     @property
@@ -454,6 +455,36 @@ def power_knob(gpu: GpuSpec, hardware: dict[str, Any]) -> dict[str, str]:
         return {}
     return {"gpu_power_limit": f"{hardware['gpu_type']}: no catalog part at {watts} W, scored as {gpu.key} at its "
                                f"{gpu.power_limit_w} W rating"}
+
+
+# A row's inter_node text, read once by network_for: a rate in bits (Gb/s, Gbps, Tb/s) or bytes (GB/s); the NICs
+# that carry it, 'Nx' before the rate; and what it is a rate of, 'per node' (host, server) or 'per GPU'.
+NETWORK_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([GT])(b|B)(?:/s|ps)\b")
+NETWORK_NICS = re.compile(r"\b(\d+)\s*[x×]\s")
+NETWORK_SCOPE = re.compile(r"\bper\s+(node|host|server|gpu)\b", re.IGNORECASE)
+NETWORK_READ = "read"  # network_for's word for a text it read; any other is why it left the card's network
+
+
+def network_for(hardware: dict[str, Any], gpu: str) -> tuple[float | None, str]:
+    """(network_gbps_per_node, NETWORK_READ) of the row's inter_node text, or (None, why it cannot be read): the GPU
+    card's network then stays. A rate per node is the node's ('8x 400 Gb/s per node (DGX B200)': 3200, '4x Omni-Path
+    100 Gb/s per node': 400); a rate per GPU is that times the node's GPUs (the row's gpus_per_node, else the catalog
+    part's `gpu`: what resolve shares it over again); a text with no rate ('NDR InfiniBand', 'not stated') or with a
+    rate but no 'per node' or 'per GPU' ('InfiniBand NDR 400 Gb/s': a port's rate, the node's NICs not said) is not
+    read."""
+    text = str(hardware.get("inter_node") or "")
+    rate = NETWORK_RATE.search(text)
+    if rate is None:
+        return None, "states no rate"
+    scope = NETWORK_SCOPE.search(text, rate.end()) or NETWORK_SCOPE.search(text)
+    if scope is None:
+        return None, "a rate without 'per node' or 'per GPU'"
+    gbps = float(rate.group(1)) * (1000 if rate.group(2) == "T" else 1) * (8 if rate.group(3) == "B" else 1)
+    nics = NETWORK_NICS.search(text, 0, rate.start())
+    gbps *= int(nics.group(1)) if nics else 1
+    if scope.group(1).lower() == "gpu":
+        gbps *= hardware.get("gpus_per_node") or get_gpu(gpu).gpus_per_node
+    return gbps, NETWORK_READ
 
 
 NO_CARD_FILE = Path(__file__).resolve().parent / "data" / "frameworks_without_card.yaml"

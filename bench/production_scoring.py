@@ -254,6 +254,9 @@ class Summary:
     knob_rows: dict[str, int]  # knob -> rows that use it (mapped or not)
     knob_rows_mapped: dict[str, int]
     recommendations: list[str] = field(default_factory=list)  # stated, mapped rows in "all" but not in "ran"
+    # mapped rows per reading of their inter_node text (production_rows.network_for): NETWORK_READ, or why the GPU
+    # card's network stayed
+    network_reads: dict[str, int] = field(default_factory=dict)
 
 
 def summarise(rows: list[dict[str, Any]], scores: list[Score]) -> Summary:
@@ -298,6 +301,7 @@ def summarise(rows: list[dict[str, Any]], scores: list[Score]) -> Summary:
         throughput_skipped={s.mapping.row_id: s.throughput_skipped for s in mapped if s.throughput_skipped},
         knob_rows=dict(knob_rows.most_common()), knob_rows_mapped=dict(knob_rows_mapped),
         recommendations=[s.mapping.row_id for s in mapped if s.mapping.stated_memory and not s.mapping.ran],
+        network_reads=dict(Counter(s.mapping.network for s in mapped).most_common()),
     )
 
 def run(validation: Path) -> tuple[list[dict[str, Any]], list[Score], Summary]:
