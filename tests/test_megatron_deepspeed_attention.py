@@ -13,7 +13,9 @@ from meshplan.adapters.parse import parse_plan, shell_tokens
 from meshplan.adapters.render import render
 from meshplan.arithmetic.memory_states import convention
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.attention_time import attention_efficiency
 from meshplan.estimate.memory import attention_switches
+from meshplan.knowledge.calibration import calibration
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
@@ -136,5 +138,21 @@ def test_left_out_the_notes_say_what_megatron_deepspeed_would_run():
     job, _ = resolve(Request(**BASE))
     attention = next(n for n in job.notes if n.startswith("attention_backend not given"))
     dropout = next(n for n in job.notes if n.startswith("dropout not given"))
-    assert "flash attention as the deepspeed memory convention times it" in attention and "unfused" in attention
+    assert "flash attention (flash_attn_2 on hopper) as the deepspeed memory convention" in attention
+    assert "runs unfused attention" in attention
     assert "megatron-deepspeed script runs it on" in dropout
+
+
+@pytest.mark.parametrize("gpu,fraction", [("h100", 0.35), ("a100", None)])
+def test_the_flash_the_script_runs_is_timed_as_flashattention_2(gpu, fraction):
+    """--use-flash-attn-v2 (and a ds_config's Hugging Face flash / sdpa) is FlashAttention-2: auto and flash are timed
+    at its fraction for the GPU (cards/calibration.yaml attention_kernels.flash_attn_2; Ampere: the shared
+    attention_peak_fraction), not the fused Hopper class."""
+    job, plan = resolve(Request(**{**BASE, "gpu": gpu}))
+    cal = calibration()
+    expected = cal.attention_peak_fraction if fraction is None else fraction
+    for backend in ("auto", "flash"):
+        assert attention_efficiency(job, cal, backend=backend, zero_stage=plan.zero_stage) == ("flash_attn_2",
+                                                                                               expected)
+    core, _ = resolve(Request(**{**BASE, "gpu": gpu, "framework": "megatron-core"}))
+    assert attention_efficiency(core, cal, backend="auto", zero_stage=1)[0] != "flash_attn_2" or gpu == "a100"

@@ -712,7 +712,9 @@ def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
         elif (own := _own_default(card, "attention_backend")) is not None:
             name = convention_name(card, zero, version)
             flash = memory_card().conventions[name].flash_attention
-            notes.append(f"attention_backend not given: auto, {'flash' if flash else 'unfused'} attention as the "
+            kind = (f"flash attention ({kernel} on {gpu.arch})" if kernel else "flash attention") if flash \
+                else "unfused attention"
+            notes.append(f"attention_backend not given: auto, {kind} as the "
                          f"{name} memory convention times it (cards/memory.yaml {name} flash_attention); a "
                          f"{own[0]} script runs {own[1]} attention where no flag says otherwise, so render writes the "
                          f"attention estimated (cards/frameworks/{req.framework}.yaml read.absent_by_variant).")
