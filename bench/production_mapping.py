@@ -26,6 +26,7 @@ from production_rows import (
     recompute_for,
     row_text,
     run_knobs,
+    script_defaults,
     stated_memory_settings,
     zero_for,
 )
@@ -144,6 +145,9 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
         if (p["tp"] or 1) <= 1:
             notes.append("TP comm overlap stated at tp 1: no TP communication, scored without")
     fields |= allocator_field(row, framework)
+    f, n = script_defaults(row, framework)  # Megatron-DeepSpeed's own attention and dropout, where the row states none
+    fields |= f
+    notes += n
     if "lora" in knobs:  # LoRA rows: job=lora, rank and targets from the row's lora section, else its cited recipe
         framework, f, k = lora_for(row, framework, knobs.pop("lora"))
         fields |= f

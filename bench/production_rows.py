@@ -18,6 +18,7 @@ from typing import Any, get_args
 
 import yaml
 
+from meshplan.adapters.common import absent_defaults
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
 from meshplan.knowledge.cards import MemoryReportFacts, framework_card, model_card, model_card_names
@@ -543,6 +544,36 @@ def framework_for(text: str | None) -> tuple[str, dict[str, str]]:
     if name.nearest is None:
         raise Unmapped(f"framework {text!r}: {name.why}")
     return name.nearest, {"framework": f"{text}: {name.why}"}
+
+
+# The Request fields a framework's own script sets by itself unless a flag says otherwise that a row is read for
+# (its card's read.absent_by_variant), with the word that says the row stated the setting itself
+SCRIPT_DEFAULT_WORDS = {"attention_backend": "flash", "dropout": "dropout"}
+
+
+def script_defaults(row: dict[str, Any], framework: str) -> tuple[dict[str, Any], list[str]]:
+    """(Request fields, notes): the attention and dropout of a row whose framework names a variant of its card whose
+    scripts run their own unless a flag says otherwise (the card's read.absent_by_variant: Megatron-DeepSpeed's
+    pretrain_gpt.py, CoreAttention and dropout 0.1) and whose text states neither: the row is read as `meshplan
+    import` reads such a script (adapters/common.absent_defaults). A row that names flash attention or dropout keeps
+    the Request's own (left out: the memory convention's)."""
+    card = framework_card(framework)
+    if card.read is None:
+        return {}, []
+    named = _words(str(row["framework"]))
+    text = row_text(row["name"], row["framework"], row["outcome"]["other"], row["flags"]["caveats"],
+                    row["source"]["location"]).lower()
+    for variant in card.read.absent_by_variant:
+        if _words(variant) not in named:
+            continue
+        stated = [name for name, word in SCRIPT_DEFAULT_WORDS.items() if word in text]
+        fields = {name: value for name, value in absent_defaults(framework, variant, (), stated).items()
+                  if name in SCRIPT_DEFAULT_WORDS}
+        if fields:
+            return fields, [f"{', '.join(f'{k}={v}' for k, v in fields.items())}: what a {variant} script runs "
+                            f"where no flag says otherwise, and the row states none (cards/frameworks/{framework}.yaml "
+                            "read.absent_by_variant)"]
+    return {}, []
 
 
 # --------------------------------------------------------------------------- memory and precision settings

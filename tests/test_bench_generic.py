@@ -220,6 +220,22 @@ def test_a_torchtitan_pipeline_row_maps_its_local_batch_as_the_import_does(produ
     assert pmap.pipeline_batch(row, "megatron-core", row["workload"]) == (row["workload"], {})
 
 
+def test_a_megatron_deepspeed_row_runs_its_scripts_own_attention_and_dropout(production_rows):
+    """A row that names Megatron-DeepSpeed and states no attention or dropout is read as `meshplan import` reads its
+    script (the card's read.absent_by_variant: CoreAttention, dropout 0.1); a setting the row states is left to the
+    Request, and a row of another framework gets neither."""
+    row = copy.deepcopy(production_rows["mbridge_h100_llama3_70b_64_fp8"])
+    row["framework"], row["name"] = "Megatron-DeepSpeed (a fork)", "an unseen run"
+    row["outcome"]["other"] = row["flags"]["caveats"] = row["source"]["location"] = ""
+    fields, notes = prow.script_defaults(row, "deepspeed")
+    assert fields == {"attention_backend": "unfused", "dropout": True} and "read.absent_by_variant" in notes[0]
+    row["flags"]["caveats"] = "ran with --use-flash-attn-v2"
+    assert prow.script_defaults(row, "deepspeed")[0] == {"dropout": True}
+    row["framework"] = "DeepSpeed 0.14 ZeRO-3"  # its ds_config alone: the model code's own attention
+    assert prow.script_defaults(row, "deepspeed") == ({}, [])
+    assert prow.script_defaults(row, "megatron-core") == ({}, [])
+
+
 def test_an_rl_row_runs_its_own_split_and_offloads(production_rows):
     """bench/rl_jobs.py takes the RL workload from the script a row cites, and the trainer from the row: a row at
     another pp than its script's is scored with the split it states (Megatron's last-stage size alone: the other

@@ -7,7 +7,7 @@ Each function is pure and says in its docstring which framework rule it follows.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -299,6 +299,25 @@ def _true(value: object) -> bool:
 # Megatron-Core's TransformerConfig defaults attention_dropout and hidden_dropout to 0.1 (transformer_config.py),
 # the probability Megatron-LM's functional tests run: Plan.dropout on renders it, off renders 0.0.
 DROPOUT_ON = 0.1
+
+
+def absent_defaults(framework: str, variant: str, given: Collection[str], stated: Collection[str]
+                    ) -> dict[str, Any]:
+    """What a `variant` script runs for the fields it leaves to the framework (the card's read.absent_by_variant:
+    Megatron-DeepSpeed's CoreAttention and dropout 0.1): dropout where any of its knob's keys (attention, hidden) is
+    missing from the flags `given`, each missing one running at the framework's default whatever the other says; any
+    other field where the fields the script set (`stated`) lack it."""
+    card = framework_card(framework)
+    absent = card.read.absent_by_variant.get(variant, {}) if card.read is not None else {}
+    out: dict[str, Any] = {}
+    for name, value in absent.items():
+        if name == "dropout":
+            keys = (knob_table(card, adapter_section(card).default_version, variant)["dropout"].key or "").split()
+            if any(key not in given for key in keys):
+                out[name] = value
+        elif name not in stated:
+            out[name] = value
+    return out
 
 
 def attention_value(framework: str, variant: str, backend: str, mla: bool = False) -> str | None:

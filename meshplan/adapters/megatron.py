@@ -28,9 +28,12 @@ from meshplan.adapters.common import (
     split_fields,
 )
 from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
-from meshplan.arithmetic.memory_states import fp8_param_gather, fp8_recipe, precision_aware
+from meshplan.arithmetic.memory_states import convention, fp8_param_gather, fp8_recipe, precision_aware
 from meshplan.arithmetic.schedule import decoder_layer_cut
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import attention_switches
+from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.gdn_config import decoder_layers
 from meshplan.schema.model import DSASpec
 from meshplan.schema.plan import Job, Plan
@@ -571,6 +574,7 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
         flags.append(("--checkpoint-activations", None))
     elif plan.recompute == "selective":
         flags.append(("--recompute-granularity", "selective"))
+    flags += megatron_deepspeed_attention(job, plan)
     return Built(template="megatron_deepspeed.j2",
                  context={"nodes": nodes(job), "config": config, "flags": flags},
                  format="shell", filename="pretrain_megatron_deepspeed.sh",
@@ -578,6 +582,19 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
                         "listed with their source in cards/frameworks/deepspeed.yaml (megatron_deepspeed_flags).",
                         "Norm, bias and tokenizer flags differ between Megatron-DeepSpeed forks; add your model's.",
                         *deepspeed_architecture_notes(job, swiglu), *moe_notes])
+
+
+def megatron_deepspeed_attention(job: Job, plan: Plan) -> list[Flag]:
+    """The attention and dropout the estimate times (memory.attention_switches: the plan's, auto and a dropout left
+    out the deepspeed memory convention's), written out: Megatron-DeepSpeed's own defaults are CoreAttention with the
+    scores materialised and dropout 0.1 (cards/frameworks/deepspeed.yaml read.absent_by_variant), so the flash switch
+    (the adapter knob's key) is written where the estimate runs flash and both dropouts always, 0.0 where it is off."""
+    card = framework_card("deepspeed")
+    flash, dropout = attention_switches(job, convention(card, plan.zero_stage, job.framework_version)[1], plan)
+    table = knob_table(card, adapter_section(card).default_version, "megatron-deepspeed")
+    flags: list[Flag] = [(table["attention_backend"].key, None)] if flash else []
+    probability = DROPOUT_ON if dropout else 0.0
+    return flags + [(key, probability) for key in table["dropout"].key.split()]
 
 
 def deepspeed_experts(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:

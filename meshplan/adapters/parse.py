@@ -18,6 +18,7 @@ import yaml
 
 from meshplan.adapters.common import (
     PRESET_CALL,
+    absent_defaults,
     attention_backend_of,
     bridge_presets,
     plan_recompute,
@@ -28,6 +29,7 @@ from meshplan.adapters.lora import parsed_lora
 from meshplan.adapters.read.keys import DTYPE_NAMES, schedule_named
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 
 
@@ -472,7 +474,20 @@ def _deepspeed(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     if variant != "config":  # a plain ds_config cannot say which layers the model code checkpoints
         out["recompute"] = "full" if "--checkpoint-activations" in flags else flags.get("--recompute-granularity",
                                                                                         "none")
+        out.update(_megatron_deepspeed_attention(flags))
     return out
+
+
+def _megatron_deepspeed_attention(flags: dict[str, Any]) -> dict[str, Any]:
+    """attention_backend and dropout of a Megatron-DeepSpeed script: the flash switch read back, dropout on where a
+    dropout flag is above 0, and what the script leaves out at Megatron-DeepSpeed's own defaults
+    (common.absent_defaults: no flash switch is CoreAttention, a dropout flag left out is 0.1)."""
+    card = framework_card("deepspeed")
+    knobs = knob_table(card, adapter_section(card).default_version, "megatron-deepspeed")
+    out = _attention("deepspeed", "megatron-deepspeed", "true") if knobs["attention_backend"].key in flags else {}
+    if any(float(flags[key]) > 0 for key in (knobs["dropout"].key or "").split() if key in flags):
+        out["dropout"] = True
+    return {**out, **absent_defaults("deepspeed", "megatron-deepspeed", flags, out)}
 
 
 def _automodel(variant: str, text: str, num_layers: int) -> dict[str, Any]:

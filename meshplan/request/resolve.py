@@ -734,6 +734,15 @@ def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
                          f"{card.display_name} runs a multi-latent-attention model with (cards/frameworks/"
                          f"{req.framework}.yaml attention mla_backend: its default finds no kernel for Q/K and V head "
                          "dims that differ).")
+        elif (own := _own_default(card, "attention_backend")) is not None:
+            name = convention_name(card, zero, version)
+            flash = memory_card().conventions[name].flash_attention
+            kind = (f"flash attention ({kernel} on {gpu.arch})" if kernel else "flash attention") if flash \
+                else "unfused attention"
+            notes.append(f"attention_backend not given: auto, {kind} as the "
+                         f"{name} memory convention times it (cards/memory.yaml {name} flash_attention); a "
+                         f"{own[0]} script runs {own[1]} attention where no flag says otherwise, so render writes the "
+                         f"attention estimated (cards/frameworks/{req.framework}.yaml read.absent_by_variant).")
         else:
             notes.append(f"attention_backend not given: auto, what {card.display_name} picks by itself"
                          + (f" ({kernel} on {gpu.arch}; cards/frameworks/{req.framework}.yaml attention)." if kernel
@@ -743,8 +752,19 @@ def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
         on = memory_card().conventions[name].dropout
         notes.append(f"dropout not given: {'on' if on else 'off'}, as {card.display_name} recipes run "
                      f"(cards/memory.yaml {name} dropout; dropout=true for a run with attention and hidden dropout, "
-                     "such as Megatron-LM's own default 0.1).")
+                     "such as Megatron-LM's own default 0.1)."
+                     + (f" A {own[0]} script runs it {'on' if own[1] == 'True' else 'off'} where no flag says "
+                        "otherwise, so render writes the dropout estimated." if (
+                            own := _own_default(card, "dropout")) is not None else ""))
     return {"attention_backend": backend, "dropout": req.dropout}
+
+
+def _own_default(card, field: str) -> tuple[str, str] | None:
+    """(variant, value) where a variant's scripts run a `field` of their own unless a flag says otherwise (the card's
+    read.absent_by_variant: Megatron-DeepSpeed's CoreAttention and dropout 0.1); None where none does."""
+    read = card.read
+    return next(((variant, str(absent[field])) for variant, absent in
+                 (read.absent_by_variant.items() if read is not None else ()) if field in absent), None)
 
 
 def _framework_version(req: Request, card, notes: list[str]) -> str | None:

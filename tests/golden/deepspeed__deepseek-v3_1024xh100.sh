@@ -46,4 +46,7 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --deepspeed \
   --deepspeed_config ds_config.json \
   --zero-stage 1 \
-  --checkpoint-activations
+  --checkpoint-activations \
+  --use-flash-attn-v2 \
+  --attention-dropout 0.0 \
+  --hidden-dropout 0.0

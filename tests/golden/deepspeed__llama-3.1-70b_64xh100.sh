@@ -41,4 +41,7 @@ torchrun --nnodes 8 --nproc-per-node 8 \
   --deepspeed \
   --deepspeed_config ds_config.json \
   --zero-stage 1 \
-  --checkpoint-activations
+  --checkpoint-activations \
+  --use-flash-attn-v2 \
+  --attention-dropout 0.0 \
+  --hidden-dropout 0.0

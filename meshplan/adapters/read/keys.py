@@ -438,7 +438,8 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
                              "determine_local_world_size), a count the file does not say")
     elif m.target == "attention_backend":
         values = {v: k for k, v in (knob_value_map(reading.framework, reading.variant) or {}).items() if v}
-        text = str(value).strip("'\"").removeprefix("AttnBackend.")
+        # a bare switch (Megatron-DeepSpeed's store_true --use-flash-attn-v2) is read as 'true', as its card names it
+        text = str(value).lower() if isinstance(value, bool) else str(value).strip("'\"").removeprefix("AttnBackend.")
         if text in values:
             reading.state("attention_backend", values[text], s)
         elif text == "auto":

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from pydantic import TypeAdapter, ValidationError
 
 from meshplan.adapters.architecture import core_restated
-from meshplan.adapters.common import PRESET_CALL, bridge_presets
+from meshplan.adapters.common import PRESET_CALL, absent_defaults, bridge_presets
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, sets_comm_overlap, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, lookup, read_section
 from meshplan.adapters.read.model_match import (
@@ -505,6 +505,7 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
     _megatron_vpp(reading, flags)
     if framework == "deepspeed":
         _deepspeed_script(reading, script, flags)
+        _megatron_deepspeed_defaults(reading, flags)
     else:
         _megatron_zero(reading, flags)
         for name, value in read.absent.items():
@@ -568,6 +569,20 @@ def _deepspeed_script(reading: Reading, script: Script, flags: dict[str, Setting
     reading.unsupported += from_json.unsupported
     if "recompute" not in reading.request and "--checkpoint-activations" in flags:
         reading.state("recompute", "full", flags["--checkpoint-activations"])
+
+
+def _megatron_deepspeed_defaults(reading: Reading, flags: dict[str, Setting]) -> None:
+    """What the script runs where it leaves Megatron-DeepSpeed's attention and dropout flags out
+    (common.absent_defaults, the card's read.absent_by_variant: its argparse defaults): CoreAttention without a flash
+    switch, and dropout on where either dropout flag is missing (0.1 each), whatever the other says; meshplan's own
+    defaults (flash, no dropout) would describe another run."""
+    where = f"cards/frameworks/{reading.framework}.yaml read.absent_by_variant"
+    said = {"dropout": "a dropout flag left out: Megatron-DeepSpeed's default 0.1",
+            "attention_backend": "no flash switch: Megatron-DeepSpeed's CoreAttention, the scores materialised"}
+    for name, value in absent_defaults(reading.framework, reading.variant or "", flags, reading.request).items():
+        if reading.request.get(name) != value:
+            reading.state(name, value, f"{reading.path} ({said.get(name, 'not given')}; {where})")
+            reading.defaults[name] = value
 
 
 def _typed_refusal(reading: Reading, s: Setting, typed: TypedKey, words: list[str]) -> MeshplanError:
