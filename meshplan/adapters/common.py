@@ -304,9 +304,10 @@ DROPOUT_ON = 0.1
 def absent_defaults(framework: str, variant: str, given: Collection[str], stated: Collection[str]
                     ) -> dict[str, Any]:
     """What a `variant` script runs for the fields it leaves to the framework (the card's read.absent_by_variant:
-    Megatron-DeepSpeed's CoreAttention and dropout 0.1): dropout where any of its knob's keys (attention, hidden) is
-    missing from the flags `given`, each missing one running at the framework's default whatever the other says; any
-    other field where the fields the script set (`stated`) lack it."""
+    Megatron-DeepSpeed's CoreAttention and dropout 0.1, Megatron-LM pretrain_gpt.py's dropout 0.1): dropout where
+    any of its knob's keys (attention, hidden) is missing from the flags `given`, each missing one running at the
+    framework's default whatever the other says; any other field where the fields the script set (`stated`) lack
+    it."""
     card = framework_card(framework)
     absent = card.read.absent_by_variant.get(variant, {}) if card.read is not None else {}
     out: dict[str, Any] = {}

@@ -158,7 +158,8 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     out["cuda_graph_impl"] = f.get("--cuda-graph-impl", "none")
     modules = f.get("--cuda-graph-modules") or []
     out["cuda_graph_modules"] = tuple([modules] if isinstance(modules, str) else modules)
-    out.update(_attention("megatron-core", "pretrain_gpt", f.get("--attention-backend"), f.get("--attention-dropout")))
+    out.update(_script_attention("megatron-core", "pretrain_gpt", f, _attention("megatron-core", "pretrain_gpt",
+                                                                                 f.get("--attention-backend"))))
     if cp > 1:
         out["cp_comm_type"] = f["--cp-comm-type"]
     out["optimizer"] = f.get("--optimizer", "adam")
@@ -479,15 +480,25 @@ def _deepspeed(variant: str, text: str, num_layers: int) -> dict[str, Any]:
 
 
 def _megatron_deepspeed_attention(flags: dict[str, Any]) -> dict[str, Any]:
-    """attention_backend and dropout of a Megatron-DeepSpeed script: the flash switch read back, dropout on where a
-    dropout flag is above 0, and what the script leaves out at Megatron-DeepSpeed's own defaults
-    (common.absent_defaults: no flash switch is CoreAttention, a dropout flag left out is 0.1)."""
+    """attention_backend and dropout of a Megatron-DeepSpeed script: the flash switch read back, and the dropout
+    flags and what the script leaves out as _script_attention reads them (no flash switch is CoreAttention)."""
     card = framework_card("deepspeed")
     knobs = knob_table(card, adapter_section(card).default_version, "megatron-deepspeed")
     out = _attention("deepspeed", "megatron-deepspeed", "true") if knobs["attention_backend"].key in flags else {}
-    if any(float(flags[key]) > 0 for key in (knobs["dropout"].key or "").split() if key in flags):
+    return _script_attention("deepspeed", "megatron-deepspeed", flags, out)
+
+
+def _script_attention(framework: str, variant: str, flags: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """`out` (the attention read back) with the dropout of a Megatron-style script: on where a dropout flag
+    (attention, hidden) is above 0, and what the script leaves out at its launcher's own defaults
+    (common.absent_defaults, the card's read.absent_by_variant: a dropout flag left out is 0.1 in Megatron-LM's
+    pretrain_gpt.py and in Megatron-DeepSpeed)."""
+    card = framework_card(framework)
+    keys = (knob_table(card, adapter_section(card).default_version, variant)["dropout"].key or "").split()
+    out = dict(out)
+    if any(float(flags[key]) > 0 for key in keys if key in flags):
         out["dropout"] = True
-    return {**out, **absent_defaults("deepspeed", "megatron-deepspeed", flags, out)}
+    return {**out, **absent_defaults(framework, variant, flags, out)}
 
 
 def _automodel(variant: str, text: str, num_layers: int) -> dict[str, Any]:

@@ -761,7 +761,8 @@ def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
 
 def _own_default(card, field: str) -> tuple[str, str] | None:
     """(variant, value) where a variant's scripts run a `field` of their own unless a flag says otherwise (the card's
-    read.absent_by_variant: Megatron-DeepSpeed's CoreAttention and dropout 0.1); None where none does."""
+    read.absent_by_variant: Megatron-DeepSpeed's CoreAttention and dropout 0.1, Megatron-LM's dropout 0.1); None
+    where none does."""
     read = card.read
     return next(((variant, str(absent[field])) for variant, absent in
                  (read.absent_by_variant.items() if read is not None else ()) if field in absent), None)

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from pydantic import TypeAdapter, ValidationError
 
 from meshplan.adapters.architecture import core_restated
-from meshplan.adapters.common import PRESET_CALL, absent_defaults, bridge_presets
+from meshplan.adapters.common import DROPOUT_ON, PRESET_CALL, absent_defaults, bridge_presets
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, sets_comm_overlap, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, lookup, read_section
 from meshplan.adapters.read.model_match import (
@@ -33,6 +33,7 @@ from meshplan.adapters.read.shell import Command, Script, Word, logical_lines, r
 from meshplan.arithmetic.mesh import ep_has_own_ranks, replica_size
 from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.adapter_knobs import adapter_section
 from meshplan.knowledge.allocator_card import ALLOC_ENV, ALLOC_OPTIONS, AllocatorSetting
 from meshplan.knowledge.cards import framework_card, rl_card
 from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection, TypedKey
@@ -505,7 +506,6 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
     _megatron_vpp(reading, flags)
     if framework == "deepspeed":
         _deepspeed_script(reading, script, flags)
-        _megatron_deepspeed_defaults(reading, flags)
     else:
         _megatron_zero(reading, flags)
         for name, value in read.absent.items():
@@ -514,6 +514,7 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
                 reading.state(name, value, f"{path} ({f'no {flag}' if flag else 'not given'}: Megatron-LM's "
                                            "default)")
                 reading.defaults[name] = value
+    _script_defaults(reading, flags)
     _flag_shape(reading, settings, read, command.words)
     if restated:
         restated_architecture(reading, settings, read, core=True)
@@ -571,15 +572,18 @@ def _deepspeed_script(reading: Reading, script: Script, flags: dict[str, Setting
         reading.state("recompute", "full", flags["--checkpoint-activations"])
 
 
-def _megatron_deepspeed_defaults(reading: Reading, flags: dict[str, Setting]) -> None:
-    """What the script runs where it leaves Megatron-DeepSpeed's attention and dropout flags out
-    (common.absent_defaults, the card's read.absent_by_variant: its argparse defaults): CoreAttention without a flash
-    switch, and dropout on where either dropout flag is missing (0.1 each), whatever the other says; meshplan's own
-    defaults (flash, no dropout) would describe another run."""
-    where = f"cards/frameworks/{reading.framework}.yaml read.absent_by_variant"
-    said = {"dropout": "a dropout flag left out: Megatron-DeepSpeed's default 0.1",
+def _script_defaults(reading: Reading, flags: dict[str, Setting]) -> None:
+    """What a Megatron-style script runs where it leaves attention and dropout flags out (common.absent_defaults,
+    the card's read.absent_by_variant: the launcher's argparse defaults): Megatron-LM's pretrain_gpt.py and
+    Megatron-DeepSpeed run dropout on where either dropout flag is missing (0.1 each), whatever the other says, and
+    Megatron-DeepSpeed its CoreAttention without a flash switch; meshplan's own defaults (flash, no dropout) would
+    describe another run. A script read with no variant is its card's first (Megatron-LM's pretrain_gpt)."""
+    section = adapter_section(framework_card(reading.framework))
+    variant = reading.variant if reading.variant in section.variants else next(iter(section.variants))
+    where = f"cards/frameworks/{reading.framework}.yaml read.absent_by_variant {variant}"
+    said = {"dropout": f"a dropout flag left out: the {variant} script's default {DROPOUT_ON}",
             "attention_backend": "no flash switch: Megatron-DeepSpeed's CoreAttention, the scores materialised"}
-    for name, value in absent_defaults(reading.framework, reading.variant or "", flags, reading.request).items():
+    for name, value in absent_defaults(reading.framework, variant, flags, reading.request).items():
         if reading.request.get(name) != value:
             reading.state(name, value, f"{reading.path} ({said.get(name, 'not given')}; {where})")
             reading.defaults[name] = value
