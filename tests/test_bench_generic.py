@@ -106,7 +106,7 @@ def test_unseen_comparisons_are_scored_from_the_rows_fields(folder):
 
 HARNESS = ("production_configs.py", "production_rows.py", "production_sources.py", "production_mapping.py",
            "production_scoring.py", "pairwise_comparisons.py", "pairwise_sides.py", "rl_jobs.py", "moe_fit.py",
-           "pipeline_schedules.py", "fitted_constants.py")
+           "pipeline_schedules.py", "fitted_constants.py", "fp8_fit.py")
 RECIPE = re.compile(r"_(pretrain|peft|sft|finetune)_\w*_config|\.toml$")
 DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 

@@ -134,6 +134,20 @@ class PrecisionBytes(_Card):
     source: str
 
 
+class Fp8QuantizeFacts(_Card):
+    """How Transformer Engine quantizes an FP8 linear's input, output gradient and weight per recipe (cards/memory.yaml
+    fp8_quantize, with its source): the bf16 source's reads per quantize, the recipes that all-gather row-wise data
+    only (their column-wise copy an fp8 transpose after the gather), what the norm before a LayerNormLinear fuses with
+    the cast, and which of flops.py's GEMMs are those LayerNormLinears. Read by arithmetic/fp8_casts.py."""
+
+    source_reads: dict[Fp8Recipe, int]
+    rowwise_gather: list[Fp8Recipe]
+    param_gather_rowwise: list[Fp8Recipe]  # fp8 primary weights gathered row-wise, the column-wise copy made after
+    norm_output: dict[Fp8Recipe, Literal["fp8", "amax"]]  # a recipe left out: the norm writes bf16, quantized after
+    norm_fused_linears: list[str]
+    source: str
+
+
 class CompileBytes(_Card):
     """What torch.compile changes in a convention (cards/memory.yaml compile, with the derivation)."""
 
@@ -202,6 +216,7 @@ class Act2FnSaves(_Card):
 class MemoryCard(_Card):
     description: str
     precision: PrecisionBytes
+    fp8_quantize: Fp8QuantizeFacts
     optimizers: OptimizerStates
     optimizer_steps: dict[OptimizerImplementation, OptimizerStepBytes]
     optimizer_state_allocation_source: str
@@ -242,6 +257,10 @@ def _complete(card: MemoryCard) -> None:
     for name in get_args(OptimizerImplementation):  # every implementation a framework card may name
         if name not in card.optimizer_steps:
             raise CardError(f"cards/memory.yaml: key optimizer_steps.{name} is missing.")
+    for recipe in get_args(Fp8Recipe):  # every recipe a plan may run, its quantize passes and its fp8 copies
+        if recipe not in card.fp8_quantize.source_reads or recipe not in card.precision.fp8_weight_bytes:
+            raise CardError(f"cards/memory.yaml: fp8 recipe {recipe!r} needs fp8_quantize.source_reads and "
+                            "precision.fp8_weight_bytes entries.")
     known = families_card().activations  # every activation a config.json may name, and only those
     if set(card.act2fn_saves.activations) != set(known):
         raise CardError(f"cards/memory.yaml: act2fn_saves.activations names {sorted(card.act2fn_saves.activations)}, "

@@ -30,7 +30,13 @@ from meshplan.estimate.layer_records import (
     layer_key,
     scope_memo,
 )
-from meshplan.estimate.layer_time import assembled_layer_time, elementwise_load, elementwise_seconds, gemm_time
+from meshplan.estimate.layer_time import (
+    assembled_layer_time,
+    elementwise_load,
+    elementwise_seconds,
+    gemm_time,
+    quantize_seconds,
+)
 from meshplan.estimate.moe_time import busiest_rank_experts
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
@@ -80,7 +86,8 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
     return assembled_layer_time(ctx, moe, load, gemm=gemm, gemm_fwd=gemm_fwd, attention_fwd=attention_fwd,
                                 attention=attention, elementwise=elementwise, mixer=mixer, tp=tp,
                                 tp_fwd_share=tp_fwd_share, cp=cp,
-                                cp_work=cp_passes(ctx) if kind == "*" else (0.0, 0.0), later=later)
+                                cp_work=cp_passes(ctx) if kind == "*" else (0.0, 0.0), later=later,
+                                quantize=quantize_seconds(ctx, gemms))
 
 
 def gdn_recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad, elementwise: float,

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.flops import Shard
+from meshplan.arithmetic.fp8_casts import Fp8Casts
 from meshplan.arithmetic.gemm import expert_ridge_rows
 from meshplan.knowledge.calibration import Calibration
 from meshplan.knowledge.cards import WorldSizeLaw
@@ -81,6 +82,7 @@ class LayerContext:
     tp_sms: TpSms | None = None  # SMs the TP communication kernels hold beside their GEMMs (tp_sms; tp_hidden)
     sp_copies: tuple[float, float] = (0.0, 0.0)  # copies per unfused SP all-gather, reduce-scatter (sp_copies)
     async_tp_unfused: tuple[bool, bool] = (False, False)  # per TP pair: async TP leaves its input grad's RS unfused
+    fp8_casts: Fp8Casts | None = None  # Transformer Engine's FP8 quantize passes (fp8_casts.fp8_casts); None: none
 
     @property
     def ridge_rows(self) -> float:

@@ -13,6 +13,7 @@ from functools import partial
 
 from meshplan.arithmetic.activations import shape_of, stacked_expert_bytes
 from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
+from meshplan.arithmetic.fp8_casts import quantize_bytes
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, summed
 from meshplan.arithmetic.param_wrapper import delta_pass_bytes
 from meshplan.estimate.attention_time import attention_seconds
@@ -42,27 +43,29 @@ def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
     return assembled_layer_time(ctx, moe, load, gemm=gemm, gemm_fwd=gemm_fwd, attention_fwd=attention_fwd,
                                 attention=attention, elementwise=elementwise, mixer=0.0, tp=tp,
                                 tp_fwd_share=tp_fwd_share, cp=cp_time(ctx, attention_fwd, attention),
-                                cp_work=cp_passes(ctx),
+                                cp_work=cp_passes(ctx), quantize=quantize_seconds(ctx, gemms),
                                 later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms))
 
 
 def assembled_layer_time(ctx: LayerContext, moe: bool, load: ElementwiseLoad, *, gemm: float, gemm_fwd: float,
                          attention_fwd: float, attention: float, elementwise: float, mixer: float, tp: float,
                          tp_fwd_share: float, cp: tuple[float, float], cp_work: tuple[float, float],
-                         later) -> LayerTime:
+                         later, quantize: tuple[float, float] = (0.0, 0.0)) -> LayerTime:
     """One layer's LayerTime from its parts (layer_time's and hybrid_time.hybrid_layer_time's, one home): the
     forward's share of its compute (the GEMMs' and attention's forward, a third of the memory-bound passes and of a
     Mamba-2 or Gated DeltaNet `mixer`'s, the stacked expert weights' copy all in the forward), an MoE layer's backward
     waiting for its experts' launches beyond what its other work hides, its overhead and exposed EP all-to-all; `cp`
     the (forward, whole) CP traffic's seconds, `cp_work` the (forward, whole) seconds of CP's memory-bound merges and
-    copies (context_parallel.cp_passes), memory-bound passes with the layer's others. A layer without a mixer passes
-    0.0, which adds nothing to any sum."""
+    copies (context_parallel.cp_passes), memory-bound passes with the layer's others, and `quantize` the (forward,
+    whole) seconds of its FP8 quantize passes (quantize_seconds) alike. A layer without a mixer passes 0.0, which
+    adds nothing to any sum."""
     overhead = layer_overhead(ctx, moe)
     copy = load.weight_copy_bytes / ctx.hbm  # all in the forward (stacked weights), the rest a third of the passes
     cp_work_fwd, cp_work_seconds = cp_work
+    quantize_fwd, quantize_whole = quantize
     fwd_compute = (gemm_fwd + attention_fwd + (elementwise + mixer - copy) / TRAINING_PASSES_PER_FORWARD + copy
-                   + cp_work_fwd)
-    elementwise += cp_work_seconds
+                   + cp_work_fwd + quantize_fwd)
+    elementwise += cp_work_seconds + quantize_whole
     if moe and ctx.lora is None:  # the backward waiting for its experts' launches beyond what its other work hides
         gemm += backward_launch_wait(ctx, gemm + attention + elementwise + mixer - fwd_compute)
     compute = gemm + attention + elementwise + mixer + overhead  # LayerTime.compute
@@ -81,6 +84,16 @@ def overlapped_twin(ctx: LayerContext, plain: LayerTime) -> LayerTime:
     twin = copy(plain)  # (its fields as they are: a recompute share still to work out is worked out alike)
     twin.ep = exposed_ep(ctx, plain.fwd_compute, plain.compute - plain.fwd_compute)
     return twin
+
+
+def quantize_seconds(ctx: LayerContext, gemms: list[Gemm]) -> tuple[float, float]:
+    """(forward, forward + backward) seconds of the layer's FP8 quantize passes per micro-batch (Transformer Engine's
+    casts of each FP8 GEMM's input and output gradient: arithmetic/fp8_casts.quantize_bytes) at the HBM bandwidth
+    memory-bound work gets; (0, 0) where the job runs none (ctx.fp8_casts)."""
+    if ctx.fp8_casts is None:
+        return 0.0, 0.0
+    fwd, bwd = quantize_bytes(ctx.fp8_casts, gemms)
+    return fwd / ctx.hbm, (fwd + bwd) / ctx.hbm
 
 
 def layer_gemms(ctx: LayerContext, moe: bool) -> list[Gemm]:

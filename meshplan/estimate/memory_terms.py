@@ -140,6 +140,14 @@ class RankParts(NamedTuple):
         sharded, replicated, experts = sums
         return sharded / self.tp + replicated, experts / self.expert_split
 
+    def linear(self, layers) -> float:
+        """The linear-layer parameters of these decoder layers on this rank: their TP-split linears over TP, those TP
+        keeps whole, and their routed experts over EP x ETP. The memory's fp8 weight copies (stage_params) and the
+        step's fp8 weight casts (stage_time.fp8_weight_params) read it."""
+        table = self.table
+        return (sum(map(table.linear_dense.__getitem__, layers)) / self.tp
+                + sum(map(table.linear_whole.__getitem__, layers)) + self.layers(layers)[1])
+
     def held(self, layers, *, first: bool, last: bool, mtp: bool) -> tuple[float, float]:
         """(dense, routed) parameters a rank holding these decoder layers holds, with the embedding (`first`), the
         output layer and final norm (`last`) and the MTP blocks (`mtp`)."""
@@ -344,8 +352,7 @@ def stage_params(terms: MemoryTerms, rank: int, chunks) -> StageParams:
     has_mtp = bool(arch.num_mtp_layers and pipeline.mtp_trained and rank == pipeline.mtp_at)
     parts = rank_parts(arch, terms.job.card, terms.conv, plan, terms.vocab)
     dense, experts = parts.held(layers, first=first, last=last, mtp=has_mtp)
-    linear = (sum(map(table.linear_dense.__getitem__, layers)) / tp + sum(map(table.linear_whole.__getitem__, layers))
-              + parts.layers(layers)[1])
+    linear = parts.linear(layers)
     embedding = int(parts.embedding) if first else 0
     head = parts.head if last else 0.0
     linear += head

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.comm import Links, allreduce_time, job_links, p2p_time, ring_time
 from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token, weight_gradient_share
+from meshplan.arithmetic.fp8_casts import fp8_casts, weight_cast_bytes
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
 from meshplan.arithmetic.memory_states import (
@@ -400,6 +401,7 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
         expert_launches=expert_launches(job, plan),
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
         sp_copies=sp_copies(job.card.tp_overlap, plan, job.framework_version),
+        fp8_casts=fp8_casts(job, plan),
         **job_facts(job, plan, cal, lk, peaks, attention_kernel))
 
 
@@ -841,8 +843,10 @@ def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraf
 
 
 def _optimizer_seconds(row: StageTime, inp: StageInputs, m: int) -> float:
-    """The stage's optimizer step: Adam's state traffic on its shard of the parameters (Muon's on its matrices,
-    plus their Newton-Schulz iterations) and the gradient accumulation over `m` micro-batches."""
+    """The stage's once-per-step memory-bound work: the optimizer step's Adam state traffic on its shard of the
+    parameters (Muon's on its matrices, plus their Newton-Schulz iterations), the gradient accumulation over `m`
+    micro-batches, and the FP8 weight copies Transformer Engine makes on the step's first micro-batch
+    (fp8_casts.weight_cast_bytes per linear weight, StageTime.fp8_weights)."""
     cal, ctx, traffic = inp.ctx.cal, inp.ctx, inp.traffic
     dense_group, expert_group = traffic.dense_group, traffic.expert_group
     shard_group = None if optimizer_sharded(inp.job.card, inp.plan.zero_stage, inp.job.framework_version) else 1
@@ -854,6 +858,8 @@ def _optimizer_seconds(row: StageTime, inp: StageInputs, m: int) -> float:
     opt = ((dense_local + expert_local - muon_local) * adam_bytes
            + muon_local * cal.muon_bytes_per_param) / ctx.hbm + row.muon.seconds
     opt += (row.dense_params + row.expert_params) * grad_accumulation_bytes(inp.job, inp.plan, cal, m) / ctx.hbm
+    if ctx.fp8_casts is not None:  # Transformer Engine's FP8 weight copies, made on each step's first micro-batch
+        opt += row.fp8_weights * weight_cast_bytes(ctx.fp8_casts) / ctx.hbm
     return opt
 
 

@@ -131,6 +131,7 @@ class StageTime:
     muon: MuonStage
     launch_bound: float  # time the GPU waits for the host
     total: float
+    fp8_weights: float = 0.0  # linear weights whose FP8 copies the step makes (fp8_weight_params)
 
 
 def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
@@ -150,25 +151,25 @@ def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
     muon = muon_stage(kinds, inp, s == 0, head_stage)
     sharding = stage_sharding(StageShards(layers, kinds, sums.windows, s == 0, head_stage), inp)
     return finished_stage(compute, fwd, (sums.tp, sums.cp, sums.ep, sums.recompute), pp, host, sharding,
-                          (dense_p, expert_p), muon, inp)
+                          (dense_p, expert_p), muon, inp, fp8_weight_params(layers, inp))
 
 
 def finished_stage(compute: float, fwd: float, comm: tuple[float, float, float, float], pp: float, host: float,
                    sharding: ShardingExposed, params: tuple[float, float], muon: MuonStage,
-                   inp: StageInputs) -> StageTime:
+                   inp: StageInputs, fp8_weights: float = 0.0) -> StageTime:
     """The stage's row from its parts (`comm`: TP, CP, EP, recompute): its GPU seconds, the host floor's wait."""
     tp, cp, ep, recompute = comm
     gpu = sum((compute, tp, cp, ep, recompute, pp, sharding.micro, sharding.copies))
     launch_bound = max(0.0, host - gpu) + inp.host_sync * min(host, gpu)
     return StageTime(compute=compute, fwd=fwd, tp=tp, cp=cp, ep=ep, recompute=recompute, pp=pp, host=host,
                      sharding=sharding, dense_params=params[0], expert_params=params[1], muon=muon,
-                     launch_bound=launch_bound, total=gpu + launch_bound)
+                     launch_bound=launch_bound, total=gpu + launch_bound, fp8_weights=fp8_weights)
 
 
 def with_p2p(row: StageTime, pp: float, inp: StageInputs) -> StageTime:
     """A stage alike `row` in all but its pipeline p2p seconds `pp` (stage_rows)."""
     return finished_stage(row.compute, row.fwd, (row.tp, row.cp, row.ep, row.recompute), pp, row.host, row.sharding,
-                          (row.dense_params, row.expert_params), row.muon, inp)
+                          (row.dense_params, row.expert_params), row.muon, inp, row.fp8_weights)
 
 
 def stage_rows(inp: StageInputs) -> list[StageTime]:
@@ -464,6 +465,13 @@ def other_link_collectives(lt: LayerTime, inp: StageInputs, moe: bool) -> tuple[
             fwd += forward
             bwd += seconds - forward
     return fwd, bwd
+
+
+def fp8_weight_params(layers: Sequence[int], inp: StageInputs) -> float:
+    """The linear weights of the stage's decoder `layers` on this rank whose FP8 copies Transformer Engine makes once
+    per step (RankParts.linear, frozen LoRA bases too; ctx.fp8_casts: 0 where the job runs none); the output layer
+    stays bf16 (memory_stage.fp8_weight_params) and MTP blocks are not counted."""
+    return inp.parts.linear(layers) if inp.ctx.fp8_casts is not None else 0.0
 
 
 def stage_params(s: int, layers: Sequence[int], inp: StageInputs) -> tuple[float, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
-from meshplan.arithmetic.memory_states import convention, optimizer_sharded
+from meshplan.arithmetic.memory_states import convention, fp8_recipe, optimizer_sharded
 from meshplan.arithmetic.mesh import flex_backend, job_domain, mesh_groups, own_ep_ranks_note
 from meshplan.estimate.attention_time import (
     FLASH_ATTENTION_PASSES_PER_FORWARD,
@@ -173,8 +173,14 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
     if plan.cuda_graph_impl != "none":
         out.append(cuda_graph_assumption(job, plan))
     if job.precision == "fp8":
+        casts = ctx.fp8_casts
         out.append(f"FP8: transformer linears at FP8 peak x {cal.fp8_gemm_relative_efficiency:.2f}; attention, "
-                   "router and logits stay BF16.")
+                   "router and logits stay BF16"
+                   + (f"; Transformer Engine's quantize passes timed as HBM traffic ({fp8_recipe(job, plan)}: each "
+                      "linear's input and output gradient per micro-batch, its weight once per step; "
+                      "arithmetic/fp8_casts.py)." if casts is not None else
+                      "; the casts that feed the FP8 GEMMs are not timed apart (in the x "
+                      f"{cal.fp8_gemm_relative_efficiency:.2f})."))
     if plan.recompute != "none":
         out.append(f"Recompute {plan.recompute}: "
                    + ("one more forward of each recomputed layer (with its TP traffic)." if plan.recompute == "full"
