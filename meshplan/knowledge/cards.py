@@ -374,8 +374,9 @@ class FrameworkCard(_Card):
     def convention_for(self, version: str | None) -> MemoryConvention:
         """The byte convention of a release: the longest matching prefix in memory_convention_by_version, else the
         card's memory_convention."""
-        line = longest_line(version, self.memory_convention_by_version)
-        return self.memory_convention if line is None else self.memory_convention_by_version[line]
+        by_version = self.memory_convention_by_version
+        line = longest_line(version, by_version) if by_version else None  # (no card has one yet: none to match)
+        return self.memory_convention if line is None else by_version[line]
 
     def engine_at(self, zero_stage: int) -> Engine:
         return self.engine.by_zero_stage[zero_stage]

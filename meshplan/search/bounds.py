@@ -56,6 +56,7 @@ class StepTimeBounds(SearchPlans):
     # layout's pipeline (stretch_factors).
     factors: dict[tuple, list[tuple[float, float, float, int]]] = field(default_factory=dict)
     p2p_shares: dict[tuple[int, int, int], float] = field(default_factory=dict)  # blocking_p2p_share per (pp, vpp, m)
+    chunks_by_vpp: dict[int, int] = field(default_factory=dict)  # sync_vpp per vpp (all it reads besides the card)
     sync_s: float | None = None  # moe_sync_s, once
     ref_jobs: dict[int, Job] = field(default_factory=dict)  # _per_token's job per global batch size (a few)
     # pipeline_bound and token_bound per what each reads (their keys, 4 and 6 long): the job's, and token_bound's
@@ -522,8 +523,12 @@ class StepTimeBounds(SearchPlans):
 
     def sync_vpp(self, vpp: int) -> int:
         """The virtual chunks a DP floor reads of plans of at most `vpp`: those, where the framework launches its DP
-        sync chunk by chunk (perf.sync_chunks, the card's pipeline.chunk_dp_sync), else 1 (the floor is the same)."""
-        return sync_chunks(self.job, 1, vpp).chunks
+        sync chunk by chunk (perf.sync_chunks, the card's pipeline.chunk_dp_sync), else 1 (the floor is the same).
+        Kept per vpp (the job's card is the search's: some 12,000 asks of 11 values on DeepSeek-V3/2,048)."""
+        hit = self.chunks_by_vpp.get(vpp)
+        if hit is None:
+            hit = self.chunks_by_vpp[vpp] = sync_chunks(self.job, 1, vpp).chunks
+        return hit
 
     def syncs_key(self, lay: Layout, chunks: int) -> tuple:
         """The bounds memo's key of group_syncs's DP bounds of the layout's grid at `chunks` (sync_vpp): one home for

@@ -225,7 +225,7 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
     part = _part(job, lay, zero_stage, conv, tensors, memo)
     figures = _row_figures(job, lay, conv, part, recomputes, sizes, sp, activation_offload, memo)
     dp, gbs = lay.dp, job.global_batch_size
-    ones = [step_microbatches(gbs, mbs, dp) == 1 for mbs in sizes]
+    ones = _single_microbatch(gbs, dp, sizes, memo)
     states = [part.states[False], part.states[True]]
     for one in (False, True):
         if states[one] is None and one in ones:
@@ -247,6 +247,17 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
                 i += 1
             column.append(i)
         hit = memo[key] = tuple(column)
+    return hit
+
+
+def _single_microbatch(gbs: int, dp: int, sizes: tuple[int, ...], memo: dict) -> tuple[bool, ...]:
+    """Per micro-batch of `sizes`, whether a data-parallel rank of `dp` runs one micro-batch a step (step_microbatches
+    1: the model states a single micro-batch holds, _FloorPart.states[True]); kept in `memo` per (global batch, dp,
+    sizes), all it reads: first_stage_needs asks it of every layout, a few dp and size tuples in all."""
+    key = ("one microbatch", gbs, dp, sizes)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = tuple([step_microbatches(gbs, mbs, dp) == 1 for mbs in sizes])
     return hit
 
 

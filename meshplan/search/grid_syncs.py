@@ -50,15 +50,26 @@ def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
     engine = bounds.engine
     if engine.sync_rates is not sync_rates or engine.sharding_floor is not sharding_floor:
         return _stage_sync(bounds, lay, zero, least, vpp)
-    job, memo = bounds.job, bounds.bounds_memo
-    law = job.card.world_size_law
-    edp = int(mesh.expert_dp(job.num_gpus, lay, law)) if job.model.moe else 1
-    groups = mesh.mesh_groups(lay, edp=edp, law=law)  # type: ignore[arg-type]  # (the grid plan's degrees)
-    key = ("stage sync", zero, least, vpp, lay.tp, lay.pp, lay.ep, lay.etp, groups.dp_cp, groups.edp,
-           _schedule(bounds, lay, zero))
+    memo = bounds.bounds_memo
+    dp_cp, edp = _dp_groups(bounds, lay)
+    key = ("stage sync", zero, least, vpp, lay.tp, lay.pp, lay.ep, lay.etp, dp_cp, edp, _schedule(bounds, lay, zero))
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = _stage_sync(bounds, lay, zero, least, vpp)
+    return hit  # type: ignore[return-value]
+
+
+def _dp_groups(bounds: GridBounds, lay: Layout) -> tuple:
+    """The grid's dense and expert data-parallel groups (mesh_groups' dp_cp and edp), kept per grid (its degrees: all
+    they read besides the job): group_syncs asks grid_stage_sync once per ZeRO stage of a grid."""
+    grid = ("dp groups", lay.tp, lay.pp, lay.cp, lay.dp, lay.ep, lay.etp)
+    hit = bounds.bounds_memo.get(grid)
+    if hit is None:
+        job = bounds.job
+        law = job.card.world_size_law
+        edp = int(mesh.expert_dp(job.num_gpus, lay, law)) if job.model.moe else 1
+        groups = mesh.mesh_groups(lay, edp=edp, law=law)  # type: ignore[arg-type]  # (the grid plan's degrees)
+        hit = bounds.bounds_memo[grid] = (groups.dp_cp, groups.edp)
     return hit  # type: ignore[return-value]
 
 
