@@ -19,6 +19,7 @@ from meshplan.search.job import search_job
 from meshplan.search.policy import headroom_for, memory_budget
 from meshplan.search.refusal import Space, host_floor
 from meshplan.search.space import Fixed, enumerate_layouts, micro_batches
+from meshplan.search.zero_stages import offered_before
 
 OFFLOAD = dict(model="llama-3.1-8b", optimizer_offload_fraction=1.0)  # 16 B per parameter on the host, ~119.7 GiB
 
@@ -76,7 +77,10 @@ def test_a_host_between_the_old_and_the_new_figure_passes_everywhere():
 
 def host_and_gpu_rejects(req: Request) -> tuple[int, int]:
     """By brute force (as search/oracle.py walks the space): the plans that pass the structural rules and are over
-    the GPU budget, and those within it whose offloads are over cpu_memory_per_node (what `check` calls MEM003)."""
+    the GPU budget, and those within it whose offloads are over cpu_memory_per_node (what `check` calls MEM003). A
+    plan at a ZeRO stage that is one plan with a stage offered before it which the rules pass (verl's Megatron
+    engine's ZeRO 0 and 1 at dp 1: zero_stages.offered_before) is that plan, counted once (the search's
+    SEARCH-SAME-STAGE)."""
     job, _ = search_job(req)
     fixed = Fixed.from_request(req, job)
     space = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
@@ -87,6 +91,9 @@ def host_and_gpu_rejects(req: Request) -> tuple[int, int]:
             for zero in space.zeros:
                 for recompute in space.recomputes:
                     plan = space.plan(lay, zero, recompute, mbs)
+                    if any(space.engine.check(job, space.plan(lay, other, recompute, mbs)).ok
+                           for other in offered_before(job, plan, space.zeros)):
+                        continue
                     if space.engine.check(job, plan).ok:
                         memory = space.engine.memory(job, plan)
                         gpu += memory.fit_bytes > budget

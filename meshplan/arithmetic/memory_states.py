@@ -516,6 +516,21 @@ def state_bytes(tensors: list[StateTensor], params: float, shard_size: float) ->
 _CLASSES = ("weights", "gradients", "optimizer")  # state_bytes' classes, in its dict's order
 
 
+def states_at_shards(tensors: list[StateTensor], dense_shard: float, expert_shard: float | None) -> tuple:
+    """A stage's model-state tensors as a layout holds them, names left out: per tensor its class, role and bytes per
+    dense and per routed-expert parameter as state_bytes splits them over the layout's shard sizes (`expert_shard`
+    None: no routed experts), and whether it is a sharded weight. Two ZeRO stages of one convention with the same
+    tuple hold the same bytes, since a tensor sharded over one rank is the whole tensor: Megatron's or nanotron's
+    ZeRO-1 at dp x cp 1 holds its fp32 master weights and moments as ZeRO-0 does (search/zero_stages.one_plan_key
+    reads it). A sharded weight stays marked at any shard size: a stage that shards the weights gathers them unit by
+    unit (the memory's gathered layers, fully_shard's copies), on one rank too."""
+    return tuple(sorted(
+        (t.tensor_class, t.role or "", t.bytes / (dense_shard if t.shard == "dp" else 1),
+         0.0 if expert_shard is None else t.bytes / (expert_shard if t.shard == "dp" else 1),
+         t.tensor_class == "weights" and t.shard == "dp")
+        for t in tensors))
+
+
 def state_classes(tensors: list[StateTensor], memo: dict) -> tuple[tuple[int, float, bool], ...]:
     """What state_bytes reads of each of `tensors`, in order: its class's place in state_bytes' dict, its bytes per
     parameter and whether it is sharded; kept in `memo` per list (a caller's kept lists: an id names no other)."""

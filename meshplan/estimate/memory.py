@@ -110,6 +110,17 @@ def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
     return world, mesh.expert_dp(world, plan, job.card.world_size_law), warnings
 
 
+def state_shards(job: Job, plan: Plan, expert_dp: float | None = None) -> tuple[int, float]:
+    """The ranks a layout's sharded model states are split over (LayoutTerms.dense_dp, expert_dp): the dense
+    parameters' over dp x cp, the routed experts' over expert-dp (mesh.expert_dp, `expert_dp` where the caller has
+    it), each over one replica's ranks under hybrid sharding (dp_replicate). The search reads them to find the ZeRO
+    stages that are one plan at a layout (search/zero_stages.one_plan_key)."""
+    if expert_dp is None:
+        law = job.card.world_size_law
+        expert_dp = mesh.expert_dp(mesh.world_size(law, plan), plan, law)
+    return plan.dp * plan.cp // plan.dp_replicate, expert_dp / plan.dp_replicate
+
+
 # --------------------------------------------------------------------------- the estimate
 
 
@@ -291,9 +302,10 @@ def _layout_terms(job: Job, plan: Plan) -> LayoutTerms:
     vocab = built_vocab(arch.vocab_size, conv, plan.tp)
     pipeline = plan_stages(job, plan)
     sharded_weights = any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)
+    dense_dp, expert_dp = state_shards(job, plan, expert_dp)
     return LayoutTerms(
         conv_name=conv_name, conv=conv, tensors=tensors, card=card,
-        dense_dp=plan.dp * plan.cp // plan.dp_replicate, expert_dp=expert_dp / plan.dp_replicate, vocab=vocab,
+        dense_dp=dense_dp, expert_dp=expert_dp, vocab=vocab,
         pipeline=pipeline, table=param_table_for(arch, job.card.moe_whole_over_tp),
         ts=plan.tp if plan.sequence_parallel else 1,
         norm_width=arch.hidden_size * (2 if arch.norm_type == "layernorm" else 1),

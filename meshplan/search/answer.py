@@ -4,10 +4,12 @@ them."""
 
 from __future__ import annotations
 
+from meshplan.arithmetic.memory_states import convention
 from meshplan.check.split import split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, percent
 from meshplan.estimate.accuracy import accuracy_card, terms, with_band
+from meshplan.estimate.memory import state_shards
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Candidate, ErrorBand, Recommendation
 from meshplan.search.engine import BestFirstSearch, Found
@@ -25,7 +27,7 @@ from meshplan.search.policy import (
     slower_by,
 )
 from meshplan.search.space import SEARCHED_FIELDS, Fixed
-from meshplan.search.zero_stages import LeftOut
+from meshplan.search.zero_stages import LeftOut, one_plan_stages
 
 FASTEST = "Fastest predicted layout that passes every rule and fits. "
 
@@ -139,15 +141,16 @@ def why(found: Found, best: Found | None) -> str:
 
 
 def candidate(job: Job, engine: Engine, found: Found, rank: int, best: Found | None,
-              same: list[Found] | None = None, note: str = "") -> Candidate:
-    """One row of the answer: the plan, its reports, why it ranks there (or `note`: why it is not ranked), and the
-    clones folded into it."""
+              same: list[Found] | None = None, note: str = "", zeros: tuple[int, ...] = ()) -> Candidate:
+    """One row of the answer: the plan, its reports, why it ranks there (or `note`: why it is not ranked), the
+    clones folded into it and the ZeRO stages of the search's ladder (`zeros`) that are the same plan at its layout."""
     text = why(found, best)
     if note:
         text = text.removeprefix(FASTEST) + " " + note
     if same:
         text += (" Same predicted step time and peak memory, folded into this row: "
                  + "; ".join(differs(found.plan, other.plan) for other in same) + ".")
+    text += same_stage_text(job, engine, found.plan, zeros)
     notes_here = [f.message for f in engine.full_check(job, found.plan).findings if f.severity == "warning"]
     if notes_here:
         text += " Warnings: " + " ".join(notes_here)
@@ -155,6 +158,29 @@ def candidate(job: Job, engine: Engine, found: Found, rank: int, best: Found | N
     text += " " + how_sure(job, found.plan, throughput.error_band) + overlap_share(job, engine, found)
     return Candidate(rank=rank, plan=found.plan, memory=engine.summary(found.memory), throughput=throughput,
                      rationale=text, equivalents=[other.plan for other in same or ()])
+
+
+def same_stage_text(job: Job, engine: Engine, plan: Plan, zeros: tuple[int, ...]) -> str:
+    """The ZeRO stages of `zeros` that are one plan with the row's at its layout and that the rules pass there
+    (zero_stages.one_plan_stages: the search leaves them out, SEARCH-SAME-STAGE), in words: what the higher stage
+    shards, over how many ranks, and which stage the row offers; '' where there are none."""
+    others = [zero for zero in one_plan_stages(job, plan, zeros)
+              if not any(f.severity == "error" for f in engine.check(job, plan.copied({"zero_stage": zero})).findings)]
+    if not others:
+        return ""
+    highest = max(plan.zero_stage, *others)
+    sharded = [t.name for t in convention(job.card, highest, job.framework_version)[2] if t.shard == "dp"]
+    dense, expert = state_shards(job, plan)
+    over = f"dp x cp = {dense} rank"
+    if job.model.moe is not None:
+        over += f" (routed experts: expert-dp = {expert:g})"
+    stages = " and ".join(f"ZeRO {zero}" for zero in sorted(others))
+    what = " and ".join([", ".join(sharded[:-1]), sharded[-1]] if len(sharded) > 1 else sharded)
+    why_this = (f"{job.framework}'s default" if plan.zero_stage == job.card.defaults.zero_stage
+                else "the lowest stage the rules pass")
+    return (f" {stages} {'is' if len(others) == 1 else 'are'} the same plan at this layout: ZeRO {highest} shards "
+            f"its {what} over {over}, which holds them whole, so the stages hold the same bytes and run the same "
+            f"step; listed once, as ZeRO {plan.zero_stage} ({why_this}).")
 
 
 def how_sure(job: Job, plan: Plan, band: ErrorBand | None) -> str:
@@ -233,7 +259,9 @@ SPACE_ASSUMPTIONS = [
     "that memory grows with the micro-batch and with interleaving.",
     "Ranked layouts are distinct choices: the same layout with more recompute than it needs is not listed, "
     "and layouts with the same predicted step time and peak memory (e.g. a factor moved between CP and the "
-    "micro-batch) share one row (its equivalents).",
+    "micro-batch) share one row (its equivalents). ZeRO stages that are the same plan at a layout (what one shards "
+    "is split over one rank, e.g. Megatron's distributed optimizer at dp x cp 1) are one plan, listed once at the "
+    "framework's default stage (else the lowest) the rules pass, its row naming the others.",
     "\"X% slower\" is 1 - (its tokens/s/GPU) / (the other's): the share of throughput lost, at the same batch.",
     "Rejected counts: rule ids of cards/rules.yaml (the memory error for plans that do not fit, including "
     "those dropped by a memory floor) and search buckets: "
@@ -251,7 +279,8 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
     search.rejected[SLOWER] += sum(len(row) for row in grouped[top_k:])
     search.rejected[SAME] += sum(len(row) - 1 for row in ranked)
     best = ranked[0][0] if ranked else None
-    candidates = [candidate(job, engine, row[0], i + 1, best if i else None, row[1:]) for i, row in enumerate(ranked)]
+    candidates = [candidate(job, engine, row[0], i + 1, best if i else None, row[1:], zeros=search.zeros)
+                  for i, row in enumerate(ranked)]
     open_fields = [f for f in SEARCHED_FIELDS if f not in fixed] + (["moe_a2a_overlap"] if search.a2a_open else [])
     rationale = ""
     if best is not None:

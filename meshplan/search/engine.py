@@ -32,6 +32,7 @@ from meshplan.search.policy import (
     BUDGET,
     DOMINATED,
     NVLINK,
+    SAME_STAGE,
     SLOWER,
     TIE,
     UNTIMED,
@@ -209,6 +210,9 @@ class BestFirstSearch(StepTimeBounds, Seeding):
                     rejected[error] += 1
                 else:
                     mask |= 1 << i
+            if mask and (same := mask & self.offered_first(lay, zero, mbs)):  # one plan, offered at another stage
+                rejected[SAME_STAGE] += same.bit_count()
+                mask &= ~same
             if not mask:
                 continue
             if (bound := self.states_bound(lay, zero)) > self.budget:

@@ -21,6 +21,7 @@ from meshplan.search.estimators import default_engine
 from meshplan.search.job import search_job
 from meshplan.search.policy import headroom_for, memory_budget, same_numbers
 from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches, request_zeros, within_nvlink
+from meshplan.search.zero_stages import offered_before
 
 
 class OracleRow(NamedTuple):
@@ -38,7 +39,9 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
     plan is left out when the same layout fits with less recompute (the search calls it dominated: strictly slower,
     same choice); plans with the same predicted step time and peak memory are one row, as in the search's answer.
     Every ZeRO stage the request leaves open is tried, the stages the search leaves out of its ladder too
-    (zero_stages.search_ladder), so a stage left out that some plan could take shows as a miss."""
+    (zero_stages.search_ladder), so a stage left out that some plan could take shows as a miss. A plan at a stage
+    that is one plan with a stage offered before it at its layout (zero_stages.offered_before: Megatron's ZeRO 0 and
+    1 at dp x cp 1) is left out where the rules pass that stage, as the search leaves it out."""
     with shared_layers():  # the cost model's memos (module docstring), dropped on return
         job, _ = search_job(req)
         fixed = Fixed.from_request(req, job)
@@ -59,11 +62,16 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
     fit = engine.memory_fit
     zeros = request_zeros(job.card, fixed)  # every stage the request leaves open, not the search's ladder
     for lay in layouts:
+        first = space.plan(lay, zeros[0], space.recomputes[0], 1)
+        before = {zero: offered_before(job, first.copied({"zero_stage": zero}), zeros) for zero in zeros}
         for mbs in micro_batches(job, lay, fixed):
             for zero in zeros:
                 for recompute in space.recomputes:
                     plan = space.plan(lay, zero, recompute, mbs)
                     if not verdicts.passes(job, plan):
+                        continue
+                    # one plan with a stage offered before it that the rules pass here: that stage's row is its own
+                    if any(verdicts.passes(job, space.plan(lay, other, recompute, mbs)) for other in before[zero]):
                         continue
                     # memory_fit: estimate_memory's verdict, stopping at the first stage over; `checked`: the check
                     # above found no structural error, so no blocking rule (require_estimable) is asked again. A

@@ -45,6 +45,7 @@ from meshplan.search.space import (
     micro_batches,
     states_lower_bound,
 )
+from meshplan.search.zero_stages import offered_before
 
 # The rules that refuse moe_a2a_overlap on a plan (Megatron-Core's asserts: EP009 its preconditions, PP015 a named
 # schedule other than combined 1F1B, or Megatron-FSDP over virtual stages, CG003 Transformer Engine graphs of the moe
@@ -90,6 +91,9 @@ class Caches:
     # when nothing does. It only grows with the micro-batch, and interleaving only adds to its base's.
     least_recompute: dict[Layout, dict[int, int]] = field(default_factory=dict)
     plans: dict[Layout, Plan] = field(default_factory=dict)  # each layout's first plan, validated (SearchPlans.plan)
+    # per grid (tp, pp, cp, ep, etp, dp), per ZeRO stage of the ladder: the stages offered before it there, one plan
+    # with it (zero_stages.offered_before; SearchPlans.offered_first)
+    offered: dict[tuple[int, ...], dict[int, tuple[int, ...]]] = field(default_factory=dict)
 
     def shared(self) -> Caches:
         """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
@@ -97,7 +101,7 @@ class Caches:
                       plain_terms=self.plain_terms,
                       checks=self.checks, token_time=self.token_time, token_parts=self.token_parts,
                       pp_units=self.pp_units, first_finding=self.first_finding, floors=self.floors, states=self.states,
-                      per_param=self.per_param, stage_floors=self.stage_floors,
+                      per_param=self.per_param, stage_floors=self.stage_floors, offered=self.offered,
                       space=self.space, tiers=self.tiers, seeds=self.seeds, plans=self.plans)
 
 
@@ -302,6 +306,24 @@ class SearchPlans(HostCounts, OverlapChoice):
             for key, error in zip(keys, found, strict=True):
                 checks[key] = error
         return tuple(self.rule_id(error) for error in found)
+
+    def offered_first(self, lay: Layout, zero: int, mbs: int) -> int:
+        """The recomputes (a mask, bit i: recomputes[i]) at which a ZeRO stage offered before `zero` at this layout
+        (zero_stages.offered_before: one plan with it, the default stage first) passes the rules: there the plan at
+        `zero` is that plan, which the search ranks at the other stage (engine.apply_rules, SEARCH-SAME-STAGE). What
+        decides it reads the layout's degrees only, so it is kept per grid."""
+        grid = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
+        before = self.caches.offered.get(grid)
+        if before is None:
+            plan = self.plan(lay, self.zeros[0], self.recomputes[0], mbs)
+            before = self.caches.offered[grid] = {
+                other: offered_before(self.job, plan.copied({"zero_stage": other}), self.zeros) for other in self.zeros}
+        mask = 0
+        for other in before[zero]:
+            for i, error in enumerate(self.check_errors(lay, other, mbs)):
+                if error is None:
+                    mask |= 1 << i
+        return mask
 
     def knob_row(self, lay: Layout, zero: int, mbs: int) -> list[dict]:
         """knobs of the layout's plans at this ZeRO stage and micro-batch, one per recompute of the search, kept per

@@ -30,6 +30,7 @@ NVLINK = "SEARCH-NVLINK"  # TP beyond the NVLink domain, not searched because la
 BUDGET = "SEARCH-BUDGET"  # not reached before the estimate budget ran out (cards/search.yaml max_evaluations)
 UNTIMED = "SEARCH-UNTIMED"  # passes the rules but the cost model cannot time it (its reason is a warning)
 SAME = "SEARCH-SAME"  # same predicted step time and memory as a ranked layout: folded into its row
+SAME_STAGE = "SEARCH-SAME-STAGE"  # a ZeRO stage that is one plan with the one offered at its layout (zero_stages)
 SEARCH_BUCKETS = {
     SLOWER: "not ranked: its optimistic step time (or its predicted one) is slower than the top K",
     DOMINATED: "not ranked: the same layout fits with less recompute, which is faster",
@@ -37,6 +38,8 @@ SEARCH_BUCKETS = {
     BUDGET: "not reached before the search's budget of estimates ran out (cards/search.yaml max_evaluations)",
     UNTIMED: "passes the rules, but the throughput model cannot time it (reason in the warnings)",
     SAME: "folded into a ranked row: the same predicted step time and peak memory (listed in its equivalents)",
+    SAME_STAGE: "not searched apart: a ZeRO stage that is the same plan at its layout as the stage offered there (its "
+                "sharded states split over one rank: the same bytes and step; the row names it)",
 }
 TIE = 1e-9  # relative step-time difference under which two plans have the same predicted numbers
 

@@ -7,13 +7,15 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from meshplan.arithmetic.memory_states import Convention, StateTensor, bytes_per_param
+from meshplan.arithmetic.memory_states import Convention, StateTensor, bytes_per_param, states_at_shards
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import engine_terms, state_shards
 from meshplan.estimate.moe_time import launches_per_expert
 from meshplan.rl.memory import framework_offload
 from meshplan.rules.context import runs_torch_cp, runs_ulysses
 from meshplan.rules.engine import EstimateBlocked, require_estimable
 from meshplan.rules.tensor import stage_refuses_degrees
-from meshplan.schema.plan import Job
+from meshplan.schema.plan import Job, Plan
 from meshplan.search.policy import ADAPTER_RULE
 from meshplan.search.space import Fixed, Layout, adapter_refused_zeros, params_split, request_zeros, state_preset
 
@@ -81,6 +83,51 @@ def search_ladder(job: Job, fixed: Fixed, recomputes: tuple[str, ...]) -> tuple[
         return zeros, left_out
     return (tuple(zero for zero in zeros if zero not in adapter),
             left_out + tuple(LeftOut(zero, (ADAPTER_RULE,) * len(recomputes)) for zero in adapter))
+
+
+def one_plan_key(job: Job, plan: Plan) -> tuple | None:
+    """What the estimates read of the plan's ZeRO stage at its layout: two stages of one layout with the same key are
+    one plan there (the same bytes, the same step, the same config but the stage's key). The engine the card runs
+    the stage on (its kernels, CP, MoE launches, adapter variant), its convention with the plan's precision knobs,
+    optimizer implementation and offload (memory.engine_terms), its model states at the layout's shard sizes
+    (memory_states.states_at_shards over memory.state_shards: sharded over one rank, a tensor is the whole tensor),
+    and the card's gradient accumulation pass at the stage (DeepSpeed's ZeRO-1 adds each micro-batch's gradient in
+    place, its ZeRO-2 does not: two plans at dp 1 though their states are alike). None where the engine terms refuse
+    the stage or the layout has no whole replica to shard over (dp_replicate over dp: rule DP001): a key of its
+    own."""
+    card = job.card
+    try:
+        conv_name, conv, tensors, offload, implementation = engine_terms(job, plan)
+    except MeshplanError:
+        return None
+    dense, expert = state_shards(job, plan)
+    if dense < 1 or expert < 1:
+        return None
+    passes = card.grad_accumulation_pass
+    return (card.engine_at(plan.zero_stage), conv_name, conv, implementation, offload,
+            states_at_shards(tensors, dense, expert if job.model.moe is not None else None),
+            passes.by_zero_stage.get(plan.zero_stage) if passes is not None else None)
+
+
+def one_plan_stages(job: Job, plan: Plan, zeros: tuple[int, ...]) -> tuple[int, ...]:
+    """The other stages of `zeros` that are one plan with `plan` at its layout (one_plan_key): at dp x cp 1 (and
+    expert-dp 1 for an MoE model) Megatron's and nanotron's ZeRO-1 shard nothing, so ZeRO 0 and 1 are the same plan;
+    a stage that shards the weights never is one with a stage that does not (memory_states.states_at_shards)."""
+    key = one_plan_key(job, plan)
+    if key is None:
+        return ()
+    return tuple(zero for zero in zeros if zero != plan.zero_stage
+                 and one_plan_key(job, plan.copied({"zero_stage": zero})) == key)
+
+
+def offered_before(job: Job, plan: Plan, zeros: tuple[int, ...]) -> tuple[int, ...]:
+    """The stages of `zeros` one plan with `plan` at its layout (one_plan_stages) that the answer offers before its
+    own: the framework's default stage first, then the lower ones. The search and the oracle leave the plan out where
+    one of them passes the rules at the same recompute and micro-batch, so the answer has one row for that plan, at
+    the default stage (else the lowest) the rules pass."""
+    default = job.card.defaults.zero_stage
+    order = sorted((plan.zero_stage, *one_plan_stages(job, plan, zeros)), key=lambda zero: (zero != default, zero))
+    return tuple(order[:order.index(plan.zero_stage)])
 
 
 def left_out_counts(stages: tuple[LeftOut, ...]) -> Counter:
