@@ -12,7 +12,7 @@ from typing import NamedTuple
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.comm import Links, job_links
 from meshplan.estimate.memory_terms import RankParts, time_rank_parts
-from meshplan.estimate.perf import chunked_share, dp_traffic, step_sync, sync_chunks
+from meshplan.estimate.perf import StepSync, chunked_share, dp_traffic, step_sync, sync_chunks
 from meshplan.estimate.sharding_traffic import DpTraffic, sharding_schedule
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.schema.plan import Job, Plan
@@ -55,11 +55,19 @@ class SyncRates:
         the MTP blocks), in plans of at most `vpp` virtual chunks (the hidden share only grows with them:
         perf.chunked_share). More of any parameters never lowers it (each collective's time grows with its bytes), so
         it also bounds a rank holding more."""
+        return self.chunked(self.step(sums), vpp)
+
+    def step(self, sums: tuple[float, float, float]) -> StepSync:
+        """The first rank's step_sync of floor (what does not depend on the virtual chunks: a caller keeping floors
+        at several chunk counts works it out once)."""
         plan = self.plan
         # (with more than one stage the output layer is on another rank but a V order's: left out, a lower bound)
         held = self.parts.held_sums(sums, first=True, last=plan.pp == 1, mtp=False)
-        sync = step_sync(self.job, plan, self.cal, self.lk, self.traffic, *held, self.per_step)
-        chunks = sync_chunks(self.job, plan.pp, vpp)
+        return step_sync(self.job, plan, self.cal, self.lk, self.traffic, *held, self.per_step)
+
+    def chunked(self, sync: StepSync, vpp: int = 1) -> SyncFloor:
+        """floor of a first rank whose step_sync is `sync` (step) in plans of at most `vpp` virtual chunks."""
+        chunks = sync_chunks(self.job, self.plan.pp, vpp)
         return SyncFloor(sync.reduce + sync.gather,
                          max(chunked_share(sync.reduce_hidden, chunks), chunked_share(sync.gather_hidden, chunks)))
 

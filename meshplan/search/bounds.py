@@ -508,7 +508,8 @@ class StepTimeBounds(SearchPlans):
         """The SyncFloor of the layout's plans at this ZeRO stage, or of a first rank holding `params` (RankParts.sums:
         TP-split, TP-whole, routed, unsharded; default: the layout's own, rank0_params), in plans of at most `vpp`
         virtual chunks (default: the layout's); None where there is none (no such Engine estimator, a LoRA job, no
-        estimate takes the layout's stages). Kept per grid, ZeRO stage, parameters and sync_vpp."""
+        estimate takes the layout's stages). Kept per grid, ZeRO stage, parameters and sync_vpp (the step_sync under it
+        per all but the last: SyncRates.step)."""
         if params is None:
             params = self.rank0_params(lay, zero)
             if params is None:
@@ -518,7 +519,14 @@ class StepTimeBounds(SearchPlans):
         hit = self.bounds_memo.get(key, False)
         if hit is False:
             rates = self.grid_sync(lay, zero)
-            hit = self.bounds_memo[key] = None if rates is None else rates.floor(params, chunks)
+            if rates is None:
+                hit = self.bounds_memo[key] = None
+            else:  # (the step_sync is the same at every chunk count: kept without it)
+                step_key = ("step sync", *key[1:-1])
+                sync = self.bounds_memo.get(step_key)
+                if sync is None:
+                    sync = self.bounds_memo[step_key] = rates.step(params)
+                hit = self.bounds_memo[key] = rates.chunked(sync, chunks)  # type: ignore[arg-type]
         return hit  # type: ignore[return-value]
 
     def sync_vpp(self, vpp: int) -> int:
