@@ -143,7 +143,7 @@ class RankParts(NamedTuple):
     def linear(self, layers) -> float:
         """The linear-layer parameters of these decoder layers on this rank: their TP-split linears over TP, those TP
         keeps whole, and their routed experts over EP x ETP. The memory's fp8 weight copies (stage_params) and the
-        step's fp8 weight casts (stage_time.fp8_weight_params) read it."""
+        step's fp8 weight casts (stage_time.fp8_cast_weights) read it."""
         table = self.table
         return (sum(map(table.linear_dense.__getitem__, layers)) / self.tp
                 + sum(map(table.linear_whole.__getitem__, layers)) + self.layers(layers)[1])

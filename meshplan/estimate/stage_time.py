@@ -131,7 +131,7 @@ class StageTime:
     muon: MuonStage
     launch_bound: float  # time the GPU waits for the host
     total: float
-    fp8_weights: float = 0.0  # linear weights whose FP8 copies the step makes (fp8_weight_params)
+    fp8_weights: float = 0.0  # linear weights whose FP8 copies the step makes (fp8_cast_weights)
 
 
 def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
@@ -151,7 +151,7 @@ def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
     muon = muon_stage(kinds, inp, s == 0, head_stage)
     sharding = stage_sharding(StageShards(layers, kinds, sums.windows, s == 0, head_stage), inp)
     return finished_stage(compute, fwd, (sums.tp, sums.cp, sums.ep, sums.recompute), pp, host, sharding,
-                          (dense_p, expert_p), muon, inp, fp8_weight_params(layers, inp))
+                          (dense_p, expert_p), muon, inp, fp8_cast_weights(layers, inp))
 
 
 def finished_stage(compute: float, fwd: float, comm: tuple[float, float, float, float], pp: float, host: float,
@@ -467,7 +467,7 @@ def other_link_collectives(lt: LayerTime, inp: StageInputs, moe: bool) -> tuple[
     return fwd, bwd
 
 
-def fp8_weight_params(layers: Sequence[int], inp: StageInputs) -> float:
+def fp8_cast_weights(layers: Sequence[int], inp: StageInputs) -> float:
     """The linear weights of the stage's decoder `layers` on this rank whose FP8 copies Transformer Engine makes once
     per step (RankParts.linear, frozen LoRA bases too; ctx.fp8_casts: 0 where the job runs none); the output layer
     stays bf16 (memory_stage.fp8_weight_params) and MTP blocks are not counted."""
