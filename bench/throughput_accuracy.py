@@ -49,7 +49,8 @@ DEFAULT_REFERENCE = HERE.parent.parent / "shared" / "reference"
 
 # The GEMM curve (gemm_peak_fraction, gemm_half_dim) stays frozen at the card's nanotron values: refitted with
 # the runtime terms it drifts to 99% of peak (it trades off against the elementwise passes). The
-# Megatron-family value is fitted on Megatron data by bench/bridge_published.py --fit.
+# Megatron-family value is fitted on Megatron data by bench/bridge_published.py --fit. tp_overlap is not fitted:
+# nanotron's card times its TP schedule from its source (tp_overlap base local_shard): nothing of nanotron's reads it.
 FITTED = (
     "elementwise_passes",
     "layer_overhead_s",
@@ -59,14 +60,12 @@ FITTED = (
     "latency_inter_s",
     "pp_latency_inter_s",
     "ring_nic_scaling",
-    "tp_overlap",
     "dp_overlap",
     "pp_overlap",
     "pp_host_sync",
     "pp_cross_sync_per_layer_s",
 )
-FRACTIONS = {"network_efficiency", "tp_overlap", "dp_overlap", "pp_overlap", "ring_nic_scaling",
-             "pp_host_sync"}
+FRACTIONS = {"network_efficiency", "dp_overlap", "pp_overlap", "ring_nic_scaling", "pp_host_sync"}
 
 
 @dataclass

@@ -67,10 +67,11 @@ def test_the_tier_floor_is_under_the_estimate_of_every_sampled_plan_across_the_d
 
 
 def test_the_fraction_mode_counts_only_its_exposed_share():
-    # nanotron's TP path is the calibrated fraction (1 - tp_overlap of tp_comm exposed); the modes that work out what
-    # each GEMM hides keep the whole of tp_comm in compute + exposed TP
-    assert exposed_share(framework_card("nanotron"), False, calibration("nanotron")) == pytest.approx(
-        1.0 - calibration("nanotron").tp_overlap)
+    # DeepSpeed's TP path is the calibrated fraction (1 - tp_overlap of tp_comm exposed); the modes that work out what
+    # each GEMM hides keep the whole of tp_comm in compute + exposed TP (nanotron's local_shard among them)
+    assert exposed_share(framework_card("deepspeed"), False, calibration("deepspeed")) == pytest.approx(
+        1.0 - calibration("deepspeed").tp_overlap)
+    assert exposed_share(framework_card("nanotron"), False, calibration("nanotron")) == 1.0
     assert exposed_share(framework_card("megatron-core"), True, calibration("megatron-core")) == 1.0
     assert exposed_share(framework_card("torchtitan"), False, calibration("torchtitan")) == 1.0
 

@@ -8,7 +8,7 @@ import pytest
 from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.render import render
 from meshplan.api import check_config, estimate_throughput
-from meshplan.estimate.tp_overlap import tp_hidden, tp_overlap_mode
+from meshplan.estimate.tp_overlap import tp_hidden, tp_overlap_mode, tp_ring_passes
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
@@ -31,6 +31,36 @@ def test_hidden_per_mode_exact_cases():
     assert tp_hidden("userbuffers", 1.0, small, 1) == 0.0  # no TP
 
 
+def test_local_shard_hides_each_collective_behind_its_own_gemm():
+    # nanotron's asynchronous TP linears, one collective 1 s, input GEMM 2 s, output GEMM 3 s (forward), tp 4:
+    # forward gather beside the input GEMM's local shard (2/4), forward reduce-scatter exposed, backward gradient
+    # gather beside the output GEMM's local-shard dgrad (3/4), the input's re-gather beside its dgrad (2 >= 1) and
+    # its reduce-scatter beside its wgrad (2 >= 1)
+    big = [(2.0, 3.0)]
+    assert tp_hidden("local_shard", 1.0, big, 4, input_regather=True) == pytest.approx(0.5 + 0.75 + 1 + 1)
+    assert tp_hidden("local_shard", 1.0, big, 4) == pytest.approx(0.5 + 0.75 + 1)  # the input's gradient kept
+    # GEMMs shorter than the collective: each hides at most its GEMM's (or its local shard's) time
+    small = [(0.4, 0.8)]
+    assert tp_hidden("local_shard", 1.0, small, 4, input_regather=True) == pytest.approx(0.1 + 0.2 + 0.4 + 0.4)
+    # without sequence parallelism: the dgrad all-reduce beside wgrad, the forward all-reduce exposed
+    assert tp_hidden("local_shard", 1.0, big, 4, sp=False, input_regather=True) == 2.0
+    assert tp_hidden("local_shard", 1.0, big, 1) == 0.0  # no TP
+
+
+def test_nanotron_counts_its_backward_input_gather_and_times_its_schedule():
+    # the card's tp_overlap (functional.py's async linears): 5 collectives per TP pair under SP, 2 forward, 3 backward
+    job, plan = resolve(Request(framework="nanotron", model="llama-3.1-8b", num_gpus=8, tp=4, dp=2,
+                                global_batch_size=64, micro_batch_size=16))
+    assert tp_overlap_mode(job.card, plan) == "local_shard" and job.card.tp_overlap.backward_input_gather
+    assert tp_ring_passes(((1, 1), (1, 1)), True, 2, input_regather=True) == (4.0, 6.0)
+    assert tp_ring_passes(((1, 1), (1, 1)), False, 2, input_regather=True) == (4.0, 4.0)  # no gather without SP
+    report = estimate_throughput(Request(framework="nanotron", model="llama-3.1-8b", num_gpus=8, tp=4, dp=2,
+                                         global_batch_size=64, micro_batch_size=16))
+    assert report.breakdown.tp_comm_s > 0
+    assert any("4 all-gathers/reduce-scatters per layer forward and 6 backward" in a for a in report.assumptions)
+    assert any("local shard" in a for a in report.assumptions)
+
+
 def test_mode_follows_the_framework_card_and_the_switch():
     def mode(framework, **fields):
         job, plan = resolve(Request(framework=framework, **{**L70, **fields}))
@@ -43,6 +73,7 @@ def test_mode_follows_the_framework_card_and_the_switch():
     assert mode("torchtitan", pp=1, torch_compile=True, tp_comm_overlap=True) == "async_tp"
     assert mode("verl") == "wgrad" and mode("skyrl") == "wgrad"  # Megatron engines on TE; no switch rendered
     assert mode("deepspeed", pp=1) == "fraction"  # the calibration's tp_overlap where the TP path is unread
+    assert mode("nanotron", pp=1) == "local_shard"  # its asynchronous TP linears (functional.py)
 
 
 def test_left_out_is_the_framework_default_off():

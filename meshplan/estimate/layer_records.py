@@ -79,6 +79,7 @@ class LayerContext:
     tp_overlap_mode: str = "fraction"  # which TP collectives run beside a GEMM (tp_overlap_mode; tp_hidden)
     tp_rs_splits: int = 0  # chunks of a pipelined forward reduce-scatter (the card's tp_overlap.rs_splits; 0: tp)
     tp_input_ops: tuple[tuple[int, int], ...] = ((1, 1), (1, 1))  # per TP pair (fwd, bwd) input-side collectives
+    tp_input_regather: bool = False  # the column-parallel backward gathers its input again (backward_input_gather)
     tp_sms: TpSms | None = None  # SMs the TP communication kernels hold beside their GEMMs (tp_sms; tp_hidden)
     sp_copies: tuple[float, float] = (0.0, 0.0)  # copies per unfused SP all-gather, reduce-scatter (sp_copies)
     async_tp_unfused: tuple[bool, bool] = (False, False)  # per TP pair: async TP leaves its input grad's RS unfused

@@ -447,6 +447,7 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         tp_overlap_mode=tp_overlap_mode(job.card, plan), tp_rs_splits=overlap.rs_splits,
         async_tp_unfused=async_tp_unfused(overlap, tp_overlap_mode(job.card, plan), qkv_separate, job.model.gated_mlp),
         tp_input_ops=tp_input_ops(job.card.tp_input_linears, job.model, eager),
+        tp_input_regather=overlap.backward_input_gather,
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))
 
 

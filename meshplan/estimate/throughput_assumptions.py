@@ -26,6 +26,11 @@ TP_OVERLAP_TEXT = {
     "fraction": "{share:.0%} hidden behind compute (cards/calibration.yaml tp_overlap).",
     "none": "none hidden (each collective waits for its GEMM).",
     "wgrad": "the backward reduce-scatter hidden behind the weight-gradient GEMM, up to its time.",
+    "local_shard": "the forward all-gather beside the input GEMM's local shard (1/tp of it), the forward "
+                   "reduce-scatter exposed, the backward gradient gather beside the output GEMM's local-shard data "
+                   "gradient (1/tp), the input's re-gather beside the input GEMM's data gradient and its "
+                   "reduce-scatter beside its weight gradient, each up to that GEMM's time (the framework card's "
+                   "tp_overlap).",
     "userbuffers": "userbuffers (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time, the "
                    "backward reduce-scatter in bulk behind the weight-gradient GEMM; the GEMMs beside the "
                    "reduce-scatter kernels run on the SMs those leave (the framework card's tp_overlap).",
@@ -350,7 +355,7 @@ def _muon_assumption(job: Job, cal: Calibration) -> str:
 def tp_collectives_text(ctx: LayerContext, plan: Plan) -> str:
     """A layer's TP collectives as its estimate counts them (tp_ring_passes over the framework's input-side
     collectives, cards' tp_input_linears): Korthikanti's 2 + 2 per pair unless the framework's TP plan says more."""
-    fwd, bwd = tp_ring_passes(ctx.tp_input_ops, plan.sequence_parallel, 2)
+    fwd, bwd = tp_ring_passes(ctx.tp_input_ops, plan.sequence_parallel, 2, ctx.tp_input_regather)
     if plan.sequence_parallel:
         return f"TP: {fwd:g} all-gathers/reduce-scatters per layer forward and {bwd:g} backward; "
     return f"TP: {fwd / 2:g} all-reduces per layer forward and {bwd / 2:g} backward; "

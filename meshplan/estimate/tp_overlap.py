@@ -117,18 +117,21 @@ def tp_input_ops(facts: TpInputLinears | None, arch: Architecture, eager: bool) 
     return ((1 if merged else facts.attention, facts.attention), (1 if merged else mlp, mlp))
 
 
-def tp_ring_passes(input_ops: tuple[tuple[int, int], ...], sp: bool, pairs: int) -> tuple[float, float]:
+def tp_ring_passes(input_ops: tuple[tuple[int, int], ...], sp: bool, pairs: int,
+                   input_regather: bool = False) -> tuple[float, float]:
     """(forward, backward) ring passes of a layer's first `pairs` TP pairs, each one all-gather or reduce-scatter of
     the layer's activations (an all-reduce is two). With sequence parallelism, per pair: the input's gathers and the
     row-parallel output's reduce-scatter forward; the output gradient's gather and the input gradients' reduce-scatters
-    backward. Without: the output's all-reduce forward (the input is already whole on every rank), the input
-    gradients' all-reduces backward. One collective per side each way (tp_input_ops' default) gives 2 + 2 passes per
-    pair, Korthikanti et al.'s 4 (TP_COLLECTIVES_PER_LAYER for two pairs)."""
+    backward, and the input's gather again where the column-parallel linear kept only its shard for the weight
+    gradient (`input_regather`: the card's tp_overlap.backward_input_gather). Without: the output's all-reduce forward
+    (the input is already whole on every rank), the input gradients' all-reduces backward. One collective per side
+    each way (tp_input_ops' default) gives 2 + 2 passes per pair, Korthikanti et al.'s 4 (TP_COLLECTIVES_PER_LAYER for
+    two pairs)."""
     fwd = bwd = 0.0
     for f_in, b_in in input_ops[:pairs]:
         if sp:
             fwd += f_in + 1.0
-            bwd += 1.0 + b_in
+            bwd += 1.0 + b_in + (1.0 if input_regather else 0.0)
         else:
             fwd += 2.0
             bwd += 2.0 * b_in
@@ -156,7 +159,7 @@ def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[floa
     run = tuple(ctx.tp_input_ops[i] for i in at)
     async_tp = ctx.tp_overlap_mode == "async_tp" and plan.tp > 1 and plan.sequence_parallel
     unfused = tuple(ctx.async_tp_unfused[i] for i in at) if async_tp else None
-    fwd, bwd = tp_ring_passes(run, plan.sequence_parallel, len(run))
+    fwd, bwd = tp_ring_passes(run, plan.sequence_parallel, len(run), ctx.tp_input_regather)
     share = fwd / (fwd + bwd) if fwd + bwd else 0.5
     groups = mesh_groups(plan, law=ctx.law)
     tp_one = ring_time(act_bytes, groups.tp.size, groups.tp.stride, ctx.lk)
@@ -177,7 +180,7 @@ def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[floa
         gemm_pairs = [p if i in pairs else (0.0, 0.0) for i, p in enumerate(gemm_pairs)]
     exposed = tp_comm + copies - tp_hidden(ctx.tp_overlap_mode, tp_one, gemm_pairs, plan.tp,
                                            plan.sequence_parallel, ctx.tp_rs_splits, ctx.tp_sms,
-                                           ctx.async_tp_unfused)
+                                           ctx.async_tp_unfused, ctx.tp_input_regather)
     if async_tp:
         exposed += async_tp_cost(act_bytes, plan.tp, len(gemm_pairs if pairs is None else pairs), ctx.hbm,
                                  ctx.lk.intra_lat,
@@ -214,14 +217,23 @@ def slowed_gemm(gemm: float, comm: float, held: int, sms: int, margin: bool) -> 
 
 
 def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, sp: bool = True,
-              rs_splits: int = 0, sms: TpSms | None = None, unfused: tuple[bool, ...] = ()) -> float:
+              rs_splits: int = 0, sms: TpSms | None = None, unfused: tuple[bool, ...] = (),
+              input_regather: bool = False) -> float:
     """TP seconds hidden per layer behind the GEMMs each collective runs beside (`one`: one all-gather or
     reduce-scatter of the layer's activations). Per pair, forward: an all-gather before the input GEMM, a
     reduce-scatter after the output GEMM; backward: the output GEMM's grad all-gather before its dgrad, the input
-    GEMM's dgrad reduce-scatter (cards/frameworks/*.yaml tp_overlap).
+    GEMM's dgrad reduce-scatter, and where the input GEMM kept only its input's shard (`input_regather`,
+    tp_ring_passes) the input's all-gather again (cards/frameworks/*.yaml tp_overlap).
     - none: every collective waits for, or is waited on by, its GEMM.
     - wgrad (Transformer Engine without userbuffers): the dgrad reduce-scatter runs beside the input GEMM's wgrad
       GEMM, hidden up to that GEMM's time (the backward's input re-gather beside dgrad is not counted either way).
+    - local_shard (nanotron's asynchronous TP linears, Megatron-LM's pre-Transformer-Engine scheme with the local
+      shard computed first): the forward all-gather runs beside the input GEMM's local shard, 1/tp of it, the rows
+      the rank already holds; the output GEMM's reduce-scatter runs after it on the compute stream, exposed; the
+      backward's gradient all-gather beside the output GEMM's local-shard dgrad (1/tp); the input's re-gather
+      beside the input GEMM's dgrad and its dgrad reduce-scatter beside its wgrad, each up to that GEMM's time.
+      Without sequence parallelism the input GEMM's dgrad all-reduce runs beside its wgrad, the forward all-reduce
+      exposed.
     - userbuffers (TE tp_comm_overlap): the all-gathers are ring-exchanged in tp chunks, each chunk's GEMM beside the
       next chunk's transfer, so at most (tp-1)/tp of the GEMM hides them; the forward reduce-scatter is pipelined
       over rs_splits chunks (the first chunk's GEMM and the last chunk's transfer run alone: (n-1)/n of the
@@ -244,6 +256,12 @@ def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, 
         bulk = min(one if sp else 2 * one, into)  # beside the input GEMM's wgrad GEMM (its forward's FLOPs)
         if mode == "wgrad":
             hidden += bulk
+        elif mode == "local_shard":
+            if not sp:
+                hidden += bulk
+                continue
+            regather = min(one, into) if input_regather else 0.0
+            hidden += min(one, into / tp) + min(one, out / tp) + regather + bulk
         elif mode == "userbuffers":
             n = rs_splits or tp
             rs_out, wgrad = out, into

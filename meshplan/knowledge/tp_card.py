@@ -14,7 +14,7 @@ class _Card(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-TpOverlapMode = Literal["fraction", "none", "wgrad", "userbuffers", "async_tp"]
+TpOverlapMode = Literal["fraction", "none", "wgrad", "local_shard", "userbuffers", "async_tp"]
 
 
 class MoeTensorParallel(_Card):
@@ -69,8 +69,13 @@ class TpOverlapFacts(_Card):
     GEMM's."""
 
     base: TpOverlapMode = Field(description="Without the switch: none; wgrad (the column-parallel backward's "
-                                           "reduce-scatter beside the weight-gradient GEMM); fraction (the "
-                                           "calibration's tp_overlap, where the framework's own TP is unread)")
+                                           "reduce-scatter beside the weight-gradient GEMM); local_shard (the "
+                                           "column-parallel linear's forward all-gather beside its local shard's "
+                                           "GEMM, the row-parallel backward's gradient gather beside its local "
+                                           "shard's data-gradient GEMM, the column-parallel backward's input "
+                                           "re-gather beside its data-gradient GEMM and its reduce-scatter beside "
+                                           "its weight-gradient GEMM; the forward reduce-scatter exposed); fraction "
+                                           "(the calibration's tp_overlap, where the framework's own TP is unread)")
     switch: Literal["userbuffers", "async_tp"] | None = Field(
         None, description="With the switch: userbuffers (Transformer Engine: every all-gather and reduce-scatter "
                           "pipelined with, or in bulk beside, its GEMM), async_tp (torch's micro-pipelined "
@@ -96,6 +101,10 @@ class TpOverlapFacts(_Card):
     async_tp_input_grads: AsyncTpInputGrads | None = Field(
         None, description="With the async_tp switch, the pairs whose input-gradient reduce-scatter stays unfused "
                           "(AsyncTpInputGrads); None: every one fused")
+    backward_input_gather: bool = Field(
+        False, description="Under sequence parallelism the column-parallel linear saves its input's sequence shard and "
+                           "all-gathers the input again in the backward for its weight gradient: one more all-gather "
+                           "per TP pair backward (estimate/tp_overlap.tp_ring_passes)")
     needs_sequence_parallel: bool = False
     needs_compile: bool = False
     source: str
