@@ -1,6 +1,7 @@
 """The seed groups' DP bounds (search/grid_syncs.py): kept per what the cost model's estimators read of a grid, so grids
 that differ only in how their data ranks split between DP and CP share one, and each shared one is the very
-StageSync its own grid gives (the per-grid bounds, bounds.first_rank_sync and sharding_per_micro)."""
+StageSync its own grid gives (the per-grid bounds, bounds.first_rank_sync and sharding_per_micro); its chunk-free
+parts (StageParts) worked out once for every chunk count asked."""
 
 from __future__ import annotations
 
@@ -18,26 +19,28 @@ JOBS = [Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core"
 
 @pytest.mark.parametrize("req", JOBS, ids=lambda r: f"{r.model}-{r.framework}")
 def test_a_grid_stage_sync_is_its_own_grids_and_shared_by_grids_alike(req, monkeypatch):
-    """Every StageSync group_syncs reads equals the one worked out for its own grid, and some are shared (fewer worked
-    out than asked: before grid_syncs.py each grid worked out its own)."""
-    asked = worked = 0
+    """Every StageSync group_syncs reads equals the one worked out for its own grid at its own chunk count, and some
+    are shared (fewer chunk-free parts worked out than stage syncs asked at distinct chunk counts: before
+    grid_syncs.py each grid worked out its own, and before StageParts each chunk count its own)."""
+    asked: set = set()
+    worked = 0
     direct = grid_syncs._stage_sync
     kept = grid_syncs.grid_stage_sync
+    parts = grid_syncs.stage_parts
 
     def counted(*args):
         nonlocal worked
         worked += 1
-        return direct(*args)
+        return parts(*args)
 
     def checked(bounds, lay, zero, least, vpp=1):
-        nonlocal asked
-        asked += 1
+        asked.add((lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero, least, vpp))
         stage = kept(bounds, lay, zero, least, vpp)
         assert stage == direct(bounds, lay, zero, least, vpp), (lay, zero, vpp)
         return stage
 
-    monkeypatch.setattr(grid_syncs, "_stage_sync", counted)
+    monkeypatch.setattr(grid_syncs, "stage_parts", counted)
     monkeypatch.setattr(search_bounds, "grid_stage_sync", checked)
     recommend(req)
-    assert asked > 0
-    assert worked < asked, f"{worked} of {asked} stage syncs worked out: none shared"
+    assert asked
+    assert worked < len(asked), f"{worked} parts worked out for {len(asked)} distinct stage syncs: none shared"

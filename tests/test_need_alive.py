@@ -8,11 +8,14 @@ NEED level's memory estimates."""
 
 from __future__ import annotations
 
+import math
+
 from meshplan.arithmetic.schedule import VirtualSplit
 from meshplan.estimate.memory import estimate_memory
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, search_job
 from meshplan.search.engine import Level
+from meshplan.search.impossible import reaches_need
 from meshplan.search.policy import headroom_for, memory_budget
 from meshplan.search.space import Fixed, Layout
 
@@ -99,3 +102,25 @@ def test_a_node_whose_rules_pass_a_heavier_recompute_only_is_keyed_at_that_recom
     assert all(recompute == "full" for (_, _, recompute, _) in search.caches.memory) and search.memory_calls > 0
     for _, _, _, (lay, mbs, zero, recompute) in search.heap:  # each stage's least recompute that fits: full
         assert estimate_memory(search.job, search.plan(lay, zero, recompute, mbs)).fit_bytes <= search.budget
+
+
+def test_the_probe_proof_follows_a_node_to_the_need_level():
+    """impossible.reaches_need (the thinner-headroom probe's proof, below_settled) asks a node through the rules' level
+    as the search pops it: the Kimi-K2 node above reaches the rules but no NEED node, so it cannot make the probe
+    rank anything at any cutoff (before, reaching the rules alone left the probe to run); the DeepSpeed node reaches
+    NEED at its full recompute's pipeline bound, so it does at that cutoff and not under it. Nothing is counted in
+    the search's own rejections."""
+    kimi = search_of(Request(model="kimi-k2", num_gpus=256, gpu="h100", moe_a2a_overlap=True),
+                     budget_bytes=int(0.9 * 79.6 * GIB))
+    assert not kimi.is_dead(PP2_VPP31) and kimi.need_floor(PP2_VPP31, 2) < len(kimi.recomputes)
+    assert masks_of(kimi, PP2_VPP31, 2)
+    assert not reaches_need(kimi, 0.0, PP2_VPP31, 2, math.inf)
+    assert not kimi.heap and not kimi.rejected
+    req = Request(model="llama-3.1-8b", num_gpus=2, gpu="h100", framework="deepspeed", activation_offload=True,
+                  seq_length=2048, global_batch_size=8, headroom=0.0)
+    deepspeed = search_of(req)
+    deepspeed.budget_bytes = memory_budget(deepspeed.job, headroom_for(req))
+    need_key = deepspeed.pipeline_bound(TP2, 2, "full", interleave=True)
+    assert reaches_need(deepspeed, 0.0, TP2, 2, need_key)
+    assert not reaches_need(deepspeed, 0.0, TP2, 2, need_key * (1 - 1e-9))
+    assert not deepspeed.heap and not deepspeed.rejected

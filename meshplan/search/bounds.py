@@ -18,7 +18,7 @@ from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory_terms import job_layer_sums
 from meshplan.estimate.moe_time import a2a_steady_share
-from meshplan.estimate.perf import StageWork, sync_chunks
+from meshplan.estimate.perf import StageWork, StepSync, sync_chunks
 from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys
 from meshplan.rules.context import rank_tokens
 from meshplan.rules.engine import EstimateBlocked
@@ -509,7 +509,7 @@ class StepTimeBounds(SearchPlans):
         TP-split, TP-whole, routed, unsharded; default: the layout's own, rank0_params), in plans of at most `vpp`
         virtual chunks (default: the layout's); None where there is none (no such Engine estimator, a LoRA job, no
         estimate takes the layout's stages). Kept per grid, ZeRO stage, parameters and sync_vpp (the step_sync under it
-        per all but the last: SyncRates.step)."""
+        per all but the last: first_rank_step)."""
         if params is None:
             params = self.rank0_params(lay, zero)
             if params is None:
@@ -518,15 +518,21 @@ class StepTimeBounds(SearchPlans):
         key = ("sync", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero, params, chunks)
         hit = self.bounds_memo.get(key, False)
         if hit is False:
+            step = self.first_rank_step(lay, zero, params)
+            hit = self.bounds_memo[key] = None if step is None else step[0].chunked(step[1], chunks)
+        return hit  # type: ignore[return-value]
+
+    def first_rank_step(self, lay: Layout, zero: int, params: tuple[float, float, float]
+                        ) -> tuple[SyncRates, StepSync] | None:
+        """The grid's SyncRates at this ZeRO stage (grid_sync) and the step_sync of a first rank holding `params`
+        under them (SyncRates.step: what does not depend on the virtual chunks, which SyncRates.chunked then reads), or
+        None where there is no such Engine estimator; kept per grid, ZeRO stage and parameters, so a floor at another
+        chunk count (first_rank_sync, grid_syncs.grid_stage_sync) costs only its chunked share."""
+        key = ("step sync", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero, params)
+        hit = self.bounds_memo.get(key, False)
+        if hit is False:
             rates = self.grid_sync(lay, zero)
-            if rates is None:
-                hit = self.bounds_memo[key] = None
-            else:  # (the step_sync is the same at every chunk count: kept without it)
-                step_key = ("step sync", *key[1:-1])
-                sync = self.bounds_memo.get(step_key)
-                if sync is None:
-                    sync = self.bounds_memo[step_key] = rates.step(params)
-                hit = self.bounds_memo[key] = rates.chunked(sync, chunks)  # type: ignore[arg-type]
+            hit = self.bounds_memo[key] = None if rates is None else (rates, rates.step(params))
         return hit  # type: ignore[return-value]
 
     def sync_vpp(self, vpp: int) -> int:

@@ -196,14 +196,21 @@ class BestFirstSearch(StepTimeBounds, Seeding):
             self.push(k, RULES, (lay, mbs, floor, zeros))
 
     def apply_rules(self, key: float, lay: Layout, mbs: int, low: int, zeros: tuple[int, ...] | None = None) -> None:
-        """Level.RULES: structural rules and the model-state lower bound, per ZeRO stage of the node (`zeros`; all
-        where the batch rule's node was seeded), at every recompute (check_errors: some read it, or the EP overlap it
-        allows), each plan refused counted under its first error; a stage goes on with the mask of the recomputes
-        they pass (bit i: recomputes[i])."""
+        """Level.RULES: structural rules and the model-state lower bound (rules_pass) per ZeRO stage of the node
+        (`zeros`; all where the batch rule's node was seeded); the stages they pass go on (carry)."""
+        alive, masks = self.rules_pass(lay, mbs, zeros or self.zeros, self.rejected)
+        if alive:
+            self.carry(key, lay, mbs, alive, masks, low)
+
+    def rules_pass(self, lay: Layout, mbs: int, zeros: tuple[int, ...], rejected: Counter
+                   ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The ZeRO stages of `zeros` whose plans pass the structural rules and the model-state lower bound at some
+        recompute, each with the mask of the recomputes they pass (bit i: recomputes[i]); asked at every recompute
+        (check_errors: some read it, or the EP overlap it allows), each plan refused counted in `rejected` under its
+        first error (the search's; a proof's own, impossible.reaches_need)."""
         alive: list[int] = []
         masks: list[int] = []
-        rejected = self.rejected
-        for zero in zeros or self.zeros:
+        for zero in zeros:
             mask = 0
             for i, error in enumerate(self.check_errors(lay, zero, mbs)):
                 if error:
@@ -222,39 +229,52 @@ class BestFirstSearch(StepTimeBounds, Seeding):
             else:
                 alive.append(zero)
                 masks.append(mask)
-        if alive:
-            self.carry(key, lay, mbs, tuple(alive), tuple(masks), low)
+        return tuple(alive), tuple(masks)
 
     def carry(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
               low: int) -> None:
-        """The NEED nodes of the stages the rules pass, split by each one's own DP bound (sync_bound: its layout's)."""
+        """Push the NEED nodes of the stages the rules pass (need_nodes)."""
+        for k, stages, stage_masks, floor in self.need_nodes(key, lay, mbs, alive, masks, low, self.rejected):
+            self.push(k, NEED, (lay, mbs, stages, stage_masks, floor))
+
+    def need_nodes(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
+                   low: int, rejected: Counter) -> list[tuple[float, tuple[int, ...], tuple[int, ...], int]]:
+        """The NEED nodes (key, stages, masks, low) of the stages the rules pass, split by each one's own DP bound
+        (sync_bound: its layout's), each as need_alive leaves it, in the order the search pushes them; the plans
+        they drop counted in `rejected` (the search's; a proof's own, impossible.reaches_need)."""
         pipe = self.pipeline_bound(lay, mbs, self.recomputes[low], interleave=True)  # (refine_shard's, kept)
         keys = [max(key, self.sync_bound(lay, zero, mbs, pipe)) for zero in alive]
+        nodes = []
         for k, picked in by_key(keys, range(len(alive))):
-            self.need_alive(k, lay, mbs, tuple(alive[i] for i in picked), tuple(masks[i] for i in picked), low)
+            node = self.need_alive(k, lay, mbs, tuple(alive[i] for i in picked), tuple(masks[i] for i in picked), low,
+                                   rejected)
+            if node is not None:
+                nodes.append(node)
+        return nodes
 
     def need_alive(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
-                   low: int) -> None:
-        """The NEED node of the ZeRO stages the rules pass, `alive`, at the recomputes they pass (`masks`): the floor
+                   low: int, rejected: Counter) -> tuple[float, tuple[int, ...], tuple[int, ...], int] | None:
+        """The NEED node (key, alive, masks, low) of the ZeRO stages the rules pass, `alive`, at the recomputes they
+        pass (`masks`), or None: the floor
         level's `low` read the first rank's floors at every ZeRO stage (need_floor), but where the rules reject the
         stages or recomputes whose floors fit with less recompute, the least recompute whose floor fits at an alive
         stage and that the rules pass there (zero_needs, kept per layout and micro-batch) is higher: none (every
         plan over the memory rule, as confirm_need would find after its estimates), or a heavier one whose pipeline
         bound raises the key (the bound confirm_need would raise it to, so a node over the cutoff is never
-        estimated). The plans under `low` are counted over the memory rule here, the rest by confirm_need or, never
-        popped, by drain (covered)."""
+        estimated). The plans under `low` are counted over the memory rule here (in `rejected`), the rest by
+        confirm_need or, never popped, by drain (covered)."""
         n_r = len(self.recomputes)
         needs = self.zero_needs(lay, mbs)
         floor = min(first_valid(mask, needs[self.zeros.index(zero)], n_r)
                     for zero, mask in zip(alive, masks, strict=True))
         if floor >= n_r:
-            self.rejected[self.engine.memory_rule] += sum(mask.bit_count() for mask in masks)
-            return
+            rejected[self.engine.memory_rule] += sum(mask.bit_count() for mask in masks)
+            return None
         if floor > low:
             key = max(key, self.pipeline_bound(lay, mbs, self.recomputes[floor], interleave=True))
             low = floor
-        self.rejected[self.engine.memory_rule] += sum(mask.bit_count() - (mask >> low).bit_count() for mask in masks)
-        self.push(key, NEED, (lay, mbs, alive, masks, low))
+        rejected[self.engine.memory_rule] += sum(mask.bit_count() - (mask >> low).bit_count() for mask in masks)
+        return key, alive, masks, low
 
     def confirm_need(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
                      low: int) -> None:

@@ -14,12 +14,13 @@ sharding_per_micro)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from meshplan.arithmetic import mesh
+from meshplan.estimate.perf import StepSync
 from meshplan.estimate.sharding_floor import sharding_floor
 from meshplan.estimate.sharding_traffic import sharding_schedule
-from meshplan.estimate.sync_floor import StageSync, SyncFloor, sync_rates
+from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, sync_rates
 from meshplan.schema.plan import Job, Plan
 from meshplan.search.estimators import Engine
 from meshplan.search.space import Layout
@@ -37,7 +38,30 @@ class GridBounds(Protocol):
     def first_rank_sync(self, lay: Layout, zero: int, params: tuple[float, float, float] | None = None,
                         vpp: int | None = None) -> SyncFloor | None: ...
 
+    def first_rank_step(self, lay: Layout, zero: int, params: tuple[float, float, float]
+                        ) -> tuple[SyncRates, StepSync] | None: ...
+
     def sharding_per_micro(self, lay: Layout, zero: int) -> float: ...
+
+
+class StageParts(NamedTuple):
+    """What a grid's StageSync at a ZeRO stage reads that does not depend on the virtual chunks: the sharding traffic
+    per micro-batch (sharding_per_micro) and the first rank's SyncRates and step_sync (bounds.first_rank_step; None
+    where there is no floor). Plans of another chunk count read the same, less only the chunked share of what the
+    compute hides (SyncRates.chunked): the layouts of a seed group with fewer virtual chunks than its most."""
+
+    per_micro: float
+    step: tuple[SyncRates, StepSync] | None
+
+    def at(self, chunks: int) -> StageSync:
+        """The StageSync in plans of at most `chunks` virtual chunks (bounds.sync_vpp): _stage_sync's, term for
+        term (no floor where its seconds are not positive)."""
+        if self.step is not None:
+            rates, sync = self.step
+            floor = rates.chunked(sync, chunks)
+            if floor.seconds > 0.0:
+                return StageSync(self.per_micro, floor.seconds, floor.hidden)
+        return StageSync(self.per_micro, 0.0, 0.0)
 
 
 def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
@@ -46,17 +70,29 @@ def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
     no floor, the sharding traffic alone) in plans of at most `vpp` virtual chunks (bounds.sync_vpp): the sharding
     traffic per micro-batch (sharding_per_micro) and the first rank's SyncFloor (first_rank_sync), none where its
     seconds are not positive. Kept in the search's bounds memo per what the estimators read (the module docstring)
-    where they are the cost model's own; else per grid, as asked."""
+    where they are the cost model's own, with its chunk-free StageParts kept without the chunks (a group's layouts of
+    fewer virtual chunks ask it again at theirs); else per grid, as asked."""
     engine = bounds.engine
     if engine.sync_rates is not sync_rates or engine.sharding_floor is not sharding_floor:
         return _stage_sync(bounds, lay, zero, least, vpp)
     memo = bounds.bounds_memo
     dp_cp, edp = _dp_groups(bounds, lay)
-    key = ("stage sync", zero, least, vpp, lay.tp, lay.pp, lay.ep, lay.etp, dp_cp, edp, _schedule(bounds, lay, zero))
+    alike = (zero, least, lay.tp, lay.pp, lay.ep, lay.etp, dp_cp, edp, _schedule(bounds, lay, zero))
+    key = ("stage sync", vpp, alike)
     hit = memo.get(key)
     if hit is None:
-        hit = memo[key] = _stage_sync(bounds, lay, zero, least, vpp)
+        chunk_free = ("stage parts", alike)
+        parts = memo.get(chunk_free)
+        if parts is None:
+            parts = memo[chunk_free] = stage_parts(bounds, lay, zero, least)
+        hit = memo[key] = parts.at(vpp)  # type: ignore[union-attr]
     return hit  # type: ignore[return-value]
+
+
+def stage_parts(bounds: GridBounds, lay: Layout, zero: int, least: tuple[float, float, float] | None) -> StageParts:
+    """The StageParts of this very grid at this ZeRO stage for a first rank holding `least`."""
+    return StageParts(bounds.sharding_per_micro(lay, zero),
+                      None if least is None else bounds.first_rank_step(lay, zero, least))
 
 
 def _dp_groups(bounds: GridBounds, lay: Layout) -> tuple:

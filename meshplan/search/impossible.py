@@ -5,12 +5,14 @@ nothing-fits answer (the closest misses, or the rule that rejects everything, th
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import NearMiss, Recommendation
 from meshplan.search.answer import candidate, headroom_text, knob_words, percent, plan_words
+from meshplan.search.bounds import by_key
 from meshplan.search.engine import BestFirstSearch, Found, run_search, shared_search
 from meshplan.search.estimators import Engine, ideal_time
 from meshplan.search.gpu_count import scan_minimum
@@ -52,15 +54,16 @@ def below_settled(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
     under `cutoff`, so it need not run. The probe pops, at full capacity, only nodes whose keys are at most the cutoff,
     which is under the ranked search's fastest row and so under where it stopped: every seed of such a key was popped
     at Level.FLOOR by the ranked search, or found dead, or left out with its group's model states over the budget
-    (Below). Each is asked here as the probe's FLOOR and SHARD levels would ask it at capacity (reaches_rules), with
-    keys never above the probe's: no least recompute learnt from other nodes (need_range), and the seed keys of a
-    layout the ranked search found dead raised to its group's DP bound without the early stop that group_syncs' seeds
-    allow (the same keys: a stage that raises none of the seeds raises none of theirs). Nothing it works out is kept
-    but in the job's budget-free memos, which hold the same figures whoever asks first. False (the probe runs) where
-    any node reaches the rules at or under the cutoff, a group of layouts over the budget's model states may hold one,
-    a group has no micro-batch (the batch rule's nodes) or the tier across the NVLink domain may be searched. The
-    lowest keys are asked first: where the probe has work, they most often show it. A bound that cannot be worked out
-    here (an error the probe may never meet, on a node whose key there is over the cutoff) leaves it to the probe."""
+    (Below). Each is asked here as the probe's FLOOR, SHARD and RULES levels would ask it at capacity (reaches_need),
+    with keys never above the probe's: no least recompute learnt from other nodes (need_range), and the seed keys of
+    a layout the ranked search found dead raised to its group's DP bound without the early stop that group_syncs'
+    seeds allow (the same keys: a stage that raises none of the seeds raises none of theirs). Nothing it works out is
+    kept but in the job's budget-free memos, which hold the same figures whoever asks first. False (the probe runs)
+    where any node reaches the probe's Level.NEED (its first estimate) at or under the cutoff, a group of layouts over
+    the budget's model states may hold one, a group has no micro-batch (the batch rule's nodes) or the tier across
+    the NVLink domain may be searched. The lowest keys are asked first: where the probe has work, they most often
+    show it. A bound that cannot be worked out here (an error the probe may never meet, on a node whose key there is
+    over the cutoff) leaves it to the probe."""
     try:
         return _below_settled(job, fixed, engine, search, cutoff)
     except MeshplanError:
@@ -75,7 +78,7 @@ def _below_settled(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSear
     probe.cp_mbs.update(seeds.cp_mbs)  # as its seeding of the tier inside the domain sets them (Seeding.seed)
     probe.work_mbs.update(seeds.work_mbs)
     nodes = sorted((node for node in below.nodes if node[0] <= cutoff), key=lambda node: node[0])
-    if any(reaches_rules(probe, key, lay, mbs, cutoff, ranked=search) for key, lay, mbs in nodes):
+    if any(reaches_need(probe, key, lay, mbs, cutoff, ranked=search) for key, lay, mbs in nodes):
         return False
     ideal, capacity = ideal_time(job, engine), probe.budget
     if any(group.states <= capacity and probe.keyed(group, ideal) <= cutoff for group in below.groups):
@@ -95,20 +98,24 @@ def _below_settled(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSear
             keys = probe.seed_keys(lay, sizes, ideal, probe.seed_rate(lay, sizes[0], probe.seed_rates), entry[4])
         if syncs and not entry[3]:  # raised as the probe's opening of the group would (engine.raise_live)
             keys = probe.synced(keys, [probe.microbatches(lay, mbs) for mbs in sizes], syncs)
-        if any(key <= cutoff and reaches_rules(probe, key, lay, mbs, cutoff, syncs)
+        if any(key <= cutoff and reaches_need(probe, key, lay, mbs, cutoff, syncs)
                for mbs, key in zip(sizes, keys, strict=True)):
             return False
     return not tiers.across or across_floor(probe, tiers) > cutoff
 
 
-def reaches_rules(probe: BestFirstSearch, key: float, lay: Layout, mbs: int, cutoff: float,
-                  syncs: tuple | None = None, ranked: BestFirstSearch | None = None) -> bool:
-    """Whether a seed node of this key reaches the probe's rules at or under the cutoff: its FLOOR pop (engine.
-    refine_bound) and SHARD pop (refine_shard) at the probe's budget, its key the least over the ZeRO stages of
-    grid_stage_keys (the probe pushes a RULES node per stage; the least pops first) where its grid keeps its DP bound,
+def reaches_need(probe: BestFirstSearch, key: float, lay: Layout, mbs: int, cutoff: float,
+                 syncs: tuple | None = None, ranked: BestFirstSearch | None = None) -> bool:
+    """Whether a seed node of this key reaches the probe's Level.NEED at or under the cutoff (what must pop before
+    any estimate of its plans' fit or time): its FLOOR pop (engine.refine_bound) and SHARD pop (refine_shard) at the
+    probe's budget, each RULES node that SHARD pop pushes at or under the cutoff (a key per ZeRO stage, dp_keys)
+    popped as the probe pops it (engine.rules_pass at the probe's budget), and the NEED nodes of the stages those
+    pass (engine.need_nodes), counted in a Counter of their own. Its DP keys come from the bound its grid keeps,
     else `syncs` (its group's, below_settled), else none (synced never lowers a key). `ranked`: the ranked search,
     under a smaller budget, whose verdicts the probe's cannot exceed: a layout that may fit there may here, and a
-    need_floor of none there is none here (a floor under the smaller budget is under the larger)."""
+    need_floor of none there is none here (a floor under the smaller budget is under the larger). Its floor is the
+    probe's without the least recompute learnt from other nodes (need_range), so each key is never above the
+    probe's (a lighter recompute's pipeline bound is never above a heavier one's)."""
     if (ranked is None or ranked.dead_layouts.get(lay) is not False) and probe.is_dead(lay):
         return False
     known = None if ranked is None else ranked.floor_least.get(lay)
@@ -117,17 +124,27 @@ def reaches_rules(probe: BestFirstSearch, key: float, lay: Layout, mbs: int, cut
         return False
     recompute = probe.recomputes[floor]
     if floor > 0:
-        key = max(key, least_dp_key(probe, lay, mbs, probe.token_bound(lay, mbs, recompute), syncs))
+        key = max(key, min(dp_keys(probe, lay, mbs, probe.token_bound(lay, mbs, recompute), syncs)))
         if key > cutoff:
             return False
-    return least_dp_key(probe, lay, mbs, probe.pipeline_bound(lay, mbs, recompute, interleave=True), syncs) <= cutoff
+    pipe = probe.pipeline_bound(lay, mbs, recompute, interleave=True)
+    spare: Counter = Counter()  # (the probe's counts are not read)
+    for rules_key, zeros in by_key([max(key, k) for k in dp_keys(probe, lay, mbs, pipe, syncs)], probe.zeros):
+        if rules_key > cutoff:
+            return False  # (by_key: in the keys' order)
+        alive, masks = probe.rules_pass(lay, mbs, zeros, spare)
+        if alive and any(node[0] <= cutoff for node in probe.need_nodes(rules_key, lay, mbs, alive, masks, floor,
+                                                                      spare)):
+            return True
+    return False
 
 
-def least_dp_key(probe: BestFirstSearch, lay: Layout, mbs: int, pipe: float, syncs: tuple | None) -> float:
-    """The least over the ZeRO stages of grid_stage_keys (synced of each stage alone: their least is synced of all),
-    from the DP bound the grid keeps, else `syncs`, else `pipe`."""
+def dp_keys(probe: BestFirstSearch, lay: Layout, mbs: int, pipe: float, syncs: tuple | None) -> list[float]:
+    """Per ZeRO stage, grid_stage_keys from the DP bound the grid keeps, else `syncs`, else `pipe` for each."""
     kept = probe.bounds_memo.get(probe.syncs_key(lay, probe.sync_vpp(lay.vpp)), syncs)
-    return probe.synced([pipe], [probe.microbatches(lay, mbs)], kept)[0] if kept else pipe  # type: ignore[arg-type]
+    if not kept:
+        return [pipe] * len(probe.zeros)
+    return probe.synced([pipe], [probe.microbatches(lay, mbs)], kept, True)  # type: ignore[arg-type]
 
 
 def report_below_headroom(rec: Recommendation, job: Job, engine: Engine, thin: Found, headroom: float) -> None:
