@@ -253,3 +253,20 @@ def test_recompute_forwards_wait_for_their_first_read(case, monkeypatch):
         module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise_seconds(ctx, load), terms)
         assert lt.op_sac_fwd == op_sac_fwd and lt.module_fwd == module_fwd and module_fwd
         assert lt.module_fwd is lt.module_fwd and len(calls) == 1  # once
+
+
+def test_kept_links_are_the_jobs_links_once_per_job_inside_a_scope():
+    """perf.kept_links is comm.job_links of the job: inside a shared_layers scope one object per job and calibration
+    (the floors and the step's context ask it of every plan), outside a scope worked out per call."""
+    from meshplan.arithmetic.comm import job_links
+    from meshplan.estimate import perf
+
+    job, _ = resolve(Request(**CASES[1]))
+    cal = calibration(job.framework)
+    other = job.model_copy(update={"global_batch_size": 2 * job.global_batch_size})
+    assert perf.kept_links(job, cal) == job_links(job, cal)
+    assert perf.kept_links(job, cal) is not perf.kept_links(job, cal)
+    with shared_layers():
+        kept = perf.kept_links(job, cal)
+        assert kept == job_links(job, cal) and perf.kept_links(job, cal) is kept
+        assert perf.kept_links(other, cal) == job_links(other, cal) and perf.kept_links(other, cal) is not kept

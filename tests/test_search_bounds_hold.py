@@ -381,6 +381,19 @@ def test_the_step_time_bounds_are_under_the_estimate_where_cp_runs_two_mechanism
     assert check_bounds(req, stride=1) > 250
 
 
+def test_the_kept_reference_zeros_are_zero_stages_own():
+    """StepTimeBounds.reference_zeros keeps zero_stages.reference_zeros per degrees: the same stages at every (tp, cp,
+    ep), asked twice (the second from its memo), on a job whose CP references run two mechanisms."""
+    req = Request(model="1B", framework="verl", gpu="b200", num_gpus=8, seq_length=4096, global_batch_size=16)
+    job, _ = search_job(req)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
+    degrees = [(tp, cp, ep) for tp in (1, 2) for cp in (1, 2, 4) for ep in (1, 2)]
+    for _ in range(2):
+        assert [search.reference_zeros(*d) for d in degrees] == [reference_zeros(job, search.zeros, *d)
+                                                                  for d in degrees]
+    assert {search.reference_zeros(1, 4, 1), search.reference_zeros(1, 1, 1)} == {(0, 3), (0,)}
+
+
 @pytest.mark.parametrize("mtp", ["", "m"], ids=["layout without m", "layout with m"])
 def test_the_bounds_leave_out_the_mtp_blocks_a_given_layout_does_not_place(mtp):
     """A request's own pipeline layout without an MTP layer m trains no MTP block (Megatron-Core builds none:

@@ -238,16 +238,31 @@ def _step_context(job: Job, plan: Plan, cal: Calibration,
     build alike); the job's links and peaks once per job and calibration inside a shared_layers scope (a search asks
     for hundreds of plans of a few jobs)."""
     m = plan.num_microbatches(job.global_batch_size)
-    memo = scope_memo("job_links")
+    memo = scope_memo("job_peaks")
     if memo is None:
-        peaks, lk = _peaks(job, cal), job_links(job, cal)
+        peaks = _peaks(job, cal)
     else:
         key = (id(job), id(cal))
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = (job, cal, _peaks(job, cal), job_links(job, cal))
-        peaks, lk = hit[2], hit[3]
-    return m, peaks, layer_context(job, plan, cal, lk, peaks, m, attention_kernel)
+            hit = memo[key] = (job, cal, _peaks(job, cal))
+        peaks = hit[2]
+    return m, peaks, layer_context(job, plan, cal, kept_links(job, cal), peaks, m, attention_kernel)
+
+
+def kept_links(job: Job, cal: Calibration) -> Links:
+    """comm.job_links of the job, once per job and calibration inside a shared_layers scope (by identity: the entry
+    keeps both alive, so their ids stay theirs): the step's context and the search's floors (sync_floor.sync_rates,
+    sharding_floor, pipeline_unit) ask it of hundreds of plans of a few jobs (DeepSeek-V3 on 2,048 H100: 872 asks,
+    14 jobs). Outside a scope, worked out per call."""
+    memo = scope_memo("job_links")
+    if memo is None:
+        return job_links(job, cal)
+    key = (id(job), id(cal))
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (job, cal, job_links(job, cal))
+    return hit[2]
 
 
 def _single_stage(job: Job, plan: Plan) -> bool:
@@ -561,7 +576,7 @@ def exposed_pipeline_p2p(job: Job, plan: Plan) -> float | None:
     it depend on the slowest stage's layers (the step's terms give it)."""
     require_estimable(job, plan)
     cal = calibration(job.framework)
-    p2p = pipeline_p2p(job, plan, cal, job_links(job, cal))
+    p2p = pipeline_p2p(job, plan, cal, kept_links(job, cal))
     return None if p2p.cross_layer else max(_exposed_p2p(job, plan, cal, p2p.hop))
 
 
@@ -572,7 +587,7 @@ def pipeline_unit(job: Job, plan: Plan) -> float:
     pipeline bound reads a non-interleaved base's). Without nanotron's per-layer host sync across NVLink domains: that
     is paid per layer, as many on a rank at any vpp, so a bound that multiplies the unit by vpp leaves it out."""
     cal = calibration(job.framework)
-    p2p = pipeline_p2p(job, plan, cal, job_links(job, cal))
+    p2p = pipeline_p2p(job, plan, cal, kept_links(job, cal))
     return max(_exposed_p2p(job, plan, cal, p2p.hop))
 
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import math
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.comm import job_links
 from meshplan.estimate.memory_terms import ParamTable, param_table_for, table_sums, time_rank_parts
-from meshplan.estimate.perf import dp_traffic
+from meshplan.estimate.perf import dp_traffic, kept_links
 from meshplan.estimate.sharding_traffic import (
     DpTraffic,
     edge_units,
@@ -45,7 +44,7 @@ def sharding_floor(job: Job, plan: Plan) -> float:
     arch, law = job.model, job.card.world_size_law
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if arch.moe else 1,
                              law=law)
-    traffic = dp_traffic(plan, job_links(job, cal), groups, cal)
+    traffic = dp_traffic(plan, kept_links(job, cal), groups, cal)
     grad_bytes = grad_reduce_bytes(plan, cal)
     # every decoder layer gathered forward and, resharded after it (the schedule's regathered), backward
     total = _layers_traffic(job, plan, traffic, (gathered + sched.regathered, 1 if reduced else 0), grad_bytes)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.comm import Links, job_links
+from meshplan.arithmetic.comm import Links
 from meshplan.estimate.memory_terms import RankParts, time_rank_parts
-from meshplan.estimate.perf import StepSync, chunked_share, dp_traffic, step_sync, sync_chunks
+from meshplan.estimate.perf import StepSync, chunked_share, dp_traffic, kept_links, step_sync, sync_chunks
 from meshplan.estimate.sharding_traffic import DpTraffic, sharding_schedule
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.schema.plan import Job, Plan
@@ -84,7 +84,7 @@ def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
     if job.lora is not None:
         return None
     cal = calibration(job.framework)
-    lk, law = job_links(job, cal), job.card.world_size_law
+    lk, law = kept_links(job, cal), job.card.world_size_law
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if job.model.moe else 1,
                              law=law)
     return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan).per_step,

@@ -140,7 +140,7 @@ class StepTimeBounds(SearchPlans):
         overlap = may_overlap and any(self.a2a_overlap(ref, zero, recompute) for zero in self.zeros)
         if may_overlap and not overlap:
             return self._plain_twin(key, tp, cp, ep, etp, b, recompute, part)
-        zeros = reference_zeros(self.job, self.zeros, tp, cp, ep)
+        zeros = self.reference_zeros(tp, cp, ep)
         alone = 0.0
         if overlap:
             # One micro-batch alone is all warm-up (its all-to-all exposed: the plain reference, key without overlap),
@@ -179,6 +179,15 @@ class StepTimeBounds(SearchPlans):
             value = min(value, (max(0.0, total - alone) if alone else 0.0) / tokens if overlap else total / tokens)
         self.caches.token_time[key] = value
         return value
+
+    def reference_zeros(self, tp: int, cp: int, ep: int) -> tuple[int, ...]:
+        """zero_stages.reference_zeros of the search's job and ZeRO stages at these degrees, kept in bounds_memo per
+        them (all it reads: _per_token asks it of every reference, some 700 on DeepSeek-V3/2,048 of 115 values)."""
+        key = ("reference zeros", self.zeros, tp, cp, ep)
+        hit = self.bounds_memo.get(key)
+        if hit is None:
+            hit = self.bounds_memo[key] = reference_zeros(self.job, self.zeros, tp, cp, ep)
+        return hit  # type: ignore[return-value]
 
     def _plain_twin(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str) -> float:
         """_per_token of a reference that may overlap its EP all-to-all where no ZeRO stage's rules let it: the plan,
