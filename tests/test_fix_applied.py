@@ -85,7 +85,7 @@ def test_a_step_fix_names_the_mini_batch_the_new_step_needs(step, words):
 
 MEM002_CASES = [
     dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, micro_batch_size=1, tp=1),
-    dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=16, micro_batch_size=4, tp=2),
+    dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=32, micro_batch_size=4, tp=2),
     dict(model="qwen2.5-7b", framework="verl", gpu="h100", num_gpus=16, job="rl", zero_stage=1, micro_batch_size=1,
          prompts_per_step=64, samples_per_prompt=8, response_length=4096, param_offload=True),
     dict(model="gpt-oss-20b", framework="skyrl", gpu="h200", num_gpus=16, job="rl", zero_stage=1,

@@ -71,10 +71,16 @@ def test_stages_are_one_plan_exactly_where_their_estimates_are_the_same(model, f
 
 def test_deepspeed_zero_1_and_2_at_dp_1_are_two_plans_by_their_gradient_accumulation():
     """Their states are alike at dp 1 (ZeRO-2's gradient shard over one rank), but DeepSpeed's ZeRO-1 adds each
-    micro-batch's gradient in place (the card's grad_accumulation_pass) and its ZeRO-2 does not: not one plan."""
+    micro-batch's gradient in place (the card's grad_accumulation_pass) and its ZeRO-2 does not, and ZeRO-1's
+    reduction copies the gradients into a partition buffer of its own beside them (ZeRO-2's gradients are that
+    buffer: cards/memory.yaml optimizer_steps.deepspeed_zero.segments): not one plan."""
     job = _job("llama-3.1-8b", "deepspeed", 4)
     one, two = (Plan(tp=4, dp=1, zero_stage=zero, sequence_parallel=False) for zero in (1, 2))
-    assert estimate_memory(job, one).peak_bytes == estimate_memory(job, two).peak_bytes
+    peak_one, peak_two = (estimate_memory(job, p) for p in (one, two))
+    gradients = peak_one.stages[0].gradients_bytes
+    assert gradients == peak_two.stages[0].gradients_bytes
+    assert (peak_one.stages[0].detail["optimizer_step_segments"]
+            - peak_two.stages[0].detail["optimizer_step_segments"]) == pytest.approx(gradients, rel=1e-3)
     assert estimate_throughput(job, one).step_time_s != estimate_throughput(job, two).step_time_s
     assert one_plan_stages(job, one, LADDER) == ()
 

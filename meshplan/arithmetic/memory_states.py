@@ -162,6 +162,20 @@ class OptimizerStates(_Card):
     source: str
 
 
+class StepSegments(_Card):
+    """The whole-partition tensors DeepSpeed ZeRO-1/2's gradient reduction and step allocate, each one tensor, in
+    order (cards/memory.yaml optimizer_steps.deepspeed_zero.segments, with the derivation and source): the reduce
+    bucket, the contiguous 16-bit gradient partition at the stages it is kept beside the gradients, and the step's
+    copies of that partition (bytes per stepped parameter each)."""
+
+    zero_stages: list[int]
+    reduce_bucket_elements: int = Field(ge=0)
+    reduce_bucket_bytes: float = Field(gt=0)
+    partition_grad_bytes: dict[int, float]  # per ZeRO stage, where the partition is a buffer of its own
+    step_copies: list[float]
+    source: str
+
+
 class OptimizerStepBytes(_Card):
     """What one optimizer implementation allocates inside optimizer.step() beyond the model states (cards/memory.yaml
     optimizer_steps, with its source): `moment_copies` tensors in the moments' dtype plus `bytes` per parameter of
@@ -180,6 +194,9 @@ class OptimizerStepBytes(_Card):
     # the step's HBM traffic per fp32 parameter where its kernels make more passes than one fused read-modify-write
     # (the step time reads it; None: cards/calibration.yaml optimizer_bytes_per_param, the fused step's)
     hbm_bytes_per_param: float | None = Field(None, gt=0)
+    # the whole-partition tensors the reduction and step allocate one after another (DeepSpeed ZeRO-1/2), which the
+    # backward's cached blocks cannot serve (step_segment_bytes)
+    segments: StepSegments | None = None
     source: str
 
 
@@ -593,6 +610,40 @@ def optimizer_step_temporaries(step: OptimizerStepBytes, tensors: list[StateTens
                "sub_group": min(stepped, step.zero3_sub_group_params or stepped) if zero_stage == 3 else stepped,
                }[step.at_once]
     return (step.moment_copies * moment + step.bytes) * at_once
+
+
+def step_segment_bytes(step: OptimizerStepBytes, *, stepped: float, largest_tensor: float, zero_stage: int) -> float:
+    """The bytes of the segments of their own that the reduction's and step's whole-partition tensors add to what the
+    caching allocator reserved in the backward (StepSegments; 0 where the implementation allocates none at this ZeRO
+    stage). Each is served from the smallest cached free block at least its size, else takes a new segment (PyTorch's
+    caching allocator). Cached when each is asked for: after the reduce bucket, the largest parameter's 16-bit
+    gradient, which the reduction frees as it copies the gradients out (`largest_tensor`: that parameter's elements,
+    unsharded), and from the step on the reduce bucket, released at the reduction's end; a block taken is no longer
+    free. One micro-batch's activation tensors, the backward's other cached blocks, are taken as smaller than each
+    (`stepped`: the parameters this GPU's optimizer steps)."""
+    seg = step.segments
+    if seg is None or zero_stage not in seg.zero_stages:
+        return 0.0
+    bucket = seg.reduce_bucket_elements * seg.reduce_bucket_bytes
+    cached: list[float] = []
+    added = _cached_or_new(cached, bucket)
+    cached.append(largest_tensor * seg.reduce_bucket_bytes)
+    if zero_stage in seg.partition_grad_bytes:
+        added += _cached_or_new(cached, seg.partition_grad_bytes[zero_stage] * stepped)
+    cached.append(bucket)  # released at the reduction's end (_release_ipg_buffers), before the step
+    for copy in seg.step_copies:
+        added += _cached_or_new(cached, copy * stepped)
+    return added
+
+
+def _cached_or_new(cached: list[float], size: float) -> float:
+    """One allocation of `size` bytes: the smallest cached free block at least its size is taken (removed from
+    `cached`, 0 new bytes), else a new segment of `size` bytes."""
+    fits = [b for b in cached if b >= size]
+    if fits:
+        cached.remove(min(fits))
+        return 0.0
+    return size
 
 
 def lazy_state_bytes(step: OptimizerStepBytes, tensors: list[StateTensor], params: float, shard_size: float) -> float:

@@ -493,6 +493,13 @@ def step_assumptions(terms: MemoryTerms, stage: StageMemory, row) -> list[str]:
                                                  "the backward's (whose churning memory carries the allocator's "
                                                  "reserve)." if row.allocated_moment == STEP_MOMENT
                                             else "; below the backward's peak here."))
+    segments = stage.detail.get("optimizer_step_segments", 0)
+    if segments:
+        out.append(f"The step's whole-partition tensors (reduce bucket, gradient partition, its flat and fp32 copies) "
+                   f"take {segments / GIB:.2f} GiB of segments of their own: PyTorch's caching allocator cannot carve "
+                   f"them out of the backward's cached blocks and hands none back, so the step's reserved figure is "
+                   f"the backward's ({stage.detail.get('backward_reserve_at_step', 0) / GIB:.2f} GiB of it still "
+                   "cached) plus these (cards/memory.yaml optimizer_steps.deepspeed_zero.segments).")
     if row.allocated_moment is not None:
         out.append(f"Allocated peak {stage_allocated(stage) / GIB:.2f} GiB (with context and overhead) at its own "
                    f"moment, the {row.allocated_moment}, not at the reserved peak's "

@@ -23,6 +23,7 @@ from meshplan.arithmetic.memory_states import (
     optimizer_step_temporaries,
     pipeline_held,
     state_bytes,
+    step_segment_bytes,
 )
 from meshplan.arithmetic.offload import offload_stage
 from meshplan.arithmetic.schedule import in_flight
@@ -80,6 +81,10 @@ class Overheads(NamedTuple):
     gathered: float | None = None  # FSDP/ZeRO-3 gathered units at this moment (detail gathered_layers)
     step_temporaries: float = 0.0  # what optimizer.step() allocates (the optimizer step moment)
     accumulated: float = 0.0  # unsharded gradients held between micro-batches (memory_states.accumulated_grad_bytes)
+    # the optimizer step moment's segments of their own (memory_states.step_segment_bytes), and what the backward left
+    # reserved beneath them beyond this moment's allocated bytes and reserve (with_backward_cache)
+    segments: float = 0.0
+    cached: float = 0.0
 
 
 class StageStates(NamedTuple):
@@ -170,6 +175,9 @@ def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
         detail["gathered_layers"] = int(rest.gathered)
     if moments[-1].step_temporaries:
         detail["optimizer_step_temporaries"] = int(moments[-1].step_temporaries)
+    if moments[-1].segments:  # the step's tensors in segments of their own, over the backward's reserve
+        detail["optimizer_step_segments"] = int(moments[-1].segments)
+        detail["backward_reserve_at_step"] = int(moments[-1].cached)
     if any(o.moment is not None and o.moment != STEP_MOMENT for o in moments):  # FSDP2's walk
         detail["gradients_absent_at_peak"] = int(rest.absent)
         detail["freed_gradients_reserved"] = int(rest.freed_reserved)
@@ -215,10 +223,13 @@ def stage_peak(terms: MemoryTerms, rank: int, chunks) -> StagePeak:
         detail["recompute_working_layer"] = int(work)
     stored = _edge_activations(terms, params, acts.held, stored, detail)
     moments = _overheads(terms, params, acts, states, stored, detail, shared.gathered)
-    moments.append(shared.step)
     # the reported moment: the reserved peak; the allocated peak is found at its own moment
     allocs = [allocated_bytes(terms, states, o) for o in moments]  # each moment's allocated bytes, once
     reserved = [reserved_bytes(terms, states, o, a) for o, a in zip(moments, allocs, strict=True)]
+    step = with_backward_cache(terms, states, shared.step, max(reserved))
+    moments.append(step)
+    allocs.append(allocated_bytes(terms, states, step))
+    reserved.append(reserved_bytes(terms, states, step, allocs[-1]))
     rest = moments[reserved.index(max(reserved))]  # the first of the largest, as max() picks
     return StagePeak(params, states, detail, host, moments, allocs, rest, allocs.index(max(allocs)), shared.lazy)
 
@@ -284,10 +295,12 @@ def _plain_stage_fit(terms: MemoryTerms, shared: StageStates, rank: int, chunks)
     if work is not None:
         stored += work
     stored = _edge_activations(terms, params, acts.held, stored, {})
-    back, step = _overheads(terms, params, acts, states, stored, {}, shared.gathered)[0], shared.step
-    alloc_back, alloc_step = allocated_bytes(terms, states, back), allocated_bytes(terms, states, step)
-    rest = (back if reserved_bytes(terms, states, back, alloc_back) >= reserved_bytes(terms, states, step, alloc_step)
-            else step)
+    back = _overheads(terms, params, acts, states, stored, {}, shared.gathered)[0]
+    alloc_back = allocated_bytes(terms, states, back)
+    reserved_back = reserved_bytes(terms, states, back, alloc_back)
+    step = with_backward_cache(terms, states, shared.step, reserved_back)
+    alloc_step = allocated_bytes(terms, states, step)
+    rest = back if reserved_back >= reserved_bytes(terms, states, step, alloc_step) else step
     return StageFit(peak_total(terms, states, rest).total, int(max(alloc_back, alloc_step)), 0, rest.moment)
 
 
@@ -305,8 +318,10 @@ class PeakTotal(NamedTuple):
 def peak_total(terms: MemoryTerms, states: dict[str, float], o: Overheads) -> PeakTotal:
     """The stage's model states, allocator reserve, other bytes and total at moment `o` (its reserved peak): the
     gradients less those not allocated yet, and the caching allocator's reserve over what is freed and re-allocated
-    every step plus the freed gradients it keeps; the unsharded gradients held between micro-batches are gradients."""
-    reserve = int(terms.card.allocator_reserve_fraction * o.transient) + int(o.freed_reserved)
+    every step plus the freed gradients it keeps and, at a step whose tensors take segments of their own, the
+    backward's cache beneath them (with_backward_cache); the unsharded gradients held between micro-batches are
+    gradients."""
+    reserve = int(terms.card.allocator_reserve_fraction * o.transient) + int(o.freed_reserved) + int(o.cached)
     other = o.other + reserve
     weights, opt = int(states["weights"]), int(states["optimizer"])
     grads = int(states["gradients"] - o.absent) + int(o.accumulated)
@@ -322,28 +337,44 @@ def allocated_bytes(terms: MemoryTerms, states: dict[str, float], o: Overheads) 
 def reserved_bytes(terms: MemoryTerms, states: dict[str, float], o: Overheads,
                    allocated: float | None = None) -> float:
     """What the caching allocator holds at moment `o`: the allocated bytes, its reserve over what churns every step,
-    and the freed gradients it keeps in the reduce-scatter stream's pool (`allocated`: allocated_bytes at `o`, when the
-    caller has it)."""
+    the freed gradients it keeps in the reduce-scatter stream's pool and the backward's cache beneath a step's own
+    segments (`allocated`: allocated_bytes at `o`, when the caller has it)."""
     if allocated is None:
         allocated = allocated_bytes(terms, states, o)
     return (allocated + int(terms.card.allocator_reserve_fraction * o.transient)
-            + int(o.freed_reserved))
+            + int(o.freed_reserved) + int(o.cached))
 
 
 def step_moment(terms: MemoryTerms, params: StageParams, states: dict[str, float]) -> Overheads:
     """The moment of optimizer.step(): every gradient allocated, the activations gone, and what the step of the
     framework's implementation allocates on top (memory_states.optimizer_step_temporaries), over the parameters this
     GPU's optimizer steps (its shard where the optimizer is sharded, less what the CPU optimizer steps); under Muon
-    also its working set on the largest matrix (muon_step_bytes). A LoRA job's adapters are left out (none)."""
-    temp = 0.0
+    also its working set on the largest matrix (muon_step_bytes), and the segments of their own its whole-partition
+    tensors take (memory_states.step_segment_bytes; with_backward_cache adds the backward's reserve beneath them). A
+    LoRA job's adapters are left out (none)."""
+    temp = segments = 0.0
     if terms.job.lora is None:
         stepped = (params.dense / terms.dense_dp + params.experts / terms.expert_dp if terms.optimizer_sharded
                    else params.dense + params.experts) * (1 - terms.offload.cpu_optimizer)
         temp = optimizer_step_temporaries(
             terms.step, terms.tensors, stepped=stepped, largest_tensor=largest_tensor(terms, params),
             zero_stage=terms.plan.zero_stage) + muon_step_bytes(terms, params)
+        segments = step_segment_bytes(terms.step, stepped=stepped, zero_stage=terms.plan.zero_stage,
+                                      largest_tensor=largest_tensor(terms, params, per_shard=False))
     return Overheads(0.0, terms.other_fixed + temp, temp, STEP_MOMENT, gathered=0.0 if terms.gathered else None,
-                     step_temporaries=temp)
+                     step_temporaries=temp, segments=segments)
+
+
+def with_backward_cache(terms: MemoryTerms, states: dict[str, float], step: Overheads, backward: float) -> Overheads:
+    """The optimizer step's moment `step` where its whole-partition tensors take segments of their own
+    (Overheads.segments, memory_states.step_segment_bytes): the caching allocator hands no segment back inside a
+    step, so what it reserved at the backward's reserved peak (`backward`: reserved_bytes there) stays reserved
+    and the step's own segments come on top; at least the step's own reserved figure. Unchanged where it has
+    none."""
+    if not step.segments:
+        return step
+    own = reserved_bytes(terms, states, step)
+    return step._replace(cached=max(0.0, backward + step.segments - own))
 
 
 def first_iteration_allocated(terms: MemoryTerms, params: StageParams, moments: list[Overheads],
@@ -380,10 +411,11 @@ def lazy_optimizer_state(terms: MemoryTerms, params: StageParams) -> float:
     return lazy * (1 - terms.offload.in_step.get("optimizer", 0.0))
 
 
-def largest_tensor(terms: MemoryTerms, params: StageParams) -> float:
+def largest_tensor(terms: MemoryTerms, params: StageParams, per_shard: bool = True) -> float:
     """The stage's largest parameter tensor on this GPU (the per-tensor loop's step): the embedding or output table, a
     dense MLP projection (ffn x hidden / tp) or a MoE layer's routed-expert projection held as one 3-D tensor (local
-    experts x expert ffn x hidden / etp), over its sharding group where the optimizer is sharded."""
+    experts x expert ffn x hidden / etp), over its sharding group where the optimizer is sharded (and `per_shard`;
+    unsharded: the tensor as the model holds it, its gradient's elements)."""
     arch, plan, moe = terms.job.model, terms.plan, terms.table.moe
     dense = [params.embedding, params.output_layer]
     experts = [0.0]
@@ -393,7 +425,7 @@ def largest_tensor(terms: MemoryTerms, params: StageParams) -> float:
                        * arch.moe.expert_width(arch.hidden_size) / plan.etp)
     if False in kinds:
         dense.append(arch.ffn_hidden_size * arch.hidden_size / plan.tp)
-    if not terms.optimizer_sharded:
+    if not terms.optimizer_sharded or not per_shard:
         return max(*dense, *experts)
     return max(max(dense) / terms.dense_dp, max(experts) / terms.expert_dp)
 
@@ -675,7 +707,9 @@ class Dominance:
         """Whether stage `rank` is at most a middle stage already evaluated: it is a middle stage with the same model
         states (the same stage_states memo entry: the same layers by value) and the same layers per virtual chunk,
         holding no more micro-batches in any chunk. Its activations are then the same per-chunk sums times no larger
-        counts, so its backward moment is at most the other's term by term, its optimizer step's the same, and every
+        counts, so its backward moment is at most the other's term by term, its optimizer step's the same (or, where the
+        step's tensors take segments of their own, its backward's reserve plus the same segments: with_backward_cache,
+        then the peak of both), and every
         step from them to the totals (float sums, products by non-negative counts, int()) is monotone: its reserved
         peak (total_bytes) is at most the other's, unless it peaks at the optimizer step where the other peaks in its
         backward (a step total the other's total then bounds: checked; where it peaks in its backward the other does
