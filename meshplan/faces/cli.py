@@ -23,7 +23,15 @@ from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import plural
 from meshplan.faces.mcp import ALLOW_SERVER_FILES_HELP, start_up
-from meshplan.request.parse import ascii_float, ascii_int, field_aliases, likely_field, parse_request, request_error
+from meshplan.request.parse import (
+    ascii_float,
+    ascii_int,
+    field_aliases,
+    framework_variant_hint,
+    likely_field,
+    parse_request,
+    request_error,
+)
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.options import MinimumGpusOptions, RecommendOptions, ReportOptions
 from meshplan.schema.request import Request
@@ -58,6 +66,9 @@ class Parser(argparse.ArgumentParser):
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         if action.choices is not None and value not in action.choices:
             allowed = [str(c) for c in action.choices]
+            if action.dest == "framework" and (said := framework_variant_hint(value)):
+                raise argparse.ArgumentError(action, said.replace("framework=", "--framework ").replace(
+                    "variant=", "--variant "))
             hints = closest(str(value), allowed, n=1)
             hint = f"did you mean {hints[0]!r}? " if hints else ""
             raise argparse.ArgumentError(

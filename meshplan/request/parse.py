@@ -254,6 +254,8 @@ def _choice_hint(exc: ValidationError) -> str | None:
         where = ".".join(str(part) for part in err["loc"])
         if err["loc"] == ("pipeline_schedule",) and (said := _schedule_hint(given)):
             return said
+        if err["loc"] == ("framework",) and (said := framework_variant_hint(given)):
+            return said
         if (typed := _as_json(err["type"], given)) is not None:
             sent = f"the string {given!r}" if isinstance(given, str) else f"the float {given!r}"
             return f"Send {where} as a JSON {typed[0]}, {where}={typed[1]}, not {sent}."
@@ -264,6 +266,25 @@ def _choice_hint(exc: ValidationError) -> str | None:
         if hits:
             return f"Did you mean {where}={hits[0]!r}?"
     return None
+
+
+def framework_variant_hint(value: Any) -> str | None:
+    """A render variant's name given as the framework ('megatron-deepspeed', what a DeepSpeed job with tp, pp or ep
+    over 1 is rendered for): the one framework whose card lists it (adapter.variants), with what the variant renders;
+    None where two list it or it starts a framework's name. The api, MCP and CLI say the same."""
+    if not isinstance(value, str):
+        return None
+    name = value.strip().lower().replace("_", "-")
+    if any(framework.startswith(name) for framework in FRAMEWORKS):  # 'megatron' (verl's variant): megatron-core's
+        return None  # start, which the closest framework name answers
+    owners = [(framework, card.adapter.variants[name]) for framework in FRAMEWORKS
+              if (card := framework_card(framework)).adapter is not None and name in card.adapter.variants
+              and name not in FRAMEWORKS]
+    if len(owners) != 1:
+        return None
+    framework, renders = owners[0]
+    return (f"{value!r} is not a framework but a render variant of framework {framework!r} ({renders}): pass "
+            f"framework={framework!r}; render picks the variant from the layout, or takes variant={name!r}.")
 
 
 def _schedule_hint(value: Any) -> str | None:
