@@ -9,12 +9,22 @@ import pytest
 
 import meshplan.search.bounds as search_bounds
 import meshplan.search.grid_syncs as grid_syncs
+from meshplan.estimate.sync_floor import StageSync, SyncFloor
 from meshplan.schema.request import Request
 from meshplan.search import recommend
 
 JOBS = [Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"),
         Request(model="llama-3.1-8b", num_gpus=16, framework="torchtitan", gpu="h100", global_batch_size=64),
         Request(model="qwen3-30b-a3b", num_gpus=16, framework="megatron-core", gpu="h100", seq_length=32768)]
+
+
+def direct(bounds, lay, zero, least, vpp=1) -> StageSync:
+    """The StageSync of this very grid from the search's per-grid bounds (first_rank_sync at the chunk count, and
+    sharding_per_micro), no floor where its seconds are not positive: what grid_stage_sync must equal."""
+    floor = None if least is None else bounds.first_rank_sync(lay, zero, least, vpp)
+    if floor is None or floor.seconds <= 0.0:
+        floor = SyncFloor()
+    return StageSync(bounds.sharding_per_micro(lay, zero), floor.seconds, floor.hidden)
 
 
 @pytest.mark.parametrize("req", JOBS, ids=lambda r: f"{r.model}-{r.framework}")
@@ -24,7 +34,6 @@ def test_a_grid_stage_sync_is_its_own_grids_and_shared_by_grids_alike(req, monke
     grid_syncs.py each grid worked out its own, and before StageParts each chunk count its own)."""
     asked: set = set()
     worked = 0
-    direct = grid_syncs._stage_sync
     kept = grid_syncs.grid_stage_sync
     parts = grid_syncs.stage_parts
 

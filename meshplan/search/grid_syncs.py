@@ -9,7 +9,7 @@ weights), its sequence parallelism and TP overlap (the search sets both from tp)
 (the same for every grid), the dense and expert data-parallel groups (DpTraffic's two groups: mesh_groups' dp_cp and
 edp, whose sizes and strides are all the collectives read of them) and the sharding schedule
 (sharding_traffic.sharding_schedule, which reads the step's micro-batches through the grid's dp); and the first
-rank's parameters. Those are the key; another Engine's estimators are asked per grid (bounds.first_rank_sync and
+rank's parameters. Those are the key; another Engine's estimators are asked per grid (bounds.first_rank_step and
 sharding_per_micro)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from meshplan.arithmetic import mesh
 from meshplan.estimate.perf import StepSync
 from meshplan.estimate.sharding_floor import sharding_floor
 from meshplan.estimate.sharding_traffic import sharding_schedule
-from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, sync_rates
+from meshplan.estimate.sync_floor import StageSync, SyncRates, sync_rates
 from meshplan.schema.plan import Job, Plan
 from meshplan.search.estimators import Engine
 from meshplan.search.space import Layout
@@ -34,9 +34,6 @@ class GridBounds(Protocol):
     bounds_memo: dict
 
     def grid_plan(self, lay: Layout, zero: int) -> Plan: ...
-
-    def first_rank_sync(self, lay: Layout, zero: int, params: tuple[float, float, float] | None = None,
-                        vpp: int | None = None) -> SyncFloor | None: ...
 
     def first_rank_step(self, lay: Layout, zero: int, params: tuple[float, float, float]
                         ) -> tuple[SyncRates, StepSync] | None: ...
@@ -54,8 +51,9 @@ class StageParts(NamedTuple):
     step: tuple[SyncRates, StepSync] | None
 
     def at(self, chunks: int) -> StageSync:
-        """The StageSync in plans of at most `chunks` virtual chunks (bounds.sync_vpp): _stage_sync's, term for
-        term (no floor where its seconds are not positive)."""
+        """The StageSync in plans of at most `chunks` virtual chunks (bounds.sync_vpp): the sharding traffic and the
+        first rank's SyncFloor there (first_rank_sync's, term for term), no floor where its seconds are not
+        positive."""
         if self.step is not None:
             rates, sync = self.step
             floor = rates.chunked(sync, chunks)
@@ -68,13 +66,13 @@ def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
                     least: tuple[float, float, float] | None, vpp: int = 1) -> StageSync:
     """The StageSync of the layout's grid at this ZeRO stage for a first rank holding `least` (RankParts.sums; None:
     no floor, the sharding traffic alone) in plans of at most `vpp` virtual chunks (bounds.sync_vpp): the sharding
-    traffic per micro-batch (sharding_per_micro) and the first rank's SyncFloor (first_rank_sync), none where its
+    traffic per micro-batch (sharding_per_micro) and the first rank's SyncFloor (StageParts.at), none where its
     seconds are not positive. Kept in the search's bounds memo per what the estimators read (the module docstring)
     where they are the cost model's own, with its chunk-free StageParts kept without the chunks (a group's layouts of
     fewer virtual chunks ask it again at theirs); else per grid, as asked."""
     engine = bounds.engine
     if engine.sync_rates is not sync_rates or engine.sharding_floor is not sharding_floor:
-        return _stage_sync(bounds, lay, zero, least, vpp)
+        return stage_parts(bounds, lay, zero, least).at(vpp)
     memo = bounds.bounds_memo
     dp_cp, edp = _dp_groups(bounds, lay)
     alike = (zero, least, lay.tp, lay.pp, lay.ep, lay.etp, dp_cp, edp, _schedule(bounds, lay, zero))
@@ -121,11 +119,3 @@ def _schedule(bounds: GridBounds, lay: Layout, zero: int) -> tuple[bool, ...]:
                                          sched.reduce_each_microbatch)
     return hit  # type: ignore[return-value]
 
-
-def _stage_sync(bounds: GridBounds, lay: Layout, zero: int,
-                least: tuple[float, float, float] | None, vpp: int = 1) -> StageSync:
-    """grid_stage_sync of this very grid, from the search's per-grid bounds."""
-    floor = None if least is None else bounds.first_rank_sync(lay, zero, least, vpp)
-    if floor is None or floor.seconds <= 0.0:
-        floor = SyncFloor()
-    return StageSync(bounds.sharding_per_micro(lay, zero), floor.seconds, floor.hidden)
