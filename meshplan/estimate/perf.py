@@ -20,9 +20,10 @@ bench/README.md); bandwidths and domain sizes from cards/hardware.yaml.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from operator import itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.comm import Links, allreduce_time, job_links, p2p_time, ring_time
@@ -102,6 +103,8 @@ from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
 
 __all__ = ["StageCp", "StageWork", "StepTerms", "estimate_throughput", "exposed_pipeline_p2p", "model_flops_per_token",
            "pipeline_p2p", "stage_cp", "stage_layers", "stage_work", "step_terms", "throughput_of"]
+
+_T = TypeVar("_T")  # what _kept_per_job keeps
 
 
 class Peaks(NamedTuple):
@@ -238,30 +241,27 @@ def _step_context(job: Job, plan: Plan, cal: Calibration,
     build alike); the job's links and peaks once per job and calibration inside a shared_layers scope (a search asks
     for hundreds of plans of a few jobs)."""
     m = plan.num_microbatches(job.global_batch_size)
-    memo = scope_memo("job_peaks")
-    if memo is None:
-        peaks = _peaks(job, cal)
-    else:
-        key = (id(job), id(cal))
-        hit = memo.get(key)
-        if hit is None:
-            hit = memo[key] = (job, cal, _peaks(job, cal))
-        peaks = hit[2]
+    peaks = _kept_per_job("job_peaks", job, cal, _peaks)
     return m, peaks, layer_context(job, plan, cal, kept_links(job, cal), peaks, m, attention_kernel)
 
 
 def kept_links(job: Job, cal: Calibration) -> Links:
-    """comm.job_links of the job, once per job and calibration inside a shared_layers scope (by identity: the entry
-    keeps both alive, so their ids stay theirs): the step's context and the search's floors (sync_floor.sync_rates,
-    sharding_floor, pipeline_unit) ask it of hundreds of plans of a few jobs (DeepSeek-V3 on 2,048 H100: 872 asks,
-    14 jobs). Outside a scope, worked out per call."""
-    memo = scope_memo("job_links")
+    """comm.job_links of the job, once per job and calibration inside a shared_layers scope: the step's context and
+    the search's floors (sync_floor.sync_rates, sharding_floor, pipeline_unit) ask it of hundreds of plans of a few
+    jobs (DeepSeek-V3 on 2,048 H100: 872 asks, 14 jobs). Outside a scope, worked out per call."""
+    return _kept_per_job("job_links", job, cal, job_links)
+
+
+def _kept_per_job(name: str, job: Job, cal: Calibration, work: Callable[[Job, Calibration], _T]) -> _T:
+    """work(job, cal), kept in the shared_layers scope's memo `name` per job and calibration by identity (the entry
+    keeps both alive, so their ids stay theirs); outside a scope, worked out per call."""
+    memo = scope_memo(name)
     if memo is None:
-        return job_links(job, cal)
+        return work(job, cal)
     key = (id(job), id(cal))
     hit = memo.get(key)
     if hit is None:
-        hit = memo[key] = (job, cal, job_links(job, cal))
+        hit = memo[key] = (job, cal, work(job, cal))
     return hit[2]
 
 
