@@ -136,8 +136,10 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
     attention = attention_widths(ctx) if ctx.hf_eager else {}
     if moe and arch.moe is not None:
         block = sh.moe_view()  # the MoE block's cut: the layer's, or where TP leaves it whole every token and weight
-        local = block.moe_tokens
-        routed_ffn = local * arch.moe.top_k * arch.moe.expert_ffn_hidden_size / plan.etp * ctx.routed_load
+        copies = block.moe_tokens * arch.moe.top_k * ctx.routed_load  # the routed copies the rank's tokens make
+        # each ETP rank runs its group's copies gathered (etp x as many rows) at 1/etp of the expert width, as the
+        # expert GEMMs count them (flops.moe_gemms): copies x the whole width
+        routed_ffn = copies * arch.moe.expert_ffn_hidden_size
         shared_ffn = block.tokens * arch.moe.shared_expert_ffn_hidden_size / block.tp
         dispatch_bytes, router_bytes = dispatch_and_router_bytes(ctx)
         copy = 2.0 * stacked_expert_bytes(shape_of(arch), plan.ep, plan.etp) if ctx.stacked_experts else 0.0
