@@ -1,26 +1,128 @@
-"""The FFN activation's memory-bound work over the routed experts' elements as the expert GEMMs count them."""
+"""The FFN activation's memory-bound passes per the code that runs it (cards/calibration.yaml activation_passes,
+arithmetic/activation_passes.py): counted from each framework's source (bench/activation_census.py), read by the
+model's activation, the same as before for SwiGLU, moved by each other activation's own kernels (gpt-oss's clamps
+outside Megatron-Core's fused quick-GEGLU)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
-from meshplan.estimate.layer_time import elementwise_load
+from meshplan.arithmetic.activation_passes import activation_key, activation_passes, expert_bias_passes, ffn_passes
+from meshplan.estimate.layer_records import BF16, activation_code
+from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds
 from meshplan.estimate.perf import step_terms
+from meshplan.estimate.recompute import module_memory_bound
+from meshplan.knowledge.calibration import calibration_card
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
-QWEN = dict(model="qwen3-30b-a3b", num_gpus=8, seq_length=4096, global_batch_size=64, micro_batch_size=1,
-            gpu="gb200", precision="bf16")
+CENSUS = Path(__file__).resolve().parents[1] / "bench" / "data" / "activation_census.json"
+GPT_OSS = dict(model="gpt-oss-120b", num_gpus=64, seq_length=4096, global_batch_size=1280, micro_batch_size=4,
+               ep=64, gpu="gb200", precision="bf16")
 
 
 def _ctx(framework: str = "megatron-bridge", **fields):
-    job, plan = resolve(Request(framework=framework, **(QWEN | fields)))
+    job, plan = resolve(Request(framework=framework, **(GPT_OSS | fields)))
     return step_terms(job, plan).ctx
+
+
+def test_the_card_holds_what_the_census_counted():
+    """Every count bench/activation_census.py made is the card's, forward and backward (the census's per-row
+    probabilities a few thousandths of a pass)."""
+    census = json.loads(CENSUS.read_text())
+    codes = calibration_card().activation_passes.codes
+    pairs = [(code, key, counted) for code, table in census["activations"].items() for key, counted in table.items()]
+    assert len(pairs) >= 15
+    for code, key, counted in pairs:
+        assert codes[code].passes[key] == pytest.approx(tuple(counted), abs=0.05), (code, key)
+    for code, counted in census["expert_bias"].items():
+        assert codes[code].expert_bias == pytest.approx(tuple(counted), abs=0.2), code
+
+
+@pytest.mark.parametrize(("model", "key"), [("gpt-oss-120b", "clamped_glu"), ("llama-3.1-8b", "glu_silu"),
+                                            ("qwen3-30b-a3b", "glu_silu"), ("nemotron-4-340b", "relu2"),
+                                            ("gpt3-175b", "gelu_new"), ("gemma-2-27b", "glu_gelu_pytorch_tanh"),
+                                            ("bloom-176b", "gelu")])
+def test_each_catalog_model_names_its_activation(model, key):
+    assert activation_key(resolve_model(model)) == key
+
+
+def test_gpt_oss_reads_its_clamp_from_the_config():
+    arch = resolve_model("gpt-oss-120b")
+    assert arch.swiglu_limit == 7.0 and resolve_model("llama-3.1-8b").swiglu_limit is None
+
+
+def test_swiglu_keeps_each_codes_base_and_the_others_move_by_their_difference():
+    """The base constants were counted or fitted with SwiGLU inside: a SwiGLU model's FFN passes are exactly them;
+    gpt-oss's clamps add Megatron-Core's eager clamp, cat and their backward (31 - 8 = 23 passes)."""
+    cal = _ctx().cal
+    assert ffn_passes(cal, "fused_functions", "glu_silu") == cal.elementwise_passes
+    assert ffn_passes(cal, "compiled", "glu_silu") == cal.elementwise_passes
+    assert ffn_passes(cal, "eager", "glu_silu") == cal.eager_elementwise_passes
+    assert ffn_passes(cal, "hf_eager", "glu_silu") == cal.hf_eager_ffn_passes == 14
+    assert ffn_passes(cal, "fused_functions", "clamped_glu") == cal.elementwise_passes + 31 - 8
+    assert ffn_passes(cal, "compiled", "clamped_glu") == cal.elementwise_passes  # the clamp inside the kernel
+    assert ffn_passes(cal, "hf_eager", "clamped_glu") == 59  # transformers' _apply_gate, op by op
+    assert ffn_passes(cal, "fused_functions", "relu2") == cal.elementwise_passes - 3
+    assert activation_passes("eager", "gelu_new") == activation_passes("eager", "glu_silu")  # not listed: as SwiGLU
+
+
+def test_gpt_oss_on_bridge_pays_the_clamps_and_the_expert_bias_loop():
+    """One MoE layer of the GB200 EP64 row: the routed copies (tokens x top_k on the rank) over the expert width at
+    the clamped GLU's passes, and over hidden at the bias loop's (TEGroupedMLP._apply_bias)."""
+    ctx = _ctx()
+    assert activation_code(ctx, routed=True) == "fused_functions"
+    load = elementwise_load(ctx, True)
+    copies = 4 * 4096 * 4 * ctx.routed_load
+    assert load.routed_ffn == pytest.approx(copies * 2880) and load.expert_bias == pytest.approx(copies * 2880)
+    cal = ctx.cal
+    want = BF16 * (cal.elementwise_passes * load.hidden + (cal.elementwise_passes + 23) * load.routed_ffn
+                   + 14 * load.expert_bias) + load.dispatch_bytes + load.router_bytes
+    assert elementwise_seconds(ctx, load) == pytest.approx(want / ctx.hbm, rel=1e-12)
+    assert sum(expert_bias_passes("fused_functions")) == 14 and sum(expert_bias_passes("hf_eager")) == 0
+
+
+def test_a_swiglu_moe_layer_is_timed_as_before():
+    ctx = _ctx(model="qwen3-30b-a3b", ep=8, num_gpus=8, micro_batch_size=1, global_batch_size=64)
+    load = elementwise_load(ctx, True)
+    assert load.expert_bias == 0
+    cal = ctx.cal
+    want = (BF16 * cal.elementwise_passes * (load.hidden + load.shared_ffn + load.routed_ffn)
+            + load.dispatch_bytes + load.router_bytes)
+    assert elementwise_seconds(ctx, load) == pytest.approx(want / ctx.hbm, rel=1e-12)
 
 
 def test_the_routed_activation_runs_over_the_whole_expert_width_of_every_copy_under_etp():
     """Each ETP rank runs its group's copies gathered (etp x the rows) at 1/etp of the width, as the expert GEMMs
     count them: the elements do not fall with etp."""
-    one = elementwise_load(_ctx(ep=4, tp=2, etp=1), True)
-    two = elementwise_load(_ctx(ep=4, tp=2, etp=2), True)
+    one = elementwise_load(_ctx(model="qwen3-30b-a3b", ep=4, tp=2, etp=1, num_gpus=8, micro_batch_size=1,
+                                global_batch_size=64), True)
+    two = elementwise_load(_ctx(model="qwen3-30b-a3b", ep=4, tp=2, etp=2, num_gpus=8, micro_batch_size=1,
+                                global_batch_size=64), True)
     assert two.routed_ffn == pytest.approx(one.routed_ffn) and one.routed_ffn > 0
+
+
+def test_moe_act_recompute_runs_the_clamps_forward_again():
+    ctx = _ctx()
+    load = elementwise_load(ctx, True)
+    assert module_memory_bound(ctx, load)["moe_act"] == pytest.approx(11 * BF16 * load.routed_ffn / ctx.hbm)
+    swiglu = replace(ctx, arch=resolve_model("qwen3-30b-a3b"))
+    assert module_memory_bound(swiglu, load)["moe_act"] == pytest.approx(3 * BF16 * load.routed_ffn / ctx.hbm)
+
+
+@pytest.mark.parametrize(("framework", "code"), [("megatron-bridge", "fused_functions"), ("torchtitan", "eager"),
+                                                 ("nemo-automodel", "compiled")])
+def test_each_framework_runs_the_routed_activation_its_own_way(framework, code):
+    ctx = _ctx(framework, model="qwen3-30b-a3b", ep=8, num_gpus=8, micro_batch_size=1, global_batch_size=64)
+    assert activation_code(ctx, routed=True) == code
+
+
+def test_torchtitan_compiled_fuses_the_clamps():
+    ctx = _ctx("torchtitan", model="qwen3-30b-a3b", ep=8, num_gpus=8, micro_batch_size=1, global_batch_size=64,
+               torch_compile=True)
+    assert activation_code(ctx, routed=False) == "compiled"

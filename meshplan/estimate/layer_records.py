@@ -66,6 +66,7 @@ class LayerContext:
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
     hf_eager: bool = False  # transformers' modeling code run eagerly (the card's eager_model_code): hf_eager_* passes
     experts_fused: bool = False  # ... but the routed experts' activation is a fused kernel (compile.experts_fused)
+    compiled: bool = False  # blocks run torch.compile'd (a compile switch on): one kernel per activation
     attention_fraction: float = 0.5  # of BF16 peak, the job's attention kernel on its GPU (attention_efficiency)
     attention_kernel: str | None = None  # that kernel's name (None: the shared fused-kernel fraction)
     routed_load: float = 1.0  # routed tokens on the most loaded EP rank over the mean (memory.ep_rank_load)
@@ -90,6 +91,20 @@ class LayerContext:
         return expert_ridge_rows(self.bf16_peak, self.hbm)
 
 
+def activation_code(ctx: LayerContext, routed: bool) -> str:
+    """Which code runs the layer's FFN activation (cards/calibration.yaml activation_passes.codes; the routed
+    experts' where `routed`): transformers' eager model code; the routed experts' activation compiled where the
+    framework compiles it whatever its blocks do (ctx.experts_fused); eager blocks; torch.compile'd blocks; else
+    Megatron-Core's fused functions."""
+    if ctx.hf_eager:
+        return "hf_eager"
+    if routed and ctx.experts_fused:
+        return "compiled"
+    if ctx.eager:
+        return "eager"
+    return "compiled" if ctx.compiled else "fused_functions"
+
+
 class ElementwiseLoad(NamedTuple):
     """What one layer's memory-bound work reads and writes per micro-batch: elements of its hidden-sized tensors
     (sequence-sharded under SP) and of its FFN activations by kind, and the MoE dispatcher's and router's bytes
@@ -102,6 +117,7 @@ class ElementwiseLoad(NamedTuple):
     dispatch_bytes: float = 0.0
     router_bytes: float = 0.0
     weight_copy_bytes: float = 0.0  # the local experts' weights stacked each forward, read and written
+    expert_bias: float = 0.0  # routed copies x hidden a per-expert fc2 bias loop passes over (biased experts)
     query: float = 0.0  # attention's query elements (heads x head width; transformers' eager code: hf_eager_*)
     key_value: float = 0.0  # its key and value elements
     normed: float = 0.0  # elements under a per-head Q/K norm or an MLA latent norm (fp32 RMSNorm in eager code)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from copy import copy
 from functools import partial
 
+from meshplan.arithmetic.activation_passes import activation_key, expert_bias_passes, ffn_passes
 from meshplan.arithmetic.activations import shape_of, stacked_expert_bytes
 from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.fp8_casts import quantize_bytes
@@ -18,7 +19,7 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, su
 from meshplan.arithmetic.param_wrapper import delta_pass_bytes
 from meshplan.estimate.attention_time import attention_seconds
 from meshplan.estimate.context_parallel import cp_passes, cp_time
-from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime
+from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime, activation_code
 from meshplan.estimate.lora_gemms import lora_gemm_seconds
 from meshplan.estimate.moe_time import (
     backward_launch_wait,
@@ -141,6 +142,7 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
         # expert GEMMs count them (flops.moe_gemms): copies x the whole width
         routed_ffn = copies * arch.moe.expert_ffn_hidden_size
         shared_ffn = block.tokens * arch.moe.shared_expert_ffn_hidden_size / block.tp
+        bias = copies * arch.moe.expert_width(arch.hidden_size) if arch.moe.expert_bias else 0.0
         dispatch_bytes, router_bytes = dispatch_and_router_bytes(ctx)
         copy = 2.0 * stacked_expert_bytes(shape_of(arch), plan.ep, plan.etp) if ctx.stacked_experts else 0.0
         if ctx.lora is not None and ctx.lora.target_parameters:  # PEFT's ParamWrappers build W + delta each forward
@@ -148,7 +150,7 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
             copy += delta_pass_bytes(arch, moe_layer, ctx.lora.target_parameters, plan.ep, plan.etp)
         return ElementwiseLoad(hidden=hidden, routed_ffn=routed_ffn, shared_ffn=shared_ffn,
                                dispatch_bytes=dispatch_bytes, router_bytes=router_bytes, weight_copy_bytes=copy,
-                               **attention)
+                               expert_bias=bias, **attention)
     return ElementwiseLoad(hidden=hidden, dense_ffn=sh.tokens * arch.ffn_hidden_size / plan.tp, **attention)
 
 
@@ -172,25 +174,28 @@ def attention_widths(ctx: LayerContext) -> dict[str, float]:
 
 
 def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
-    """Forward + backward seconds of the memory-bound work at the HBM bandwidth it gets: the card's passes (eager
-    ones when the blocks run uncompiled, but the fused count over the routed experts' activations where the framework
-    fuses them: ctx.experts_fused) over the hidden and FFN elements, plus the dispatcher's and router's bytes and the
-    stacked copy of the local experts' weights a framework makes each forward (read and written). An engine that
-    trains transformers' modeling code eagerly (ctx.hf_eager) moves that code's own counts (bench/step_op_census.py):
-    hf_eager_hidden_passes over the hidden elements, hf_eager_query_passes and hf_eager_key_value_passes over
-    attention's (attention_widths), hf_eager_qk_norm_passes over those a Q/K or latent norm runs on, and
-    hf_eager_ffn_passes over the FFN ones."""
+    """Forward + backward seconds of the memory-bound work at the HBM bandwidth it gets: the card's passes over the
+    hidden elements (eager ones when the blocks run uncompiled) and, over the FFN elements, the passes of the
+    model's activation as the code that runs it does (activation_code; arithmetic/activation_passes.ffn_passes: the
+    base constant with SwiGLU's count inside it, moved by this activation's difference), plus the dispatcher's and
+    router's bytes, a per-expert bias loop's passes over the routed copies and the stacked copy of the local
+    experts' weights a framework makes each forward (read and written). An engine that trains transformers' modeling
+    code eagerly (ctx.hf_eager) moves that code's own counts (bench/step_op_census.py): hf_eager_hidden_passes over
+    the hidden elements, hf_eager_query_passes and hf_eager_key_value_passes over attention's (attention_widths),
+    hf_eager_qk_norm_passes over those a Q/K or latent norm runs on."""
     cal = ctx.cal
-    if ctx.hf_eager:  # transformers' modeling code: its own counts over the hidden and the FFN activations
+    key = activation_key(ctx.arch)
+    ffn = ffn_passes(cal, activation_code(ctx, routed=False), key) * (load.shared_ffn + load.dense_ffn)
+    routed_code = activation_code(ctx, routed=True)
+    ffn += ffn_passes(cal, routed_code, key) * load.routed_ffn
+    if ctx.hf_eager:  # transformers' modeling code: its own counts over the hidden and attention elements
         elem_bytes = BF16 * (cal.hf_eager_hidden_passes * load.hidden + cal.hf_eager_query_passes * load.query
                              + cal.hf_eager_key_value_passes * load.key_value
-                             + cal.hf_eager_qk_norm_passes * load.normed
-                             + cal.hf_eager_ffn_passes * (load.shared_ffn + load.dense_ffn + load.routed_ffn))
+                             + cal.hf_eager_qk_norm_passes * load.normed + ffn)
     else:
         passes = cal.eager_elementwise_passes if ctx.eager else cal.elementwise_passes
-        routed = cal.elementwise_passes if ctx.experts_fused else passes
-        elem_bytes = (passes * BF16 * (load.hidden + (load.shared_ffn + load.dense_ffn))
-                      + routed * BF16 * load.routed_ffn)
+        elem_bytes = BF16 * (passes * load.hidden + ffn)
+    elem_bytes += BF16 * sum(expert_bias_passes(routed_code)) * load.expert_bias
     elem_bytes += load.dispatch_bytes + load.router_bytes + load.weight_copy_bytes
     return elem_bytes / ctx.hbm
 

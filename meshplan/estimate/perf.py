@@ -141,6 +141,13 @@ def eager_blocks(job: Job, plan: Plan) -> bool:
     return scope is not None and scope.blocks and not plan.torch_compile
 
 
+def compiled_blocks(job: Job, plan: Plan) -> bool:
+    """Whether the blocks run torch.compile'd: a framework whose card has a compile switch that compiles them, on
+    (each activation one kernel: cards/calibration.yaml activation_passes' compiled code)."""
+    scope = job.card.compile
+    return scope is not None and scope.blocks and plan.torch_compile
+
+
 def hf_eager_code(job: Job, plan: Plan) -> bool:
     """Whether the plan's engine trains transformers' modeling code as eager PyTorch ops (the card's
     eager_model_code: verl's and SkyRL's FSDP engines): its memory-bound passes are hf_eager_*."""
@@ -454,7 +461,8 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         arch=trained_model(job), seq=job.seq_length, cal=cal, lk=lk, bf16_peak=peaks.bf16, fp8_peak=peaks.fp8,
         hbm=job.gpu.hbm_bandwidth * cal.hbm_efficiency, flash=flash, dropout=dropout, lora=job.lora,
         lora_engine=lora_engine(job.card, plan.zero_stage) if job.lora else None,
-        eager=eager, hf_eager=hf_eager_code(job, plan), experts_fused=experts_fused(job), attention_fraction=fraction,
+        eager=eager, hf_eager=hf_eager_code(job, plan), experts_fused=experts_fused(job),
+        compiled=compiled_blocks(job, plan), attention_fraction=fraction,
         attention_kernel=kernel, ulysses=runs_ulysses(job.card, plan.zero_stage), mla_v_pad=flash and conv.mla_v_pad,
         torch_cp=runs_torch_cp(job.card, plan.zero_stage), kv_repeated=ring_repeats_kv(job, plan.zero_stage),
         qkv_separate=qkv_separate,

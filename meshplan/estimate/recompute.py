@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from meshplan.arithmetic.activation_passes import activation_key, expert_bias_passes, forward_passes
 from meshplan.arithmetic.flops import Gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, summed
-from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, ElementwiseLoad, LayerContext, LayerTime
+from meshplan.estimate.layer_records import (
+    BF16,
+    FORWARD_AND_BACKWARD,
+    ElementwiseLoad,
+    LayerContext,
+    LayerTime,
+    activation_code,
+)
 from meshplan.knowledge.calibration import Calibration
 from meshplan.schema.plan import Plan
 
@@ -19,10 +27,6 @@ MODULE_GEMMS = {"mlp": ("mlp_",), "moe": ("router", "expert_", "shared_expert_")
 # `layernorm` module recomputes two per layer, input_layernorm and pre_mlp_layernorm (knobs_peers_data.md 2.1).
 NORM_PASSES = 2.0
 NORMS_PER_LAYER = 2.0
-# The FFN activation's forward: a gated one (SwiGLU) reads gate and up and writes one product, 3 passes over the
-# FFN width; a plain one reads and writes it, 2.
-GATED_ACT_PASSES = 3.0
-PLAIN_ACT_PASSES = 2.0
 
 
 def module_forwards(gemms: list[Gemm], cal: Calibration, ctx: LayerContext,
@@ -38,15 +42,21 @@ def module_forwards(gemms: list[Gemm], cal: Calibration, ctx: LayerContext,
 def module_memory_bound(ctx: LayerContext, load: ElementwiseLoad) -> dict[str, float]:
     """Forward seconds of the memory-bound passes each Megatron recompute module repeats, at the HBM bandwidth
     elementwise work gets (hardware x calibration hbm_efficiency): `layernorm` its two norms, `moe_act` the routed
-    experts' activation, `mlp` / `shared_experts` their activation, `moe` its activations plus the forward half of
-    the dispatcher's permutes and the router's fp32 passes (the load's dispatch_bytes / router_bytes are forward +
-    backward; the card counts the backward as much again). mla_up_proj's RoPE and core_attn are not counted here."""
-    act = GATED_ACT_PASSES if ctx.arch.gated_mlp else PLAIN_ACT_PASSES
+    experts' activation, `mlp` / `shared_experts` their activation (each the forward passes of the model's activation
+    as its code runs it: cards/calibration.yaml activation_passes, gpt-oss's eager clamps included), `moe` its
+    activations, the per-expert bias loop's forward, and the forward half of the dispatcher's permutes and the
+    router's fp32 passes (the load's dispatch_bytes / router_bytes are forward + backward; the card counts the
+    backward as much again). mla_up_proj's RoPE and core_attn are not counted here."""
+    key = activation_key(ctx.arch)
+    act = forward_passes(activation_code(ctx, routed=False), key)
+    routed_code = activation_code(ctx, routed=True)
+    routed_act = forward_passes(routed_code, key)
+    bias = expert_bias_passes(routed_code)[0] * BF16 * load.expert_bias
     seconds = {"layernorm": NORMS_PER_LAYER * NORM_PASSES * BF16 * load.hidden,
-               "moe_act": act * BF16 * load.routed_ffn,
+               "moe_act": routed_act * BF16 * load.routed_ffn,
                "shared_experts": act * BF16 * load.shared_ffn,
                "mlp": act * BF16 * load.dense_ffn,
-               "moe": act * BF16 * (load.routed_ffn + load.shared_ffn)
+               "moe": BF16 * (routed_act * load.routed_ffn + act * load.shared_ffn) + bias
                + (load.dispatch_bytes + load.router_bytes) / FORWARD_AND_BACKWARD}
     return {m: b / ctx.hbm for m, b in seconds.items()}
 

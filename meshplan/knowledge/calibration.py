@@ -115,6 +115,38 @@ class GdnKernel(BaseModel):
     source: str
 
 
+class ActivationCode(BaseModel):
+    """One code's FFN activation passes (cards/calibration.yaml activation_passes.codes): the constant its FFN term
+    was counted or fitted with SwiGLU inside (`base`), and each activation's (forward, backward) bf16 passes over
+    the activation's output width."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str = Field(description="The Calibration constant this code's FFN term starts from")
+    passes: dict[str, tuple[float, float]] = Field(description="activation key -> (forward, backward) passes")
+    expert_bias: tuple[float, float] = Field((0.0, 0.0), description="(forward, backward) passes over the routed "
+                                                                     "copies x hidden of a per-expert fc2 bias loop")
+    source: str
+
+    @field_validator("passes")
+    @classmethod
+    def _non_negative(cls, v: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        if any(f < 0 or b < 0 for f, b in v.values()):
+            raise ValueError(f"activation passes must be non-negative: {v}")
+        return v
+
+
+class ActivationPasses(BaseModel):
+    """The FFN activation's memory-bound passes per code and activation (cards/calibration.yaml activation_passes),
+    read by arithmetic/activation_passes.py."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    meaning: str
+    reference: str = Field(description="The activation every code's base constant holds")
+    codes: dict[str, ActivationCode]
+
+
 class RLConstants(BaseModel):
     """The constants of RL jobs' rollout engines (meshplan/rl/engine.py, step_time.py), apart from the training cost
     model's: each named, so a card missing one is refused at load."""
@@ -139,6 +171,7 @@ class CalibrationCard(BaseModel):
         default_factory=dict, description="Megatron-Core's flex dispatcher backends (deepep, hybridep) in one NVLink "
                                           "domain: what their SM-run copies reach")
     gdn_kernel: GdnKernel = Field(description="FLA's chunked gated delta rule (Gated DeltaNet layers)")
+    activation_passes: ActivationPasses = Field(description="The FFN activation's passes per code and activation")
     rl: RLConstants = Field(description="RL jobs' rollout-engine constants, apart from the training cost model's")
     fit_report: list[str] = []
 
@@ -223,6 +256,15 @@ def _matches(card: CalibrationCard) -> None:
     missing = set(CALIBRATION_KEYS) - set(card.constants)
     unknown = set(card.constants) - set(CALIBRATION_KEYS)
     bad_fw = {k for fw in card.frameworks.values() for k in fw.values} - set(CALIBRATION_KEYS)
+    act = card.activation_passes
+    bad_base = {c.base for c in act.codes.values()} - set(CALIBRATION_KEYS)
+    no_reference = [name for name, c in act.codes.items() if act.reference not in c.passes]
+    if bad_base or no_reference:
+        raise CardError(
+            "cards/calibration.yaml activation_passes: "
+            f"unknown base constants {sorted(bad_base)}, codes without the reference {act.reference!r}: "
+            f"{no_reference}.",
+            fix=f"Each code's base is one of the constants, and each lists {act.reference!r}.")
     if missing or unknown or bad_fw:
         raise CardError(
             "cards/calibration.yaml does not match the cost model: "

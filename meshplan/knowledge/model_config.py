@@ -308,6 +308,20 @@ def _norm_eps(cfg: dict[str, Any], f: _Fields) -> float | None:
     return None
 
 
+# transformers 5.9.0 models/gpt_oss/configuration_gpt_oss.py GptOssConfig swiglu_limit=7.0 (GptOssExperts.limit; its
+# alpha 1.702 is the modeling code's own)
+GPT_OSS_SWIGLU_LIMIT = 7.0
+
+
+def _swiglu_limit(cfg: dict[str, Any], model_type: str, f: _Fields) -> float | None:
+    """gpt-oss's GLU clamp (its config's swiglu_limit, GptOssConfig's default where the file omits it); None for
+    every other family, whose activation is hidden_act's."""
+    if model_type != "gpt_oss":
+        return None
+    value = cfg.get("swiglu_limit")
+    return GPT_OSS_SWIGLU_LIMIT if value is None else _real(f, "swiglu_limit", value, 0, 1e4)
+
+
 def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields) -> MoESpec | None:
     """Routed/shared experts and which layers are MoE, by each architecture's own rule."""
     if model_type in ("mixtral", "olmoe", "gpt_oss", "minimax_m2"):
@@ -710,6 +724,7 @@ def architecture_from_config(
         norms_per_layer=_NORMS_PER_LAYER.get(model_type, 2),
         learned_position_embeddings=positions if model_type == "gpt2" else 0,
         attention_sinks=model_type == "gpt_oss",
+        swiglu_limit=_swiglu_limit(cfg, model_type, f),
         alibi=model_type == "bloom",
         parallel_attention=model_type == "gptj" or (model_type == "gpt_neox" and f.flag("use_parallel_residual",
                                                                                         True)),

@@ -206,6 +206,11 @@ class Architecture(StrictModel):
     tie_word_embeddings: bool = False
     gated_mlp: bool = True
     activation: str = "silu"
+    swiglu_limit: float | None = Field(None, gt=0, description="gpt-oss's clamped GLU: the gate clamped above and the "
+                                                               "linear half to +-limit, quick-GELU (alpha 1.702) on "
+                                                               "the gate, the linear half + 1 (HF swiglu_limit; "
+                                                               "Megatron-Core activation_func_clamp_value); None: "
+                                                               "the activation hidden_act names")
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
