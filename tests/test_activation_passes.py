@@ -1,7 +1,7 @@
 """The FFN activation's memory-bound passes per the code that runs it (cards/calibration.yaml activation_passes,
 arithmetic/activation_passes.py): counted from each framework's source (bench/activation_census.py), read by the
 model's activation, the same as before for SwiGLU, moved by each other activation's own kernels (gpt-oss's clamps
-outside Megatron-Core's fused quick-GEGLU)."""
+outside Megatron-Core's fused quick-GEGLU); and the memory those clamps keep."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.arithmetic.activation_passes import activation_key, activation_passes, expert_bias_passes, ffn_passes
+from meshplan.arithmetic.memory_states import expert_gate_bytes, memory_card
 from meshplan.estimate.layer_records import BF16, activation_code
 from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds
 from meshplan.estimate.perf import step_terms
@@ -126,3 +127,13 @@ def test_torchtitan_compiled_fuses_the_clamps():
     ctx = _ctx("torchtitan", model="qwen3-30b-a3b", ep=8, num_gpus=8, micro_batch_size=1, global_batch_size=64,
                torch_compile=True)
     assert activation_code(ctx, routed=False) == "compiled"
+
+
+def test_megatron_keeps_the_clamps_inputs_and_the_cat():
+    """Megatron-Core's eager clamps keep fc1's output (4 B per expert-width element) and the fused function the
+    cat (4 B): the megatron conventions' expert_gates; transformers' _apply_gate keeps 12."""
+    conventions = memory_card().conventions
+    for name in ("megatron", "megatron_fsdp"):
+        assert expert_gate_bytes(conventions[name], "gpt_oss") == 8
+        assert expert_gate_bytes(conventions[name], "qwen3_moe") == 0
+    assert expert_gate_bytes(conventions["fsdp2_hf"], "gpt_oss") == 12
