@@ -11,14 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.adapters.architecture import megatron_architecture
 from meshplan.arithmetic.activation_passes import activation_key, activation_passes, expert_bias_passes, ffn_passes
 from meshplan.arithmetic.memory_states import expert_gate_bytes, memory_card
+from meshplan.core.errors import MeshplanError
 from meshplan.estimate.layer_records import BF16, activation_code
 from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds
 from meshplan.estimate.perf import step_terms
 from meshplan.estimate.recompute import module_memory_bound
 from meshplan.knowledge.calibration import calibration_card
+from meshplan.knowledge.cards import model_card
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.model_config import architecture_from_text
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
@@ -56,6 +60,19 @@ def test_each_catalog_model_names_its_activation(model, key):
 def test_gpt_oss_reads_its_clamp_from_the_config():
     arch = resolve_model("gpt-oss-120b")
     assert arch.swiglu_limit == 7.0 and resolve_model("llama-3.1-8b").swiglu_limit is None
+    config = dict(model_card("gpt-oss-20b").config)
+    assert architecture_from_text(json.dumps(config | {"swiglu_limit": 5})).swiglu_limit == 5.0
+    del config["swiglu_limit"]
+    assert architecture_from_text(json.dumps(config)).swiglu_limit == 7.0  # GptOssConfig's default
+    with pytest.raises(MeshplanError, match="swiglu_limit = -1 is out of range"):
+        architecture_from_text(json.dumps(config | {"swiglu_limit": -1}))
+
+
+def test_megatron_renders_the_models_own_clamp():
+    config = dict(model_card("gpt-oss-20b").config) | {"swiglu_limit": 5.0}
+    settings, _, _ = megatron_architecture(architecture_from_text(json.dumps(config)), 4096)
+    clamp = next(s for s in settings if s.field == "activation_func_clamp_value")
+    assert clamp.value == 5.0
 
 
 def test_swiglu_keeps_each_codes_base_and_the_others_move_by_their_difference():

@@ -29,8 +29,8 @@ ZERO_CENTERED_NORM = frozenset({"gemma2", "gemma3_text", "nemotron", "qwen3_next
 # core/models/common/embeddings/rotary_pos_embedding.py): low_freq_factor 1, high_freq_factor 4, context 8192.
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 # gpt-oss's MLP as Megatron-Bridge's gpt_oss_bridge.py builds it: quick_gelu gated, +1 on the linear half,
-# clamped at 7 (the config's swiglu_limit).
-GPT_OSS_GLU_OFFSET, GPT_OSS_CLAMP = 1.0, 7.0
+# clamped at the config's swiglu_limit (Architecture.swiglu_limit).
+GPT_OSS_GLU_OFFSET = 1.0
 
 
 FIELDS = frozenset({
@@ -139,11 +139,11 @@ def _rope(m: Architecture, rope: RopeSpec) -> tuple[list[Setting], list[str]]:
 
 def _activation(m: Architecture) -> tuple[list[Setting], list[str]]:
     act, name = m.activation, m.name
-    if m.model_type == "gpt_oss":
+    if m.swiglu_limit is not None:  # gpt-oss's clamped GLU
         return [Setting("gated_linear_unit", True, ("--quick-geglu", None)),
                 Setting("glu_linear_offset", GPT_OSS_GLU_OFFSET, ("--glu-linear-offset", GPT_OSS_GLU_OFFSET)),
-                Setting("activation_func_clamp_value", GPT_OSS_CLAMP,
-                        ("--activation-func-clamp-value", GPT_OSS_CLAMP))], []
+                Setting("activation_func_clamp_value", m.swiglu_limit,
+                        ("--activation-func-clamp-value", m.swiglu_limit))], []
     if m.gated_mlp and act in SILU:
         return [Setting("gated_linear_unit", True, ("--swiglu", None))], []
     if m.gated_mlp and act in TANH_GELU:
