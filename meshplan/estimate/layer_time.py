@@ -130,7 +130,8 @@ def gemm_time(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float
 def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
     """What the layer's memory-bound work (norms, activation, rotary, residuals, dropout-free) passes over: its
     hidden-sized tensors (sequence-sharded under SP) and its FFN activations (TP-sharded; routed experts' on the
-    most loaded rank), plus an MoE layer's dispatcher and router bytes."""
+    most loaded rank), plus an MoE layer's dispatcher and router bytes and, where its experts have biases, the fc2
+    output rows a per-expert bias loop passes over."""
     arch, plan, sh = ctx.arch, ctx.plan, ctx.shard
     t_sp = plan.tp if plan.sequence_parallel else 1
     hidden = sh.tokens * arch.hidden_size / t_sp
@@ -142,7 +143,8 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
         # expert GEMMs count them (flops.moe_gemms): copies x the whole width
         routed_ffn = copies * arch.moe.expert_ffn_hidden_size
         shared_ffn = block.tokens * arch.moe.shared_expert_ffn_hidden_size / block.tp
-        bias = copies * arch.moe.expert_width(arch.hidden_size) if arch.moe.expert_bias else 0.0
+        # a per-expert fc2 bias loop over fc2's output: the ETP rank's gathered rows, hidden-wide
+        bias = copies * block.etp * arch.moe.expert_width(arch.hidden_size) if arch.moe.expert_bias else 0.0
         dispatch_bytes, router_bytes = dispatch_and_router_bytes(ctx)
         copy = 2.0 * stacked_expert_bytes(shape_of(arch), plan.ep, plan.etp) if ctx.stacked_experts else 0.0
         if ctx.lora is not None and ctx.lora.target_parameters:  # PEFT's ParamWrappers build W + delta each forward
