@@ -15,6 +15,7 @@ from meshplan.arithmetic.lora import adapter_params, lora_engine
 from meshplan.arithmetic.memory_states import (
     Convention,
     accumulated_grad_bytes,
+    decoupled_grads,
     experts_in_units,
     frozen_gathered_transient,
     gathered_transient,
@@ -358,7 +359,8 @@ def step_moment(terms: MemoryTerms, params: StageParams, states: dict[str, float
                    else params.dense + params.experts) * (1 - terms.offload.cpu_optimizer)
         temp = optimizer_step_temporaries(
             terms.step, terms.tensors, stepped=stepped, largest_tensor=largest_tensor(terms, params),
-            zero_stage=terms.plan.zero_stage) + muon_step_bytes(terms, params)
+            zero_stage=terms.plan.zero_stage, decoupled=decoupled_grads(terms.job, terms.plan),
+        ) + muon_step_bytes(terms, params)
         segments = step_segment_bytes(terms.step, stepped=stepped, zero_stage=terms.plan.zero_stage,
                                       largest_tensor=largest_tensor(terms, params, per_shard=False))
     return Overheads(0.0, terms.other_fixed + temp, temp, STEP_MOMENT, gathered=0.0 if terms.gathered else None,
