@@ -191,6 +191,8 @@ class OptimizerStepBytes(_Card):
     when_grads_16bit: bool = False
     # none where the optimizer reads the gradient buffer's own 16-bit shard (Megatron's decoupled_grad: decoupled_grads)
     not_when_decoupled: bool = False
+    # there the optimizer holds the master itself and allocates it with its other state (lazy_state_bytes)
+    decoupled_master_lazy: bool = False
     # when the optimizer's per-parameter state is first allocated: inside the first step(), or at construction
     # (cards/memory.yaml optimizer_state_allocation_source)
     state_allocated: Literal["first_step", "init"] = "first_step"
@@ -662,13 +664,17 @@ def _cached_or_new(cached: list[float], size: float) -> float:
     return size
 
 
-def lazy_state_bytes(step: OptimizerStepBytes, tensors: list[StateTensor], params: float, shard_size: float) -> float:
+def lazy_state_bytes(step: OptimizerStepBytes, tensors: list[StateTensor], params: float, shard_size: float,
+                     decoupled: bool = False) -> float:
     """The optimizer state an implementation allocates inside its first step (state_allocated first_step): the
     convention's moments over `params` parameters sharded `shard_size` ways (Muon's one momentum: the caller passes
-    the moments Muon keeps); 0 where the state is built at construction (DeepSpeed)."""
+    the moments Muon keeps), and the master too where the optimizer holds it (`decoupled`, with
+    decoupled_master_lazy: Transformer Engine's FusedAdam under Megatron's precision-aware optimizer,
+    decoupled_grads); 0 where the state is built at construction (DeepSpeed)."""
     if step.state_allocated != "first_step":
         return 0.0
-    return sum(t.bytes * params / (shard_size if t.shard == "dp" else 1) for t in tensors if t.role == "moments")
+    roles = ("moments", "master") if decoupled and step.decoupled_master_lazy else ("moments",)
+    return sum(t.bytes * params / (shard_size if t.shard == "dp" else 1) for t in tensors if t.role in roles)
 
 
 def muon_matrix_step_bytes(step: MuonStepBytes, local: tuple[float, float], whole: tuple[float, float],

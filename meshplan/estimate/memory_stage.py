@@ -395,8 +395,9 @@ def first_iteration_allocated(terms: MemoryTerms, params: StageParams, moments: 
 
 def lazy_optimizer_state(terms: MemoryTerms, params: StageParams) -> float:
     """The optimizer-state bytes this GPU allocates inside the first step (memory_states.lazy_state_bytes): the
-    moments over its dense and expert parameters (a LoRA job's: its adapters), each sharded over its group, less what
-    Muon does not keep, less the share the optimizer keeps on the host."""
+    moments (and, under Megatron's precision-aware optimizer, the master FusedAdam holds) over its dense and expert
+    parameters (a LoRA job's: its adapters), each sharded over its group, less what Muon does not keep, less the
+    share the optimizer keeps on the host."""
     plan, tensors, step = terms.plan, terms.tensors, terms.step
     if step.state_allocated != "first_step":
         return 0.0
@@ -408,8 +409,9 @@ def lazy_optimizer_state(terms: MemoryTerms, params: StageParams) -> float:
     else:
         dense, experts = params.dense, params.experts
         kept = muon_saved(terms, params)
-    lazy = (lazy_state_bytes(step, tensors, dense, terms.dense_dp)
-            + lazy_state_bytes(step, tensors, experts, terms.expert_dp) - kept)
+    decoupled = decoupled_grads(terms.job, plan)
+    lazy = (lazy_state_bytes(step, tensors, dense, terms.dense_dp, decoupled)
+            + lazy_state_bytes(step, tensors, experts, terms.expert_dp, decoupled) - kept)
     return lazy * (1 - terms.offload.in_step.get("optimizer", 0.0))
 
 
