@@ -103,6 +103,18 @@ def test_lazy_state_is_the_moments_on_this_gpu_and_none_for_deepspeed():
     assert lazy_optimizer_state(ds_terms, ds_params) == 0
 
 
+def test_precision_aware_optimizer_allocates_its_master_in_the_first_step_too():
+    """Under Megatron's precision-aware optimizer (bf16 moments, bf16 weights) TE's FusedAdam holds the master as
+    16-bit remainders and initialize_state allocates it with exp_avg and exp_avg_sq in its first step: 2 + 2 + 2 B
+    per sharded parameter; with fp32 moments Megatron's own fp32 master shard exists before, only the 8 B are lazy."""
+    j = job("llama-3.1-8b", "megatron-core", 8)
+    aware = Plan(tp=2, pp=2, dp=2, zero_stage=1, optimizer_state_dtype="bf16", grad_reduce_in_fp32=False)
+    terms, params = stage0(j, aware)
+    assert lazy_optimizer_state(terms, params) == pytest.approx(6 * (params.dense + params.experts) / 2)
+    plain, plain_params = stage0(j, aware.model_copy(update={"optimizer_state_dtype": None}))
+    assert lazy_optimizer_state(plain, plain_params) == pytest.approx(8 * (params.dense + params.experts) / 2)
+
+
 def test_muon_lazy_state_is_its_one_momentum_on_the_matrices():
     j = job("llama-3.1-8b", "megatron-core", 8)
     adam_terms, params = stage0(j, Plan(tp=2, pp=2, dp=2))

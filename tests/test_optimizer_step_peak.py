@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan.arithmetic.memory_states import (
+    decoupled_grads,
     memory_card,
     optimizer_implementation,
     optimizer_step_temporaries,
@@ -65,6 +66,40 @@ def test_megatron_copies_the_main_grads_only_when_they_are_16_bit():
                                       zero_stage=1) == 0
     bf16 = tensors("megatron-core", 1, grad_reduce_in_fp32=False)
     assert optimizer_step_temporaries(step, bf16, stepped=1000, largest_tensor=10, zero_stage=1) == 4 * 1000
+
+
+def test_megatron_precision_aware_optimizer_reads_the_16_bit_grads_without_a_copy():
+    """distrib_optimizer.py _copy_model_grads_to_main_grads under use_precision_aware_optimizer_no_fp8_or_ds_fp8 hands
+    FusedAdam the bf16 shard itself (decoupled_grad): no fp32 copy, where bf16 moments and bf16 weights or delayed
+    fp8; under current-scaling fp8 (tensorwise) Megatron keeps its own fp32 master and copies the gradients."""
+    step = steps()["megatron_distributed"]
+    base = job("llama-3.1-8b", "megatron-core", 8)
+    fp8 = base.model_copy(update={"precision": "fp8"})
+    aware = dict(dp=8, zero_stage=1, grad_reduce_in_fp32=False, optimizer_state_dtype="bf16")
+    assert decoupled_grads(base, Plan(**aware))
+    assert decoupled_grads(fp8, Plan(**aware, fp8_recipe="delayed"))
+    assert not decoupled_grads(fp8, Plan(**aware, fp8_recipe="tensorwise"))
+    assert not decoupled_grads(base, Plan(dp=8, zero_stage=1, grad_reduce_in_fp32=False))
+    bf16 = with_precision(base, Plan(**aware))[2]
+    assert optimizer_step_temporaries(step, bf16, stepped=1000, largest_tensor=10, zero_stage=1,
+                                      decoupled=True) == 0
+    assert optimizer_step_temporaries(step, bf16, stepped=1000, largest_tensor=10, zero_stage=1) == 4 * 1000
+    # the fp32 master as 16-bit remainders takes the same predicate: only where FusedAdam keeps the master
+    masters = {t.bytes for t in bf16 if t.role == "master"}
+    tensorwise = with_precision(fp8, Plan(**aware, fp8_recipe="tensorwise", fp8_param_gather=False))[2]
+    assert masters == {2} and {t.bytes for t in tensorwise if t.role == "master"} == {4}
+
+
+def test_precision_aware_step_moment_holds_no_gradient_copy():
+    """The estimate's step moment: Megatron-Bridge with bf16 moments and bf16 gradients (the Moonlight recipe's
+    precision-aware optimizer) allocates nothing in the step; with fp32 moments the fp32 gradient copy is there."""
+    def step_bytes(**plan):
+        req = Request(model="llama-3.1-8b", framework="megatron-bridge", gpu="h100", num_gpus=8, seq_length=4096,
+                      global_batch_size=8, micro_batch_size=1, tp=1, pp=1, dp=8, zero_stage=1,
+                      grad_reduce_in_fp32=False, **plan)
+        return estimate_memory(*resolve(req)).stages[0].detail.get("optimizer_step_temporaries", 0)
+    assert step_bytes(optimizer_state_dtype="bf16") == 0
+    assert step_bytes() > 0
 
 
 def test_deepspeed_flattens_and_upcasts_per_group_capped_by_zero3_sub_groups():

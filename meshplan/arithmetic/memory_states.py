@@ -180,7 +180,8 @@ class OptimizerStepBytes(_Card):
     """What one optimizer implementation allocates inside optimizer.step() beyond the model states (cards/memory.yaml
     optimizer_steps, with its source): `moment_copies` tensors in the moments' dtype plus `bytes` per parameter of
     what it steps at once (`at_once`: every parameter the GPU steps, its largest tensor, or DeepSpeed ZeRO-3's sub
-    group); with `when_grads_16bit`, only when the main grads are kept in 16 bits. And, for the step time, its HBM
+    group); with `when_grads_16bit`, only when the main grads are kept in 16 bits, and with `not_when_decoupled`, not
+    where the optimizer reads those 16-bit gradients themselves (decoupled_grads). And, for the step time, its HBM
     traffic per parameter where it makes more passes than a fused step (`hbm_bytes_per_param`)."""
 
     moment_copies: float = Field(0, ge=0)
@@ -188,6 +189,10 @@ class OptimizerStepBytes(_Card):
     at_once: Literal["stepped", "largest_tensor", "sub_group"] = "stepped"
     zero3_sub_group_params: int | None = Field(None, ge=1)
     when_grads_16bit: bool = False
+    # none where the optimizer reads the gradient buffer's own 16-bit shard (Megatron's decoupled_grad: decoupled_grads)
+    not_when_decoupled: bool = False
+    # there the optimizer holds the master itself and allocates it with its other state (lazy_state_bytes)
+    decoupled_master_lazy: bool = False
     # when the optimizer's per-parameter state is first allocated: inside the first step(), or at construction
     # (cards/memory.yaml optimizer_state_allocation_source)
     state_allocated: Literal["first_step", "init"] = "first_step"
@@ -387,6 +392,16 @@ def precision_aware(plan: Plan) -> bool:
     return plan.optimizer_state_dtype not in (None, "fp32")
 
 
+def decoupled_grads(job: Job, plan: Plan) -> bool:
+    """Whether Megatron's distributed optimizer hands Transformer Engine's FusedAdam the gradient buffer's own shard
+    (`decoupled_grad`) and lets it keep the fp32 master (as 16-bit remainders of bf16 weights) instead of keeping an
+    fp32 master and an fp32 copy of each gradient shard itself: the precision-aware optimizer with bf16 weights or
+    delayed-scaling fp8 (megatron-core optimizer_config.py use_precision_aware_optimizer_no_fp8_or_ds_fp8, with
+    meshplan's fp32 main params and the optimizer on the GPU; distrib_optimizer.py _copy_model_grads_to_main_grads).
+    One predicate of the master's bytes (with_precision) and the step's copies (optimizer_step_temporaries)."""
+    return precision_aware(plan) and fp8_recipe(job, plan) in (None, "delayed")
+
+
 def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTensor]]:
     """The convention and tensors of `convention`, rewritten by the plan's precision knobs: moments in
     optimizer_state_dtype, the fp32 master as 16-bit remainders under the precision-aware optimizer (bf16 weights,
@@ -399,7 +414,7 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
     recipe = fp8_recipe(job, plan)
     aware = precision_aware(plan)
     gather = fp8_param_gather(job, plan)
-    remainders = aware and not gather and recipe in (None, "delayed")
+    remainders = decoupled_grads(job, plan) and not gather
     out = []
     for t in tensors:
         update: dict = {}
@@ -598,12 +613,15 @@ def optimizer_step_bytes(job: Job, plan: Plan) -> float | None:
 
 
 def optimizer_step_temporaries(step: OptimizerStepBytes, tensors: list[StateTensor], *, stepped: float,
-                               largest_tensor: float, zero_stage: int) -> float:
+                               largest_tensor: float, zero_stage: int, decoupled: bool = False) -> float:
     """Bytes optimizer.step() allocates on top of the model states while it runs (OptimizerStepBytes): over `stepped`
     parameters (what this GPU's optimizer steps, after sharding and CPU offload), `largest_tensor` (the largest one
     among them) or ZeRO-3's sub group (`stepped` capped at zero3_sub_group_params). The moments' dtype is the
-    convention's (its `moments` tensor over Adam's two buffers)."""
+    convention's (its `moments` tensor over Adam's two buffers). `decoupled`: the optimizer reads the 16-bit gradient
+    shards themselves (decoupled_grads)."""
     if step.when_grads_16bit and not any(t.role == "main_grads" and t.bytes < 4 for t in tensors):
+        return 0.0
+    if step.not_when_decoupled and decoupled:
         return 0.0
     moment = sum(t.bytes for t in tensors if t.role == "moments") / memory_card().optimizers.moment_buffers["adam"]
     at_once = {"stepped": stepped, "largest_tensor": min(largest_tensor, stepped),
@@ -646,13 +664,17 @@ def _cached_or_new(cached: list[float], size: float) -> float:
     return size
 
 
-def lazy_state_bytes(step: OptimizerStepBytes, tensors: list[StateTensor], params: float, shard_size: float) -> float:
+def lazy_state_bytes(step: OptimizerStepBytes, tensors: list[StateTensor], params: float, shard_size: float,
+                     decoupled: bool = False) -> float:
     """The optimizer state an implementation allocates inside its first step (state_allocated first_step): the
     convention's moments over `params` parameters sharded `shard_size` ways (Muon's one momentum: the caller passes
-    the moments Muon keeps); 0 where the state is built at construction (DeepSpeed)."""
+    the moments Muon keeps), and the master too where the optimizer holds it (`decoupled`, with
+    decoupled_master_lazy: Transformer Engine's FusedAdam under Megatron's precision-aware optimizer,
+    decoupled_grads); 0 where the state is built at construction (DeepSpeed)."""
     if step.state_allocated != "first_step":
         return 0.0
-    return sum(t.bytes * params / (shard_size if t.shard == "dp" else 1) for t in tensors if t.role == "moments")
+    roles = ("moments", "master") if decoupled and step.decoupled_master_lazy else ("moments",)
+    return sum(t.bytes * params / (shard_size if t.shard == "dp" else 1) for t in tensors if t.role in roles)
 
 
 def muon_matrix_step_bytes(step: MuonStepBytes, local: tuple[float, float], whole: tuple[float, float],

@@ -15,6 +15,7 @@ from meshplan.arithmetic.lora import adapter_params, lora_engine
 from meshplan.arithmetic.memory_states import (
     Convention,
     accumulated_grad_bytes,
+    decoupled_grads,
     experts_in_units,
     frozen_gathered_transient,
     gathered_transient,
@@ -358,7 +359,8 @@ def step_moment(terms: MemoryTerms, params: StageParams, states: dict[str, float
                    else params.dense + params.experts) * (1 - terms.offload.cpu_optimizer)
         temp = optimizer_step_temporaries(
             terms.step, terms.tensors, stepped=stepped, largest_tensor=largest_tensor(terms, params),
-            zero_stage=terms.plan.zero_stage) + muon_step_bytes(terms, params)
+            zero_stage=terms.plan.zero_stage, decoupled=decoupled_grads(terms.job, terms.plan),
+        ) + muon_step_bytes(terms, params)
         segments = step_segment_bytes(terms.step, stepped=stepped, zero_stage=terms.plan.zero_stage,
                                       largest_tensor=largest_tensor(terms, params, per_shard=False))
     return Overheads(0.0, terms.other_fixed + temp, temp, STEP_MOMENT, gathered=0.0 if terms.gathered else None,
@@ -393,8 +395,9 @@ def first_iteration_allocated(terms: MemoryTerms, params: StageParams, moments: 
 
 def lazy_optimizer_state(terms: MemoryTerms, params: StageParams) -> float:
     """The optimizer-state bytes this GPU allocates inside the first step (memory_states.lazy_state_bytes): the
-    moments over its dense and expert parameters (a LoRA job's: its adapters), each sharded over its group, less what
-    Muon does not keep, less the share the optimizer keeps on the host."""
+    moments (and, under Megatron's precision-aware optimizer, the master FusedAdam holds) over its dense and expert
+    parameters (a LoRA job's: its adapters), each sharded over its group, less what Muon does not keep, less the
+    share the optimizer keeps on the host."""
     plan, tensors, step = terms.plan, terms.tensors, terms.step
     if step.state_allocated != "first_step":
         return 0.0
@@ -406,8 +409,9 @@ def lazy_optimizer_state(terms: MemoryTerms, params: StageParams) -> float:
     else:
         dense, experts = params.dense, params.experts
         kept = muon_saved(terms, params)
-    lazy = (lazy_state_bytes(step, tensors, dense, terms.dense_dp)
-            + lazy_state_bytes(step, tensors, experts, terms.expert_dp) - kept)
+    decoupled = decoupled_grads(terms.job, plan)
+    lazy = (lazy_state_bytes(step, tensors, dense, terms.dense_dp, decoupled)
+            + lazy_state_bytes(step, tensors, experts, terms.expert_dp, decoupled) - kept)
     return lazy * (1 - terms.offload.in_step.get("optimizer", 0.0))
 
 
