@@ -348,7 +348,7 @@ async def test_a_field_left_out_is_open_on_every_face(tmp_path):
     cli_best = api.recommend(parse_request(args)).candidates[0]
     assert best["plan"] == cli_best.plan.model_dump(mode="json")
     # 70B on 16 H100 only fits with full recompute: the face that fixed recompute=none had nothing to rank.
-    assert (best["plan"]["tp"], best["plan"]["pp"], best["plan"]["dp"], best["plan"]["recompute"]) == (4, 2, 2, "full")
+    assert (best["plan"]["tp"], best["plan"]["pp"], best["plan"]["dp"], best["plan"]["recompute"]) == (4, 4, 1, "full")
 
 
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "recompute")

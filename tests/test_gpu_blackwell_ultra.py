@@ -91,10 +91,13 @@ def _tokens(gpu: str, **fields) -> float:
 
 def test_a_70b_plan_is_timed_from_the_parts_figures():
     """Inside one NVL72 rack GB300 differs from GB200 in no term a TP1 plan uses (same dense peaks, NVLink, C2C; the
-    HBM only in capacity), so the time is the same; across B300 nodes the ConnectX-8 network and the faster HBM
-    make the same plan faster than on B200."""
+    HBM only in capacity) but its SM count: the DP collectives' 32 NCCL CTAs beside the compute hold 32 of its 152
+    SMs, of GB200's 148 (comm.ring_sm_share), so the time is the same within that; across B300 nodes the ConnectX-8
+    network and the faster HBM make the same plan faster than on B200."""
     rack = dict(num_gpus=64, tp=1, pp=4, vpp=5)
-    assert _tokens("gb300", **rack) == pytest.approx(_tokens("gb200", **rack), rel=1e-9)
+    gb300, gb200 = _tokens("gb300", **rack), _tokens("gb200", **rack)
+    assert gb300 > gb200
+    assert gb300 == pytest.approx(gb200, rel=1e-3)
     nodes = dict(num_gpus=32, tp=8, pp=1)  # DP 4 across four 8-GPU nodes
     assert _tokens("b300", **nodes) > _tokens("b200", **nodes)
 

@@ -342,9 +342,9 @@ async def test_recommend_parallelism_thin_headroom_names_the_layout_and_the_head
     data = result.structured_content
     assert not result.is_error and data["candidates"] == []
     thin = data["best_below_headroom"]
-    assert (thin["plan"]["tp"], thin["plan"]["pp"], thin["plan"]["dp"], thin["plan"]["recompute"]) == (4, 2, 2, "full")
+    assert (thin["plan"]["tp"], thin["plan"]["pp"], thin["plan"]["dp"], thin["plan"]["recompute"]) == (4, 4, 1, "full")
     ranks = headroom_that_ranks(MemorySummary(**thin["memory"]))  # rounded down, so passing it really ranks it
-    assert "TP4 PP2 DP2" in data["summary"] and any(f"headroom={ranks:g}." in s for s in data["next_steps"])
+    assert "TP4 PP4 VPP10 DP1" in data["summary"] and any(f"headroom={ranks:g}." in s for s in data["next_steps"])
 
 
 async def test_minimum_gpus_tool(client):

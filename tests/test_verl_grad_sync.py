@@ -59,10 +59,13 @@ def test_mfu_falls_with_dp_on_verl_and_not_on_overlapped_megatron_core():
     verl = [estimate_throughput(*qwen30b(g)) for g in (8, 16, 32)]
     assert verl[0].mfu > verl[1].mfu > verl[2].mfu
     assert verl[0].breakdown.dp_comm_s < verl[1].breakdown.dp_comm_s < verl[2].breakdown.dp_comm_s
-    # Megatron-Core with --overlap-grad-reduce / --overlap-param-gather hides the same traffic behind the compute
+    # Megatron-Core with --overlap-grad-reduce / --overlap-param-gather hides the same traffic behind the compute,
+    # which loses only the SMs the NCCL kernels hold beside it: 24 of an H20's 78 inside its node, 16 across nodes
+    # of 8 (cards/hardware.yaml nccl_ring_ctas; comm.contended), the share of verl's seconds, all of them exposed there
     mcore = [estimate_throughput(*qwen30b(g, "megatron-core")) for g in (8, 16, 32)]
-    assert [r.breakdown.dp_comm_s for r in mcore] == [0.0, 0.0, 0.0]
-    assert mcore[0].mfu == pytest.approx(mcore[2].mfu, rel=1e-9)
+    for m, v, ctas in zip(mcore, verl, (24, 16, 16), strict=True):
+        assert m.breakdown.dp_comm_s == pytest.approx(ctas / 78 * v.breakdown.dp_comm_s, rel=1e-9)
+    assert mcore[0].mfu == pytest.approx(mcore[2].mfu, rel=5e-3)
 
 
 def test_assumption_says_the_sync_is_not_overlapped():

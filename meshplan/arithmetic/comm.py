@@ -36,6 +36,10 @@ class Links:
     wired: int = 0  # GPUs of a node NVLink joins point to point, no NVSwitch (mesh.wired_node); 0: switched
     # (ranks in the domain, bytes/s a rank receives) of a flex dispatch in its domain (flex_dispatch_time); (): NVLink
     flex_bw: tuple[tuple[int, float], ...] = ()
+    sms: int = 0  # the GPU's SMs (GpuSpec.sm_count); 0: unknown
+    # CTAs an NCCL ring holds (GpuSpec.nccl_ring_ctas): inside one NVLink domain, across nodes per GPU of a node in the
+    # group, the most across nodes; (): none counted
+    ring_ctas: tuple[int, int, int] = ()
 
     def nvlink_bw(self, k: int) -> float:
         """NVLink bytes/s one rank reaches in a collective of `k` members on its node: all its links behind an
@@ -62,6 +66,7 @@ def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None
     the flex dispatcher's backend there (mesh.flex_backend) reaches in one NVLink domain on its generation, by the
     ranks it spans where the card measures that (cards/calibration.yaml flex_dispatch; none listed: NVLink's)."""
     flex = flex_dispatch_points(flex_backend(gpu, gpus_per_node), gpu.arch)
+    ctas = gpu.nccl_ring_ctas
     return Links(
         domain=fast_domain(gpu, gpus_per_node) if domain is None else domain,
         intra_bw=gpu.intra_node_bandwidth * cal.nvlink_efficiency,
@@ -72,6 +77,8 @@ def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None
         node=gpus_per_node,
         wired=wired,
         flex_bw=flex,
+        sms=gpu.sm_count or 0,
+        ring_ctas=(ctas.nvlink, ctas.network_per_node_gpu, ctas.network) if ctas is not None else (),
     )
 
 
@@ -91,6 +98,41 @@ def ring_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
         return moved / lk.nvlink_bw(k) + (size - 1) * lk.intra_lat
     domains = -(-size // k)
     return moved / _ring_bw(k, size, lk) + (k - 1) * lk.intra_lat + (domains - 1) * lk.inter_lat
+
+
+def ring_sm_share(size: int, stride: int, lk: Links) -> float:
+    """The share of a GPU's SMs an NCCL ring collective over a group of `size` ranks `stride` apart holds while it
+    runs: one CTA per channel on an SM of its own, as many as the GPU's card gives (Links.ring_ctas, from NCCL's
+    topology search): inside one NVLink domain its figure there, across domains its figure per GPU of a domain in the
+    group (per_domain), up to its most; 0 for a group of one, or where the card counts none."""
+    if size <= 1 or not lk.ring_ctas or lk.sms <= 0:
+        return 0.0
+    nvlink, per_gpu, most = lk.ring_ctas
+    k = per_domain(size, stride, lk.domain)
+    ctas = nvlink if k >= size else min(most, per_gpu * k)
+    return min(ctas, lk.sms - 1) / lk.sms
+
+
+def beside_compute(comm: float, window: float, share: float) -> float:
+    """Seconds a collective of `comm` seconds launched beside `window` seconds of compute adds to that window, where
+    it holds `share` of the SMs (ring_sm_share): its part beyond the window, or the work the compute lost running on
+    the other SMs while beside it (share x the seconds they overlap, done after it), whichever is longer. A GEMM of
+    many waves runs at (1 - share) of its rate on the SMs left (estimate/tp_overlap.slowed_gemm, whose stretched
+    GEMM overlaps a little more of a longer collective: this is the least it takes); share 0: max(0, comm - window)."""
+    return contended(max(0.0, comm - window), min(comm, window), share)
+
+
+def contended(exposed: float, hidden: float, share: float) -> float:
+    """What a collective costs the step where `hidden` of its seconds ran beside compute and `exposed` did not, the
+    collective holding `share` of the SMs: the compute finishes share x hidden later, the collective `exposed` after
+    it would have; the later of the two (beside_compute's rule for any window, chunked or not)."""
+    return max(exposed, share * hidden)
+
+
+def hidden_beside(comm: float, window: float, share: float) -> float:
+    """The seconds of a collective of `comm` seconds beside `window` seconds of compute that cost the step nothing:
+    comm less what it adds to the window (beside_compute)."""
+    return comm - beside_compute(comm, window, share)
 
 
 def allreduce_time(nbytes: float, size: int, stride: int, lk: Links) -> float:

@@ -26,7 +26,7 @@ from operator import itemgetter
 from typing import NamedTuple, TypeVar
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.comm import Links, allreduce_time, job_links, p2p_time, ring_time
+from meshplan.arithmetic.comm import Links, allreduce_time, beside_compute, contended, job_links, p2p_time, ring_time
 from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token, weight_gradient_share
 from meshplan.arithmetic.fp8_casts import fp8_casts, weight_cast_bytes
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
@@ -751,8 +751,8 @@ def _dp_exposed(s: int, row: StageTime, inp: StageInputs, syncs: dict | None = N
         if syncs is not None:
             syncs[key] = sync
     chunks = sync_chunks(inp.job, plan.pp, plan.vpp, plan.num_microbatches(inp.job.global_batch_size))
-    exposed += chunked_reduce_exposed(sync.reduce, sync.reduce_hidden, bwd, chunks, slack)
-    return exposed + chunked_gather_exposed(sync.gather, sync.gather_hidden, row.fwd, chunks)
+    exposed += chunked_reduce_exposed(sync.reduce, sync.reduce_hidden, bwd, chunks, slack, sync.sm_share)
+    return exposed + chunked_gather_exposed(sync.gather, sync.gather_hidden, row.fwd, chunks, sync.sm_share)
 
 
 class SyncChunks(NamedTuple):
@@ -772,7 +772,8 @@ def sync_chunks(job: Job, pp: int, vpp: int, m: int | None = None) -> SyncChunks
     return SyncChunks(vpp, pp if m is None else min(m, pp))
 
 
-def chunked_reduce_exposed(seconds: float, share: float, bwd: float, chunks: SyncChunks, slack: float = 0.0) -> float:
+def chunked_reduce_exposed(seconds: float, share: float, bwd: float, chunks: SyncChunks, slack: float = 0.0,
+                           sm_share: float = 0.0) -> float:
     """The exposed part of a rank's gradient reduction of `seconds`, `share` of a chunk's last backward hiding its own
     buckets (0: not overlapped, all of it after the backward), `bwd` the stage's backward per micro-batch. Launched per
     chunk from the last chunk to the first, each once its last micro-batch's backward is done, the reductions queue
@@ -781,25 +782,30 @@ def chunked_reduce_exposed(seconds: float, share: float, bwd: float, chunks: Syn
     larger of the last chunk's part and what the window leaves; one chunk is the stage's whole sync. `slack`: how much
     earlier this rank's backward ends than the step's (s chunk-backwards on pipeline rank s), which the last chunk's
     part gains; the queue does not, as the schedule launches each chunk's sync that many chunk-backwards late
-    (microbatch_id - pipeline_parallel_rank)."""
+    (microbatch_id - pipeline_parallel_rank). `sm_share`: of the SMs the reduction's NCCL kernels hold, so the
+    backward beside its hidden seconds runs slower (comm.beside_compute, contended)."""
     if share <= 0.0:
         return max(0.0, seconds - slack)
     op = bwd / chunks.chunks
     if chunks.chunks == 1:
-        return max(0.0, seconds - share * op - slack)
+        return max(0.0, beside_compute(seconds, share * op, sm_share) - slack)
     tail = max(seconds / chunks.chunks - slack, seconds - (chunks.chunks - 1) * chunks.group * op)
-    return max(0.0, tail - share * op)
+    exposed = max(0.0, tail - share * op)  # the tail already less the slack; the backward's delay is not
+    return max(exposed, contended(0.0, seconds - exposed, sm_share) - slack)
 
 
-def chunked_gather_exposed(seconds: float, share: float, fwd: float, chunks: SyncChunks) -> float:
+def chunked_gather_exposed(seconds: float, share: float, fwd: float, chunks: SyncChunks,
+                           sm_share: float = 0.0) -> float:
     """The exposed part of ZeRO-1/2's parameter all-gather of `seconds`, `share` of a chunk's first forward hiding its
     own buckets (0: not overlapped, all of it before the forward), `fwd` the stage's forward per micro-batch. Per chunk,
     the first chunk's before its first forward and each later one's launched a chunk ahead, with group x fwd / chunks
-    of the chunk before it to run beside."""
+    of the chunk before it to run beside. `sm_share`: of the SMs the gather's NCCL kernels hold, so the forward beside
+    its hidden seconds runs slower (comm.contended)."""
     if share <= 0.0:
         return seconds
     op, part = fwd / chunks.chunks, seconds / chunks.chunks
-    return max(0.0, part - share * op) + (chunks.chunks - 1) * max(0.0, part - chunks.group * op)
+    exposed = max(0.0, part - share * op) + (chunks.chunks - 1) * max(0.0, part - chunks.group * op)
+    return contended(exposed, seconds - exposed, sm_share)
 
 
 def chunked_share(share: float, chunks: SyncChunks) -> float:
@@ -827,6 +833,7 @@ class StepSync(NamedTuple):
     reduce_hidden: float
     gather: float = 0.0
     gather_hidden: float = 0.0
+    sm_share: float = 0.0  # of the SMs their NCCL kernels hold beside the compute (DpTraffic.sm_share)
 
 
 def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraffic, dense: float, expert: float,
@@ -860,6 +867,7 @@ def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraf
                         cal.zero_grad_overlap)
     if not (per_step and units_kept_overlapped(job, plan)):  # Megatron-FSDP's replica all-reduce stays hidden
         sync = sync._replace(reduce_hidden=dp_hidden_share(plan, sync.reduce_hidden))  # 0 with grad_reduce_overlap off
+    sync = sync._replace(sm_share=traffic.sm_share)
     if sharded_opt:
         return sync._replace(gather=traffic(*optimizer_gather_bytes(job, plan, dense, expert, edge), 1.0),
                              gather_hidden=dp_hidden_share(plan, cal.param_gather_overlap))

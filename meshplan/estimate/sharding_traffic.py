@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from meshplan.arithmetic.comm import Links, allreduce_time, ring_time
+from meshplan.arithmetic.comm import Links, allreduce_time, beside_compute, ring_sm_share, ring_time
 from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import (
@@ -108,7 +108,8 @@ def unprefetched_shares(weights: Sequence[float], max_live: float) -> tuple[floa
     return fwd / total, bwd / total
 
 
-def exposed_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, reduce: bool) -> float:
+def exposed_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, reduce: bool,
+                     share: float = 0.0) -> float:
     """Seconds of sharding traffic one pass over `units` (forward, then backward) leaves exposed.
 
     Forward: each unit's all-gather is prefetched behind the previous unit's forward, so it costs
@@ -116,7 +117,9 @@ def exposed_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: b
     Backward (reverse order): a unit's backward hides the all-gather of the unit after it in backward order
     (`gather_bwd`, if that unit was resharded) and the reduce-scatter of the unit before it (`reduce`), both on
     the same links; the first backward unit's all-gather and the last one's reduce-scatter have nothing to hide
-    behind. Exact for the stated model: runs of identical units are summed in closed form.
+    behind. Exact for the stated model: runs of identical units are summed in closed form. `share`: of the SMs the
+    NCCL kernels hold (DpTraffic.sm_share), so the compute beside them runs slower: each window costs
+    beside_compute, not only the traffic beyond it.
     """
     exposed = 0.0
     if gather_fwd and units:
@@ -124,8 +127,8 @@ def exposed_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: b
         for u in units:
             if u.gathers_fwd:
                 wait = u.waits_fwd * u.gather  # gathered when its submodule starts: nothing hides it
-                exposed += u.gather if prev_fwd is None else wait + max(0.0, u.gather - wait - prev_fwd)
-                exposed += (u.count - 1) * (wait + max(0.0, u.gather - wait - u.fwd))
+                exposed += u.gather if prev_fwd is None else wait + beside_compute(u.gather - wait, prev_fwd, share)
+                exposed += (u.count - 1) * (wait + beside_compute(u.gather - wait, u.fwd, share))
             prev_fwd = u.fwd
     if not (gather_bwd or reduce) or not units:
         return exposed
@@ -144,11 +147,11 @@ def exposed_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: b
         before = back[i - 1] if i else None  # the unit whose backward ran just before (its reduce-scatter)
         after = back[i + 1] if i + 1 < len(back) else None  # the unit whose backward comes next (its gather)
         if u.count == 1:
-            exposed += max(0.0, g(after) + r(before) - u.bwd)
+            exposed += beside_compute(g(after) + r(before), u.bwd, share)
             continue
-        exposed += max(0.0, g(u) + r(before) - u.bwd)  # first of the run
-        exposed += (u.count - 2) * max(0.0, g(u) + r(u) - u.bwd)
-        exposed += max(0.0, g(after) + r(u) - u.bwd)  # last of the run
+        exposed += beside_compute(g(u) + r(before), u.bwd, share)  # first of the run
+        exposed += (u.count - 2) * beside_compute(g(u) + r(u), u.bwd, share)
+        exposed += beside_compute(g(after) + r(u), u.bwd, share)  # last of the run
     return exposed
 
 
@@ -189,6 +192,12 @@ class DpTraffic:
     @property
     def dense_group(self) -> int:
         return self.dense.size
+
+    @property
+    def sm_share(self) -> float:
+        """The share of the GPU's SMs the dense group's NCCL ring collectives hold while they run (comm.ring_sm_share):
+        every unit's gathers and reduce-scatters are timed at it (a routed expert's, over expert-DP, too)."""
+        return ring_sm_share(self.dense.size, self.dense.stride, self.lk)
 
     @property
     def expert_group(self) -> int:
@@ -421,14 +430,20 @@ def unit_copies(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, 
                           + (u.copy_reduce if reduce else 0.0)) for u in units)
 
 
-def exposed_by_schedule(units: Sequence[ShardUnit], sched: ShardingSchedule) -> ShardingExposed:
+def exposed_by_schedule(units: Sequence[ShardUnit], sched: ShardingSchedule, share: float = 0.0) -> ShardingExposed:
     """The units' exposed traffic split as the schedule runs it: per micro-batch or once per step; and their
     compute-stream copies, likewise. A reduce-scatter held to the step's last backward (reduce_each_microbatch off)
     runs beside that backward's own all-gathers where the units are gathered each micro-batch: FSDP2 issues both on
     its one data-parallel process group (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py unshard and
     post_backward; ProcessGroupNCCL runs a communicator's collectives on one stream), so the step pays what the two
-    leave exposed together less what the gathers alone leave (each micro-batch's `micro`)."""
-    exposed = exposed_sharding if sched.overlapped else in_line_sharding
+    leave exposed together less what the gathers alone leave (each micro-batch's `micro`). `share`: of the SMs the
+    overlapped transfers hold (exposed_sharding)."""
+
+    def exposed(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, reduce: bool) -> float:
+        if sched.overlapped:
+            return exposed_sharding(units, gather_fwd, gather_bwd, reduce, share)
+        return in_line_sharding(units, gather_fwd, gather_bwd, reduce)
+
     each = (sched.gather_each_microbatch, sched.regathered, sched.reduce_each_microbatch)
     step_gather = sched.params_sharded and not sched.gather_each_microbatch
     step_reduce = sched.grads_sharded and not sched.reduce_each_microbatch

@@ -561,6 +561,6 @@ def _stage_sharding(stage: StageShards, inp: StageInputs) -> ShardingExposed:
                               head_resharded=conv.output_resharded_at_loss,
                               embedding_in_root=conv.embedding_in_root))
     if units not in inp.seen:  # pipeline stages often hold the same layers
-        inp.seen[units] = exposed_by_schedule(units, inp.sharding)
+        inp.seen[units] = exposed_by_schedule(units, inp.sharding, inp.traffic.sm_share)
     return inp.seen[units]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.arithmetic.comm import ring_time
+from meshplan.arithmetic.comm import hidden_beside, ring_sm_share, ring_time
 from meshplan.arithmetic.flops import Gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds, gemm_terms, summed
 from meshplan.arithmetic.mesh import mesh_groups
@@ -180,7 +180,8 @@ def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[floa
         gemm_pairs = [p if i in pairs else (0.0, 0.0) for i, p in enumerate(gemm_pairs)]
     exposed = tp_comm + copies - tp_hidden(ctx.tp_overlap_mode, tp_one, gemm_pairs, plan.tp,
                                            plan.sequence_parallel, ctx.tp_rs_splits, ctx.tp_sms,
-                                           ctx.async_tp_unfused, ctx.tp_input_regather)
+                                           ctx.async_tp_unfused, ctx.tp_input_regather,
+                                           ring_sm_share(groups.tp.size, groups.tp.stride, ctx.lk))
     if async_tp:
         exposed += async_tp_cost(act_bytes, plan.tp, len(gemm_pairs if pairs is None else pairs), ctx.hbm,
                                  ctx.lk.intra_lat,
@@ -218,7 +219,7 @@ def slowed_gemm(gemm: float, comm: float, held: int, sms: int, margin: bool) -> 
 
 def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, sp: bool = True,
               rs_splits: int = 0, sms: TpSms | None = None, unfused: tuple[bool, ...] = (),
-              input_regather: bool = False) -> float:
+              input_regather: bool = False, nccl_share: float = 0.0) -> float:
     """TP seconds hidden per layer behind the GEMMs each collective runs beside (`one`: one all-gather or
     reduce-scatter of the layer's activations). Per pair, forward: an all-gather before the input GEMM, a
     reduce-scatter after the output GEMM; backward: the output GEMM's grad all-gather before its dgrad, the input
@@ -247,21 +248,22 @@ def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, 
     wgrad_rs_sms) and the GEMM beside each runs on the SMs left (slowed_gemm): the time hidden is counted against the
     slowed GEMM and the GEMM's lost time is taken off it, so an overlap can cost more than it hides. The all-gathers
     (ring exchange) and async TP's copies run on copy engines and hold no SMs; their share of HBM bandwidth is not
-    modelled."""
+    modelled. The wgrad and local_shard modes' collectives are NCCL's, holding `nccl_share` of the SMs (the TP group's
+    comm.ring_sm_share) beside the GEMM that hides them: each hides comm.hidden_beside of its seconds."""
     if mode == "none" or tp <= 1:
         return 0.0
     ag = (tp - 1) / tp
     hidden = 0.0
     for i, (into, out) in enumerate(pairs):
-        bulk = min(one if sp else 2 * one, into)  # beside the input GEMM's wgrad GEMM (its forward's FLOPs)
-        if mode == "wgrad":
-            hidden += bulk
-        elif mode == "local_shard":
-            if not sp:
+        if mode in ("wgrad", "local_shard"):  # NCCL's kernels beside the GEMMs
+            # beside the input GEMM's wgrad GEMM (its forward's FLOPs)
+            bulk = hidden_beside(one if sp else 2 * one, into, nccl_share)
+            if mode == "wgrad" or not sp:
                 hidden += bulk
                 continue
-            regather = min(one, into) if input_regather else 0.0
-            hidden += min(one, into / tp) + min(one, out / tp) + regather + bulk
+            regather = hidden_beside(one, into, nccl_share) if input_regather else 0.0
+            hidden += (hidden_beside(one, into / tp, nccl_share) + hidden_beside(one, out / tp, nccl_share)
+                       + regather + bulk)
         elif mode == "userbuffers":
             n = rs_splits or tp
             rs_out, wgrad = out, into

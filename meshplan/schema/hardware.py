@@ -11,6 +11,16 @@ from pydantic import Field
 from meshplan.schema.choices import Fp8Recipe, StrictModel
 
 
+class NcclRingCtas(StrictModel):
+    """The CTAs (one per channel, each on an SM of its own) an NCCL ring all-gather, reduce-scatter or all-reduce of a
+    large message holds on this GPU in its usual node, as NCCL's topology search sets its channels (cards/hardware.yaml
+    header): inside one NVLink domain, and across nodes per GPU of a node in the group, up to a most."""
+
+    nvlink: int = Field(ge=1, description="CTAs of a ring inside one NVLink domain")
+    network_per_node_gpu: int = Field(ge=1, description="CTAs of a ring across nodes per GPU of a node in the group")
+    network: int = Field(ge=1, description="The most CTAs of a ring across nodes")
+
+
 class GpuSpec(StrictModel):
     """One accelerator and the node it usually sits in."""
 
@@ -45,6 +55,9 @@ class GpuSpec(StrictModel):
     fp8_recipes: list[Fp8Recipe] = Field(
         default_factory=list, description="FP8 recipes its tensor cores run (Transformer Engine's support checks)"
     )
+    nccl_ring_ctas: NcclRingCtas | None = Field(
+        None, description="SMs an NCCL ring collective holds while it runs (arithmetic/comm.ring_sm_share); None: "
+                          "the compute beside an overlapped collective is timed at the GPU's full speed")
     fp8_any_layout: bool = Field(False, description="FP8 GEMMs in any layout (Blackwell), so no fp8 transpose copy")
     power_limit_w: int | None = Field(
         None, gt=0, description="Board power (W) the peaks are rated at; the same board run under a lower "
