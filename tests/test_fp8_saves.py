@@ -27,6 +27,7 @@ from meshplan.faces.mcp import tools
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
+from meshplan.search import exhaustive_top_k, recommend
 
 BRIDGE = dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="megatron-bridge", seq_length=4096,
               precision="fp8", recompute="none", tp=2, pp=1, micro_batch_size=1)
@@ -153,3 +154,20 @@ def test_bridge_renders_the_keys_and_reads_them_back(variant):
     assert "cfg.mixed_precision.fp8_dot_product_attention = True" in text
     read = api.import_config(text, framework="megatron-bridge").request
     assert read["fp8_dot_product_attention"] is True and read["fp8_activation_input_store"] is True
+
+
+@pytest.mark.parametrize("fields", [
+    dict(model="llama-3.1-8b", num_gpus=8, seq_length=8192),
+    dict(model="llama-3.1-8b", num_gpus=16, seq_length=32768, global_batch_size=16),  # cp > 1: the ring's stats
+    dict(model="qwen3-30b-a3b", num_gpus=16, seq_length=4096),  # the routed and shared experts' SwiGLU
+])
+def test_the_search_finds_the_oracles_top_k_with_both(fields):
+    """The search's floors pass the job's SwiGLU input bytes and FP8 attention (a floor counting bf16 ones would sit
+    above the estimate and cut plans the oracle ranks)."""
+    req = Request(**fields, gpu="h100", framework="megatron-bridge", precision="fp8",
+                  fp8_activation_input_store=True, fp8_dot_product_attention=True)
+    rec = recommend(req, top_k=3)
+    oracle = exhaustive_top_k(req, 100)
+    assert oracle, req
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle[:3]], rel=1e-12)
