@@ -13,6 +13,7 @@ from production_rows import (
     Unmapped,
     catalog_match,
     dispatcher_for,
+    fp8_setting_fields,
     framework_for,
     gpu_for,
     hsdp_fields,
@@ -152,6 +153,9 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
         framework, f, k = lora_for(row, framework, knobs.pop("lora"))
         fields |= f
         knobs |= k
+    f, k = fp8_setting_fields(row, framework)  # where the framework it is scored on has the keys
+    fields |= f
+    knobs |= k
     moe = bool(row["model"]["num_experts"]) or row["model"]["arch_type"] != "dense"
     if moe and knobs.pop("moe_a2a_overlap", None):  # a plan knob since issue 15 item 1
         fields["moe_a2a_overlap"] = True

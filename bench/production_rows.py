@@ -58,9 +58,11 @@ KNOBS: dict[str, tuple[str, str]] = {
                                   "backward and keeps none (float8_tensor.py transpose_2d(cache=False)), 1 B per "
                                   "element on Hopper; TE 2.x keeps it on the parameter whatever the switch "
                                   "(Float8Tensor.update_usage), meshplan's 2 B; scored with it kept"),
-    "activation_func_fp8_input_store": ("memory", "Megatron-Core's activation_func_fp8_input_store: the fused "
-                                        "SwiGLU saves its input (fc1's output) in fp8 for the backward, half its "
-                                        "bf16 bytes (transformer_config.py, mlp.py bias_swiglu_impl); scored in bf16"),
+    "fp8_activation_input_store": ("memory", "Megatron-Core's activation_func_fp8_input_store on a framework "
+                                   "meshplan writes no key for: the fused SwiGLU saves its input (fc1's output) in "
+                                   "fp8 for the backward, half its bf16 bytes; scored in bf16"),
+    "fp8_dot_product_attention": ("memory, time", "FP8 dot-product attention on a framework meshplan writes no key "
+                                  "for: Q, K, V and the output kept in fp8; scored as bf16 attention"),
     "hsdp": ("memory, time", "HSDP (shard inside a group, replicate across); scored as full sharding"),
     "framework": ("memory, time", "a framework meshplan has no card for; scored with the nearest card"),
     "gpu": ("time", "a GPU outside the catalog; scored on the nearest catalog GPU, fit judged against the "
@@ -669,6 +671,32 @@ def precision_for(row: dict[str, Any], framework: str) -> tuple[str, dict[str, A
     return "fp8", fields, knobs
 
 
+# The Megatron-Core / Transformer Engine fp8 settings a row states in its precision or notes, by the Request field
+# that expresses each: the TransformerConfig key, or the MLPerf launch scripts' switch (config_common.sh FP8_ACT and
+# FP8_DPA, which train.py turns into activation_func_fp8_input_store and fp8_dot_product_attention)
+FP8_SETTING_WORDS = {
+    "fp8_activation_input_store": r"activation_func_fp8_input_store|\bfp8_act=1",
+    "fp8_dot_product_attention": r"fp8 dot-product attention|fp8_dot_product_attention|\bfp8_dpa=1",
+}
+
+
+def fp8_setting_fields(row: dict[str, Any], framework: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """(Request fields, knobs): the fp8 settings the row states (FP8_SETTING_WORDS) as the Request's fields where the
+    framework it is scored on has a key for them (its card's adapter knob), else as knobs it cannot express."""
+    words = row_text(row["precision"], row["outcome"]["other"]).lower()
+    adapter = framework_card(framework).adapter
+    knobs_of = adapter.versions[adapter.default_version].knobs if adapter is not None else {}
+    fields: dict[str, Any] = {}
+    knobs: dict[str, str] = {}
+    for name, pattern in FP8_SETTING_WORDS.items():
+        if re.search(pattern, words):
+            if name in knobs_of and knobs_of[name].key is not None:
+                fields[name] = True
+            else:
+                knobs[name] = f"{framework} has no key for {name}"
+    return fields, knobs
+
+
 def optimizer_for(row: dict[str, Any]) -> dict[str, Any]:
     """Request.optimizer: muon where the row's optimizer or notes name Muon (left out: adam)."""
     text = row_text(row["parallelism"]["zero_or_distributed_optimizer"], row["outcome"]["other"]).lower()
@@ -762,8 +790,6 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
         knobs["lora"] = "LoRA fine-tuning"
     if "cuda graph" in low:
         knobs["cuda_graphs"] = row["outcome"]["other"]
-    if "activation_func_fp8_input_store" in low:
-        knobs["activation_func_fp8_input_store"] = "fc1's output saved in fp8 for the SwiGLU backward"
     if re.search(r"disable_parameter_transpose_cache:? true", low):
         knobs["parameter_transpose_cache"] = "disable_parameter_transpose_cache true"
     if re.search(r"ep overlap|a2a overlap|1f1b overlap", low):

@@ -97,7 +97,11 @@ def test_mlperf_lora_rows_are_scored_with_the_lora_their_runs_set(run):
         # v4.0's NeMo yaml turns Megatron-Core's parameter transpose cache off (TE 1.6: no fp8 weight transpose kept),
         # which meshplan cannot express: counted as not expressible for memory
         assert ("parameter_transpose_cache" in score.mapping.knobs) == row["id"].startswith("mlperf40"), row["id"]
-        # v5.0's 8-GPU runs store the SwiGLU input in fp8 (FP8_ACT=1), which meshplan cannot express either
+        # v5.0's 8-GPU runs store the SwiGLU input in fp8 (FP8_ACT=1) and every row runs FP8 attention (FP8_DPA=1):
+        # read from the row's own precision and notes into the Request's fields (production_rows.fp8_setting_fields)
         stores = "activation_func_fp8_input_store" in row["outcome"]["other"]
-        assert ("activation_func_fp8_input_store" in score.mapping.knobs) == stores, row["id"]
-    assert sum("activation_func_fp8_input_store" in s.mapping.knobs for _, s in lora) == 2
+        assert bool(req.fp8_activation_input_store) is stores, row["id"]
+        assert bool(req.fp8_dot_product_attention) is ("FP8_DPA=1" in row["precision"]), row["id"]
+        assert not {"fp8_activation_input_store", "fp8_dot_product_attention"} & set(score.mapping.knobs), row["id"]
+    assert sum(bool(s.mapping.request.fp8_activation_input_store) for _, s in lora) == 2
+    assert all(s.mapping.request.fp8_dot_product_attention for _, s in lora)

@@ -77,6 +77,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                          "fp8_param_gather": True, "optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}),
     ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "zero_stage": 1, "optimizer": "muon"}),
     ("check_config", {**L8, "num_gpus": 8, "precision": "fp8", "fp8_recipe": "mxfp8"}),
+    # the SwiGLU input's fp8 store and FP8 attention (cards/memory.yaml fp8_saves), and PR007 refusing the latter
+    ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "framework": "megatron-bridge", "precision": "fp8",
+                         "fp8_activation_input_store": True, "fp8_dot_product_attention": True}),
+    ("check_config", {**L8, "num_gpus": 8, "framework": "megatron-bridge", "precision": "fp8",
+                      "fp8_recipe": "blockwise", "fp8_dot_product_attention": True}),
     # RL jobs (meshplan/rl/): memory per phase, the RL step's parts, the rollout rules, the RL command
     ("estimate_memory", {**Q30, **RL, "param_offload": True, "optimizer_offload": True}),
     ("estimate_throughput", {**Q30, **RL, "rollout_enforce_eager": True}),

@@ -323,6 +323,8 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
         s += [("model.mtp_num_layers", job.model.num_mtp_layers or None),
               ("model.mtp_use_repeated_layer", job.model.mtp_repeated_layer)]
     s.append(("model.sequence_parallel", plan.sequence_parallel))
+    if job.fp8_activation_input_store:  # a TransformerConfig field of the provider (rule PR006: SwiGLU only)
+        s.append(("model.activation_func_fp8_input_store", True))
     if plan.tp_comm_overlap:  # Bridge passes it to Megatron-Core's tp_comm_overlap (training/comm_overlap.py)
         s.append(("comm_overlap.tp_comm_overlap", True))
     if plan.cuda_graph_impl != "none":  # as Bridge's scripts/performance/utils/overrides.py _set_cuda_graph_overrides
@@ -396,6 +398,8 @@ def bridge_precision(job: Job, plan: Plan) -> list[tuple[str, Any]]:
         s += [("mixed_precision.fp8", "hybrid"), ("mixed_precision.fp8_recipe", fp8_recipe(job, plan))]
         if plan.fp8_param_gather is not None:
             s.append(("mixed_precision.fp8_param_gather", plan.fp8_param_gather))
+        if job.fp8_dot_product_attention:  # setup() writes it over the model's fp8_dot_product_attention
+            s.append(("mixed_precision.fp8_dot_product_attention", True))
     if plan.grad_reduce_in_fp32 is not None:
         s.append(("mixed_precision.grad_reduce_in_fp32", plan.grad_reduce_in_fp32))
     return s
@@ -411,7 +415,9 @@ def preset_settings(settings: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     presets = bridge_presets()
     recipe, gather = fields.get("fp8_recipe", "bf16"), fields.get("fp8_param_gather")
     named = presets.of_recipe(str(recipe), None if gather is None else str(gather).lower() == "true")
-    preset = named[0].name if named and fields.get("grad_reduce_in_fp32", True) else None
+    # no registered preset turns FP8 attention on (fp8_dot_product_attention: the python variant sets the field)
+    preset = (named[0].name if named and fields.get("grad_reduce_in_fp32", True)
+              and not fields.get("fp8_dot_product_attention") else None)
     if preset is None:
         raise MeshplanError(
             f"Megatron-Bridge's run_recipe.py overrides can name a mixed-precision preset, and none has "

@@ -261,6 +261,17 @@ def least_moe_bytes(conv, arch: Architecture, fake_gate: bool = False) -> MoeByt
                     router_saves=all(c.router_saves for c in cases))
 
 
+class Fp8AttentionSaves(NamedTuple):
+    """What Transformer Engine's FP8 dot-product attention keeps for the backward in place of the bf16 kernel's
+    tensors (memory_states.fp8_attention_saves, cards/memory.yaml fp8_saves): bytes per element of Q, K, V and of
+    the attention's output, and per head and token of its softmax statistics (None: the convention's
+    attention_stats_bytes, what the context-parallel ring keeps)."""
+
+    qkv: float
+    output: float
+    stats: float | None
+
+
 class AttentionSaves(NamedTuple):
     """What a framework's attention code keeps beside Q, K, V and its output (cards/memory.yaml conventions:
     rope_saves, mla_v_view, attention_stats_bytes)."""
@@ -437,6 +448,13 @@ class Layout(NamedTuple):
     # code has one in place of act (memory_states.expert_gate_bytes: gpt-oss's clamped GLU under Hugging Face's code);
     # 0, the act count, by default, the smaller, so a layout built without it stays a floor
     expert_gate: float = 0
+    # bytes per element of fc1's output that the fused SwiGLU keeps for its backward: 1 under Megatron-Core's
+    # activation_func_fp8_input_store (memory_states.swiglu_input_bytes, cards/memory.yaml fp8_saves), else bf16;
+    # the estimate and the search's floors both pass the job's
+    act_input_bytes: float = BF16
+    # Transformer Engine's FP8 dot-product attention (memory_states.fp8_attention_saves); None: the bf16 kernel's
+    # tensors. The estimate and the search's floors both pass the job's
+    fp8_attention: Fp8AttentionSaves | None = None
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -459,9 +477,12 @@ def saved_rows_bytes(rows: tuple, widths: dict[str, int], lay: Layout, sel: set[
 
 
 def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True,
-         saves: tuple[bool, float] | None = None, one_fc1: bool = False) -> float:
+         saves: tuple[bool, float] | None = None, one_fc1: bool = False, act_input: float = BF16) -> float:
     """fc1 output (activation input), optional separate silu output, fc2 input; fc1 input counted by caller.
-    act=False: the activation's outputs are recomputed (Megatron's moe_act), only the fc1 output is kept.
+    act=False: the activation's outputs are recomputed (Megatron's moe_act), only the fc1 output is kept (in bf16:
+    the checkpoint keeps its input; the fp8 store is made by the recomputed forward). act_input: the bytes per
+    element the fused kernel keeps of fc1's output (Layout.act_input_bytes: 1 under Megatron-Core's
+    activation_func_fp8_input_store, which casts it to float8_e4m3fn and frees the bf16 one).
     saves (Layout.act): the model code's activation keeps what it says (its input or not, and intermediates), and a
     gated MLP's multiply keeps the activation's output and up's: Hugging Face's LlamaMLP, down_proj(act_fn(
     gate_proj(x)) * up_proj(x)), its non-gated MLPs (GPT-2's c_fc/act/c_proj, GPT-NeoX's, Nemotron's), and its
@@ -473,7 +494,7 @@ def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool
         if shape.gated:
             out += 2 * BF16 * unit  # up's output and the activation's, which the multiply keeps
         return out + lin * unit  # fc2 input
-    out = BF16 * rows * (2 if shape.gated else 1) * width / tp
+    out = (act_input if act else BF16) * rows * (2 if shape.gated else 1) * width / tp
     if not act:
         return out
     if shape.gated and unfused:
@@ -522,7 +543,7 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
     elif "mlp" in sel:
         out["mlp"] = BF16 * t * h / ts  # the checkpointed MLP keeps its input
     else:
-        mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused, saves=lay.act)
+        mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused, saves=lay.act, act_input=lay.act_input_bytes)
         out["mlp"] = mlp
     if lay.dropout:
         out["dropout_masks"] = t * h / ts
@@ -533,6 +554,8 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
     """The attention block's bytes (layer_activations, without recompute or with the selective modules `sel`)."""
     t, h, tp = lay.tokens, shape.h, lay.tp
     ts = tp if lay.sp else 1
+    fp8a = lay.fp8_attention if lay.flash else None  # TE runs FP8 attention in its fused kernel only
+    qkv_bytes = BF16 if fp8a is None else fp8a.qkv  # Q, K, V as the attention kernel keeps them
     attn = 0.0 if "layernorm" in sel else lin * t * h / ts  # QKV (or q/kv down-projection) input
     if shape.mla:
         q_lora, kv_lora, d_nope, d_rope, d_v = shape.mla
@@ -545,8 +568,8 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
         if shape.dsa is not None:
             attn += absorbed_mla_bytes(shape, lay, sel) + indexer_bytes(shape, lay)
         elif "mla_up_proj" not in sel:
-            attn += BF16 * t * (2 * q_dim + v_dim) / tp  # per-head Q, K, V
-            if lay.attn.mla_v_view:
+            attn += qkv_bytes * t * (2 * q_dim + v_dim) / tp  # per-head Q, K, V
+            if lay.attn.mla_v_view and fp8a is None:  # FP8 attention keeps its own fp8 V, not the view
                 attn += BF16 * t * shape.a * d_nope / tp  # the K-nope half of the up-projection output V views
         padded = lay.flash and lay.attn.mla_v_pad and d_v < d_nope + d_rope and shape.dsa is None
         if padded and "core_attn" not in sel:
@@ -554,13 +577,14 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
             attn += BF16 * t * (q_dim - v_dim + q_dim) / tp
     else:
         q_dim, v_dim, padded = shape.a * shape.d, shape.a * shape.d, False
-        attn += BF16 * t * (q_dim + 2 * ulysses_heads(shape.g, lay.ulysses) * shape.d) / tp  # K/V as flash keeps them
+        attn += qkv_bytes * t * (q_dim + 2 * ulysses_heads(shape.g, lay.ulysses) * shape.d) / tp  # as flash keeps them
         if shape.qk_norm and lay.attn.norms == "fp32_composite":  # per-head Q and K norms, each head a row
             attn += (_norm(shape.d, t * shape.a, lay) + _norm(shape.d, t * shape.g, lay)) / tp
     attn += _rope(shape, lay)
     core = 0.0
     if lay.flash:
-        core += lay.attn.stats_bytes * t * shape.a / tp  # fp32 log-sum-exp (and flex's max) per head and token
+        stats = lay.attn.stats_bytes if fp8a is None or fp8a.stats is None else fp8a.stats
+        core += stats * t * shape.a / tp  # fp32 log-sum-exp (flex's with max, FP8 attention's M and ZInv) per head
     else:
         scores = shape.a * t * lay.seq_kv / tp
         core += BF16 * scores  # softmax output
@@ -570,16 +594,27 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
             core += scores + BF16 * scores  # dropout mask (1 B) and dropout output
     if "core_attn" in sel:
         core = 0.0  # core attention is recomputed from Q, K, V
-    attn += core + BF16 * t * v_dim / tp  # attention output = out-projection input
+    attn += core + _attention_output(lay, fp8a) * t * v_dim / tp
     if shape.out_gate:  # Megatron-Core Attention._apply_output_gate keeps the gate and the core output it scales
         attn += 2 * BF16 * t * q_dim / tp
     if lay.ulysses > 1 and lay.flash and not padded and "core_attn" not in sel:
         attn += BF16 * t * v_dim / tp  # flash's own output, before the all-to-all (a padded one is counted above)
-    if lay.fp8 and lay.fp8_out_proj_copy:
-        attn += t * v_dim / tp  # the out-projection keeps its own fp8 copy of that input
     if lay.dropout:
         attn += t * h / ts  # output dropout mask
     return attn
+
+
+def _attention_output(lay: Layout, fp8a: Fp8AttentionSaves | None) -> float:
+    """Bytes per element of the core attention's output kept for the backward, by the kernel and the out-projection.
+    The bf16 kernel keeps its output, which is the out-projection's input: under Megatron's delayed-scaling fp8 the
+    out-projection keeps its own fp8 copy beside it (Layout.fp8_out_proj_copy), under its other recipes the same bf16
+    tensor (save_original_input). FP8 attention keeps its fp8 output and hands the out-projection a dequantized bf16
+    one (TE FusedAttnFunc: out_ret = out_fp8.dequantize()), which the out-projection keeps as its fp8 copy under delayed
+    scaling and whole under the other recipes."""
+    copy = 1 if lay.fp8 and lay.fp8_out_proj_copy else 0
+    if fp8a is None:
+        return BF16 + copy
+    return fp8a.output + (copy if copy else BF16)
 
 
 # torch.topk's indices are int64, and Megatron-Core's indexer keeps them so (dsa.py fused_qk_topk_naive:
@@ -660,9 +695,11 @@ def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -
         mlp += rows * shape.f_expert / lay.etp * (lay.expert_gate + lin)
     else:
         mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused and not fused,
-                    act="moe_act" not in sel, saves=None if fused else lay.act, one_fc1=True)
+                    act="moe_act" not in sel, saves=None if fused else lay.act, one_fc1=True,
+                    act_input=lay.act_input_bytes)
     if shape.f_shared and "shared_experts" not in sel:
-        mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused, saves=lay.act)
+        mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused, saves=lay.act,
+                    act_input=lay.act_input_bytes)
     if lay.stacked_experts:
         mlp += stacked_expert_bytes(shape, lay.ep, lay.etp)
     if lay.param_wrapper:
@@ -703,6 +740,8 @@ def _rope(shape: Shape, lay: Layout) -> float:
         return 8 * t * rotary / 2
     if shape.mla:
         return 0.0
+    if lay.fp8_attention is not None and lay.flash:
+        return 0.0  # FP8 attention keeps fp8 copies of Q, K and V: no bf16 view holds the fused QKV output
     return BF16 * t * (shape.a * shape.d + shape.g * shape.d) / lay.tp
 
 

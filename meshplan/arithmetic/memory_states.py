@@ -11,6 +11,7 @@ from typing import Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.arithmetic.activations import Fp8AttentionSaves
 from meshplan.arithmetic.gdn import GdnLayer
 from meshplan.arithmetic.mamba import Mamba2Layer
 from meshplan.core.errors import MeshplanError
@@ -148,6 +149,18 @@ class Fp8QuantizeFacts(_Card):
     source: str
 
 
+class Fp8SavedBytes(_Card):
+    """What Megatron-Core's fp8 activation store and Transformer Engine's FP8 dot-product attention keep for the
+    backward (cards/memory.yaml fp8_saves, with its source): bytes per element of the SwiGLU's input, of the
+    attention's Q, K, V and output, and per head and token of the FP8 kernel's softmax statistics."""
+
+    swiglu_input_bytes: float = Field(gt=0)
+    attention_qkv_bytes: float = Field(gt=0)
+    attention_output_bytes: float = Field(gt=0)
+    attention_stats_bytes: float = Field(gt=0)
+    source: str
+
+
 class CompileBytes(_Card):
     """What torch.compile changes in a convention (cards/memory.yaml compile, with the derivation)."""
 
@@ -239,6 +252,7 @@ class MemoryCard(_Card):
     description: str
     precision: PrecisionBytes
     fp8_quantize: Fp8QuantizeFacts
+    fp8_saves: Fp8SavedBytes
     optimizers: OptimizerStates
     optimizer_steps: dict[OptimizerImplementation, OptimizerStepBytes]
     optimizer_state_allocation_source: str
@@ -378,6 +392,35 @@ def fp8_inputs(job: Job, conv: Convention) -> bool:
     """Whether the linear layers keep their saved inputs in one byte: fp8 under a convention whose fp8 linears save
     fp8 copies (Transformer Engine); torchao's Float8Linear saves the bf16 input, as bf16 training does."""
     return job.precision == "fp8" and conv.fp8_saved_inputs == "fp8"
+
+
+def swiglu_input_bytes(job: Job) -> float:
+    """Bytes per element of fc1's output the fused SwiGLU keeps for its backward (activations.Layout.act_input_bytes):
+    one under Megatron-Core's activation_func_fp8_input_store (Job.fp8_activation_input_store, rule PR006), else
+    bf16's two."""
+    return memory_card().fp8_saves.swiglu_input_bytes if job.fp8_activation_input_store else 2
+
+
+def swiglu_store_cast_bytes(job: Job) -> float:
+    """HBM bytes per element of fc1's output that the fp8 store of the SwiGLU's input moves, forward and backward
+    (layer_time.elementwise_seconds): the forward's cast to float8_e4m3fn reads the bf16 tensor and writes the fp8
+    copy, the backward's cast back reads the fp8 copy and writes a bf16 tensor (two kernels of their own beside the
+    fused SwiGLU: cards/memory.yaml fp8_saves). 0 without the store."""
+    if not job.fp8_activation_input_store:
+        return 0.0
+    return 2 * (2 + swiglu_input_bytes(job))
+
+
+def fp8_attention_saves(job: Job, cp: int | None) -> Fp8AttentionSaves | None:
+    """What FP8 dot-product attention keeps (activations.Layout.fp8_attention; Job.fp8_dot_product_attention, rule
+    PR007): fp8 Q, K, V and output, and, at cp 1, the FP8 kernel's M and ZInv in place of the log-sum-exp (the
+    context-parallel ring keeps its softmax_lse: stats None; cp None, a floor over every cp, takes that smaller
+    count). None where the job runs bf16 attention."""
+    if not job.fp8_dot_product_attention:
+        return None
+    saves = memory_card().fp8_saves
+    return Fp8AttentionSaves(qkv=saves.attention_qkv_bytes, output=saves.attention_output_bytes,
+                             stats=saves.attention_stats_bytes if cp == 1 else None)
 
 
 def fp8_out_proj_copy(job: Job, plan: Plan, conv: Convention) -> bool:

@@ -84,6 +84,9 @@ class LayerContext:
     tp_sms: TpSms | None = None  # SMs the TP communication kernels hold beside their GEMMs (tp_sms; tp_hidden)
     sp_copies: tuple[float, float] = (0.0, 0.0)  # copies per unfused SP all-gather, reduce-scatter (sp_copies)
     async_tp_unfused: tuple[bool, bool] = (False, False)  # per TP pair: async TP leaves its input grad's RS unfused
+    # bytes per element of fc1's output the SwiGLU's fp8 input store's two casts move (memory_states.
+    # swiglu_store_cast_bytes); 0 without it
+    fp8_store_cast_bytes: float = 0.0
     fp8_casts: Fp8Casts | None = None  # Transformer Engine's FP8 quantize passes (fp8_casts.fp8_casts); None: none
 
     @property

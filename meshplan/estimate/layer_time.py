@@ -199,6 +199,9 @@ def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
         elem_bytes = BF16 * (passes * load.hidden + ffn)
     elem_bytes += BF16 * sum(expert_bias_passes(routed_code)) * load.expert_bias
     elem_bytes += load.dispatch_bytes + load.router_bytes + load.weight_copy_bytes
+    # the SwiGLU input's fp8 store: its casts over fc1's output, two FFN widths (Megatron-Core stores it for SwiGLU
+    # only, rule PR006)
+    elem_bytes += ctx.fp8_store_cast_bytes * 2 * (load.dense_ffn + load.shared_ffn + load.routed_ffn)
     return elem_bytes / ctx.hbm
 
 

@@ -40,6 +40,7 @@ from meshplan.arithmetic.memory_states import (
     built_vocab,
     describe_tensors,
     expert_gate_bytes,
+    fp8_attention_saves,
     fp8_inputs,
     fp8_out_proj_copy,
     fp8_param_gather,
@@ -50,6 +51,7 @@ from meshplan.arithmetic.memory_states import (
     optimizer_implementation,
     output_activations,
     pipeline_held,
+    swiglu_input_bytes,
     with_precision,
 )
 from meshplan.arithmetic.offload import OffloadPlan, offload_plan, offload_time
@@ -400,6 +402,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         and job.model.model_type in job.card.attention.unfused_softcap,
         act=activation_saves(conv, job.model.activation),
         expert_gate=expert_gate_bytes(conv, job.model.model_type),
+        act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, plan.cp),
     )
 
 

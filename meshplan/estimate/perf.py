@@ -36,6 +36,7 @@ from meshplan.arithmetic.memory_states import (
     convention,
     optimizer_sharded,
     optimizer_step_bytes,
+    swiglu_store_cast_bytes,
     uses_fsdp,
 )
 from meshplan.arithmetic.offload import offload_plan
@@ -423,7 +424,7 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
         expert_launches=expert_launches(job, plan),
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
         sp_copies=sp_copies(job.card.tp_overlap, plan, job.framework_version),
-        fp8_casts=fp8_casts(job, plan),
+        fp8_casts=fp8_casts(job, plan), fp8_store_cast_bytes=swiglu_store_cast_bytes(job),
         **job_facts(job, plan, cal, lk, peaks, attention_kernel))
 
 

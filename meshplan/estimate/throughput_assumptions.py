@@ -186,6 +186,7 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
                       "arithmetic/fp8_casts.py)." if casts is not None else
                       "; the casts that feed the FP8 GEMMs are not timed apart (in the x "
                       f"{cal.fp8_gemm_relative_efficiency:.2f})."))
+    out += fp8_setting_assumptions(job)
     if plan.recompute != "none":
         out.append(f"Recompute {plan.recompute}: "
                    + ("one more forward of each recomputed layer (with its TP traffic)." if plan.recompute == "full"
@@ -207,6 +208,23 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
                    "weight gradients left out, plus 6 per adapter parameter per token (Megatron-Bridge "
                    "flop_utils.py counts frozen x 2/3 the same way, without the adapters).")
     return out + list(job.notes)
+
+
+def fp8_setting_assumptions(job: Job) -> list[str]:
+    """What the estimate makes of the two Megatron-Core fp8 settings' time: FP8 dot-product attention timed as the
+    bf16 kernel (meshplan has no sourced training throughput of cuDNN's FP8 fused attention, forward and backward),
+    and the SwiGLU input's fp8 store as its two casts' HBM traffic."""
+    out = []
+    if job.fp8_dot_product_attention:
+        out.append("FP8 dot-product attention: its memory counted in fp8 (Q, K, V and the output kept in one byte); "
+                   "its time counted as the bf16 attention kernel's (no sourced training throughput of cuDNN's FP8 "
+                   "fused attention, forward and backward, in cards/calibration.yaml), so the step may be "
+                   "over-estimated.")
+    if job.fp8_activation_input_store:
+        out.append("SwiGLU input stored in fp8 (activation_func_fp8_input_store): fc1's output kept in one byte; "
+                   "its cast to fp8 in the forward and back to bf16 in the backward timed as HBM traffic (bf16 read "
+                   "and fp8 write, fp8 read and bf16 write, over fc1's output).")
+    return out
 
 
 def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx: LayerContext) -> list[str]:

@@ -28,7 +28,7 @@ ADAPTER_KNOBS: tuple[str, ...] = (
     "optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_fp32", "grad_reduce_bf16", "fp8_delayed",
     "fp8_tensorwise", "fp8_rowwise", "fp8_blockwise", "fp8_mxfp8",
     "lora_rank", "lora_targets", "attention_backend", "dropout", "pipeline_schedule", "dp_replicate",
-    "mtp_num_layers", "cuda_graphs",
+    "mtp_num_layers", "cuda_graphs", "fp8_activation_input_store", "fp8_dot_product_attention",
 )
 
 

@@ -138,6 +138,7 @@ def precision_knobs(job: Job, plan: Plan) -> list[str]:
         used.append("grad_reduce_fp32" if plan.grad_reduce_in_fp32 else "grad_reduce_bf16")
     if job.precision == "fp8" and plan.fp8_recipe is not None:
         used.append(f"fp8_{plan.fp8_recipe}")
+    used += [name for name in ("fp8_activation_input_store", "fp8_dot_product_attention") if getattr(job, name)]
     return used
 
 
@@ -163,6 +164,8 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "optimizer": f"optimizer={plan.optimizer}",
         "optimizer_state_dtype": f"optimizer_state_dtype={plan.optimizer_state_dtype}",
         "fp8_param_gather": "fp8_param_gather=true", "grad_reduce_fp32": "grad_reduce_in_fp32=true",
+        "fp8_activation_input_store": "fp8_activation_input_store=true",
+        "fp8_dot_product_attention": "fp8_dot_product_attention=true",
         "grad_reduce_bf16": "grad_reduce_in_fp32=false",
         "activation_offload": "activation_offload=true", "param_offload": "param_offload=true",
         "grad_offload": "grad_offload=true", "optimizer_offload": "optimizer_offload=true",

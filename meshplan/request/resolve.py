@@ -228,6 +228,9 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         moe_fake_balanced_gate=_fake_gate(req, arch),
         fsdp_keep_gathered=_keep_gathered(req, card, arch, zero),
         loss_fp32_upcast=_loss_upcast(req, card, version),
+        # what the rules PR006 and PR007 hold to the model, precision, recipe, GPU and framework (left out: off)
+        fp8_activation_input_store=req.fp8_activation_input_store is True,
+        fp8_dot_product_attention=req.fp8_dot_product_attention is True,
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
         rl=rl.job if rl else None,
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained

@@ -214,3 +214,63 @@ def muon_the_framework_cannot_run(ctx: Context) -> Values:
                 "fix": "Leave optimizer_state_dtype and the optimizer offload out (fp32 momentum on the GPU), or "
                        "use optimizer=adam."}
     return None
+
+
+
+# The GPU generations whose attention runs Transformer Engine's FP8 fused attention (cuDNN's FP8 kernel: sm90+)
+FP8_ATTENTION_ARCHES = ("hopper", "blackwell")
+
+
+@rule("PR006", reads=())
+def fp8_activation_input_store_needs_swiglu(ctx: Context) -> Values:
+    """activation_func_fp8_input_store where the framework and model run it: a framework with the key (Megatron-
+    Bridge's model field; Megatron-LM's pretrain_gpt.py has no flag for it), and a SwiGLU MLP (Megatron-Core's
+    TransformerConfig refuses it otherwise). It needs no fp8 recipe: the fused SwiGLU casts its saved input to
+    float8_e4m3fn itself."""
+    job, card = ctx.job, ctx.card
+    if not job.fp8_activation_input_store:
+        return None
+    values = {"framework": card.display_name, "model": job.model.name}
+    instead = _lacks(card, "fp8_activation_input_store")
+    if instead:
+        return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
+    if not (job.model.gated_mlp and job.model.activation == "silu"):
+        kind = f"a {'gated ' if job.model.gated_mlp else ''}{job.model.activation} MLP"
+        return {**values, "why": f"Megatron-Core stores the activation's input in fp8 for SwiGLU only, and the model "
+                                 f"has {kind}",
+                "fix": "Drop fp8_activation_input_store (the model's MLP keeps its bf16 input)."}
+    return None
+
+
+@rule("PR007", reads=("fp8_recipe", "attention_backend"))
+def fp8_dot_product_attention_needs_fp8(ctx: Context) -> Values:
+    """FP8 dot-product attention where it runs: a framework with the key, an fp8 run (fp8_dpa is a field of the fp8
+    recipe, read inside fp8_autocast only) whose recipe Megatron-Core builds with fp8_dpa (delayed, tensorwise, mxfp8;
+    its blockwise recipe without it), a GPU whose cuDNN runs FP8 fused attention, and Transformer Engine's fused
+    attention backend (its FlashAttention and unfused backends are disabled for FP8 training)."""
+    job, card, p = ctx.job, ctx.card, ctx.plan
+    if not job.fp8_dot_product_attention:
+        return None
+    recipe = fp8_recipe(job, p)
+    values = {"framework": card.display_name, "precision": job.precision, "recipe": recipe or "none",
+              "gpu": job.gpu.name}
+    instead = _lacks(card, "fp8_dot_product_attention")
+    if instead:
+        return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
+    if job.precision != "fp8":
+        return {**values, "why": "fp8_dpa is a field of the fp8 recipe, read only inside fp8_autocast",
+                "fix": "Use precision=fp8 with it, or drop fp8_dot_product_attention."}
+    if job.gpu.fp8_flops is None:
+        return None  # FP001 says it
+    if job.gpu.arch not in FP8_ATTENTION_ARCHES:
+        return {**values, "why": f"cuDNN's FP8 fused attention runs on Hopper and Blackwell only ({job.gpu.name} is "
+                                 f"{job.gpu.arch or 'neither'})",
+                "fix": "Drop fp8_dot_product_attention (bf16 attention), or use a Hopper or Blackwell GPU."}
+    if recipe == "blockwise":
+        return {**values, "why": "Megatron-Core builds its blockwise recipe (Float8BlockScaling) without fp8_dpa",
+                "fix": "Use fp8_recipe=delayed, tensorwise or mxfp8 with it, or drop fp8_dot_product_attention."}
+    if p.attention_backend in ("flash", "unfused"):
+        return {**values, "why": f"Transformer Engine runs FP8 attention in its fused (cuDNN) backend only, and "
+                                 f"attention_backend is {p.attention_backend}",
+                "fix": "Use attention_backend=fused (or auto) with it, or drop fp8_dot_product_attention."}
+    return None

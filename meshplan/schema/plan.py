@@ -166,6 +166,12 @@ class Job(StrictModel):
                                                         "resharded after a backward nor reduced before the step's last "
                                                         "micro-batch (memory_states.keeps_units)")
     loss_fp32_upcast: bool = Field(True, description="The loss upcasts the logits to fp32 (memory_states.loss_upcast)")
+    fp8_activation_input_store: bool = Field(
+        False, description="The SwiGLU's saved input in fp8 (Megatron-Core activation_func_fp8_input_store; "
+                           "activations.Layout.fp8_act_input)")
+    fp8_dot_product_attention: bool = Field(
+        False, description="FP8 dot-product attention (Megatron-Core fp8_dot_product_attention; activations.Layout."
+                           "fp8_attention)")
     headroom: float | None = Field(
         None, ge=0.0, lt=1.0, description="The share of GPU memory the request asked to keep free: a plan fits within "
                                           "capacity x (1 - headroom) (None: within capacity, MEM002 warning below its "

@@ -160,6 +160,17 @@ class Request(StrictModel):
         None, description="FP8 scaling recipe with precision=fp8: delayed, tensorwise (current scaling), rowwise "
                           "(torchao), blockwise, mxfp8 (Blackwell) (default: the framework's, delayed for Megatron)",
     )
+    fp8_activation_input_store: bool | None = Field(
+        None, description="The MLP's SwiGLU keeps its input (fc1's output) for the backward as a float8_e4m3fn copy, "
+                          "1 byte per element instead of 2, cast back to bf16 in the backward (Megatron-Core "
+                          "activation_func_fp8_input_store; SwiGLU models only) (default: off)",
+    )
+    fp8_dot_product_attention: bool | None = Field(
+        None, description="FP8 dot-product attention: Transformer Engine's cuDNN FP8 fused attention, Q, K, V and the "
+                          "attention output kept in fp8 for the backward (Megatron-Core fp8_dot_product_attention, "
+                          "Megatron-Bridge mixed_precision.fp8_dot_product_attention; precision=fp8 with a recipe "
+                          "that passes fp8_dpa) (default: off)",
+    )
     moe_token_dispatcher: MoeDispatcher | None = Field(
         None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
                           "default alltoall, the search picks flex for cross-node EP where the framework has it"

@@ -26,6 +26,7 @@ from meshplan.arithmetic.memory_states import (
     activation_saves,
     built_vocab,
     experts_in_units,
+    fp8_attention_saves,
     frozen_gathered_transient,
     gathered_transient,
     memory_card,
@@ -34,6 +35,7 @@ from meshplan.arithmetic.memory_states import (
     state_bytes,
     state_classes,
     state_sums,
+    swiglu_input_bytes,
     unsharded_grad_bytes,
 )
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
@@ -439,7 +441,9 @@ def _kind_sums(job: Job, reads: tuple, switches: int, tokens: int, tp: int, sp: 
         act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash,
                         qkv_fused=qkv_fused, dropout=dropout, swiglu_unfused=swiglu_unfused,
                         fp8=job.precision == "fp8", moe=moe, attn=attn, act=act_saves,
-                        attention_recomputed=flash and op_sac_may_recompute_attention(job))._replace(**mixer_rows(job))
+                        attention_recomputed=flash and op_sac_may_recompute_attention(job),
+                        act_input_bytes=swiglu_input_bytes(job),
+                        fp8_attention=fp8_attention_saves(job, None))._replace(**mixer_rows(job))
         shape, modules = shape_of(job.model), selective_modules(DEFAULT_PLAN)
         inside = recompute == "full" and pipeline_unit(job.model) > 1  # memory.checkpoint_group: the mixer's input
         hit = memo[key] = tuple(0.0 if inside and kind == "-" else sum(hybrid_layer_activations(
@@ -831,7 +835,8 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
     flash, qkv_fused, dropout, swiglu_unfused, moe, attn, act_saves = reads
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash, qkv_fused=qkv_fused,
                     dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn,
-                    act=act_saves, attention_recomputed=flash and op_sac_may_recompute_attention(job))
+                    act=act_saves, attention_recomputed=flash and op_sac_may_recompute_attention(job),
+                    act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, None))
     shape = shape_of(job.model)
     if shape.kinds:  # a hybrid (M, G, *, -, E layers): arithmetic/mamba.least_kind_activations
         # the modules every searched plan recomputes (search/job.py refuses recompute_modules)
