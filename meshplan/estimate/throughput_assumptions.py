@@ -319,15 +319,11 @@ def cuda_graph_assumption(job: Job, plan: Plan) -> str:
     """What the plan's CUDA graphs change in the estimate: nothing meshplan times. Rule CG002 refuses every capture of a
     dropless MoE layer's experts, so the dispatcher's host sync (moe_host_sync_s) and the per-expert grouped-GEMM
     launches (grouped_gemm_launch_s) stand; the captured modules' kernels are launched as one graph, and meshplan
-    times no host launch for them eager either (the host runs ahead of the GPU there), but in an MoE layer, whose
-    forward waits for the host after the sync (moe_time.host_bound_forward): there they count as one launch
-    (moe_time.captured_parts)."""
+    times no host launch for them eager either (the host runs ahead of the GPU there)."""
     what = ("the whole forward-backward iteration" if plan.cuda_graph_impl == "full_iteration" else
             f"each layer's {', '.join(plan.cuda_graph_modules)}" if plan.cuda_graph_modules else "each whole layer")
     experts = (" The routed experts stay eager (dropless routing: Megatron-Core cannot capture them, rule CG002): "
-               "their host sync and per-expert launches are timed as without graphs; of the MoE layer's other "
-               "kernels, which its forward waits for the host to issue after that sync, the captured modules' count "
-               "as one launch."
+               "their host sync and per-expert launches are timed as without graphs."
                if job.model.moe is not None else "")
     return (f"CUDA graphs ({plan.cuda_graph_impl}) of {what}: timed as eager, since meshplan times no host launch for "
             "the captured kernels either way (the host runs ahead of the GPU outside an MoE layer's sync)." + experts
