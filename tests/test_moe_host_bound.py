@@ -101,15 +101,3 @@ def test_the_overlapped_twin_works_the_wait_out_as_layer_time_does():
     direct = layer_time(slow, True)
     assert twin.host_fwd == pytest.approx(direct.host_fwd) and twin.ep == pytest.approx(direct.ep)
     assert direct.host_fwd < plain.host_fwd  # the other chunk's backward runs beside the forward
-
-
-def test_a_cuda_graph_replays_its_parts_in_one_launch():
-    job, plan = job_plan(precision="bf16")
-    facts = job.card.moe_layer_launches
-    eager = layer_launches(job, plan)
-    graphs = plan.model_copy(update={"cuda_graph_impl": "transformer_engine",
-                                     "cuda_graph_modules": ("moe_router", "moe_preprocess")})
-    assert layer_launches(job, graphs) == eager - facts.router - facts.dispatcher_preprocess["alltoall"] + 1
-    whole = plan.model_copy(update={"cuda_graph_impl": "full_iteration"})
-    assert layer_launches(job, whole) == (eager - facts.router - facts.dispatcher_preprocess["alltoall"]
-                                          - facts.attention - facts.qk_norm + 1)

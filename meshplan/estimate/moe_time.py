@@ -79,8 +79,7 @@ def layer_launches(job: Job, plan: Plan) -> float:
     (expert_launches), from the framework card's moe_layer_launches: its attention block, norms and residual adds
     (with a Q/K norm's or MLA's own), the router's, the plan's dispatcher's, the grouped MLP's activation, a shared
     expert's, and under FP8 the attention block's (and shared expert's) linear inputs quantized at the recipe's
-    kernels each (the card's grouped_gemm_launches quantize_kernels) and the grouped MLP's padding; the parts the
-    plan's CUDA graphs capture (captured_parts) as one graph launch. 0 where the card
+    kernels each (the card's grouped_gemm_launches quantize_kernels) and the grouped MLP's padding. 0 where the card
     counts none, its engine at this ZeRO stage does not run that layer, or the model is a hybrid (the dispatcher's
     sync then comes once per several pattern layers, whose own kernels and GPU time this count does not hold)."""
     facts, arch = job.card.moe_layer_launches, job.model
@@ -88,14 +87,8 @@ def layer_launches(job: Job, plan: Plan) -> float:
         return 0.0
     if facts.engines is not None and job.card.engine_at(plan.zero_stage) not in facts.engines:
         return 0.0
-    attention = facts.attention + (facts.latent_attention if arch.mla is not None
-                                   else facts.qk_norm if arch.qk_norm != "none" else 0)
-    parts = {"attn": attention, "moe_router": facts.router,
-             "moe_preprocess": facts.dispatcher_preprocess.get(plan.moe_token_dispatcher, 0)}
-    kernels = sum(parts.values()) + facts.dispatcher.get(plan.moe_token_dispatcher, 0) - parts["moe_preprocess"]
-    kernels += facts.experts
-    captured = captured_parts(plan)
-    kernels -= sum(parts[m] for m in captured) - (1 if captured else 0)  # the captured parts: one graph launch
+    kernels = facts.attention + facts.router + facts.dispatcher.get(plan.moe_token_dispatcher, 0) + facts.experts
+    kernels += facts.latent_attention if arch.mla is not None else facts.qk_norm if arch.qk_norm != "none" else 0
     shared = arch.moe.shared_expert_ffn_hidden_size > 0
     kernels += facts.shared_expert if shared else 0
     recipe = fp8_recipe(job, plan)
@@ -104,18 +97,6 @@ def layer_launches(job: Job, plan: Plan) -> float:
         per_tensor = launches.quantize_kernels.get(recipe, 0) if launches is not None else 0
         kernels += facts.fp8_padding + per_tensor * (facts.quantized + (2 if shared else 0))
     return float(kernels)
-
-
-def captured_parts(plan: Plan) -> tuple[str, ...]:
-    """The parts of an MoE layer's forward (layer_launches') the plan's CUDA graphs replay without the host issuing
-    their kernels: Transformer Engine's or the local graphs of the attn, moe_router and moe_preprocess modules it
-    names, all three under a full-iteration graph (whose dropless experts rule CG002 refuses)."""
-    if plan.cuda_graph_impl == "none":
-        return ()
-    every = ("attn", "moe_router", "moe_preprocess")
-    if plan.cuda_graph_impl == "full_iteration":
-        return every
-    return tuple(m for m in every if m in plan.cuda_graph_modules)
 
 
 def host_bound_forward(ctx: LayerContext, gpu_seconds: float) -> float:

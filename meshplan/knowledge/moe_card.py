@@ -59,8 +59,6 @@ class MoeLayerLaunches(BaseModel):
     dispatcher: dict[MoeDispatcher, int] = Field(
         description="The token dispatcher's, per dispatcher: its routing counts, their device-to-host copies, the "
                     "permutes and the dispatch and combine collectives")
-    dispatcher_preprocess: dict[MoeDispatcher, int] = Field(
-        description="Of `dispatcher`, those MoELayer.preprocess issues (a CUDA graph of moe_preprocess replays them)")
     experts: int = Field(ge=0, description="The grouped MLP's besides the per-expert GEMMs (the weighted activation)")
     shared_expert: int = Field(ge=0, description="More where the model has a shared expert (its two GEMMs, "
                                                  "activation and the add to the routed output)")
