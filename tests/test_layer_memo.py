@@ -163,8 +163,7 @@ DENSE_PERTURBED_CONTEXT = {"a2a_steady_share": lambda c: c.a2a_steady_share + 0.
                            "gather_dispatch": lambda c: not c.gather_dispatch,
                            "experts_fused": lambda c: not c.experts_fused,
                            "stacked_experts": lambda c: not c.stacked_experts,
-                           "expert_launches": lambda c: (c.expert_launches[0] + 32.0, c.expert_launches[1] + 64.0),
-                           "layer_launches": lambda c: c.layer_launches + 40.0}
+                           "expert_launches": lambda c: (c.expert_launches[0] + 32.0, c.expert_launches[1] + 64.0)}
 
 
 def test_dense_perturbed_covers_every_left_out_field():

@@ -63,7 +63,6 @@ class LayerContext:
     stacked_experts: bool = False  # MoE layers copy their local experts' weights each forward (stacks_experts)
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
     expert_launches: tuple[float, float] = (0.0, 0.0)  # (fwd, bwd) per-expert grouped-GEMM launches (expert_launches)
-    layer_launches: float = 0.0  # an MoE layer forward's other kernels (moe_time.layer_launches)
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
     hf_eager: bool = False  # transformers' modeling code run eagerly (the card's eager_model_code): hf_eager_* passes
     experts_fused: bool = False  # ... but the routed experts' activation is a fused kernel (compile.experts_fused)
@@ -116,7 +115,6 @@ class LayerTime:
     attention: float = 0.0
     elementwise: float = 0.0
     overhead: float = 0.0
-    host_fwd: float = 0.0  # an MoE layer's forward waiting for the host (moe_time.host_bound_forward; in compute)
     tp: float = 0.0
     tp_fwd: float = 0.0  # forward share of tp (what full recompute repeats, the forward's overlap window)
     cp: float = 0.0
@@ -135,7 +133,7 @@ class LayerTime:
 
     @property
     def compute(self) -> float:
-        return self.gemm + self.attention + self.elementwise + self.overhead + self.host_fwd
+        return self.gemm + self.attention + self.elementwise + self.overhead
 
 
 def _worked_out_on_read(name: str) -> property:
@@ -180,7 +178,7 @@ _CONTEXT_VALUES = itemgetter(*_CONTEXT_FIELDS)
 _LIST_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if name in PLAN_LIST_FIELDS)
 MOE_ONLY_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher", "moe_a2a_overlap"})
 MOE_ONLY_CONTEXT = frozenset({"a2a_steady_share", "routed_load", "moe_host_syncs", "gather_dispatch", "experts_fused",
-                              "stacked_experts", "expert_launches", "layer_launches"})
+                              "stacked_experts", "expert_launches"})
 """Plan fields and LayerContext fields a dense layer's time (layer_time.layer_time(ctx, False)) without LoRA never
 reads, beside PER_STEP_FIELDS, nor the shard's ep and etp: the expert grid, the dispatcher and its all-to-all's
 overlap, the routed tokens' load, host syncs and grouped-GEMM launches, the routed experts' fused activation (an MoE

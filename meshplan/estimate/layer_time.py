@@ -18,7 +18,7 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, su
 from meshplan.arithmetic.param_wrapper import delta_pass_bytes
 from meshplan.estimate.attention_time import attention_seconds
 from meshplan.estimate.context_parallel import cp_passes, cp_time
-from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, ElementwiseLoad, LayerContext, LayerTime
+from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime
 from meshplan.estimate.lora_gemms import lora_gemm_seconds
 from meshplan.estimate.moe_time import (
     backward_launch_wait,
@@ -26,7 +26,6 @@ from meshplan.estimate.moe_time import (
     dispatch_and_router_bytes,
     expert_launch_floor,
     exposed_ep,
-    host_bound_forward,
 )
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
@@ -71,33 +70,19 @@ def assembled_layer_time(ctx: LayerContext, moe: bool, load: ElementwiseLoad, *,
         gemm += backward_launch_wait(ctx, gemm + attention + elementwise + mixer - fwd_compute)
     compute = gemm + attention + elementwise + mixer + overhead  # LayerTime.compute
     ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
-    host = host_wait(ctx, fwd_compute, compute - overhead - fwd_compute, ep) if moe else 0.0
     cp_fwd, cp_seconds = cp
-    return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise + mixer, overhead=overhead, host_fwd=host,
-                     tp=tp, tp_fwd=tp * tp_fwd_share, cp=cp_seconds, cp_fwd=cp_fwd, ep=ep,
-                     fwd_compute=fwd_compute, attention_fwd=attention_fwd, later=later)
-
-
-def host_wait(ctx: LayerContext, fwd_compute: float, bwd_compute: float, ep: float) -> float:
-    """Seconds an MoE layer's forward waits for the host to issue it (moe_time.host_bound_forward), against the GPU
-    work between two of its dispatcher's syncs: its forward compute and forward all-to-alls (half the exposed EP
-    seconds), and in moe_a2a_overlap's steady state the other chunk's backward compute the combined 1F1B runs beside
-    it."""
-    if not ctx.layer_launches:
-        return 0.0
-    return host_bound_forward(ctx, fwd_compute + ep / FORWARD_AND_BACKWARD + ctx.a2a_steady_share * bwd_compute)
+    return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise + mixer, overhead=overhead, tp=tp,
+                     tp_fwd=tp * tp_fwd_share, cp=cp_seconds, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
+                     attention_fwd=attention_fwd, later=later)
 
 
 def overlapped_twin(ctx: LayerContext, plain: LayerTime) -> LayerTime:
     """layer_time(ctx, True) of an MoE layer whose plan overlaps its EP all-to-all (moe_a2a_overlap), from its plain
     twin's (the same context but the overlap and its steady share, layer_records.plain_twin_key): of the context those
-    two only exposed_ep and host_wait read, so every part is the twin's but the EP seconds and the wait for the host,
-    worked out from the twin's forward and backward compute as layer_time does (the same floats: the sum adds its
-    parts in layer_time's order)."""
+    two only exposed_ep reads, so every part is the twin's but the EP seconds, worked out from the twin's forward and
+    backward compute as layer_time does (the same floats: LayerTime.compute adds its parts in layer_time's order)."""
     twin = copy(plain)  # (its fields as they are: a recompute share still to work out is worked out alike)
-    compute = plain.gemm + plain.attention + plain.elementwise + plain.overhead  # before the wait for the host
-    twin.ep = exposed_ep(ctx, plain.fwd_compute, compute - plain.fwd_compute)
-    twin.host_fwd = host_wait(ctx, plain.fwd_compute, compute - plain.overhead - plain.fwd_compute, twin.ep)
+    twin.ep = exposed_ep(ctx, plain.fwd_compute, plain.compute - plain.fwd_compute)
     return twin
 
 

@@ -74,41 +74,6 @@ def launches_per_expert(job: Job, zero_stage: int) -> bool:
     return facts.engines is None or job.card.engine_at(zero_stage) in facts.engines
 
 
-def layer_launches(job: Job, plan: Plan) -> float:
-    """Kernels one MoE decoder layer's forward launches on a rank besides its routed experts' per-expert ones
-    (expert_launches), from the framework card's moe_layer_launches: its attention block, norms and residual adds
-    (with a Q/K norm's or MLA's own), the router's, the plan's dispatcher's, the grouped MLP's activation, a shared
-    expert's, and under FP8 the attention block's (and shared expert's) linear inputs quantized at the recipe's
-    kernels each (the card's grouped_gemm_launches quantize_kernels) and the grouped MLP's padding. 0 where the card
-    counts none, its engine at this ZeRO stage does not run that layer, or the model is a hybrid (the dispatcher's
-    sync then comes once per several pattern layers, whose own kernels and GPU time this count does not hold)."""
-    facts, arch = job.card.moe_layer_launches, job.model
-    if facts is None or arch.moe is None or arch.layer_pattern is not None:
-        return 0.0
-    if facts.engines is not None and job.card.engine_at(plan.zero_stage) not in facts.engines:
-        return 0.0
-    kernels = facts.attention + facts.router + facts.dispatcher.get(plan.moe_token_dispatcher, 0) + facts.experts
-    kernels += facts.latent_attention if arch.mla is not None else facts.qk_norm if arch.qk_norm != "none" else 0
-    shared = arch.moe.shared_expert_ffn_hidden_size > 0
-    kernels += facts.shared_expert if shared else 0
-    recipe = fp8_recipe(job, plan)
-    if recipe is not None:
-        launches = job.card.grouped_gemm_launches
-        per_tensor = launches.quantize_kernels.get(recipe, 0) if launches is not None else 0
-        kernels += facts.fp8_padding + per_tensor * (facts.quantized + (2 if shared else 0))
-    return float(kernels)
-
-
-def host_bound_forward(ctx: LayerContext, gpu_seconds: float) -> float:
-    """Seconds one MoE layer's forward waits for the host beyond `gpu_seconds`, the GPU work the host issues between
-    one MoE layer's dispatcher sync and the next (the layer's forward, its forward all-to-alls, and under
-    moe_a2a_overlap's steady state the other chunk's backward run beside it): the sync leaves the host no lead, so
-    that stretch takes at least the host's time to issue its kernels, the layer's own (ctx.layer_launches) and its
-    experts' (ctx.expert_launches' forward), at grouped_gemm_launch_s each. A recomputed forward waits again."""
-    launches = ctx.layer_launches + ctx.expert_launches[0]
-    return max(0.0, launches * ctx.cal.grouped_gemm_launch_s - gpu_seconds)
-
-
 def expert_launch_floor(ctx: LayerContext, expert_gemms: float) -> tuple[float, float]:
     """(forward + backward, forward) seconds of one MoE layer's routed experts' GEMMs per micro-batch (`expert_gemms`
     their three passes on the GPU, a third of it in the forward as TRAINING_PASSES_PER_FORWARD counts), with the

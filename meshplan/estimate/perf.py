@@ -63,7 +63,7 @@ from meshplan.estimate.memory import (
     step_offload_time,
 )
 from meshplan.estimate.memory_terms import time_rank_parts
-from meshplan.estimate.moe_time import a2a_steady_share, expert_launches, layer_launches, moe_host_syncs
+from meshplan.estimate.moe_time import a2a_steady_share, expert_launches, moe_host_syncs
 from meshplan.estimate.mtp_time import head_with_mtp
 from meshplan.estimate.sharding_traffic import (
     DpTraffic,
@@ -413,7 +413,7 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
         a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
         moe_host_syncs=moe_host_syncs(job, plan), routed_load=ep_rank_load(job, plan),
         consecutive_routing=job.moe_fake_balanced_gate,
-        expert_launches=expert_launches(job, plan), layer_launches=layer_launches(job, plan),
+        expert_launches=expert_launches(job, plan),
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
         sp_copies=sp_copies(job.card.tp_overlap, plan, job.framework_version),
         fp8_casts=fp8_casts(job, plan),

@@ -133,11 +133,10 @@ def op_sac_terms(gemms: list[Gemm], ctx: LayerContext, terms: list[float] | None
 def recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: str = "core_attention",
                    modules: tuple[str, ...] = ("core_attn",), attention: bool = False) -> float:
     """Full recompute runs each layer's forward again: its forward compute, the forward share of its fixed
-    overhead (card), an MoE layer's wait for the host all again (its forward's: LayerTime.host_fwd) and the forward
-    part of its TP, CP and EP traffic (counted constants above)."""
+    overhead (card) and the forward part of its TP, CP and EP traffic (counted constants above)."""
     if recompute == "full":
-        return (lt.fwd_compute + lt.overhead * cal.forward_share_of_layer_overhead + lt.host_fwd
-                + lt.tp_fwd + lt.cp_fwd + lt.ep / FORWARD_AND_BACKWARD)
+        return (lt.fwd_compute + lt.overhead * cal.forward_share_of_layer_overhead + lt.tp_fwd
+                + lt.cp_fwd + lt.ep / FORWARD_AND_BACKWARD)
     if recompute == "selective" and selective == "op_sac":
         # the unkept GEMMs, every pointwise and norm op and the TP all-gathers (reduce-scatters are kept); the
         # attention too where the release's save list lacks its kernel (`attention`: Recompute.attention)

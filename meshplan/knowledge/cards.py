@@ -35,7 +35,6 @@ from meshplan.knowledge.moe_card import (
     MoeDispatch,
     MoeExpertWeights,
     MoeHostSyncs,
-    MoeLayerLaunches,
     MoeRoutingFacts,
 )
 from meshplan.knowledge.muon_card import MuonFacts
@@ -270,8 +269,6 @@ class FrameworkCard(_Card):
     moe_expert_weights: MoeExpertWeights | None = Field(None, description="Absent: read in place by the grouped GEMM")
     grouped_gemm_launches: GroupedGemmLaunches | None = Field(
         None, description="Absent: the routed experts' grouped GEMM is one kernel per pass (no per-expert launches)")
-    moe_layer_launches: MoeLayerLaunches | None = Field(
-        None, description="Absent: the MoE layer's forward is not timed at the host's pace (no count of its kernels)")
     output_head_tp: OutputHeadTp | None = Field(None, description="Absent: the head vocabulary-parallel over TP")
     tp_input_linears: TpInputLinears | None = Field(
         None, description="Absent: a TP pair's input is gathered once and its gradient reduced once, each way")

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.schema.choices import Engine, Fp8Recipe, MoeDispatcher
+from meshplan.schema.choices import Engine, Fp8Recipe
 
 
 class MoeHostSyncs(BaseModel):
@@ -39,35 +39,6 @@ class GroupedGemmLaunches(BaseModel):
     engines: list[Engine] | None = Field(
         None, description="The card's engines that run this grouped GEMM (verl's and SkyRL's Megatron engine, not "
                           "their FSDP one, which trains transformers' MoE block); None: every engine of the card")
-    source: str
-
-
-class MoeLayerLaunches(BaseModel):
-    """How many kernels one MoE decoder layer's forward launches besides its routed experts' per-expert ones
-    (GroupedGemmLaunches), counted from the framework's code: the host issues them one after another, and the
-    dispatcher's device-to-host read of the routing counts leaves it no lead over the GPU once per MoE layer forward,
-    so a layer whose forward the GPU runs faster than the host issues it waits for the host (estimate/moe_time.py
-    host_bound_forward)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    attention: int = Field(ge=0, description="The attention block's kernels with the layer's norms and residual adds")
-    qk_norm: int = Field(ge=0, description="More where the model norms its queries and keys (Qwen3's q/k norm)")
-    latent_attention: int = Field(ge=0, description="More where the attention is MLA (its down/up projections, "
-                                                    "latent norms and the rotary part's split and concatenation)")
-    router: int = Field(ge=0, description="The router's: its fp32 gating GEMM, top-k and the load-balancing loss")
-    dispatcher: dict[MoeDispatcher, int] = Field(
-        description="The token dispatcher's, per dispatcher: its routing counts, their device-to-host copies, the "
-                    "permutes and the dispatch and combine collectives")
-    experts: int = Field(ge=0, description="The grouped MLP's besides the per-expert GEMMs (the weighted activation)")
-    shared_expert: int = Field(ge=0, description="More where the model has a shared expert (its two GEMMs, "
-                                                 "activation and the add to the routed output)")
-    quantized: int = Field(ge=0, description="Under FP8, the attention block's linear inputs quantized per forward "
-                                             "(the shared expert's two more), each at the recipe's quantize kernels")
-    fp8_padding: int = Field(ge=0, description="Under FP8, the grouped MLP's padding of its inputs and probabilities "
-                                               "to the quantization's alignment and the unpadding of its output")
-    engines: list[Engine] | None = Field(
-        None, description="The card's engines that run this MoE layer; None: every engine of the card")
     source: str
 
 
