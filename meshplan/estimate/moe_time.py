@@ -103,13 +103,19 @@ def dispatch_and_router_bytes(ctx: LayerContext) -> tuple[float, float]:
     hidden vectors on the busiest rank, latent-wide in a latent MoE) permuted, sorted by expert, unsorted and
     unpermuted (transformers' eager MoE block, ctx.hf_eager: its index, scatter and routing-weight passes over them,
     hf_eager_dispatch_passes); the router's fp32 logits (scores, top-k, probs), over the tokens the rank routes
-    (Shard.moe_tokens of the block's shard)."""
+    (Shard.moe_tokens of the block's shard). The copies are whole hidden vectors whatever the ETP: under ETP > 1
+    Megatron-Core's alltoall dispatcher gathers the received copies over the expert-TP group before it sorts them by
+    expert (token_dispatcher.py MoEAlltoAllTokenDispatcher: gather_from_sequence_parallel_region on the tp group, then
+    sort_chunks_by_idxs; the unsort before its reduce-scatter), so the sort and unsort half of the passes runs over
+    etp x the copies and the permute and unpermute half over the rank's own."""
     arch, cal = ctx.arch, ctx.cal
     assert arch.moe is not None
     local = ctx.shard.moe_view().moe_tokens
-    routed = local * arch.moe.top_k * arch.moe.expert_width(arch.hidden_size) / ctx.plan.etp * ctx.routed_load
-    passes = cal.hf_eager_dispatch_passes if ctx.hf_eager else cal.moe_dispatch_passes  # transformers' MoE block
-    dispatch_bytes = passes * BF16 * routed
+    routed = local * arch.moe.top_k * arch.moe.expert_width(arch.hidden_size) * ctx.routed_load
+    if ctx.hf_eager:  # transformers' MoE block: no expert TP
+        dispatch_bytes = cal.hf_eager_dispatch_passes * BF16 * routed
+    else:
+        dispatch_bytes = cal.moe_dispatch_passes * BF16 * routed * (1 + ctx.plan.etp) / 2
     router_bytes = cal.moe_router_bytes_per_logit * local * arch.moe.num_experts
     return dispatch_bytes, router_bytes
 
