@@ -113,7 +113,18 @@ REFUSED = [
     ("PR007", dict(fp8_dot_product_attention=True, framework="megatron-core"), "no key for it"),
     ("PR006", dict(fp8_activation_input_store=True, framework="torchtitan", tp=1), "no key for it"),
     ("PR006", dict(fp8_activation_input_store=True, model="gpt-neox-20b"), "SwiGLU only"),
+    # gpt-oss's hidden_act says silu, but Megatron-Core runs its clamped GLU as quick_gelu gated: refused there
+    ("PR006", dict(fp8_activation_input_store=True, model="gpt-oss-20b", ep=8), "clamped GLU"),
 ]
+
+
+def test_swiglu_is_megatron_cores_gated_silu_alone():
+    """Architecture.is_swiglu, what PR006 and the Megatron renders read: a gated SiLU (swish too) MLP, not gpt-oss's
+    clamped GLU, not a plain one."""
+    llama, oss, neox = (resolve_model(name) for name in ("llama-3.1-8b", "gpt-oss-20b", "gpt-neox-20b"))
+    assert llama.is_swiglu and llama.model_copy(update={"activation": "swish"}).is_swiglu
+    assert oss.activation == "silu" and oss.gated_mlp and not oss.is_swiglu
+    assert not neox.is_swiglu and not llama.model_copy(update={"gated_mlp": False}).is_swiglu
 
 
 @pytest.mark.parametrize("rule,change,words", REFUSED)
