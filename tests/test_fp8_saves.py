@@ -72,6 +72,22 @@ def test_fp8_attention_keeps_fp8_q_k_v_and_output_and_m_and_zinv(copy):
     assert bf16 - fp8 == pytest.approx(qkv + rope + stats + output)
 
 
+@pytest.mark.parametrize("copy", [True, False])
+def test_a_recomputed_core_attention_keeps_its_checkpoints_bf16_q_k_v_not_fp8_ones(copy):
+    """Megatron-Core's selective core_attn recompute (_checkpointed_attention_forward) keeps the checkpoint's bf16
+    Q, K, V (V a view of the fused QKV output) and makes FP8 attention's fp8 copies, output and statistics inside
+    its recompute: the layer keeps what it keeps with bf16 attention."""
+    shape = shape_of(resolve_model("llama-3.1-8b"))
+    fp8a = Fp8AttentionSaves(qkv=1, output=1, stats=8)
+    lay = _layout(fp8_out_proj_copy=copy)
+    assert (layer_activations(shape, lay._replace(fp8_attention=fp8a), False, "selective", ("core_attn",))
+            == layer_activations(shape, lay, False, "selective", ("core_attn",)))
+    req = BRIDGE | dict(fp8_recipe="tensorwise", fp8_dot_product_attention=True)
+    selective = dict(recompute="selective", recompute_modules=["core_attn"])
+    assert (api.estimate_memory(Request(**req | selective)).peak_bytes
+            == api.estimate_memory(Request(**req | selective | dict(fp8_dot_product_attention=False))).peak_bytes)
+
+
 def test_fp8_attention_is_counted_only_where_te_runs_its_fused_kernel():
     shape = shape_of(resolve_model("llama-3.1-8b"))
     fp8a = Fp8AttentionSaves(qkv=1, output=1, stats=8)
