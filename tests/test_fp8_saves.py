@@ -22,6 +22,9 @@ from meshplan.arithmetic.memory_states import (
     swiglu_store_cast_bytes,
 )
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.layer_time import elementwise_load
+from meshplan.estimate.perf import step_terms
+from meshplan.estimate.recompute import module_memory_bound
 from meshplan.faces import cli
 from meshplan.faces.mcp import tools
 from meshplan.knowledge.catalog import resolve_model
@@ -119,6 +122,20 @@ def test_the_store_times_its_casts_and_fp8_attention_says_it_is_timed_as_bf16():
     said = " ".join(both.assumptions)
     assert "timed as HBM traffic" in said and "counted as the bf16 attention kernel's" in said
     assert "dot-product attention" not in " ".join(plain.assumptions)
+
+
+def test_a_recomputed_swiglu_casts_its_input_to_fp8_again():
+    """Megatron's mlp / moe_act / shared_experts recompute runs the fused SwiGLU's forward again, its fp8 cast of
+    fc1's output (bf16 read, fp8 write: 3 B per element of two FFN widths) with it."""
+    moe = dict(model="qwen3-30b-a3b", ep=8, tp=1, num_gpus=8)
+    for change, modules in ((dict(), ("mlp",)), (moe, ("moe_act", "moe"))):
+        plain = step_terms(*resolve(Request(**BRIDGE | change))).ctx
+        stored = step_terms(*resolve(Request(**BRIDGE | change, fp8_activation_input_store=True))).ctx
+        load = elementwise_load(plain, bool(change))
+        ffn = {"mlp": load.dense_ffn, "moe_act": load.routed_ffn, "moe": load.routed_ffn + load.shared_ffn}
+        for module in modules:
+            added = module_memory_bound(stored, load)[module] - module_memory_bound(plain, load)[module]
+            assert added == pytest.approx((BF16 + 1) * 2 * ffn[module] / plain.hbm, rel=1e-9) and added > 0
 
 
 REFUSED = [
