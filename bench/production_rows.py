@@ -671,12 +671,14 @@ def precision_for(row: dict[str, Any], framework: str) -> tuple[str, dict[str, A
     return "fp8", fields, knobs
 
 
+# a key named with an off value after it (`fp8_dot_product_attention: false`, `=0`) states the setting off
+SWITCHED_OFF = r"(?!\s*[=:]\s*(?:false|0|off|no)\b)"
 # The Megatron-Core / Transformer Engine fp8 settings a row states in its precision or notes, by the Request field
 # that expresses each: the TransformerConfig key, or the MLPerf launch scripts' switch (config_common.sh FP8_ACT and
 # FP8_DPA, which train.py turns into activation_func_fp8_input_store and fp8_dot_product_attention)
 FP8_SETTING_WORDS = {
-    "fp8_activation_input_store": r"activation_func_fp8_input_store|\bfp8_act=1",
-    "fp8_dot_product_attention": r"fp8 dot-product attention|fp8_dot_product_attention|\bfp8_dpa=1",
+    "fp8_activation_input_store": rf"activation_func_fp8_input_store{SWITCHED_OFF}|\bfp8_act=1",
+    "fp8_dot_product_attention": rf"fp8 dot-product attention|fp8_dot_product_attention{SWITCHED_OFF}|\bfp8_dpa=1",
 }
 
 

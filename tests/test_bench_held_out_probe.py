@@ -105,3 +105,14 @@ def test_mlperf_lora_rows_are_scored_with_the_lora_their_runs_set(run):
         assert not {"fp8_activation_input_store", "fp8_dot_product_attention"} & set(score.mapping.knobs), row["id"]
     assert sum(bool(s.mapping.request.fp8_activation_input_store) for _, s in lora) == 2
     assert all(s.mapping.request.fp8_dot_product_attention for _, s in lora)
+
+
+@pytest.mark.parametrize(("words", "on"), [("FP8_DPA=1", True), ("fp8_dot_product_attention: true", True),
+                                           ("fp8_dot_product_attention: false", False),
+                                           ("fp8_dot_product_attention=0", False), ("bf16", False)])
+def test_a_row_that_names_fp8_attention_off_is_not_read_as_on(words, on):
+    """production_rows.fp8_setting_fields reads a row's fp8 settings from its words: a key named with an off value
+    after it states the setting off (the pattern matched the bare key, so `: false` read as on)."""
+    row = {"precision": f"fp8 hybrid, {words}", "outcome": {"other": ""}}
+    fields, knobs = prow.fp8_setting_fields(row, "megatron-bridge")
+    assert fields.get("fp8_dot_product_attention", False) is on and not knobs

@@ -22,6 +22,9 @@ from meshplan.arithmetic.memory_states import (
     swiglu_store_cast_bytes,
 )
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.layer_time import elementwise_load
+from meshplan.estimate.perf import step_terms
+from meshplan.estimate.recompute import module_memory_bound
 from meshplan.faces import cli
 from meshplan.faces.mcp import tools
 from meshplan.knowledge.catalog import resolve_model
@@ -72,6 +75,22 @@ def test_fp8_attention_keeps_fp8_q_k_v_and_output_and_m_and_zinv(copy):
     assert bf16 - fp8 == pytest.approx(qkv + rope + stats + output)
 
 
+@pytest.mark.parametrize("copy", [True, False])
+def test_a_recomputed_core_attention_keeps_its_checkpoints_bf16_q_k_v_not_fp8_ones(copy):
+    """Megatron-Core's selective core_attn recompute (_checkpointed_attention_forward) keeps the checkpoint's bf16
+    Q, K, V (V a view of the fused QKV output) and makes FP8 attention's fp8 copies, output and statistics inside
+    its recompute: the layer keeps what it keeps with bf16 attention."""
+    shape = shape_of(resolve_model("llama-3.1-8b"))
+    fp8a = Fp8AttentionSaves(qkv=1, output=1, stats=8)
+    lay = _layout(fp8_out_proj_copy=copy)
+    assert (layer_activations(shape, lay._replace(fp8_attention=fp8a), False, "selective", ("core_attn",))
+            == layer_activations(shape, lay, False, "selective", ("core_attn",)))
+    req = BRIDGE | dict(fp8_recipe="tensorwise", fp8_dot_product_attention=True)
+    selective = dict(recompute="selective", recompute_modules=["core_attn"])
+    assert (api.estimate_memory(Request(**req | selective)).peak_bytes
+            == api.estimate_memory(Request(**req | selective | dict(fp8_dot_product_attention=False))).peak_bytes)
+
+
 def test_fp8_attention_is_counted_only_where_te_runs_its_fused_kernel():
     shape = shape_of(resolve_model("llama-3.1-8b"))
     fp8a = Fp8AttentionSaves(qkv=1, output=1, stats=8)
@@ -105,6 +124,20 @@ def test_the_store_times_its_casts_and_fp8_attention_says_it_is_timed_as_bf16():
     assert "dot-product attention" not in " ".join(plain.assumptions)
 
 
+def test_a_recomputed_swiglu_casts_its_input_to_fp8_again():
+    """Megatron's mlp / moe_act / shared_experts recompute runs the fused SwiGLU's forward again, its fp8 cast of
+    fc1's output (bf16 read, fp8 write: 3 B per element of two FFN widths) with it."""
+    moe = dict(model="qwen3-30b-a3b", ep=8, tp=1, num_gpus=8)
+    for change, modules in ((dict(), ("mlp",)), (moe, ("moe_act", "moe"))):
+        plain = step_terms(*resolve(Request(**BRIDGE | change))).ctx
+        stored = step_terms(*resolve(Request(**BRIDGE | change, fp8_activation_input_store=True))).ctx
+        load = elementwise_load(plain, bool(change))
+        ffn = {"mlp": load.dense_ffn, "moe_act": load.routed_ffn, "moe": load.routed_ffn + load.shared_ffn}
+        for module in modules:
+            added = module_memory_bound(stored, load)[module] - module_memory_bound(plain, load)[module]
+            assert added == pytest.approx((BF16 + 1) * 2 * ffn[module] / plain.hbm, rel=1e-9) and added > 0
+
+
 REFUSED = [
     ("PR007", dict(fp8_dot_product_attention=True, precision="bf16"), "fp8_autocast"),
     ("PR007", dict(fp8_dot_product_attention=True, fp8_recipe="blockwise"), "without fp8_dpa"),
@@ -113,7 +146,18 @@ REFUSED = [
     ("PR007", dict(fp8_dot_product_attention=True, framework="megatron-core"), "no key for it"),
     ("PR006", dict(fp8_activation_input_store=True, framework="torchtitan", tp=1), "no key for it"),
     ("PR006", dict(fp8_activation_input_store=True, model="gpt-neox-20b"), "SwiGLU only"),
+    # gpt-oss's hidden_act says silu, but Megatron-Core runs its clamped GLU as quick_gelu gated: refused there
+    ("PR006", dict(fp8_activation_input_store=True, model="gpt-oss-20b", ep=8), "clamped GLU"),
 ]
+
+
+def test_swiglu_is_megatron_cores_gated_silu_alone():
+    """Architecture.is_swiglu, what PR006 and the Megatron renders read: a gated SiLU (swish too) MLP, not gpt-oss's
+    clamped GLU, not a plain one."""
+    llama, oss, neox = (resolve_model(name) for name in ("llama-3.1-8b", "gpt-oss-20b", "gpt-neox-20b"))
+    assert llama.is_swiglu and llama.model_copy(update={"activation": "swish"}).is_swiglu
+    assert oss.activation == "silu" and oss.gated_mlp and not oss.is_swiglu
+    assert not neox.is_swiglu and not llama.model_copy(update={"gated_mlp": False}).is_swiglu
 
 
 @pytest.mark.parametrize("rule,change,words", REFUSED)

@@ -1301,3 +1301,14 @@ def test_a_config_with_control_characters_is_refused_not_echoed(text, where):
     assert not re.search(r"[\x00-\x08\x0b\x0e-\x1f\x7f]", str(refused.value))
     tabbed = "torchrun --nproc-per-node 8 pretrain_gpt.py \\\n\t--tensor-model-parallel-size 2 --seq-length 4096\r\n"
     assert api.import_config(tabbed, path="run.sh").request["tp"] == 2
+
+
+def test_a_switch_the_file_sets_to_no_true_or_false_is_named_as_written():
+    """A switch key's value no true/false reads ('maybe', 3) was handed on as None, so the error said "None is not a
+    valid ... got None": it now names what the file wrote (Megatron-Bridge's fp8 store key, a torchtitan switch)."""
+    text = "cfg.model.activation_func_fp8_input_store = 'maybe'\n"
+    with pytest.raises(MeshplanError, match=r"model.activation_func_fp8_input_store: 'maybe' is not a valid "
+                                            r"fp8_activation_input_store \(expected true or false, got 'maybe'\)"):
+        import_config(text, "overrides.py", framework="megatron-bridge")
+    assert import_config("cfg.model.activation_func_fp8_input_store = True\n", "overrides.py",
+                         framework="megatron-bridge").request["fp8_activation_input_store"] is True

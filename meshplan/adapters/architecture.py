@@ -18,7 +18,6 @@ from meshplan.schema.model import Architecture, RopeSpec
 
 Flag = tuple[str, Any]  # (flag, value); value None = a switch
 
-SILU = frozenset({"silu", "swish"})
 TANH_GELU = frozenset({"gelu_pytorch_tanh", "gelu_new", "gelu_fast"})
 # Norms whose weight is applied as (1 + w): Gemma's RMSNorm, Nemotron's LayerNorm1P. Megatron calls it a
 # zero-centred gamma (--apply-layernorm-1p); Megatron-Bridge's gemma2_bridge.py sets it for Gemma 2.
@@ -144,7 +143,7 @@ def _activation(m: Architecture) -> tuple[list[Setting], list[str]]:
                 Setting("glu_linear_offset", GPT_OSS_GLU_OFFSET, ("--glu-linear-offset", GPT_OSS_GLU_OFFSET)),
                 Setting("activation_func_clamp_value", m.swiglu_limit,
                         ("--activation-func-clamp-value", m.swiglu_limit))], []
-    if m.gated_mlp and act in SILU:
+    if m.is_swiglu:
         return [Setting("gated_linear_unit", True, ("--swiglu", None))], []
     if m.gated_mlp and act in TANH_GELU:
         return [Setting("gated_linear_unit", True, None, explained=True)], [

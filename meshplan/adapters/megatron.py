@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.adapters.architecture import SILU, bias_flags, bridge_fields, core_flags, megatron_architecture
+from meshplan.adapters.architecture import bias_flags, bridge_fields, core_flags, megatron_architecture
 from meshplan.adapters.common import (
     DROPOUT_ON,
     Built,
@@ -561,8 +561,7 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
         flags.append(("--kv-channels", m.head_dim))  # else hidden / heads: a narrower or wider attention
     flags += [("--seq-length", job.seq_length),
               ("--max-position-embeddings", max(job.seq_length, m.max_position_embeddings or 0))]
-    swiglu = m.gated_mlp and m.activation in SILU and m.model_type != "gpt_oss"
-    if swiglu:
+    if m.is_swiglu:
         flags.append(("--swiglu", None))
     if not m.tie_word_embeddings:  # Megatron-DeepSpeed ties them unless told: a vocab x hidden matrix fewer
         flags.append(("--untie-embeddings-and-output-weights", None))
@@ -587,7 +586,7 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
                  notes=["Megatron-DeepSpeed (deepspeedai/Megatron-DeepSpeed) is not on PyPI: the flags used here are "
                         "listed with their source in cards/frameworks/deepspeed.yaml (megatron_deepspeed_flags).",
                         "Norm, bias and tokenizer flags differ between Megatron-DeepSpeed forks; add your model's.",
-                        *deepspeed_architecture_notes(job, swiglu), *moe_notes])
+                        *deepspeed_architecture_notes(job), *moe_notes])
 
 
 def megatron_deepspeed_attention(job: Job, plan: Plan) -> list[Flag]:
@@ -632,7 +631,7 @@ def deepspeed_experts(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
     return flags, notes
 
 
-def deepspeed_architecture_notes(job: Job, swiglu: bool) -> list[str]:
+def deepspeed_architecture_notes(job: Job) -> list[str]:
     """What the Megatron-DeepSpeed flags here leave out of the model (the card lists no flag for them)."""
     m, facts = job.model, []
     if m.rope is not None:
@@ -644,7 +643,7 @@ def deepspeed_architecture_notes(job: Job, swiglu: bool) -> list[str]:
             facts.append(f"rotary on {m.rope.fraction:.0%} of each head")
     if m.norm_eps is not None:
         facts.append(f"norm epsilon {m.norm_eps:g}")
-    if m.gated_mlp and not swiglu:
+    if m.gated_mlp and not m.is_swiglu:
         facts.append(f"a gated MLP with {m.activation} (not --swiglu's SiLU)")
     if m.qk_norm != "none":
         facts.append("q/k norms")

@@ -554,7 +554,9 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
     """The attention block's bytes (layer_activations, without recompute or with the selective modules `sel`)."""
     t, h, tp = lay.tokens, shape.h, lay.tp
     ts = tp if lay.sp else 1
-    fp8a = lay.fp8_attention if lay.flash else None  # TE runs FP8 attention in its fused kernel only
+    # TE runs FP8 attention in its fused kernel only; a recomputed core_attn (Megatron-Core's
+    # _checkpointed_attention_forward) keeps the checkpoint's bf16 Q, K, V and makes the fp8 copies in its recompute
+    fp8a = lay.fp8_attention if lay.flash and "core_attn" not in sel else None
     qkv_bytes = BF16 if fp8a is None else fp8a.qkv  # Q, K, V as the attention kernel keeps them
     attn = 0.0 if "layernorm" in sel else lin * t * h / ts  # QKV (or q/kv down-projection) input
     if shape.mla:
@@ -580,7 +582,7 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
         attn += qkv_bytes * t * (q_dim + 2 * ulysses_heads(shape.g, lay.ulysses) * shape.d) / tp  # as flash keeps them
         if shape.qk_norm and lay.attn.norms == "fp32_composite":  # per-head Q and K norms, each head a row
             attn += (_norm(shape.d, t * shape.a, lay) + _norm(shape.d, t * shape.g, lay)) / tp
-    attn += _rope(shape, lay)
+    attn += _rope(shape, lay, fp8_qkv=fp8a is not None)
     core = 0.0
     if lay.flash:
         stats = lay.attn.stats_bytes if fp8a is None or fp8a.stats is None else fp8a.stats
@@ -724,12 +726,13 @@ def stacked_expert_bytes(shape: Shape, ep: int, etp: int) -> float:
     return BF16 * shape.experts / ep * (3 if shape.gated else 2) * shape.expert_h * shape.f_expert / etp
 
 
-def _rope(shape: Shape, lay: Layout) -> float:
+def _rope(shape: Shape, lay: Layout, fp8_qkv: bool = False) -> float:
     """What rotary embedding keeps per layer beyond the rotated Q and K. Megatron's GQA (rotated_copies): V stays
     a view of the fused QKV output, so that buffer lives on next to the rotated Q and K (its MLA rotates inside
     the per-head Q and K counted above). torchtitan (frequencies): the complex multiply saves only the complex64
     cos/sin rows gathered by position, one pair (8 B) per rotary dimension pair and token, shared by Q and K.
-    Hugging Face (shared_tables): nothing per layer, only the model's cos/sin tables are saved."""
+    Hugging Face (shared_tables): nothing per layer, only the model's cos/sin tables are saved. `fp8_qkv`: FP8
+    attention keeps its own fp8 Q, K and V (not under a recomputed core_attn, whose checkpoint keeps the bf16 ones)."""
     if not shape.rope:
         return 0.0
     t = lay.tokens
@@ -740,7 +743,7 @@ def _rope(shape: Shape, lay: Layout) -> float:
         return 8 * t * rotary / 2
     if shape.mla:
         return 0.0
-    if lay.fp8_attention is not None and lay.flash:
+    if fp8_qkv:
         return 0.0  # FP8 attention keeps fp8 copies of Q, K and V: no bf16 view holds the fused QKV output
     return BF16 * t * (shape.a * shape.d + shape.g * shape.d) / lay.tp
 

@@ -11,7 +11,7 @@ from typing import Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.arithmetic.activations import Fp8AttentionSaves
+from meshplan.arithmetic.activations import BF16, Fp8AttentionSaves
 from meshplan.arithmetic.gdn import GdnLayer
 from meshplan.arithmetic.mamba import Mamba2Layer
 from meshplan.core.errors import MeshplanError
@@ -398,7 +398,7 @@ def swiglu_input_bytes(job: Job) -> float:
     """Bytes per element of fc1's output the fused SwiGLU keeps for its backward (activations.Layout.act_input_bytes):
     one under Megatron-Core's activation_func_fp8_input_store (Job.fp8_activation_input_store, rule PR006), else
     bf16's two."""
-    return memory_card().fp8_saves.swiglu_input_bytes if job.fp8_activation_input_store else 2
+    return memory_card().fp8_saves.swiglu_input_bytes if job.fp8_activation_input_store else BF16
 
 
 def swiglu_store_cast_bytes(job: Job) -> float:
@@ -408,7 +408,7 @@ def swiglu_store_cast_bytes(job: Job) -> float:
     fused SwiGLU: cards/memory.yaml fp8_saves). 0 without the store."""
     if not job.fp8_activation_input_store:
         return 0.0
-    return 2 * (2 + swiglu_input_bytes(job))
+    return 2 * (BF16 + swiglu_input_bytes(job))  # the forward's cast and the backward's, each bf16 and fp8 once
 
 
 def fp8_attention_saves(job: Job, cp: int | None) -> Fp8AttentionSaves | None:

@@ -28,6 +28,8 @@ BF16 = 2  # bytes per activation element on the wire
 # Communication that runs once in the forward runs mirrored once in the backward (activations forward, their
 # gradients backward; FSDP gathers the weights for each): a forward is half of it.
 FORWARD_AND_BACKWARD = 2.0
+# A gated fc1's output is two FFN widths (gate and up), what the SwiGLU's fp8 input store casts
+GATED_FC1_WIDTHS = 2
 
 
 @dataclass(frozen=True)

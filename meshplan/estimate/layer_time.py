@@ -19,7 +19,14 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, su
 from meshplan.arithmetic.param_wrapper import delta_pass_bytes
 from meshplan.estimate.attention_time import attention_seconds
 from meshplan.estimate.context_parallel import cp_passes, cp_time
-from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime, activation_code
+from meshplan.estimate.layer_records import (
+    BF16,
+    GATED_FC1_WIDTHS,
+    ElementwiseLoad,
+    LayerContext,
+    LayerTime,
+    activation_code,
+)
 from meshplan.estimate.lora_gemms import lora_gemm_seconds
 from meshplan.estimate.moe_time import (
     backward_launch_wait,
@@ -201,7 +208,7 @@ def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
     elem_bytes += load.dispatch_bytes + load.router_bytes + load.weight_copy_bytes
     # the SwiGLU input's fp8 store: its casts over fc1's output, two FFN widths (Megatron-Core stores it for SwiGLU
     # only, rule PR006)
-    elem_bytes += ctx.fp8_store_cast_bytes * 2 * (load.dense_ffn + load.shared_ffn + load.routed_ffn)
+    elem_bytes += ctx.fp8_store_cast_bytes * GATED_FC1_WIDTHS * (load.dense_ffn + load.shared_ffn + load.routed_ffn)
     return elem_bytes / ctx.hbm
 
 

@@ -11,6 +11,7 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, su
 from meshplan.estimate.layer_records import (
     BF16,
     FORWARD_AND_BACKWARD,
+    GATED_FC1_WIDTHS,
     ElementwiseLoad,
     LayerContext,
     LayerTime,
@@ -46,17 +47,20 @@ def module_memory_bound(ctx: LayerContext, load: ElementwiseLoad) -> dict[str, f
     as its code runs it: cards/calibration.yaml activation_passes, gpt-oss's eager clamps included), `moe` its
     activations, the per-expert bias loop's forward, and the forward half of the dispatcher's permutes and the
     router's fp32 passes (the load's dispatch_bytes / router_bytes are forward + backward; the card counts the
-    backward as much again). mla_up_proj's RoPE and core_attn are not counted here."""
+    backward as much again). mla_up_proj's RoPE and core_attn are not counted here. Under the SwiGLU input's fp8
+    store each recomputed activation casts fc1's output to fp8 again (the forward's cast: half the store's bytes)."""
     key = activation_key(ctx.arch)
-    act = forward_passes(activation_code(ctx, routed=False), key)
+    # bytes per FFN element of the activation's forward: its passes, and the fp8 store's forward cast
+    cast = ctx.fp8_store_cast_bytes / FORWARD_AND_BACKWARD * GATED_FC1_WIDTHS
+    act = forward_passes(activation_code(ctx, routed=False), key) * BF16 + cast
     routed_code = activation_code(ctx, routed=True)
-    routed_act = forward_passes(routed_code, key)
+    routed_act = forward_passes(routed_code, key) * BF16 + cast
     bias = expert_bias_passes(routed_code)[0] * BF16 * load.expert_bias
     seconds = {"layernorm": NORMS_PER_LAYER * NORM_PASSES * BF16 * load.hidden,
-               "moe_act": routed_act * BF16 * load.routed_ffn,
-               "shared_experts": act * BF16 * load.shared_ffn,
-               "mlp": act * BF16 * load.dense_ffn,
-               "moe": BF16 * (routed_act * load.routed_ffn + act * load.shared_ffn) + bias
+               "moe_act": routed_act * load.routed_ffn,
+               "shared_experts": act * load.shared_ffn,
+               "mlp": act * load.dense_ffn,
+               "moe": routed_act * load.routed_ffn + act * load.shared_ffn + bias
                + (load.dispatch_bytes + load.router_bytes) / FORWARD_AND_BACKWARD}
     return {m: b / ctx.hbm for m, b in seconds.items()}
 

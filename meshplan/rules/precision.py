@@ -234,8 +234,9 @@ def fp8_activation_input_store_needs_swiglu(ctx: Context) -> Values:
     instead = _lacks(card, "fp8_activation_input_store")
     if instead:
         return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
-    if not (job.model.gated_mlp and job.model.activation == "silu"):
-        kind = f"a {'gated ' if job.model.gated_mlp else ''}{job.model.activation} MLP"
+    if not job.model.is_swiglu:  # TransformerConfig: activation_func F.silu with gated_linear_unit, else ValueError
+        kind = ("gpt-oss's clamped GLU (quick_gelu gated in Megatron-Core)" if job.model.swiglu_limit is not None
+                else f"a {'gated ' if job.model.gated_mlp else ''}{job.model.activation} MLP")
         return {**values, "why": f"Megatron-Core stores the activation's input in fp8 for SwiGLU only, and the model "
                                  f"has {kind}",
                 "fix": "Drop fp8_activation_input_store (the model's MLP keeps its bf16 input)."}

@@ -13,6 +13,10 @@ from pydantic import Field, model_validator
 
 from meshplan.schema.choices import StrictModel
 
+# The hidden_act names that are SiLU (transformers' ACT2FN maps "silu" and "swish" to nn.SiLU), which Megatron-Core
+# runs as F.silu: gated, its SwiGLU.
+SILU = frozenset({"silu", "swish"})
+
 
 class MoESpec(StrictModel):
     """Routed and shared experts of a mixture-of-experts model."""
@@ -306,6 +310,13 @@ class Architecture(StrictModel):
     @property
     def is_moe(self) -> bool:
         return self.moe is not None
+
+    @property
+    def is_swiglu(self) -> bool:
+        """A SwiGLU MLP as Megatron-Core builds it (gated_linear_unit with F.silu): gpt-oss's clamped GLU is not one
+        though its hidden_act says silu (Megatron-Bridge's gpt_oss_bridge.py runs it as quick_gelu gated), so
+        TransformerConfig refuses activation_func_fp8_input_store there and Megatron's --swiglu is not its flag."""
+        return self.gated_mlp and self.activation in SILU and self.swiglu_limit is None
 
     def is_moe_layer(self, index: int) -> bool:
         return self.moe is not None and index in self.moe.moe_layers  # a list scan: no set built per ask

@@ -398,7 +398,8 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         on = True if value is True else as_bool(value)
         if m.word is not None:
             on = str(value) == m.word
-        reading.state(m.target, on, s)
+        # a value no switch takes goes on as written, so the error names it ('maybe'), not None
+        reading.state(m.target, str(value).strip().strip("'\"") if on is None else on, s)
     elif m.target.startswith("recompute_") and m.target[len("recompute_"):] in ("selective", "full"):
         text = str(value).strip("'\"").lower()
         if as_bool(value) is not None and m.word is None:  # a switch (--checkpoint-activations, a true/false key)

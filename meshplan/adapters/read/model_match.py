@@ -101,7 +101,7 @@ def arch_values(arch: Architecture) -> ArchValues:
         group_topk=moe.group_topk if moe else 1, mla=mla is not None, q_lora_rank=mla.q_lora_rank if mla else None,
         kv_lora_rank=mla.kv_lora_rank if mla else 0, qk_nope_head_dim=mla.qk_nope_head_dim if mla else 0,
         qk_rope_head_dim=mla.qk_rope_head_dim if mla else 0, v_head_dim=mla.v_head_dim if mla else 0,
-        untied=not arch.tie_word_embeddings, swiglu=arch.gated_mlp and arch.activation == "silu",
+        untied=not arch.tie_word_embeddings, swiglu=arch.is_swiglu,
         qk_layernorm=arch.qk_norm != "none", layer_pattern=arch.layer_pattern,
         **({} if arch.mamba is None else dict(
             mamba_num_heads=arch.mamba.num_heads, mamba_head_dim=arch.mamba.head_dim,
