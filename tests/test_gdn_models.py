@@ -373,7 +373,8 @@ def test_the_search_finds_the_oracles_top_k_on_qwen3_next(fields):
     assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
         [r.step_time_s for r in oracle[:3]], rel=1e-12)
     assert len(rec.candidates) == 3
-    assert all(c.plan.pipeline_layout is None for c in rec.candidates)
+    if fields["framework"] == "megatron-bridge":  # PP017: Bridge counts a hybrid's layout in decoder layers
+        assert all(c.plan.pipeline_layout is None for c in rec.candidates)
 
 
 def test_an_mtp_block_asked_of_qwen3_next_is_a_full_attention_decoder_layer():

@@ -1,7 +1,8 @@
-"""The token dispatcher's memory-bound passes under expert tensor parallelism (estimate/moe_time.dispatch_and_router_bytes):
-the routed copies are whole hidden vectors at any ETP; Megatron-Core's alltoall dispatcher gathers the received copies
-over the expert-TP group before sorting them by expert, so the sort and unsort half of its passes grows with etp while
-the permute and unpermute half stays on the rank's own copies. Before 2026-12-06 the bytes were divided by etp."""
+"""The token dispatcher's memory-bound passes under expert tensor parallelism
+(estimate/moe_time.dispatch_and_router_bytes): the routed copies are whole hidden vectors at any ETP; Megatron-Core's
+alltoall dispatcher gathers the received copies over the expert-TP group before sorting them by expert, so the sort
+and unsort half of its passes grows with etp while the permute and unpermute half stays on the rank's own copies.
+Before 2026-12-06 the bytes were divided by etp."""
 
 from __future__ import annotations
 

@@ -328,19 +328,25 @@ def test_recompute_modules_repeat_their_memory_bound_passes():
     """layernorm: 2 norms x (read + write) over the hidden activations; moe_act / mlp / shared_experts: the gated
     activation's 3 passes (plain 2) over their FFN width; moe: its activations plus the forward half of the
     dispatcher's and router's bytes; all at the elementwise HBM bandwidth (ctx.hbm)."""
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from meshplan.estimate.layer_records import ElementwiseLoad
+    from meshplan.estimate.perf import step_terms
     from meshplan.estimate.recompute import module_memory_bound
+    from meshplan.request.resolve import resolve
 
-    ctx = SimpleNamespace(arch=SimpleNamespace(gated_mlp=True), hbm=1000.0)
+    def megatron_ctx(model: str, **fields):  # a Megatron-Core layer context, elementwise HBM at 1,000 B/s
+        job, plan = resolve(Request(model=model, framework="megatron-core", gpu="h100", **fields))
+        return replace(step_terms(job, plan).ctx, hbm=1000.0)
+
+    ctx = megatron_ctx("qwen3-30b-a3b", num_gpus=8, ep=8, global_batch_size=64)  # fused SwiGLU, no expert bias
     out = module_memory_bound(ctx, ElementwiseLoad(10.0, 100.0, 20.0, 0.0, 600.0, 200.0))
-    assert out == {"layernorm": 2 * 2 * 2 * 10.0 / 1000, "moe_act": 3 * 2 * 100.0 / 1000,
-                   "shared_experts": 3 * 2 * 20.0 / 1000, "mlp": 0.0,
-                   "moe": (3 * 2 * 120.0 + 400.0) / 1000}
-    plain = module_memory_bound(SimpleNamespace(arch=SimpleNamespace(gated_mlp=False), hbm=1000.0),
-                                ElementwiseLoad(10.0, 0.0, 0.0, 50.0, 0.0, 0.0))
-    assert plain["mlp"] == 2 * 2 * 50.0 / 1000
+    assert out == pytest.approx({"layernorm": 2 * 2 * 2 * 10.0 / 1000, "moe_act": 3 * 2 * 100.0 / 1000,
+                                 "shared_experts": 3 * 2 * 20.0 / 1000, "mlp": 0.0,
+                                 "moe": (3 * 2 * 120.0 + 400.0) / 1000}, rel=1e-12)
+    gelu = megatron_ctx("gpt3-175b", num_gpus=64, tp=8, pp=8, seq_length=2048, global_batch_size=64)  # plain GELU
+    plain = module_memory_bound(gelu, ElementwiseLoad(10.0, 0.0, 0.0, 50.0, 0.0, 0.0))
+    assert plain["mlp"] == pytest.approx(2 * 2 * 50.0 / 1000, rel=1e-12)
     base = dict(model="qwen3-30b-a3b", num_gpus=8, tp=1, pp=1, ep=8, global_batch_size=64, recompute="selective")
     none = estimate(**base, recompute_modules=["core_attn"]).breakdown.recompute_s
     assert estimate(**base, recompute_modules=["core_attn", "layernorm"]).breakdown.recompute_s > none

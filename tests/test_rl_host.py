@@ -311,16 +311,17 @@ def test_the_rl_ranking_follows_the_experts_launches():
     """verl's Megatron engine launches the routed experts' grouped GEMMs one local expert at a time (its card's
     grouped_gemm_launches: config_converter's moe_grouped_gemm=True, Transformer Engine's GroupedLinear), so TP4 PP2
     EP1's 128 local experts take at least 256 launches of 29.2 us per MoE layer and micro-batch forward: its RL step
-    12.09 -> 15.84 s. The free request ranks first an EP4 layout (32 local experts), TP2 EP4 at micro-batch 32 with
-    param and optimizer offload, 13.55 s. Its twin without offload steps faster (12.28 s at memory fraction 0.25) but
-    keeps the reference model's 8.2 GiB on the GPU through the update, whose allocated peak, 74.7 GiB, is over the
-    71.7 GiB the default headroom leaves at any memory fraction: the figure check reads there too (MEM002, fits but
-    without the headroom), so the ranking refuses every memory fraction of it, counted under MEM002 as check names
-    it (under RL005, check's rule past the capacity, before)."""
+    12.09 -> 15.84 s. The free request ranks first a layout of at most 32 local experts with param and optimizer
+    offload (TP1 EP8 at micro-batch 16, 14.05 s, since 2026-12-06's NCCL SM share made TP2's overlapped collectives
+    dearer; TP2 EP4 at micro-batch 32, 13.55 s, before). Its twin without offload steps faster but keeps the reference
+    model on the GPU through the update, whose allocated peak is over what the default headroom leaves at any memory
+    fraction: check refuses it there too (MEM001 over the capacity, or MEM002, fits but without the headroom), and the
+    ranking refuses every memory fraction of it, counting under MEM002 the layouts whose phases fit without the
+    headroom, as check names them (RL005 only for a phase over the capacity, which check names RL005 too)."""
     rec = api.recommend(Request(**VERL), top_k=1)
     top = rec.candidates[0]
     pinned = api.recommend(Request(**VERL, tp=4, pp=2, ep=1), top_k=1).candidates[0]
-    assert top.plan.ep == 4 and top.plan.param_offload and top.plan.optimizer_offload
+    assert top.plan.ep >= 4 and top.plan.param_offload and top.plan.optimizer_offload  # <= 32 local experts
     assert top.throughput.step_time_s < pinned.throughput.step_time_s
     twin = {**VERL, **{k: getattr(top.plan, k) for k in ("tp", "pp", "ep", "etp", "micro_batch_size", "zero_stage",
                                                          "recompute", "rollout_tp", "rollout_dp", "rollout_ep")},
@@ -329,8 +330,9 @@ def test_the_rl_ranking_follows_the_experts_launches():
     assert faster < top.throughput.step_time_s
     update = next(p for p in api.estimate_memory(Request(**twin)).phases if p.phase == "actor_update")
     assert update.fit_bytes > 0.9 * top.memory.capacity_bytes > top.memory.fit_bytes
-    assert "MEM002" in {f.id for f in api.check_config(Request(**{**twin, "rollout_memory_fraction": 0.05})).findings}
-    assert rec.rejected.get("MEM002") and "RL005" not in rec.rejected
+    thinnest = {f.id for f in api.check_config(Request(**{**twin, "rollout_memory_fraction": 0.05})).findings}
+    assert {"MEM001", "MEM002"} & thinnest  # refused at any memory fraction
+    assert rec.rejected.get("MEM002") and ("RL005" not in rec.rejected or "RL005" in thinnest)
 
 
 def _asked_again(monkeypatch, req: Request) -> tuple[int, int]:
