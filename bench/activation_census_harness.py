@@ -224,6 +224,21 @@ def two_outputs(x):
     return gate.contiguous().requires_grad_(), up.contiguous().requires_grad_()
 
 
+def forward_and_backward(census: Census, forward, per: int) -> dict:
+    """Bytes per element (`per` elements) of `forward()` under `census`, then of its backward from a gradient of ones
+    (made outside the census), with each pass's aten ops."""
+    with census:
+        out = forward()
+    fwd, fwd_ops = census.read + census.written, list(census.ops)
+    census.read = census.written = 0
+    census.ops = []
+    grad = torch.ones_like(out)
+    with census:
+        out.backward(grad)
+    return {"forward": fwd / per, "backward": (census.read + census.written) / per, "forward_ops": fwd_ops,
+            "backward_ops": list(census.ops)}
+
+
 def count(run, gated: bool, width: int = WIDTH, probs: bool = False) -> dict:
     """Bytes per row per activation-output element of one forward and one backward of `run`."""
     torch.manual_seed(0)
@@ -232,19 +247,9 @@ def count(run, gated: bool, width: int = WIDTH, probs: bool = False) -> dict:
     extra = [torch.rand(ROWS, 1).to(torch.bfloat16).requires_grad_()] if probs else []
     census = Census()
     Fused.census = census
-    with census:
-        out = run(x, *extra)
-    fwd = census.read + census.written
-    fwd_ops = list(census.ops)
-    grad = torch.ones_like(out)
-    census.read = census.written = 0
-    census.ops = []
-    with census:
-        out.backward(grad)
-    bwd = census.read + census.written
+    counted = forward_and_backward(census, lambda: run(x, *extra), ROWS * width)
     Fused.census = None
-    per = ROWS * width
-    return {"forward": fwd / per, "backward": bwd / per, "forward_ops": fwd_ops, "backward_ops": list(census.ops)}
+    return counted
 
 
 def count_split(act, width: int = WIDTH) -> dict:
@@ -252,19 +257,7 @@ def count_split(act, width: int = WIDTH) -> dict:
     torch.manual_seed(0)
     gate = (torch.randn(ROWS, width) * 4).to(torch.bfloat16).requires_grad_()
     up = (torch.randn(ROWS, width) * 4).to(torch.bfloat16).requires_grad_()
-    census = Census()
-    with census:
-        out = act(gate) * up
-    fwd = census.read + census.written
-    fwd_ops = list(census.ops)
-    census.read = census.written = 0
-    census.ops = []
-    grad = torch.ones_like(out)
-    with census:
-        out.backward(grad)
-    per = ROWS * width
-    return {"forward": fwd / per, "backward": (census.read + census.written) / per, "forward_ops": fwd_ops,
-            "backward_ops": list(census.ops)}
+    return forward_and_backward(Census(), lambda: act(gate) * up, ROWS * width)
 
 
 def expert_bias_count(experts: int = 4) -> dict:
@@ -274,19 +267,7 @@ def expert_bias_count(experts: int = 4) -> dict:
     bias = [torch.randn(HIDDEN).to(torch.bfloat16).requires_grad_() for _ in range(experts)]
     probs = torch.rand(ROWS, 1).to(torch.bfloat16).requires_grad_()
     splits = [ROWS // experts] * experts
-    census = Census()
-    with census:
-        out = megatron_expert_bias(t, bias, probs, splits)
-    fwd = census.read + census.written
-    fwd_ops = list(census.ops)
-    census.read = census.written = 0
-    census.ops = []
-    grad = torch.ones_like(out)
-    with census:
-        out.backward(grad)
-    per = ROWS * HIDDEN
-    return {"forward": fwd / per, "backward": (census.read + census.written) / per, "forward_ops": fwd_ops,
-            "backward_ops": list(census.ops)}
+    return forward_and_backward(Census(), lambda: megatron_expert_bias(t, bias, probs, splits), ROWS * HIDDEN)
 
 
 def main() -> None:
