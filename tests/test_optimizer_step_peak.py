@@ -249,3 +249,35 @@ def test_harness_counts_the_foreach_step_as_the_estimate_does():
     arch = resolve(Request(model="llama-3.1-8b", framework="verl"))[0].model
     params = foreach / 20  # 4 + 4 + 8 + 4 B per parameter at the step
     assert foreach - loop == pytest.approx(4 * params - 2 * 4 * arch.vocab_size * arch.hidden_size, rel=1e-3)
+
+
+def test_megatron_cpu_offload_keeps_hybrid_optimizer_fp32_states_on_the_gpu_share():
+    """Megatron's optimizer_cpu_offload builds HybridDeviceOptimizer (megatron-core 24bad8e677 optimizer/__init__.py,
+    cpu_offloading/hybrid_optimizer.py) with none of the precision-aware kwargs: the share it steps on the GPU keeps an
+    fp32 clone of each bf16 shard (4 B, made at construction), FusedAdam's default fp32 moments (8 B, not the plan's
+    bf16) and an fp32 copy of each gradient shard (4 B, kept between steps), 16 B per parameter of that share; the
+    gradients are decoupled under offload whatever the fp8 recipe (use_precision_aware_optimizer_no_fp8_or_ds_fp8), so
+    Megatron makes no step copy of its own. Without offload the precision-aware bytes stay: 2 B remainders + 4 B."""
+    base = job("llama-3.1-8b", "megatron-core", 8)
+    fp8 = base.model_copy(update={"precision": "fp8"})
+    aware = dict(dp=8, zero_stage=1, grad_reduce_in_fp32=False, optimizer_state_dtype="bf16")
+    half = dict(aware, optimizer_offload=True, optimizer_offload_fraction=0.5)
+    assert decoupled_grads(fp8, Plan(**half, fp8_recipe="tensorwise"))
+    optimizer = {t.role: t.bytes for t in with_precision(base, Plan(**half))[2] if t.tensor_class == "optimizer"}
+    assert optimizer == {"master": 4, "moments": 8, "grad_copy": 4}
+    on_gpu = {t.role: t.bytes for t in with_precision(base, Plan(**aware))[2] if t.tensor_class == "optimizer"}
+    assert on_gpu == {"master": 2, "moments": 4}
+    step = steps()["megatron_distributed"]
+    assert optimizer_step_temporaries(step, with_precision(base, Plan(**half))[2], stepped=1000, largest_tensor=10,
+                                      zero_stage=1, decoupled=True) == 0
+
+    def stage(**plan):
+        req = Request(model="llama-3.1-8b", framework="megatron-core", gpu="h100", num_gpus=8, seq_length=4096,
+                      global_batch_size=8, micro_batch_size=1, tp=1, pp=1, dp=8, zero_stage=1,
+                      grad_reduce_in_fp32=False, optimizer_state_dtype="bf16", **plan)
+        return estimate_memory(*resolve(req)).stages[0]
+
+    shard = stage().optimizer_bytes / 6  # parameters this GPU's optimizer steps: 2 + 4 B each without offload
+    half_offloaded = stage(optimizer_offload=True, optimizer_offload_fraction=0.5)
+    assert half_offloaded.optimizer_bytes == pytest.approx(16 * shard / 2)
+    assert stage(optimizer_offload=True).optimizer_bytes == 0

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from meshplan.arithmetic.activations import BF16, Fp8AttentionSaves
 from meshplan.arithmetic.gdn import GdnLayer
 from meshplan.arithmetic.mamba import Mamba2Layer
+from meshplan.arithmetic.offload import offload_plan
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import CardError, FrameworkCard, checked_once, load_card
 from meshplan.knowledge.engine_card import MemoryConvention, OptimizerImplementation
@@ -26,7 +27,8 @@ TensorClass = Literal["weights", "gradients", "optimizer"]
 MoeActivations = Literal["megatron_core", "generic", "fp32_router", "hf", "automodel_deepep"]
 # Which precision knob rewrites a tensor (with_precision): weights (fp8_param_gather), main_grads
 # (grad_reduce_in_fp32), master (the precision-aware optimizer's remainders), moments (optimizer_state_dtype).
-TensorRole = Literal["weights", "main_grads", "master", "moments"]
+# grad_copy: an fp32 copy of the gradient shard the optimizer keeps as its own (HybridDeviceOptimizer's GPU share)
+TensorRole = Literal["weights", "main_grads", "master", "moments", "grad_copy"]
 
 
 class _Card(BaseModel):
@@ -132,6 +134,8 @@ class PrecisionBytes(_Card):
     fp8_weight_bytes: dict[Fp8Recipe, float]
     fp8_weight_bytes_any_layout: dict[Fp8Recipe, float]
     fp8_all_gather_bytes: float = Field(gt=0)
+    # the optimizer state Megatron's HybridDeviceOptimizer keeps for the share it steps on the GPU (hybrid_optimizer)
+    hybrid_gpu_states: list[StateTensor]
     source: str
 
 
@@ -435,14 +439,25 @@ def precision_aware(plan: Plan) -> bool:
     return plan.optimizer_state_dtype not in (None, "fp32")
 
 
+def hybrid_optimizer(job: Job, plan: Plan) -> bool:
+    """Whether Megatron's HybridDeviceOptimizer steps the job's optimizer: a share of it offloaded to the CPU in the
+    step (optimizer_cpu_offload / optimizer_offload_fraction, offload.offload_plan's cpu_optimizer) on Megatron's
+    distributed optimizer (the megatron convention; Megatron-FSDP has no CPU optimizer), which builds it in place of
+    the precision-aware FusedAdam (cards/memory.yaml precision.hybrid_gpu_states)."""
+    return (offload_plan(job.card, plan).cpu_optimizer > 0
+            and convention_name(job.card, plan.zero_stage, job.framework_version) == "megatron")
+
+
 def decoupled_grads(job: Job, plan: Plan) -> bool:
-    """Whether Megatron's distributed optimizer hands Transformer Engine's FusedAdam the gradient buffer's own shard
-    (`decoupled_grad`) and lets it keep the fp32 master (as 16-bit remainders of bf16 weights) instead of keeping an
-    fp32 master and an fp32 copy of each gradient shard itself: the precision-aware optimizer with bf16 weights or
-    delayed-scaling fp8 (megatron-core optimizer_config.py use_precision_aware_optimizer_no_fp8_or_ds_fp8, with
-    meshplan's fp32 main params and the optimizer on the GPU; distrib_optimizer.py _copy_model_grads_to_main_grads).
-    One predicate of the master's bytes (with_precision) and the step's copies (optimizer_step_temporaries)."""
-    return precision_aware(plan) and fp8_recipe(job, plan) in (None, "delayed")
+    """Whether Megatron's distributed optimizer hands its optimizer the gradient buffer's own shard
+    (`decoupled_grad`) instead of keeping an fp32 master and an fp32 copy of each gradient shard itself: the
+    precision-aware optimizer with bf16 weights or delayed-scaling fp8, or with any recipe under optimizer_cpu_offload
+    (megatron-core 24bad8e677 optimizer_config.py use_precision_aware_optimizer_no_fp8_or_ds_fp8, with meshplan's
+    fp32 main params; distrib_optimizer.py _copy_model_grads_to_main_grads). Transformer Engine's FusedAdam then keeps
+    the fp32 master (as 16-bit remainders of bf16 weights); HybridDeviceOptimizer keeps fp32 copies of its own
+    (hybrid_optimizer). One predicate of the master's bytes (with_precision) and the step's copies
+    (optimizer_step_temporaries)."""
+    return precision_aware(plan) and (fp8_recipe(job, plan) in (None, "delayed") or hybrid_optimizer(job, plan))
 
 
 def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTensor]]:
@@ -457,10 +472,13 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
     recipe = fp8_recipe(job, plan)
     aware = precision_aware(plan)
     gather = fp8_param_gather(job, plan)
-    remainders = decoupled_grads(job, plan) and not gather
+    hybrid = aware and hybrid_optimizer(job, plan)
+    remainders = decoupled_grads(job, plan) and not gather and not hybrid
     out = []
     for t in tensors:
         update: dict = {}
+        if hybrid and t.role in ("master", "moments"):
+            continue  # HybridDeviceOptimizer's own fp32 states, whatever optimizer_state_dtype says: added below
         if t.role == "moments" and aware:
             dtype = plan.optimizer_state_dtype
             update = {"bytes": 2 * prec.dtype_bytes[dtype], "name": f"Adam moments ({dtype} m, v)"}
@@ -470,6 +488,8 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
             dtype = "fp32" if plan.grad_reduce_in_fp32 else "bf16"
             update = {"bytes": prec.dtype_bytes[dtype], "name": f"{dtype} main grads"}
         out.append(t.model_copy(update=update) if update else t)
+    if hybrid:
+        out.extend(prec.hybrid_gpu_states)
     conv_update: dict = {}
     if recipe is not None and conv.fp8_weights == "transformer_engine":
         table = prec.fp8_weight_bytes_any_layout if job.gpu.fp8_any_layout else {}
@@ -713,10 +733,14 @@ def lazy_state_bytes(step: OptimizerStepBytes, tensors: list[StateTensor], param
     convention's moments over `params` parameters sharded `shard_size` ways (Muon's one momentum: the caller passes
     the moments Muon keeps), and the master too where the optimizer holds it (`decoupled`, with
     decoupled_master_lazy: Transformer Engine's FusedAdam under Megatron's precision-aware optimizer,
-    decoupled_grads); 0 where the state is built at construction (DeepSpeed)."""
+    decoupled_grads); under Megatron's HybridDeviceOptimizer (a `grad_copy` tensor: with_precision) its fp32 moments
+    and gradient copy, its fp32 master clone being made at construction; 0 where the state is built at construction
+    (DeepSpeed)."""
     if step.state_allocated != "first_step":
         return 0.0
-    roles = ("moments", "master") if decoupled and step.decoupled_master_lazy else ("moments",)
+    roles: tuple[str, ...] = ("moments", "master") if decoupled and step.decoupled_master_lazy else ("moments",)
+    if any(t.role == "grad_copy" for t in tensors):  # HybridDeviceOptimizer: its fp32 clone is made at construction
+        roles = ("moments", "grad_copy")
     return sum(t.bytes * params / (shard_size if t.shard == "dp" else 1) for t in tensors if t.role in roles)
 
 
