@@ -139,6 +139,13 @@ CASES: dict[str, tuple[dict, dict]] = {
     "EP010": ({**L8B, "num_gpus": 8, "tp": 2, "etp": 2}, {**L8B, "num_gpus": 8, "tp": 2}),
     "EP011": ({**L8B, "num_gpus": 8, "moe_token_dispatcher": "alltoall"},
               {**MIX, "num_gpus": 8, "ep": 8, "moe_token_dispatcher": "alltoall"}),
+    # Moonlight's shared experts overlapped beside the alltoall dispatcher (its Bridge 8-H100 recipe), and refused
+    # beside a recomputed shared_experts module (Megatron-Core's ValueError)
+    "EP012": ({"model": "moonlight-16b-a3b", "num_gpus": 8, "tp": 2, "ep": 8, "etp": 1, "sequence_parallel": True,
+               "framework": "megatron-bridge", "moe_shared_expert_overlap": True, "recompute": "selective",
+               "recompute_modules": ["shared_experts"]},
+              {"model": "moonlight-16b-a3b", "num_gpus": 8, "tp": 2, "ep": 8, "etp": 1, "sequence_parallel": True,
+               "framework": "megatron-bridge", "moe_shared_expert_overlap": True}),
     "PP019": ({**L8B, "num_gpus": 8, "pipeline_schedule": "1f1b"}, {**L8B, "num_gpus": 8, "pp": 2,
                                                                     "pipeline_schedule": "1f1b"}),
     "RC009": ({**L8B, "num_gpus": 8, "pp": 2, "recompute": "full", "recompute_layers": 17},

@@ -148,6 +148,8 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
         flags += [("--" + name.replace("_", "-"), value) for name, value in megatron_dispatcher(job, plan)]
         if plan.moe_a2a_overlap:  # 1F1B EP overlap; delay_wgrad_compute gives it the weight gradients to hide behind
             flags += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
+        if job.moe_shared_expert_overlap:  # rule EP012: shared experts, alltoall, no a2a overlap
+            flags.append(("--moe-shared-expert-overlap", None))
     if plan.sequence_parallel:
         flags.append(("--sequence-parallel", None))
     if plan.tp_comm_overlap:  # Transformer Engine userbuffers (rule TP005: needs --sequence-parallel)
@@ -319,6 +321,8 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
             if plan.moe_token_dispatcher != "flex":
                 s.append(("model.moe_shared_expert_overlap", False))
             s += [("comm_overlap.overlap_moe_expert_parallel_comm", True), ("comm_overlap.delay_wgrad_compute", True)]
+        elif job.moe_shared_expert_overlap and plan.moe_token_dispatcher != "flex":  # rule EP012
+            s.append(("model.moe_shared_expert_overlap", True))
     if job.mtp_asked:  # else the recipe's model keeps its checkpoint's MTP depth (its bridge reads the HF config)
         s += [("model.mtp_num_layers", job.model.num_mtp_layers or None),
               ("model.mtp_use_repeated_layer", job.model.mtp_repeated_layer)]

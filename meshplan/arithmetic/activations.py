@@ -455,6 +455,9 @@ class Layout(NamedTuple):
     # Transformer Engine's FP8 dot-product attention (memory_states.fp8_attention_saves); None: the bf16 kernel's
     # tensors. The estimate and the search's floors both pass the job's
     fp8_attention: Fp8AttentionSaves | None = None
+    # Megatron-Core's moe_shared_expert_overlap (Job.moe_shared_expert_overlap): the shared experts gather the layer
+    # input over SP themselves and their fc1 keeps the gathered copy (_moe_layer). False, the lesser, by default
+    shared_expert_overlap: bool = False
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -702,11 +705,24 @@ def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -
     if shape.f_shared and "shared_experts" not in sel:
         mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused, saves=lay.act,
                     act_input=lay.act_input_bytes)
+        if lay.shared_expert_overlap and lay.sp and tp > 1:
+            mlp += shared_overlap_input_bytes(t, h, ts, lin, lay.fp8)
     if lay.stacked_experts:
         mlp += stacked_expert_bytes(shape, lay.ep, lay.etp)
     if lay.param_wrapper:
         mlp += param_wrapper_bytes(shape, lay.param_wrapper, lay.ep, lay.etp)
     return mlp
+
+
+def shared_overlap_input_bytes(tokens: float, hidden: int, ts: int, lin: int, fp8: bool) -> float:
+    """What Megatron-Core's moe_shared_expert_overlap adds to an MoE layer's saved bytes under sequence parallelism
+    (NVIDIA/Megatron-LM 24bad8e677 transformer/moe/shared_experts.py: pre_forward_comm all-gathers the layer input over
+    the TP group into cached_fc1_input on the shared experts' stream, and their linear_fc1, parallel_mode None under the
+    overlap, keeps that gathered copy for its backward): the whole sequence's `tokens` x `hidden` at the linear input's
+    bytes `lin`, beside the local norm output the router keeps. Under fp8 the gathered fp8 copy replaces the local one
+    the shared fc1 would otherwise keep (_moe_layer counts it in the layer input)."""
+    whole = lin * tokens * hidden
+    return whole - (lin * tokens * hidden / ts if fp8 else 0.0)
 
 
 def param_wrapper_bytes(shape: Shape, weights: tuple[str, ...], ep: int, etp: int) -> float:

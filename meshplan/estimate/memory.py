@@ -403,6 +403,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         act=activation_saves(conv, job.model.activation),
         expert_gate=expert_gate_bytes(conv, job.model.model_type),
         act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, plan.cp),
+        shared_expert_overlap=job.moe_shared_expert_overlap,
     )
 
 

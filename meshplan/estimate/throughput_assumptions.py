@@ -186,7 +186,7 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
                       "arithmetic/fp8_casts.py)." if casts is not None else
                       "; the casts that feed the FP8 GEMMs are not timed apart (in the x "
                       f"{cal.fp8_gemm_relative_efficiency:.2f})."))
-    out += fp8_setting_assumptions(job)
+    out += fp8_setting_assumptions(job) + shared_overlap_assumptions(job)
     if plan.recompute != "none":
         out.append(f"Recompute {plan.recompute}: "
                    + ("one more forward of each recomputed layer (with its TP traffic)." if plan.recompute == "full"
@@ -225,6 +225,17 @@ def fp8_setting_assumptions(job: Job) -> list[str]:
                    "its cast to fp8 in the forward and back to bf16 in the backward timed as HBM traffic (bf16 read "
                    "and fp8 write, fp8 read and bf16 write, over fc1's output).")
     return out
+
+
+def shared_overlap_assumptions(job: Job) -> list[str]:
+    """What the estimate makes of Megatron-Core's moe_shared_expert_overlap's time: nothing hidden (its memory,
+    the gathered layer input the shared experts keep, is activations.shared_overlap_input_bytes)."""
+    if not job.moe_shared_expert_overlap:
+        return []
+    return ["Shared experts overlapped with the token dispatch (moe_shared_expert_overlap): their memory counts the "
+            "layer input they gather over sequence parallelism and keep; their time is counted in series with the "
+            "dispatch as without the overlap (the side stream's hidden share not modelled), so the step may be "
+            "over-estimated."]
 
 
 def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx: LayerContext) -> list[str]:

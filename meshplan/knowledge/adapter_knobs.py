@@ -101,6 +101,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("moe_flex_dispatcher")
     if job.model.moe is not None and plan.moe_a2a_overlap:
         used.append("moe_a2a_overlap")
+    if job.moe_shared_expert_overlap:
+        used.append("moe_shared_expert_overlap")
     if plan.torch_compile:
         used.append("torch_compile")
     if plan.tp_comm_overlap:
@@ -154,7 +156,8 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "uneven_pp": f"first_stage_layers={plan.first_stage_layers}, last_stage_layers={plan.last_stage_layers}",
         "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
-        "moe_a2a_overlap": "moe_a2a_overlap=true", "torch_compile": "torch_compile=true",
+        "moe_a2a_overlap": "moe_a2a_overlap=true",
+        "moe_shared_expert_overlap": "moe_shared_expert_overlap=true", "torch_compile": "torch_compile=true",
         "tp_comm_overlap": "tp_comm_overlap=true",
         "cuda_graphs": f"cuda_graph_impl={plan.cuda_graph_impl}, cuda_graph_modules={list(plan.cuda_graph_modules)}",
         "attention_backend": f"attention_backend={plan.attention_backend}",

@@ -231,6 +231,8 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         # what the rules PR006 and PR007 hold to the model, precision, recipe, GPU and framework (left out: off)
         fp8_activation_input_store=req.fp8_activation_input_store is True,
         fp8_dot_product_attention=req.fp8_dot_product_attention is True,
+        # what rule EP012 holds to the model, dispatcher and recompute (left out: off, Megatron-Core's default)
+        moe_shared_expert_overlap=req.moe_shared_expert_overlap is True,
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
         rl=rl.job if rl else None,
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained

@@ -10,6 +10,7 @@ from __future__ import annotations
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import BATCH_READS, divisors, kept_degrees, layout_words
+from meshplan.rules.precision import lacks_key
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job
@@ -129,6 +130,40 @@ def dispatcher_on_dense_model(ctx: Context) -> Values:
         return None
     return {"knob": given[0], "model": ctx.arch.name}
 
+
+
+@rule("EP012", reads=("moe_token_dispatcher", "moe_a2a_overlap", "recompute", "recompute_modules"))
+def shared_expert_overlap_preconditions(ctx: Context) -> Values:
+    """moe_shared_expert_overlap where Megatron-Core runs it as meshplan estimates it (Megatron-LM 24bad8e677
+    transformer_config.py): a framework with the key, a model with shared experts (only they are overlapped), not
+    beside a recomputed shared_experts module (ValueError) nor overlap_moe_expert_parallel_comm (assert), and the
+    alltoall dispatcher: Megatron-Core also overlaps them beside flex, but Megatron-Bridge's
+    apply_flex_dispatcher_backend turns the overlap off and meshplan counts it with alltoall only."""
+    job, card, p = ctx.job, ctx.card, ctx.plan
+    if not job.moe_shared_expert_overlap:
+        return None
+    values = {"framework": card.display_name, "model": ctx.arch.name}
+    instead = lacks_key(card, "moe_shared_expert_overlap")
+    if instead:
+        return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
+    moe = ctx.arch.moe
+    if moe is None or not moe.num_shared_experts:
+        return {**values, "why": "the model has no shared experts, the only part it overlaps (Megatron-Core reads it "
+                                 "with moe_shared_expert_intermediate_size only)",
+                "fix": "Leave moe_shared_expert_overlap out."}
+    if p.recompute == "selective" and "shared_experts" in (p.recompute_modules or ()):
+        return {**values, "why": "Megatron-Core refuses it beside a recomputed shared_experts module",
+                "fix": "Drop shared_experts from recompute_modules, or leave moe_shared_expert_overlap out."}
+    if p.moe_a2a_overlap:
+        return {**values,
+                "why": "Megatron-Core asserts it off under overlap_moe_expert_parallel_comm (moe_a2a_overlap)",
+                "fix": "Leave one of moe_a2a_overlap and moe_shared_expert_overlap out."}
+    if p.moe_token_dispatcher != "alltoall":
+        return {**values, "why": f"the {p.moe_token_dispatcher} dispatcher: Megatron-Bridge's "
+                                 "apply_flex_dispatcher_backend turns the overlap off, and meshplan counts it beside "
+                                 "the alltoall dispatcher only",
+                "fix": "Set moe_token_dispatcher=alltoall, or leave moe_shared_expert_overlap out."}
+    return None
 
 
 def _overlap_asserts(values: dict, job: Job) -> tuple | None:

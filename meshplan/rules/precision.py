@@ -28,7 +28,7 @@ def _default_version_knob(card: FrameworkCard, name: str) -> AdapterKnob:
     return card.adapter.versions[card.adapter.default_version].knobs[name]  # type: ignore[union-attr]
 
 
-def _lacks(card: FrameworkCard, name: str) -> str | None:
+def lacks_key(card: FrameworkCard, name: str) -> str | None:
     """Why no version of the framework can set this knob (the default version's `instead`), or None when one can
     (render refuses a version that lacks it with that version's `instead`)."""
     if card.adapter is None:
@@ -54,7 +54,7 @@ def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
         return None
     card = ctx.card
     values = {"dtype": p.optimizer_state_dtype, "framework": card.display_name, "zero": p.zero_stage}
-    instead = _lacks(ctx.card, "optimizer_state_dtype")
+    instead = lacks_key(ctx.card, "optimizer_state_dtype")
     if instead:
         return {**values, "why": f"{card.display_name} has no low-precision Adam moments", "fix": instead}
     takes = _takes(ctx.card, "optimizer_state_dtype")
@@ -85,7 +85,7 @@ def fp8_param_gather_needs_fp8(ctx: Context) -> Values:
     if job.precision != "fp8":
         return {**values, "why": "fp8 primary weights exist only in an fp8 run",
                 "fix": "Use precision=fp8 with it, or drop fp8_param_gather."}
-    instead = _lacks(ctx.card, "fp8_param_gather")
+    instead = lacks_key(ctx.card, "fp8_param_gather")
     if instead:
         return {**values, "why": f"{card.display_name} keeps bf16 weights", "fix": instead}
     if ctx.backend == "megatron" and p.zero_stage == 0:
@@ -119,7 +119,7 @@ def nearest_recipe(recipe: str, allowed: list[str]) -> str | None:
 
 def runnable_recipes(card: FrameworkCard, gpu) -> list[str]:
     """The recipes both the GPU (hardware.yaml fp8_recipes) and the framework (its fp8_<recipe> knobs) run."""
-    return [r for r in RECIPE_GRANULARITY if r in gpu.fp8_recipes and _lacks(card, f"fp8_{r}") is None]
+    return [r for r in RECIPE_GRANULARITY if r in gpu.fp8_recipes and lacks_key(card, f"fp8_{r}") is None]
 
 
 
@@ -140,7 +140,7 @@ def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
         return None  # FP001 says it
     both = runnable_recipes(ctx.card, job.gpu)
     nearest = nearest_recipe(p.fp8_recipe, both)
-    instead = _lacks(ctx.card, f"fp8_{p.fp8_recipe}")
+    instead = lacks_key(ctx.card, f"fp8_{p.fp8_recipe}")
     fix = (f"Use fp8_recipe={nearest} (what {job.gpu.name} and {card.display_name} both run: {', '.join(both)})."
            if nearest else (instead or f"{card.display_name} runs none of {job.gpu.name}'s FP8 recipes; use "
                                        "precision=bf16.") + " Drop fp8_recipe with fp8.")
@@ -165,7 +165,7 @@ def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
     knob = "grad_reduce_fp32" if p.grad_reduce_in_fp32 else "grad_reduce_bf16"
     card, dtype = ctx.card, "fp32" if p.grad_reduce_in_fp32 else "bf16"
     value = str(p.grad_reduce_in_fp32).lower()
-    instead = _lacks(card, knob)
+    instead = lacks_key(card, knob)
     if instead is None:  # (so the card has an adapter section)
         spec = rendered_knob(card, ctx.job, p, knob) or _default_version_knob(card, knob)
         at_stage = f"{card.display_name} (zero_stage={p.zero_stage})"
@@ -191,7 +191,7 @@ def muon_the_framework_cannot_run(ctx: Context) -> Values:
         return None
     card = ctx.card
     values = {"framework": card.display_name, "zero": p.zero_stage}
-    instead = _lacks(ctx.card, "optimizer")
+    instead = lacks_key(ctx.card, "optimizer")
     if instead:
         return {**values, "why": f"{card.display_name} has no Muon meshplan can write", "fix": instead}
     muon = card.muon
@@ -231,7 +231,7 @@ def fp8_activation_input_store_needs_swiglu(ctx: Context) -> Values:
     if not job.fp8_activation_input_store:
         return None
     values = {"framework": card.display_name, "model": job.model.name}
-    instead = _lacks(card, "fp8_activation_input_store")
+    instead = lacks_key(card, "fp8_activation_input_store")
     if instead:
         return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
     if not job.model.is_swiglu:  # TransformerConfig: activation_func F.silu with gated_linear_unit, else ValueError
@@ -255,7 +255,7 @@ def fp8_dot_product_attention_needs_fp8(ctx: Context) -> Values:
     recipe = fp8_recipe(job, p)
     values = {"framework": card.display_name, "precision": job.precision, "recipe": recipe or "none",
               "gpu": job.gpu.name}
-    instead = _lacks(card, "fp8_dot_product_attention")
+    instead = lacks_key(card, "fp8_dot_product_attention")
     if instead:
         return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
     if job.precision != "fp8":

@@ -172,6 +172,9 @@ class Job(StrictModel):
     fp8_dot_product_attention: bool = Field(
         False, description="FP8 dot-product attention (Megatron-Core fp8_dot_product_attention; activations.Layout."
                            "fp8_attention)")
+    moe_shared_expert_overlap: bool = Field(
+        False, description="The shared experts overlapped with the token dispatch (Megatron-Core "
+                           "moe_shared_expert_overlap; activations.Layout.shared_expert_overlap)")
     headroom: float | None = Field(
         None, ge=0.0, lt=1.0, description="The share of GPU memory the request asked to keep free: a plan fits within "
                                           "capacity x (1 - headroom) (None: within capacity, MEM002 warning below its "

@@ -171,6 +171,12 @@ class Request(StrictModel):
                           "Megatron-Bridge mixed_precision.fp8_dot_product_attention; precision=fp8 with a recipe "
                           "that passes fp8_dpa) (default: off)",
     )
+    moe_shared_expert_overlap: bool | None = Field(
+        None, description="The MoE layer's shared experts run on a stream of their own beside the token dispatch's "
+                          "all-to-all, gathering the layer input over sequence parallelism themselves (Megatron-Core "
+                          "moe_shared_expert_overlap; a model with shared experts, the alltoall or flex dispatcher) "
+                          "(default: off)",
+    )
     moe_token_dispatcher: MoeDispatcher | None = Field(
         None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
                           "default alltoall, the search picks flex for cross-node EP where the framework has it"

@@ -442,8 +442,8 @@ def _kind_sums(job: Job, reads: tuple, switches: int, tokens: int, tp: int, sp: 
                         qkv_fused=qkv_fused, dropout=dropout, swiglu_unfused=swiglu_unfused,
                         fp8=job.precision == "fp8", moe=moe, attn=attn, act=act_saves,
                         attention_recomputed=flash and op_sac_may_recompute_attention(job),
-                        act_input_bytes=swiglu_input_bytes(job),
-                        fp8_attention=fp8_attention_saves(job, None))._replace(**mixer_rows(job))
+                        act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, None),
+                        shared_expert_overlap=job.moe_shared_expert_overlap)._replace(**mixer_rows(job))
         shape, modules = shape_of(job.model), selective_modules(DEFAULT_PLAN)
         inside = recompute == "full" and pipeline_unit(job.model) > 1  # memory.checkpoint_group: the mixer's input
         hit = memo[key] = tuple(0.0 if inside and kind == "-" else sum(hybrid_layer_activations(
@@ -836,7 +836,8 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash, qkv_fused=qkv_fused,
                     dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn,
                     act=act_saves, attention_recomputed=flash and op_sac_may_recompute_attention(job),
-                    act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, None))
+                    act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, None),
+                    shared_expert_overlap=job.moe_shared_expert_overlap)
     shape = shape_of(job.model)
     if shape.kinds:  # a hybrid (M, G, *, -, E layers): arithmetic/mamba.least_kind_activations
         # the modules every searched plan recomputes (search/job.py refuses recompute_modules)

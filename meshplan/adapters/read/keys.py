@@ -39,7 +39,7 @@ VALUE_KNOBS = frozenset({"tp", "pp", "cp", "ep", "etp", "cp_comm_type", "micro_b
 SWITCH_KNOBS = frozenset({"sequence_parallel", "activation_offload", "param_offload", "optimizer_offload",
                           "tp_comm_overlap", "torch_compile", "fp8_param_gather", "account_for_embedding",
                           "account_for_loss", "moe_a2a_overlap", "defer_fsdp_grad_sync", "grad_reduce_overlap",
-                          "fp8_activation_input_store", "fp8_dot_product_attention"})
+                          "fp8_activation_input_store", "fp8_dot_product_attention", "moe_shared_expert_overlap"})
 # Settings that say nothing about memory or speed: never reported as "cannot express".
 IRRELEVANT = re.compile(
     r"(^|[._-])(lr|min_lr|dataset|datasets|train_files|val_files|train_data|val_data|log\w*|save|save[-_]\w+|"
