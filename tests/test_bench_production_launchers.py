@@ -123,6 +123,13 @@ def test_a_measured_study_gets_the_optimizer_precision_of_the_recipe_it_ran(tmp_
     # bf16 main grads (STUDY_RECIPES); the 8-GPU recipe row itself states no optimizer and keeps the defaults.
     study = pmap.map_row(production_rows["mbridge_card_moonlight_8_norecompute"], tmp_path)
     assert (study.request.optimizer_state_dtype, study.request.grad_reduce_in_fp32) == ("bf16", False)
+    # and its shared experts overlapped with the dispatch (cfg.model.moe_shared_expert_overlap = True): every MoE
+    # layer keeps the layer input its shared experts gather over SP (26 MoE layers x 4,096 tokens x 2,048 x 2 B)
+    assert study.request.moe_shared_expert_overlap is True
+    unlapped = study.request.model_copy(update={"moe_shared_expert_overlap": None})
+    added = (api.estimate_memory(study.request).stages[0].activations_bytes
+             - api.estimate_memory(unlapped).stages[0].activations_bytes)
+    assert added == 26 * 4096 * 2048 * 2
     assert psrc.study_recipe_fields({"source": {"citation": "some other card", "location": "Moonlight"}}) == {}
     default = study.request.model_copy(update={"optimizer_state_dtype": None, "grad_reduce_in_fp32": None})
     low, high = api.estimate_memory(study.request), api.estimate_memory(default)

@@ -235,12 +235,13 @@ BRIDGE_PERF_TABLE = "megatron-bridge docs/performance-summary"
 # Moonlight 16B": "The Moonlight 16B BF16 pretraining recipe ran on 8 H100 80GB GPUs ... TP=2, PP=1, CP=1, EP=8" at
 # Bridge 600d069; the one such recipe there is recipes/moonlight/h100/moonlight_16b.py
 # moonlight_16b_pretrain_8gpu_h100_bf16_config, which sets use_precision_aware_optimizer=True with bf16 exp_avg /
-# exp_avg_sq and bf16 main grads, and MixedPrecisionConfig(grad_reduce_in_fp32=False). The same text says a native
-# 8-H100 layout "failed during FP32 optimizer-state initialization".
+# exp_avg_sq and bf16 main grads, and MixedPrecisionConfig(grad_reduce_in_fp32=False), and
+# cfg.model.moe_shared_expert_overlap = True (with the alltoall dispatcher). The same text says a native 8-H100 layout
+# "failed during FP32 optimizer-state initialization".
 STUDY_RECIPES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("nemo-mbridge-perf-activation-recompute", "moonlight"): (
         "moonlight_16b_pretrain_8gpu_h100_bf16_config",
-        {"optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}),
+        {"optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False, "moe_shared_expert_overlap": True}),
 }
 
 # verl example scripts the RL rows cite that train with actor.use_dynamic_bsz=True and ppo_max_token_len_per_gpu =
