@@ -267,6 +267,9 @@ def test_megatron_cpu_offload_keeps_hybrid_optimizer_fp32_states_on_the_gpu_shar
     assert optimizer == {"master": 4, "moments": 8, "grad_copy": 4}
     on_gpu = {t.role: t.bytes for t in with_precision(base, Plan(**aware))[2] if t.tensor_class == "optimizer"}
     assert on_gpu == {"master": 2, "moments": 4}
+    # an fp32 gradient buffer: grad.to(fp32) is the buffer's own shard, no copy
+    fp32_grads = with_precision(base, Plan(**{**half, "grad_reduce_in_fp32": True}))[2]
+    assert {t.role: t.bytes for t in fp32_grads if t.tensor_class == "optimizer"} == {"master": 4, "moments": 8}
     step = steps()["megatron_distributed"]
     assert optimizer_step_temporaries(step, with_precision(base, Plan(**half))[2], stepped=1000, largest_tensor=10,
                                       zero_stage=1, decoupled=True) == 0

@@ -488,8 +488,9 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
             dtype = "fp32" if plan.grad_reduce_in_fp32 else "bf16"
             update = {"bytes": prec.dtype_bytes[dtype], "name": f"{dtype} main grads"}
         out.append(t.model_copy(update=update) if update else t)
-    if hybrid:
-        out.extend(prec.hybrid_gpu_states)
+    if hybrid:  # its fp32 gradient copy only of a 16-bit gradient shard: .to(fp32) of an fp32 one is that tensor
+        grads_16bit = any(t.role == "main_grads" and t.bytes < prec.dtype_bytes["fp32"] for t in out)
+        out.extend(t for t in prec.hybrid_gpu_states if t.role != "grad_copy" or grads_16bit)
     conv_update: dict = {}
     if recipe is not None and conv.fp8_weights == "transformer_engine":
         table = prec.fp8_weight_bytes_any_layout if job.gpu.fp8_any_layout else {}
