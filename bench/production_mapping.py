@@ -45,6 +45,7 @@ from production_sources import (
     perf_table_fields,
     recipe_moe,
     recipe_mtp,
+    release_launcher_moe,
     stage_layers,
     study_recipe_fields,
     upcast_field,
@@ -125,6 +126,10 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     knobs |= k
     knobs |= run_knobs(row)
     k, n = recipe_moe(row)
+    if (launched := release_launcher_moe(row, key, k)) != k:  # the overlap its own release's launcher set
+        n = [*n, f"EP all-to-all overlap {'on' if 'moe_a2a_overlap' in launched else 'off'} from the launcher of "
+                 "its release (Megatron-Bridge's published table)"]
+        k = launched
     recipe_graphs = k.get("cuda_graphs")
     knobs = {**k, **knobs}  # what the row states over what the recipe it cites sets (its CUDA graphs)
     notes += n

@@ -6,8 +6,11 @@ meshplan/knowledge/published_runs.py; this module matches a row to them. The met
 
 from __future__ import annotations
 
+import csv
+import functools
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from production_rows import row_text, stated_lora
@@ -42,6 +45,53 @@ from meshplan.knowledge.releases import snapshot_day
 def perf_table_fields(row: dict[str, Any]) -> dict[str, Any]:
     """grad_reduce_in_fp32=False for a row from Megatron-Bridge's performance tables (BRIDGE_PERF_TABLE)."""
     return {"grad_reduce_in_fp32": False} if BRIDGE_PERF_TABLE in row_text(row["source"]["citation"]).lower() else {}
+
+
+# Megatron-Bridge's published performance tables, one row per run with what its release's launcher set
+# (bench/bridge_published.py reads and documents it, column by column, with the launcher each column cites)
+BRIDGE_TABLE_CSV = Path(__file__).resolve().parent / "data" / "megatron_bridge_published.csv"
+
+
+@functools.cache
+def bridge_table_rows() -> tuple[dict[str, str], ...]:
+    """BRIDGE_TABLE_CSV's rows, read once."""
+    with open(BRIDGE_TABLE_CSV, encoding="utf-8") as fh:
+        return tuple(csv.DictReader(fh))
+
+
+def bridge_table_row(row: dict[str, Any], model_key: str | None) -> dict[str, str] | None:
+    """The published-table row (BRIDGE_TABLE_CSV) that is this dev row's run: a row from Megatron-Bridge's
+    performance tables (BRIDGE_PERF_TABLE in its citation) whose release ('NeMo container 25.09'; 26.02.01 is not
+    26.02), system, catalog model, GPU count, batch and layout (tp, pp, vp, ep) are the table row's; None where none
+    or more than one is."""
+    if model_key is None or BRIDGE_PERF_TABLE not in row_text(row["source"]["citation"]).lower():
+        return None
+    found = re.search(r"\b(\d\d\.\d\d(?:\.\d\d)?)\b", str(row["source"].get("version_or_date") or ""))
+    if not found:
+        return None
+    p, w = row["parallelism"], row["workload"]
+    wanted = {"release": found.group(1), "system": str(row["hardware"]["gpu_type"]).split("-")[0].lower(),
+              "model": model_key, "gpus": str(row["hardware"]["num_gpus"]), "gbs": str(w["global_batch_size"]),
+              "mbs": str(w["micro_batch_size"]), "tp": str(p["tp"] or 1), "pp": str(p["pp"] or 1),
+              "vp": str(p["vpp"] or 1), "ep": str(p["ep"] or 1)}
+    hits = [r for r in bridge_table_rows() if all(r[k] == v for k, v in wanted.items())]
+    return hits[0] if len(hits) == 1 else None
+
+
+def release_launcher_moe(row: dict[str, Any], model_key: str | None, knobs: dict[str, str]) -> dict[str, str]:
+    """`knobs` with the EP all-to-all overlap (the knob moe_a2a_overlap) the launcher of the row's own release set,
+    where the row is a run of Megatron-Bridge's published tables (bridge_table_row): its moe_a2a_overlap column,
+    read from that release's scripts/performance (25.09: v0.1.0rc4 run_script.py's A2A_1F1B, on for DeepSeek-V3 on
+    H100), over what today's perf recipe the row cites for its layout sets (recipe_moe, Bridge 067f987), which is
+    not the code that ran. Unchanged where the row is no table run."""
+    table = bridge_table_row(row, model_key)
+    if table is None:
+        return knobs
+    out = {k: v for k, v in knobs.items() if k != "moe_a2a_overlap"}
+    if table["moe_a2a_overlap"] == "1":
+        out["moe_a2a_overlap"] = (f"{BRIDGE} performance table {table['release']}: its release's launcher "
+                                  f"(bench/data/megatron_bridge_published.csv moe_a2a_overlap)")
+    return out
 
 
 def study_recipe_fields(row: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,8 @@ estimate: Megatron-Bridge's performance tables reduce gradients in bf16 (perf_ta
 pack micro-batches to a token budget of one row seq_length (dynamic_batch_fields), and a row that does not fit says
 which terms of its worst stage put it over (over_note); a row gets the EP overlap and the full-iteration CUDA graph
 its cited Megatron-Bridge perf recipe sets (recipe_moe: by the function it names, or by its recipe file plus GPU
-count, system and precision), and nothing from a recipe it does not cite; a row's date and cited recipe give its
+count, system and precision), and nothing from a recipe it does not cite, but a run of Bridge's published table the
+EP overlap its own release's launcher set (release_launcher_moe); a row's date and cited recipe give its
 framework release, allocator setting and attention kernel (the facts: meshplan/knowledge/published_runs.py).
 
 A test of the bench itself: it imports the bench's modules (production_rows, production_sources,
@@ -160,6 +161,28 @@ def test_uncited_or_unset_recipe_sets_nothing(production_rows):
     assert psrc.recipe_moe(production_rows["mbridge_h100_dsv3_1024_fp8"]) == ({}, [])  # its recipe leaves overlap off
     other = dict(production_rows["mbridge_b200_dsv3_256_mxfp8"], source={"citation": "some other source"})
     assert psrc.recipe_moe(other) == ({}, [])
+
+
+def test_a_published_table_run_gets_the_overlap_its_release_launched(production_rows, tmp_path):
+    # The 25.09 H100 DeepSeek-V3 run is a row of Bridge's published table, whose release's launcher (v0.1.0rc4
+    # scripts/performance/run_script.py: A2A_1F1B on H100) overlapped the EP all-to-all; the perf recipe the row
+    # cites for its layout (Bridge 067f987) leaves it off, and is not the code that ran.
+    row = production_rows["mbridge_h100_dsv3_1024_fp8"]
+    table = psrc.bridge_table_row(row, "deepseek-v3")
+    assert table is not None and (table["release"], table["system"], table["moe_a2a_overlap"]) == ("25.09", "h100", "1")
+    assert set(psrc.release_launcher_moe(row, "deepseek-v3", {})) == {"moe_a2a_overlap"}
+    assert pmap.map_row(row, tmp_path).request.moe_a2a_overlap is True
+    # a table run whose release left it off drops what a newer recipe sets; a release the table does not print
+    # (26.02.01 is not 26.02), another layout or a row from elsewhere is not a table run and keeps its knobs
+    off = production_rows["mbridge_gb200_qwen3_235b_256_bf16"]
+    assert psrc.bridge_table_row(off, "qwen3-235b-a22b")["moe_a2a_overlap"] == "0"
+    assert psrc.release_launcher_moe(off, "qwen3-235b-a22b", {"moe_a2a_overlap": "recipe"}) == {}
+    later = production_rows["mbridge_h100_qwen3_30b_16_fp8_pp2vp12"]
+    assert psrc.bridge_table_row(later, "qwen3-30b-a3b") is None
+    relaid = dict(row, parallelism={**row["parallelism"], "vpp": 2})
+    assert psrc.bridge_table_row(relaid, "deepseek-v3") is None
+    elsewhere = dict(row, source={"citation": "elsewhere"})
+    assert psrc.release_launcher_moe(elsewhere, "deepseek-v3", {"x": "y"}) == {"x": "y"}
 
 
 def test_verl_rows_before_the_workers_set_expandable_segments():

@@ -579,7 +579,7 @@ def test_flex_dispatch_sends_a_token_once_per_destination_rank_and_domain():
     assert flex < plain
 
 
-def test_flex_dispatcher_changes_only_expert_traffic():
+def test_flex_dispatcher_changes_expert_traffic_and_the_dispatchers_permutes():
     base = dict(model="mixtral-8x7b", num_gpus=64, tp=1, pp=1, ep=8, global_batch_size=128)
     inside = estimate(**base, moe_token_dispatcher="flex").breakdown.ep_comm_s
     # Mixtral: 1 expert a rank, top-2 reach 2 ranks either way; DeepEP's 20 SMs copy them slower than NCCL's NVLink
@@ -591,7 +591,9 @@ def test_flex_dispatcher_changes_only_expert_traffic():
     wide = dict(model="qwen3-30b-a3b", num_gpus=64, ep=32, global_batch_size=128)
     flex, plain = estimate(**wide, moe_token_dispatcher="flex"), estimate(**wide)
     assert flex.breakdown.ep_comm_s < plain.breakdown.ep_comm_s
-    assert flex.breakdown.compute_s == plain.breakdown.compute_s
+    # DeepEP's dispatcher permutes the copies once each way (8 passes), the alltoall's also sorts them by expert (16):
+    # the layer's memory-bound work less (tests/test_flex_permute_passes.py counts it)
+    assert flex.breakdown.compute_s < plain.breakdown.compute_s
     assert any("flex dispatcher" in a for a in flex.assumptions)
 
 

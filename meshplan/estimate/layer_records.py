@@ -64,6 +64,9 @@ class LayerContext:
     a2a_steady_share: float = 0.0  # moe_a2a_overlap: the share of micro-batch chunks in the 1F1B steady state
     stacked_experts: bool = False  # MoE layers copy their local experts' weights each forward (stacks_experts)
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
+    # bf16 passes over the routed copies the dispatcher runs beside its all-to-alls (moe_time.dispatcher_passes);
+    # None: the alltoall dispatcher's, cards/calibration.yaml moe_dispatch_passes
+    dispatch_passes: float | None = None
     expert_launches: tuple[float, float] = (0.0, 0.0)  # (fwd, bwd) per-expert grouped-GEMM launches (expert_launches)
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
     hf_eager: bool = False  # transformers' modeling code run eagerly (the card's eager_model_code): hf_eager_* passes
@@ -199,7 +202,7 @@ _CONTEXT_VALUES = itemgetter(*_CONTEXT_FIELDS)
 _LIST_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if name in PLAN_LIST_FIELDS)
 MOE_ONLY_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher", "moe_a2a_overlap"})
 MOE_ONLY_CONTEXT = frozenset({"a2a_steady_share", "routed_load", "moe_host_syncs", "gather_dispatch", "experts_fused",
-                              "stacked_experts", "expert_launches"})
+                              "stacked_experts", "expert_launches", "dispatch_passes"})
 """Plan fields and LayerContext fields a dense layer's time (layer_time.layer_time(ctx, False)) without LoRA never
 reads, beside PER_STEP_FIELDS, nor the shard's ep and etp: the expert grid, the dispatcher and its all-to-all's
 overlap, the routed tokens' load, host syncs and grouped-GEMM launches, the routed experts' fused activation (an MoE

@@ -64,7 +64,7 @@ from meshplan.estimate.memory import (
     step_offload_time,
 )
 from meshplan.estimate.memory_terms import time_rank_parts
-from meshplan.estimate.moe_time import a2a_steady_share, expert_launches, moe_host_syncs
+from meshplan.estimate.moe_time import a2a_steady_share, dispatcher_passes, expert_launches, moe_host_syncs
 from meshplan.estimate.mtp_time import head_with_mtp
 from meshplan.estimate.sharding_traffic import (
     DpTraffic,
@@ -419,7 +419,8 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
     return LayerContext(
         plan=plan, law=job.card.world_size_law, shard=shard,
         a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
-        moe_host_syncs=moe_host_syncs(job, plan), routed_load=ep_rank_load(job, plan),
+        moe_host_syncs=moe_host_syncs(job, plan), dispatch_passes=dispatcher_passes(job, plan),
+        routed_load=ep_rank_load(job, plan),
         consecutive_routing=job.moe_fake_balanced_gate,
         expert_launches=expert_launches(job, plan),
         stacked_experts=stacks_experts(job.card.moe_expert_weights),

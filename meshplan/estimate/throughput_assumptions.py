@@ -14,7 +14,7 @@ from meshplan.estimate.attention_time import (
 )
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption, selective_modules
-from meshplan.estimate.moe_time import moe_host_syncs
+from meshplan.estimate.moe_time import dispatcher_passes, moe_host_syncs
 from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, overlap_off, sharding_schedule
 from meshplan.estimate.tp_overlap import tp_ring_passes
 from meshplan.knowledge.calibration import Calibration, calibration_summary, flex_dispatch_bandwidth
@@ -319,8 +319,12 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     moe = job.model.moe
     assert moe is not None
     syncs = moe_host_syncs(job, plan)
+    flex_passes = dispatcher_passes(job, plan)
+    passes = (f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward" if flex_passes is None else
+              f"{flex_passes:.0f} bf16 passes forward + backward beside {flex_backend(job.gpu, job.gpus_per_node)}'s "
+              "dispatch and combine kernels (cards/calibration.yaml flex_dispatch permute_passes)")
     return (f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
-            f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward, the router "
+            f"{passes}, the router "
             f"{cal.moe_router_bytes_per_logit:.0f} bytes per fp32 logit, each expert GEMM slowed by its rows "
             f"(tokens per local expert / (that + {cal.moe_gemm_half_ridges:g} x the GPU's ridge rows)), "
             "and each MoE layer forward "

@@ -70,6 +70,11 @@ class FlexBackend(BaseModel):
 
     by_arch: dict[str, float | dict[int, float]] = Field(
         description="GPU arch (cards/hardware.yaml) -> bytes/s, or -> {ranks in the domain: bytes/s}")
+    permute_passes: float = Field(
+        ge=0, description="bf16 passes over the routed copies, forward + backward, that Megatron-Core's flex "
+                          "dispatcher runs on this backend outside its dispatch and combine kernels (its permute and "
+                          "unpermute); what the alltoall dispatcher's moe_dispatch_passes counts for it")
+    permute_source: str = Field(description="Where permute_passes is counted from")
     meaning: str
     source: str
 
@@ -305,6 +310,17 @@ def flex_dispatch_points(backend: str, arch: str | None) -> tuple[tuple[int, flo
         raise CardError(f"No flex dispatcher backend {backend!r} in cards/calibration.yaml flex_dispatch.",
                         fix=f"The backends are: {', '.join(sorted(backends))}.")
     return backends[backend].points(arch)
+
+
+def flex_permute_passes(backend: str) -> float:
+    """bf16 passes over the routed copies, forward + backward, that the flex dispatcher on `backend` runs beside its
+    communication kernels (cards/calibration.yaml flex_dispatch permute_passes): DeepEP's permute after the dispatch
+    and unpermute before the combine, none on HybridEP, whose kernels permute as they copy."""
+    backends = calibration_card().flex_dispatch
+    if backend not in backends:
+        raise CardError(f"No flex dispatcher backend {backend!r} in cards/calibration.yaml flex_dispatch.",
+                        fix=f"The backends are: {', '.join(sorted(backends))}.")
+    return backends[backend].permute_passes
 
 
 def flex_dispatch_bandwidth(backend: str, arch: str | None, ranks: int = 8) -> float | None:
