@@ -312,18 +312,24 @@ def test_the_rl_ranking_follows_the_experts_launches():
     grouped_gemm_launches: config_converter's moe_grouped_gemm=True, Transformer Engine's GroupedLinear), so TP4 PP2
     EP1's 128 local experts take at least 256 launches of 29.2 us per MoE layer and micro-batch forward: its RL step
     12.09 -> 15.84 s. The free request ranks first a layout of at most 32 local experts with param and optimizer
-    offload (TP1 EP8 at micro-batch 16, 14.05 s, since 2026-12-06's NCCL SM share made TP2's overlapped collectives
-    dearer; TP2 EP4 at micro-batch 32, 13.55 s, before). Its twin without offload steps faster but keeps the reference
-    model on the GPU through the update, whose allocated peak is over what the default headroom leaves at any memory
-    fraction: check refuses it there too (MEM001 over the capacity, or MEM002, fits but without the headroom), and the
-    ranking refuses every memory fraction of it, counting under MEM002 the layouts whose phases fit without the
-    headroom, as check names them (RL005 only for a phase over the capacity, which check names RL005 too)."""
-    rec = api.recommend(Request(**VERL), top_k=1)
-    top = rec.candidates[0]
+    offload on the alltoall dispatcher (TP1 EP8 at micro-batch 16, 14.05 s, since 2026-12-06's NCCL SM share made
+    TP2's overlapped collectives dearer; TP2 EP4 at micro-batch 32, 13.55 s, before); free to take the flex dispatcher,
+    whose DeepEP backend permutes in 8 passes, not 16 (moe_time.dispatcher_passes), it ranks TP1 EP16 flex without
+    offload first (14.30 s, 8 local experts). On alltoall, the offloaded plan's twin without offload steps faster but
+    keeps the reference model on the GPU through the update, whose allocated peak is over what the default headroom
+    leaves at any memory fraction: check refuses it there too (MEM001 over the capacity, or MEM002, fits but without
+    the headroom), and the ranking refuses every memory fraction of it, counting under MEM002 the layouts whose phases
+    fit without the headroom, as check names them (RL005 only for a phase over the capacity, which check names RL005
+    too)."""
     pinned = api.recommend(Request(**VERL, tp=4, pp=2, ep=1), top_k=1).candidates[0]
-    assert top.plan.ep >= 4 and top.plan.param_offload and top.plan.optimizer_offload  # <= 32 local experts
+    free = api.recommend(Request(**VERL), top_k=1).candidates[0]
+    assert free.plan.ep >= 4 and free.throughput.step_time_s < pinned.throughput.step_time_s  # <= 32 local experts
+    rec = api.recommend(Request(**VERL, moe_token_dispatcher="alltoall"), top_k=1)
+    top = rec.candidates[0]
+    assert top.plan.ep >= 4 and top.plan.param_offload and top.plan.optimizer_offload
     assert top.throughput.step_time_s < pinned.throughput.step_time_s
     twin = {**VERL, **{k: getattr(top.plan, k) for k in ("tp", "pp", "ep", "etp", "micro_batch_size", "zero_stage",
+                                                         "moe_token_dispatcher",
                                                          "recompute", "rollout_tp", "rollout_dp", "rollout_ep")},
             "param_offload": False, "optimizer_offload": False, "rollout_memory_fraction": 0.25}
     faster = api.estimate_throughput(Request(**twin)).step_time_s
