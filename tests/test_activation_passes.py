@@ -47,6 +47,8 @@ def test_the_card_holds_what_the_census_counted():
         assert codes[code].passes[key] == pytest.approx(tuple(counted), abs=0.05), (code, key)
     for code, counted in census["expert_bias"].items():
         assert codes[code].expert_bias == pytest.approx(tuple(counted), abs=0.2), code
+    for code, counted in census["routed_weighting"].items():
+        assert codes[code].routed_weighting == pytest.approx(tuple(counted), abs=0.05), code
 
 
 @pytest.mark.parametrize(("model", "key"), [("gpt-oss-120b", "clamped_glu"), ("llama-3.1-8b", "glu_silu"),
