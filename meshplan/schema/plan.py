@@ -172,6 +172,10 @@ class Job(StrictModel):
     fp8_dot_product_attention: bool = Field(
         False, description="FP8 dot-product attention (Megatron-Core fp8_dot_product_attention; activations.Layout."
                            "fp8_attention)")
+    bias_activation_fusion: bool = Field(
+        True, description="Megatron-Core's fused bias + activation kernel runs the MLP's activation (false: its "
+                          "unfused glu(), layer_records.activation_code 'unfused_functions', memory_states."
+                          "unfused_glu_bytes); true on every framework without the switch")
     headroom: float | None = Field(
         None, ge=0.0, lt=1.0, description="The share of GPU memory the request asked to keep free: a plan fits within "
                                           "capacity x (1 - headroom) (None: within capacity, MEM002 warning below its "

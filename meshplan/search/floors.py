@@ -36,6 +36,7 @@ from meshplan.arithmetic.memory_states import (
     state_classes,
     state_sums,
     swiglu_input_bytes,
+    unfused_glu_bytes,
     unsharded_grad_bytes,
 )
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
@@ -442,7 +443,7 @@ def _kind_sums(job: Job, reads: tuple, switches: int, tokens: int, tp: int, sp: 
                         qkv_fused=qkv_fused, dropout=dropout, swiglu_unfused=swiglu_unfused,
                         fp8=job.precision == "fp8", moe=moe, attn=attn, act=act_saves,
                         attention_recomputed=flash and op_sac_may_recompute_attention(job),
-                        act_input_bytes=swiglu_input_bytes(job),
+                        act_input_bytes=swiglu_input_bytes(job), unfused_glu=unfused_glu_bytes(job),
                         fp8_attention=fp8_attention_saves(job, None))._replace(**mixer_rows(job))
         shape, modules = shape_of(job.model), selective_modules(DEFAULT_PLAN)
         inside = recompute == "full" and pipeline_unit(job.model) > 1  # memory.checkpoint_group: the mixer's input
@@ -836,7 +837,8 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash, qkv_fused=qkv_fused,
                     dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn,
                     act=act_saves, attention_recomputed=flash and op_sac_may_recompute_attention(job),
-                    act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, None))
+                    act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, None),
+                    unfused_glu=unfused_glu_bytes(job))
     shape = shape_of(job.model)
     if shape.kinds:  # a hybrid (M, G, *, -, E layers): arithmetic/mamba.least_kind_activations
         # the modules every searched plan recomputes (search/job.py refuses recompute_modules)
