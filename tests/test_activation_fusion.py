@@ -167,6 +167,11 @@ def test_a_user_script_that_turns_it_off_is_read_off():
     assert api.import_config(path.read_text(), path=str(path)).request["bias_activation_fusion"] is False
     assert api.import_config("torchrun pretrain_gpt.py --no-bias-gelu-fusion --tensor-model-parallel-size 2",
                              framework="megatron-core").request["bias_activation_fusion"] is False
+    # Megatron-LM reads the switch of the script's own activation: the other one is noted, not read
+    other = api.import_config("torchrun pretrain_gpt.py --swiglu --no-bias-gelu-fusion --tensor-model-parallel-size 2",
+                              framework="megatron-core")
+    assert "bias_activation_fusion" not in other.request
+    assert any("no effect" in note for note in other.notes)
 
 
 def test_the_search_finds_the_oracles_top_k_unfused():
