@@ -135,16 +135,29 @@ def test_a_framework_without_the_switch_is_refused_on_every_face():
         tools.estimate_throughput(**req)
 
 
-@pytest.mark.parametrize(("change", "rule", "words"), [
-    (dict(model="gemma-2-27b", num_gpus=16, bias_activation_fusion=True), "PR008", "glu_gelu_pytorch_tanh"),
-    (dict(model="llama-3.1-8b", bias_activation_fusion=False, fp8_activation_input_store=True), "PR006",
-     "unfused glu()"),
-])
-def test_megatrons_validators_refuse_what_it_cannot_run(change, rule, words):
-    findings = [f for f in api.check_config(Request(**DENSE | change)).findings if f.id == rule]
-    assert findings and findings[0].severity == "error" and words in findings[0].message
+def test_megatrons_validators_refuse_what_it_cannot_run():
+    """TransformerConfig refuses the fusion on an activation its kernels do not take (a clear error naming the field,
+    resolve); the fp8 input store under the unfused glu(), which never reads it, is rule PR006's error."""
+    with pytest.raises(MeshplanError, match="glu_gelu_pytorch_tanh") as caught:
+        resolve(Request(**DENSE | dict(model="gemma-2-27b", num_gpus=16, bias_activation_fusion=True)))
+    assert caught.value.fields == ("bias_activation_fusion",)
+    findings = [f for f in api.check_config(Request(**DENSE | dict(
+        model="llama-3.1-8b", bias_activation_fusion=False, fp8_activation_input_store=True))).findings
+        if f.id == "PR006"]
+    assert findings and findings[0].severity == "error" and "unfused glu()" in findings[0].message
     assert not [f for f in api.check_config(Request(**DENSE | {"bias_activation_fusion": True})).findings
-                if f.id in ("PR006", "PR008")]
+                if f.id == "PR006"]
+
+
+def test_gemma_2_runs_the_unfused_glu_on_megatron_whatever_the_switch():
+    """Megatron-Core never fuses Gemma 2's fast_gelu: its glu() keeps the intermediates on a framework with the switch,
+    not on one without it (transformers' own code there)."""
+    gemma = dict(model="gemma-2-27b", num_gpus=16, tp=4)
+    job, _ = _job(DENSE, **gemma)
+    assert job.bias_activation_fusion is False and unfused_glu_bytes(job) == (4.0, 6.0)
+    copied = job.model_copy(update={"bias_activation_fusion": True})  # a job not built by resolve
+    assert unfused_glu_bytes(copied.attach_cards(job.card)) == (4.0, 6.0)
+    assert unfused_glu_bytes(_job(DENSE, **gemma | dict(framework="torchtitan", tp=1))[0]) == (0.0, 0.0)
 
 
 @pytest.mark.parametrize(("framework", "model", "value", "written"), [

@@ -92,8 +92,6 @@ CASES: dict[str, tuple[dict, dict]] = {
                "fp8_recipe": "blockwise", "fp8_dot_product_attention": True},
               {**L8B, "num_gpus": 8, "framework": "megatron-bridge", "gpu": "h100", "precision": "fp8",
                "fp8_recipe": "delayed", "fp8_dot_product_attention": True}),
-    "PR008": ({"model": "gemma-2-27b", "num_gpus": 8, "framework": "megatron-bridge", "bias_activation_fusion": True},
-              {**L8B, "num_gpus": 8, "framework": "megatron-bridge", "bias_activation_fusion": True}),
     "WS001": ({**L8B, "num_gpus": 10, "tp": 4}, {**L8B, "num_gpus": 12, "tp": 4}),
     "WS002": ({**MIX, "num_gpus": 12, "tp": 2, "ep": 8}, {**MIX, "num_gpus": 16, "tp": 2, "ep": 8}),
     "WS003": ({**L8B, "num_gpus": 16, "tp": 2, "dp": 4}, {**L8B, "num_gpus": 16, "tp": 2, "dp": 8}),

@@ -11,6 +11,7 @@ from typing import Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.arithmetic.activation_passes import activation_fusable
 from meshplan.arithmetic.activations import BF16, Fp8AttentionSaves
 from meshplan.arithmetic.gdn import GdnLayer
 from meshplan.arithmetic.mamba import Mamba2Layer
@@ -415,8 +416,12 @@ def swiglu_input_bytes(job: Job) -> float:
 def unfused_glu_bytes(job: Job) -> tuple[float, float]:
     """(dense MLP or shared experts, routed experts): bytes per element of the activation's output width that
     Megatron-Core's unfused glu() keeps beyond the fused kernel (activations.Layout.unfused_glu; cards/memory.yaml
-    unfused_glu), where the job turns bias_activation_fusion off on a gated MLP; (0, 0) otherwise."""
-    if job.bias_activation_fusion or not job.model.gated_mlp:
+    unfused_glu), where a framework with the switch (Megatron-Core's MLP) runs a gated MLP unfused: the job turns
+    bias_activation_fusion off, or its activation is one Megatron-Core never fuses (Gemma 2's fast_gelu); (0, 0)
+    otherwise."""
+    if job.card.defaults.bias_activation_fusion is None or not job.model.gated_mlp:
+        return (0.0, 0.0)
+    if job.bias_activation_fusion and activation_fusable(job.model):
         return (0.0, 0.0)
     card = memory_card().unfused_glu
     return (card.mlp_bytes, card.routed_bytes)

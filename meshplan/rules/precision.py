@@ -7,7 +7,6 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
-from meshplan.arithmetic.activation_passes import activation_fusable, activation_key
 from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.offload import optimizer_share
 from meshplan.knowledge.adapter_card import AdapterKnob
@@ -281,15 +280,3 @@ def fp8_dot_product_attention_needs_fp8(ctx: Context) -> Values:
                 "fix": "Use attention_backend=fused (or auto) with it, or drop fp8_dot_product_attention."}
     return None
 
-
-@rule("PR008", reads=())
-def bias_activation_fusion_needs_a_fusable_activation(ctx: Context) -> Values:
-    """bias_activation_fusion asked on where Megatron-Core's TransformerConfig refuses it: an activation its fused
-    kernels do not take (Gemma 2's fast_gelu, squared ReLU; cards/calibration.yaml activation_passes.fusable). A
-    framework without the switch is refused when the request resolves."""
-    job = ctx.job
-    if not job.bias_activation_fusion or ctx.card.defaults.bias_activation_fusion is None:
-        return None
-    if activation_fusable(job.model):
-        return None
-    return {"framework": ctx.card.display_name, "model": job.model.name, "activation": activation_key(job.model)}
