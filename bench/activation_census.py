@@ -4,7 +4,8 @@
 clamps, eager PyTorch as torchtitan runs it, transformers 5.9.0's ACT2FN and GptOssExperts._apply_gate, Megatron-Core's
 per-expert bias loop) on bf16 tensors in the HF venv (torch 2.13.0 CPU + transformers 5.9.0, tests/framework_packages.py
 HF_VENV) and logs every aten op's bytes; a compiled function counts as one kernel. This prints the passes (bytes over
-2 B per element of the activation's output width; per routed copy and hidden element for the bias loop), forward and
+2 B per element of the activation's output width; per routed copy and hidden element for the bias loop; per routed
+copy and expert-width element for the unfused routing-weight multiply), forward and
 backward, beside the card's, and writes them to bench/data/activation_census.json (tests/test_activation_passes.py holds
 the card to that file).
 
@@ -32,10 +33,10 @@ DEFAULT_JSON = ROOT / "bench" / "data" / "activation_census.json"
 def counted() -> dict:
     """{code: {activation: [forward, backward]}} and the bias loop's, in bf16 passes, from the harness."""
     raw = run_harness([], harness=HARNESS)
-    out: dict = {"activations": {}, "expert_bias": {}}
+    out: dict = {"activations": {}, "expert_bias": {}, "routed_weighting": {}}
     for code, table in raw.items():
-        if code == "expert_bias":
-            out["expert_bias"] = {c: [v["forward"] / 2, v["backward"] / 2] for c, v in table.items()}
+        if code in ("expert_bias", "routed_weighting"):
+            out[code] = {c: [v["forward"] / 2, v["backward"] / 2] for c, v in table.items()}
         else:
             out["activations"][code] = {k: [v["forward"] / 2, v["backward"] / 2] for k, v in table.items()}
     return out
@@ -50,12 +51,15 @@ def main() -> None:
     print(f"{'code':16s} {'activation':24s} {'counted fwd / bwd':>20s} {'card fwd / bwd':>16s}")
     for code, table in result["activations"].items():
         for key, (fwd, bwd) in table.items():
-            card = codes[code].passes.get(key)
+            card = codes[code].passes.get(key) if code in codes else None
             shown = f"{card[0]:g} / {card[1]:g}" if card else "-"
             print(f"{code:16s} {key:24s} {fwd:9.2f} / {bwd:7.2f} {shown:>16s}")
     for code, (fwd, bwd) in result["expert_bias"].items():
         card = codes[code].expert_bias
         print(f"{code:16s} {'expert_bias':24s} {fwd:9.2f} / {bwd:7.2f} {card[0]:g} / {card[1]:g}".rjust(0))
+    for code, (fwd, bwd) in result["routed_weighting"].items():
+        card = codes[code].routed_weighting if code in codes else (0, 0)
+        print(f"{code:16s} {'routed_weighting':24s} {fwd:9.2f} / {bwd:7.2f} {card[0]:g} / {card[1]:g}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
         print(f"written: {args.json}")

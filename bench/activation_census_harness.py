@@ -13,6 +13,11 @@ Implementations (the code each framework runs; Megatron-Core and torchtitan are 
 lines are copied here verbatim, with the file and commit):
 - `fused_functions` (Megatron-Core core_r0.15 0d8e0714 / core_r0.16 b0cc2706, what Megatron-Bridge v0.2.0 / v0.3.0
   pin): megatron/core/transformer/mlp.py MLP.forward and moe/experts.py TEGroupedMLP.forward's bias_act_func.
+- `unfused_functions`: the same Megatron-Core release with bias_activation_fusion off (TransformerConfig's default;
+  Megatron-Bridge v0.2.0 / v0.3.0's Qwen, Mistral, OLMoE, Nemotron and Gemma providers leave it there): MLP.forward's
+  and bias_act_func's glu(), the activation function eager (F.silu, F.gelu) or compiled (quick_gelu, fast_gelu,
+  squared_relu: @jit_fuser), then the routed experts' `* permuted_probs` and `.to(original_dtype)` apart
+  (`routed_weighting`).
 - `compiled`: a torch.compile'd block or activation (torchtitan and KempnerForge with compile on, NeMo AutoModel's
   @torch.compile'd experts' activation): one kernel, gated (gpt-oss's clamped GLU as torchtitan writes it) or not.
 - `eager`: the same math as separate PyTorch kernels (torchtitan/KempnerForge with compile off): torchtitan's
@@ -201,6 +206,32 @@ def megatron_expert_bias(t, bias, probs, splits):
             .view(shape).to(t.dtype))
 
 
+def megatron_glu_unfused(act, clamp_value=None, linear_offset=0.0):
+    """MLP.forward's glu() (and TEGroupedMLP bias_act_func's) with bias_activation_fusion off, Megatron-Core
+    core_v0.16.0 3bec9aa9 megatron/core/transformer/mlp.py: chunk, gpt-oss's two clamps where a clamp value is set,
+    the activation function on the gate, the eager `x_linear + glu_linear_offset` (0.0 by default, still a kernel)
+    and the eager product."""
+    def run(x):
+        x_glu, x_linear = torch.chunk(x, 2, dim=-1)
+        if clamp_value is not None:
+            x_glu = x_glu.clamp(min=None, max=clamp_value)
+            x_linear = x_linear.clamp(min=-clamp_value, max=clamp_value)
+        return act(x_glu) * (x_linear + linear_offset)
+    return run
+
+
+def compiled_act(fn):
+    """An activation function Megatron-Core decorates with @jit_fuser: one kernel."""
+    return lambda y: fused(fn, y)
+
+
+def megatron_routed_weighting(x, probs):
+    """moe/experts.py TEGroupedMLP bias_act_func's unfused tail (core_v0.16.0): the activation's output times the
+    permuted routing probabilities, cast back to its dtype (bf16 probs: a no-op cast)."""
+    original_dtype = x.dtype
+    return (x * probs).to(original_dtype)
+
+
 # -- torchtitan (v0.2.2) ------------------------------------------------------------------------------------------
 
 def torchtitan_swiglu(x, alpha: float = 1.702, limit: float = 7.0):  # models/gpt_oss/model/moe.py swiglu
@@ -282,6 +313,16 @@ def main() -> None:
             "gelu": count(megatron_gelu, False),
             "relu2": count(megatron_squared_relu, False),
         },
+        "unfused_functions": {
+            "glu_silu": count(megatron_glu_unfused(F.silu), True),
+            "glu_gelu": count(megatron_glu_unfused(F.gelu), True),
+            "glu_gelu_pytorch_tanh": count(megatron_gated_unfused, True),
+            "clamped_glu": count(megatron_glu_unfused(compiled_act(lambda y: y * torch.sigmoid(1.702 * y)), 7.0, 1.0),
+                                 True),
+            "gelu": count(F.gelu, False),
+            "relu2": count(megatron_squared_relu, False),
+        },
+        "routed_weighting": {"unfused_functions": count(megatron_routed_weighting, False, probs=True)},
         "compiled": {
             "clamped_glu": count(compiled_glu, True),
             "gelu": count(compiled_plain, False),

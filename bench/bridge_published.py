@@ -104,6 +104,7 @@ from pathlib import Path
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
@@ -111,7 +112,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from production_sources import BRIDGE_TABLE_CSV, split_fields
 from throughput_accuracy import DEFAULT_VALIDATION, Case, classic_cases, golden_cases
 
-from meshplan.knowledge.published_runs import BRIDGE, RECIPE_SPLITS
+from meshplan.knowledge.published_runs import BRIDGE, BRIDGE_PERF_TABLE, RECIPE_SPLITS, bridge_perf_activation_fusion
 
 DATA = BRIDGE_TABLE_CSV
 # Systems whose rows were transcribed after the card's constants were set: held out of every fit (bench/README.md).
@@ -141,6 +142,10 @@ def cases(path: Path = DATA):
                 # the performance launchers reduce gradients in bf16 (published_runs.BRIDGE_PERF_TABLE, the fact the
                 # dev rows of the same tables get from production_sources.perf_table_fields)
                 grad_reduce_in_fp32=False,
+                # and turn the fused bias + activation on for the Qwen families, whose provider leaves it off
+                # (published_runs.BRIDGE_PERF_ACTIVATION_FUSION, production_sources.perf_table_fields for the dev rows)
+                bias_activation_fusion=True if bridge_perf_activation_fusion(
+                    BRIDGE_PERF_TABLE, resolve_model(r["model"]).model_type) else None,
             )
             split = recipe_split_fields(r["model"], pp, int(r["vp"]), int(r["mtp"]))
             if split:

@@ -11,6 +11,7 @@ from typing import Any
 from production_rows import (
     Mapping,
     Unmapped,
+    activation_fusion_field,
     catalog_match,
     dispatcher_for,
     fp8_setting_fields,
@@ -112,7 +113,7 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     offload, k = offload_fields(row)
     fields |= offload
     knobs |= k
-    fields |= perf_table_fields(row)
+    fields |= perf_table_fields(row, framework)
     fields |= study_recipe_fields(row)
     key = catalog_match(row["model"])
     mtp, n = recipe_mtp(row, key if model == key else None)  # a config path: the row's own model (MTP off)
@@ -159,6 +160,9 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
         fields |= f
         knobs |= k
     f, k = fp8_setting_fields(row, framework)  # where the framework it is scored on has the keys
+    fields |= f
+    knobs |= k
+    f, k = activation_fusion_field(row, framework)  # a row stating Megatron-Core's bias_activation_fusion
     fields |= f
     knobs |= k
     moe = bool(row["model"]["num_experts"]) or row["model"]["arch_type"] != "dense"

@@ -699,6 +699,27 @@ def fp8_setting_fields(row: dict[str, Any], framework: str) -> tuple[dict[str, A
     return fields, knobs
 
 
+# Megatron-Core's bias_activation_fusion as a row states it: Megatron-LM's store_false flags or the TransformerConfig
+# key with an off value (off), the key alone or with an on value (on)
+ACTIVATION_FUSION_OFF = r"--no-bias-(?:swiglu|gelu)-fusion|bias_activation_fusion\s*[=:]\s*(?:false|0|off|no)\b"
+ACTIVATION_FUSION_ON = rf"bias_activation_fusion{SWITCHED_OFF}"
+
+
+def activation_fusion_field(row: dict[str, Any], framework: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """(Request fields, knobs): bias_activation_fusion where the row's precision or notes state it, as the field
+    where the framework it is scored on has the switch (its card's adapter knob), else as a knob it cannot express."""
+    words = row_text(row["precision"], row["outcome"]["other"]).lower()
+    stated = (False if re.search(ACTIVATION_FUSION_OFF, words)
+              else True if re.search(ACTIVATION_FUSION_ON, words) else None)
+    if stated is None:
+        return {}, {}
+    adapter = framework_card(framework).adapter
+    knob = adapter.versions[adapter.default_version].knobs.get("bias_activation_fusion") if adapter else None
+    if knob is None or knob.key is None:
+        return {}, {"bias_activation_fusion": f"{framework} has no switch for Megatron-Core's bias_activation_fusion"}
+    return {"bias_activation_fusion": stated}, {}
+
+
 def optimizer_for(row: dict[str, Any]) -> dict[str, Any]:
     """Request.optimizer: muon where the row's optimizer or notes name Muon (left out: adam)."""
     text = row_text(row["parallelism"]["zero_or_distributed_optimizer"], row["outcome"]["other"]).lower()

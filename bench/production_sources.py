@@ -31,6 +31,7 @@ from meshplan.knowledge.published_runs import (
     VERL_DYNAMIC_BSZ_SCRIPTS,
     RecipeSplit,
     attention_kernel_of_run,
+    bridge_perf_activation_fusion,
     main_snapshot,
     nemo2_perf_precision,
     nemo_launcher_tp_overlap,
@@ -42,9 +43,15 @@ from meshplan.knowledge.releases import snapshot_day
 # --------------------------------------------------------------------------- what a cited launcher sets for every run
 
 
-def perf_table_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """grad_reduce_in_fp32=False for a row from Megatron-Bridge's performance tables (BRIDGE_PERF_TABLE)."""
-    return {"grad_reduce_in_fp32": False} if BRIDGE_PERF_TABLE in row_text(row["source"]["citation"]).lower() else {}
+def perf_table_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:
+    """grad_reduce_in_fp32=False for a row from Megatron-Bridge's performance tables (BRIDGE_PERF_TABLE), and, scored
+    on Megatron-Bridge, bias_activation_fusion=True where its perf recipe turns it on for the row's model family
+    (published_runs.bridge_perf_activation_fusion)."""
+    citation = row_text(row["source"]["citation"])
+    if BRIDGE_PERF_TABLE not in citation.lower():
+        return {}
+    fused = framework == "megatron-bridge" and bridge_perf_activation_fusion(citation, row["model"].get("family"))
+    return {"grad_reduce_in_fp32": False} | ({"bias_activation_fusion": True} if fused else {})
 
 
 # Megatron-Bridge's published performance tables, one row per run with what its release's launcher set
@@ -95,7 +102,8 @@ def release_launcher_moe(row: dict[str, Any], model_key: str | None, knobs: dict
 
 
 def study_recipe_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """The optimizer fields of the recipe a measured study ran (STUDY_RECIPES), for a row citing that study."""
+    """The fields (optimizer, activation fusion) the recipe a measured study ran sets (STUDY_RECIPES), for a row citing
+    that study."""
     cited = row_text(row["source"]["citation"], row["source"].get("location")).lower()
     for words, (_, fields) in STUDY_RECIPES.items():
         if all(w in cited for w in words):

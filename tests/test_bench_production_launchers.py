@@ -37,12 +37,30 @@ def test_perf_table_rows_reduce_gradients_in_bf16(tmp_path, production_rows):
     # a hardware recipe: bf16_mixed, fp32 grads
     recipe = pmap.map_row(production_rows["mbridge_recipe_glm45_air_32"], tmp_path)
     assert recipe.request.grad_reduce_in_fp32 is None
-    assert psrc.perf_table_fields({"source": {"citation": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"}}) \
-        == {"grad_reduce_in_fp32": False}
+    table = {"source": {"citation": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"}, "model": {}}
+    assert psrc.perf_table_fields(table, "megatron-bridge") == {"grad_reduce_in_fp32": False}
     # the bf16 grad buffer is half the fp32 one on every stage (Megatron's main grads: 2 B/param, not 4)
     bf16 = api.estimate_memory(perf.request).stages[0].gradients_bytes
     fp32 = api.estimate_memory(perf.request.model_copy(update={"grad_reduce_in_fp32": None})).stages[0].gradients_bytes
     assert bf16 * 2 == fp32
+
+
+def test_the_perf_tables_and_their_studies_fuse_the_qwen_activation(tmp_path, production_rows):
+    """Bridge's perf recipes turn bias_activation_fusion on for Qwen3, whose provider leaves it off
+    (published_runs.BRIDGE_PERF_ACTIVATION_FUSION); a study naming perf_recipes/qwen/h100/qwen3_moe.py ran it too
+    (STUDY_RECIPES); a Bridge recipe row keeps its provider's off; Llama's provider fuses without being told."""
+    assert pmap.map_row(production_rows["mbridge_h100_qwen3_30b_16_fp8_ep16"], tmp_path).request \
+        .bias_activation_fusion is True
+    assert pmap.map_row(production_rows["mbridge_card_qwen3_30b_16_h100_hybridep"], tmp_path).request \
+        .bias_activation_fusion is True
+    assert pmap.map_row(production_rows["mbridge_recipe_qwen3_235b_256"], tmp_path).request \
+        .bias_activation_fusion is None
+    assert pmap.map_row(production_rows["mbridge_h100_llama3_70b_64_fp8"], tmp_path).request \
+        .bias_activation_fusion is None
+    table = {"source": {"citation": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"},
+             "model": {"family": "qwen3_moe"}}
+    assert psrc.perf_table_fields(table, "megatron-bridge")["bias_activation_fusion"] is True
+    assert "bias_activation_fusion" not in psrc.perf_table_fields(table, "torchtitan")
 
 
 def test_verl_dynamic_batch_is_one_budget_of_tokens(tmp_path, production_rows):

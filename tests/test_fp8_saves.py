@@ -127,7 +127,7 @@ def test_the_store_times_its_casts_and_fp8_attention_says_it_is_timed_as_bf16():
 def test_a_recomputed_swiglu_casts_its_input_to_fp8_again():
     """Megatron's mlp / moe_act / shared_experts recompute runs the fused SwiGLU's forward again, its fp8 cast of
     fc1's output (bf16 read, fp8 write: 3 B per element of two FFN widths) with it."""
-    moe = dict(model="qwen3-30b-a3b", ep=8, tp=1, num_gpus=8)
+    moe = dict(model="qwen3-30b-a3b", ep=8, tp=1, num_gpus=8, bias_activation_fusion=True)  # the store's kernel
     for change, modules in ((dict(), ("mlp",)), (moe, ("moe_act", "moe"))):
         plain = step_terms(*resolve(Request(**BRIDGE | change))).ctx
         stored = step_terms(*resolve(Request(**BRIDGE | change, fp8_activation_input_store=True))).ctx
@@ -203,7 +203,8 @@ def test_bridge_renders_the_keys_and_reads_them_back(variant):
 @pytest.mark.parametrize("fields", [
     dict(model="llama-3.1-8b", num_gpus=8, seq_length=8192),
     dict(model="llama-3.1-8b", num_gpus=16, seq_length=32768, global_batch_size=16),  # cp > 1: the ring's stats
-    dict(model="qwen3-30b-a3b", num_gpus=16, seq_length=4096),  # the routed and shared experts' SwiGLU
+    # the routed and shared experts' SwiGLU (fused: Bridge's Qwen3 provider leaves it off, the store needs it)
+    dict(model="qwen3-30b-a3b", num_gpus=16, seq_length=4096, bias_activation_fusion=True),
 ])
 def test_the_search_finds_the_oracles_top_k_with_both(fields):
     """The search's floors pass the job's SwiGLU input bytes and FP8 attention (a floor counting bf16 ones would sit

@@ -113,11 +113,12 @@ def test_generic_convention_keeps_the_older_count():
 def _qwen3_ep16() -> Request:
     """Megatron-Bridge skills card best_configs.qwen3_30b_h100_16 (production_configs_dev.yaml
     mbridge_card_qwen3_30b_16_h100_hybridep): 16 H100, TP1 PP1 EP16, mbs 1, seq 4096, gbs 1024, BF16, no recompute,
-    flex dispatcher (HybridEP), forced-balanced routing; rank-0 peak allocated 62.166 GiB (66.75 GB)."""
+    flex dispatcher (HybridEP), forced-balanced routing; rank-0 peak allocated 62.166 GiB (66.75 GB). Its perf recipe
+    (perf_recipes/qwen/h100/qwen3_moe.py, published_runs.STUDY_RECIPES) fuses the activation."""
     return Request(model="qwen3-30b-a3b", gpu="h100", num_gpus=16, gpus_per_node=8, seq_length=4096,
                    global_batch_size=1024, micro_batch_size=1, precision="bf16", framework="megatron-bridge",
                    tp=1, pp=1, cp=1, ep=16, etp=1, dp=16, sequence_parallel=False, recompute="none",
-                   moe_token_dispatcher="flex")
+                   moe_token_dispatcher="flex", bias_activation_fusion=True)
 
 
 def test_qwen3_30b_ep16_allocated_peak_within_band_of_measured():

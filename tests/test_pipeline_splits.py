@@ -90,7 +90,7 @@ def test_a_virtual_split_is_the_same_stages_as_its_fields():
 
 QWEN_PP8 = dict(model="qwen3-235b-a22b", num_gpus=256, framework="megatron-bridge", gpu="h100", seq_length=4096,
                 global_batch_size=4096, tp=2, pp=8, ep=32, etp=1, cp=1, dp=16, micro_batch_size=1, zero_stage=1,
-                recompute="none")
+                recompute="none", bias_activation_fusion=True)  # fused, as Bridge's Qwen3 perf recipes run it
 
 
 def test_check_names_the_split_recommend_ranks_first():

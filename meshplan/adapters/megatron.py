@@ -28,6 +28,7 @@ from meshplan.adapters.common import (
     split_fields,
 )
 from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
+from meshplan.arithmetic.activation_passes import activation_fusable, default_activation_fusion
 from meshplan.arithmetic.memory_states import convention, fp8_param_gather, fp8_recipe, precision_aware
 from meshplan.arithmetic.schedule import decoder_layer_cut
 from meshplan.core.errors import MeshplanError
@@ -215,13 +216,17 @@ def precision_flags(job: Job, plan: Plan) -> list[Flag]:
     """The optimizer and precision knobs as megatron-core 0.19.2 flags: --optimizer muon (with
     --use-distributed-optimizer, arguments.py turns on its layer-wise distributed optimizer), --grad-reduce-in-bf16
     (fp32 is the bf16 default), the precision-aware optimizer's moment dtypes, the fp8 format and recipe (the
-    card's default when left out) and --fp8-param-gather."""
+    card's default when left out), --fp8-param-gather, and --no-bias-swiglu-fusion / --no-bias-gelu-fusion where
+    the job runs the activation unfused."""
     flags: list[Flag] = [("--optimizer", plan.optimizer)] if plan.optimizer != "adam" else []
     if plan.grad_reduce_in_fp32 is False:
         flags.append(("--grad-reduce-in-bf16", None))
     if precision_aware(plan):
         flags += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", plan.optimizer_state_dtype),
                   ("--exp-avg-sq-dtype", plan.optimizer_state_dtype)]
+    if not job.bias_activation_fusion and activation_fusable(job.model):
+        # store_false flags (the card's bias_activation_fusion knob), the one of the model's activation
+        flags.append(("--no-bias-swiglu-fusion" if job.model.is_swiglu else "--no-bias-gelu-fusion", None))
     if job.precision == "fp8":
         flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", fp8_recipe(job, plan))]
         if plan.fp8_param_gather:
@@ -327,6 +332,8 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
         s += [("model.mtp_num_layers", job.model.num_mtp_layers or None),
               ("model.mtp_use_repeated_layer", job.model.mtp_repeated_layer)]
     s.append(("model.sequence_parallel", plan.sequence_parallel))
+    if job.bias_activation_fusion != default_activation_fusion(job.card.defaults, job.model):
+        s.append(("model.bias_activation_fusion", job.bias_activation_fusion))  # not the model provider's default
     if job.fp8_activation_input_store:  # a TransformerConfig field of the provider (rule PR006: SwiGLU only)
         s.append(("model.activation_func_fp8_input_store", True))
     if plan.tp_comm_overlap:  # Bridge passes it to Megatron-Core's tp_comm_overlap (training/comm_overlap.py)

@@ -4,7 +4,8 @@ Each framework runs a model's activation its own way: Megatron-Core as compiled 
 eagerly, before its fused quick-GEGLU), torch.compile'd blocks as one kernel, eager PyTorch and transformers' code
 as a kernel per op. cards/calibration.yaml activation_passes counts each from the source; the layer's FFN term is
 its code's base constant (counted or fitted with SwiGLU inside) plus the difference from SwiGLU's count, so a
-SwiGLU model's time is what the base constants give and the others move by their own kernels' bytes.
+SwiGLU model's time is what the base constants give and the others move by their own kernels' bytes. Megatron-Core's
+unfused functions share the fused ones' base constant (base_holds), so their difference is from the fused SwiGLU.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from functools import cache
 
 from meshplan.knowledge.calibration import Calibration, calibration_card
+from meshplan.knowledge.defaults_card import FrameworkDefaults
 from meshplan.schema.model import Architecture
 
 CLAMPED_GLU = "clamped_glu"
@@ -43,11 +45,12 @@ def ffn_passes(cal: Calibration, code: str, key: str) -> float:
 
 @cache
 def _from_reference(code: str, key: str) -> tuple[str, float]:
-    """(the code's base constant's name, this activation's passes less the reference's), once per pair: the layer
-    model asks per layer."""
+    """(the code's base constant's name, this activation's passes less the reference's as the base constant holds
+    it: this code's, or the code named by its base_holds), once per pair: the layer model asks per layer."""
     card = calibration_card().activation_passes
     entry = card.codes[code]
-    return entry.base, sum(activation_passes(code, key)) - sum(entry.passes[card.reference])
+    held = card.codes[entry.base_holds or code]
+    return entry.base, sum(activation_passes(code, key)) - sum(held.passes[card.reference])
 
 
 def forward_passes(code: str, key: str) -> float:
@@ -60,3 +63,27 @@ def expert_bias_passes(code: str) -> tuple[float, float]:
     """(forward, backward) bf16 passes over the routed copies x hidden of the code's per-expert fc2 bias loop
     (Megatron-Core's TEGroupedMLP._apply_bias), (0, 0) where the card counts none."""
     return calibration_card().activation_passes.codes[code].expert_bias
+
+
+@cache
+def routed_weighting_passes(code: str) -> tuple[float, float]:
+    """(forward, backward) bf16 passes over the routed copies x expert width of the routing-probability multiply the
+    code runs apart from the activation's kernel (Megatron-Core's unfused bias_act_func), (0, 0) where the kernel
+    applies it."""
+    return calibration_card().activation_passes.codes[code].routed_weighting
+
+
+def activation_fusable(arch: Architecture) -> bool:
+    """Whether Megatron-Core's bias_activation_fusion takes the model's activation (cards/calibration.yaml
+    activation_passes.fusable: SwiGLU, GeGLU, gpt-oss's quick-GEGLU and GELU; TransformerConfig refuses it for the
+    others, which run the same functions either way)."""
+    return activation_key(arch) in calibration_card().activation_passes.fusable
+
+
+def default_activation_fusion(defaults: FrameworkDefaults, arch: Architecture) -> bool | None:
+    """bias_activation_fusion as the framework runs the model when the request leaves it out (its card's default for
+    the model's type: Megatron-LM's flags, Megatron-Bridge's provider), off where Megatron-Core cannot fuse the
+    activation (Megatron-LM's arguments.py and those providers leave it off there); None: the framework has no
+    switch."""
+    default = defaults.activation_fusion(arch.model_type)
+    return None if default is None else default and activation_fusable(arch)

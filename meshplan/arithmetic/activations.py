@@ -458,6 +458,10 @@ class Layout(NamedTuple):
     # Megatron-Core's moe_shared_expert_overlap (Job.moe_shared_expert_overlap): the shared experts gather the layer
     # input over SP themselves and their fc1 keeps the gathered copy (_moe_layer). False, the lesser, by default
     shared_expert_overlap: bool = False
+    # bytes per element of the activation's output width Megatron-Core's unfused glu() keeps beyond the fused kernel,
+    # (dense MLP or shared experts, routed experts) (memory_states.unfused_glu_bytes, Job.bias_activation_fusion off);
+    # (0, 0), the fused count, by default. The estimate and the search's floors both pass the job's
+    unfused_glu: tuple[float, float] = (0.0, 0.0)
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -480,7 +484,8 @@ def saved_rows_bytes(rows: tuple, widths: dict[str, int], lay: Layout, sel: set[
 
 
 def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True,
-         saves: tuple[bool, float] | None = None, one_fc1: bool = False, act_input: float = BF16) -> float:
+         saves: tuple[bool, float] | None = None, one_fc1: bool = False, act_input: float = BF16,
+         unfused_glu: float = 0.0) -> float:
     """fc1 output (activation input), optional separate silu output, fc2 input; fc1 input counted by caller.
     act=False: the activation's outputs are recomputed (Megatron's moe_act), only the fc1 output is kept (in bf16:
     the checkpoint keeps its input; the fp8 store is made by the recomputed forward). act_input: the bytes per
@@ -489,7 +494,9 @@ def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool
     saves (Layout.act): the model code's activation keeps what it says (its input or not, and intermediates), and a
     gated MLP's multiply keeps the activation's output and up's: Hugging Face's LlamaMLP, down_proj(act_fn(
     gate_proj(x)) * up_proj(x)), its non-gated MLPs (GPT-2's c_fc/act/c_proj, GPT-NeoX's, Nemotron's), and its
-    grouped-mm experts (`one_fc1`: gate and up are chunks of one gate_up output, so up's keeps that whole tensor)."""
+    grouped-mm experts (`one_fc1`: gate and up are chunks of one gate_up output, so up's keeps that whole tensor).
+    unfused_glu: bytes per element Megatron-Core's unfused glu() keeps beside the fused kernel's (Layout.unfused_glu),
+    gated MLPs whose activation is not recomputed."""
     if saves is not None and act:
         keeps_input, inner = saves
         unit = rows * width / tp
@@ -502,6 +509,8 @@ def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool
         return out
     if shape.gated and unfused:
         out += BF16 * rows * width / tp
+    if shape.gated:
+        out += unfused_glu * rows * width / tp
     return out + lin * rows * width / tp
 
 
@@ -546,7 +555,8 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
     elif "mlp" in sel:
         out["mlp"] = BF16 * t * h / ts  # the checkpointed MLP keeps its input
     else:
-        mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused, saves=lay.act, act_input=lay.act_input_bytes)
+        mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused, saves=lay.act, act_input=lay.act_input_bytes,
+                    unfused_glu=lay.unfused_glu[0])
         out["mlp"] = mlp
     if lay.dropout:
         out["dropout_masks"] = t * h / ts
@@ -701,10 +711,10 @@ def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -
     else:
         mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused and not fused,
                     act="moe_act" not in sel, saves=None if fused else lay.act, one_fc1=True,
-                    act_input=lay.act_input_bytes)
+                    act_input=lay.act_input_bytes, unfused_glu=0.0 if fused else lay.unfused_glu[1])
     if shape.f_shared and "shared_experts" not in sel:
         mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused, saves=lay.act,
-                    act_input=lay.act_input_bytes)
+                    act_input=lay.act_input_bytes, unfused_glu=lay.unfused_glu[0])
         if lay.shared_expert_overlap and lay.sp and tp > 1:
             mlp += shared_overlap_input_bytes(t, h, ts, lin, lay.fp8)
     if lay.stacked_experts:

@@ -11,6 +11,7 @@ from typing import Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.arithmetic.activation_passes import activation_fusable
 from meshplan.arithmetic.activations import BF16, Fp8AttentionSaves
 from meshplan.arithmetic.gdn import GdnLayer
 from meshplan.arithmetic.mamba import Mamba2Layer
@@ -165,6 +166,16 @@ class Fp8SavedBytes(_Card):
     source: str
 
 
+class UnfusedGluBytes(_Card):
+    """What Megatron-Core's unfused gated activation keeps beyond its fused kernel's, bytes per element of the
+    activation's output width (cards/memory.yaml unfused_glu, with its source): in a dense MLP or the shared experts,
+    and in the routed experts, whose routing-weight multiply keeps the product too."""
+
+    mlp_bytes: float = Field(ge=0)
+    routed_bytes: float = Field(ge=0)
+    source: str
+
+
 class CompileBytes(_Card):
     """What torch.compile changes in a convention (cards/memory.yaml compile, with the derivation)."""
 
@@ -257,6 +268,7 @@ class MemoryCard(_Card):
     precision: PrecisionBytes
     fp8_quantize: Fp8QuantizeFacts
     fp8_saves: Fp8SavedBytes
+    unfused_glu: UnfusedGluBytes
     optimizers: OptimizerStates
     optimizer_steps: dict[OptimizerImplementation, OptimizerStepBytes]
     optimizer_state_allocation_source: str
@@ -403,6 +415,20 @@ def swiglu_input_bytes(job: Job) -> float:
     one under Megatron-Core's activation_func_fp8_input_store (Job.fp8_activation_input_store, rule PR006), else
     bf16's two."""
     return memory_card().fp8_saves.swiglu_input_bytes if job.fp8_activation_input_store else BF16
+
+
+def unfused_glu_bytes(job: Job) -> tuple[float, float]:
+    """(dense MLP or shared experts, routed experts): bytes per element of the activation's output width that
+    Megatron-Core's unfused glu() keeps beyond the fused kernel (activations.Layout.unfused_glu; cards/memory.yaml
+    unfused_glu), where a framework with the switch (Megatron-Core's MLP) runs a gated MLP unfused: the job turns
+    bias_activation_fusion off, or its activation is one Megatron-Core never fuses (Gemma 2's fast_gelu); (0, 0)
+    otherwise."""
+    if job.card.defaults.bias_activation_fusion is None or not job.model.gated_mlp:
+        return (0.0, 0.0)
+    if job.bias_activation_fusion and activation_fusable(job.model):
+        return (0.0, 0.0)
+    card = memory_card().unfused_glu
+    return (card.mlp_bytes, card.routed_bytes)
 
 
 def swiglu_store_cast_bytes(job: Job) -> float:

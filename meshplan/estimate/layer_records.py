@@ -92,6 +92,9 @@ class LayerContext:
     # bytes per element of fc1's output the SwiGLU's fp8 input store's two casts move (memory_states.
     # swiglu_store_cast_bytes); 0 without it
     fp8_store_cast_bytes: float = 0.0
+    # Megatron-Core's fused bias + activation runs the MLP's activation (Job.bias_activation_fusion); false: its
+    # unfused glu(), activation_code's unfused_functions
+    bias_activation_fusion: bool = True
     fp8_casts: Fp8Casts | None = None  # Transformer Engine's FP8 quantize passes (fp8_casts.fp8_casts); None: none
 
     @property
@@ -103,14 +106,16 @@ def activation_code(ctx: LayerContext, routed: bool) -> str:
     """Which code runs the layer's FFN activation (cards/calibration.yaml activation_passes.codes; the routed
     experts' where `routed`): transformers' eager model code; the routed experts' activation compiled where the
     framework compiles it whatever its blocks do (ctx.experts_fused); eager blocks; torch.compile'd blocks; else
-    Megatron-Core's fused functions."""
+    Megatron-Core's fused functions, or its unfused ones where the job turns bias_activation_fusion off."""
     if ctx.hf_eager:
         return "hf_eager"
     if routed and ctx.experts_fused:
         return "compiled"
     if ctx.eager:
         return "eager"
-    return "compiled" if ctx.compiled else "fused_functions"
+    if ctx.compiled:
+        return "compiled"
+    return "fused_functions" if ctx.bias_activation_fusion else "unfused_functions"
 
 
 class ElementwiseLoad(NamedTuple):

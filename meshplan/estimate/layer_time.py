@@ -11,7 +11,12 @@ from __future__ import annotations
 from copy import copy
 from functools import partial
 
-from meshplan.arithmetic.activation_passes import activation_key, expert_bias_passes, ffn_passes
+from meshplan.arithmetic.activation_passes import (
+    activation_key,
+    expert_bias_passes,
+    ffn_passes,
+    routed_weighting_passes,
+)
 from meshplan.arithmetic.activations import shape_of, stacked_expert_bytes
 from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.fp8_casts import quantize_bytes
@@ -187,7 +192,8 @@ def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
     hidden elements (eager ones when the blocks run uncompiled) and, over the FFN elements, the passes of the
     model's activation as the code that runs it does (activation_code; arithmetic/activation_passes.ffn_passes: the
     base constant with SwiGLU's count inside it, moved by this activation's difference), plus the dispatcher's and
-    router's bytes, a per-expert bias loop's passes over the routed copies and the stacked copy of the local
+    router's bytes, the routing-weight multiply where the code runs it apart (Megatron-Core's unfused functions), a
+    per-expert bias loop's passes over the routed copies and the stacked copy of the local
     experts' weights a framework makes each forward (read and written). An engine that trains transformers' modeling
     code eagerly (ctx.hf_eager) moves that code's own counts (bench/step_op_census.py): hf_eager_hidden_passes over
     the hidden elements, hf_eager_query_passes and hf_eager_key_value_passes over attention's (attention_widths),
@@ -196,7 +202,7 @@ def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
     key = activation_key(ctx.arch)
     ffn = ffn_passes(cal, activation_code(ctx, routed=False), key) * (load.shared_ffn + load.dense_ffn)
     routed_code = activation_code(ctx, routed=True)
-    ffn += ffn_passes(cal, routed_code, key) * load.routed_ffn
+    ffn += (ffn_passes(cal, routed_code, key) + sum(routed_weighting_passes(routed_code))) * load.routed_ffn
     if ctx.hf_eager:  # transformers' modeling code: its own counts over the hidden and attention elements
         elem_bytes = BF16 * (cal.hf_eager_hidden_passes * load.hidden + cal.hf_eager_query_passes * load.query
                              + cal.hf_eager_key_value_passes * load.key_value

@@ -52,6 +52,7 @@ from meshplan.arithmetic.memory_states import (
     output_activations,
     pipeline_held,
     swiglu_input_bytes,
+    unfused_glu_bytes,
     with_precision,
 )
 from meshplan.arithmetic.offload import OffloadPlan, offload_plan, offload_time
@@ -404,6 +405,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         expert_gate=expert_gate_bytes(conv, job.model.model_type),
         act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, plan.cp),
         shared_expert_overlap=job.moe_shared_expert_overlap,
+        unfused_glu=unfused_glu_bytes(job),
     )
 
 

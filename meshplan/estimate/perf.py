@@ -426,6 +426,7 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
         sp_copies=sp_copies(job.card.tp_overlap, plan, job.framework_version),
         fp8_casts=fp8_casts(job, plan), fp8_store_cast_bytes=swiglu_store_cast_bytes(job),
+        bias_activation_fusion=job.bias_activation_fusion,
         **job_facts(job, plan, cal, lk, peaks, attention_kernel))
 
 

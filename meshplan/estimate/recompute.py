@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.arithmetic.activation_passes import activation_key, expert_bias_passes, forward_passes
+from meshplan.arithmetic.activation_passes import (
+    activation_key,
+    expert_bias_passes,
+    forward_passes,
+    routed_weighting_passes,
+)
 from meshplan.arithmetic.flops import Gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, summed
 from meshplan.estimate.layer_records import (
@@ -54,7 +59,8 @@ def module_memory_bound(ctx: LayerContext, load: ElementwiseLoad) -> dict[str, f
     cast = ctx.fp8_store_cast_bytes / FORWARD_AND_BACKWARD * GATED_FC1_WIDTHS
     act = forward_passes(activation_code(ctx, routed=False), key) * BF16 + cast
     routed_code = activation_code(ctx, routed=True)
-    routed_act = forward_passes(routed_code, key) * BF16 + cast
+    # the routing-weight multiply, where the code runs it apart (Megatron-Core's unfused functions), recomputed too
+    routed_act = (forward_passes(routed_code, key) + routed_weighting_passes(routed_code)[0]) * BF16 + cast
     bias = expert_bias_passes(routed_code)[0] * BF16 * load.expert_bias
     seconds = {"layernorm": NORMS_PER_LAYER * NORM_PASSES * BF16 * load.hidden,
                "moe_act": routed_act * load.routed_ffn,

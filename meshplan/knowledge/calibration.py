@@ -128,9 +128,15 @@ class ActivationCode(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base: str = Field(description="The Calibration constant this code's FFN term starts from")
+    base_holds: str | None = Field(
+        None, description="The code whose reference activation the base constant holds, where another code's (the "
+                          "unfused functions' elementwise_passes holds the fused SwiGLU); None: this code's own")
     passes: dict[str, tuple[float, float]] = Field(description="activation key -> (forward, backward) passes")
     expert_bias: tuple[float, float] = Field((0.0, 0.0), description="(forward, backward) passes over the routed "
                                                                      "copies x hidden of a per-expert fc2 bias loop")
+    routed_weighting: tuple[float, float] = Field(
+        (0.0, 0.0), description="(forward, backward) passes over the routed copies x expert width of the routing-"
+                                "probability multiply where the code runs it apart from the activation's kernel")
     source: str
 
     @field_validator("passes")
@@ -149,6 +155,9 @@ class ActivationPasses(BaseModel):
 
     meaning: str
     reference: str = Field(description="The activation every code's base constant holds")
+    fusable: list[str] = Field(description="The activations Megatron-Core's bias_activation_fusion takes (its "
+                                           "TransformerConfig refuses the switch for any other)")
+    fusable_source: str
     codes: dict[str, ActivationCode]
 
 

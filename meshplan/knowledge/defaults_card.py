@@ -33,6 +33,14 @@ class FrameworkDefaults(_Card):
         None, description="The FP8 recipe the framework runs when precision=fp8 leaves fp8_recipe out (None: it has no "
                           "fp8 recipe choice meshplan models)")
     fp8_recipe_why: str | None = None
+    bias_activation_fusion: bool | None = Field(
+        None, description="Megatron-Core's bias_activation_fusion where the request leaves it out (None: the framework "
+                          "has no such switch; its own activation code runs, request.resolve refuses the field)")
+    bias_activation_fusion_flipped_for: list[str] = Field(
+        default_factory=list, description="model_types whose model provider sets the opposite of "
+                                          "bias_activation_fusion (Megatron-Bridge's Llama, DeepSeek, GLM, gpt-oss, "
+                                          "Kimi and GPT-3 providers turn it on)")
+    bias_activation_fusion_why: str | None = None
 
     @model_validator(mode="after")
     def _claim_has_why(self) -> FrameworkDefaults:
@@ -42,6 +50,10 @@ class FrameworkDefaults(_Card):
             raise ValueError("etp_recipes qualifies an etp: tp default; with etp: 1 there is nothing to qualify")
         if self.fp8_recipe is not None and not self.fp8_recipe_why:
             raise ValueError("fp8_recipe needs fp8_recipe_why (the framework source that defaults it so)")
+        if self.bias_activation_fusion is not None and not self.bias_activation_fusion_why:
+            raise ValueError("bias_activation_fusion needs bias_activation_fusion_why (the framework source)")
+        if self.bias_activation_fusion_flipped_for and self.bias_activation_fusion is None:
+            raise ValueError("bias_activation_fusion_flipped_for qualifies a bias_activation_fusion default")
         if self.sequence_parallel_off_for and not self.sequence_parallel_why:
             raise ValueError("sequence_parallel_off_for needs sequence_parallel_why (the framework source)")
         return self
@@ -53,6 +65,13 @@ class FrameworkDefaults(_Card):
         off = (("moe" in self.sequence_parallel_off_for and arch.is_moe)
                or ("tied_embeddings" in self.sequence_parallel_off_for and arch.tie_word_embeddings))
         return self.sequence_parallel_when_tp and not off and self.sequence_parallel_in_pipeline(pp)
+
+    def activation_fusion(self, model_type: str) -> bool | None:
+        """Whether the framework runs Megatron-Core's fused bias + activation for a model of this type when the request
+        leaves bias_activation_fusion out (the provider's default on Megatron-Bridge); None where it has no switch."""
+        if self.bias_activation_fusion is None:
+            return None
+        return self.bias_activation_fusion != (model_type in self.bias_activation_fusion_flipped_for)
 
     def sequence_parallel_in_pipeline(self, pp: int) -> bool:
         """False where the framework turns sequence parallelism off in its pipeline stages and pp > 1."""

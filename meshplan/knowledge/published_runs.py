@@ -230,7 +230,7 @@ TITAN_OP_TOMLS = {("llama3", 8.0)}
 BRIDGE_PERF_TABLE = "megatron-bridge docs/performance-summary"
 
 # Measured studies whose rows cite the study, not the recipe it ran, where the study's text names the recipe:
-# (words the row's citation and location both hold) -> (recipe, the optimizer fields that recipe sets, source).
+# (words the row's citation and location both hold) -> (recipe, the fields that recipe sets; its source above).
 # NVIDIA-NeMo/Megatron-Bridge a67b5735d skills/nemo-mbridge-perf-activation-recompute/SKILL.md "Matched H100 Evidence:
 # Moonlight 16B": "The Moonlight 16B BF16 pretraining recipe ran on 8 H100 80GB GPUs ... TP=2, PP=1, CP=1, EP=8" at
 # Bridge 600d069; the one such recipe there is recipes/moonlight/h100/moonlight_16b.py
@@ -238,10 +238,17 @@ BRIDGE_PERF_TABLE = "megatron-bridge docs/performance-summary"
 # exp_avg_sq and bf16 main grads, and MixedPrecisionConfig(grad_reduce_in_fp32=False), and
 # cfg.model.moe_shared_expert_overlap = True (with the alltoall dispatcher). The same text says a native 8-H100 layout
 # "failed during FP32 optimizer-state initialization".
+# NVIDIA-NeMo/Megatron-Bridge 067f987df skills/nemo-mbridge-perf-moe-hardware-configs/card.yaml and
+# nemo-mbridge-perf-moe-optimization-workflow/card.yaml (best_configs.qwen3_30b_h100_16, qwen3_30b_h100_case_study)
+# name src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py as their evidence, whose every Qwen3 config sets
+# cfg.model.bias_activation_fusion = True (lines 72, 140, 193), as v0.6.0's recipes/qwen/h100/qwen3_moe.py
+# qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config (the same 16-H100 TP1 EP16 HybridEP MBS1 GBS1024 layout) does.
 STUDY_RECIPES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("nemo-mbridge-perf-activation-recompute", "moonlight"): (
         "moonlight_16b_pretrain_8gpu_h100_bf16_config",
         {"optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False, "moe_shared_expert_overlap": True}),
+    ("nemo-mbridge-perf-moe-hardware-configs", "qwen3"): (
+        "perf_recipes/qwen/h100/qwen3_moe.py", {"bias_activation_fusion": True}),
 }
 
 # verl example scripts the RL rows cite that train with actor.use_dynamic_bsz=True and ppo_max_token_len_per_gpu =
@@ -263,6 +270,25 @@ BRIDGE_PERF_TP_OVERLAP = {
     "llama3": (f"{BRIDGE} perf_recipes/llama/*: tp_comm_overlap_cfg userbuffers on the base recipes' "
                "tp_comm_overlap=True (recipes/llama/h100/llama3.py) wherever TP > 1"),
 }
+
+
+# Megatron-Bridge's performance tables (BRIDGE_PERF_TABLE) ran its perf recipes, which turn bias_activation_fusion on
+# for the model types whose provider leaves it off (cards/frameworks/megatron-bridge.yaml defaults): model_type (a
+# dev row's model.family names the same) -> source. The other families the tables list run their provider's fused
+# default (Llama, DeepSeek, gpt-oss, Kimi-K2) or an activation Megatron-Core does not fuse (Nemotron-H's squared ReLU).
+_QWEN_PERF = (f"{BRIDGE} v0.2.0 / v0.3.0 scripts/performance/configs/qwen3/qwen3_llm_pretrain.py "
+              "(set_qwen3_common_configs, set_qwen3_next_common_configs: cfg.model.bias_activation_fusion = True); "
+              "v0.6.0 perf_recipes/qwen/{h100,b200,gb200,b300,gb300}/qwen3_moe.py")
+BRIDGE_PERF_ACTIVATION_FUSION = {"qwen3": _QWEN_PERF, "qwen3_moe": _QWEN_PERF, "qwen3_next": _QWEN_PERF}
+
+
+def bridge_perf_activation_fusion(citation: str, model_type: str | None) -> str | None:
+    """The perf recipe (its source) that turned bias_activation_fusion on for a Megatron-Bridge performance-table run
+    of this model type (BRIDGE_PERF_ACTIVATION_FUSION), else None: not that table, or a type it leaves at its
+    provider's default."""
+    if BRIDGE_PERF_TABLE not in citation.lower():
+        return None
+    return BRIDGE_PERF_ACTIVATION_FUSION.get(str(model_type or ""))
 
 
 def bridge_perf_tp_overlap(citation: str, family: str | None, tp: int | None) -> str | None:

@@ -10,6 +10,7 @@ import math
 from typing import Any, NamedTuple
 
 from meshplan.arithmetic import mesh
+from meshplan.arithmetic.activation_passes import activation_fusable, activation_key, default_activation_fusion
 from meshplan.arithmetic.lora import resolve_lora
 from meshplan.arithmetic.memory_states import convention_name, memory_card, upcast_switch
 from meshplan.arithmetic.mesh import DEFAULT_BATCH_TOKENS, default_global_batch
@@ -233,6 +234,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         fp8_dot_product_attention=req.fp8_dot_product_attention is True,
         # what rule EP012 holds to the model, dispatcher and recompute (left out: off, Megatron-Core's default)
         moe_shared_expert_overlap=req.moe_shared_expert_overlap is True,
+        bias_activation_fusion=_activation_fusion(req, card, arch, notes),
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
         rl=rl.job if rl else None,
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
@@ -596,6 +598,39 @@ def _loss_upcast(req: Request, card, version: str | None) -> bool:
                             "(only NeMo AutoModel's MaskedCrossEntropy loss_fn.fp32_upcast).",
                             fix="Leave loss_fp32_upcast unset for this framework.")
     return req.loss_fp32_upcast is not False
+
+
+def _activation_fusion(req: Request, card, arch, notes: list[str]) -> bool:
+    """bias_activation_fusion as the job runs it: the request's, else the framework's default for this model
+    (activation_passes.default_activation_fusion), noted where that default is off for a gated MLP Megatron-Core
+    could fuse; true (the fused count) on a framework without the switch, where a value given is an error naming the
+    field, as is true on an activation Megatron-Core's TransformerConfig refuses to fuse (Gemma 2's fast_gelu,
+    squared ReLU; activation_passes.activation_fusable)."""
+    default = default_activation_fusion(card.defaults, arch)
+    if default is None:
+        if req.bias_activation_fusion is not None:
+            raise MeshplanError(
+                f"bias_activation_fusion={str(req.bias_activation_fusion).lower()}: {card.display_name} has no "
+                "switch for Megatron-Core's fused bias + activation kernel (only megatron-core and megatron-bridge "
+                "have one); its own activation code runs.",
+                fix="Leave bias_activation_fusion unset for this framework, or use framework megatron-core or "
+                    "megatron-bridge.", fields=("bias_activation_fusion",))
+        return True
+    if req.bias_activation_fusion and not activation_fusable(arch):
+        raise MeshplanError(
+            f"bias_activation_fusion=true: Megatron-Core's fused bias + activation takes GELU, SwiGLU and gpt-oss's "
+            f"quick-GEGLU only, and {arch.name}'s activation is {activation_key(arch)} (core_v0.16.0 "
+            "transformer_config.py __post_init__ refuses the config: 'activation function should be either gelu, "
+            "swiglu, or quick_geglu').",
+            fix="Leave bias_activation_fusion unset or false for this model (its activation runs Megatron-Core's "
+                "unfused glu()).", fields=("bias_activation_fusion",))
+    if req.bias_activation_fusion is not None:
+        return req.bias_activation_fusion
+    if not default and activation_fusable(arch):
+        notes.append(f"bias_activation_fusion not given: off, as {card.display_name}'s {arch.model_type} model "
+                     "provider leaves it (Megatron-Core's unfused glu(); its performance recipes turn it on: pass "
+                     "bias_activation_fusion=true for a run of one).")
+    return default
 
 
 def _fake_gate(req: Request, arch) -> bool:

@@ -224,9 +224,9 @@ FP8_ATTENTION_ARCHES = ("hopper", "blackwell")
 @rule("PR006", reads=())
 def fp8_activation_input_store_needs_swiglu(ctx: Context) -> Values:
     """activation_func_fp8_input_store where the framework and model run it: a framework with the key (Megatron-
-    Bridge's model field; Megatron-LM's pretrain_gpt.py has no flag for it), and a SwiGLU MLP (Megatron-Core's
-    TransformerConfig refuses it otherwise). It needs no fp8 recipe: the fused SwiGLU casts its saved input to
-    float8_e4m3fn itself."""
+    Bridge's model field; Megatron-LM's pretrain_gpt.py has no flag for it), a SwiGLU MLP (Megatron-Core's
+    TransformerConfig refuses it otherwise) run by the fused kernel (mlp.py's unfused glu() never reads the switch).
+    It needs no fp8 recipe: the fused SwiGLU casts its saved input to float8_e4m3fn itself."""
     job, card = ctx.job, ctx.card
     if not job.fp8_activation_input_store:
         return None
@@ -240,6 +240,10 @@ def fp8_activation_input_store_needs_swiglu(ctx: Context) -> Values:
         return {**values, "why": f"Megatron-Core stores the activation's input in fp8 for SwiGLU only, and the model "
                                  f"has {kind}",
                 "fix": "Drop fp8_activation_input_store (the model's MLP keeps its bf16 input)."}
+    if not job.bias_activation_fusion:  # mlp.py's unfused glu() never reads activation_func_fp8_input_store
+        return {**values, "why": "Megatron-Core's unfused glu() (bias_activation_fusion off) keeps its bf16 input: "
+                                 "only the fused SwiGLU kernel casts it to fp8",
+                "fix": "Turn bias_activation_fusion on with it, or drop fp8_activation_input_store."}
     return None
 
 
@@ -275,3 +279,4 @@ def fp8_dot_product_attention_needs_fp8(ctx: Context) -> Values:
                                  f"attention_backend is {p.attention_backend}",
                 "fix": "Use attention_backend=fused (or auto) with it, or drop fp8_dot_product_attention."}
     return None
+

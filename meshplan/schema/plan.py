@@ -175,6 +175,10 @@ class Job(StrictModel):
     moe_shared_expert_overlap: bool = Field(
         False, description="The shared experts overlapped with the token dispatch (Megatron-Core "
                            "moe_shared_expert_overlap; activations.Layout.shared_expert_overlap)")
+    bias_activation_fusion: bool = Field(
+        True, description="Megatron-Core's fused bias + activation kernel runs the MLP's activation (false: its "
+                          "unfused glu(), layer_records.activation_code 'unfused_functions', memory_states."
+                          "unfused_glu_bytes); true on every framework without the switch")
     headroom: float | None = Field(
         None, ge=0.0, lt=1.0, description="The share of GPU memory the request asked to keep free: a plan fits within "
                                           "capacity x (1 - headroom) (None: within capacity, MEM002 warning below its "

@@ -177,6 +177,14 @@ class Request(StrictModel):
                           "moe_shared_expert_overlap; a model with shared experts, the alltoall or flex dispatcher) "
                           "(default: off)",
     )
+    bias_activation_fusion: bool | None = Field(
+        None, description="Megatron-Core's bias_activation_fusion: the MLP's gated activation (SwiGLU, GeGLU, "
+                          "gpt-oss's quick-GEGLU) as one compiled kernel; off, Megatron-Core's unfused glu(): the "
+                          "activation, the product and (routed experts) the routing-weight multiply as separate "
+                          "kernels, their intermediates kept for the backward (Megatron-Core and Megatron-Bridge "
+                          "only) (default: the framework's: on for Megatron-Core's pretrain_gpt.py; on "
+                          "Megatron-Bridge the model provider's, off for Qwen, Mistral, OLMoE, Nemotron and Gemma)",
+    )
     moe_token_dispatcher: MoeDispatcher | None = Field(
         None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
                           "default alltoall, the search picks flex for cross-node EP where the framework has it"

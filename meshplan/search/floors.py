@@ -36,6 +36,7 @@ from meshplan.arithmetic.memory_states import (
     state_classes,
     state_sums,
     swiglu_input_bytes,
+    unfused_glu_bytes,
     unsharded_grad_bytes,
 )
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
@@ -442,7 +443,8 @@ def _kind_sums(job: Job, reads: tuple, switches: int, tokens: int, tp: int, sp: 
                         qkv_fused=qkv_fused, dropout=dropout, swiglu_unfused=swiglu_unfused,
                         fp8=job.precision == "fp8", moe=moe, attn=attn, act=act_saves,
                         attention_recomputed=flash and op_sac_may_recompute_attention(job),
-                        act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, None),
+                        act_input_bytes=swiglu_input_bytes(job), unfused_glu=unfused_glu_bytes(job),
+                        fp8_attention=fp8_attention_saves(job, None),
                         shared_expert_overlap=job.moe_shared_expert_overlap)._replace(**mixer_rows(job))
         shape, modules = shape_of(job.model), selective_modules(DEFAULT_PLAN)
         inside = recompute == "full" and pipeline_unit(job.model) > 1  # memory.checkpoint_group: the mixer's input
@@ -837,7 +839,8 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
                     dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn,
                     act=act_saves, attention_recomputed=flash and op_sac_may_recompute_attention(job),
                     act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, None),
-                    shared_expert_overlap=job.moe_shared_expert_overlap)
+                    shared_expert_overlap=job.moe_shared_expert_overlap,
+                    unfused_glu=unfused_glu_bytes(job))
     shape = shape_of(job.model)
     if shape.kinds:  # a hybrid (M, G, *, -, E layers): arithmetic/mamba.least_kind_activations
         # the modules every searched plan recomputes (search/job.py refuses recompute_modules)

@@ -39,7 +39,8 @@ VALUE_KNOBS = frozenset({"tp", "pp", "cp", "ep", "etp", "cp_comm_type", "micro_b
 SWITCH_KNOBS = frozenset({"sequence_parallel", "activation_offload", "param_offload", "optimizer_offload",
                           "tp_comm_overlap", "torch_compile", "fp8_param_gather", "account_for_embedding",
                           "account_for_loss", "moe_a2a_overlap", "defer_fsdp_grad_sync", "grad_reduce_overlap",
-                          "fp8_activation_input_store", "fp8_dot_product_attention", "moe_shared_expert_overlap"})
+                          "fp8_activation_input_store", "fp8_dot_product_attention", "moe_shared_expert_overlap",
+                          "bias_activation_fusion"})
 # Settings that say nothing about memory or speed: never reported as "cannot express".
 IRRELEVANT = re.compile(
     r"(^|[._-])(lr|min_lr|dataset|datasets|train_files|val_files|train_data|val_data|log\w*|save|save[-_]\w+|"
@@ -398,6 +399,8 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         on = True if value is True else as_bool(value)
         if m.word is not None:
             on = str(value) == m.word
+        elif on is not None and normalize(s.key).startswith("--no-"):  # Megatron-LM's store_false flags
+            on = not on
         # a value no switch takes goes on as written, so the error names it ('maybe'), not None
         reading.state(m.target, str(value).strip().strip("'\"") if on is None else on, s)
     elif m.target.startswith("recompute_") and m.target[len("recompute_"):] in ("selective", "full"):

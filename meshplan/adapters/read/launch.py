@@ -483,6 +483,29 @@ def _kv_heads(reading: Reading, shape: dict[str, Any], flags: dict[str, Setting]
     return None
 
 
+# Megatron-LM's store_false switches of the fused bias + activation: core_transformer_config_from_args (core_v0.16.0
+# arguments.py; 0.19's argument_utils.py) takes bias_swiglu_fusion for a --swiglu model and bias_gelu_fusion for any
+# other, so the flag of the other kind of activation changes nothing: flag -> whether it is the --swiglu one
+ACTIVATION_FUSION_OFF_FLAGS = {"--no-bias-swiglu-fusion": True, "--no-bias-gelu-fusion": False}
+
+
+def other_activations_switch(reading: Reading, flags: dict[str, Setting]) -> None:
+    """Drops a bias_activation_fusion read off from the flag of the other kind of activation than the script's
+    (--no-bias-gelu-fusion beside --swiglu, --no-bias-swiglu-fusion without it), with a note: Megatron-LM ignores
+    it."""
+    stated = [key for key in ACTIVATION_FUSION_OFF_FLAGS if key in flags]
+    if not stated or reading.request.get("bias_activation_fusion") is not False:
+        return
+    swiglu = "--swiglu" in flags
+    if any(ACTIVATION_FUSION_OFF_FLAGS[key] == swiglu for key in stated):
+        return
+    reading.request.pop("bias_activation_fusion")
+    reading.sources.pop("bias_activation_fusion", None)
+    reading.notes.append(f"{flags[stated[0]].where(reading.path)}: no effect, Megatron-LM reads "
+                         f"{'--no-bias-swiglu-fusion' if swiglu else '--no-bias-gelu-fusion'} for this model's "
+                         "activation (arguments.py core_transformer_config_from_args)")
+
+
 def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Reading:
     """A Megatron-LM (or Megatron-DeepSpeed) launch script: torchrun's flags and pretrain_gpt.py's."""
     read = read_section(framework)
@@ -497,6 +520,7 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
     left = apply(reading, [s for s in settings if s.key.replace("_", "-") not in shape_flags
                            and not (restated and core_restated(s.key))], table, special)
     flags = {s.key.replace("_", "-"): s for s in settings}
+    other_activations_switch(reading, flags)
     for s, m in left:
         if m.target == "uneven_pp":
             reading.state("first_stage_layers", s.value, s)
