@@ -319,10 +319,16 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     moe = job.model.moe
     assert moe is not None
     syncs = moe_host_syncs(job, plan)
-    flex_passes = dispatcher_passes(job, plan)
-    passes = (f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward" if flex_passes is None else
-              f"{flex_passes:.0f} bf16 passes forward + backward beside {flex_backend(job.gpu, job.gpus_per_node)}'s "
-              "dispatch and combine kernels (cards/calibration.yaml flex_dispatch permute_passes)")
+    counted = dispatcher_passes(job, plan, cal)
+    if counted is None or plan.moe_token_dispatcher != "flex":
+        skipped = counted is not None and counted.received == 0
+        passes = (f"{cal.moe_dispatch_passes / 2 if skipped else cal.moe_dispatch_passes:.0f} bf16 passes forward + "
+                  "backward" + (" (one local expert: Megatron-Core's alltoall dispatcher skips its chunk sort and "
+                                "unsort)" if skipped else ""))
+    else:
+        passes = (f"{counted.received:.0f} bf16 passes forward + backward beside "
+                  f"{flex_backend(job.gpu, job.gpus_per_node)}'s dispatch and combine kernels (cards/calibration.yaml "
+                  "flex_dispatch permute_passes)")
     return (f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
             f"{passes}, the router "
             f"{cal.moe_router_bytes_per_logit:.0f} bytes per fp32 logit, each expert GEMM slowed by its rows "
