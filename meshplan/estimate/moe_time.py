@@ -14,7 +14,7 @@ from meshplan.arithmetic.comm import (
 from meshplan.arithmetic.flops import Gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import fp8_recipe
-from meshplan.arithmetic.mesh import flex_backend, mesh_groups
+from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, DispatchPasses, LayerContext
 from meshplan.knowledge.calibration import Calibration, flex_permute_passes
 from meshplan.schema.plan import Job, Plan
@@ -49,7 +49,7 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
 def dispatcher_passes(job: Job, plan: Plan, cal: Calibration) -> DispatchPasses | None:
     """bf16 passes over the routed copies, forward + backward, that the plan's token dispatcher runs beside its
     all-to-alls (LayerContext.dispatch_passes), from Megatron-Core's token_dispatcher.py (core_v0.19.0):
-    - the flex dispatcher on the backend meshplan renders for the machine (mesh.flex_backend) runs that backend's
+    - the flex dispatcher on the job's backend (Job.moe_flex_backend, the request's or the machine's) runs its
       over what the rank receives (cards/calibration.yaml flex_dispatch permute_passes: DeepEP's permute after the
       dispatch and unpermute before the combine, none on HybridEP, whose dispatch and combine kernels permute as
       they copy);
@@ -63,7 +63,7 @@ def dispatcher_passes(job: Job, plan: Plan, cal: Calibration) -> DispatchPasses 
     if moe is None:
         return None
     if plan.moe_token_dispatcher == "flex" and job.card.flex_dispatcher:
-        return DispatchPasses(0.0, flex_permute_passes(flex_backend(job.gpu, job.gpus_per_node)))
+        return DispatchPasses(0.0, flex_permute_passes(job.moe_flex_backend))
     if plan.moe_token_dispatcher != "alltoall" or job.card.engine_at(plan.zero_stage) != "megatron":
         return None
     half = cal.moe_dispatch_passes / 2

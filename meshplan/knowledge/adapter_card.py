@@ -29,7 +29,7 @@ ADAPTER_KNOBS: tuple[str, ...] = (
     "fp8_tensorwise", "fp8_rowwise", "fp8_blockwise", "fp8_mxfp8",
     "lora_rank", "lora_targets", "attention_backend", "dropout", "pipeline_schedule", "dp_replicate",
     "mtp_num_layers", "cuda_graphs", "fp8_activation_input_store", "fp8_dot_product_attention",
-    "moe_shared_expert_overlap",
+    "moe_shared_expert_overlap", "moe_flex_backend",
 )
 
 

@@ -16,6 +16,7 @@ from meshplan.schema.choices import (
     CudaGraphImpl,
     CudaGraphModule,
     ExpertWeight,
+    FlexBackend,
     Fp8Recipe,
     Framework,
     LoraTarget,
@@ -175,6 +176,11 @@ class Job(StrictModel):
     moe_shared_expert_overlap: bool = Field(
         False, description="The shared experts overlapped with the token dispatch (Megatron-Core "
                            "moe_shared_expert_overlap; activations.Layout.shared_expert_overlap)")
+    moe_flex_backend: FlexBackend = Field(
+        "deepep", description="The flex dispatcher's backend, resolved once (request/resolve.flex_backend: the "
+                              "request's, else mesh.flex_backend's for the machine): what the flex dispatch is timed "
+                              "as (comm.job_links, moe_time.dispatcher_passes), checked against (rule EP013) and "
+                              "rendered; read only beside the flex dispatcher")
     headroom: float | None = Field(
         None, ge=0.0, lt=1.0, description="The share of GPU memory the request asked to keep free: a plan fits within "
                                           "capacity x (1 - headroom) (None: within capacity, MEM002 warning below its "
