@@ -7,6 +7,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
+from meshplan.arithmetic.mesh import domain_spans_nodes, fast_domain
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import BATCH_READS, divisors, kept_degrees, layout_words
@@ -164,6 +165,43 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
                                  "the alltoall dispatcher only",
                 "fix": "Set moe_token_dispatcher=alltoall, or leave moe_shared_expert_overlap out."}
     return None
+
+
+def flex_backend_refusal(job: Job) -> dict[str, str] | None:
+    """Why the job's flex dispatcher backend (Job.moe_flex_backend) cannot run on its GPU and framework release, as
+    rule EP013's values, or None where it can: DeepEP across a multi-node NVLink domain (Megatron-Core's
+    TransformerConfig: 'Currently only "hybridep" backend supports the MNNVL case'; meshplan times DeepEP's intranode
+    kernels inside one node), a backend the release lacks or a GPU it refuses (the card's flex_backends, from its
+    validator). What the search asks before it gives a layout the flex dispatcher (engine.run_search)."""
+    card, gpu, backend = job.card, job.gpu, job.moe_flex_backend
+    values = {"backend": backend, "framework": card.display_name, "gpu": gpu.name}
+    other = "hybridep" if backend == "deepep" else "deepep"
+    if backend == "deepep" and domain_spans_nodes(gpu, job.gpus_per_node):
+        return {**values, "why": f"its NVLink domain ({fast_domain(gpu, job.gpus_per_node)} GPUs) spans several "
+                                 f"{job.gpus_per_node}-GPU nodes, which only HybridEP covers (DeepEP's kernels reach "
+                                 "one node's NVLink)",
+                "fix": "Set moe_flex_backend=hybridep, or leave it out (hybridep on this GPU)."}
+    facts = card.flex_backends
+    if facts is None:
+        return None
+    release = job.framework_version or card.version
+    runs, there = facts.runs(backend), facts.runs(other)
+    instead = (f"Set moe_flex_backend={other}." if there is not None and there.takes(gpu) and not (
+        other == "deepep" and domain_spans_nodes(gpu, job.gpus_per_node)) else "Use moe_token_dispatcher=alltoall.")
+    if runs is None:
+        return {**values, "why": f"{card.display_name} {release} has no {backend} backend", "fix": instead}
+    if not runs.takes(gpu):
+        return {**values, "why": f"{card.display_name} {release} runs {backend} on {runs.words()} only",
+                "fix": instead}
+    return None
+
+
+@rule("EP013", reads=("moe_token_dispatcher",))
+def flex_backend_the_job_cannot_run(ctx: Context) -> Values:
+    """The flex dispatcher on a backend its GPU or framework release cannot run (flex_backend_refusal)."""
+    if ctx.plan.moe_token_dispatcher != "flex" or not ctx.arch.is_moe:
+        return None
+    return flex_backend_refusal(ctx.job)
 
 
 def _overlap_asserts(values: dict, job: Job) -> tuple | None:
