@@ -88,18 +88,18 @@ def rank_rows(p: int, n: int, r: int, w: int) -> tuple[list[int], list[int]]:
 Runs = tuple[tuple[slice, int, int], ...]  # (rows, index of seconds they take, how many rows)
 
 
-def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
-                   warmups: Sequence[int]) -> tuple[list[int], bytearray, list[int], tuple[int, ...], Runs] | None:
+def plain_numbered(pp: int, vpp: int, microbatches: int, group: int, warmups: Sequence[int],
+                   padding: int | None = None) -> tuple[list[int], bytearray, list[int], tuple[int, ...], Runs] | None:
     """(dep, hopped, takes, last, runs) of pipeline_timeline._Program for a plain order of p > 1 ranks whose rank r
     warms up with warmups[r] forwards (all N for GPipe), its previous ops implicit (the number p below); None where
     the numbering does not put every input first. Rows no op takes (p per rank: past its last op and where its
-    cool-down is shifted) wait for nothing and take index 2p (no seconds): they carry the rank's end to its next op.
-    runs: the slices `takes` was written by, so a replay lays out each row's seconds the same way (4p slices) rather
-    than reading takes row by row."""
+    cool-down is shifted) wait for nothing and take index `padding` (no seconds; 2p, past the ranks' seconds, where
+    None): they carry the rank's end to its next op. runs: the slices `takes` was written by, so a replay lays out
+    each row's seconds the same way (4p slices) rather than reading takes row by row."""
     p, v, m = pp, vpp, microbatches
     n = m * v
     size = (2 * n + p) * p
-    dep, takes = [0] * size, [2 * p] * size
+    dep, takes = [0] * size, [2 * p if padding is None else padding] * size
     hopped = bytearray(size)
     runs: list[tuple[slice, int, int]] = []
     kept = numbers(size + p)
@@ -154,19 +154,19 @@ def shared_rows(pp: int, vpp: int, group: int, fewer: int, more: int, warmups_fe
     return (2 * fewer * vpp - max(warmups_fewer)) * pp
 
 
-def plain_tail(pp: int, vpp: int, microbatches: int, group: int, warmups: Sequence[int],
-               column: int) -> tuple[list[int], bytearray, list[int], tuple[int, ...]] | None:
+def plain_tail(pp: int, vpp: int, microbatches: int, group: int, warmups: Sequence[int], column: int,
+               padding: int | None = None) -> tuple[list[int], bytearray, list[int], tuple[int, ...]] | None:
     """plain_numbered's rows from `column` on (row column * p and after; the ops before keep their numbers), rank by
     rank, each op worked out alone, for a count that fills its last group (entry i of a rank's table runs chunk
     (i // G) % v): rank r's op at position q sits in column q before its cool-down (2N - w_r on), q + p - r in it,
-    the rows between and after wait for nothing and take no seconds; its input as plain_numbered's. None where an
-    input does not come first (the caller runs plain_numbered's program)."""
+    the rows between and after wait for nothing and take no seconds (index `padding`, as plain_numbered's); its
+    input as plain_numbered's. None where an input does not come first (the caller runs plain_numbered's program)."""
     p, v, g = pp, vpp, group
     n = microbatches * v
     if microbatches % g:
         return None
     count = (2 * n + p - column) * p
-    dep, takes = [0] * count, [2 * p] * count
+    dep, takes = [0] * count, [2 * p if padding is None else padding] * count
     hopped = bytearray(count)
 
     def forward(r: int, i: int) -> int:  # the number of rank r's forward i

@@ -267,7 +267,8 @@ class _Program(NamedTuple):
     it takes; and each rank's last op. No previous ops (plain_numbered's programs of p ranks): ops are numbered
     from p, each rank's previous op is the number p below, a row that waits for nothing and takes index
     len(seconds) (no seconds) carries its rank's end on, every input crosses a hop (or is none: _numbered_ends), and
-    runs lays out takes by slices where the program has them (plain_numbered's)."""
+    runs lays out takes by slices where the program has them (plain_numbered's), but for the rows in `apart`, whose
+    takes the runs do not give (the last virtual stage's ops where its seconds are apart: _last_stage_rows)."""
 
     prev: Sequence[int]  # arrays where the program is kept, lists where it is built afresh (_plain_program)
     dep: Sequence[int]
@@ -279,6 +280,7 @@ class _Program(NamedTuple):
     seconds: tuple[tuple[int | tuple[int, ...], tuple[str, ...]], ...]
     last: tuple[int, ...]
     runs: Runs = ()
+    apart: Sequence[int] = ()
 
 
 def _program(shape: Shape, last_apart: bool = False) -> _Program:
@@ -294,24 +296,45 @@ def _program(shape: Shape, last_apart: bool = False) -> _Program:
 
 def _numbered_last_apart(shape: Shape) -> _Program | None:
     """_numbered_program with the last virtual stage's ops taking rank p's seconds (index 2p and 2p + 1; the rows no
-    op takes move to 2p + 2, past them): rank p - 1's forwards of its last chunk and its backwards of it (backward i
-    runs chunk v - 1 - c of table entry i), read row by row (no runs). None where the shape is not numbered."""
-    numbered = _numbered(shape)
+    op takes at 2p + 2, past them): the runs lay out every other row, those ops' rows (_last_stage_rows) are set
+    after them. None where the shape is not numbered."""
+    p = shape.pp
+    numbered = _numbered(shape, 2 * p + 2)
     if numbered is None:
         return None
-    dep, hopped, takes, last, _ = numbered
-    p, v = shape.pp, shape.vpp
-    pad = 2 * p
-    takes = [pad + 2 if t == pad else t for t in takes]
-    table = (_chunk_microbatches(shape) if shape.order == "interleaved_1f1b"
-             else [(0, k) for k in range(shape.microbatches)])
-    forwards, backwards = rank_rows(p, len(table), p - 1, _warmups(shape)[p - 1])
-    for i, (chunk, _) in enumerate(table):
-        if chunk == v - 1:
-            takes[forwards[i]] = pad
-        if chunk == 0:
-            takes[backwards[i]] = pad + 1
-    return _Program([], dep, hopped, [], b"", takes, _plain_seconds(p + 1), last)
+    dep, hopped, takes, last, runs = numbered
+    apart = _take_last_apart(takes, _last_stage_rows(shape), p)
+    return _Program([], dep, hopped, [], b"", takes, _plain_seconds(p + 1), last, runs, apart)
+
+
+def _last_stage_rows(shape: Shape) -> tuple[list[int], list[int]]:
+    """The rows of a numbered plain program (plain_numbered's) that run the last virtual stage: rank p - 1's
+    forwards of its last chunk and its backwards of it (backward i runs chunk v - 1 - c of table entry i), each
+    group's entries of chunk c sliced out of the table (_chunk_microbatches: group by group, chunk by chunk within)."""
+    p, v, m, g = shape.pp, shape.vpp, shape.microbatches, shape.group
+    forwards, backwards = rank_rows(p, m * v, p - 1, _warmups(shape)[p - 1])
+    if v == 1:  # every op of the rank runs the one chunk
+        return forwards, backwards
+    last_forwards: list[int] = []
+    first_backwards: list[int] = []
+    for start in range(0, m, g):
+        size = (m if start + g >= m else start + g) - start
+        first = start * v  # the group's first entry (the groups before are whole)
+        last_forwards += forwards[first + (v - 1) * size:first + v * size]
+        first_backwards += backwards[first:first + size]
+    return last_forwards, first_backwards
+
+
+def _take_last_apart(takes: list[int], rows: tuple[list[int], list[int]], p: int, first: int = 0) -> list[int]:
+    """Sets the last virtual stage's forward and backward rows (_last_stage_rows, those from row `first` on, each
+    `first` rows back: a tail's) to rank p's seconds, 2p and 2p + 1, in place; returns the rows set."""
+    apart = []
+    for rows_of, index in zip(rows, (2 * p, 2 * p + 1), strict=True):
+        for row in rows_of:
+            if row >= first:
+                takes[row - first] = index
+                apart.append(row - first)
+    return apart
 
 
 # about 13 bytes an op: 0.3 MB for the largest shapes the search replays (23 k ops), a few kB for most. 256: the
@@ -433,12 +456,13 @@ def _stepped_program(shape: Shape, seconds: tuple[tuple[int, tuple[str, ...]], .
                     seconds, tuple(last))
 
 
-def _numbered(shape: Shape) -> tuple[list[int], bytearray, list[int], tuple[int, ...], Runs] | None:
-    """plain_numbered's program of a plain shape of p > 1 ranks, from each rank's warm-up forwards (_warmups); None
-    where it does not number the shape."""
+def _numbered(shape: Shape, padding: int | None = None) -> tuple[list[int], bytearray, list[int], tuple[int, ...],
+                                                                 Runs] | None:
+    """plain_numbered's program of a plain shape of p > 1 ranks, from each rank's warm-up forwards (_warmups), its
+    rows that no op takes at index `padding` (plain_numbered's); None where it does not number the shape."""
     if shape.pp == 1 or (shape.vpp > 1 and shape.order != "interleaved_1f1b"):
         return None
-    return plain_numbered(shape.pp, shape.vpp, shape.microbatches, shape.group, _warmups(shape))
+    return plain_numbered(shape.pp, shape.vpp, shape.microbatches, shape.group, _warmups(shape), padding)
 
 
 def _warmups(shape: Shape) -> list[int]:
@@ -506,6 +530,8 @@ def _numbered_ends(prog: _Program, seconds: list[float], hop: float, ends: list[
         times = [0.0] * len(prog.takes)
         for rows, takes, count in prog.runs:
             times[rows] = [seconds[takes]] * count
+        for row in prog.apart:
+            times[row] = seconds[prog.takes[row]]
     else:
         times = [seconds[takes] for takes in prog.takes]
     ends[0] = -hop
@@ -649,22 +675,27 @@ def _replay_pair(longer: Shape, shorter: Shape, fwd: Sequence[float], bwd: Seque
     both are 1F1B or interleaved 1F1B numbered in closed form and the shorter's first rows are the longer's
     (pipeline_numbering.shared_rows), those rows' ops end where the longer's run ends them (each end reads the same
     ends in the same sums): they are taken from it, and only the shorter's last rows are numbered (plain_tail) and
-    run (Llama-3.1-70B on 64 H100: about 4% of them)."""
+    run (Llama-3.1-70B on 64 H100: about 4% of them). The same where the last virtual stage's seconds are apart
+    (simulate's `last`): a row's seconds follow from its op, which is the same in both."""
     keys = [(shape, tuple(fwd), tuple(bwd), hop, wgrad) for shape in (longer, shorter)]
     hits = [_REPLAYS.get(key) for key in keys]
     shared, tail, warmups = 0, None, _warmups(shorter)
-    if hits[0] is None and hits[1] is None and longer.order in ("1f1b", "interleaved_1f1b") and len(fwd) == longer.pp:
+    apart = len(fwd) > longer.pp
+    if hits[0] is None and hits[1] is None and longer.order in ("1f1b", "interleaved_1f1b"):
         shared = shared_rows(longer.pp, longer.vpp, longer.group, shorter.microbatches, longer.microbatches,
                              warmups, _warmups(longer))
-    program = _numbered_program(longer) if shared else None
+    program = (_numbered_last_apart(longer) if apart else _numbered_program(longer)) if shared else None
     if program is not None:
-        tail = plain_tail(shorter.pp, shorter.vpp, shorter.microbatches, shorter.group, warmups, shared // shorter.pp)
+        tail = plain_tail(shorter.pp, shorter.vpp, shorter.microbatches, shorter.group, warmups, shared // shorter.pp,
+                          2 * shorter.pp + 2 if apart else None)
     if program is None or tail is None:
         return _replay(longer, fwd, bwd, hop, wgrad), _replay(shorter, fwd, bwd, hop, wgrad)
+    if apart:  # the tail's rows start at the shared rows' end
+        _take_last_apart(tail[2], _last_stage_rows(shorter), shorter.pp, shared)
     ends = _ends(program, keys[0][1], keys[0][2], hop, wgrad)
     step = max(ends[op] for op in program.last)
     del ends[shared + shorter.pp:]  # the shared rows' ends (numbered from p)
-    ends = _ends(_Program([], *tail[:2], [], b"", tail[2], _plain_seconds(shorter.pp), tail[3]), keys[0][1],
+    ends = _ends(_Program([], *tail[:2], [], b"", tail[2], _plain_seconds(shorter.pp + apart), tail[3]), keys[0][1],
                  keys[0][2], hop, wgrad, ends)
     if len(_REPLAYS) >= 4095:
         _REPLAYS.clear()
