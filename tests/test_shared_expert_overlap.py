@@ -62,9 +62,22 @@ def test_both_megatron_faces_render_it_and_read_it_back(framework, key):
     ({"model": "qwen3-30b-a3b"}, "no shared experts"),
     ({"recompute_modules": ["shared_experts"]}, "recomputed shared_experts"),
     ({"moe_a2a_overlap": True}, "overlap_moe_expert_parallel_comm"),
-    ({"moe_token_dispatcher": "flex"}, "apply_flex_dispatcher_backend"),
+    ({"moe_token_dispatcher": "flex"}, "Megatron-Bridge turns it off beside the flex dispatcher"),
 ])
 def test_rule_ep012_refuses_what_megatron_core_refuses_or_turns_off(change, words):
     with pytest.raises(MeshplanError, match="EP012") as err:
         api.estimate_memory(Request(**{**MOONLIGHT, **change}, moe_shared_expert_overlap=True))
     assert words in str(err.value)
+
+
+def test_megatron_core_runs_it_beside_the_flex_dispatcher():
+    """Megatron-Core's flex dispatcher calls the shared experts' pre_forward_comm as alltoall does (Megatron-LM
+    token_dispatcher.py; transformer_config.py takes alltoall or flex): EP012 passes it there, the gathered input is
+    counted as beside alltoall, and render writes the flag. Only Megatron-Bridge's flex setup turns it off."""
+    core = {**MOONLIGHT, "framework": "megatron-core", "moe_token_dispatcher": "flex"}
+    without = api.estimate_memory(Request(**core))
+    with_overlap = api.estimate_memory(Request(**core, moe_shared_expert_overlap=True))
+    added = with_overlap.stages[0].activations_bytes - without.stages[0].activations_bytes
+    assert added == pytest.approx(26 * BF16 * 4096 * 2048, rel=1e-6)
+    assert "--moe-shared-expert-overlap" in api.render_config("megatron-core",
+                                                              Request(**core, moe_shared_expert_overlap=True)).text

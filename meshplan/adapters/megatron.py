@@ -149,7 +149,7 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
         flags += [("--" + name.replace("_", "-"), value) for name, value in megatron_dispatcher(job, plan)]
         if plan.moe_a2a_overlap:  # 1F1B EP overlap; delay_wgrad_compute gives it the weight gradients to hide behind
             flags += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
-        if job.moe_shared_expert_overlap:  # rule EP012: shared experts, alltoall, no a2a overlap
+        if job.moe_shared_expert_overlap:  # rule EP012: shared experts, no a2a overlap (alltoall or flex)
             flags.append(("--moe-shared-expert-overlap", None))
     if plan.sequence_parallel:
         flags.append(("--sequence-parallel", None))
@@ -320,7 +320,8 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
         s += [("model.expert_model_parallel_size", plan.ep), ("model.expert_tensor_parallel_size", plan.etp)]
         s += [(f"model.{name}", value) for name, value in megatron_dispatcher(job, plan)]
         if plan.moe_token_dispatcher == "flex":
-            # What Bridge's own apply_flex_dispatcher_backend (training/flex_dispatcher_backend.py) does with flex.
+            # What Bridge's own apply_flex_dispatcher_backend (training/flex_dispatcher_backend.py) does with flex
+            # (the card's moe_shared_expert_overlap off_beside_flex, which rule EP012 holds a request to).
             s.append(("model.moe_shared_expert_overlap", False))
         if plan.moe_a2a_overlap:  # comm_overlap asserts moe_shared_expert_overlap off (training/comm_overlap.py)
             if plan.moe_token_dispatcher != "flex":

@@ -10,7 +10,7 @@ from __future__ import annotations
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import BATCH_READS, divisors, kept_degrees, layout_words
-from meshplan.rules.precision import lacks_key
+from meshplan.rules.precision import default_version_knob, lacks_key
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job
@@ -137,8 +137,9 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     """moe_shared_expert_overlap where Megatron-Core runs it as meshplan estimates it (Megatron-LM 24bad8e677
     transformer_config.py): a framework with the key, a model with shared experts (only they are overlapped), not
     beside a recomputed shared_experts module (ValueError) nor overlap_moe_expert_parallel_comm (assert), and the
-    alltoall dispatcher: Megatron-Core also overlaps them beside flex, but Megatron-Bridge's
-    apply_flex_dispatcher_backend turns the overlap off and meshplan counts it with alltoall only."""
+    alltoall or flex dispatcher (ValueError on any other; the flex dispatcher calls the shared experts' pre_forward_comm
+    as alltoall does, token_dispatcher.py), except beside flex on a framework whose flex setup turns the overlap off
+    (the knob's off_beside_flex: Megatron-Bridge's apply_flex_dispatcher_backend), where the run holds none of it."""
     job, card, p = ctx.job, ctx.card, ctx.plan
     if not job.moe_shared_expert_overlap:
         return None
@@ -158,10 +159,9 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
         return {**values,
                 "why": "Megatron-Core asserts it off under overlap_moe_expert_parallel_comm (moe_a2a_overlap)",
                 "fix": "Leave one of moe_a2a_overlap and moe_shared_expert_overlap out."}
-    if p.moe_token_dispatcher != "alltoall":
-        return {**values, "why": f"the {p.moe_token_dispatcher} dispatcher: Megatron-Bridge's "
-                                 "apply_flex_dispatcher_backend turns the overlap off, and meshplan counts it beside "
-                                 "the alltoall dispatcher only",
+    if p.moe_token_dispatcher == "flex" and default_version_knob(card, "moe_shared_expert_overlap").off_beside_flex:
+        return {**values, "why": f"{card.display_name} turns it off beside the flex dispatcher (Megatron-Bridge's "
+                                 "apply_flex_dispatcher_backend), so the run keeps none of what it would hold",
                 "fix": "Set moe_token_dispatcher=alltoall, or leave moe_shared_expert_overlap out."}
     return None
 

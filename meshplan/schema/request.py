@@ -174,7 +174,8 @@ class Request(StrictModel):
     moe_shared_expert_overlap: bool | None = Field(
         None, description="The MoE layer's shared experts run on a stream of their own beside the token dispatch's "
                           "all-to-all, gathering the layer input over sequence parallelism themselves (Megatron-Core "
-                          "moe_shared_expert_overlap; a model with shared experts, the alltoall or flex dispatcher) "
+                          "moe_shared_expert_overlap; a model with shared experts, the alltoall or flex dispatcher, "
+                          "not flex on Megatron-Bridge, whose flex setup turns it off) "
                           "(default: off)",
     )
     bias_activation_fusion: bool | None = Field(
