@@ -81,3 +81,16 @@ def test_megatron_core_runs_it_beside_the_flex_dispatcher():
     assert added == pytest.approx(26 * BF16 * 4096 * 2048, rel=1e-6)
     assert "--moe-shared-expert-overlap" in api.render_config("megatron-core",
                                                               Request(**core, moe_shared_expert_overlap=True)).text
+
+
+def test_bridge_render_writes_the_overlap_off_where_the_request_leaves_it_off():
+    """Megatron-Bridge's DeepSeek, GLM-4.5 and Kimi-K2 providers and their v0.6.0 recipes (recipes/deepseek/h100/
+    deepseek_v3.py: 'Default from DeepSeekModelProvider') turn moe_shared_expert_overlap on: a render that left the
+    key out ran the overlap's gathered input the estimate does not count. A model without shared experts gets no key."""
+    out = api.render_config("megatron-bridge", Request(**MOONLIGHT))
+    assert "model.moe_shared_expert_overlap = False" in out.text
+    back = api.request_from_config(api.import_config(out.text, framework="megatron-bridge", path=out.filename),
+                                   {"model": "moonlight-16b-a3b", "num_gpus": 8})
+    assert back.moe_shared_expert_overlap is False
+    qwen = api.render_config("megatron-bridge", Request(**{**MOONLIGHT, "model": "qwen3-30b-a3b"}))
+    assert "moe_shared_expert_overlap" not in qwen.text

@@ -327,8 +327,11 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
             if plan.moe_token_dispatcher != "flex":
                 s.append(("model.moe_shared_expert_overlap", False))
             s += [("comm_overlap.overlap_moe_expert_parallel_comm", True), ("comm_overlap.delay_wgrad_compute", True)]
-        elif job.moe_shared_expert_overlap and plan.moe_token_dispatcher != "flex":  # rule EP012
-            s.append(("model.moe_shared_expert_overlap", True))
+        elif job.model.moe.num_shared_experts and plan.moe_token_dispatcher != "flex":  # rule EP012
+            # written either way: the DeepSeek, GLM-4.5 and Kimi-K2 providers (and their v0.6.0 recipes) turn it on
+            # where the request leaves it off, and the estimate counts what the Job says (activations.
+            # shared_overlap_input_bytes)
+            s.append(("model.moe_shared_expert_overlap", job.moe_shared_expert_overlap))
     if job.mtp_asked:  # else the recipe's model keeps its checkpoint's MTP depth (its bridge reads the HF config)
         s += [("model.mtp_num_layers", job.model.num_mtp_layers or None),
               ("model.mtp_use_repeated_layer", job.model.mtp_repeated_layer)]
