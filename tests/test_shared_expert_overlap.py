@@ -59,7 +59,6 @@ def test_both_megatron_faces_render_it_and_read_it_back(framework, key):
 
 @pytest.mark.parametrize("change, words", [
     ({"framework": "torchtitan"}, "torchtitan has no key for it"),
-    ({"model": "qwen3-30b-a3b"}, "no shared experts"),
     ({"recompute_modules": ["shared_experts"]}, "recomputed shared_experts"),
     ({"moe_a2a_overlap": True}, "overlap_moe_expert_parallel_comm"),
     ({"moe_token_dispatcher": "flex"}, "Megatron-Bridge turns it off beside the flex dispatcher"),
@@ -94,3 +93,17 @@ def test_bridge_render_writes_the_overlap_off_where_the_request_leaves_it_off():
     assert back.moe_shared_expert_overlap is False
     qwen = api.render_config("megatron-bridge", Request(**{**MOONLIGHT, "model": "qwen3-30b-a3b"}))
     assert "moe_shared_expert_overlap" not in qwen.text
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
+def test_rule_ep013_warns_where_the_model_has_no_shared_experts(framework):
+    """Megatron-Core acts on the overlap only beside moe_shared_expert_intermediate_size (transformer_config.py) and
+    starts the run without it: a warning, no refusal (EP012 refused it before), the estimates those without it."""
+    qwen = {**MOONLIGHT, "model": "qwen3-30b-a3b", "framework": framework}
+    report = api.check_config(Request(**qwen, moe_shared_expert_overlap=True))
+    assert [f.id for f in report.findings if f.id.startswith("EP01")] == ["EP013"]
+    with_overlap = api.estimate_memory(Request(**qwen, moe_shared_expert_overlap=True))
+    assert with_overlap.peak_bytes == api.estimate_memory(Request(**qwen)).peak_bytes
+    assert any("EP013" in w for w in with_overlap.warnings)
+    assert not any("moe_shared_expert_overlap" in a for a in api.estimate_throughput(
+        Request(**qwen, moe_shared_expert_overlap=True)).assumptions)

@@ -135,7 +135,7 @@ def dispatcher_on_dense_model(ctx: Context) -> Values:
 @rule("EP012", reads=("moe_token_dispatcher", "moe_a2a_overlap", "recompute", "recompute_modules"))
 def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     """moe_shared_expert_overlap where Megatron-Core runs it as meshplan estimates it (Megatron-LM 24bad8e677
-    transformer_config.py): a framework with the key, a model with shared experts (only they are overlapped), not
+    transformer_config.py): a framework with the key, a model with shared experts (without them a no-op: EP013), not
     beside a recomputed shared_experts module (ValueError) nor overlap_moe_expert_parallel_comm (assert), and the
     alltoall or flex dispatcher (ValueError on any other; the flex dispatcher calls the shared experts' pre_forward_comm
     as alltoall does, token_dispatcher.py), except beside flex on a framework whose flex setup turns the overlap off
@@ -147,11 +147,8 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     instead = lacks_key(card, "moe_shared_expert_overlap")
     if instead:
         return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
-    moe = ctx.arch.moe
-    if moe is None or not moe.num_shared_experts:
-        return {**values, "why": "the model has no shared experts, the only part it overlaps (Megatron-Core reads it "
-                                 "with moe_shared_expert_intermediate_size only)",
-                "fix": "Leave moe_shared_expert_overlap out."}
+    if not ctx.arch.has_shared_experts:
+        return None  # Megatron-Core runs it as a no-op there: EP013's warning
     if p.recompute == "selective" and "shared_experts" in (p.recompute_modules or ()):
         return {**values, "why": "Megatron-Core refuses it beside a recomputed shared_experts module",
                 "fix": "Drop shared_experts from recompute_modules, or leave moe_shared_expert_overlap out."}
@@ -164,6 +161,18 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
                                  "apply_flex_dispatcher_backend), so the run keeps none of what it would hold",
                 "fix": "Set moe_token_dispatcher=alltoall, or leave moe_shared_expert_overlap out."}
     return None
+
+
+@rule("EP013", reads=())
+def shared_expert_overlap_without_shared_experts(ctx: Context) -> Values:
+    """moe_shared_expert_overlap on a model without shared experts, on a framework with the key: Megatron-Core checks
+    and uses it only with moe_shared_expert_intermediate_size set (transformer_config.py; MoELayer hands the
+    dispatcher shared experts only where it builds them), so the run starts and ignores it: a warning, the
+    estimates those without it."""
+    if not ctx.job.moe_shared_expert_overlap or ctx.arch.has_shared_experts \
+            or lacks_key(ctx.card, "moe_shared_expert_overlap"):
+        return None
+    return {"model": ctx.arch.name}
 
 
 def _overlap_asserts(values: dict, job: Job) -> tuple | None:
