@@ -29,15 +29,20 @@ deepseek_provider.py, gpt_oss_provider.py): DeepSeek-V3 on B200 sets no backend 
 (configs/deepseek/workload_base_configs.py DEEPSEEK_V3_B200_BASE_CONFIG), so 25.11 is `alltoall`, and hybridep at
 v0.3.0 (DEEPSEEK_V3_PRETRAIN_CONFIG_B200_V1, which v0.3.0's apply_flex_dispatcher_backend takes on any sm100 GPU),
 so 26.02 is `flex`; GB200 and H100 set hybridep / deepep at both. GPT-OSS-120B sets no backend at v0.2.0 or v0.3.0
-(configs/gpt_oss/*workload_base_configs.py), so every GPT-OSS row is `alltoall`. meshplan times `flex` as the
-backend it renders (mesh.flex_backend: HybridEP on GB200, DeepEP elsewhere), so 26.02's B200 DeepSeek-V3 row, which
-ran HybridEP, is timed as DeepEP. The GB300 and B300 rows read their release's presets the same way
+(configs/gpt_oss/*workload_base_configs.py), so every GPT-OSS row is `alltoall`. The `flex_backend` column is the
+backend each flex row's preset set (v0.3.0 21b02e0cf scripts/performance/configs/{deepseek/deepseek,qwen/qwen3}_
+workload_base_configs.py: hybridep for GB200, GB300, B200 (DeepSeek-V3) and B300, deepep for H100 Qwen3-30B-A3B;
+v0.2.0 7af9601c9 configs/{deepseek,qwen3}/workload_base_configs.py: hybridep for GB200 and GB300; 25.09's H100
+DeepSeek-V3, v0.1.0rc4 run_script.py enable_deepep on H100: deepep), passed as moe_flex_backend, so 26.02's B200
+DeepSeek-V3 row and B300's, which ran HybridEP inside one 8-GPU node, are timed as HybridEP (before 2026-12-06,
+flex57: as DeepEP, the machine's backend). The GB300 and B300 rows read their release's presets the same way
 (v0.3.0 configs/*/*_workload_base_configs.py *_GB300_* / *_B300_*, v0.2.0 configs/*/workload_base_configs.py
 *_GB300_*): DeepSeek-V3 and Qwen3-30B-A3B set hybridep on both parts and Qwen3-235B-A22B on GB300, `flex`; B300's
 Qwen3-235B-A22B sets no backend (alltoall) and moe_a2a_overlap=True, on; GPT-OSS-120B none, `alltoall`. So B300's
-DeepSeek-V3 and Qwen3-30B-A3B rows, which ran HybridEP inside one 8-GPU node, are timed as DeepEP, as 26.02's B200
-one is. 25.11's two GB300 DeepSeek-V3 rows publish PP2 VP4, a split of 61 layers no Bridge layout names (its helper
-has no (2, 4), and v0.2.0's GB300 preset is PP4 VP4): meshplan refuses them (PP001), as 25.11's GB200 PP8 VP4 row.
+DeepSeek-V3 and Qwen3-30B-A3B rows, which ran HybridEP inside one 8-GPU node, are timed as HybridEP (the
+flex_backend column), as 26.02's B200 one is. 25.11's two GB300 DeepSeek-V3 rows publish PP2 VP4, a split of 61
+layers no Bridge layout names (its helper has no (2, 4), and v0.2.0's GB300 preset is PP4 VP4): meshplan refuses
+them (PP001), as 25.11's GB200 PP8 VP4 row.
 The precision column's MXFP8 is passed as Transformer Engine's mxfp8 recipe, its FP8 (FP8-CS) as the
 card's default tensorwise current scaling (the table's parenthesised blockwise figures are not transcribed); the
 recipe sets how many quantize kernels each local expert's grouped GEMM launches (the framework card's
@@ -137,6 +142,8 @@ def cases(path: Path = DATA):
                 dp=gpus // (tp * pp * cp), sequence_parallel=tp > 1,
                 zero_stage=3 if int(r["fsdp"]) else 1, recompute="none",
                 moe_token_dispatcher=r["dispatcher"] if ep > 1 else None,
+                # the backend the release's preset set (the flex_backend column), not the machine's
+                moe_flex_backend=(r["flex_backend"] or None) if ep > 1 and r["dispatcher"] == "flex" else None,
                 tp_comm_overlap=r["tp_comm_overlap"] == "1",
                 moe_a2a_overlap=r["moe_a2a_overlap"] == "1" if ep > 1 else None,
                 # the performance launchers reduce gradients in bf16 (published_runs.BRIDGE_PERF_TABLE, the fact the

@@ -14,6 +14,7 @@ from production_rows import (
     activation_fusion_field,
     catalog_match,
     dispatcher_for,
+    flex_backend_for,
     fp8_setting_fields,
     framework_for,
     gpu_for,
@@ -125,6 +126,8 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     knobs |= k
     dispatcher, k = dispatcher_for(row)
     knobs |= k
+    if (backend := flex_backend_for(row)) is not None:  # the backend the run chose, not the machine's
+        fields["moe_flex_backend"] = backend
     knobs |= run_knobs(row)
     k, n = recipe_moe(row)
     if (launched := release_launcher_moe(row, key, k)) != k:  # the overlap its own release's launcher set
@@ -166,6 +169,8 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     fields |= f
     knobs |= k
     moe = bool(row["model"]["num_experts"]) or row["model"]["arch_type"] != "dense"
+    if not moe:  # no MoE layer reads a dispatcher
+        fields.pop("moe_flex_backend", None)
     if moe and knobs.pop("moe_a2a_overlap", None):  # a plan knob since issue 15 item 1
         fields["moe_a2a_overlap"] = True
     if "cuda_graphs" in knobs and (graphs := graph_fields(knobs["cuda_graphs"], moe)

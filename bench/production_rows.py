@@ -800,6 +800,18 @@ def dispatcher_for(row: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
     return "alltoall", knobs
 
 
+def flex_backend_for(row: dict[str, Any]) -> str | None:
+    """The flex dispatcher's backend the row states beside it (its moe_dispatcher text: 'flex/HybridEP (32 SMs)',
+    'flex/DeepEP', 'DeepEP'), which the run chose (Megatron-Bridge's presets set moe_flex_dispatcher_backend whatever
+    the machine: HybridEP on H100 and B200); None where the row runs another dispatcher or names no backend (the
+    machine's then, mesh.flex_backend)."""
+    if dispatcher_for(row)[0] != "flex":
+        return None
+    low = str(row["parallelism"]["moe_dispatcher"] or "").lower()
+    named = [backend for backend in ("hybridep", "deepep") if backend in low]
+    return named[0] if len(named) == 1 else None
+
+
 def run_knobs(row: dict[str, Any]) -> dict[str, str]:
     """Settings from the row's notes and category: RL phases, LoRA, CUDA graphs, overlaps, compile."""
     other = row_text(row["outcome"]["other"], row["source"]["location"])

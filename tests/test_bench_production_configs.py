@@ -141,6 +141,20 @@ def test_the_qwen3_next_row_is_scored_as_the_catalog_model_at_its_layout(product
     assert not [f for f in api.check_config(req).findings if f.severity == "error"]
 
 
+@pytest.mark.parametrize(("row_id", "backend"), [
+    ("mbridge_card_qwen3_30b_16_h100_hybridep", "hybridep"),  # 'flex/HybridEP (32 SMs)' on H100, not the machine's
+    ("mbridge_b200_qwen3_30b_8_mxfp8", "hybridep"),  # 'flex/HybridEP' on B200
+    ("mbridge_card_qwen3_30b_32_h100_deepep", "deepep"),  # 'flex/DeepEP'
+    ("mbridge_h100_qwen3_235b_256_fp8", None),  # an alltoall row: no backend read
+])
+def test_a_row_that_states_its_flex_backend_runs_it(production_rows, tmp_path, row_id, backend):
+    """A row's moe_dispatcher text names the backend its run chose (flex57): it is the request's moe_flex_backend,
+    which the estimate times (before, every flex row took the machine's backend: DeepEP on H100 and B200)."""
+    row = production_rows[row_id]
+    assert prow.flex_backend_for(row) == backend
+    assert pmap.map_row(row, tmp_path).request.moe_flex_backend == backend
+
+
 def test_built_config_and_mtp(tmp_path, production_rows):
     model, source, notes, knobs = prow.model_for(production_rows["nemo2407_h100_gpt3_5b_64gpu"], tmp_path)
     assert source == "config.json (gpt2)" and Path(model).is_file()

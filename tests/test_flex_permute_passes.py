@@ -2,13 +2,17 @@
 cards/calibration.yaml flex_dispatch permute_passes): Megatron-Core's _DeepepManager permutes the tokens DeepEP
 delivers into the local experts' order after the dispatch and unpermutes before the combine (4 passes over the routed
 copies forward, 4 backward), and _HybridEPManager none, HybridEP's dispatch and combine kernels permuting as they copy;
-the alltoall dispatcher keeps its permute, chunk sort, unsort and unpermute (moe_dispatch_passes, 16). Before
+the alltoall dispatcher keeps its permute, chunk sort, unsort and unpermute (moe_dispatch_passes, 16), the sort and
+unsort only with more than one local expert (MoEAlltoAllTokenDispatcher: `if self.num_local_experts > 1`). Before
 2026-12-06 every dispatcher ran the alltoall dispatcher's 16."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from meshplan.estimate.layer_records import DispatchPasses
 from meshplan.estimate.layer_time import elementwise_load
 from meshplan.estimate.moe_time import dispatch_and_router_bytes, dispatcher_passes
 from meshplan.estimate.perf import step_terms
@@ -37,8 +41,8 @@ def test_the_card_counts_each_backends_passes_from_its_manager():
 def test_the_flex_dispatcher_moves_its_backends_passes_the_alltoall_its_own(gpu, backend_passes):
     _, _, alltoall = _context(gpu, "alltoall")
     job, plan, flex = _context(gpu, "flex")
-    assert dispatcher_passes(job, plan) == backend_passes
-    assert alltoall.dispatch_passes is None  # the card's moe_dispatch_passes
+    assert dispatcher_passes(job, plan, calibration(job.framework)) == DispatchPasses(0.0, backend_passes)
+    assert alltoall.dispatch_passes == DispatchPasses(8.0, 8.0)  # moe_dispatch_passes: 16 experts a rank, both halves
     flex_bytes, flex_router = dispatch_and_router_bytes(flex)
     alltoall_bytes, alltoall_router = dispatch_and_router_bytes(alltoall)
     assert flex_bytes == pytest.approx(alltoall_bytes * backend_passes / 16, rel=1e-12)
@@ -70,4 +74,25 @@ def test_flex_passes_run_over_every_copy_the_expert_tp_group_receives():
 def test_a_dispatcher_of_another_framework_keeps_the_alltoall_count():
     job, plan = resolve(Request(gpu="h100", framework="torchtitan", model="qwen3-30b-a3b", num_gpus=8, ep=8,
                                 seq_length=4096, micro_batch_size=1, global_batch_size=64))
-    assert dispatcher_passes(job, plan) is None
+    assert dispatcher_passes(job, plan, calibration(job.framework)) is None
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "flex"])
+def test_the_alltoall_dispatcher_skips_its_chunk_sort_with_one_local_expert(dispatcher):
+    # Megatron-Core core_v0.19.0 token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_postprocess and
+    # combine_preprocess run sort_chunks_by_idxs only `if self.num_local_experts > 1`: Qwen3-30B-A3B's 128 experts
+    # over ep 128 leave one a rank, so its dispatcher runs the permute and unpermute alone, half the count; at ep 64
+    # (two a rank) it runs all 16. The flex dispatcher's count is its backend's either way.
+    cal = calibration("megatron-bridge")
+    fields = dict(LAYOUT, num_gpus=128, global_batch_size=128)
+    one = resolve(Request(gpu="h100", moe_token_dispatcher=dispatcher, **{**fields, "ep": 128}))
+    two = resolve(Request(gpu="h100", moe_token_dispatcher=dispatcher, **{**fields, "ep": 64}))
+    if dispatcher == "flex":
+        assert dispatcher_passes(*one, cal) == dispatcher_passes(*two, cal) == DispatchPasses(0.0, 8.0)
+        return
+    assert dispatcher_passes(*one, cal) == DispatchPasses(cal.moe_dispatch_passes / 2, 0.0)
+    assert dispatcher_passes(*two, cal) == DispatchPasses(cal.moe_dispatch_passes / 2, cal.moe_dispatch_passes / 2)
+    ctx = step_terms(*one).ctx
+    routed_bytes = dispatch_and_router_bytes(ctx)[0]
+    both_halves = dispatch_and_router_bytes(replace(ctx, dispatch_passes=None))[0]
+    assert routed_bytes == pytest.approx(both_halves / 2, rel=1e-12)  # etp 1: the skipped half is half the bytes

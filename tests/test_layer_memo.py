@@ -11,7 +11,7 @@ from read_watch import ReadPlan
 
 from meshplan import api
 from meshplan.estimate import layer_records
-from meshplan.estimate.layer_records import PER_STEP_FIELDS, layer_key, memo_layer, shared_layers
+from meshplan.estimate.layer_records import PER_STEP_FIELDS, DispatchPasses, layer_key, memo_layer, shared_layers
 from meshplan.estimate.layer_time import layer_time
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
@@ -160,7 +160,8 @@ DENSE_PERTURBED_PLAN = {"ep": lambda p: 2 * p.ep, "etp": lambda p: 2 * p.etp,
 DENSE_PERTURBED_CONTEXT = {"a2a_steady_share": lambda c: c.a2a_steady_share + 0.25,
                            "routed_load": lambda c: c.routed_load + 0.3,
                            "moe_host_syncs": lambda c: c.moe_host_syncs + 1,
-                           "dispatch_passes": lambda c: 4.0 if c.dispatch_passes is None else c.dispatch_passes + 4,
+                           "dispatch_passes": lambda c: DispatchPasses(4.0, 4.0) if c.dispatch_passes is None else
+                           DispatchPasses(c.dispatch_passes.own + 4, c.dispatch_passes.received + 4),
                            "gather_dispatch": lambda c: not c.gather_dispatch,
                            "experts_fused": lambda c: not c.experts_fused,
                            "stacked_experts": lambda c: not c.stacked_experts,

@@ -55,6 +55,20 @@ CASES = [
     ("torchtitan", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, vpp=2, global_batch_size=512,
                               recompute="selective")),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, torch_compile=True)),
+    # the flex dispatcher's backend set against the machine's (HybridEP on H100, as Megatron-Bridge v0.4.1's H100
+    # Qwen3-30B preset runs it): read back from each framework's own key
+    ("megatron-core", None, dict(model="qwen3-30b-a3b", num_gpus=32, ep=16, global_batch_size=256,
+                                 moe_token_dispatcher="flex", moe_flex_backend="hybridep")),
+    ("megatron-bridge", None, dict(model="qwen3-30b-a3b", num_gpus=32, ep=16, global_batch_size=256,
+                                   moe_token_dispatcher="flex", moe_flex_backend="hybridep")),
+    ("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", num_gpus=32, ep=16, global_batch_size=256,
+                                           moe_token_dispatcher="flex", moe_flex_backend="hybridep")),
+    ("verl", None, dict(model="qwen3-30b-a3b", num_gpus=32, tp=2, pp=2, ep=8, global_batch_size=256,
+                        moe_token_dispatcher="flex", moe_flex_backend="hybridep")),
+    ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=32, tp=2, pp=2, ep=8, global_batch_size=320,
+                         moe_token_dispatcher="flex", moe_flex_backend="hybridep")),
+    ("nemo-automodel", None, dict(model="qwen3-30b-a3b", num_gpus=32, ep=16, global_batch_size=256, zero_stage=3,
+                                  moe_token_dispatcher="flex", moe_flex_backend="hybridep")),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, param_offload=True)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2, global_batch_size=64, torch_compile=True,
                               tp_comm_overlap=True)),
@@ -204,18 +218,35 @@ def test_torchtitan_multi_stage_schedule_states_its_stages_per_rank(per_stage, v
     assert imported.request["vpp"] == vpp
 
 
-@pytest.mark.parametrize(("name", "key"), [
-    ("bridge_glm5_h100.py", "ddp.grad_reduce_in_fp32"),
-    ("bridge_glm5_h100.py", "model.moe_flex_dispatcher_backend"),
-    ("megatron_deepseek_v3_excerpt.sh", "--moe-flex-dispatcher-backend"),
+def test_keys_meshplan_reads_elsewhere_are_said_not_called_inexpressible():
+    """Bridge's ddp.grad_reduce_in_fp32 (overwritten by mixed_precision's, which is read) was listed as 'no meshplan
+    field' beside the field that decides it."""
+    imported = api.import_file(str(CONFIGS / "bridge_glm5_h100.py"))
+    assert not any(" ddp.grad_reduce_in_fp32 = " in u for u in imported.unsupported)
+    assert any(" ddp.grad_reduce_in_fp32 = " in n for n in imported.notes)
+
+
+@pytest.mark.parametrize(("name", "key", "backend"), [
+    ("bridge_glm5_h100.py", "model.moe_flex_dispatcher_backend", "deepep"),
+    ("megatron_deepseek_v3_excerpt.sh", "--moe-flex-dispatcher-backend", "hybridep"),
 ])
-def test_keys_meshplan_reads_elsewhere_are_said_not_called_inexpressible(name, key):
-    """Bridge's ddp.grad_reduce_in_fp32 (overwritten by mixed_precision's, which is read) and the flex dispatcher's
-    backend (its estimate is the backend's either way; render picks it from the NVLink domain) were listed as 'no
-    meshplan field' beside the fields that decide them."""
+def test_the_flex_dispatchers_backend_is_read_beside_it(name, key, backend):
+    """The flex dispatcher's backend was said, not read (the estimate was the machine's backend's); it is the request's
+    moe_flex_backend now (flex57), which the estimate times and render writes back."""
     imported = api.import_file(str(CONFIGS / name))
-    assert not any(f" {key} = " in u for u in imported.unsupported)
-    assert any(f" {key} = " in n for n in imported.notes)
+    assert imported.request["moe_flex_backend"] == backend
+    assert imported.sources["moe_flex_backend"].endswith(key)
+
+
+def test_a_backend_beside_the_alltoall_dispatcher_is_said_not_read():
+    """Megatron-Bridge's recipes set moe_flex_dispatcher_backend beside the alltoall dispatcher (apply_flex_dispatcher_
+    backend switching to flex on the GPUs it allows): the alltoall dispatcher never reads it, so it is said."""
+    text = ("cfg.model.moe_token_dispatcher_type = 'alltoall'\ncfg.model.moe_flex_dispatcher_backend = 'hybridep'\n"
+            "cfg.model.tensor_model_parallel_size = 2\n")
+    imported = api.import_config(text, path="recipe.py", framework="megatron-bridge")
+    assert "moe_flex_backend" not in imported.request
+    assert any("moe_flex_dispatcher_backend = hybridep: no effect beside the alltoall dispatcher" in n
+               for n in imported.notes), imported.notes
 
 
 @pytest.mark.parametrize(("lines", "said"), [

@@ -101,9 +101,9 @@ def test_rule_ep013_warns_where_the_model_has_no_shared_experts(framework):
     starts the run without it: a warning, no refusal (EP012 refused it before), the estimates those without it."""
     qwen = {**MOONLIGHT, "model": "qwen3-30b-a3b", "framework": framework}
     report = api.check_config(Request(**qwen, moe_shared_expert_overlap=True))
-    assert [f.id for f in report.findings if f.id.startswith("EP01")] == ["EP013"]
+    assert [f.id for f in report.findings if f.id.startswith("EP01")] == ["EP014"]
     with_overlap = api.estimate_memory(Request(**qwen, moe_shared_expert_overlap=True))
     assert with_overlap.peak_bytes == api.estimate_memory(Request(**qwen)).peak_bytes
-    assert any("EP013" in w for w in with_overlap.warnings)
+    assert any("EP014" in w for w in with_overlap.warnings)
     assert not any("moe_shared_expert_overlap" in a for a in api.estimate_throughput(
         Request(**qwen, moe_shared_expert_overlap=True)).assumptions)

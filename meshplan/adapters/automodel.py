@@ -124,7 +124,7 @@ def backend_section(job: Job, plan: Plan, variant: str) -> Section:
     if attn is not None:
         backend.append(("attn", attn))
     if job.model.moe is not None and plan.ep > 1:
-        backend.append(("dispatcher", "deepep" if plan.moe_token_dispatcher == "flex" else "torch"))
+        backend.append(("dispatcher", job.moe_flex_backend if plan.moe_token_dispatcher == "flex" else "torch"))
     if job.fsdp_keep_gathered:  # MoEFSDPSyncMixin: units kept gathered and unreduced between micro-batches
         backend.append(("enable_fsdp_optimizations", True))
     return [("_target_", "nemo_automodel.components.models.common.BackendConfig"), *backend] if backend else []

@@ -192,10 +192,10 @@ def moe_layer_freq(job: Job) -> str | None:
 
 
 def flex_backend(job: Job) -> str:
-    """Megatron-Core's moe_flex_dispatcher_backend for this machine (mesh.flex_backend): "hybridep" where one NVLink
-    domain spans nodes (GB200 NVL72), else "deepep", which sends a token once per destination node over RDMA and
-    fans it out over the node's NVLink."""
-    return mesh.flex_backend(job.gpu, job.gpus_per_node)
+    """Megatron-Core's moe_flex_dispatcher_backend for the job: its Job.moe_flex_backend, the request's, else the
+    machine's (mesh.flex_backend: "hybridep" where one NVLink domain spans nodes, GB200 NVL72, else "deepep", which
+    sends a token once per destination node over RDMA and fans it out over the node's NVLink)."""
+    return job.moe_flex_backend
 
 
 def megatron_dispatcher(job: Job, plan: Plan) -> list[tuple[str, str]]:
@@ -232,7 +232,13 @@ def flex_notes(job: Job, plan: Plan) -> tuple[list[str], list[str]]:
         return [], []
     gpu, per_node = job.gpu, job.gpus_per_node
     domain = mesh.fast_domain(gpu, per_node)
-    if flex_backend(job) == "hybridep":
+    machine = mesh.flex_backend(gpu, per_node)
+    if flex_backend(job) != machine:
+        why = (f"{flex_backend(job)}, as the request sets it (moe_flex_backend; {machine} is what meshplan writes "
+               f"for {gpu.name} when it is left out)")
+        package = ("HybridEP (DeepEP's hybrid-ep branch, deep_ep.HybridEPBuffer)" if flex_backend(job) == "hybridep"
+                   else "DeepEP (deep_ep.Buffer)")
+    elif machine == "hybridep":
         why = (f"hybridep: the {gpu.name} NVLink domain ({domain} GPUs) spans several {per_node}-GPU "
                "nodes, and only HybridEP covers a multi-node NVLink domain (megatron-core TransformerConfig)")
         package = "HybridEP (DeepEP's hybrid-ep branch, deep_ep.HybridEPBuffer)"

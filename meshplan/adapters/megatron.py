@@ -328,7 +328,7 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
                 s.append(("model.moe_shared_expert_overlap", False))
             s += [("comm_overlap.overlap_moe_expert_parallel_comm", True), ("comm_overlap.delay_wgrad_compute", True)]
         elif (job.model.has_shared_experts or job.moe_shared_expert_overlap) \
-                and plan.moe_token_dispatcher != "flex":  # rules EP012, EP013 (no shared experts: a no-op)
+                and plan.moe_token_dispatcher != "flex":  # rules EP012, EP014 (no shared experts: a no-op)
             # written either way: the DeepSeek, GLM-4.5 and Kimi-K2 providers (and their v0.6.0 recipes) turn it on
             # where the request leaves it off, and the estimate counts what the Job says (activations.
             # shared_overlap_input_bytes)

@@ -103,6 +103,8 @@ def torchtitan_0_2_dispatcher(job: Job, plan: Plan) -> tuple[list[tuple[str, Any
         domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
         problems.append(f"the {job.gpu.name} NVLink domain ({domain} GPUs) spans several nodes, which "
                         "needs HybridEP, and 0.2.2 offers only deepep")
+    elif job.moe_flex_backend != "deepep":
+        problems.append(f"moe_flex_backend={job.moe_flex_backend}: 0.2.2 offers only deepep")
     registry = torchtitan_registry(job)
     if registry is not None and registry[0] not in DEEPEP_MODULES_0_2:
         problems.append(f"its {registry[0]} model code ignores expert_parallel_comm_backend (only "

@@ -58,14 +58,17 @@ class Links:
 def job_links(job: Job, cal: Calibration) -> Links:
     """The job's links: its GPU's, with the fast domain in the job's own ranks (mesh.job_domain) and its node's
     NVLink wiring (mesh.wired_node)."""
-    return links(job.gpu, job.gpus_per_node, cal, domain=job_domain(job), wired=wired_node(job))
+    return links(job.gpu, job.gpus_per_node, cal, domain=job_domain(job), wired=wired_node(job),
+                 backend=job.moe_flex_backend)
 
 
-def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None = None, wired: int = 0) -> Links:
+def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None = None, wired: int = 0,
+          backend: str | None = None) -> Links:
     """The links of `gpu` in nodes of `gpus_per_node`: its NVLink and NIC at the calibrated efficiencies, and what
-    the flex dispatcher's backend there (mesh.flex_backend) reaches in one NVLink domain on its generation, by the
-    ranks it spans where the card measures that (cards/calibration.yaml flex_dispatch; none listed: NVLink's)."""
-    flex = flex_dispatch_points(flex_backend(gpu, gpus_per_node), gpu.arch)
+    the flex dispatcher's `backend` (a job's Job.moe_flex_backend; None: the machine's, mesh.flex_backend) reaches in
+    one NVLink domain on its generation, by the ranks it spans where the card measures that (cards/calibration.yaml
+    flex_dispatch; none listed: NVLink's, as HybridEP on Hopper)."""
+    flex = flex_dispatch_points(backend or flex_backend(gpu, gpus_per_node), gpu.arch)
     ctas = gpu.nccl_ring_ctas
     return Links(
         domain=fast_domain(gpu, gpus_per_node) if domain is None else domain,

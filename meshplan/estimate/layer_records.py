@@ -32,6 +32,17 @@ FORWARD_AND_BACKWARD = 2.0
 GATED_FC1_WIDTHS = 2
 
 
+class DispatchPasses(NamedTuple):
+    """bf16 passes over the routed copies, forward + backward, that a token dispatcher runs beside its all-to-alls
+    (moe_time.dispatcher_passes): over the rank's own copies (Megatron-Core's alltoall dispatcher's permute and
+    unpermute) and over what it receives, every copy sent to each rank of the expert-TP group, etp x them (the
+    alltoall dispatcher's chunk sort and unsort after its gather over that group, the flex dispatcher's backend's
+    permutes)."""
+
+    own: float
+    received: float
+
+
 @dataclass(frozen=True)
 class TpSms:
     """The GPU's SMs and those its framework's TP overlap kernels hold beside each TP pair's GEMMs (attention's,
@@ -65,8 +76,8 @@ class LayerContext:
     stacked_experts: bool = False  # MoE layers copy their local experts' weights each forward (stacks_experts)
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
     # bf16 passes over the routed copies the dispatcher runs beside its all-to-alls (moe_time.dispatcher_passes);
-    # None: the alltoall dispatcher's, cards/calibration.yaml moe_dispatch_passes
-    dispatch_passes: float | None = None
+    # None: cards/calibration.yaml moe_dispatch_passes, half over the rank's own copies and half over etp x them
+    dispatch_passes: DispatchPasses | None = None
     expert_launches: tuple[float, float] = (0.0, 0.0)  # (fwd, bwd) per-expert grouped-GEMM launches (expert_launches)
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
     hf_eager: bool = False  # transformers' modeling code run eagerly (the card's eager_model_code): hf_eager_* passes

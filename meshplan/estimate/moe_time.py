@@ -14,9 +14,9 @@ from meshplan.arithmetic.comm import (
 from meshplan.arithmetic.flops import Gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import fp8_recipe
-from meshplan.arithmetic.mesh import flex_backend, mesh_groups
-from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
-from meshplan.knowledge.calibration import flex_permute_passes
+from meshplan.arithmetic.mesh import mesh_groups
+from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, DispatchPasses, LayerContext
+from meshplan.knowledge.calibration import Calibration, flex_permute_passes
 from meshplan.schema.plan import Job, Plan
 
 # Token dispatch and combine, forward and backward.
@@ -46,16 +46,28 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
     return float(facts.with_ep if plan.ep > 1 else facts.without_ep)
 
 
-def dispatcher_passes(job: Job, plan: Plan) -> float | None:
+def dispatcher_passes(job: Job, plan: Plan, cal: Calibration) -> DispatchPasses | None:
     """bf16 passes over the routed copies, forward + backward, that the plan's token dispatcher runs beside its
-    all-to-alls (LayerContext.dispatch_passes): Megatron-Core's flex dispatcher on the backend meshplan renders for
-    the machine (mesh.flex_backend) runs that backend's (cards/calibration.yaml flex_dispatch permute_passes: DeepEP's
-    permute after the dispatch and unpermute before the combine, none on HybridEP, whose dispatch and combine
-    kernels permute as they copy); None for every other dispatcher, which runs the alltoall dispatcher's count
-    (moe_dispatch_passes: its permute, chunk sort, unsort and unpermute)."""
-    if plan.moe_token_dispatcher != "flex" or job.model.moe is None or not job.card.flex_dispatcher:
+    all-to-alls (LayerContext.dispatch_passes), from Megatron-Core's token_dispatcher.py (core_v0.19.0):
+    - the flex dispatcher on the job's backend (Job.moe_flex_backend, the request's or the machine's) runs its
+      over what the rank receives (cards/calibration.yaml flex_dispatch permute_passes: DeepEP's permute after the
+      dispatch and unpermute before the combine, none on HybridEP, whose dispatch and combine kernels permute as
+      they copy);
+    - the alltoall dispatcher on Megatron-Core's engine runs moe_dispatch_passes, its permute and unpermute over the
+      rank's own copies and its chunk sort and unsort over what it receives, the latter only with more than one
+      local expert (MoEAlltoAllTokenDispatcher.dispatch_postprocess / combine_preprocess: `if
+      self.num_local_experts > 1` around sort_chunks_by_idxs; with one expert a rank's received chunks are already
+      in its order);
+    None for any other framework's dispatcher: the card's count, half over each."""
+    moe = job.model.moe
+    if moe is None:
         return None
-    return flex_permute_passes(flex_backend(job.gpu, job.gpus_per_node))
+    if plan.moe_token_dispatcher == "flex" and job.card.flex_dispatcher:
+        return DispatchPasses(0.0, flex_permute_passes(job.moe_flex_backend))
+    if plan.moe_token_dispatcher != "alltoall" or job.card.engine_at(plan.zero_stage) != "megatron":
+        return None
+    half = cal.moe_dispatch_passes / 2
+    return DispatchPasses(half, half if moe.num_experts // plan.ep > 1 else 0.0)
 
 
 def expert_launches(job: Job, plan: Plan) -> tuple[float, float]:
@@ -120,18 +132,19 @@ def dispatch_and_router_bytes(ctx: LayerContext) -> tuple[float, float]:
     Megatron-Core's alltoall dispatcher gathers the received copies over the expert-TP group before it sorts them by
     expert (token_dispatcher.py MoEAlltoAllTokenDispatcher: gather_from_sequence_parallel_region on the tp group, then
     sort_chunks_by_idxs; the unsort before its reduce-scatter), so the sort and unsort half of the passes runs over
-    etp x the copies and the permute and unpermute half over the rank's own. The flex dispatcher runs its backend's
-    passes (ctx.dispatch_passes) over what the rank receives, every copy sent to each rank of the expert-TP group
-    (MoEFlexTokenDispatcher: top_k and the experts times the tp size, the routing map expanded over it): etp x the
-    copies."""
+    etp x the copies and the permute and unpermute half over the rank's own; with one local expert the sort half is
+    not run (ctx.dispatch_passes, dispatcher_passes). The flex dispatcher runs its backend's passes over what the
+    rank receives, every copy sent to each rank of the expert-TP group (MoEFlexTokenDispatcher: top_k and the experts
+    times the tp size, the routing map expanded over it): etp x the copies."""
     arch, cal = ctx.arch, ctx.cal
     assert arch.moe is not None
     local = ctx.shard.moe_view().moe_tokens
     routed = local * arch.moe.top_k * arch.moe.expert_width(arch.hidden_size) * ctx.routed_load
     if ctx.hf_eager:  # transformers' MoE block: no expert TP
         dispatch_bytes = cal.hf_eager_dispatch_passes * BF16 * routed
-    elif ctx.dispatch_passes is not None:  # the flex dispatcher: its backend's permutes
-        dispatch_bytes = ctx.dispatch_passes * BF16 * routed * ctx.plan.etp
+    elif ctx.dispatch_passes is not None:  # the dispatcher's own count (dispatcher_passes)
+        own, received = ctx.dispatch_passes
+        dispatch_bytes = (own + received * ctx.plan.etp) * BF16 * routed
     else:
         dispatch_bytes = cal.moe_dispatch_passes * BF16 * routed * (1 + ctx.plan.etp) / 2
     router_bytes = cal.moe_router_bytes_per_logit * local * arch.moe.num_experts

@@ -419,7 +419,7 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
     return LayerContext(
         plan=plan, law=job.card.world_size_law, shard=shard,
         a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
-        moe_host_syncs=moe_host_syncs(job, plan), dispatch_passes=dispatcher_passes(job, plan),
+        moe_host_syncs=moe_host_syncs(job, plan), dispatch_passes=dispatcher_passes(job, plan, cal),
         routed_load=ep_rank_load(job, plan),
         consecutive_routing=job.moe_fake_balanced_gate,
         expert_launches=expert_launches(job, plan),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention, fp8_recipe, optimizer_sharded
-from meshplan.arithmetic.mesh import flex_backend, job_domain, mesh_groups, own_ep_ranks_note
+from meshplan.arithmetic.mesh import job_domain, mesh_groups, own_ep_ranks_note
 from meshplan.estimate.attention_time import (
     FLASH_ATTENTION_PASSES_PER_FORWARD,
     INDEXER_PASSES_PER_FORWARD,
@@ -231,7 +231,7 @@ def shared_overlap_assumptions(job: Job) -> list[str]:
     """What the estimate makes of Megatron-Core's moe_shared_expert_overlap's time: nothing hidden (its memory,
     the gathered layer input the shared experts keep, is activations.shared_overlap_input_bytes)."""
     if not job.moe_shared_expert_overlap or not job.model.has_shared_experts:
-        return []  # no shared experts: the run ignores it (rule EP013)
+        return []  # no shared experts: the run ignores it (rule EP014)
     return ["Shared experts overlapped with the token dispatch (moe_shared_expert_overlap): their memory counts the "
             "layer input they gather over sequence parallelism and keep; their time is counted in series with the "
             "dispatch as without the overlap (the side stream's hidden share not modelled), so the step may be "
@@ -303,7 +303,7 @@ def _hybrid_assumption(job: Job, cal: Calibration) -> str:
 def _flex_copies(job: Job, plan: Plan) -> str:
     """What the flex dispatcher's copies reach inside one NVLink domain on the job's GPU (comm.flex_dispatch_time), at
     the EP ranks the plan's group has in one domain (the card's figure by ranks, where it lists several)."""
-    backend = flex_backend(job.gpu, job.gpus_per_node)
+    backend = job.moe_flex_backend
     ep = mesh_groups(plan, law=job.card.world_size_law).ep
     bw = flex_dispatch_bandwidth(backend, job.gpu.arch, ep.members_in(job_domain(job)))
     if bw is None:
@@ -319,10 +319,16 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     moe = job.model.moe
     assert moe is not None
     syncs = moe_host_syncs(job, plan)
-    flex_passes = dispatcher_passes(job, plan)
-    passes = (f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward" if flex_passes is None else
-              f"{flex_passes:.0f} bf16 passes forward + backward beside {flex_backend(job.gpu, job.gpus_per_node)}'s "
-              "dispatch and combine kernels (cards/calibration.yaml flex_dispatch permute_passes)")
+    counted = dispatcher_passes(job, plan, cal)
+    if counted is None or plan.moe_token_dispatcher != "flex":
+        skipped = counted is not None and counted.received == 0
+        passes = (f"{cal.moe_dispatch_passes / 2 if skipped else cal.moe_dispatch_passes:.0f} bf16 passes forward + "
+                  "backward" + (" (one local expert: Megatron-Core's alltoall dispatcher skips its chunk sort and "
+                                "unsort)" if skipped else ""))
+    else:
+        passes = (f"{counted.received:.0f} bf16 passes forward + backward beside "
+                  f"{job.moe_flex_backend}'s dispatch and combine kernels (cards/calibration.yaml "
+                  "flex_dispatch permute_passes)")
     return (f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
             f"{passes}, the router "
             f"{cal.moe_router_bytes_per_logit:.0f} bytes per fp32 logit, each expert GEMM slowed by its rows "

@@ -98,7 +98,7 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
     if job.precision == "fp8":
         used.append("fp8")
     if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
-        used.append("moe_flex_dispatcher")
+        used += ["moe_flex_dispatcher", "moe_flex_backend"]
     if job.model.moe is not None and plan.moe_a2a_overlap:
         used.append("moe_a2a_overlap")
     if job.moe_shared_expert_overlap:
@@ -156,7 +156,7 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "uneven_pp": f"first_stage_layers={plan.first_stage_layers}, last_stage_layers={plan.last_stage_layers}",
         "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
-        "moe_a2a_overlap": "moe_a2a_overlap=true",
+        "moe_a2a_overlap": "moe_a2a_overlap=true", "moe_flex_backend": f"moe_flex_backend={job.moe_flex_backend}",
         "moe_shared_expert_overlap": "moe_shared_expert_overlap=true", "torch_compile": "torch_compile=true",
         "tp_comm_overlap": "tp_comm_overlap=true",
         "cuda_graphs": f"cuda_graph_impl={plan.cuda_graph_impl}, cuda_graph_modules={list(plan.cuda_graph_modules)}",
@@ -216,7 +216,8 @@ def missing_knob(card: FrameworkCard, version: str, variant: str, job: Job, plan
             continue
         knob = table[name]
         chosen = {"pipeline_schedule": plan.pipeline_schedule, "optimizer": plan.optimizer,
-                  "optimizer_state_dtype": plan.optimizer_state_dtype, "attention_backend": plan.attention_backend}.get(
+                  "optimizer_state_dtype": plan.optimizer_state_dtype, "attention_backend": plan.attention_backend,
+                  "moe_flex_backend": job.moe_flex_backend}.get(
             name)  # the knobs with a vocabulary (AdapterKnob.values) a value may be missing from; a switch's values
         # (DeepSpeed's offload device) only say how its key writes it
         if chosen is not None and knob.values is not None and knob.key is not None and \

@@ -30,6 +30,7 @@ from meshplan.knowledge.engine_card import (
 from meshplan.knowledge.fsdp_card import FullEpExperts, GradAccumulationFacts, ShardingOverlapOff, Zero3Prefetch
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.moe_card import (
+    FlexBackends,
     FlexDispatcherEngines,
     GroupedGemmLaunches,
     MoeDispatch,
@@ -296,6 +297,9 @@ class FrameworkCard(_Card):
     moe_dispatch: MoeDispatch | None = Field(None, description="Absent: the all-to-all dispatcher runs as asked")
     flex_dispatcher_engines: FlexDispatcherEngines | None = Field(
         None, description="Absent: only Megatron-Core's engine runs the flex dispatcher (rule EP007)")
+    flex_backends: FlexBackends | None = Field(
+        None, description="The flex dispatcher backends each release takes and the GPUs each runs on (rule EP013); "
+                          "absent: the adapter knob's values alone (moe_flex_backend)")
     rl: RLCard | None = Field(None, description="Absent: the framework runs no RL job")
     vision_tower: VisionTowerEngines | None = Field(
         None, description="Absent: no engine of the framework builds a multimodal model's vision tower")

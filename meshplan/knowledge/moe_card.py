@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.schema.choices import Engine, Fp8Recipe
+from meshplan.schema.choices import Engine, FlexBackend, Fp8Recipe
+from meshplan.schema.hardware import GpuSpec
 
 
 class MoeHostSyncs(BaseModel):
@@ -78,6 +79,37 @@ class FlexDispatcherEngines(BaseModel):
 
     engines: list[Engine]
     source: str
+
+
+class FlexBackendGpus(BaseModel):
+    """The GPUs a flex dispatcher backend runs on for a framework: its generations, and beside them the parts the
+    framework names (Megatron-Bridge matches torch's device name: 'NVIDIA B200', 'NVIDIA B300', which the catalog's
+    part names begin with, GB200's 'NVIDIA GB200' not)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arches: list[str] = Field(description="GPU generations (cards/hardware.yaml arch) it runs on")
+    parts: list[str] = Field(default_factory=list, description="Beside them, parts whose name begins with one of these")
+
+    def takes(self, gpu: GpuSpec) -> bool:
+        return gpu.arch in self.arches or any(gpu.name.startswith(part) for part in self.parts)
+
+    def words(self) -> str:
+        return ", ".join([*self.arches, *(p.removeprefix("NVIDIA ") for p in self.parts)])
+
+
+class FlexBackends(BaseModel):
+    """The flex dispatcher backends the framework's release (the card's) takes and the GPUs each runs on, from its
+    validator (rule EP013)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backends: dict[FlexBackend, FlexBackendGpus]
+    source: str
+
+    def runs(self, backend: str) -> FlexBackendGpus | None:
+        """Where `backend` runs (None: the release has no such backend)."""
+        return self.backends.get(backend)  # type: ignore[call-overload]
 
 
 class MoeRoutingFacts(BaseModel):

@@ -235,6 +235,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         # what rule EP012 holds to the model, dispatcher and recompute (left out: off, Megatron-Core's default)
         moe_shared_expert_overlap=req.moe_shared_expert_overlap is True,
         bias_activation_fusion=_activation_fusion(req, card, arch, notes),
+        moe_flex_backend=flex_backend(req, gpu, gpn, plan.moe_token_dispatcher == "flex" and arch.is_moe, notes),
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
         rl=rl.job if rl else None,
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
@@ -443,6 +444,31 @@ def _dispatcher(req: Request, arch: Architecture, unread: list[str]) -> str:
     if req.moe_token_dispatcher == "alltoall" and not arch.is_moe:
         unread.append("moe_token_dispatcher=alltoall")
     return req.moe_token_dispatcher or "alltoall"
+
+
+def flex_backend(req: Request, gpu, gpus_per_node: int, flex_moe: bool, notes: list[str]) -> str:
+    """The flex dispatcher's backend, resolved once for every estimate, rule, render and search candidate of the job:
+    the request's, else the machine's (mesh.flex_backend: HybridEP where one NVLink domain spans nodes, DeepEP
+    elsewhere, Megatron-Core's default), said in the notes where the plan runs the flex dispatcher on an MoE model.
+    Given without moe_token_dispatcher=flex it is refused: only the flex dispatcher reads it (Megatron-Core's
+    alltoall dispatcher ignores moe_flex_dispatcher_backend), so it would change nothing the user meant."""
+    if req.moe_flex_backend is not None:
+        if req.moe_token_dispatcher != "flex":
+            raise MeshplanError(
+                f"moe_flex_backend={req.moe_flex_backend} is the flex dispatcher's backend, but the request "
+                + ("leaves moe_token_dispatcher out (alltoall)" if req.moe_token_dispatcher is None else
+                   f"sets moe_token_dispatcher={req.moe_token_dispatcher}")
+                + ": no other dispatcher reads it.",
+                fix="Add moe_token_dispatcher=flex, or leave moe_flex_backend out.",
+                fields=("moe_flex_backend", "moe_token_dispatcher"))
+        return req.moe_flex_backend
+    backend = mesh.flex_backend(gpu, gpus_per_node)
+    if flex_moe:
+        notes.append(f"moe_flex_backend not given: {backend}, "
+                     + ("HybridEP, the backend that spans a multi-node NVLink domain" if backend == "hybridep" else
+                        "DeepEP, Megatron-Core's default")
+                     + f" ({gpu.name}); set moe_flex_backend to time the other")
+    return backend
 
 
 def _cp_comm_type(req: Request, arch: Architecture, card, cp: int, unread: list[str]) -> str:

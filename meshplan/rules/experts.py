@@ -7,6 +7,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
+from meshplan.arithmetic.mesh import domain_spans_nodes, fast_domain
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import BATCH_READS, divisors, kept_degrees, layout_words
@@ -135,7 +136,7 @@ def dispatcher_on_dense_model(ctx: Context) -> Values:
 @rule("EP012", reads=("moe_token_dispatcher", "moe_a2a_overlap", "recompute", "recompute_modules"))
 def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     """moe_shared_expert_overlap where Megatron-Core runs it as meshplan estimates it (Megatron-LM 24bad8e677
-    transformer_config.py): a framework with the key, a model with shared experts (without them a no-op: EP013), not
+    transformer_config.py): a framework with the key, a model with shared experts (without them a no-op: EP014), not
     beside a recomputed shared_experts module (ValueError) nor overlap_moe_expert_parallel_comm (assert), and the
     alltoall or flex dispatcher (ValueError on any other; the flex dispatcher calls the shared experts' pre_forward_comm
     as alltoall does, token_dispatcher.py), except beside flex on a framework whose flex setup turns the overlap off
@@ -148,7 +149,7 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     if instead:
         return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
     if not ctx.arch.has_shared_experts:
-        return None  # Megatron-Core runs it as a no-op there: EP013's warning
+        return None  # Megatron-Core runs it as a no-op there: EP014's warning
     if p.recompute == "selective" and "shared_experts" in (p.recompute_modules or ()):
         return {**values, "why": "Megatron-Core refuses it beside a recomputed shared_experts module",
                 "fix": "Drop shared_experts from recompute_modules, or leave moe_shared_expert_overlap out."}
@@ -163,7 +164,44 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     return None
 
 
-@rule("EP013", reads=())
+def flex_backend_refusal(job: Job) -> dict[str, str] | None:
+    """Why the job's flex dispatcher backend (Job.moe_flex_backend) cannot run on its GPU and framework release, as
+    rule EP013's values, or None where it can: DeepEP across a multi-node NVLink domain (Megatron-Core's
+    TransformerConfig: 'Currently only "hybridep" backend supports the MNNVL case'; meshplan times DeepEP's intranode
+    kernels inside one node), a backend the release lacks or a GPU it refuses (the card's flex_backends, from its
+    validator). What the search asks before it gives a layout the flex dispatcher (engine.run_search)."""
+    card, gpu, backend = job.card, job.gpu, job.moe_flex_backend
+    values = {"backend": backend, "framework": card.display_name, "gpu": gpu.name}
+    other = "hybridep" if backend == "deepep" else "deepep"
+    if backend == "deepep" and domain_spans_nodes(gpu, job.gpus_per_node):
+        return {**values, "why": f"its NVLink domain ({fast_domain(gpu, job.gpus_per_node)} GPUs) spans several "
+                                 f"{job.gpus_per_node}-GPU nodes, which only HybridEP covers (DeepEP's kernels reach "
+                                 "one node's NVLink)",
+                "fix": "Set moe_flex_backend=hybridep, or leave it out (hybridep on this GPU)."}
+    facts = card.flex_backends
+    if facts is None:
+        return None
+    release = job.framework_version or card.version
+    runs, there = facts.runs(backend), facts.runs(other)
+    instead = (f"Set moe_flex_backend={other}." if there is not None and there.takes(gpu) and not (
+        other == "deepep" and domain_spans_nodes(gpu, job.gpus_per_node)) else "Use moe_token_dispatcher=alltoall.")
+    if runs is None:
+        return {**values, "why": f"{card.display_name} {release} has no {backend} backend", "fix": instead}
+    if not runs.takes(gpu):
+        return {**values, "why": f"{card.display_name} {release} runs {backend} on {runs.words()} only",
+                "fix": instead}
+    return None
+
+
+@rule("EP013", reads=("moe_token_dispatcher",))
+def flex_backend_the_job_cannot_run(ctx: Context) -> Values:
+    """The flex dispatcher on a backend its GPU or framework release cannot run (flex_backend_refusal)."""
+    if ctx.plan.moe_token_dispatcher != "flex" or not ctx.arch.is_moe:
+        return None
+    return flex_backend_refusal(ctx.job)
+
+
+@rule("EP014", reads=())
 def shared_expert_overlap_without_shared_experts(ctx: Context) -> Values:
     """moe_shared_expert_overlap on a model without shared experts, on a framework with the key: Megatron-Core checks
     and uses it only with moe_shared_expert_intermediate_size set (transformer_config.py; MoELayer hands the

@@ -27,6 +27,10 @@ CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 # Megatron-Core's moe_token_dispatcher_type: "alltoall" sends every routed copy of a token to its expert's
 # rank; "flex" (DeepEP / HybridEP backends) sends a token once per destination node and fans it out there.
 MoeDispatcher = Literal["alltoall", "flex"]
+# The flex dispatcher's backend (Megatron-Core moe_flex_dispatcher_backend, core_v0.16.0 on; NeMo AutoModel's
+# model.backend.dispatcher): DeepEP's kernels inside one node's NVLink and over RDMA between nodes, or HybridEP's,
+# which also span a multi-node NVLink domain (GB200 NVL72) and permute the tokens as they copy them.
+FlexBackend = Literal["deepep", "hybridep"]
 # The attention implementation (each framework's own values: its card's attention.backends and adapter knob): flash
 # (FlashAttention), fused (cuDNN / Transformer Engine FusedAttention), unfused (the scores materialised: softmax in
 # its own kernel), auto (what the framework picks by itself: its card's attention section).

@@ -16,6 +16,7 @@ from meshplan.schema.choices import (
     CudaGraphImpl,
     CudaGraphModule,
     ExpertWeight,
+    FlexBackend,
     Fp8Recipe,
     Framework,
     LoraTarget,
@@ -179,6 +180,11 @@ class Job(StrictModel):
         True, description="Megatron-Core's fused bias + activation kernel runs the MLP's activation (false: its "
                           "unfused glu(), layer_records.activation_code 'unfused_functions', memory_states."
                           "unfused_glu_bytes); true on every framework without the switch")
+    moe_flex_backend: FlexBackend = Field(
+        "deepep", description="The flex dispatcher's backend, resolved once (request/resolve.flex_backend: the "
+                              "request's, else mesh.flex_backend's for the machine): what the flex dispatch is timed "
+                              "as (comm.job_links, moe_time.dispatcher_passes), checked against (rule EP013) and "
+                              "rendered; read only beside the flex dispatcher")
     headroom: float | None = Field(
         None, ge=0.0, lt=1.0, description="The share of GPU memory the request asked to keep free: a plan fits within "
                                           "capacity x (1 - headroom) (None: within capacity, MEM002 warning below its "

@@ -17,6 +17,7 @@ from meshplan.schema.choices import (
     CudaGraphImpl,
     CudaGraphModule,
     ExpertWeight,
+    FlexBackend,
     Fp8Recipe,
     Framework,
     JobKind,
@@ -189,6 +190,13 @@ class Request(StrictModel):
     moe_token_dispatcher: MoeDispatcher | None = Field(
         None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
                           "default alltoall, the search picks flex for cross-node EP where the framework has it"
+    )
+    moe_flex_backend: FlexBackend | None = Field(
+        None, description="The flex dispatcher's backend (Megatron-Core moe_flex_dispatcher_backend, NeMo AutoModel "
+                          "model.backend.dispatcher): deepep (DeepEP: one node's NVLink, RDMA between nodes) or "
+                          "hybridep (HybridEP: also a multi-node NVLink domain; its kernels permute the tokens as they "
+                          "copy them); with moe_token_dispatcher=flex only (default: hybridep where one NVLink domain "
+                          "spans nodes, GB200/GB300 NVL72, else deepep; every layout recommend weighs takes it)",
     )
     pipeline_schedule: PipelineSchedule | None = Field(
         None, description="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b (vpp > 1), zero_bubble (torch's ZBV at "

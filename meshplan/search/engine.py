@@ -23,6 +23,7 @@ from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.compute_card import cp_comm_type_default
 from meshplan.rules.engine import Context, load_rules
+from meshplan.rules.experts import flex_backend_refusal
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, ThroughputReport
 from meshplan.search.bounds import StepTimeBounds, by_key
@@ -135,7 +136,10 @@ class BestFirstSearch(StepTimeBounds, Seeding):
                     and card.adapter.renders("moe_a2a_overlap"))
         return cls(job=job, fixed=fixed, engine=engine, top_k=top_k, zeros=zeros,
                    recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
-                   law=card.world_size_law, flex=card.flex_dispatcher and job.model.moe is not None,
+                   law=card.world_size_law,
+                   # the flex dispatcher where the framework renders it and the job's backend runs (rule EP013): the
+                   # search weighs the job's one backend, never another, so a refused one leaves alltoall
+                   flex=card.flex_dispatcher and job.model.moe is not None and flex_backend_refusal(job) is None,
                    a2a_open=a2a_open, domain=domain, max_evaluations=cap, budget_bytes=budget_bytes,
                    presets={z: bound_preset(job, z, fixed.carried) for z in zeros}, tp_overlap=tp_overlap,
                    refused=left_out)

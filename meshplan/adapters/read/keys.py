@@ -27,7 +27,7 @@ from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.read_card import NO_READ, QuantizedBase, ReadSection, TargetParameterKeys
-from meshplan.schema.choices import MoeDispatcher, Recompute
+from meshplan.schema.choices import FlexBackend, MoeDispatcher, Recompute
 from meshplan.schema.imported import LeftToRequest
 from meshplan.schema.request import Request
 
@@ -455,6 +455,8 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         _schedule(reading, s)
     elif m.target == "moe_flex_dispatcher":  # Megatron-Core's moe_token_dispatcher_type: the dispatcher by its name
         _dispatcher(reading, s)
+    elif m.target == "moe_flex_backend":  # read once the dispatcher is known (flex_backend_setting)
+        reading.extra["moe_flex_backend"] = (value, s)
     elif m.target in CUDA_GRAPH_TARGETS:
         cuda_graph_setting(reading, s, m.target)
     elif m.target == "optimizer_state_dtype":  # the key is the precision-aware switch (precision_aware_optimizer)
@@ -789,9 +791,37 @@ def sequence_parallel_default(reading: Reading, tp: int, where: str) -> None:
                              "file does not name; meshplan sets it from the model you give")
 
 
+def flex_backend_setting(reading: Reading) -> None:
+    """moe_flex_backend from the file's flex dispatcher backend (Megatron-Core's moe_flex_dispatcher_backend, NeMo
+    AutoModel's model.backend.dispatcher), beside the flex dispatcher only: Megatron-Core's alltoall dispatcher never
+    reads the field (Megatron-Bridge's recipes set it beside alltoall, apply_flex_dispatcher_backend switching to
+    flex only on a GPU it allows), so there it is said, not read. A backend meshplan does not time (ncclep, UCCL-EP)
+    is said too: the estimate is of the default backend."""
+    stated = reading.extra.get("moe_flex_backend")
+    if stated is None or "moe_flex_backend" in reading.request:
+        return
+    value, s = stated
+    text = str(value).strip().strip("'\"")
+    if text.lower() in ("none", "null", ""):
+        return
+    if reading.request.get("moe_token_dispatcher") != "flex":
+        if text in get_args(FlexBackend):
+            reading.notes.append(f"{s.where(reading.path)} = {text}: no effect beside the "
+                                 f"{reading.request.get('moe_token_dispatcher', 'default')} dispatcher (only flex "
+                                 "reads its backend)")
+        return
+    if text in get_args(FlexBackend):
+        reading.state("moe_flex_backend", text, s)
+    else:
+        reading.unsupported.append(f"{s.where(reading.path)} = {text}: meshplan times the flex dispatcher on "
+                                   f"{' or '.join(get_args(FlexBackend))} only; the estimate takes the default "
+                                   "backend")
+
+
 def fill_defaults(reading: Reading) -> None:
     """What the file leaves to the framework, with that default as the framework card states it."""
     precision_aware_optimizer(reading)
+    flex_backend_setting(reading)
     card, where = framework_card(reading.framework), f"cards/frameworks/{reading.framework}.yaml"
     request = reading.request
     for name in ("tp", "pp", "cp", "ep", "vpp"):
