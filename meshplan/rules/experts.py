@@ -158,7 +158,7 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
                 "why": "Megatron-Core asserts it off under overlap_moe_expert_parallel_comm (moe_a2a_overlap)",
                 "fix": "Leave one of moe_a2a_overlap and moe_shared_expert_overlap out."}
     if p.moe_token_dispatcher == "flex" and default_version_knob(card, "moe_shared_expert_overlap").off_beside_flex:
-        return {**values, "why": f"{card.display_name} turns it off beside the flex dispatcher (Megatron-Bridge's "
+        return {**values, "why": f"{card.display_name} turns it off beside the flex dispatcher (its flex setup, "
                                  "apply_flex_dispatcher_backend), so the run keeps none of what it would hold",
                 "fix": "Set moe_token_dispatcher=alltoall, or leave moe_shared_expert_overlap out."}
     return None
