@@ -36,12 +36,26 @@ def test_given_it_is_the_jobs_whatever_the_machine():
     assert not any(n.startswith("moe_flex_backend not given") for n in job.notes)
 
 
-@pytest.mark.parametrize("dispatcher", [None, "alltoall"])
-def test_without_the_flex_dispatcher_it_is_refused_naming_both_fields(dispatcher):
+def test_beside_the_alltoall_dispatcher_it_is_refused_naming_both_fields():
     with pytest.raises(MeshplanError) as refused:
-        resolve(Request(gpu="h100", moe_flex_backend="hybridep", **{**QWEN, "moe_token_dispatcher": dispatcher}))
+        resolve(Request(gpu="h100", moe_flex_backend="hybridep", **{**QWEN, "moe_token_dispatcher": "alltoall"}))
     assert set(refused.value.fields) == {"moe_flex_backend", "moe_token_dispatcher"}
     assert "moe_token_dispatcher=flex" in refused.value.fix
+
+
+def test_with_the_dispatcher_left_out_recommend_times_flex_on_it():
+    """The search picks flex for cross-node EP when the request leaves the dispatcher out, so the backend a request
+    gives beside it is the one its flex candidates run (refused before: 'leaves moe_token_dispatcher out
+    (alltoall)'); the estimate's plan, alltoall, says it has no effect there."""
+    ask = {**QWEN, "moe_token_dispatcher": None}
+    job, plan = resolve(Request(gpu="h100", moe_flex_backend="hybridep", **ask))
+    assert plan.moe_token_dispatcher == "alltoall" and job.moe_flex_backend == "hybridep"
+    assert any(n.startswith("moe_flex_backend=hybridep: no effect") for n in job.notes)
+    searched = api.recommend(Request(model="qwen3-30b-a3b", gpu="h100", num_gpus=32, moe_flex_backend="hybridep"),
+                             top_k=1)
+    best = searched.candidates[0]
+    assert best.plan.moe_token_dispatcher == "flex"
+    assert any("hybridep's dispatch and combine kernels" in a for a in best.throughput.assumptions)
 
 
 def test_the_estimate_times_the_jobs_backend_not_the_machines():

@@ -152,6 +152,10 @@ CASES: dict[str, tuple[dict, dict]] = {
                "moe_flex_backend": "deepep"},
               {"model": "qwen3-30b-a3b", "gpu": "gb200", "num_gpus": 16, "ep": 16, "moe_token_dispatcher": "flex",
                "moe_flex_backend": "hybridep"}),
+    # the overlap on a model without shared experts: Megatron-Core starts the run and ignores it (warning)
+    "EP014": ({**L8B, "num_gpus": 8, "moe_shared_expert_overlap": True},
+              {"model": "moonlight-16b-a3b", "num_gpus": 8, "tp": 2, "ep": 8, "etp": 1, "sequence_parallel": True,
+               "framework": "megatron-bridge", "moe_shared_expert_overlap": True}),
     "PP019": ({**L8B, "num_gpus": 8, "pipeline_schedule": "1f1b"}, {**L8B, "num_gpus": 8, "pp": 2,
                                                                     "pipeline_schedule": "1f1b"}),
     "RC009": ({**L8B, "num_gpus": 8, "pp": 2, "recompute": "full", "recompute_layers": 17},

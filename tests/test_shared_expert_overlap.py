@@ -59,12 +59,51 @@ def test_both_megatron_faces_render_it_and_read_it_back(framework, key):
 
 @pytest.mark.parametrize("change, words", [
     ({"framework": "torchtitan"}, "torchtitan has no key for it"),
-    ({"model": "qwen3-30b-a3b"}, "no shared experts"),
     ({"recompute_modules": ["shared_experts"]}, "recomputed shared_experts"),
     ({"moe_a2a_overlap": True}, "overlap_moe_expert_parallel_comm"),
-    ({"moe_token_dispatcher": "flex"}, "apply_flex_dispatcher_backend"),
+    ({"moe_token_dispatcher": "flex"}, "Megatron-Bridge turns it off beside the flex dispatcher"),
 ])
 def test_rule_ep012_refuses_what_megatron_core_refuses_or_turns_off(change, words):
     with pytest.raises(MeshplanError, match="EP012") as err:
         api.estimate_memory(Request(**{**MOONLIGHT, **change}, moe_shared_expert_overlap=True))
     assert words in str(err.value)
+
+
+def test_megatron_core_runs_it_beside_the_flex_dispatcher():
+    """Megatron-Core's flex dispatcher calls the shared experts' pre_forward_comm as alltoall does (Megatron-LM
+    token_dispatcher.py; transformer_config.py takes alltoall or flex): EP012 passes it there, the gathered input is
+    counted as beside alltoall, and render writes the flag. Only Megatron-Bridge's flex setup turns it off."""
+    core = {**MOONLIGHT, "framework": "megatron-core", "moe_token_dispatcher": "flex"}
+    without = api.estimate_memory(Request(**core))
+    with_overlap = api.estimate_memory(Request(**core, moe_shared_expert_overlap=True))
+    added = with_overlap.stages[0].activations_bytes - without.stages[0].activations_bytes
+    assert added == pytest.approx(26 * BF16 * 4096 * 2048, rel=1e-6)
+    assert "--moe-shared-expert-overlap" in api.render_config("megatron-core",
+                                                              Request(**core, moe_shared_expert_overlap=True)).text
+
+
+def test_bridge_render_writes_the_overlap_off_where_the_request_leaves_it_off():
+    """Megatron-Bridge's DeepSeek, GLM-4.5 and Kimi-K2 providers and their v0.6.0 recipes (recipes/deepseek/h100/
+    deepseek_v3.py: 'Default from DeepSeekModelProvider') turn moe_shared_expert_overlap on: a render that left the
+    key out ran the overlap's gathered input the estimate does not count. A model without shared experts gets no key."""
+    out = api.render_config("megatron-bridge", Request(**MOONLIGHT))
+    assert "model.moe_shared_expert_overlap = False" in out.text
+    back = api.request_from_config(api.import_config(out.text, framework="megatron-bridge", path=out.filename),
+                                   {"model": "moonlight-16b-a3b", "num_gpus": 8})
+    assert back.moe_shared_expert_overlap is False
+    qwen = api.render_config("megatron-bridge", Request(**{**MOONLIGHT, "model": "qwen3-30b-a3b"}))
+    assert "moe_shared_expert_overlap" not in qwen.text
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
+def test_rule_ep013_warns_where_the_model_has_no_shared_experts(framework):
+    """Megatron-Core acts on the overlap only beside moe_shared_expert_intermediate_size (transformer_config.py) and
+    starts the run without it: a warning, no refusal (EP012 refused it before), the estimates those without it."""
+    qwen = {**MOONLIGHT, "model": "qwen3-30b-a3b", "framework": framework}
+    report = api.check_config(Request(**qwen, moe_shared_expert_overlap=True))
+    assert [f.id for f in report.findings if f.id.startswith("EP01")] == ["EP014"]
+    with_overlap = api.estimate_memory(Request(**qwen, moe_shared_expert_overlap=True))
+    assert with_overlap.peak_bytes == api.estimate_memory(Request(**qwen)).peak_bytes
+    assert any("EP014" in w for w in with_overlap.warnings)
+    assert not any("moe_shared_expert_overlap" in a for a in api.estimate_throughput(
+        Request(**qwen, moe_shared_expert_overlap=True)).assumptions)

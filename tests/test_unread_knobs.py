@@ -1,6 +1,6 @@
 """Settings a plan has nothing for: refused where the framework refuses them, else accepted with a warning naming them
-(the rules card's no_effect rules EP006, EP010, EP011, SP001, RC009, PP019, CP008), the estimates those without them,
-in the same words on every face (the API, the CLI's check and estimates, the MCP tools in process)."""
+(the rules card's no_effect rules EP006, EP010, EP011, EP014, SP001, RC009, PP019, CP008), the estimates those without
+them, in the same words on every face (the API, the CLI's check and estimates, the MCP tools in process)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ CASES = [
     ("EP006", {"framework": "megatron-bridge", "moe_token_dispatcher": "flex"}, {"framework": "megatron-bridge"}),
     ("SP001", {"sequence_parallel": True}, {}),  # Megatron-LM's validate_args turns it off at tp 1
     ("SP001", {"framework": "torchtitan", "sequence_parallel": True}, {"framework": "torchtitan"}),
+    ("EP014", {"moe_shared_expert_overlap": True}, {}),
+    ("EP014", {"framework": "megatron-bridge", "moe_shared_expert_overlap": True}, {"framework": "megatron-bridge"}),
     ("CP008", {"cp_comm_type": "a2a"}, {}),
     ("CP008", {"framework": "torchtitan", "cp_comm_type": "allgather"}, {"framework": "torchtitan"}),
 ]
@@ -95,6 +97,7 @@ def test_the_fix_of_each_warning_passes_check():
             fixed = {**given, "recompute_layers": most}
         else:
             knobs = {"EP010": ("etp",), "CP008": ("cp_comm_type",), "EP011": ("moe_token_dispatcher",),
+                     "EP014": ("moe_shared_expert_overlap",),
                      "EP006": ("moe_token_dispatcher",), "SP001": ("sequence_parallel",),
                      "PP019": ("pipeline_microbatches", "pipeline_schedule", "account_for_embedding",
                                "account_for_loss")}[rule]

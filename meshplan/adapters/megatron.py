@@ -149,7 +149,7 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
         flags += [("--" + name.replace("_", "-"), value) for name, value in megatron_dispatcher(job, plan)]
         if plan.moe_a2a_overlap:  # 1F1B EP overlap; delay_wgrad_compute gives it the weight gradients to hide behind
             flags += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
-        if job.moe_shared_expert_overlap:  # rule EP012: shared experts, alltoall, no a2a overlap
+        if job.moe_shared_expert_overlap:  # rule EP012: shared experts, no a2a overlap (alltoall or flex)
             flags.append(("--moe-shared-expert-overlap", None))
     if plan.sequence_parallel:
         flags.append(("--sequence-parallel", None))
@@ -320,14 +320,19 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
         s += [("model.expert_model_parallel_size", plan.ep), ("model.expert_tensor_parallel_size", plan.etp)]
         s += [(f"model.{name}", value) for name, value in megatron_dispatcher(job, plan)]
         if plan.moe_token_dispatcher == "flex":
-            # What Bridge's own apply_flex_dispatcher_backend (training/flex_dispatcher_backend.py) does with flex.
+            # What Bridge's own apply_flex_dispatcher_backend (training/flex_dispatcher_backend.py) does with flex
+            # (the card's moe_shared_expert_overlap off_beside_flex, which rule EP012 holds a request to).
             s.append(("model.moe_shared_expert_overlap", False))
         if plan.moe_a2a_overlap:  # comm_overlap asserts moe_shared_expert_overlap off (training/comm_overlap.py)
             if plan.moe_token_dispatcher != "flex":
                 s.append(("model.moe_shared_expert_overlap", False))
             s += [("comm_overlap.overlap_moe_expert_parallel_comm", True), ("comm_overlap.delay_wgrad_compute", True)]
-        elif job.moe_shared_expert_overlap and plan.moe_token_dispatcher != "flex":  # rule EP012
-            s.append(("model.moe_shared_expert_overlap", True))
+        elif (job.model.has_shared_experts or job.moe_shared_expert_overlap) \
+                and plan.moe_token_dispatcher != "flex":  # rules EP012, EP014 (no shared experts: a no-op)
+            # written either way: the DeepSeek, GLM-4.5 and Kimi-K2 providers (and their v0.6.0 recipes) turn it on
+            # where the request leaves it off, and the estimate counts what the Job says (activations.
+            # shared_overlap_input_bytes)
+            s.append(("model.moe_shared_expert_overlap", job.moe_shared_expert_overlap))
     if job.mtp_asked:  # else the recipe's model keeps its checkpoint's MTP depth (its bridge reads the HF config)
         s += [("model.mtp_num_layers", job.model.num_mtp_layers or None),
               ("model.mtp_use_repeated_layer", job.model.mtp_repeated_layer)]

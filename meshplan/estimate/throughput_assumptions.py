@@ -230,8 +230,8 @@ def fp8_setting_assumptions(job: Job) -> list[str]:
 def shared_overlap_assumptions(job: Job) -> list[str]:
     """What the estimate makes of Megatron-Core's moe_shared_expert_overlap's time: nothing hidden (its memory,
     the gathered layer input the shared experts keep, is activations.shared_overlap_input_bytes)."""
-    if not job.moe_shared_expert_overlap:
-        return []
+    if not job.moe_shared_expert_overlap or not job.model.has_shared_experts:
+        return []  # no shared experts: the run ignores it (rule EP014)
     return ["Shared experts overlapped with the token dispatch (moe_shared_expert_overlap): their memory counts the "
             "layer input they gather over sequence parallelism and keep; their time is counted in series with the "
             "dispatch as without the overlap (the side stream's hidden share not modelled), so the step may be "

@@ -53,6 +53,11 @@ class AdapterKnob(_Card):
         None, description="A missing knob (key: null) that another framework has for the same model code: a job that "
                           "needs the knob is that framework's job (Megatron-LM's pretrain_gpt has no LoRA; Megatron-"
                           "Bridge trains the same Megatron-Core model with it), named in 'instead' too")
+    off_beside_flex: bool = Field(
+        False, description="The framework's own flex-dispatcher setup turns this knob off whatever the config "
+                           "says (Megatron-Bridge's apply_flex_dispatcher_backend: moe_shared_expert_overlap = False), "
+                           "where Megatron-Core itself runs it beside flex: render writes it off with flex and rule "
+                           "EP012 refuses it on there")
 
     @model_validator(mode="after")
     def _missing_says_instead(self) -> AdapterKnob:

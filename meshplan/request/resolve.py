@@ -450,17 +450,21 @@ def flex_backend(req: Request, gpu, gpus_per_node: int, flex_moe: bool, notes: l
     """The flex dispatcher's backend, resolved once for every estimate, rule, render and search candidate of the job:
     the request's, else the machine's (mesh.flex_backend: HybridEP where one NVLink domain spans nodes, DeepEP
     elsewhere, Megatron-Core's default), said in the notes where the plan runs the flex dispatcher on an MoE model.
-    Given without moe_token_dispatcher=flex it is refused: only the flex dispatcher reads it (Megatron-Core's
-    alltoall dispatcher ignores moe_flex_dispatcher_backend), so it would change nothing the user meant."""
+    Given beside moe_token_dispatcher=alltoall it is refused: only the flex dispatcher reads it (Megatron-Core's
+    alltoall dispatcher ignores moe_flex_dispatcher_backend), so it would change nothing the user meant. Given with
+    the dispatcher left out it is kept: recommend and min-gpus pick flex for cross-node EP and time it on this
+    backend; a plan that runs alltoall (an estimate's default) says it has no effect there."""
     if req.moe_flex_backend is not None:
-        if req.moe_token_dispatcher != "flex":
+        if req.moe_token_dispatcher == "alltoall":
             raise MeshplanError(
-                f"moe_flex_backend={req.moe_flex_backend} is the flex dispatcher's backend, but the request "
-                + ("leaves moe_token_dispatcher out (alltoall)" if req.moe_token_dispatcher is None else
-                   f"sets moe_token_dispatcher={req.moe_token_dispatcher}")
-                + ": no other dispatcher reads it.",
-                fix="Add moe_token_dispatcher=flex, or leave moe_flex_backend out.",
+                f"moe_flex_backend={req.moe_flex_backend} is the flex dispatcher's backend, but the request sets "
+                "moe_token_dispatcher=alltoall: no other dispatcher reads it.",
+                fix="Set moe_token_dispatcher=flex, or leave moe_flex_backend out.",
                 fields=("moe_flex_backend", "moe_token_dispatcher"))
+        if not flex_moe:
+            notes.append(f"moe_flex_backend={req.moe_flex_backend}: no effect on this plan, which runs the alltoall "
+                         "dispatcher (moe_token_dispatcher left out); recommend and min-gpus time flex on it where "
+                         "they pick flex. Add moe_token_dispatcher=flex to estimate it.")
         return req.moe_flex_backend
     backend = mesh.flex_backend(gpu, gpus_per_node)
     if flex_moe:

@@ -11,7 +11,7 @@ from meshplan.arithmetic.mesh import domain_spans_nodes, fast_domain
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import BATCH_READS, divisors, kept_degrees, layout_words
-from meshplan.rules.precision import lacks_key
+from meshplan.rules.precision import default_version_knob, lacks_key
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job
@@ -136,10 +136,11 @@ def dispatcher_on_dense_model(ctx: Context) -> Values:
 @rule("EP012", reads=("moe_token_dispatcher", "moe_a2a_overlap", "recompute", "recompute_modules"))
 def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     """moe_shared_expert_overlap where Megatron-Core runs it as meshplan estimates it (Megatron-LM 24bad8e677
-    transformer_config.py): a framework with the key, a model with shared experts (only they are overlapped), not
+    transformer_config.py): a framework with the key, a model with shared experts (without them a no-op: EP014), not
     beside a recomputed shared_experts module (ValueError) nor overlap_moe_expert_parallel_comm (assert), and the
-    alltoall dispatcher: Megatron-Core also overlaps them beside flex, but Megatron-Bridge's
-    apply_flex_dispatcher_backend turns the overlap off and meshplan counts it with alltoall only."""
+    alltoall or flex dispatcher (ValueError on any other; the flex dispatcher calls the shared experts' pre_forward_comm
+    as alltoall does, token_dispatcher.py), except beside flex on a framework whose flex setup turns the overlap off
+    (the knob's off_beside_flex: Megatron-Bridge's apply_flex_dispatcher_backend), where the run holds none of it."""
     job, card, p = ctx.job, ctx.card, ctx.plan
     if not job.moe_shared_expert_overlap:
         return None
@@ -147,11 +148,8 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     instead = lacks_key(card, "moe_shared_expert_overlap")
     if instead:
         return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
-    moe = ctx.arch.moe
-    if moe is None or not moe.num_shared_experts:
-        return {**values, "why": "the model has no shared experts, the only part it overlaps (Megatron-Core reads it "
-                                 "with moe_shared_expert_intermediate_size only)",
-                "fix": "Leave moe_shared_expert_overlap out."}
+    if not ctx.arch.has_shared_experts:
+        return None  # Megatron-Core runs it as a no-op there: EP014's warning
     if p.recompute == "selective" and "shared_experts" in (p.recompute_modules or ()):
         return {**values, "why": "Megatron-Core refuses it beside a recomputed shared_experts module",
                 "fix": "Drop shared_experts from recompute_modules, or leave moe_shared_expert_overlap out."}
@@ -159,10 +157,9 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
         return {**values,
                 "why": "Megatron-Core asserts it off under overlap_moe_expert_parallel_comm (moe_a2a_overlap)",
                 "fix": "Leave one of moe_a2a_overlap and moe_shared_expert_overlap out."}
-    if p.moe_token_dispatcher != "alltoall":
-        return {**values, "why": f"the {p.moe_token_dispatcher} dispatcher: Megatron-Bridge's "
-                                 "apply_flex_dispatcher_backend turns the overlap off, and meshplan counts it beside "
-                                 "the alltoall dispatcher only",
+    if p.moe_token_dispatcher == "flex" and default_version_knob(card, "moe_shared_expert_overlap").off_beside_flex:
+        return {**values, "why": f"{card.display_name} turns it off beside the flex dispatcher (its flex setup, "
+                                 "apply_flex_dispatcher_backend), so the run keeps none of what it would hold",
                 "fix": "Set moe_token_dispatcher=alltoall, or leave moe_shared_expert_overlap out."}
     return None
 
@@ -202,6 +199,18 @@ def flex_backend_the_job_cannot_run(ctx: Context) -> Values:
     if ctx.plan.moe_token_dispatcher != "flex" or not ctx.arch.is_moe:
         return None
     return flex_backend_refusal(ctx.job)
+
+
+@rule("EP014", reads=())
+def shared_expert_overlap_without_shared_experts(ctx: Context) -> Values:
+    """moe_shared_expert_overlap on a model without shared experts, on a framework with the key: Megatron-Core checks
+    and uses it only with moe_shared_expert_intermediate_size set (transformer_config.py; MoELayer hands the
+    dispatcher shared experts only where it builds them), so the run starts and ignores it: a warning, the
+    estimates those without it."""
+    if not ctx.job.moe_shared_expert_overlap or ctx.arch.has_shared_experts \
+            or lacks_key(ctx.card, "moe_shared_expert_overlap"):
+        return None
+    return {"model": ctx.arch.name}
 
 
 def _overlap_asserts(values: dict, job: Job) -> tuple | None:

@@ -23,7 +23,7 @@ def fp8_needs_hardware(ctx: Context) -> Values:
 
 
 
-def _default_version_knob(card: FrameworkCard, name: str) -> AdapterKnob:
+def default_version_knob(card: FrameworkCard, name: str) -> AdapterKnob:
     """The knob as the framework's default version writes it (render refuses another version's own way)."""
     return card.adapter.versions[card.adapter.default_version].knobs[name]  # type: ignore[union-attr]
 
@@ -35,14 +35,14 @@ def lacks_key(card: FrameworkCard, name: str) -> str | None:
         return f"meshplan models no such knob for {card.display_name}; leave it out."
     if any(v.knobs[name].key is not None for v in card.adapter.versions.values()):
         return None
-    return _default_version_knob(card, name).instead
+    return default_version_knob(card, name).instead
 
 
 
 def _takes(card: FrameworkCard, name: str) -> list[str] | None:
     """The values of a knob with a vocabulary that the framework's default version writes (AdapterKnob.values), or
     None where the knob takes any value meshplan has."""
-    values = _default_version_knob(card, name).values if card.adapter is not None else None
+    values = default_version_knob(card, name).values if card.adapter is not None else None
     return None if values is None else [k for k, v in values.items() if v is not None]
 
 
@@ -60,7 +60,7 @@ def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
     takes = _takes(ctx.card, "optimizer_state_dtype")
     if takes is not None and p.optimizer_state_dtype not in takes:
         return {**values, "why": f"{card.display_name}'s optimizer takes {' or '.join(takes)} Adam moments",
-                "fix": _default_version_knob(ctx.card, "optimizer_state_dtype").instead}
+                "fix": default_version_knob(ctx.card, "optimizer_state_dtype").instead}
     if p.zero_stage != 1:
         return {**values, "why": "Megatron's precision-aware optimizer runs inside the distributed optimizer only",
                 "fix": "Use zero_stage=1 (the distributed optimizer), or leave optimizer_state_dtype out (fp32)."}
@@ -167,7 +167,7 @@ def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
     value = str(p.grad_reduce_in_fp32).lower()
     instead = lacks_key(card, knob)
     if instead is None:  # (so the card has an adapter section)
-        spec = rendered_knob(card, ctx.job, p, knob) or _default_version_knob(card, knob)
+        spec = rendered_knob(card, ctx.job, p, knob) or default_version_knob(card, knob)
         at_stage = f"{card.display_name} (zero_stage={p.zero_stage})"
         if spec.key is None:
             return {"value": value, "framework": at_stage, "why": f"{card.display_name} cannot reduce gradients in "

@@ -312,6 +312,11 @@ class Architecture(StrictModel):
         return self.moe is not None
 
     @property
+    def has_shared_experts(self) -> bool:
+        """An MoE model with shared experts: the only part Megatron-Core's moe_shared_expert_overlap acts on."""
+        return self.moe is not None and self.moe.num_shared_experts > 0
+
+    @property
     def is_swiglu(self) -> bool:
         """A SwiGLU MLP as Megatron-Core builds it (gated_linear_unit with F.silu): gpt-oss's clamped GLU is not one
         though its hidden_act says silu (Megatron-Bridge's gpt_oss_bridge.py runs it as quick_gelu gated), so

@@ -175,7 +175,8 @@ class Request(StrictModel):
     moe_shared_expert_overlap: bool | None = Field(
         None, description="The MoE layer's shared experts run on a stream of their own beside the token dispatch's "
                           "all-to-all, gathering the layer input over sequence parallelism themselves (Megatron-Core "
-                          "moe_shared_expert_overlap; a model with shared experts, the alltoall or flex dispatcher) "
+                          "moe_shared_expert_overlap; a model with shared experts, the alltoall or flex dispatcher, "
+                          "not flex on Megatron-Bridge, whose flex setup turns it off) "
                           "(default: off)",
     )
     bias_activation_fusion: bool | None = Field(
@@ -194,8 +195,9 @@ class Request(StrictModel):
         None, description="The flex dispatcher's backend (Megatron-Core moe_flex_dispatcher_backend, NeMo AutoModel "
                           "model.backend.dispatcher): deepep (DeepEP: one node's NVLink, RDMA between nodes) or "
                           "hybridep (HybridEP: also a multi-node NVLink domain; its kernels permute the tokens as they "
-                          "copy them); with moe_token_dispatcher=flex only (default: hybridep where one NVLink domain "
-                          "spans nodes, GB200/GB300 NVL72, else deepep; every layout recommend weighs takes it)",
+                          "copy them); with moe_token_dispatcher=flex, or left out for recommend's flex layouts "
+                          "(default: hybridep where one NVLink domain spans nodes, GB200/GB300 NVL72, else deepep; "
+                          "every layout recommend weighs takes it)",
     )
     pipeline_schedule: PipelineSchedule | None = Field(
         None, description="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b (vpp > 1), zero_bubble (torch's ZBV at "

@@ -21,6 +21,7 @@ cfg.model.context_parallel_size = 1
 cfg.model.expert_model_parallel_size = 64
 cfg.model.expert_tensor_parallel_size = 1
 cfg.model.moe_token_dispatcher_type = 'alltoall'
+cfg.model.moe_shared_expert_overlap = False
 cfg.model.sequence_parallel = True
 cfg.model.num_layers_in_first_pipeline_stage = 4
 cfg.model.num_layers_in_last_pipeline_stage = 1
