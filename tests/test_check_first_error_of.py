@@ -78,8 +78,11 @@ def test_every_check_of_a_search_is_the_plain_runs_first_error(req):
         assert errors > 50
 
 
-@pytest.mark.parametrize(("dropped", "req"), [("micro_batch_size", KIMI), ("zero_stage", QWEN),
-                                              ("zero_stage", DEEPSPEED), ("ep", DEEPSPEED), ("recompute", OFFLOAD)])
+# zero_stage on QWEN no longer shows: since rule EP012 (moe_shared_expert_overlap) reads the dispatcher and the
+# recompute, the parts its Megatron rules share are keyed by fields that tell that search's ZeRO stages apart (with
+# EP012 reading either one alone, dropping zero_stage answers 6,816 of its 35,608 checks wrong); DeepSpeed's keeps it
+@pytest.mark.parametrize(("dropped", "req"), [("micro_batch_size", KIMI), ("zero_stage", DEEPSPEED), ("ep", DEEPSPEED),
+                                              ("recompute", OFFLOAD)])
 def test_a_rule_that_drops_a_field_it_reads_gives_another_answer(monkeypatch, dropped, req):
     """Each rule's reads without one knob field: the parts' and groups' keys no longer tell apart plans that differ in
     it, and some check answers another plan's verdict."""

@@ -116,9 +116,10 @@ def test_every_first_error_is_the_reports(built):
 
 
 def test_the_overlap_probe_is_keyed_by_all_its_rules_reads():
-    """a2a_overlap keys its probe by pp, vpp, ep, ZeRO stage, recompute and the layout's named schedule: every field
-    the rules that refuse the overlap read that varies between a search's plans (recompute_modules is never carried,
-    the probe's overlap is on); every rule that reads the overlap is one of them."""
+    """a2a_overlap keys its probe by pp, vpp, ep, etp, ZeRO stage, recompute and the layout's named schedule: every
+    field the rules that refuse the overlap read that varies between a search's plans (recompute_modules is never
+    carried, the probe's overlap is on, the dispatcher EP012 reads is one per ep, etp and ZeRO stage); every rule that
+    reads the overlap is one of them (EP012 too: moe_shared_expert_overlap beside it is refused)."""
     for rule in OVERLAP_RULES:
         assert set(load_rules()[rule].reads) <= set(OVERLAP_READS)
     reading = {name for name, cond in load_rules().items() if "moe_a2a_overlap" in (cond.reads or ())}

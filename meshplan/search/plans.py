@@ -49,12 +49,13 @@ from meshplan.search.zero_stages import offered_before
 
 # The rules that refuse moe_a2a_overlap on a plan (Megatron-Core's asserts: EP009 its preconditions, PP015 a named
 # schedule other than combined 1F1B, or Megatron-FSDP over virtual stages, CG003 Transformer Engine graphs of the moe
-# or mlp module), and the Plan fields they read (their `reads`): of a search's plan (`SearchPlans.plan`) these vary
-# with pp, vpp, ep, the ZeRO stage, the recompute and the layout's named schedule only (recompute_modules is never
-# set, the CUDA-graph fields are the request's in every plan, the overlap is on in a2a_overlap's probe).
-OVERLAP_RULES = ("EP009", "PP015", "CG003")
+# or mlp module, EP012 beside moe_shared_expert_overlap), and the Plan fields they read (their `reads`): of a search's
+# plan (`SearchPlans.plan`) these vary with pp, vpp, ep, etp, the ZeRO stage, the recompute and the layout's named
+# schedule only (recompute_modules is never set, the CUDA-graph fields are the request's in every plan, the dispatcher
+# is SearchPlans.dispatcher's of (ep, etp, ZeRO stage), the overlap is on in a2a_overlap's probe).
+OVERLAP_RULES = ("EP009", "PP015", "CG003", "EP012")
 OVERLAP_READS = ("pp", "vpp", "ep", "zero_stage", "recompute", "recompute_modules", "pipeline_schedule",
-                 "moe_a2a_overlap", "cuda_graph_impl", "cuda_graph_modules")
+                 "moe_a2a_overlap", "cuda_graph_impl", "cuda_graph_modules", "moe_token_dispatcher")
 
 PlanKey = tuple[Layout, int, str, int]  # (layout, ZeRO stage, recompute, micro-batch size)
 Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)
@@ -198,7 +199,8 @@ class SearchPlans(HostCounts, OverlapChoice):
             return True
         if not self.a2a_open or lay.ep <= 1:
             return False
-        key = (lay.pp, lay.vpp, lay.ep, zero, recompute, lay.schedule)  # what the rules read of it (OVERLAP_READS)
+        # what the rules read of it (OVERLAP_READS; etp for the dispatcher EP012 reads)
+        key = (lay.pp, lay.vpp, lay.ep, lay.etp, zero, recompute, lay.schedule)
         hit = self.overlaps.get(key)
         if hit is None:
             ctx, rules = Context(self.job, self.plan(lay, zero, recompute, 1, overlap=True)), load_rules()
