@@ -11,7 +11,7 @@ from meshplan.arithmetic.mesh import domain_spans_nodes, fast_domain
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import BATCH_READS, divisors, kept_degrees, layout_words
-from meshplan.rules.precision import default_version_knob, lacks_key
+from meshplan.rules.precision import default_version_knob, keyless_refusal, lacks_key
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job
@@ -145,9 +145,9 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     if not job.moe_shared_expert_overlap:
         return None
     values = {"framework": card.display_name, "model": ctx.arch.name}
-    instead = lacks_key(card, "moe_shared_expert_overlap")
-    if instead:
-        return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
+    refused = keyless_refusal(card, "moe_shared_expert_overlap", values)
+    if refused:
+        return refused
     if not ctx.arch.has_shared_experts:
         return None  # Megatron-Core runs it as a no-op there: EP014's warning
     if p.recompute == "selective" and "shared_experts" in (p.recompute_modules or ()):

@@ -38,6 +38,15 @@ def lacks_key(card: FrameworkCard, name: str) -> str | None:
     return default_version_knob(card, name).instead
 
 
+def keyless_refusal(card: FrameworkCard, name: str, values: dict, why: str | None = None) -> Values:
+    """A rule's refusal of a setting no version of the framework has a key for (lacks_key), with the card's way out:
+    `why` (default: the framework has no key for it) beside the rule's own values; None where a version has the key."""
+    instead = lacks_key(card, name)
+    if instead is None:
+        return None
+    return {**values, "why": why or f"{card.display_name} has no key for it", "fix": instead}
+
+
 
 def _takes(card: FrameworkCard, name: str) -> list[str] | None:
     """The values of a knob with a vocabulary that the framework's default version writes (AdapterKnob.values), or
@@ -54,9 +63,10 @@ def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
         return None
     card = ctx.card
     values = {"dtype": p.optimizer_state_dtype, "framework": card.display_name, "zero": p.zero_stage}
-    instead = lacks_key(ctx.card, "optimizer_state_dtype")
-    if instead:
-        return {**values, "why": f"{card.display_name} has no low-precision Adam moments", "fix": instead}
+    refused = keyless_refusal(card, "optimizer_state_dtype", values,
+                              f"{card.display_name} has no low-precision Adam moments")
+    if refused:
+        return refused
     takes = _takes(ctx.card, "optimizer_state_dtype")
     if takes is not None and p.optimizer_state_dtype not in takes:
         return {**values, "why": f"{card.display_name}'s optimizer takes {' or '.join(takes)} Adam moments",
@@ -85,9 +95,9 @@ def fp8_param_gather_needs_fp8(ctx: Context) -> Values:
     if job.precision != "fp8":
         return {**values, "why": "fp8 primary weights exist only in an fp8 run",
                 "fix": "Use precision=fp8 with it, or drop fp8_param_gather."}
-    instead = lacks_key(ctx.card, "fp8_param_gather")
-    if instead:
-        return {**values, "why": f"{card.display_name} keeps bf16 weights", "fix": instead}
+    refused = keyless_refusal(card, "fp8_param_gather", values, f"{card.display_name} keeps bf16 weights")
+    if refused:
+        return refused
     if ctx.backend == "megatron" and p.zero_stage == 0:
         return {**values, "why": "Megatron gathers fp8 parameters in the distributed optimizer or FSDP only",
                 "fix": "Use zero_stage=1 (the distributed optimizer) or 3 (Megatron-FSDP)."}
@@ -191,9 +201,9 @@ def muon_the_framework_cannot_run(ctx: Context) -> Values:
         return None
     card = ctx.card
     values = {"framework": card.display_name, "zero": p.zero_stage}
-    instead = lacks_key(ctx.card, "optimizer")
-    if instead:
-        return {**values, "why": f"{card.display_name} has no Muon meshplan can write", "fix": instead}
+    refused = keyless_refusal(card, "optimizer", values, f"{card.display_name} has no Muon meshplan can write")
+    if refused:
+        return refused
     muon = card.muon
     if muon is None:
         return {**values, "why": f"meshplan models no Muon step for {card.display_name}",
@@ -231,9 +241,9 @@ def fp8_activation_input_store_needs_swiglu(ctx: Context) -> Values:
     if not job.fp8_activation_input_store:
         return None
     values = {"framework": card.display_name, "model": job.model.name}
-    instead = lacks_key(card, "fp8_activation_input_store")
-    if instead:
-        return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
+    refused = keyless_refusal(card, "fp8_activation_input_store", values)
+    if refused:
+        return refused
     if not job.model.is_swiglu:  # TransformerConfig: activation_func F.silu with gated_linear_unit, else ValueError
         kind = ("gpt-oss's clamped GLU (quick_gelu gated in Megatron-Core)" if job.model.swiglu_limit is not None
                 else f"a {'gated ' if job.model.gated_mlp else ''}{job.model.activation} MLP")
@@ -259,9 +269,9 @@ def fp8_dot_product_attention_needs_fp8(ctx: Context) -> Values:
     recipe = fp8_recipe(job, p)
     values = {"framework": card.display_name, "precision": job.precision, "recipe": recipe or "none",
               "gpu": job.gpu.name}
-    instead = lacks_key(card, "fp8_dot_product_attention")
-    if instead:
-        return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
+    refused = keyless_refusal(card, "fp8_dot_product_attention", values)
+    if refused:
+        return refused
     if job.precision != "fp8":
         return {**values, "why": "fp8_dpa is a field of the fp8 recipe, read only inside fp8_autocast",
                 "fix": "Use precision=fp8 with it, or drop fp8_dot_product_attention."}
