@@ -216,8 +216,9 @@ def precision_flags(job: Job, plan: Plan) -> list[Flag]:
     """The optimizer and precision knobs as megatron-core 0.19.2 flags: --optimizer muon (with
     --use-distributed-optimizer, arguments.py turns on its layer-wise distributed optimizer), --grad-reduce-in-bf16
     (fp32 is the bf16 default), the precision-aware optimizer's moment dtypes, the fp8 format and recipe (the
-    card's default when left out), --fp8-param-gather, and --no-bias-swiglu-fusion / --no-bias-gelu-fusion where
-    the job runs the activation unfused."""
+    card's default when left out), --fp8-param-gather, --no-bias-swiglu-fusion / --no-bias-gelu-fusion where
+    the job runs the activation unfused, and --cross-entropy-loss-fusion with --cross-entropy-fusion-impl where the
+    job fuses its loss."""
     flags: list[Flag] = [("--optimizer", plan.optimizer)] if plan.optimizer != "adam" else []
     if plan.grad_reduce_in_fp32 is False:
         flags.append(("--grad-reduce-in-bf16", None))
@@ -227,6 +228,8 @@ def precision_flags(job: Job, plan: Plan) -> list[Flag]:
     if not job.bias_activation_fusion and activation_fusable(job.model):
         # store_false flags (the card's bias_activation_fusion knob), the one of the model's activation
         flags.append(("--no-bias-swiglu-fusion" if job.model.is_swiglu else "--no-bias-gelu-fusion", None))
+    if job.cross_entropy_loss_fusion:  # a store_true flag and its implementation (rule PR009 refuses te on 0.19)
+        flags += [("--cross-entropy-loss-fusion", None), ("--cross-entropy-fusion-impl", job.cross_entropy_fusion_impl)]
     if job.precision == "fp8":
         flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", fp8_recipe(job, plan))]
         if plan.fp8_param_gather:
@@ -339,6 +342,11 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     s.append(("model.sequence_parallel", plan.sequence_parallel))
     if job.bias_activation_fusion != default_activation_fusion(job.card.defaults, job.model):
         s.append(("model.bias_activation_fusion", job.bias_activation_fusion))  # not the model provider's default
+    if (job.cross_entropy_loss_fusion, job.cross_entropy_fusion_impl) != job.card.defaults.cross_entropy(
+            job.model.model_type):  # TransformerConfig fields of the provider, where not the provider's own
+        s.append(("model.cross_entropy_loss_fusion", job.cross_entropy_loss_fusion))
+        if job.cross_entropy_loss_fusion:
+            s.append(("model.cross_entropy_fusion_impl", job.cross_entropy_fusion_impl))
     if job.fp8_activation_input_store:  # a TransformerConfig field of the provider (rule PR006: SwiGLU only)
         s.append(("model.activation_func_fp8_input_store", True))
     if plan.tp_comm_overlap:  # Bridge passes it to Megatron-Core's tp_comm_overlap (training/comm_overlap.py)

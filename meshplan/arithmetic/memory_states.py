@@ -26,6 +26,8 @@ from meshplan.schema.plan import Job, Plan
 TensorClass = Literal["weights", "gradients", "optimizer"]
 # activations.MOE_BYTES's keys
 MoeActivations = Literal["megatron_core", "generic", "fp32_router", "hf", "automodel_deepep"]
+# cards/memory.yaml megatron_cross_entropy's keys: Megatron-Core's unfused loss and its two fused implementations
+MegatronLoss = Literal["unfused", "native", "te"]
 # Which precision knob rewrites a tensor (with_precision): weights (fp8_param_gather), main_grads
 # (grad_reduce_in_fp32), master (the precision-aware optimizer's remainders), moments (optimizer_state_dtype).
 # grad_copy: an fp32 copy of the gradient shard the optimizer keeps as its own (HybridDeviceOptimizer's GPU share)
@@ -176,6 +178,15 @@ class UnfusedGluBytes(_Card):
     source: str
 
 
+class CrossEntropyBytes(_Card):
+    """One of Megatron-Core's cross-entropy losses (cards/memory.yaml megatron_cross_entropy, with the count): what
+    it keeps per logit at its peak and what its own kernels move per logit, forward + backward."""
+
+    logits_bytes_per_element: float = Field(gt=0)
+    hbm_bytes_per_logit: float = Field(gt=0)
+    source: str
+
+
 class CompileBytes(_Card):
     """What torch.compile changes in a convention (cards/memory.yaml compile, with the derivation)."""
 
@@ -269,6 +280,7 @@ class MemoryCard(_Card):
     fp8_quantize: Fp8QuantizeFacts
     fp8_saves: Fp8SavedBytes
     unfused_glu: UnfusedGluBytes
+    megatron_cross_entropy: dict[MegatronLoss, CrossEntropyBytes]
     optimizers: OptimizerStates
     optimizer_steps: dict[OptimizerImplementation, OptimizerStepBytes]
     optimizer_state_allocation_source: str
@@ -533,6 +545,7 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
     if plan.grad_reduce_in_fp32 is False and conv.main_grad_bucket_bytes:  # Megatron-FSDP's bucket in bf16
         cut = conv.main_grad_bucket_bytes - prec.dtype_bytes["bf16"]
         conv_update |= {"gathered_bytes": conv.gathered_bytes - cut, "prefetched_bytes": conv.prefetched_bytes - cut}
+    conv_update.update(megatron_loss_bytes(job))
     conv_update.update(loss_upcast(job, conv))
     conv_update.update(compiled(job, plan))
     return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
@@ -594,6 +607,29 @@ def as_the_plan_runs(conv: Convention, plan: Plan) -> Convention:
     if conv.grads_set_to_none_without_cuda_graphs and not conv.grads_set_to_none and cuda_graphs_off(plan):
         return conv.model_copy(update={"grads_set_to_none": True})
     return conv
+
+
+def megatron_loss(job: Job) -> CrossEntropyBytes | None:
+    """The Megatron-Core cross-entropy the job runs (cards/memory.yaml megatron_cross_entropy): the unfused
+    vocab-parallel one, or with cross_entropy_loss_fusion its cross_entropy_fusion_impl, native or Transformer
+    Engine's; None where the framework has no such switch (Job.cross_entropy_loss_fusion None: its convention's loss).
+    The one reading the memory (megatron_loss_bytes) and the loss's time (perf.loss_hbm_bytes) take."""
+    name = megatron_loss_name(job)
+    return None if name is None else memory_card().megatron_cross_entropy[name]
+
+
+def megatron_loss_name(job: Job) -> MegatronLoss | None:
+    """megatron_loss's key: unfused, or the fused implementation the job names; None without the switch."""
+    if job.cross_entropy_loss_fusion is None:
+        return None
+    return job.cross_entropy_fusion_impl if job.cross_entropy_loss_fusion else "unfused"
+
+
+def megatron_loss_bytes(job: Job) -> dict:
+    """The convention's bytes per logit at the loss's peak as the job's Megatron-Core cross-entropy keeps them
+    (megatron_loss); nothing where the framework has no such switch."""
+    loss = megatron_loss(job)
+    return {} if loss is None else {"logits_bytes_per_element": loss.logits_bytes_per_element}
 
 
 def loss_upcast(job: Job, conv: Convention) -> dict:

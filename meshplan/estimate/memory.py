@@ -46,6 +46,7 @@ from meshplan.arithmetic.memory_states import (
     fp8_param_gather,
     keeps_units,
     loss_upcast,
+    megatron_loss_name,
     memory_card,
     mixer_rows,
     optimizer_implementation,
@@ -670,11 +671,24 @@ def _loss_assumption(conv, job: Job) -> str:
     bf16 = loss_upcast(job, conv)  # loss_fp32_upcast false: the cross-entropy's tensors in bf16
     per_logit = bf16.get("logits_bytes_per_element", conv.logits_bytes_per_element)
     tensors = "bf16 (loss_fp32_upcast false)" if bf16 else "fp32"
+    default = f"bf16 logits and the cross-entropy's {tensors} tensors"
     chunks = (f" of one of {conv.loss_chunks} sequence chunks at a time (the framework's chunked loss)"
               if conv.loss_chunks > 1 else " of the whole micro-batch")
     whole = "; the logits whole on every TP rank (gathered before the loss)" * (conv.logits_over_tp == "replicated")
     return (f"Last stage: output-layer input and logits/loss at {per_logit:g} bytes per logit"
-            f"{chunks} (bf16 logits and the cross-entropy's {tensors} tensors at its peak{whole}; cards/memory.yaml).")
+            f"{chunks} ({MEGATRON_LOSS_KEPT.get(megatron_loss_name(job) or '', default)} at its peak{whole}; "
+            "cards/memory.yaml).")
+
+
+# What each of Megatron-Core's cross-entropies keeps at its peak, as the memory's assumptions say it
+# (cards/memory.yaml megatron_cross_entropy, memory_states.megatron_loss_name)
+MEGATRON_LOSS_KEPT = {
+    "unfused": "Megatron-Core's unfused vocab-parallel cross-entropy: the fp32 copy of the logits, softmax and "
+               "gradient in place, beside the bf16 gradient",
+    "native": "Megatron-Core's fused native cross-entropy: the fp32 softmax, gradient in place, beside the bf16 "
+              "gradient",
+    "te": "Transformer Engine's fused cross-entropy: the bf16 logits, the gradient written in place over them",
+}
 
 
 # --------------------------------------------------------------------------- for rules and search

@@ -32,8 +32,10 @@ from meshplan.arithmetic.fp8_casts import fp8_casts, weight_cast_bytes
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
 from meshplan.arithmetic.memory_states import (
+    Convention,
     built_vocab,
     convention,
+    megatron_loss,
     optimizer_sharded,
     optimizer_step_bytes,
     swiglu_store_cast_bytes,
@@ -477,6 +479,17 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))
 
 
+def loss_hbm_bytes(job: Job, conv: Convention, cal: Calibration) -> float:
+    """HBM bytes per logit the job's cross-entropy moves, forward + backward: Megatron-Core's loss the job runs where
+    the framework has the switch (memory_states.megatron_loss, cards/memory.yaml megatron_cross_entropy), else the
+    engine's own loss where its convention counts one (loss_hbm_bytes_per_logit), else a fused cross-entropy's
+    (the calibration's cross_entropy_bytes_per_logit)."""
+    loss = megatron_loss(job)
+    if loss is not None:
+        return loss.hbm_bytes_per_logit
+    return conv.loss_hbm_bytes_per_logit or cal.cross_entropy_bytes_per_logit
+
+
 def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
     """The output layer's logits GEMM and cross-entropy per micro-batch on the head stage, forward + backward: the GEMM
     over the head's vocabulary shard (the whole vocabulary where the card leaves the head whole without sequence
@@ -494,8 +507,7 @@ def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
     if job.lora is not None:  # a frozen output layer: forward and data gradient only
         head *= FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
     whole = conv.logits_over_tp == "replicated"
-    loss_bytes = conv.loss_hbm_bytes_per_logit or cal.cross_entropy_bytes_per_logit  # the engine's loss, else fused
-    head += loss_bytes * ctx.shard.tokens * vocab / (1 if whole else plan.tp) / ctx.hbm
+    head += loss_hbm_bytes(job, conv, cal) * ctx.shard.tokens * vocab / (1 if whole else plan.tp) / ctx.hbm
     if ctx.hf_eager and plan.pp == 1:  # transformers' final norm and embedding, eager (those engines run no pipeline)
         head += eager_edge_seconds(ctx, vocab)
     if whole and split > 1:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from meshplan.schema.choices import Fp8Recipe, Recompute
+from meshplan.schema.choices import CrossEntropyFusionImpl, Fp8Recipe, Recompute
 from meshplan.schema.model import Architecture
 
 
@@ -41,6 +41,19 @@ class FrameworkDefaults(_Card):
                                           "bias_activation_fusion (Megatron-Bridge's Llama, DeepSeek, GLM, gpt-oss, "
                                           "Kimi and GPT-3 providers turn it on)")
     bias_activation_fusion_why: str | None = None
+    cross_entropy_loss_fusion: bool | None = Field(
+        None, description="Megatron-Core's cross_entropy_loss_fusion where the request leaves it out (None: the "
+                          "framework has no such switch; its memory convention's loss runs, request.resolve refuses "
+                          "the fields)")
+    cross_entropy_fusion_impl: CrossEntropyFusionImpl = Field(
+        "native", description="The fused implementation where the request leaves cross_entropy_fusion_impl out")
+    cross_entropy_te_for: list[str] = Field(
+        default_factory=list, description="model_types whose model provider sets cross_entropy_loss_fusion with "
+                                          "cross_entropy_fusion_impl te (Megatron-Bridge's DeepSeek and Kimi bridges)")
+    cross_entropy_te_refused_from: str | None = Field(
+        None, description="The release from which the framework's argument validation refuses "
+                          "cross_entropy_fusion_impl te with cross_entropy_loss_fusion (None: it takes it)")
+    cross_entropy_why: str | None = None
 
     @model_validator(mode="after")
     def _claim_has_why(self) -> FrameworkDefaults:
@@ -54,6 +67,11 @@ class FrameworkDefaults(_Card):
             raise ValueError("bias_activation_fusion needs bias_activation_fusion_why (the framework source)")
         if self.bias_activation_fusion_flipped_for and self.bias_activation_fusion is None:
             raise ValueError("bias_activation_fusion_flipped_for qualifies a bias_activation_fusion default")
+        if self.cross_entropy_loss_fusion is not None and not self.cross_entropy_why:
+            raise ValueError("cross_entropy_loss_fusion needs cross_entropy_why (the framework source)")
+        if (self.cross_entropy_te_for or self.cross_entropy_te_refused_from) and self.cross_entropy_loss_fusion is None:
+            raise ValueError("cross_entropy_te_for / cross_entropy_te_refused_from qualify a cross_entropy_loss_fusion "
+                             "default")
         if self.sequence_parallel_off_for and not self.sequence_parallel_why:
             raise ValueError("sequence_parallel_off_for needs sequence_parallel_why (the framework source)")
         return self
@@ -72,6 +90,15 @@ class FrameworkDefaults(_Card):
         if self.bias_activation_fusion is None:
             return None
         return self.bias_activation_fusion != (model_type in self.bias_activation_fusion_flipped_for)
+
+    def cross_entropy(self, model_type: str) -> tuple[bool, CrossEntropyFusionImpl] | None:
+        """(cross_entropy_loss_fusion, cross_entropy_fusion_impl) the framework runs a model of this type with when
+        the request leaves them out (the provider's on Megatron-Bridge); None where it has no such switch."""
+        if self.cross_entropy_loss_fusion is None:
+            return None
+        if model_type in self.cross_entropy_te_for:
+            return True, "te"
+        return self.cross_entropy_loss_fusion, self.cross_entropy_fusion_impl
 
     def sequence_parallel_in_pipeline(self, pp: int) -> bool:
         """False where the framework turns sequence parallelism off in its pipeline stages and pp > 1."""

@@ -235,6 +235,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         # what rule EP012 holds to the model, dispatcher and recompute (left out: off, Megatron-Core's default)
         moe_shared_expert_overlap=req.moe_shared_expert_overlap is True,
         bias_activation_fusion=_activation_fusion(req, card, arch, notes),
+        **_cross_entropy(req, card, arch.model_type, notes),
         moe_flex_backend=flex_backend(req, gpu, gpn, plan.moe_token_dispatcher == "flex" and arch.is_moe, notes),
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
         rl=rl.job if rl else None,
@@ -628,6 +629,37 @@ def _loss_upcast(req: Request, card, version: str | None) -> bool:
                             "(only NeMo AutoModel's MaskedCrossEntropy loss_fn.fp32_upcast).",
                             fix="Leave loss_fp32_upcast unset for this framework.")
     return req.loss_fp32_upcast is not False
+
+
+def _cross_entropy(req: Request, card, model_type: str, notes: list[str]) -> dict:
+    """cross_entropy_loss_fusion and cross_entropy_fusion_impl as the job runs them: the request's, else the
+    framework's default for this model (the card's defaults.cross_entropy: the model provider's on Megatron-Bridge);
+    None on a framework without the switch, where a value given is an error naming the field. An impl given without
+    the fusion is noted as read by nothing (Megatron-Core takes it and runs the unfused loss); one the release refuses
+    is rule PR009's."""
+    default = card.defaults.cross_entropy(model_type)
+    given = {f: getattr(req, f) for f in ("cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
+             if getattr(req, f) is not None}
+    if default is None:
+        if given:
+            name, value = next(iter(given.items()))
+            raise MeshplanError(
+                f"{name}={str(value).lower()}: {card.display_name} has no switch for Megatron-Core's cross-entropy "
+                "implementation (only megatron-core and megatron-bridge have one); its own loss runs "
+                "(cards/memory.yaml, its memory convention).",
+                fix="Leave cross_entropy_loss_fusion and cross_entropy_fusion_impl unset for this framework, or use "
+                    "framework megatron-core or megatron-bridge.", fields=tuple(given))
+        return {}
+    fusion = req.cross_entropy_loss_fusion if req.cross_entropy_loss_fusion is not None else default[0]
+    impl = req.cross_entropy_fusion_impl or default[1]
+    if not fusion and req.cross_entropy_fusion_impl is not None:
+        notes.append(f"cross_entropy_fusion_impl={impl}: no effect without cross_entropy_loss_fusion (Megatron-Core "
+                     "reads it only with the fusion on); the unfused vocab-parallel cross-entropy runs.")
+    elif not given and fusion and impl == "te":
+        notes.append(f"cross_entropy_loss_fusion not given: on with cross_entropy_fusion_impl te, as "
+                     f"{card.display_name}'s {model_type} model provider sets it (Transformer Engine's cross-entropy, "
+                     "the gradient written in place over the bf16 logits).")
+    return {"cross_entropy_loss_fusion": fusion, "cross_entropy_fusion_impl": impl}
 
 
 def _activation_fusion(req: Request, card, arch, notes: list[str]) -> bool:

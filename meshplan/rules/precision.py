@@ -12,6 +12,7 @@ from meshplan.arithmetic.offload import optimizer_share
 from meshplan.knowledge.adapter_card import AdapterKnob
 from meshplan.knowledge.adapter_knobs import rendered_knob
 from meshplan.knowledge.cards import FrameworkCard
+from meshplan.knowledge.releases import numbers
 from meshplan.rules.engine import Context, Values, rule
 
 
@@ -289,4 +290,19 @@ def fp8_dot_product_attention_needs_fp8(ctx: Context) -> Values:
                                  f"attention_backend is {p.attention_backend}",
                 "fix": "Use attention_backend=fused (or auto) with it, or drop fp8_dot_product_attention."}
     return None
+
+
+@rule("PR009", reads=())
+def te_cross_entropy_the_release_refuses(ctx: Context) -> Values:
+    """cross_entropy_fusion_impl te with cross_entropy_loss_fusion on a framework release whose argument validation
+    refuses it (the card's defaults.cross_entropy_te_refused_from: Megatron-LM's validate_args from 0.19 on), the
+    job's release being the known one its framework_version resolved to (a main snapshot's: the card's own)."""
+    job, card = ctx.job, ctx.card
+    since = card.defaults.cross_entropy_te_refused_from
+    if not (job.cross_entropy_loss_fusion and job.cross_entropy_fusion_impl == "te") or since is None:
+        return None
+    release, floor = numbers(job.framework_version or "") or numbers(card.version), numbers(since)
+    if release is None or floor is None or release < floor:
+        return None
+    return {"framework": card.display_name, "release": ".".join(map(str, release)), "since": since}
 

@@ -46,6 +46,9 @@ PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "
 OptimizerStateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # The optimizer: Adam, or Muon on the 2-D matrices (Megatron-Core --optimizer adam|muon; the rest stays on Adam)
 Optimizer = Literal["adam", "muon"]
+# Megatron-Core's fused cross-entropy implementations (cross_entropy_fusion_impl): its own torch.compile'd one and
+# Transformer Engine's Triton parallel_cross_entropy
+CrossEntropyFusionImpl = Literal["native", "te"]
 # FP8 scaling recipes: Transformer Engine's as Megatron-Core's --fp8-recipe names them (transformer_config.py
 # fp8_recipe), and torchao's per-row scaling (torchtitan's float8 recipe_name rowwise)
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]

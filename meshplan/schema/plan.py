@@ -13,6 +13,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.schema.choices import (
     AttentionBackend,
     CpCommType,
+    CrossEntropyFusionImpl,
     CudaGraphImpl,
     CudaGraphModule,
     ExpertWeight,
@@ -180,6 +181,14 @@ class Job(StrictModel):
         True, description="Megatron-Core's fused bias + activation kernel runs the MLP's activation (false: its "
                           "unfused glu(), layer_records.activation_code 'unfused_functions', memory_states."
                           "unfused_glu_bytes); true on every framework without the switch")
+    cross_entropy_loss_fusion: bool | None = Field(
+        None, description="Megatron-Core's cross_entropy_loss_fusion as the job runs it (memory_states.megatron_loss: "
+                          "false the unfused vocab-parallel loss, true cross_entropy_fusion_impl's); None on a "
+                          "framework without the switch (its memory convention's loss)")
+    cross_entropy_fusion_impl: CrossEntropyFusionImpl = Field(
+        "native", description="Megatron-Core's fused cross-entropy, read where cross_entropy_loss_fusion is true: "
+                              "native (fused_vocab_parallel_cross_entropy) or te (Transformer Engine's "
+                              "parallel_cross_entropy)")
     moe_flex_backend: FlexBackend = Field(
         "deepep", description="The flex dispatcher's backend, resolved once (request/resolve.flex_backend: the "
                               "request's, else mesh.flex_backend's for the machine): what the flex dispatch is timed "

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, field_validator
 from meshplan.schema.choices import (
     AttentionBackend,
     CpCommType,
+    CrossEntropyFusionImpl,
     CudaGraphImpl,
     CudaGraphModule,
     ExpertWeight,
@@ -186,6 +187,19 @@ class Request(StrictModel):
                           "kernels, their intermediates kept for the backward (Megatron-Core and Megatron-Bridge "
                           "only) (default: the framework's: on for Megatron-Core's pretrain_gpt.py; on "
                           "Megatron-Bridge the model provider's, off for Qwen, Mistral, OLMoE, Nemotron and Gemma)",
+    )
+    cross_entropy_loss_fusion: bool | None = Field(
+        None, description="Megatron-Core's cross_entropy_loss_fusion: the loss as one fused implementation "
+                          "(cross_entropy_fusion_impl) instead of the unfused vocab-parallel cross-entropy's eager "
+                          "fp32 ops (Megatron-Core and Megatron-Bridge only) (default: the framework's: off for "
+                          "Megatron-LM's pretrain_gpt.py, on for Megatron-Bridge's GPTModelProvider)",
+    )
+    cross_entropy_fusion_impl: CrossEntropyFusionImpl | None = Field(
+        None, description="Which fused cross-entropy runs with cross_entropy_loss_fusion: native (Megatron-Core's "
+                          "compiled fused_vocab_parallel_cross_entropy, the fp32 softmax kept, 6 B per logit) or te "
+                          "(Transformer Engine's Triton parallel_cross_entropy, the gradient written in place over the "
+                          "bf16 logits, 2 B per logit; Megatron-LM 0.19 refuses it) (default: native; on "
+                          "Megatron-Bridge te for the DeepSeek and Kimi providers)",
     )
     moe_token_dispatcher: MoeDispatcher | None = Field(
         None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "

@@ -40,7 +40,7 @@ SWITCH_KNOBS = frozenset({"sequence_parallel", "activation_offload", "param_offl
                           "tp_comm_overlap", "torch_compile", "fp8_param_gather", "account_for_embedding",
                           "account_for_loss", "moe_a2a_overlap", "defer_fsdp_grad_sync", "grad_reduce_overlap",
                           "fp8_activation_input_store", "fp8_dot_product_attention", "moe_shared_expert_overlap",
-                          "bias_activation_fusion"})
+                          "bias_activation_fusion", "cross_entropy_loss_fusion"})
 # Settings that say nothing about memory or speed: never reported as "cannot express".
 IRRELEVANT = re.compile(
     r"(^|[._-])(lr|min_lr|dataset|datasets|train_files|val_files|train_data|val_data|log\w*|save|save[-_]\w+|"
