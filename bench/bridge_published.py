@@ -117,7 +117,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from production_sources import BRIDGE_TABLE_CSV, split_fields
 from throughput_accuracy import DEFAULT_VALIDATION, Case, classic_cases, golden_cases
 
-from meshplan.knowledge.published_runs import BRIDGE, BRIDGE_PERF_TABLE, RECIPE_SPLITS, bridge_perf_activation_fusion
+from meshplan.knowledge.published_runs import (
+    BRIDGE,
+    BRIDGE_PERF_CROSS_ENTROPY,
+    BRIDGE_PERF_TABLE,
+    RECIPE_SPLITS,
+    bridge_perf_activation_fusion,
+)
 
 DATA = BRIDGE_TABLE_CSV
 # Systems whose rows were transcribed after the card's constants were set: held out of every fit (bench/README.md).
@@ -153,6 +159,9 @@ def cases(path: Path = DATA):
                 # (published_runs.BRIDGE_PERF_ACTIVATION_FUSION, production_sources.perf_table_fields for the dev rows)
                 bias_activation_fusion=True if bridge_perf_activation_fusion(
                     BRIDGE_PERF_TABLE, resolve_model(r["model"]).model_type) else None,
+                # Transformer Engine's fused cross-entropy, set by every release's launcher
+                # (published_runs.BRIDGE_PERF_CROSS_ENTROPY; production_sources.perf_table_fields for the dev rows)
+                **BRIDGE_PERF_CROSS_ENTROPY,
             )
             split = recipe_split_fields(r["model"], pp, int(r["vp"]), int(r["mtp"]))
             if split:

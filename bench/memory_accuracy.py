@@ -88,9 +88,10 @@ EXCLUDE = [
 ]
 
 # The Megatron-LM arguments the CSV has no column for (dropout, the embedding and loss in the pipeline split,
-# fine-grained activation offloading), read from each case's model_config.yaml into a file of further columns beside
-# the CSV's (bench/data/megatron_functional_columns.yaml, with its source): megatron_rows gives every row all of them,
-# blank where the case does not set one (Megatron's default, as in the CSV).
+# fine-grained activation offloading, the cross-entropy fusion and its implementation), read from each case's
+# model_config.yaml into a file of further columns beside the CSV's (bench/data/megatron_functional_columns.yaml,
+# with its source): megatron_rows gives every row all of them, blank where the case does not set one (Megatron's
+# default, as in the CSV).
 FURTHER_COLUMNS = Path(__file__).resolve().parent / "data" / "megatron_functional_columns.yaml"
 TOKENIZER_VOCAB = {"": 50257, "GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
 # The functional tests' full-size models (the 7B rows); the rest are tiny (hidden 512-3072) and their peaks and steps
@@ -236,7 +237,10 @@ def megatron_case(row: dict[str, str]) -> tuple[Job, Plan]:
     job = carry_cards(Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8,
                           seq_length=_int(row, "seq-length", 1024),
                           global_batch_size=_int(row, "global-batch-size", mbs * dp),
-                          precision="fp8" if row["fp8-format"] else "bf16", framework="megatron-core"))
+                          precision="fp8" if row["fp8-format"] else "bf16", framework="megatron-core",
+                          # the loss as the case sets it (blank: Megatron-LM's unfused one; the impl native)
+                          cross_entropy_loss_fusion=row["cross-entropy-loss-fusion"] == "True",
+                          cross_entropy_fusion_impl=row["cross-entropy-fusion-impl"] or "native"))
     # --attention-backend as the row sets it (local: Megatron's own DotProductAttention, unfused too); dropout as
     # its columns set it (blank: Megatron's default, on; megatron_skip_reason keeps only rows whose two agree)
     backend = {"unfused": "unfused", "local": "unfused", "flash": "flash", "fused": "fused"}.get(

@@ -29,8 +29,9 @@ Method (no per-row constants, nothing fitted):
   vpp and MTP layers (RECIPE_SPLITS: Megatron-Bridge's layout helpers and perf recipes, its base recipes'
   account_for_*, Megatron-MoE-ModelZoo's scripts), each entry citing its path.
 - What the launcher a row cites sets for every run it makes is passed too: Megatron-Bridge's performance-table runs
-  reduce gradients in bf16 (perf_table_fields), verl's example scripts pack each micro-batch to a token budget of
-  the row's seq_length (dynamic_batch_fields), and a measured study's recipe sets its optimizer precision
+  reduce gradients in bf16 and run Transformer Engine's fused cross-entropy (perf_table_fields), verl's example
+  scripts pack each micro-batch to a token budget of the row's seq_length (dynamic_batch_fields), and a measured
+  study's recipe sets its optimizer precision
   (study_recipe_fields: Bridge's Moonlight recompute study ran the 8-H100 recipe's bf16 moments and main grads and
   its shared experts overlapped with the dispatch, moe_shared_expert_overlap).
 - A LoRA row's rank and targets from its own `lora` section (rank, alpha, targets in Megatron-Core's linear names,

@@ -115,7 +115,7 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     fields |= offload
     knobs |= k
     fields |= perf_table_fields(row, framework)
-    fields |= study_recipe_fields(row)
+    fields |= study_recipe_fields(row, framework)
     key = catalog_match(row["model"])
     mtp, n = recipe_mtp(row, key if model == key else None)  # a config path: the row's own model (MTP off)
     fields |= mtp

@@ -21,6 +21,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.published_runs import (
     BRIDGE,
+    BRIDGE_PERF_CROSS_ENTROPY,
     BRIDGE_PERF_TABLE,
     LORA_RECIPES,
     RECIPE_MOE,
@@ -46,12 +47,15 @@ from meshplan.knowledge.releases import snapshot_day
 def perf_table_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:
     """grad_reduce_in_fp32=False for a row from Megatron-Bridge's performance tables (BRIDGE_PERF_TABLE), and, scored
     on Megatron-Bridge, bias_activation_fusion=True where its perf recipe turns it on for the row's model family
-    (published_runs.bridge_perf_activation_fusion)."""
+    (published_runs.bridge_perf_activation_fusion) and Transformer Engine's fused cross-entropy, which its launchers
+    set on every run (published_runs.BRIDGE_PERF_CROSS_ENTROPY)."""
     citation = row_text(row["source"]["citation"])
     if BRIDGE_PERF_TABLE not in citation.lower():
         return {}
-    fused = framework == "megatron-bridge" and bridge_perf_activation_fusion(citation, row["model"].get("family"))
-    return {"grad_reduce_in_fp32": False} | ({"bias_activation_fusion": True} if fused else {})
+    bridge = framework == "megatron-bridge"
+    fused = bridge and bridge_perf_activation_fusion(citation, row["model"].get("family"))
+    return ({"grad_reduce_in_fp32": False} | ({"bias_activation_fusion": True} if fused else {})
+            | (BRIDGE_PERF_CROSS_ENTROPY if bridge else {}))
 
 
 # Megatron-Bridge's published performance tables, one row per run with what its release's launcher set
@@ -101,13 +105,16 @@ def release_launcher_moe(row: dict[str, Any], model_key: str | None, knobs: dict
     return out
 
 
-def study_recipe_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """The fields (optimizer, activation fusion) the recipe a measured study ran sets (STUDY_RECIPES), for a row citing
-    that study."""
+def study_recipe_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:
+    """The fields (optimizer, activation fusion, loss) the recipe a measured study ran sets (STUDY_RECIPES), for a row
+    citing that study; its Transformer Engine cross-entropy (BRIDGE_PERF_CROSS_ENTROPY) only where the row is scored on
+    Megatron-Bridge, as perf_table_fields: Megatron-LM 0.19's pretrain_gpt.py refuses it (rule PR009), so a row scored
+    on Megatron-Core runs that framework's default loss."""
     cited = row_text(row["source"]["citation"], row["source"].get("location")).lower()
     for words, (_, fields) in STUDY_RECIPES.items():
         if all(w in cited for w in words):
-            return dict(fields)
+            return {k: v for k, v in fields.items()
+                    if framework == "megatron-bridge" or k not in BRIDGE_PERF_CROSS_ENTROPY}
     return {}
 
 

@@ -205,8 +205,10 @@ def golden_cases(validation: Path) -> list[Case]:
             if r["num-layers-per-virtual-pipeline-stage"] else 1)
         gbs, mbs, s = int(r["global-batch-size"]), int(r["micro-batch-size"]), int(r["seq-length"])
         job = carry_cards(Job(model=arch, gpu=h100, num_gpus=8, gpus_per_node=8, seq_length=s,
-                              global_batch_size=gbs,
-                              framework="megatron-core"))
+                              global_batch_size=gbs, framework="megatron-core",
+                              # the loss as the case sets it (memory_accuracy.megatron_case reads the same columns)
+                              cross_entropy_loss_fusion=r["cross-entropy-loss-fusion"] == "True",
+                              cross_entropy_fusion_impl=r["cross-entropy-fusion-impl"] or "native"))
         plan = Plan(tp=t, pp=p, vpp=v, dp=8 // (t * p), sequence_parallel=r["sequence-parallel"] == "True",
                     micro_batch_size=mbs, zero_stage=1 if r["use-distributed-optimizer"] == "True" else 0)
         out.append(Case("Megatron golden", "classic", job, plan, gbs * s / float(r["iter_time_s_median"]) / 8))

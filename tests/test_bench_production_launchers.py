@@ -38,7 +38,9 @@ def test_perf_table_rows_reduce_gradients_in_bf16(tmp_path, production_rows):
     recipe = pmap.map_row(production_rows["mbridge_recipe_glm45_air_32"], tmp_path)
     assert recipe.request.grad_reduce_in_fp32 is None
     table = {"source": {"citation": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"}, "model": {}}
-    assert psrc.perf_table_fields(table, "megatron-bridge") == {"grad_reduce_in_fp32": False}
+    assert psrc.perf_table_fields(table, "megatron-bridge") == {"grad_reduce_in_fp32": False,
+                                                                 "cross_entropy_loss_fusion": True,
+                                                                 "cross_entropy_fusion_impl": "te"}
     # the bf16 grad buffer is half the fp32 one on every stage (Megatron's main grads: 2 B/param, not 4)
     bf16 = api.estimate_memory(perf.request).stages[0].gradients_bytes
     fp32 = api.estimate_memory(perf.request.model_copy(update={"grad_reduce_in_fp32": None})).stages[0].gradients_bytes
@@ -61,6 +63,22 @@ def test_the_perf_tables_and_their_studies_fuse_the_qwen_activation(tmp_path, pr
              "model": {"family": "qwen3_moe"}}
     assert psrc.perf_table_fields(table, "megatron-bridge")["bias_activation_fusion"] is True
     assert "bias_activation_fusion" not in psrc.perf_table_fields(table, "torchtitan")
+
+
+def test_the_perf_tables_and_their_studies_run_transformer_engines_loss(tmp_path, production_rows):
+    """Bridge's performance launchers set cross_entropy_fusion_impl te on every run beside the provider's fusion
+    (published_runs.BRIDGE_PERF_CROSS_ENTROPY), as does the perf recipe a study names; scored on Megatron-Core (whose
+    0.19 pretrain_gpt.py refuses te, rule PR009) the row keeps that framework's default loss; a hardware recipe row
+    keeps its provider's."""
+    for rid in ("mbridge_h100_llama3_70b_64_fp8", "mbridge_card_qwen3_30b_16_h100_hybridep"):
+        request = pmap.map_row(production_rows[rid], tmp_path).request
+        assert (request.cross_entropy_loss_fusion, request.cross_entropy_fusion_impl) == (True, "te")
+    core = pmap.map_row(production_rows["mbridge_card_qwen3_30b_32_h100_deepep"], tmp_path).request
+    assert core.framework == "megatron-core" and core.cross_entropy_fusion_impl is None
+    recipe = pmap.map_row(production_rows["mbridge_recipe_glm45_air_32"], tmp_path).request
+    assert recipe.cross_entropy_fusion_impl is None
+    table = {"source": {"citation": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"}, "model": {}}
+    assert "cross_entropy_fusion_impl" not in psrc.perf_table_fields(table, "megatron-core")
 
 
 def test_verl_dynamic_batch_is_one_budget_of_tokens(tmp_path, production_rows):
@@ -149,7 +167,8 @@ def test_a_measured_study_gets_the_optimizer_precision_of_the_recipe_it_ran(tmp_
     added = (api.estimate_memory(study.request).stages[0].activations_bytes
              - api.estimate_memory(unlapped).stages[0].activations_bytes)
     assert added == 26 * 4096 * 2048 * 2
-    assert psrc.study_recipe_fields({"source": {"citation": "some other card", "location": "Moonlight"}}) == {}
+    assert psrc.study_recipe_fields({"source": {"citation": "some other card", "location": "Moonlight"}},
+                                    "megatron-bridge") == {}
     default = study.request.model_copy(update={"optimizer_state_dtype": None, "grad_reduce_in_fp32": None})
     low, high = api.estimate_memory(study.request), api.estimate_memory(default)
     # expert-dp is 1 (EP8 on 8 GPUs): every expert's moments and grads sit whole on each GPU, so the recipe's

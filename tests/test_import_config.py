@@ -1223,7 +1223,7 @@ def test_a_recipe_name_is_reported_not_dropped_as_a_run_name(tmp_path):
 
 def test_keys_that_touch_a_step_are_reported_not_hidden_by_a_word_inside_them(tmp_path):
     """IRRELEVANT's words matched inside other keys: save\\w* hid --distribute-saved-activations (TP-sharded saved
-    inputs under full recompute), entropy\\w* (an RL coefficient) --cross-entropy-loss-fusion, checkpoint and
+    inputs under full recompute), entropy\\w* (an RL coefficient) --cross-entropy-loss-fusion (now read), checkpoint and
     activation torchtitan's activation_checkpoint section (its memory_budget). And torchtitan's mode memory_budget
     refused the whole file ('not a valid recompute'); it is now said, the rest read."""
     script = tmp_path / "train.sh"
@@ -1231,9 +1231,11 @@ def test_keys_that_touch_a_step_are_reported_not_hidden_by_a_word_inside_them(tm
                       "--micro-batch-size 1 --global-batch-size 64 --recompute-granularity full --recompute-method "
                       "uniform --recompute-num-layers 1 --distribute-saved-activations --cross-entropy-loss-fusion "
                       "--save /x --save-interval 100\n")
-    said = " ".join(import_file(str(script)).unsupported)
-    assert "--distribute-saved-activations" in said and "--cross-entropy-loss-fusion" in said
-    assert "--save" not in said
+    imported = import_file(str(script))
+    said = " ".join(imported.unsupported)
+    assert "--distribute-saved-activations" in said and "--save" not in said
+    # the loss's fusion is read since it is a request field (tests/test_cross_entropy_fusion.py)
+    assert imported.request["cross_entropy_loss_fusion"] is True and "--cross-entropy-loss-fusion" not in said
     toml = tmp_path / "job.toml"
     toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
                     '[activation_checkpoint]\nmode = "memory_budget"\nmemory_budget = 0.5\n')

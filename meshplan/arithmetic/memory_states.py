@@ -619,10 +619,17 @@ def megatron_loss(job: Job) -> CrossEntropyBytes | None:
 
 
 def megatron_loss_name(job: Job) -> MegatronLoss | None:
-    """megatron_loss's key: unfused, or the fused implementation the job names; None without the switch."""
+    """megatron_loss's key: unfused, or the fused implementation the job names; a job built without the fields (not
+    by request/resolve, which writes them) takes the framework's default for its model (the card's
+    defaults.cross_entropy); None on a framework without the switch."""
     if job.cross_entropy_loss_fusion is None:
-        return None
-    return job.cross_entropy_fusion_impl if job.cross_entropy_loss_fusion else "unfused"
+        default = job.card.defaults.cross_entropy(job.model.model_type)
+        if default is None:
+            return None
+        fusion, impl = default
+    else:
+        fusion, impl = job.cross_entropy_loss_fusion, job.cross_entropy_fusion_impl
+    return impl if fusion else "unfused"
 
 
 def megatron_loss_bytes(job: Job) -> dict:

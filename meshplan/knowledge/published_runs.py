@@ -229,6 +229,16 @@ TITAN_OP_TOMLS = {("llama3", 8.0)}
 # not the 4 of the hardware recipes' bf16_mixed.
 BRIDGE_PERF_TABLE = "megatron-bridge docs/performance-summary"
 
+# ... and with Transformer Engine's fused cross-entropy on every run: the GPTModelProvider's cross_entropy_loss_fusion
+# True (gpt_provider.py) beside the launchers' cross_entropy_fusion_impl "te": v0.1.0rc4 (2025-09)
+# scripts/performance/configs/{deepseek,llama3,llama31,qwen3}/*_llm_pretrain.yaml (model.cross_entropy_fusion_impl:
+# "te"), v0.2.0 scripts/performance/utils/helpers.py and v0.3.0 utils/overrides.py set_common_perf_overrides
+# (recipe.model.cross_entropy_fusion_impl = "te", run by get_model_recipe_with_user_overrides for every model),
+# v0.6.0 perf_recipes/_common.py _benchmark_common(cross_entropy_impl="te"). The containers of those releases pin
+# Transformer Engine 2.9-2.17, whose kernel writes the gradient over the bf16 logits (cards/memory.yaml
+# megatron_cross_entropy te).
+BRIDGE_PERF_CROSS_ENTROPY = {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"}
+
 # Measured studies whose rows cite the study, not the recipe it ran, where the study's text names the recipe:
 # (words the row's citation and location both hold) -> (recipe, the fields that recipe sets; its source above).
 # NVIDIA-NeMo/Megatron-Bridge a67b5735d skills/nemo-mbridge-perf-activation-recompute/SKILL.md "Matched H100 Evidence:
@@ -242,13 +252,15 @@ BRIDGE_PERF_TABLE = "megatron-bridge docs/performance-summary"
 # nemo-mbridge-perf-moe-optimization-workflow/card.yaml (best_configs.qwen3_30b_h100_16, qwen3_30b_h100_case_study)
 # name src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py as their evidence, whose every Qwen3 config sets
 # cfg.model.bias_activation_fusion = True (lines 72, 140, 193), as v0.6.0's recipes/qwen/h100/qwen3_moe.py
-# qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config (the same 16-H100 TP1 EP16 HybridEP MBS1 GBS1024 layout) does.
+# qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config (the same 16-H100 TP1 EP16 HybridEP MBS1 GBS1024 layout) does, and
+# whose every config calls perf_recipes/_common.py _benchmark_common(cfg), cross_entropy_impl "te" by default
+# (BRIDGE_PERF_CROSS_ENTROPY).
 STUDY_RECIPES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("nemo-mbridge-perf-activation-recompute", "moonlight"): (
         "moonlight_16b_pretrain_8gpu_h100_bf16_config",
         {"optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False, "moe_shared_expert_overlap": True}),
     ("nemo-mbridge-perf-moe-hardware-configs", "qwen3"): (
-        "perf_recipes/qwen/h100/qwen3_moe.py", {"bias_activation_fusion": True}),
+        "perf_recipes/qwen/h100/qwen3_moe.py", {"bias_activation_fusion": True} | BRIDGE_PERF_CROSS_ENTROPY),
 }
 
 # verl example scripts the RL rows cite that train with actor.use_dynamic_bsz=True and ppo_max_token_len_per_gpu =

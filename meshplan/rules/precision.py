@@ -7,7 +7,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
-from meshplan.arithmetic.memory_states import fp8_recipe
+from meshplan.arithmetic.memory_states import fp8_recipe, megatron_loss_name
 from meshplan.arithmetic.offload import optimizer_share
 from meshplan.knowledge.adapter_card import AdapterKnob
 from meshplan.knowledge.adapter_knobs import rendered_knob
@@ -299,7 +299,7 @@ def te_cross_entropy_the_release_refuses(ctx: Context) -> Values:
     job's release being the known one its framework_version resolved to (a main snapshot's: the card's own)."""
     job, card = ctx.job, ctx.card
     since = card.defaults.cross_entropy_te_refused_from
-    if not (job.cross_entropy_loss_fusion and job.cross_entropy_fusion_impl == "te") or since is None:
+    if megatron_loss_name(job) != "te" or since is None:
         return None
     release, floor = numbers(job.framework_version or "") or numbers(card.version), numbers(since)
     if release is None or floor is None or release < floor:

@@ -183,7 +183,8 @@ class Job(StrictModel):
                           "unfused_glu_bytes); true on every framework without the switch")
     cross_entropy_loss_fusion: bool | None = Field(
         None, description="Megatron-Core's cross_entropy_loss_fusion as the job runs it (memory_states.megatron_loss: "
-                          "false the unfused vocab-parallel loss, true cross_entropy_fusion_impl's); None on a "
+                          "false the unfused vocab-parallel loss, true cross_entropy_fusion_impl's); None: not "
+                          "resolved, the framework's default for the model (request/resolve writes it), none on a "
                           "framework without the switch (its memory convention's loss)")
     cross_entropy_fusion_impl: CrossEntropyFusionImpl = Field(
         "native", description="Megatron-Core's fused cross-entropy, read where cross_entropy_loss_fusion is true: "
