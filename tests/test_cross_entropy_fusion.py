@@ -59,13 +59,13 @@ def test_the_card_counts_each_loss_from_its_code():
     ("megatron-core", "llama-3.1-8b", dict(cross_entropy_loss_fusion=True), (True, "native", "native")),
 ])
 def test_each_framework_runs_its_default_unless_asked(framework, model, fields, expected):
-    job, _ = _job(framework, model=model, **fields)
-    assert (job.cross_entropy_loss_fusion, job.cross_entropy_fusion_impl, megatron_loss_name(job)) == expected
+    job, plan = _job(framework, model=model, **fields)
+    assert (job.cross_entropy_loss_fusion, job.cross_entropy_fusion_impl, megatron_loss_name(job, plan)) == expected
 
 
 def test_an_impl_without_the_fusion_is_noted_as_read_by_nothing():
-    job, _ = _job(cross_entropy_fusion_impl="te")
-    assert megatron_loss_name(job) == "unfused"
+    job, plan = _job(cross_entropy_fusion_impl="te")
+    assert megatron_loss_name(job, plan) == "unfused"
     assert any("no effect without cross_entropy_loss_fusion" in n for n in job.notes)
 
 
@@ -74,8 +74,8 @@ def test_a_framework_without_the_switch_refuses_both_fields():
         with pytest.raises(MeshplanError, match=field) as refused:
             _job("torchtitan", **{field: value})
         assert refused.value.fields == (field,)
-    job, _ = _job("torchtitan")
-    assert job.cross_entropy_loss_fusion is None and megatron_loss(job) is None
+    job, plan = _job("torchtitan")
+    assert job.cross_entropy_loss_fusion is None and megatron_loss(job, plan) is None
 
 
 def test_memory_takes_the_loss_the_job_runs():
@@ -87,7 +87,7 @@ def test_memory_takes_the_loss_the_job_runs():
         job, plan = _job("megatron-bridge", cross_entropy_loss_fusion=fusion, cross_entropy_fusion_impl=impl)
         conv = with_precision(job, plan)[1]
         vocab = built_vocab(job.model.vocab_size, conv, tp)
-        seen[megatron_loss_name(job)] = output_activations(conv, tokens, vocab, tp, job.model.hidden_size, tp)
+        seen[megatron_loss_name(job, plan)] = output_activations(conv, tokens, vocab, tp, job.model.hidden_size, tp)
     assert seen["unfused"] == seen["native"]
     assert seen["native"] - seen["te"] == pytest.approx((FP32 + BF16 - BF16) * tokens * vocab / tp)
     unfused = api.estimate_memory(Request(**BASE | dict(framework="megatron-bridge", cross_entropy_loss_fusion=False)))
@@ -104,15 +104,15 @@ def test_the_loss_time_reads_the_same_choice():
     for fusion, impl in ((False, "native"), (True, "native"), (True, "te")):
         job, plan = _job("megatron-bridge", cross_entropy_loss_fusion=fusion, cross_entropy_fusion_impl=impl)
         conv = with_precision(job, plan)[1]
-        assert loss_hbm_bytes(job, conv, cal) == megatron_loss(job).hbm_bytes_per_logit
-        heads[megatron_loss_name(job)] = step_terms(job, plan).inputs.head
+        assert loss_hbm_bytes(job, plan, conv, cal) == megatron_loss(job, plan).hbm_bytes_per_logit
+        heads[megatron_loss_name(job, plan)] = step_terms(job, plan).inputs.head
     ctx = step_terms(job, plan).ctx
     per_byte = ctx.shard.tokens * built_vocab(job.model.vocab_size, conv, plan.tp) / plan.tp / ctx.hbm
     assert heads["unfused"] - heads["native"] == pytest.approx((52 - 32) * per_byte, rel=1e-6)
     assert heads["native"] - heads["te"] == pytest.approx((32 - 10) * per_byte, rel=1e-6)
     job, plan = _job("torchtitan", tp=1)
     conv = with_precision(job, plan)[1]
-    assert loss_hbm_bytes(job, conv, cal) == (conv.loss_hbm_bytes_per_logit or cal.cross_entropy_bytes_per_logit)
+    assert loss_hbm_bytes(job, plan, conv, cal) == (conv.loss_hbm_bytes_per_logit or cal.cross_entropy_bytes_per_logit)
 
 
 def test_pr009_refuses_te_on_megatron_lm_0_19_only():
@@ -150,3 +150,39 @@ def test_a_launch_line_is_read():
     read = api.import_config("torchrun pretrain_gpt.py --cross-entropy-loss-fusion --cross-entropy-fusion-impl te "
                              "--tensor-model-parallel-size 2").request
     assert (read["cross_entropy_loss_fusion"], read["cross_entropy_fusion_impl"]) == (True, "te")
+
+
+@pytest.mark.parametrize(("framework", "fields"), [
+    ("verl", dict(zero_stage=1)),  # its Megatron engine: verl/utils/megatron/tensor_parallel.py's log-probs
+    ("deepspeed", dict(zero_stage=1)),  # Megatron-DeepSpeed's GPT model: gpt_model.py CrossEntropy
+])
+def test_an_engine_that_calls_megatrons_loss_itself_is_timed_with_the_unfused_entry(framework, fields):
+    """verl's Megatron engine and Megatron-DeepSpeed have no switch, but their training step calls Megatron's unfused
+    vocab_parallel_cross_entropy itself (the card's engine.megatron_loss): the loss's time reads that card entry's
+    52 B per logit, not the calibration's fused 16 B, and its memory the entry's 6 B per logit."""
+    job, plan = _job(framework, **fields)
+    assert job.cross_entropy_loss_fusion is None
+    assert job.card.engine.megatron_loss[job.card.engine_at(plan.zero_stage)] == "unfused"
+    unfused = memory_card().megatron_cross_entropy["unfused"]
+    assert megatron_loss(job, plan) == unfused
+    conv = with_precision(job, plan)[1]
+    assert loss_hbm_bytes(job, plan, conv, calibration()) == unfused.hbm_bytes_per_logit == 52
+    assert conv.logits_bytes_per_element == unfused.logits_bytes_per_element == FP32 + BF16
+    assert any("unfused vocab-parallel" in a for a in api.estimate_memory(Request(
+        **BASE | dict(framework=framework) | fields)).assumptions)
+
+
+def test_the_engine_loss_follows_the_plans_engine():
+    """A search moves verl between its Megatron engine (zero_stage 0-2) and its FSDP engine (3): the FSDP plan keeps
+    its convention's own loss (fsdp2_hf, flash_attn's Triton kernels), whatever engine the request resolved at."""
+    job, plan = _job("verl", zero_stage=1)
+    fsdp = plan.model_copy(update={"zero_stage": 3})
+    assert megatron_loss_name(job, plan) == "unfused" and megatron_loss_name(job, fsdp) is None
+    conv = with_precision(job, fsdp)[1]
+    assert loss_hbm_bytes(job, fsdp, conv, calibration()) == conv.loss_hbm_bytes_per_logit == 26
+
+
+def test_an_engine_without_a_switch_still_refuses_the_fields():
+    with pytest.raises(MeshplanError, match=r"engine\.megatron_loss") as refused:
+        _job("verl", zero_stage=1, cross_entropy_loss_fusion=True)
+    assert refused.value.fields == ("cross_entropy_loss_fusion",)

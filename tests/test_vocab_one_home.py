@@ -41,6 +41,6 @@ def test_time_reads_the_padded_vocabulary_the_memory_holds():
     cal = calibration("megatron-core")
     ctx = layer_context(job, plan, cal, links(job.gpu, job.gpus_per_node, cal), _peaks(job, cal), 4, None)
     gemm = gemm_seconds([logits_gemm(job.model, ctx.shard, vocab)], cal, ctx.bf16_peak, None)
-    per_logit = megatron_loss(job).hbm_bytes_per_logit  # Megatron-LM's unfused loss (perf.loss_hbm_bytes)
+    per_logit = megatron_loss(job, plan).hbm_bytes_per_logit  # Megatron-LM's unfused loss (perf.loss_hbm_bytes)
     loss = per_logit * ctx.shard.tokens * vocab / 4 / ctx.hbm
     assert head_seconds(job, plan, ctx) == pytest.approx(gemm + loss, rel=1e-12)

@@ -20,14 +20,12 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import CardError, FrameworkCard, checked_once, load_card
 from meshplan.knowledge.engine_card import MemoryConvention, OptimizerImplementation
 from meshplan.knowledge.families_card import families_card
-from meshplan.schema.choices import Fp8Recipe
+from meshplan.schema.choices import Fp8Recipe, MegatronLoss
 from meshplan.schema.plan import Job, Plan
 
 TensorClass = Literal["weights", "gradients", "optimizer"]
 # activations.MOE_BYTES's keys
 MoeActivations = Literal["megatron_core", "generic", "fp32_router", "hf", "automodel_deepep"]
-# cards/memory.yaml megatron_cross_entropy's keys: Megatron-Core's unfused loss and its two fused implementations
-MegatronLoss = Literal["unfused", "native", "te"]
 # Which precision knob rewrites a tensor (with_precision): weights (fp8_param_gather), main_grads
 # (grad_reduce_in_fp32), master (the precision-aware optimizer's remainders), moments (optimizer_state_dtype).
 # grad_copy: an fp32 copy of the gradient shard the optimizer keeps as its own (HybridDeviceOptimizer's GPU share)
@@ -545,7 +543,7 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
     if plan.grad_reduce_in_fp32 is False and conv.main_grad_bucket_bytes:  # Megatron-FSDP's bucket in bf16
         cut = conv.main_grad_bucket_bytes - prec.dtype_bytes["bf16"]
         conv_update |= {"gathered_bytes": conv.gathered_bytes - cut, "prefetched_bytes": conv.prefetched_bytes - cut}
-    conv_update.update(megatron_loss_bytes(job))
+    conv_update.update(megatron_loss_bytes(job, plan))
     conv_update.update(loss_upcast(job, conv))
     conv_update.update(compiled(job, plan))
     return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
@@ -609,33 +607,36 @@ def as_the_plan_runs(conv: Convention, plan: Plan) -> Convention:
     return conv
 
 
-def megatron_loss(job: Job) -> CrossEntropyBytes | None:
+def megatron_loss(job: Job, plan: Plan) -> CrossEntropyBytes | None:
     """The Megatron-Core cross-entropy the job runs (cards/memory.yaml megatron_cross_entropy): the unfused
     vocab-parallel one, or with cross_entropy_loss_fusion its cross_entropy_fusion_impl, native or Transformer
-    Engine's; None where the framework has no such switch (Job.cross_entropy_loss_fusion None: its convention's loss).
-    The one reading the memory (megatron_loss_bytes) and the loss's time (perf.loss_hbm_bytes) take."""
-    name = megatron_loss_name(job)
+    Engine's; on a framework without the switch, the one the plan's engine calls itself (the card's
+    engine.megatron_loss: verl's Megatron engine, Megatron-DeepSpeed), else None (its convention's loss). The one
+    reading the memory (megatron_loss_bytes) and the loss's time (perf.loss_hbm_bytes) take."""
+    name = megatron_loss_name(job, plan)
     return None if name is None else memory_card().megatron_cross_entropy[name]
 
 
-def megatron_loss_name(job: Job) -> MegatronLoss | None:
+def megatron_loss_name(job: Job, plan: Plan) -> MegatronLoss | None:
     """megatron_loss's key: unfused, or the fused implementation the job names; a job built without the fields (not
     by request/resolve, which writes them) takes the framework's default for its model (the card's
-    defaults.cross_entropy); None on a framework without the switch."""
+    defaults.cross_entropy); on a framework without the switch, the loss the engine of the plan's ZeRO stage calls
+    itself (engine.megatron_loss; per plan, since a search moves verl between its Megatron and FSDP engines), else
+    None."""
     if job.cross_entropy_loss_fusion is None:
         default = job.card.defaults.cross_entropy(job.model.model_type)
         if default is None:
-            return None
+            return job.card.engine.megatron_loss.get(job.card.engine_at(plan.zero_stage))
         fusion, impl = default
     else:
         fusion, impl = job.cross_entropy_loss_fusion, job.cross_entropy_fusion_impl
     return impl if fusion else "unfused"
 
 
-def megatron_loss_bytes(job: Job) -> dict:
+def megatron_loss_bytes(job: Job, plan: Plan) -> dict:
     """The convention's bytes per logit at the loss's peak as the job's Megatron-Core cross-entropy keeps them
-    (megatron_loss); nothing where the framework has no such switch."""
-    loss = megatron_loss(job)
+    (megatron_loss); nothing where the job runs none."""
+    loss = megatron_loss(job, plan)
     return {} if loss is None else {"logits_bytes_per_element": loss.logits_bytes_per_element}
 
 

@@ -600,7 +600,7 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
         f"Micro-batches in flight from the schedule ({m} micro-batches per step): "
         + ("1F1B, stage r holds min(m, pp - r)." if plan.vpp == 1 or plan.pp == 1 else
            "interleaved 1F1B, Megatron's warm-up (pp - r - 1)*2 + (vpp - 1)*pp forwards + 1, capped at m*vpp."),
-        _loss_assumption(card.conventions[conv_name], job),
+        _loss_assumption(card.conventions[conv_name], job, plan),
         f"Other: fixed overhead {card.fixed_overhead_bytes / GIB:.2f} GiB (workspaces, communication buffers; "
         f"calibrated, cards/memory.yaml) + CUDA context {card.cuda_context_bytes / GIB:.2f} GiB (outside torch's "
         f"accounting) + the caching allocator's reserve, {card.allocator_reserve_fraction:.0%} of the memory freed "
@@ -667,7 +667,7 @@ def _fp8_assumption(conv, gather: bool) -> str:
     return f"fp8: {weight}; {inputs}."
 
 
-def _loss_assumption(conv, job: Job) -> str:
+def _loss_assumption(conv, job: Job, plan: Plan) -> str:
     bf16 = loss_upcast(job, conv)  # loss_fp32_upcast false: the cross-entropy's tensors in bf16
     per_logit = bf16.get("logits_bytes_per_element", conv.logits_bytes_per_element)
     tensors = "bf16 (loss_fp32_upcast false)" if bf16 else "fp32"
@@ -676,7 +676,7 @@ def _loss_assumption(conv, job: Job) -> str:
               if conv.loss_chunks > 1 else " of the whole micro-batch")
     whole = "; the logits whole on every TP rank (gathered before the loss)" * (conv.logits_over_tp == "replicated")
     return (f"Last stage: output-layer input and logits/loss at {per_logit:g} bytes per logit"
-            f"{chunks} ({MEGATRON_LOSS_KEPT.get(megatron_loss_name(job) or '', default)} at its peak{whole}; "
+            f"{chunks} ({MEGATRON_LOSS_KEPT.get(megatron_loss_name(job, plan) or '', default)} at its peak{whole}; "
             "cards/memory.yaml).")
 
 

@@ -479,12 +479,12 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))
 
 
-def loss_hbm_bytes(job: Job, conv: Convention, cal: Calibration) -> float:
-    """HBM bytes per logit the job's cross-entropy moves, forward + backward: Megatron-Core's loss the job runs where
-    the framework has the switch (memory_states.megatron_loss, cards/memory.yaml megatron_cross_entropy), else the
-    engine's own loss where its convention counts one (loss_hbm_bytes_per_logit), else a fused cross-entropy's
-    (the calibration's cross_entropy_bytes_per_logit)."""
-    loss = megatron_loss(job)
+def loss_hbm_bytes(job: Job, plan: Plan, conv: Convention, cal: Calibration) -> float:
+    """HBM bytes per logit the job's cross-entropy moves, forward + backward: the Megatron-Core loss the job runs
+    (memory_states.megatron_loss: the switch's where the framework has it, else the one the plan's engine calls
+    itself; cards/memory.yaml megatron_cross_entropy), else the engine's own loss where its convention counts one
+    (loss_hbm_bytes_per_logit), else a fused cross-entropy's (the calibration's cross_entropy_bytes_per_logit)."""
+    loss = megatron_loss(job, plan)
     if loss is not None:
         return loss.hbm_bytes_per_logit
     return conv.loss_hbm_bytes_per_logit or cal.cross_entropy_bytes_per_logit
@@ -507,7 +507,7 @@ def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
     if job.lora is not None:  # a frozen output layer: forward and data gradient only
         head *= FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
     whole = conv.logits_over_tp == "replicated"
-    head += loss_hbm_bytes(job, conv, cal) * ctx.shard.tokens * vocab / (1 if whole else plan.tp) / ctx.hbm
+    head += loss_hbm_bytes(job, plan, conv, cal) * ctx.shard.tokens * vocab / (1 if whole else plan.tp) / ctx.hbm
     if ctx.hf_eager and plan.pp == 1:  # transformers' final norm and embedding, eager (those engines run no pipeline)
         head += eager_edge_seconds(ctx, vocab)
     if whole and split > 1:

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.knowledge.release_lines import in_any_line
-from meshplan.schema.choices import CpPadding, Engine
+from meshplan.schema.choices import CpPadding, Engine, MegatronLoss
 
 # the byte presets of cards/memory.yaml
 MemoryConvention = Literal["megatron", "megatron_fsdp", "deepspeed", "fsdp2", "fsdp2_chunked_loss", "fsdp2_hf",
@@ -52,6 +52,11 @@ class EngineFacts(_Card):
     # of; any other model trains none (NeMo AutoModel: its deepseek_v3 code builds none, its nemotron_v3 does)
     builds_model_mtp_types: list[str] | None = None
     builds_model_mtp_source: str
+    # engines whose training step computes the loss itself, outside the model, with one of Megatron-Core's
+    # cross-entropies whatever the config's cross_entropy_loss_fusion says (verl's Megatron engine, Megatron-DeepSpeed:
+    # Megatron's unfused vocab_parallel_cross_entropy); request.resolve writes it into the Job as the loss it runs
+    megatron_loss: dict[Engine, MegatronLoss] = {}
+    megatron_loss_source: str | None = None
     why: str
 
     @model_validator(mode="after")
@@ -62,6 +67,10 @@ class EngineFacts(_Card):
         if set(self.by_zero_stage.values()) - set(self.builds_model_mtp):
             raise ValueError(f"builds_model_mtp needs every engine of by_zero_stage, "
                              f"got {sorted(self.builds_model_mtp)}")
+        if set(self.megatron_loss) - set(self.by_zero_stage.values()):
+            raise ValueError(f"megatron_loss names an engine no ZeRO stage runs: {sorted(self.megatron_loss)}")
+        if self.megatron_loss and not self.megatron_loss_source:
+            raise ValueError("megatron_loss needs megatron_loss_source (the engine's code that calls the loss)")
         return self
 
 

@@ -634,7 +634,8 @@ def _loss_upcast(req: Request, card, version: str | None) -> bool:
 def _cross_entropy(req: Request, card, model_type: str, notes: list[str]) -> dict:
     """cross_entropy_loss_fusion and cross_entropy_fusion_impl as the job runs them: the request's, else the
     framework's default for this model (the card's defaults.cross_entropy: the model provider's on Megatron-Bridge);
-    None on a framework without the switch, where a value given is an error naming the field. An impl given without
+    None on a framework without the switch, where a value given is an error naming the field (the loss its engine
+    calls itself, the card's engine.megatron_loss, is read per plan: memory_states.megatron_loss). An impl given without
     the fusion is noted as read by nothing (Megatron-Core takes it and runs the unfused loss); one the release refuses
     is rule PR009's."""
     default = card.defaults.cross_entropy(model_type)
@@ -646,7 +647,9 @@ def _cross_entropy(req: Request, card, model_type: str, notes: list[str]) -> dic
             raise MeshplanError(
                 f"{name}={str(value).lower()}: {card.display_name} has no switch for Megatron-Core's cross-entropy "
                 "implementation (only megatron-core and megatron-bridge have one); its own loss runs "
-                "(cards/memory.yaml, its memory convention).",
+                + (f"(its Megatron engine calls Megatron's unfused vocab-parallel cross-entropy itself: "
+                   f"cards/frameworks/{req.framework}.yaml engine.megatron_loss)." if card.engine.megatron_loss
+                   else "(cards/memory.yaml, its memory convention)."),
                 fix="Leave cross_entropy_loss_fusion and cross_entropy_fusion_impl unset for this framework, or use "
                     "framework megatron-core or megatron-bridge.", fields=tuple(given))
         return {}

@@ -299,7 +299,7 @@ def te_cross_entropy_the_release_refuses(ctx: Context) -> Values:
     job's release being the known one its framework_version resolved to (a main snapshot's: the card's own)."""
     job, card = ctx.job, ctx.card
     since = card.defaults.cross_entropy_te_refused_from
-    if megatron_loss_name(job) != "te" or since is None:
+    if megatron_loss_name(job, ctx.plan) != "te" or since is None:
         return None
     release, floor = numbers(job.framework_version or "") or numbers(card.version), numbers(since)
     if release is None or floor is None or release < floor:

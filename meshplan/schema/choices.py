@@ -49,6 +49,9 @@ Optimizer = Literal["adam", "muon"]
 # Megatron-Core's fused cross-entropy implementations (cross_entropy_fusion_impl): its own torch.compile'd one and
 # Transformer Engine's Triton parallel_cross_entropy
 CrossEntropyFusionImpl = Literal["native", "te"]
+# Megatron-Core's three cross-entropy losses (cards/memory.yaml megatron_cross_entropy's keys): its unfused
+# vocab_parallel_cross_entropy and the two fused implementations
+MegatronLoss = Literal["unfused", "native", "te"]
 # FP8 scaling recipes: Transformer Engine's as Megatron-Core's --fp8-recipe names them (transformer_config.py
 # fp8_recipe), and torchao's per-row scaling (torchtitan's float8 recipe_name rowwise)
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
