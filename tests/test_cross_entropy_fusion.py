@@ -186,3 +186,19 @@ def test_an_engine_without_a_switch_still_refuses_the_fields():
     with pytest.raises(MeshplanError, match=r"engine\.megatron_loss") as refused:
         _job("verl", zero_stage=1, cross_entropy_loss_fusion=True)
     assert refused.value.fields == ("cross_entropy_loss_fusion",)
+
+
+@pytest.mark.parametrize(("version", "refused"), [
+    (None, True), ("0.19.2", True), ("0.19", True), ("0.20.0", True), ("main", True),
+    ("0.18.2", False), ("0.14", False), ("0.16.0rc1", False),
+])
+def test_pr009_reads_the_release_the_request_names(version, refused):
+    """Megatron-LM took te with the fusion until 168cb15d (first in core_v0.19.0): a request naming 0.14-0.18 is
+    estimated with 0.19.2's facts but not refused, since PR009 reads the version asked (Job.framework_version_asked)."""
+    fields = dict(framework="megatron-core", cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    req = Request(**BASE | fields | ({} if version is None else dict(framework_version=version)))
+    job, _ = resolve(req)
+    assert job.framework_version == (None if version is None else "0.19.2")
+    assert job.framework_version_asked == (None if version in (None, "0.19.2") else version)
+    found = [f for f in api.check_config(req).findings if f.id == "PR009"]
+    assert bool(found) is refused

@@ -295,14 +295,16 @@ def fp8_dot_product_attention_needs_fp8(ctx: Context) -> Values:
 @rule("PR009", reads=())
 def te_cross_entropy_the_release_refuses(ctx: Context) -> Values:
     """cross_entropy_fusion_impl te with cross_entropy_loss_fusion on a framework release whose argument validation
-    refuses it (the card's defaults.cross_entropy_te_refused_from: Megatron-LM's validate_args from 0.19 on), the
-    job's release being the known one its framework_version resolved to (a main snapshot's: the card's own)."""
+    refuses it (the card's defaults.cross_entropy_te_refused_from: Megatron-LM's validate_args from 0.19 on). The
+    release is the one the request named (Job.framework_version_asked: 0.14 to 0.18 take te, though 0.19.2's facts
+    stand for them), else the known one its framework_version resolved to, else the card's own; a version that names
+    no release numbers (main) is the newest, the card's."""
     job, card = ctx.job, ctx.card
     since = card.defaults.cross_entropy_te_refused_from
     if megatron_loss_name(job, ctx.plan) != "te" or since is None:
         return None
-    release, floor = numbers(job.framework_version or "") or numbers(card.version), numbers(since)
+    named = numbers(job.framework_version_asked or "") or numbers(job.framework_version or "")
+    release, floor = named or numbers(card.version), numbers(since)
     if release is None or floor is None or release < floor:
         return None
     return {"framework": card.display_name, "release": ".".join(map(str, release)), "since": since}
-

@@ -162,6 +162,11 @@ class Job(StrictModel):
                                                "them, where a framework builds the model's own depth otherwise")
     cpu_memory_per_node: int | None = Field(None, ge=1, description="Host memory per node, bytes (None: unchecked)")
     framework_version: str | None = Field(None, description="The framework release (None: the card's version)")
+    framework_version_asked: str | None = Field(
+        None, description="The version the request named where the card's facts of another known release stand for "
+                          "it (Megatron-Core 0.16 -> 0.19.2): what a rule on a dated refusal reads (PR009), since the "
+                          "facts the estimate takes from that release do not include when a release started to "
+                          "refuse a setting; None: framework_version itself")
     moe_routing_imbalance: float = Field(1.0, ge=1.0, description="Most loaded EP rank's routed tokens over the mean")
     moe_fake_balanced_gate: bool = Field(False, description="AutoModel FakeBalancedGate (comm.consecutive_routing)")
     fsdp_keep_gathered: bool = Field(False, description="AutoModel enable_fsdp_optimizations: FSDP units neither "
