@@ -42,6 +42,7 @@ from production_sources import (
     framework_version_for,
     graph_fields,
     lora_for,
+    nemo2_loss_fields,
     nemo2_perf_fields,
     nemo_2407_tp_overlap,
     perf_table_fields,
@@ -115,6 +116,9 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     fields |= offload
     knobs |= k
     fields |= perf_table_fields(row, framework)
+    loss, k = nemo2_loss_fields(row, framework)  # NeMo 2.0's GPTConfig fusion and its scripts' implementation
+    fields |= loss
+    knobs |= k
     fields |= study_recipe_fields(row, framework)
     key = catalog_match(row["model"])
     mtp, n = recipe_mtp(row, key if model == key else None)  # a config path: the row's own model (MTP off)

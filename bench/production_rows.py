@@ -70,6 +70,10 @@ KNOBS: dict[str, tuple[str, str]] = {
     "gpu_power_limit": ("time", "a board power limit the catalog has no part for (power_limited); scored at the "
                         "part's own rating"),
     "model_type": ("memory, time", "an architecture meshplan cannot describe; scored as the nearest model_type"),
+    "te_cross_entropy": ("memory, time", "Transformer Engine's fused cross-entropy (cross_entropy_fusion_impl te) "
+                         "on a Megatron-Core release no request can name (NeMo 25.04/25.07's 0.12/0.13, older than "
+                         "the card's oldest_release; its own 0.19.2 refuses te, PR009); scored with the framework's "
+                         "default loss, Megatron-LM's unfused one"),
     "cuda_graphs": ("memory, time", "CUDA graphs meshplan cannot express: a full-iteration graph of an MoE model "
                     "(its static expert capacity), or per-layer graphs of an MoE model whose modules neither the row "
                     "nor its recipe states (production_sources.graph_fields); scored without"),

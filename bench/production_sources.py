@@ -34,12 +34,13 @@ from meshplan.knowledge.published_runs import (
     attention_kernel_of_run,
     bridge_perf_activation_fusion,
     main_snapshot,
+    nemo2_perf_loss,
     nemo2_perf_precision,
     nemo_launcher_tp_overlap,
     ran_without_expandable_segments,
     release_ran,
 )
-from meshplan.knowledge.releases import snapshot_day
+from meshplan.knowledge.releases import resolve_release, snapshot_day
 
 # --------------------------------------------------------------------------- what a cited launcher sets for every run
 
@@ -272,6 +273,31 @@ def nemo2_perf_fields(row: dict[str, Any], precision: str, stated: dict[str, Any
     if "fp8_param_gather" not in stated:
         out["fp8_param_gather"] = facts.fp8_param_gather_fsdp if zero == 3 else facts.fp8_param_gather
     return out
+
+
+NEMO_PERF_SUMMARY = re.compile(r"performance[_-]summary")  # the NeMo user guide's performance page, either spelling
+
+
+def nemo2_loss_fields(row: dict[str, Any], framework: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """(Request fields, knobs): the cross-entropy a NeMo 2.0 performance-summary row's release ran
+    (published_runs.nemo2_perf_loss), scored on Megatron-Core: the native fused loss as it is; Transformer Engine's
+    only where a request can name the container's Megatron-Core release (releases.resolve_release), since the card's
+    own, 0.19.2, refuses it (rule PR009). The releases that ran it (0.12, 0.13) are older than any the card stands for
+    (its oldest_release), so those rows record the knob te_cross_entropy and keep the framework's default loss.
+    ({}, {}) for any other row."""
+    cited = row_text(row["source"].get("citation")).lower()
+    if framework != "megatron-core" or not NEMO_PERF_SUMMARY.search(cited):
+        return {}, {}
+    facts = nemo2_perf_loss(row_text(row.get("framework"), row["source"].get("version_or_date")))
+    if facts is None:
+        return {}, {}
+    if facts.fusion_impl == "te":
+        try:
+            resolve_release(framework_card(framework), facts.megatron_core)
+        except MeshplanError:
+            return {}, {"te_cross_entropy": f"Transformer Engine's cross-entropy on Megatron-Core "
+                                            f"{facts.megatron_core} ({facts.source})"}
+    return {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": facts.fusion_impl}, {}
 
 
 def recipe_moe(row: dict[str, Any]) -> tuple[dict[str, str], list[str]]:

@@ -245,3 +245,25 @@ def test_llm_foundry_benchmark_rows_ran_triton():
     titan = {"source": {"citation": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"}}
     assert psrc.run_attention_kernel(foundry) == "triton_flash_attn"
     assert psrc.run_attention_kernel(titan) is None
+
+
+@pytest.mark.parametrize(("container", "fields", "knob"), [
+    ("25.02", {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "native"}, False),
+    ("25.04", {}, True),
+    ("25.07", {}, True),
+])
+def test_nemo2_performance_rows_run_their_releases_loss(container, fields, knob):
+    """NeMo 2.0's GPTConfig turns the fusion on, and from 25.04 its performance scripts set Transformer Engine's
+    implementation, on Megatron-Core 0.12 / 0.13: no request can name those (older than the card's oldest_release),
+    and the card's own 0.19.2 refuses te (PR009), so those rows record te_cross_entropy and keep the default loss."""
+    row = {"framework": f"NeMo {container} (NeMo 2.0, Megatron-Core)",
+           "source": {"citation": "NVIDIA NeMo Framework user guide, performance/performance_summary.html",
+                      "version_or_date": f"NeMo {container}"}}
+    got, knobs = psrc.nemo2_loss_fields(row, "megatron-core")
+    assert got == fields and ("te_cross_entropy" in knobs) is knob
+    assert "te_cross_entropy" in prow.KNOBS
+    mlperf = row | {"source": {"citation": "mlcommons/training_results_v5.0", "version_or_date": f"NeMo {container}"}}
+    assert psrc.nemo2_loss_fields(mlperf, "megatron-core") == ({}, {})
+    assert psrc.nemo2_loss_fields(row, "megatron-bridge") == ({}, {})
+    hyphen = row | {"source": row["source"] | {"citation": "performance/performance-summary.html"}}
+    assert psrc.nemo2_loss_fields(hyphen, "megatron-core") == (got, knobs)

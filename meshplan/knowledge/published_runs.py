@@ -367,8 +367,50 @@ NEMO2_PERF_PRECISION = {
 def nemo2_perf_precision(release: str | None) -> NemoPerfPrecision | None:
     """The fp8 settings of the NeMo 2.0 performance scripts of the container `release` names (NEMO2_PERF_PRECISION:
     'NeMo 25.04' and the like), else None."""
+    found = _nemo_container(release)
+    return NEMO2_PERF_PRECISION.get(found) if found else None
+
+
+def _nemo_container(release: str | None) -> str | None:
+    """The NeMo container a release's words name ('NeMo 25.04 (NeMo 2.0, Megatron-Core)' -> '25.04'), else None."""
     found = re.search(r"\bNeMo (\d\d\.\d\d)\b", str(release or ""))
-    return NEMO2_PERF_PRECISION.get(found.group(1)) if found else None
+    return found.group(1) if found else None
+
+
+# The same runs' loss: NeMo 2.0's GPTConfig turns Megatron-Core's cross_entropy_loss_fusion on
+# (nemo/collections/llm/gpt/model/base.py at v2.2.0, v2.3.0 and v2.4.0: cross_entropy_loss_fusion: bool = True; the
+# Llama, Mixtral, Nemotron and GPT-3 configs inherit it), and from v2.3.0 the performance scripts set Transformer
+# Engine's implementation on every run ("enable cross entropy fusion with TE kernel": v2.3.0
+# scripts/performance/utils.py set_primary_perf_configs, v2.4.0 helpers.py set_perf_optimization_configs, called by
+# set_primary_perf_configs; v2.2.0's scripts/llm/performance set neither). Each container's Megatron-Core is the
+# NVIDIA/Megatron-LM commit of NeMo's requirements/manifest.json: 25.02 791b70e0 (core_r0.11.0, whose
+# ModelParallelConfig has the fusion but no cross_entropy_fusion_impl: the native fused loss), 25.04 3cdfd613
+# (core_v0.12.0), 25.07 03f77931 (core_v0.13.0), both of which took te (the refusal came with core_v0.19.0, rule
+# PR009).
+@dataclass(frozen=True)
+class NemoPerfLoss:
+    """The cross-entropy NeMo 2.0's performance scripts of one release ran every run with (fusion on)."""
+
+    fusion_impl: str  # a Request cross_entropy_fusion_impl, with cross_entropy_loss_fusion true
+    megatron_core: str  # the Megatron-Core release of the container
+    source: str
+
+
+NEMO2_PERF_LOSS = {
+    "25.02": NemoPerfLoss("native", "0.11", "NVIDIA/NeMo v2.2.0 nemo/collections/llm/gpt/model/base.py GPTConfig "
+                                            "(cross_entropy_loss_fusion True); Megatron-LM 791b70e0 (core_r0.11.0)"),
+    "25.04": NemoPerfLoss("te", "0.12.0", "NVIDIA/NeMo v2.3.0 GPTConfig, scripts/performance/utils.py "
+                                          "set_primary_perf_configs; Megatron-LM 3cdfd613 (core_v0.12.0)"),
+    "25.07": NemoPerfLoss("te", "0.13.0", "NVIDIA/NeMo v2.4.0 GPTConfig, scripts/performance/helpers.py "
+                                          "set_perf_optimization_configs; Megatron-LM 03f77931 (core_v0.13.0)"),
+}
+
+
+def nemo2_perf_loss(release: str | None) -> NemoPerfLoss | None:
+    """The cross-entropy of the NeMo 2.0 performance scripts of the container `release` names (NEMO2_PERF_LOSS),
+    else None."""
+    found = _nemo_container(release)
+    return NEMO2_PERF_LOSS.get(found) if found else None
 
 
 # LoRA settings of the recipes LoRA rows cite, for a row whose own lora section states none of them (the bench's
