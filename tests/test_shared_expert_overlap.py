@@ -38,7 +38,7 @@ def test_the_overlap_keeps_the_gathered_layer_input_under_sequence_parallelism()
 
 def test_the_estimate_adds_it_on_every_moe_layer_of_the_stage():
     """Moonlight on 8 H100 (Bridge's recompute study): 26 MoE layers (the first is dense), one micro-batch in flight."""
-    without = api.estimate_memory(Request(**MOONLIGHT))
+    without = api.estimate_memory(Request(**MOONLIGHT, moe_shared_expert_overlap=False))
     with_overlap = api.estimate_memory(Request(**MOONLIGHT, moe_shared_expert_overlap=True))
     added = with_overlap.stages[0].activations_bytes - without.stages[0].activations_bytes
     assert added == pytest.approx(26 * BF16 * 4096 * 2048, rel=1e-6)
@@ -82,13 +82,16 @@ def test_megatron_core_runs_it_beside_the_flex_dispatcher():
                                                               Request(**core, moe_shared_expert_overlap=True)).text
 
 
-def test_bridge_render_writes_the_overlap_off_where_the_request_leaves_it_off():
-    """Megatron-Bridge's DeepSeek, GLM-4.5 and Kimi-K2 providers and their v0.6.0 recipes (recipes/deepseek/h100/
-    deepseek_v3.py: 'Default from DeepSeekModelProvider') turn moe_shared_expert_overlap on: a render that left the
-    key out ran the overlap's gathered input the estimate does not count. A model without shared experts gets no key."""
+def test_bridge_render_writes_the_overlap_as_the_plan_runs_it():
+    """The key is written for every model with shared experts, as the plan runs it: on where the request leaves it
+    out on a model whose Bridge provider turns it on (Moonlight is a deepseek_v3 checkpoint), off where the request
+    says so (a recipe may set it otherwise than its provider: the perf recipes turn it off), and it reads back as
+    written. A model without shared experts gets no key."""
     out = api.render_config("megatron-bridge", Request(**MOONLIGHT))
-    assert "model.moe_shared_expert_overlap = False" in out.text
-    back = api.request_from_config(api.import_config(out.text, framework="megatron-bridge", path=out.filename),
+    assert "model.moe_shared_expert_overlap = True" in out.text
+    off = api.render_config("megatron-bridge", Request(**MOONLIGHT, moe_shared_expert_overlap=False))
+    assert "model.moe_shared_expert_overlap = False" in off.text
+    back = api.request_from_config(api.import_config(off.text, framework="megatron-bridge", path=off.filename),
                                    {"model": "moonlight-16b-a3b", "num_gpus": 8})
     assert back.moe_shared_expert_overlap is False
     qwen = api.render_config("megatron-bridge", Request(**{**MOONLIGHT, "model": "qwen3-30b-a3b"}))

@@ -33,7 +33,7 @@ from meshplan.arithmetic.memory_states import convention, fp8_param_gather, fp8_
 from meshplan.arithmetic.schedule import decoder_layer_cut
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import attention_switches
-from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
+from meshplan.knowledge.adapter_knobs import adapter_section, knob_table, shared_expert_overlap
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.gdn_config import decoder_layers
 from meshplan.schema.model import DSASpec
@@ -149,7 +149,7 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
         flags += [("--" + name.replace("_", "-"), value) for name, value in megatron_dispatcher(job, plan)]
         if plan.moe_a2a_overlap:  # 1F1B EP overlap; delay_wgrad_compute gives it the weight gradients to hide behind
             flags += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
-        if job.moe_shared_expert_overlap:  # rule EP012: shared experts, no a2a overlap (alltoall or flex)
+        if shared_overlap_written(job, plan):  # rule EP012: shared experts, no a2a overlap (alltoall or flex)
             flags.append(("--moe-shared-expert-overlap", None))
     if plan.sequence_parallel:
         flags.append(("--sequence-parallel", None))
@@ -306,6 +306,13 @@ def decoder_split(job: Job, plan: Plan) -> Split:
     return Split(split.stages, first, last, per_chunk)
 
 
+def shared_overlap_written(job: Job, plan: Plan) -> bool:
+    """moe_shared_expert_overlap as a Megatron render writes it: as the plan runs it (adapter_knobs.
+    shared_expert_overlap: the framework's default yielding to the plan), or as asked on a model without shared
+    experts, where Megatron-Core takes it and ignores it (rule EP014's warning)."""
+    return shared_expert_overlap(job, plan) or (job.moe_shared_expert_overlap and job.moe_shared_expert_overlap_asked)
+
+
 def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     """ConfigContainer fields (cfg.<section>.<field>) for the plan."""
     split = decoder_split(job, plan)
@@ -332,10 +339,10 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
             s += [("comm_overlap.overlap_moe_expert_parallel_comm", True), ("comm_overlap.delay_wgrad_compute", True)]
         elif (job.model.has_shared_experts or job.moe_shared_expert_overlap) \
                 and plan.moe_token_dispatcher != "flex":  # rules EP012, EP014 (no shared experts: a no-op)
-            # written either way: the DeepSeek, GLM-4.5 and Kimi-K2 providers (and their v0.6.0 recipes) turn it on
-            # where the request leaves it off, and the estimate counts what the Job says (activations.
-            # shared_overlap_input_bytes)
-            s.append(("model.moe_shared_expert_overlap", job.moe_shared_expert_overlap))
+            # written either way, as the plan runs it (the provider's default where the request leaves it out, off
+            # beside a recomputed shared_experts module): a recipe may set it otherwise than its provider (the perf
+            # recipes turn it off), and the estimate counts what the plan runs (shared_expert_overlap)
+            s.append(("model.moe_shared_expert_overlap", shared_overlap_written(job, plan)))
     if job.mtp_asked:  # else the recipe's model keeps its checkpoint's MTP depth (its bridge reads the HF config)
         s += [("model.mtp_num_layers", job.model.num_mtp_layers or None),
               ("model.mtp_use_repeated_layer", job.model.mtp_repeated_layer)]

@@ -72,6 +72,7 @@ from meshplan.estimate.memory_terms import (
     param_table_for,
     stage_params,
 )
+from meshplan.knowledge.adapter_knobs import shared_expert_overlap
 from meshplan.knowledge.engine_card import OptimizerImplementation
 from meshplan.knowledge.gdn_config import pipeline_unit
 from meshplan.knowledge.model_counts import per_architecture
@@ -405,7 +406,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         act=activation_saves(conv, job.model.activation),
         expert_gate=expert_gate_bytes(conv, job.model.model_type),
         act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, plan.cp),
-        shared_expert_overlap=job.moe_shared_expert_overlap,
+        shared_expert_overlap=shared_expert_overlap(job, plan),
         unfused_glu=unfused_glu_bytes(job),
     )
 

@@ -17,6 +17,7 @@ from meshplan.estimate.memory import routing_assumption, selective_modules
 from meshplan.estimate.moe_time import dispatcher_passes, moe_host_syncs
 from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, overlap_off, sharding_schedule
 from meshplan.estimate.tp_overlap import tp_ring_passes
+from meshplan.knowledge.adapter_knobs import shared_expert_overlap
 from meshplan.knowledge.calibration import Calibration, calibration_summary, flex_dispatch_bandwidth
 from meshplan.schema.model import layer_kind_counts
 from meshplan.schema.plan import Job, Plan
@@ -186,7 +187,7 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
                       "arithmetic/fp8_casts.py)." if casts is not None else
                       "; the casts that feed the FP8 GEMMs are not timed apart (in the x "
                       f"{cal.fp8_gemm_relative_efficiency:.2f})."))
-    out += fp8_setting_assumptions(job) + shared_overlap_assumptions(job)
+    out += fp8_setting_assumptions(job) + shared_overlap_assumptions(job, plan)
     if plan.recompute != "none":
         out.append(f"Recompute {plan.recompute}: "
                    + ("one more forward of each recomputed layer (with its TP traffic)." if plan.recompute == "full"
@@ -227,11 +228,12 @@ def fp8_setting_assumptions(job: Job) -> list[str]:
     return out
 
 
-def shared_overlap_assumptions(job: Job) -> list[str]:
-    """What the estimate makes of Megatron-Core's moe_shared_expert_overlap's time: nothing hidden (its memory,
-    the gathered layer input the shared experts keep, is activations.shared_overlap_input_bytes)."""
-    if not job.moe_shared_expert_overlap or not job.model.has_shared_experts:
-        return []  # no shared experts: the run ignores it (rule EP014)
+def shared_overlap_assumptions(job: Job, plan: Plan) -> list[str]:
+    """What the estimate makes of Megatron-Core's moe_shared_expert_overlap's time where the plan runs it
+    (adapter_knobs.shared_expert_overlap): nothing hidden (its memory, the gathered layer input the shared experts
+    keep, is activations.shared_overlap_input_bytes)."""
+    if not shared_expert_overlap(job, plan):
+        return []  # off, or no shared experts: the run ignores it (rule EP014)
     return ["Shared experts overlapped with the token dispatch (moe_shared_expert_overlap): their memory counts the "
             "layer input they gather over sequence parallelism and keep; their time is counted in series with the "
             "dispatch as without the overlap (the side stream's hidden share not modelled), so the step may be "

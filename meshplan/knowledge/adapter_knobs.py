@@ -71,6 +71,41 @@ def knob_table(card: FrameworkCard, version: str, variant: str) -> dict[str, Ada
     return {**section.versions[version].knobs, **section.variant_knobs.get(variant, {})}
 
 
+def off_beside_flex(card: FrameworkCard, name: str) -> bool:
+    """Whether the framework's own flex-dispatcher setup turns this knob off (its default version's off_beside_flex:
+    Megatron-Bridge's apply_flex_dispatcher_backend, moe_shared_expert_overlap); False without an adapter."""
+    if card.adapter is None:
+        return False
+    knob = card.adapter.versions[card.adapter.default_version].knobs.get(name)
+    return knob is not None and knob.off_beside_flex
+
+
+def shared_expert_overlap(job: Job, plan: Plan) -> bool:
+    """Whether the plan's run overlaps the shared experts with the token dispatch (Megatron-Core's
+    moe_shared_expert_overlap), the one predicate the memory, the search's floors, the time, the assumptions and the
+    renders read: never on a model without shared experts (Megatron-Core ignores it there: rule EP014); the request's
+    value as asked (rule EP012 refuses the plans that cannot run it); else the framework's default for the model
+    (Job.moe_shared_expert_overlap, the card's defaults), which yields off where the run cannot keep it: beside the
+    flex dispatcher on a framework whose flex setup turns it off (off_beside_flex: Megatron-Bridge's
+    apply_flex_dispatcher_backend), beside moe_a2a_overlap (Megatron-Core asserts it off; Bridge's performance scripts
+    set it False there) and beside a recomputed shared_experts module (Megatron-Core's ValueError)."""
+    if not job.moe_shared_expert_overlap or not job.model.has_shared_experts:
+        return False
+    if job.moe_shared_expert_overlap_asked:
+        return True
+    if plan.moe_token_dispatcher == "flex" and off_beside_flex(job.card, "moe_shared_expert_overlap"):
+        return False
+    recomputed = plan.recompute == "selective" and "shared_experts" in (plan.recompute_modules or ())
+    return not plan.moe_a2a_overlap and not recomputed
+
+
+def shared_overlap_in_every_plan(job: Job) -> bool:
+    """Whether every plan the search may give the job runs the shared-expert overlap (shared_expert_overlap): where
+    the request asked for it (rule EP012 refuses the others), so a lower bound over plans counts its bytes there only
+    (a default yields to the plan's dispatcher and overlap)."""
+    return job.moe_shared_expert_overlap and job.moe_shared_expert_overlap_asked and job.model.has_shared_experts
+
+
 def knobs_in_use(job: Job, plan: Plan) -> list[str]:
     """The knobs a plan actually uses (a degree of 1 or an off switch uses nothing)."""
     used = ["micro_batch_size", "global_batch_size", f"zero_{plan.zero_stage}"]
@@ -101,8 +136,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used += ["moe_flex_dispatcher", "moe_flex_backend"]
     if job.model.moe is not None and plan.moe_a2a_overlap:
         used.append("moe_a2a_overlap")
-    if job.moe_shared_expert_overlap:
-        used.append("moe_shared_expert_overlap")
+    if (job.moe_shared_expert_overlap and job.moe_shared_expert_overlap_asked) or shared_expert_overlap(job, plan):
+        used.append("moe_shared_expert_overlap")  # asked (a no-op without shared experts: EP014), or the run's
     if plan.torch_compile:
         used.append("torch_compile")
     if plan.tp_comm_overlap:

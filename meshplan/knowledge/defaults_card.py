@@ -54,6 +54,14 @@ class FrameworkDefaults(_Card):
         None, description="The release from which the framework's argument validation refuses "
                           "cross_entropy_fusion_impl te with cross_entropy_loss_fusion (None: it takes it)")
     cross_entropy_why: str | None = None
+    moe_shared_expert_overlap: bool | None = Field(
+        None, description="Megatron-Core's moe_shared_expert_overlap where the request leaves it out, for a model with "
+                          "shared experts (None: the framework has no such key; rule EP012 refuses the field)")
+    moe_shared_expert_overlap_flipped_for: list[str] = Field(
+        default_factory=list, description="model_types whose model provider sets the opposite of "
+                                          "moe_shared_expert_overlap (Megatron-Bridge's DeepSeek-V2/V3, GLM-4.5 and "
+                                          "Kimi-K2 bridges turn it on)")
+    moe_shared_expert_overlap_why: str | None = None
 
     @model_validator(mode="after")
     def _claim_has_why(self) -> FrameworkDefaults:
@@ -72,6 +80,10 @@ class FrameworkDefaults(_Card):
         if (self.cross_entropy_te_for or self.cross_entropy_te_refused_from) and self.cross_entropy_loss_fusion is None:
             raise ValueError("cross_entropy_te_for / cross_entropy_te_refused_from qualify a cross_entropy_loss_fusion "
                              "default")
+        if self.moe_shared_expert_overlap is not None and not self.moe_shared_expert_overlap_why:
+            raise ValueError("moe_shared_expert_overlap needs moe_shared_expert_overlap_why (the framework source)")
+        if self.moe_shared_expert_overlap_flipped_for and self.moe_shared_expert_overlap is None:
+            raise ValueError("moe_shared_expert_overlap_flipped_for qualifies a moe_shared_expert_overlap default")
         if self.sequence_parallel_off_for and not self.sequence_parallel_why:
             raise ValueError("sequence_parallel_off_for needs sequence_parallel_why (the framework source)")
         return self
@@ -99,6 +111,14 @@ class FrameworkDefaults(_Card):
         if model_type in self.cross_entropy_te_for:
             return True, "te"
         return self.cross_entropy_loss_fusion, self.cross_entropy_fusion_impl
+
+    def shared_expert_overlap(self, model_type: str) -> bool | None:
+        """Whether the framework overlaps a model of this type's shared experts with the token dispatch when the
+        request leaves moe_shared_expert_overlap out (the model provider's default on Megatron-Bridge, Megatron-Core's
+        TransformerConfig default elsewhere); None where it has no such key."""
+        if self.moe_shared_expert_overlap is None:
+            return None
+        return self.moe_shared_expert_overlap != (model_type in self.moe_shared_expert_overlap_flipped_for)
 
     def sequence_parallel_in_pipeline(self, pp: int) -> bool:
         """False where the framework turns sequence parallelism off in its pipeline stages and pp > 1."""

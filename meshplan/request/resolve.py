@@ -234,8 +234,9 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         # what the rules PR006 and PR007 hold to the model, precision, recipe, GPU and framework (left out: off)
         fp8_activation_input_store=req.fp8_activation_input_store is True,
         fp8_dot_product_attention=req.fp8_dot_product_attention is True,
-        # what rule EP012 holds to the model, dispatcher and recompute (left out: off, Megatron-Core's default)
-        moe_shared_expert_overlap=req.moe_shared_expert_overlap is True,
+        # the request's, which rule EP012 holds to the model, dispatcher and recompute; else the framework's default
+        moe_shared_expert_overlap=_shared_overlap(req, card, arch, notes),
+        moe_shared_expert_overlap_asked=req.moe_shared_expert_overlap is not None,
         bias_activation_fusion=_activation_fusion(req, card, arch, notes),
         **_cross_entropy(req, card, arch.model_type, notes),
         moe_flex_backend=flex_backend(req, gpu, gpn, plan.moe_token_dispatcher == "flex" and arch.is_moe, notes),
@@ -698,6 +699,24 @@ def _activation_fusion(req: Request, card, arch, notes: list[str]) -> bool:
                      "provider leaves it (Megatron-Core's unfused glu(); its performance recipes turn it on: pass "
                      "bias_activation_fusion=true for a run of one).")
     return default
+
+
+def _shared_overlap(req: Request, card, arch, notes: list[str]) -> bool:
+    """moe_shared_expert_overlap as the job asks it: the request's, else the framework's default for the model type
+    (the card's defaults.moe_shared_expert_overlap: Megatron-Core's TransformerConfig off, Megatron-Bridge's model
+    provider; off on a framework without the key or a model without shared experts), noted where that default is on.
+    What a plan runs of it (a default yields to flex on Bridge, moe_a2a_overlap, a recomputed shared_experts module)
+    is knowledge/adapter_knobs.shared_expert_overlap's."""
+    if req.moe_shared_expert_overlap is not None:
+        return req.moe_shared_expert_overlap
+    if not arch.has_shared_experts or not card.defaults.shared_expert_overlap(arch.model_type):
+        return False
+    notes.append(f"moe_shared_expert_overlap not given: on, as {card.display_name}'s {arch.model_type} model provider "
+                 "sets it (the shared experts' fc1 beside the dispatch all-to-all, their fc2 beside the combine, on a "
+                 "stream of their own); off where the plan runs the flex dispatcher, moe_a2a_overlap or a recomputed "
+                 "shared_experts module, as Bridge's flex setup and its performance scripts turn it off there (pass "
+                 "moe_shared_expert_overlap=false for a run whose recipe sets it off).")
+    return True
 
 
 def _fake_gate(req: Request, arch) -> bool:

@@ -140,9 +140,11 @@ def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     beside a recomputed shared_experts module (ValueError) nor overlap_moe_expert_parallel_comm (assert), and the
     alltoall or flex dispatcher (ValueError on any other; the flex dispatcher calls the shared experts' pre_forward_comm
     as alltoall does, token_dispatcher.py), except beside flex on a framework whose flex setup turns the overlap off
-    (the knob's off_beside_flex: Megatron-Bridge's apply_flex_dispatcher_backend), where the run holds none of it."""
+    (the knob's off_beside_flex: Megatron-Bridge's apply_flex_dispatcher_backend), where the run holds none of it.
+    Only as the request asks it: the framework's default yields off to such a plan (adapter_knobs.
+    shared_expert_overlap), as Bridge's flex setup and performance scripts turn it off."""
     job, card, p = ctx.job, ctx.card, ctx.plan
-    if not job.moe_shared_expert_overlap:
+    if not job.moe_shared_expert_overlap or not job.moe_shared_expert_overlap_asked:
         return None
     values = {"framework": card.display_name, "model": ctx.arch.name}
     refused = keyless_refusal(card, "moe_shared_expert_overlap", values)
@@ -206,8 +208,9 @@ def shared_expert_overlap_without_shared_experts(ctx: Context) -> Values:
     """moe_shared_expert_overlap on a model without shared experts, on a framework with the key: Megatron-Core checks
     and uses it only with moe_shared_expert_intermediate_size set (transformer_config.py; MoELayer hands the
     dispatcher shared experts only where it builds them), so the run starts and ignores it: a warning, the
-    estimates those without it."""
-    if not ctx.job.moe_shared_expert_overlap or ctx.arch.has_shared_experts \
+    estimates those without it. As the request asks it (a framework's default is off on such a model)."""
+    if not (ctx.job.moe_shared_expert_overlap and ctx.job.moe_shared_expert_overlap_asked) \
+            or ctx.arch.has_shared_experts \
             or lacks_key(ctx.card, "moe_shared_expert_overlap"):
         return None
     return {"model": ctx.arch.name}

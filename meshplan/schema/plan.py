@@ -181,7 +181,13 @@ class Job(StrictModel):
                            "fp8_attention)")
     moe_shared_expert_overlap: bool = Field(
         False, description="The shared experts overlapped with the token dispatch (Megatron-Core "
-                           "moe_shared_expert_overlap; activations.Layout.shared_expert_overlap)")
+                           "moe_shared_expert_overlap): the request's, else the framework's default for the model "
+                           "(the card's defaults.moe_shared_expert_overlap); what a plan runs is memory_states."
+                           "shared_expert_overlap's")
+    moe_shared_expert_overlap_asked: bool = Field(
+        False, description="The request set moe_shared_expert_overlap: rule EP012 holds a plan to it, where a default "
+                           "yields to the plan (off beside the flex dispatcher on Megatron-Bridge, moe_a2a_overlap or "
+                           "a recomputed shared_experts module)")
     bias_activation_fusion: bool = Field(
         True, description="Megatron-Core's fused bias + activation kernel runs the MLP's activation (false: its "
                           "unfused glu(), layer_records.activation_code 'unfused_functions', memory_states."

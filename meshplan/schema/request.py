@@ -178,7 +178,9 @@ class Request(StrictModel):
                           "all-to-all, gathering the layer input over sequence parallelism themselves (Megatron-Core "
                           "moe_shared_expert_overlap; a model with shared experts, the alltoall or flex dispatcher, "
                           "not flex on Megatron-Bridge, whose flex setup turns it off) "
-                          "(default: off)",
+                          "(default: the framework's for the model: on for Megatron-Bridge's DeepSeek-V2/V3, "
+                          "Kimi-K2 and GLM-4.5 providers, except beside the flex dispatcher, moe_a2a_overlap or a "
+                          "recomputed shared_experts module; off elsewhere)",
     )
     bias_activation_fusion: bool | None = Field(
         None, description="Megatron-Core's bias_activation_fusion: the MLP's gated activation (SwiGLU, GeGLU, "

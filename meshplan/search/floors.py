@@ -44,6 +44,7 @@ from meshplan.arithmetic.schedule import Stages, in_flight, plan_stages, stages_
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.attention_time import op_sac_may_recompute_attention
 from meshplan.estimate.memory import selective_modules
+from meshplan.knowledge.adapter_knobs import shared_overlap_in_every_plan
 from meshplan.knowledge.gdn_config import pipeline_unit
 from meshplan.knowledge.model_counts import layer_params, per_architecture
 from meshplan.schema.plan import Job, step_microbatches
@@ -445,7 +446,7 @@ def _kind_sums(job: Job, reads: tuple, switches: int, tokens: int, tp: int, sp: 
                         attention_recomputed=flash and op_sac_may_recompute_attention(job),
                         act_input_bytes=swiglu_input_bytes(job), unfused_glu=unfused_glu_bytes(job),
                         fp8_attention=fp8_attention_saves(job, None),
-                        shared_expert_overlap=job.moe_shared_expert_overlap)._replace(**mixer_rows(job))
+                        shared_expert_overlap=shared_overlap_in_every_plan(job))._replace(**mixer_rows(job))
         shape, modules = shape_of(job.model), selective_modules(DEFAULT_PLAN)
         inside = recompute == "full" and pipeline_unit(job.model) > 1  # memory.checkpoint_group: the mixer's input
         hit = memo[key] = tuple(0.0 if inside and kind == "-" else sum(hybrid_layer_activations(
@@ -839,7 +840,7 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
                     dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn,
                     act=act_saves, attention_recomputed=flash and op_sac_may_recompute_attention(job),
                     act_input_bytes=swiglu_input_bytes(job), fp8_attention=fp8_attention_saves(job, None),
-                    shared_expert_overlap=job.moe_shared_expert_overlap,
+                    shared_expert_overlap=shared_overlap_in_every_plan(job),
                     unfused_glu=unfused_glu_bytes(job))
     shape = shape_of(job.model)
     if shape.kinds:  # a hybrid (M, G, *, -, E layers): arithmetic/mamba.least_kind_activations
