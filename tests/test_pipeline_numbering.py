@@ -157,9 +157,9 @@ def test_the_searchs_extension_runs_the_shorter_steps_last_rows():
 
 
 def test_the_tail_numbered_alone_is_the_whole_programs_tail():
-    # plain_tail works each row out alone from a column on: the rows plain_numbered gives there, padding included, and
-    # each rank's last op, on every shape plain_numbered numbers with a count that fills its last group (column 0:
-    # the whole program); a short last group: None
+    # plain_tail writes the rows from a column on by plain_numbered's own slices: the rows plain_numbered gives there,
+    # padding included, and each rank's last op, on every shape plain_numbered numbers with a count that fills its
+    # last group (column 0: the whole program); a short last group: None
     checked = 0
     for order in ("1f1b", "interleaved_1f1b"):
         for convention in ("pp", "rounds"):

@@ -96,34 +96,60 @@ def plain_numbered(pp: int, vpp: int, microbatches: int, group: int, warmups: Se
     cool-down is shifted) wait for nothing and take index `padding` (no seconds; 2p, past the ranks' seconds, where
     None): they carry the rank's end to its next op. runs: the slices `takes` was written by, so a replay lays out
     each row's seconds the same way (4p slices) rather than reading takes row by row."""
-    p, v, m = pp, vpp, microbatches
+    n = microbatches * vpp
+    forward_numbers, backward_numbers, wraps = _op_numbers(pp, vpp, microbatches, group, warmups)
+    if not _inputs_first(warmups, n, (wraps[0], forward_numbers[0]), (wraps[1], backward_numbers[pp - 1])):
+        return None
+    dep, hopped, takes, runs = _rows_from(0, pp, n, warmups, forward_numbers, backward_numbers, wraps, padding)
+    return dep, hopped, takes, tuple(row[n - 1] for row in backward_numbers), runs
+
+
+OpNumbers = tuple[list[list[int]], list[list[int]], tuple[list[int], list[int], bytearray]]
+
+
+def _op_numbers(p: int, v: int, m: int, group: int, warmups: Sequence[int]) -> OpNumbers:
+    """Each rank's forwards' and backwards' numbers in its order (an op's number: its row + p; rank_rows), and the
+    inputs that wrap around the ranks (_wraps), all sliced from the kept ints."""
     n = m * v
-    size = (2 * n + p) * p
-    dep, takes = [0] * size, [2 * p if padding is None else padding] * size
-    hopped = bytearray(size)
-    runs: list[tuple[slice, int, int]] = []
-    kept = numbers(size + p)
+    kept = numbers((2 * n + p) * p + p)
     forward_numbers: list[list[int]] = []
     backward_numbers: list[list[int]] = []
-    for r, w in enumerate(warmups):  # an op's number: its row + p
+    for r, w in enumerate(warmups):
         warm, steady_f, steady_b, cool = (kept[rows.start + p:rows.stop + p:rows.step] for rows in _slices(p, n, r, w))
         forward_numbers.append(warm + steady_f)
         backward_numbers.append(steady_b + cool)
-    wrap_forward, wrap_backward, crossing = _wraps(m, v, group, forward_numbers[p - 1], backward_numbers[0])
-    if not _inputs_first(warmups, n, (wrap_forward, forward_numbers[0]), (wrap_backward, backward_numbers[p - 1])):
-        return None
+    return forward_numbers, backward_numbers, _wraps(m, v, group, forward_numbers[p - 1], backward_numbers[0])
+
+
+def _rows_from(first: int, p: int, n: int, warmups: Sequence[int], forward_numbers: list[list[int]],
+               backward_numbers: list[list[int]], wraps: tuple[list[int], list[int], bytearray],
+               padding: int | None) -> tuple[list[int], bytearray, list[int], Runs]:
+    """plain_numbered's dep, hopped, takes and runs from row `first` on (row `first` at index 0), each rank's four
+    parts (_slices) written as slices: the part's rows before `first` left out (none where first is 0)."""
+    wrap_forward, wrap_backward, crossing = wraps
+    count = (2 * n + p) * p - first
+    dep, takes = [0] * count, [2 * p if padding is None else padding] * count
+    hopped = bytearray(count)
+    runs: list[tuple[slice, int, int]] = []
+    every = b"\x01" * n
     for r, w in enumerate(warmups):
-        f_dep, f_hop = (forward_numbers[r - 1], b"\x01" * n) if r else (wrap_forward, crossing)
-        b_dep, b_hop = (backward_numbers[r + 1], b"\x01" * n) if r < p - 1 else (wrap_backward, crossing)
+        f_dep, f_hop = (forward_numbers[r - 1], every) if r else (wrap_forward, crossing)
+        b_dep, b_hop = (backward_numbers[r + 1], every) if r < p - 1 else (wrap_backward, crossing)
         steady = n - w
         for part, (lo, hi, backward, values, hops) in zip(_slices(p, n, r, w), (
                 (0, w, 0, f_dep, f_hop), (w, n, 0, f_dep, f_hop),
                 (0, steady, 1, b_dep, b_hop), (steady, n, 1, b_dep, b_hop)), strict=True):
+            if first:  # leave out the part's rows before `first` (-(-a // b): a / b rounded up)
+                skip = max(0, -((part.start - first) // part.step))
+                if lo + skip >= hi:
+                    continue
+                part = slice(part.start + skip * part.step - first, part.stop - first, part.step)
+                lo += skip
             dep[part] = values[lo:hi]
             hopped[part] = hops[lo:hi]
             takes[part] = [2 * r + backward] * (hi - lo)
             runs.append((part, 2 * r + backward, hi - lo))
-    return dep, hopped, takes, tuple(row[n - 1] for row in backward_numbers), tuple(runs)
+    return dep, hopped, takes, tuple(runs)
 
 
 def _inputs_first(warmups: Sequence[int], n: int, *wraps: tuple[list[int], list[int]]) -> bool:
@@ -156,61 +182,17 @@ def shared_rows(pp: int, vpp: int, group: int, fewer: int, more: int, warmups_fe
 
 def plain_tail(pp: int, vpp: int, microbatches: int, group: int, warmups: Sequence[int], column: int,
                padding: int | None = None) -> tuple[list[int], bytearray, list[int], tuple[int, ...]] | None:
-    """plain_numbered's rows from `column` on (row column * p and after; the ops before keep their numbers), rank by
-    rank, each op worked out alone, for a count that fills its last group (entry i of a rank's table runs chunk
-    (i // G) % v): rank r's op at position q sits in column q before its cool-down (2N - w_r on), q + p - r in it,
-    the rows between and after wait for nothing and take no seconds (index `padding`, as plain_numbered's); its
-    input as plain_numbered's. None where an input does not come first (the caller runs plain_numbered's program)."""
-    p, v, g = pp, vpp, group
-    n = microbatches * v
-    if microbatches % g:
+    """plain_numbered's rows from `column` on (row column * p and after; the ops before keep their numbers), for a
+    count that fills its last group, written by the same slices (_rows_from), and each rank's last op: the rows
+    between and after a rank's ops wait for nothing and take no seconds (index `padding`, as plain_numbered's). None
+    where an input of those rows does not come first (the caller runs plain_numbered's program), or the last group
+    is short."""
+    if microbatches % group:
         return None
-    count = (2 * n + p - column) * p
-    dep, takes = [0] * count, [2 * p if padding is None else padding] * count
-    hopped = bytearray(count)
-
-    def forward(r: int, i: int) -> int:  # the number of rank r's forward i
-        w = warmups[r]
-        return (i if i < w else 2 * i - w) * p + r + p
-
-    def backward(r: int, k: int) -> int:
-        w = warmups[r]
-        return (w + 2 * k + 1 if k < n - w else n + k + p - r) * p + r + p
-
-    # Inlined below (a tail's ~2,000 ops cost ~5,000 instructions each through the two calls): rank r's input is
-    # forward(r - 1, i) / backward(r + 1, k) on its neighbours, the wrap-around ones (rank 0's forward, the last
-    # rank's backward past chunk 0) through the calls; the check reads the op's own number, row + column * p + p.
-    for r, w in enumerate(warmups):
-        cool = 2 * n - w  # the rank's first cool-down position
-        first = column if column < cool else max(cool, column - (p - r))
-        before = warmups[r - 1] if r else 0  # the neighbours' warm-ups and number offsets
-        after = warmups[r + 1] if r < p - 1 else 0
-        f_off, b_off, own = r - 1 + p, r + 1 + p, column * p + p
-        for q in range(first, 2 * n):
-            row = ((q if q < cool else q + p - r) - column) * p + r
-            if q < w or (q < cool and not (q - w) % 2):  # forward i
-                i = q if q < w else (q + w) // 2
-                if r:
-                    found = (i if i < before else 2 * i - before) * p + f_off
-                    hopped[row] = 1
-                elif (i // g) % v:
-                    found = forward(p - 1, i - g)
-                    hopped[row] = 1
-                else:
-                    found = 0
-                takes[row] = 2 * r
-            else:  # backward k
-                k = (q - w - 1) // 2 if q < cool else q - n
-                if r < p - 1:
-                    found = (after + 2 * k + 1 if k < n - after else n + k + p - r - 1) * p + b_off
-                    hopped[row] = 1
-                elif (k // g) % v:
-                    found = backward(0, k - g)  # _wraps
-                    hopped[row] = 1
-                else:
-                    found = 0
-                takes[row] = 2 * r + 1
-            dep[row] = found
-            if found >= row + own:  # not before the op's own number
-                return None
-    return dep, hopped, takes, tuple(backward(r, n - 1) for r in range(p))
+    p, n = pp, microbatches * vpp
+    forward_numbers, backward_numbers, wraps = _op_numbers(p, vpp, microbatches, group, warmups)
+    first = column * p
+    dep, hopped, takes, _ = _rows_from(first, p, n, warmups, forward_numbers, backward_numbers, wraps, padding)
+    if not all(map(lt, dep, numbers(first + p + len(dep))[first + p:first + p + len(dep)])):
+        return None  # an input not before the op's own number (row + p)
+    return dep, hopped, takes, tuple(row[n - 1] for row in backward_numbers)
