@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from meshplan.search.job_memo import forget_jobs
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +60,7 @@ def pytest_configure(config):
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("shared_data"):
         require_shared(Path(mark.args[0]))
+    forget_jobs()  # each test's searches start without another test's job memos (a test may patch what they read)
 
 
 SKIPPED_DATASET_TESTS: list[str] = []  # node ids, this session

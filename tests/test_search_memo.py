@@ -9,7 +9,20 @@ from meshplan.arithmetic.schedule import VirtualSplit
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, impossible, search_job
 from meshplan.search.floors import first_stage_floor, first_stage_floors
+from meshplan.search.job_memo import forget_jobs
 from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches
+
+
+def apart(job, fixed, engine) -> BestFirstSearch:
+    """A search of the job with a job memo of its own (job_memo.py: none an earlier search of the job kept)."""
+    forget_jobs()
+    return BestFirstSearch.for_job(job, fixed, engine, 1)
+
+
+def afresh(search: BestFirstSearch) -> None:
+    """Forget the bounds a search worked out: the next are worked out again (its kept and its own memos)."""
+    for memo in (search.bounds_memo, search.search_memo, search.token_bounds, search.pipe_bounds):
+        memo.clear()
 
 
 def test_first_stage_floor_with_a_shared_memo_equals_the_floor_computed_afresh():
@@ -191,7 +204,7 @@ def test_seed_keys_and_pipeline_bounds_from_their_memos_equal_the_plain_arithmet
     job, _ = search_job(req)
     fixed = Fixed.from_request(req, job)
     engine = default_engine(job.framework)
-    searches = [BestFirstSearch.for_job(job, fixed, engine, 1) for _ in range(2)]
+    searches = [apart(job, fixed, engine) for _ in range(2)]
     layouts, _ = enumerate_layouts(job, fixed)
     ideal = ideal_time(job, engine)
     for search in searches:
@@ -211,12 +224,12 @@ def test_seed_keys_and_pipeline_bounds_from_their_memos_equal_the_plain_arithmet
                 kept = [used.pipeline_bound(lay, mbs, recompute, interleave) for mbs in sizes[:2]]
                 assert kept == [used.pipeline_bound(lay, mbs, recompute, interleave) for mbs in sizes[:2]]
                 assert kept == [fresh.pipeline_bound(lay, mbs, recompute, interleave) for mbs in sizes[:2]], lay
-                fresh.bounds_memo.clear()
+                afresh(fresh)
             kept = [used.token_bound(lay, mbs, recompute) for mbs in sizes[:2]]
             assert kept == [fresh.token_bound(lay, mbs, recompute) for mbs in sizes[:2]], lay
-            fresh.bounds_memo.clear()
+            afresh(fresh)
         checked += 1
-    assert checked > 50 and exposed > 10 and used.factors and used.bounds_memo
+    assert checked > 50 and exposed > 10 and used.factors and used.pipe_bounds and used.token_bounds
     # the shard's largest micro-batch is part of what the non-exact token bound reads (a tier seeded later raises it)
     lay = next(lay for lay in layouts if used.sizes(lay) and lay.tp * lay.ep > 1)
     mbs = used.sizes(lay)[0]
@@ -236,7 +249,7 @@ def test_token_rates_are_kept_per_what_they_read_and_equal_the_rates_worked_out_
     job, _ = search_job(req)
     fixed = Fixed.from_request(req, job)
     engine = default_engine(job.framework)
-    used, fresh = (BestFirstSearch.for_job(job, fixed, engine, 1) for _ in range(2))
+    used, fresh = (apart(job, fixed, engine) for _ in range(2))
     layouts, _ = enumerate_layouts(job, fixed)
     for search in (used, fresh):
         search.sized(layouts)
@@ -256,16 +269,17 @@ def test_token_rates_are_kept_per_what_they_read_and_equal_the_rates_worked_out_
                 for exact in (False, True):
                     calls += 1
                     kept = used.token_bound(lay, mbs, recompute, exact)
-                    fresh.bounds_memo.clear()
+                    afresh(fresh)
                     assert kept == fresh.token_bound(lay, mbs, recompute, exact), (lay, mbs, recompute, exact)
                 kept = used.pipeline_bound(lay, mbs, recompute, interleave=True)
-                fresh.bounds_memo.clear()
+                afresh(fresh)
                 assert kept == fresh.pipeline_bound(lay, mbs, recompute, interleave=True), (lay, mbs, recompute)
     assert len(worked) == len(set(worked)) and calls > 4 * len(worked)  # once per what a rate reads, shared
     lay = next(lay for lay in layouts if lay.vpp == 1 and lay.pp > 1)
     mbs = used.sizes(lay)[0]
     assert used.pipeline_bound(lay, mbs, "none", interleave=True) == used.pipeline_bound(lay, mbs, "none")
-    assert (lay, mbs, "none", True) not in used.bounds_memo  # no interleaving to add: one entry for both
+    assert (lay, mbs, "none", False, False) in used.pipe_bounds  # no interleaving to add: one entry for both
+    assert (lay, mbs, "none", True, False) not in used.pipe_bounds
 
 
 def test_the_pipeline_unit_is_the_bases_traffic_even_where_the_rules_refuse_the_base():

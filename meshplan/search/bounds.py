@@ -59,11 +59,24 @@ class StepTimeBounds(SearchPlans):
     chunks_by_vpp: dict[int, int] = field(default_factory=dict)  # sync_vpp per vpp (all it reads besides the card)
     sync_s: float | None = None  # moe_sync_s, once
     ref_jobs: dict[int, Job] = field(default_factory=dict)  # _per_token's job per global batch size (a few)
-    # pipeline_bound and token_bound per what each reads (their keys, 4 and 6 long): the job's, and token_bound's
-    # shard sizes (shared by a search of the same job at another budget, like Caches); shard_rate's ("rate", ...),
-    # pp_unit's ("unit", ...: None where only the base's step terms give it), last_ranks' ("last", ...)
-    # (light_ranks' in each Ranks)
+    # What is a pure function of its key at the search's job, fixed fields and estimators, kept in the job's memo
+    # across requests (job_memo.py): pp_unit's ("unit", ...: None where only the base's step terms give it),
+    # last_ranks' ("last", ...; light_ranks' in each Ranks), the grid plans, DP and sharding floors, the references'
+    # ZeRO stages
     bounds_memo: dict[tuple, float | tuple | None] = field(default_factory=dict)
+    # what the search works out as it goes (kept for a search of the same job at another budget, the thinner-headroom
+    # probe, not across requests: job_memo.py): shard_rate's ("rate", ...: its references are counted where it is
+    # worked out), the least first ranks noted so far ("least rank0"; the shapes noted, note_rank0) and the seed
+    # groups' DP bounds ("syncs", group_syncs)
+    search_memo: dict[tuple, float | tuple | None] = field(default_factory=dict)
+    # token_bound's, pipeline_bound's and seed_keys' figures per their keys, this search's (shared with the probe, as
+    # search_memo) and those an earlier request's search kept in the job's memo (keep_for_job: read where not empty)
+    token_bounds: dict[tuple, float] = field(default_factory=dict)
+    pipe_bounds: dict[tuple, float] = field(default_factory=dict)
+    seed_key_rows: dict[tuple, tuple[float, ...]] = field(default_factory=dict)
+    kept_token_bounds: dict[tuple, float] = field(default_factory=dict)
+    kept_pipe_bounds: dict[tuple, float] = field(default_factory=dict)
+    kept_seed_keys: dict[tuple, tuple[float, ...]] = field(default_factory=dict)
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
         return step_microbatches(self.job.global_batch_size, mbs, lay.dp)
@@ -163,8 +176,7 @@ class StepTimeBounds(SearchPlans):
             for rec in self.recomputes[self.recomputes.index(recompute):]:
                 try:
                     self.calls["throughput"] += 1
-                    total, work = reference_seconds(self.engine, job_ref, self.plan(ref, zero, rec, b, overlap=overlap),
-                                                    part)
+                    total, work = self.reference(job_ref, ref, zero, rec, b, overlap, part)
                     break
                 except MeshplanError as refused:
                     total = work = None
@@ -179,6 +191,27 @@ class StepTimeBounds(SearchPlans):
             value = min(value, (max(0.0, total - alone) if alone else 0.0) / tokens if overlap else total / tokens)
         self.caches.token_time[key] = value
         return value
+
+    def reference(self, job_ref: Job, ref: Layout, zero: int, recompute: str, b: int, overlap: bool, part: str
+                  ) -> tuple[float, StageWork | None]:
+        """estimators.reference_seconds of a reference plan (or the refusal it raises), once per job memo: what it
+        reads is the search's plan of these arguments (plan: the job's and the fixed fields') and job_ref's global
+        batch; counted by _per_token at each ask, as before."""
+        memo = self.job_memo.get("references")
+        if memo is None:
+            memo = self.job_memo["references"] = {}
+        key = (job_ref.global_batch_size, ref, zero, recompute, b, overlap, part)
+        hit = memo.get(key)
+        if hit is None:
+            try:
+                hit = memo[key] = reference_seconds(self.engine, job_ref, self.plan(ref, zero, recompute, b,
+                                                                                     overlap=overlap), part)
+            except MeshplanError as refused:
+                memo[key] = refused
+                raise
+        if isinstance(hit, MeshplanError):
+            raise hit.with_traceback(None)
+        return hit
 
     def reference_zeros(self, tp: int, cp: int, ep: int) -> tuple[int, ...]:
         """zero_stages.reference_zeros of the search's job and ZeRO stages at these degrees, kept in bounds_memo per
@@ -234,10 +267,16 @@ class StepTimeBounds(SearchPlans):
         work = None if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp))
         most = None if exact else self.cp_mbs.get((lay.tp, lay.cp))
         key = (lay, mbs, recompute, exact, work, most)
-        bound = self.bounds_memo.get(key)
+        bound = self.token_bounds.get(key)
         if bound is None:
-            bound = self.bounds_memo[key] = self.stretch_one(lay, mbs,
-                                                             *self.shard_rate(lay, mbs, recompute, work, most))
+            kept = self.kept_token_bounds  # (empty until a search of the job kept its own: keep_for_job)
+            bound = kept.get(key) if kept else None
+            if bound is None:
+                bound = self.stretch_one(lay, mbs, *self.shard_rate(lay, mbs, recompute, work, most))
+            else:  # an earlier request's: what working it out counts and notes, asked in this search
+                self.shard_rate(lay, mbs, recompute, work, most)
+                self.last_ranks(lay)  # (as the stretch's light_ranks notes its first ranks)
+            self.token_bounds[key] = bound
         return bound  # type: ignore[return-value]
 
     def token_rate(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> tuple[int, float, float, tuple]:
@@ -260,9 +299,9 @@ class StepTimeBounds(SearchPlans):
         overlap = not exposed_a2a and self.pipeline_overlaps(lay)
         key = ("rate", lay.tp, lay.ep, lay.etp, lay.cp, overlap, recompute, work, most,
                mbs if work is None or most is None else 0)
-        hit = self.bounds_memo.get(key)
+        hit = self.search_memo.get(key)
         if hit is None:
-            hit = self.bounds_memo[key] = self._shard_rate(lay, mbs, recompute, work, most, overlap)
+            hit = self.search_memo[key] = self._shard_rate(lay, mbs, recompute, work, most, overlap)
         return hit  # type: ignore[return-value]
 
     def _shard_rate(self, lay: Layout, mbs: int, recompute: str, work: float | None, most: int | None,
@@ -356,11 +395,15 @@ class StepTimeBounds(SearchPlans):
         if lay.pp == 1:
             return None  # (pipeline_ranks': no bubble)
         key = ("last", lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
-        hit = self.bounds_memo.get(key, False)
-        if hit is False:
-            hit = self.bounds_memo[key] = pipeline_ranks(self.job, lay, self.zeros)  # type: ignore[assignment]
+        entry = self.bounds_memo.get(key)
+        if entry is None:
+            entry = self.bounds_memo[key] = [pipeline_ranks(self.job, lay, self.zeros), None]  # type: ignore[assignment]
+        if entry[1] is not self.search_memo:  # type: ignore[index]
+            # its first ranks noted in this search (the ranks are kept across requests, with the search_memo of the
+            # last search that noted them: noting again is harmless, each a least)
+            entry[1] = self.search_memo  # type: ignore[index]
             self.note_rank0(lay)
-        return hit  # type: ignore[return-value]
+        return entry[0]  # type: ignore[index]
 
     def note_rank0(self, lay: Layout) -> None:
         """Keep, per pp and ZeRO stage, the least first-rank parameters of each kind (rank0_params) over the pipeline
@@ -371,8 +414,8 @@ class StepTimeBounds(SearchPlans):
             if params is None:
                 continue
             key = ("least rank0", lay.pp, zero)
-            least = self.bounds_memo.get(key)
-            self.bounds_memo[key] = params if least is None else tuple(  # type: ignore[assignment]
+            least = self.search_memo.get(key)
+            self.search_memo[key] = params if least is None else tuple(  # type: ignore[assignment]
                 map(min, least, params))  # type: ignore[arg-type]
 
     def chained(self, lay: Layout, mbs: int, rate: tuple[int, float, float, tuple]) -> bool:
@@ -464,8 +507,17 @@ class StepTimeBounds(SearchPlans):
         (twin_bound)."""
         interleave = interleave and lay.vpp > 1  # without virtual stages there is no interleaving to add
         key = (lay, mbs, recompute, interleave, exposed_a2a)
-        bound = self.bounds_memo.get(key)
-        if bound is None:
+        bound = self.pipe_bounds.get(key)
+        if bound is not None:
+            return bound  # type: ignore[return-value]
+        kept = self.kept_pipe_bounds  # (empty until a search of the job kept its own: keep_for_job)
+        bound = kept.get(key) if kept else None
+        if bound is not None:  # an earlier request's: what working it out counts and notes, asked in this search
+            self.shard_rate(lay, mbs, recompute, None, None, exposed_a2a)  # its references
+            self.last_ranks(lay)  # (as the stretch's light_ranks notes its first ranks)
+            if interleave:
+                self.pp_unit(lay, mbs)  # its base's step terms, where only they give the unit
+        else:
             rate = self.shard_rate(lay, mbs, recompute, None, None, exposed_a2a)
             plain: list[float] | None = [] if interleave else None
             bound = self.stretch_one(lay, mbs, *rate, plain=plain)  # exact token_bound
@@ -484,8 +536,16 @@ class StepTimeBounds(SearchPlans):
                     bound = max(stretched, bound + unit * m)
                 if whole and chains + unit * m > bound:
                     bound = chains + unit * m
-            self.bounds_memo[key] = bound
+        self.pipe_bounds[key] = bound
         return bound  # type: ignore[return-value]
+
+    def keep_for_job(self) -> None:
+        """Keep what this search worked out of the exact token and pipeline bounds and the seed keys in its job's memo
+        (job_memo.py: each a pure function of its key), for a later request's search: copied dict to dict, so no key
+        is hashed again (the first ask pays nothing for it)."""
+        self.kept_token_bounds.update(self.token_bounds)
+        self.kept_pipe_bounds.update(self.pipe_bounds)
+        self.kept_seed_keys.update(self.seed_key_rows)
 
     def twin_bound(self, key: PlanKey) -> float:
         """overlap_choice.twin_bound: the plain twin's pipeline bound (its all-to-all exposed: the rate of a pipeline
@@ -636,7 +696,7 @@ class StepTimeBounds(SearchPlans):
         lay, syncs = lays[0], []
         chunks = self.sync_vpp(max(one.vpp for one in lays))  # the floor's hidden share grows with the chunks
         for zero in self.zeros:
-            least = self.bounds_memo.get(("least rank0", lay.pp, zero)) if lay.pp > 1 else None
+            least = self.search_memo.get(("least rank0", lay.pp, zero)) if lay.pp > 1 else None
             if least is None:  # one stage (one shape), or none noted: the layouts' own
                 params = [self.rank0_params(one, zero) for one in lays]
                 if all(p is not None for p in params):
@@ -651,14 +711,14 @@ class StepTimeBounds(SearchPlans):
             syncs.append(stage)
         found = () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
         if keep:
-            self.bounds_memo[self.syncs_key(lay, chunks)] = found
+            self.search_memo[self.syncs_key(lay, chunks)] = found
         return found
 
     def grid_stage_keys(self, lay: Layout, mbs: int, pipe: float) -> list[float]:
         """Per ZeRO stage, synced of one node where `pipe` bounds its plans' pipeline, with its grid's group_syncs
         (its seed group's, kept when it opened; worked out for this layout otherwise): no estimate beyond the group's,
         so a node's stages are split at no cost (engine.refine_shard); `pipe` for each where none raises it."""
-        syncs = self.bounds_memo.get(self.syncs_key(lay, self.sync_vpp(lay.vpp)))
+        syncs = self.search_memo.get(self.syncs_key(lay, self.sync_vpp(lay.vpp)))
         if syncs is None:
             syncs = self.group_syncs([lay])
         if not syncs:
@@ -744,6 +804,16 @@ class StepTimeBounds(SearchPlans):
         out once per shape."""
         if rate is None:
             rate = self.token_rate(lay, sizes[0], self.recomputes[0])
-        return self.stretch(lay, sizes, *rate, factors=self.stretch_factors(lay, sizes, ideal), ideal=True,
-                            ranks=ranks)
+        if ranks is False:  # (the stretch notes the layout's first ranks: last_ranks)
+            return self.stretch(lay, sizes, *rate, factors=self.stretch_factors(lay, sizes, ideal), ideal=True)
+        # the layout's last ranks given: a pure function of the layout, micro-batches, ideal time and the rate's
+        # references (which name its figures), kept for a later request (keep_for_job)
+        key = (lay, sizes, ideal, rate[3])
+        kept = self.kept_seed_keys
+        keys = kept.get(key) if kept else None
+        if keys is not None:
+            return list(keys)
+        keys = self.stretch(lay, sizes, *rate, factors=self.stretch_factors(lay, sizes, ideal), ideal=True, ranks=ranks)
+        self.seed_key_rows[key] = tuple(keys)
+        return keys
 

@@ -28,7 +28,9 @@ from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, ThroughputReport
 from meshplan.search.bounds import StepTimeBounds, by_key
 from meshplan.search.estimators import Engine, ideal_time
+from meshplan.search.job_memo import job_memo, memo_part
 from meshplan.search.levels import FLOOR, GROUP, NEED, RANK, RULES, SHARD, STAIRCASE, STEP, TIME, Level
+from meshplan.search.plans import Caches
 from meshplan.search.policy import (
     BUDGET,
     DOMINATED,
@@ -134,7 +136,21 @@ class BestFirstSearch(StepTimeBounds, Seeding):
         domain = mesh.job_domain(job)
         a2a_open = (job.model.moe is not None and "moe_a2a_overlap" not in fixed and card.adapter is not None
                     and card.adapter.renders("moe_a2a_overlap"))
+        # what no count decides, kept across requests (job_memo.py); what a budget decides, per budget
+        memo = job_memo(job, fixed, engine)
+        budget = budget_bytes or job.gpu.memory_bytes
         return cls(job=job, fixed=fixed, engine=engine, top_k=top_k, zeros=zeros,
+                   job_memo=memo, caches=Caches.kept(memo), bounds_memo=memo_part(memo, "bounds"),
+                   overlaps=memo_part(memo, "overlaps"), dispatchers=memo_part(memo, "dispatchers"),
+                   knob_rows=memo_part(memo, "knob rows"), floor_parts=memo_part(memo, "floor parts"),
+                   sizes_by_dp=memo_part(memo, "sizes"), sp_by_pp=memo_part(memo, "sequence parallel"),
+                   pipeline_overlap=memo_part(memo, "pipeline overlap"), factors=memo_part(memo, "factors"),
+                   p2p_shares=memo_part(memo, "p2p shares"), chunks_by_vpp=memo_part(memo, "sync chunks"),
+                   kept_token_bounds=memo_part(memo, "token bounds"),
+                   kept_pipe_bounds=memo_part(memo, "pipeline bounds"), kept_seed_keys=memo_part(memo, "seed keys"),
+                   floor_needs=memo_part(memo, ("floor needs", budget)),
+                   floor_least=memo_part(memo, ("floor least", budget)),
+                   dead_layouts=memo_part(memo, ("dead", budget)),
                    recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
                    law=card.world_size_law,
                    # the flex dispatcher where the framework renders it and the job's backend runs (rule EP013): the
@@ -612,7 +628,9 @@ def shared_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, budget_byt
         search.caches = share.caches.shared()
         search.overlaps, search.pipeline_overlap = share.overlaps, share.pipeline_overlap
         search.sizes_by_dp, search.floor_parts = share.sizes_by_dp, share.floor_parts
-        search.bounds_memo = share.bounds_memo
+        search.bounds_memo, search.search_memo = share.bounds_memo, share.search_memo
+        search.token_bounds, search.pipe_bounds = share.token_bounds, share.pipe_bounds
+        search.seed_key_rows = share.seed_key_rows
     return search
 
 
@@ -658,5 +676,6 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
         warnings.append(f"The throughput model could not time some layouts that pass the rules: {reason}")
     if search.stopped_by_budget:
         warnings.append(budget_cut(search.max_evaluations))
+    search.keep_for_job()
     return search, tiers.considered
 

@@ -141,7 +141,7 @@ def reaches_need(probe: BestFirstSearch, key: float, lay: Layout, mbs: int, cuto
 
 def dp_keys(probe: BestFirstSearch, lay: Layout, mbs: int, pipe: float, syncs: tuple | None) -> list[float]:
     """Per ZeRO stage, grid_stage_keys from the DP bound the grid keeps, else `syncs`, else `pipe` for each."""
-    kept = probe.bounds_memo.get(probe.syncs_key(lay, probe.sync_vpp(lay.vpp)), syncs)
+    kept = probe.search_memo.get(probe.syncs_key(lay, probe.sync_vpp(lay.vpp)), syncs)
     if not kept:
         return [pipe] * len(probe.zeros)
     return probe.synced([pipe], [probe.microbatches(lay, mbs)], kept, True)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from meshplan.schema.reports import ThroughputReport
 
 class OverlapChoice:
     """SearchPlans' choice of moe_a2a_overlap where the combined schedule may be slower (its fields fixed, caches,
-    calls and engine; plan() and a2a_overlap() are SearchPlans')."""
+    calls and engine; plan(), a2a_overlap() and kept_terms() are SearchPlans')."""
 
     def plain_twin(self, lay, zero: int, recompute: str, mbs: int) -> Plan | None:
         """The plan without the EP overlap where the search would turn it on at pp > 1 with no schedule named (the
@@ -53,7 +53,7 @@ class OverlapChoice:
             if self.twin_bound(key) >= floor:
                 return floor
             self.calls["throughput"] += 1
-            terms = self.caches.plain_terms[key] = self.engine.terms(self.job, twin)
+            terms = self.caches.plain_terms[key] = self.kept_terms("plain terms", key, lambda: twin)
         return min(floor, terms.floor)
 
     def faster(self, key: tuple, report: ThroughputReport) -> ThroughputReport:

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from meshplan.arithmetic.memory_states import accumulated_grad_bytes, bytes_per_param
 from meshplan.arithmetic.mesh import crosses_domains
+from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import FitVerdict, memory_budget
 from meshplan.estimate.perf import StepTerms
 from meshplan.rules.engine import Context, backend_of, load_rules
@@ -33,6 +34,7 @@ from meshplan.search.floors import (
     ranks_floor,
 )
 from meshplan.search.host_counts import HostCounts
+from meshplan.search.job_memo import memo_part
 from meshplan.search.overlap_choice import OverlapChoice
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import Seeds
@@ -96,6 +98,15 @@ class Caches:
     # with it (zero_stages.offered_before; SearchPlans.offered_first)
     offered: dict[tuple[int, ...], dict[int, tuple[int, ...]]] = field(default_factory=dict)
 
+    @classmethod
+    def kept(cls, memo: dict) -> Caches:
+        """Caches for a search whose job memo is `memo` (job_memo.py): what no count and no budget decides (the floors,
+        the model-state bounds, the layouts' plans, the stages offered first, the space) read from it, the estimates
+        a search counts afresh."""
+        return cls(floors=memo_part(memo, "floors"), states=memo_part(memo, "states"),
+                   per_param=memo_part(memo, "per param"), stage_floors=memo_part(memo, "stage floors"),
+                   plans=memo_part(memo, "plans"), offered=memo_part(memo, "offered"), space=memo.get("space"))
+
     def shared(self) -> Caches:
         """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
         return Caches(memory=self.memory, verdicts=self.verdicts, throughput=self.throughput, terms=self.terms,
@@ -151,6 +162,7 @@ class SearchPlans(HostCounts, OverlapChoice):
     count_host: bool = True  # False where nothing reads the counts (the GPU-count scan): no plan is noted
     plain: Plan | None = None  # the first layout's plan without a split, validated: first_plan copies the others
     sp_by_pp: dict[tuple[bool, int], bool] = field(default_factory=dict)  # sequence_parallel's memo
+    job_memo: dict = field(default_factory=dict)  # what its job's searches keep across requests (job_memo.py)
 
     def sequence_parallel(self, lay: Layout) -> bool:
         """The request's choice, else the framework default where there is TP to pair it with
@@ -281,6 +293,14 @@ class SearchPlans(HostCounts, OverlapChoice):
             self.caches.checks[key] = error
         return self.rule_id(error)
 
+    def kept_check(self, key: PlanKey, error: Finding | None) -> str | None:
+        """check_error of a key whose first error a search of the same job memo found (`error`): counted and kept as
+        check_error keeps it (tiers.split_space's replay)."""
+        if key not in self.caches.checks:
+            self.calls["check"] += 1
+            self.caches.checks[key] = error
+        return self.rule_id(self.caches.checks[key])
+
     def rule_id(self, error: Finding | None) -> str | None:
         """A first error's rule id, its finding kept as the first of that rule (Caches.first_finding); None: none."""
         if error is None:
@@ -362,8 +382,26 @@ class SearchPlans(HostCounts, OverlapChoice):
             if self.engine.terms is None:
                 return self.throughput(lay, zero, recompute, mbs).step_time_s
             self.calls["throughput"] += 1
-            terms = self.caches.terms[key] = self.engine.terms(self.job, self.plan(*key))
+            terms = self.caches.terms[key] = self.kept_terms("terms", key, lambda: self.plan(*key))
         return self.least_floor(key, terms.floor)
+
+    def kept_terms(self, kind: str, key: PlanKey, plan: Callable[[], Plan]) -> StepTerms:
+        """Engine.terms of the key's plan (`plan` builds it; `kind`: the key's own plan, "terms", or its plain twin,
+        "plain terms", overlap_choice.py), or the refusal it raises, once per job memo (job_memo.py: a pure function of
+        the key at the memo's job, fixed fields and estimators); the search counts it as before, per search."""
+        memo = self.job_memo.get(kind)
+        if memo is None:
+            memo = self.job_memo[kind] = {}
+        hit = memo.get(key)
+        if hit is None:
+            try:
+                hit = memo[key] = self.engine.terms(self.job, plan())  # type: ignore[misc]
+            except MeshplanError as refused:
+                memo[key] = refused
+                raise
+        if isinstance(hit, MeshplanError):
+            raise hit.with_traceback(None)
+        return hit
 
     @property
     def near(self) -> list[tuple[int, Plan, MemoryReport]]:

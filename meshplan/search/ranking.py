@@ -83,6 +83,8 @@ def _recommend(req: Request, top_k: int, engine: Engine | None, rows_only: bool 
     search, considered = run_search(job, fixed, engine, top_k, warnings, memory_budget(job, headroom),
                                     counted=not rows_only, recorded=not rows_only)
     thin = None if rows_only else fastest_below_headroom(job, fixed, engine, search)
+    if not rows_only:
+        search.keep_for_job()  # (the thinner-headroom probe's bounds too: it shares the search's)
     notes = [*notes, headroom_assumption(job, headroom, default_headroom)]
     rec = ranked_answer(job, fixed, engine, search, considered, top_k, notes, warnings, headroom, default_headroom)
     if rows_only:

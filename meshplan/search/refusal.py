@@ -25,6 +25,7 @@ from meshplan.knowledge.compute_card import cp_comm_type_default
 from meshplan.rules.engine import Context, backend_of, finding, load_rules, reads_of, rule_specs
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Finding
+from meshplan.search.job_memo import note_passed, passed_before
 from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,
@@ -231,7 +232,10 @@ def host_refusal(space: Space) -> HostRefused | None:
 
 def refuse_impossible(job: Job, fixed: Fixed) -> None:
     """Raise MeshplanError when a framework rule refuses every plan of the space (its id, its message on the plainest
-    plan, its fix) or the host cannot hold the offloaded optimizer on any layout (MEM003)."""
+    plan, its fix) or the host cannot hold the offloaded optimizer on any layout (MEM003). A job and fixed fields it
+    passed once are passed again without a look (job_memo.passed_before: a pure verdict of them)."""
+    if passed_before(job, fixed):
+        return
     space = Space.of(job, fixed)
     blocked = blocking_rule(space)
     if blocked is not None:
@@ -241,6 +245,7 @@ def refuse_impossible(job: Job, fixed: Fixed) -> None:
     host = host_refusal(space)
     if host is not None:
         raise host
+    note_passed(job, fixed)
 
 
 COUNT_DEPENDENT = ("WS", "BS", "RL")

@@ -29,15 +29,26 @@ def across_floor(search: StepTimeBounds, tiers: Tiers) -> float:
 def split_space(search: StepTimeBounds) -> Tiers:
     """The job's space (enumerate_layouts) split by whether TP stays inside the NVLink domain, with every plan
     counted: the layouts a cheap law dropped, one check naming the rule for each group, and the ZeRO stages the
-    search leaves out under the rules that refuse them (zero_stages.search_ladder: AD001's, a blocking rule's)."""
-    if search.caches.space is None:
-        search.caches.space = enumerate_layouts(search.job, search.fixed)
+    search leaves out under the rules that refuse them (zero_stages.search_ladder: AD001's, a blocking rule's).
+    Once per job memo (job_memo.py: the same at any budget), a later search taking its checks' findings as the first
+    one did (SearchPlans.kept_check)."""
+    kept = search.job_memo.get("tiers")
+    if kept is not None:
+        tiers, checks = kept
+        for key, finding in checks:
+            search.kept_check(key, finding)
+        return tiers
+    if search.caches.space is None:  # (kept with the job's memo)
+        search.caches.space = search.job_memo["space"] = enumerate_layouts(search.job, search.fixed)
     layouts, dropped = search.caches.space
     considered = 0
     rejected: Counter = Counter()
+    checked = []  # the checks' keys, in the order asked
     # Groups dropped by a cheap law: one check names the rule, every layout in the group counts under it.
     for group in dropped:
-        error = search.check_error(group.example, search.zeros[0], search.recomputes[0], 1)
+        key = (group.example, search.zeros[0], search.recomputes[0], 1)
+        error = search.check_error(*key)
+        checked.append(key)
         count = group.layouts * (search.plans_of(group.example) + search.refused_plans(group.example))
         considered += count
         rejected[error or group.reason] += count
@@ -69,4 +80,6 @@ def split_space(search: StepTimeBounds) -> Tiers:
         for rule, pairs in left_out.items():
             rejected[rule] += count * pairs * micro
         across_plans += across * plans
-    return Tiers(tier1, tier2, considered, rejected, across_plans)
+    tiers = Tiers(tier1, tier2, considered, rejected, across_plans)
+    search.job_memo["tiers"] = (tiers, [(key, search.caches.checks[key]) for key in checked])
+    return tiers
