@@ -220,3 +220,19 @@ def test_a_render_for_an_older_release_names_it_and_how_to_check_it():
     untold = api.request_from_config(imported, {})
     assert not [f for f in api.check_config(told).findings if f.id == "PR009"]
     assert [f for f in api.check_config(untold).findings if f.id == "PR009"]
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({}, "cross_entropy_loss_fusion and cross_entropy_fusion_impl not given"),
+    (dict(cross_entropy_loss_fusion=True), "cross_entropy_fusion_impl not given"),
+])
+def test_bridges_te_default_is_noted_whenever_it_is_taken(fields, named):
+    """Megatron-Bridge's DeepSeek provider runs Transformer Engine's loss: a request that turns the fusion on but
+    leaves the impl out takes te too, and reads whose default it is (the note was written only where both fields were
+    left out, so the fusion asked alone ran te unsaid); an impl asked is no default and gets no note."""
+    job, _ = _job("megatron-bridge", model="deepseek-v3", num_gpus=256, tp=1, ep=8, **fields)
+    assert job.cross_entropy_fusion_impl == "te"
+    said = [n for n in job.notes if "cross_entropy" in n]
+    assert len(said) == 1 and said[0].startswith(named) and "deepseek_v3 model provider" in said[0], said
+    asked, _ = _job("megatron-bridge", model="deepseek-v3", num_gpus=256, tp=1, ep=8, cross_entropy_fusion_impl="te")
+    assert not [n for n in asked.notes if "cross_entropy" in n]
