@@ -202,3 +202,37 @@ def test_pr009_reads_the_release_the_request_names(version, refused):
     assert job.framework_version_asked == (None if version in (None, "0.19.2") else version)
     found = [f for f in api.check_config(req).findings if f.id == "PR009"]
     assert bool(found) is refused
+
+
+def test_a_render_for_an_older_release_names_it_and_how_to_check_it():
+    """A request naming Megatron-LM 0.15 with te and the fusion renders (PR009 reads the release asked), in 0.19.2's
+    keys: the script's header names the release asked, not only 0.19.2 (which refuses te: the header said 'Megatron-Core
+    0.19.2' over a flag that release rejects), and a note says the file names no release, so check reads it as 0.19.2's
+    unless told: checked with framework_version 0.15 the imported file passes PR009, without it PR009 refuses it."""
+    fields = dict(framework="megatron-core", framework_version="0.15", cross_entropy_loss_fusion=True,
+                  cross_entropy_fusion_impl="te")
+    result = api.render_config("megatron-core", Request(**BASE | fields))
+    header = result.text.splitlines()[1]
+    assert "Megatron-Core 0.15 " in header and "0.19.2" in header, header
+    assert any("framework_version 0.15" in note and "check" in note for note in result.notes), result.notes
+    imported = api.import_config(result.text, framework="megatron-core")
+    told = api.request_from_config(imported, {"framework_version": "0.15"})
+    untold = api.request_from_config(imported, {})
+    assert not [f for f in api.check_config(told).findings if f.id == "PR009"]
+    assert [f for f in api.check_config(untold).findings if f.id == "PR009"]
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({}, "cross_entropy_loss_fusion and cross_entropy_fusion_impl not given"),
+    (dict(cross_entropy_loss_fusion=True), "cross_entropy_fusion_impl not given"),
+])
+def test_bridges_te_default_is_noted_whenever_it_is_taken(fields, named):
+    """Megatron-Bridge's DeepSeek provider runs Transformer Engine's loss: a request that turns the fusion on but
+    leaves the impl out takes te too, and reads whose default it is (the note was written only where both fields were
+    left out, so the fusion asked alone ran te unsaid); an impl asked is no default and gets no note."""
+    job, _ = _job("megatron-bridge", model="deepseek-v3", num_gpus=256, tp=1, ep=8, **fields)
+    assert job.cross_entropy_fusion_impl == "te"
+    said = [n for n in job.notes if "cross_entropy" in n]
+    assert len(said) == 1 and said[0].startswith(named) and "deepseek_v3 model provider" in said[0], said
+    asked, _ = _job("megatron-bridge", model="deepseek-v3", num_gpus=256, tp=1, ep=8, cross_entropy_fusion_impl="te")
+    assert not [n for n in asked.notes if "cross_entropy" in n]

@@ -1314,3 +1314,16 @@ def test_a_switch_the_file_sets_to_no_true_or_false_is_named_as_written():
         import_config(text, "overrides.py", framework="megatron-bridge")
     assert import_config("cfg.model.activation_func_fp8_input_store = True\n", "overrides.py",
                          framework="megatron-bridge").request["fp8_activation_input_store"] is True
+
+
+def test_an_unknown_framework_beside_a_file_is_refused_as_the_request_field_is():
+    """import_config's framework is the Request's field: refused in its words (what was given, the frameworks
+    allowed, the near spelling), as the MCP tools refuse it in their arguments before they read the file (the api said
+    'Unknown framework', MCP 'framework: Input should be ...': face_fuzz seed 12, draw 133)."""
+    text = "#!/bin/bash\ntorchrun pretrain_gpt.py --tensor-model-parallel-size 2\n"
+    with pytest.raises(MeshplanError) as from_file:
+        api.import_config(text, framework="DEEPSPEED")
+    with pytest.raises(MeshplanError) as from_request:
+        parse_request({"model": "llama-3.1-8b", "framework": "DEEPSPEED"})
+    assert str(from_file.value) == str(from_request.value)
+    assert "deepspeed" in str(from_file.value) and "DEEPSPEED" in str(from_file.value)

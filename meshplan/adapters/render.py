@@ -260,13 +260,32 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
     refuse_missing(framework, version, variant, job, plan)
     built = builder(job, plan, variant, version)
     env, note = allocator_setting(framework, job, plan, built.format == "shell" or built.exports_env)
-    context = {"job": job, "plan": plan, "version": version, "variant": variant, "allocator_env": env,
-               **built.context}
+    context = {"job": job, "plan": plan, "version": release_written(job, version), "variant": variant,
+               "allocator_env": env, **built.context}
     text = environment().get_template(built.template).render(**context)
     return RenderResult(
         framework=framework, variant=variant, version=version, format=built.format, text=text,
-        filename=built.filename, plan=plan, notes=[*job.notes, *built.notes, *note], warnings=built.warnings,
+        filename=built.filename, plan=plan,
+        notes=[*job.notes, *built.notes, *note, *release_check_note(job, version)], warnings=built.warnings,
     )
+
+
+def release_written(job: Job, version: str) -> str:
+    """The release a config's header names: the one the request asked where its facts stood in for it (a request for
+    Megatron-LM 0.15 is written in 0.19.2's keys, yet PR009 let te through as 0.15 takes it: a header saying only
+    0.19.2 named a release that refuses the file)."""
+    asked = job.framework_version_asked
+    return version if asked is None else f"{asked} in {version}'s keys"
+
+
+def release_check_note(job: Job, version: str) -> list[str]:
+    """How to check the file for the release asked: no config names its framework release, so check reads an imported
+    file as the newest release's unless framework_version is given beside it."""
+    asked = job.framework_version_asked
+    if asked is None:
+        return []
+    return [f"The file names no release: check it with framework_version {asked} beside it (without it, check reads "
+            f"it as {job.card.display_name} {version}'s)."]
 
 
 def require_variant(framework: str, variant: str | None) -> str | None:

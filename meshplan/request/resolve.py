@@ -639,8 +639,8 @@ def _cross_entropy(req: Request, card, model_type: str, notes: list[str]) -> dic
     framework's default for this model (the card's defaults.cross_entropy: the model provider's on Megatron-Bridge);
     None on a framework without the switch, where a value given is an error naming the field (the loss its engine
     calls itself, the card's engine.megatron_loss, is read per plan: memory_states.megatron_loss). An impl given without
-    the fusion is noted as read by nothing (Megatron-Core takes it and runs the unfused loss); one the release refuses
-    is rule PR009's."""
+    the fusion is noted as read by nothing (Megatron-Core takes it and runs the unfused loss), a provider's te taken
+    where the impl is left out as that provider's; one the release refuses is rule PR009's."""
     default = card.defaults.cross_entropy(model_type)
     given = {f: getattr(req, f) for f in ("cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
              if getattr(req, f) is not None}
@@ -661,8 +661,10 @@ def _cross_entropy(req: Request, card, model_type: str, notes: list[str]) -> dic
     if not fusion and req.cross_entropy_fusion_impl is not None:
         notes.append(f"cross_entropy_fusion_impl={impl}: no effect without cross_entropy_loss_fusion (Megatron-Core "
                      "reads it only with the fusion on); the unfused vocab-parallel cross-entropy runs.")
-    elif not given and fusion and impl == "te":
-        notes.append(f"cross_entropy_loss_fusion not given: on with cross_entropy_fusion_impl te, as "
+    elif req.cross_entropy_fusion_impl is None and fusion and impl == "te":
+        left_out = "cross_entropy_fusion_impl" if given else \
+            "cross_entropy_loss_fusion and cross_entropy_fusion_impl"
+        notes.append(f"{left_out} not given: the fusion on with cross_entropy_fusion_impl te, as "
                      f"{card.display_name}'s {model_type} model provider sets it (Transformer Engine's cross-entropy, "
                      "the gradient written in place over the bf16 logits).")
     return {"cross_entropy_loss_fusion": fusion, "cross_entropy_fusion_impl": impl}

@@ -81,6 +81,7 @@ from meshplan.arithmetic.mesh import file_data_parallel
 from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.model_config import is_model_config_json
+from meshplan.request.parse import checked_fields
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.imported import ImportedConfig
 
@@ -201,7 +202,8 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
                             "configuration is text, with no control character but tabs, line and page breaks.",
                             fix="Pass the text file the run reads (not a binary file), or remove the character (a "
                                 "paste from a terminal can carry escapes).")
-    if framework is not None and framework not in FRAMEWORKS:
+    if framework is not None and framework not in FRAMEWORKS:  # the Request's field, refused in its words
+        checked_fields({"framework": framework})
         raise MeshplanError(f"Unknown framework {framework!r}.", fix=f"Use one of: {', '.join(FRAMEWORKS)}.")
     if config_format is not None and config_format not in FORMATS:
         raise MeshplanError(f"Unknown config_format {config_format!r}.", fix=f"Use one of: {', '.join(FORMATS)}.")
