@@ -49,6 +49,7 @@ from production_sources import (
     recipe_moe,
     recipe_mtp,
     release_launcher_moe,
+    release_preset_dispatch,
     stage_layers,
     study_recipe_fields,
     upcast_field,
@@ -132,12 +133,18 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     knobs |= k
     if (backend := flex_backend_for(row)) is not None:  # the backend the run chose, not the machine's
         fields["moe_flex_backend"] = backend
+    preset, n = release_preset_dispatch(row, key)  # a table row stating none: its release's preset's dispatcher
+    if preset:
+        dispatcher, fields["moe_flex_backend"] = preset["moe_token_dispatcher"], preset["moe_flex_backend"]
+        notes += n
     knobs |= run_knobs(row)
     k, n = recipe_moe(row)
     if (launched := release_launcher_moe(row, key, k)) != k:  # the overlap its own release's launcher set
         n = [*n, f"EP all-to-all overlap {'on' if 'moe_a2a_overlap' in launched else 'off'} from the launcher of "
                  "its release (Megatron-Bridge's published table)"]
         k = launched
+    if preset and not preset["moe_a2a_overlap"]:  # the preset's own overlap over the recipe's
+        k.pop("moe_a2a_overlap", None)
     recipe_graphs = k.get("cuda_graphs")
     knobs = {**k, **knobs}  # what the row states over what the recipe it cites sets (its CUDA graphs)
     notes += n

@@ -33,6 +33,7 @@ from meshplan.knowledge.published_runs import (
     RecipeSplit,
     attention_kernel_of_run,
     bridge_perf_activation_fusion,
+    bridge_perf_preset_dispatch,
     main_snapshot,
     nemo2_perf_loss,
     nemo2_perf_precision,
@@ -104,6 +105,23 @@ def release_launcher_moe(row: dict[str, Any], model_key: str | None, knobs: dict
         out["moe_a2a_overlap"] = (f"{BRIDGE} performance table {table['release']}: its release's launcher "
                                   f"(bench/data/megatron_bridge_published.csv moe_a2a_overlap)")
     return out
+
+
+def release_preset_dispatch(row: dict[str, Any], model_key: str | None) -> tuple[dict[str, Any], list[str]]:
+    """(Request fields, notes): the flex dispatcher and backend the performance preset of the row's release set
+    (published_runs.bridge_perf_preset_dispatch: its release, system and catalog model), for a row of Megatron-Bridge's
+    performance tables that states no dispatcher; ({}, []) where it states one or no preset is recorded. The preset's
+    moe_a2a_overlap is the row's too: map_row drops the knob where the preset turned it off."""
+    if row["parallelism"]["moe_dispatcher"] or BRIDGE_PERF_TABLE not in row_text(row["source"]["citation"]).lower():
+        return {}, []
+    found = re.search(r"\b(\d\d\.\d\d(?:\.\d\d)?)\b", str(row["source"].get("version_or_date") or ""))
+    system = str(row["hardware"]["gpu_type"]).split("-")[0].lower()
+    preset = bridge_perf_preset_dispatch(found.group(1), system, model_key) if found else None
+    if preset is None:
+        return {}, []
+    return ({"moe_token_dispatcher": "flex", "moe_flex_backend": preset.backend, "moe_a2a_overlap": preset.a2a_overlap},
+            [f"flex dispatcher ({preset.backend}), EP all-to-all overlap {'on' if preset.a2a_overlap else 'off'}, "
+             f"from its release's preset: {preset.source}"])
 
 
 def study_recipe_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:

@@ -19,7 +19,9 @@ import pytest
 
 from meshplan import api
 from meshplan.core.units import GIB
+from meshplan.knowledge.adapter_knobs import shared_expert_overlap
 from meshplan.knowledge.published_runs import bridge_perf_tp_overlap
+from meshplan.request.resolve import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import production_mapping as pmap
@@ -163,7 +165,7 @@ def test_a_measured_study_gets_the_optimizer_precision_of_the_recipe_it_ran(tmp_
     # and its shared experts overlapped with the dispatch (cfg.model.moe_shared_expert_overlap = True): every MoE
     # layer keeps the layer input its shared experts gather over SP (26 MoE layers x 4,096 tokens x 2,048 x 2 B)
     assert study.request.moe_shared_expert_overlap is True
-    unlapped = study.request.model_copy(update={"moe_shared_expert_overlap": None})
+    unlapped = study.request.model_copy(update={"moe_shared_expert_overlap": False})  # (left out: on, by default)
     added = (api.estimate_memory(study.request).stages[0].activations_bytes
              - api.estimate_memory(unlapped).stages[0].activations_bytes)
     assert added == 26 * 4096 * 2048 * 2
@@ -267,3 +269,22 @@ def test_nemo2_performance_rows_run_their_releases_loss(container, fields, knob)
     assert psrc.nemo2_loss_fields(row, "megatron-bridge") == ({}, {})
     hyphen = row | {"source": row["source"] | {"citation": "performance/performance-summary.html"}}
     assert psrc.nemo2_loss_fields(hyphen, "megatron-core") == (got, knobs)
+
+
+@pytest.mark.parametrize("rid", ["mbridge_gb300_kimi_k2_256_mxfp8", "mbridge_b300_dsv3_256_mxfp8"])
+def test_a_table_row_stating_no_dispatcher_runs_its_releases_preset(tmp_path, production_rows, rid):
+    """Megatron-Bridge's 26.06 table rows of Kimi-K2 on GB300 and DeepSeek-V3 on B300 state no dispatcher; the
+    release's presets (v0.5.0 scripts/performance/configs/{kimi,deepseek}/*_workload_base_configs.py) set flex HybridEP
+    with moe_a2a_overlap False, and Bridge's flex setup turns the shared-expert overlap off, so the plan runs neither
+    overlap (before: the alltoall dispatcher with the provider's shared-expert overlap)."""
+    m = pmap.map_row(production_rows[rid], tmp_path)
+    req = m.request
+    assert (req.moe_token_dispatcher, req.moe_flex_backend, req.moe_a2a_overlap) == ("flex", "hybridep", None)
+    job, plan = resolve(req)
+    assert not shared_expert_overlap(job, plan) and not plan.moe_a2a_overlap
+    assert any("its release's preset" in note for note in m.notes)
+    row = production_rows[rid]
+    stated = dict(row, parallelism={**row["parallelism"], "moe_dispatcher": "alltoall"})
+    assert psrc.release_preset_dispatch(stated, "kimi-k2") == ({}, [])  # a row's own dispatcher stands
+    elsewhere = dict(row, source={**row["source"], "version_or_date": "NeMo 26.08"})
+    assert psrc.release_preset_dispatch(elsewhere, "kimi-k2") == ({}, [])  # no preset recorded for that release

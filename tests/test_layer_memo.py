@@ -165,7 +165,8 @@ DENSE_PERTURBED_CONTEXT = {"a2a_steady_share": lambda c: c.a2a_steady_share + 0.
                            "gather_dispatch": lambda c: not c.gather_dispatch,
                            "experts_fused": lambda c: not c.experts_fused,
                            "stacked_experts": lambda c: not c.stacked_experts,
-                           "expert_launches": lambda c: (c.expert_launches[0] + 32.0, c.expert_launches[1] + 64.0)}
+                           "expert_launches": lambda c: (c.expert_launches[0] + 32.0, c.expert_launches[1] + 64.0),
+                           "shared_expert_overlap": lambda c: not c.shared_expert_overlap}
 
 
 def test_dense_perturbed_covers_every_left_out_field():

@@ -139,6 +139,18 @@ def test_the_step_time_bounds_are_under_the_estimate_with_ep_overlap(req, stride
     assert twins[0] > 0 or req.framework != "megatron-core", req
 
 
+def test_the_bounds_take_the_faster_twin_where_the_plain_one_hides_its_all_to_all_behind_the_shared_experts():
+    """Moonlight on Megatron-Bridge: its provider turns the shared-expert overlap on, which yields off beside the EP
+    overlap, so a plain plan hides its all-to-all up to the shared experts' GEMMs and its overlapped twin does not. At
+    TP1 PP2 VPP3 EP2 on 12 H100 the plain plan steps in 2.944 s, its overlapped twin in 3.018 s; the layout's bounds
+    take the faster twin's per-token reference (bounds._per_token) and the overlapped reference's second micro-batch
+    over its own first (bounds._alone_key). Before, the sync bound was 2.991 s, over the plain plan's estimate."""
+    req = Request(model="moonlight-16b-a3b", num_gpus=12, global_batch_size=96, framework="megatron-bridge")
+    twins = [0]
+    assert check_bounds(req, stride=6, twins=twins) > 1000
+    assert twins[0] > 0
+
+
 @pytest.mark.slow
 def test_the_step_time_bounds_are_under_the_estimate_on_deepseek_v3_on_2048_gpus():
     """The largest job of bench/recommend_speed.py, TP across NVLink domains included (its second tier)."""

@@ -5,15 +5,23 @@ deepseek_v3_bridge.py, kimi_bridge.py, glm45_bridge.py provider_bridge), Megatro
 off, the other frameworks have no key. A default yields to the plan (knowledge/adapter_knobs.shared_expert_overlap):
 off beside Bridge's flex dispatcher (apply_flex_dispatcher_backend), moe_a2a_overlap (the performance scripts'
 _set_moe_a2a_overlap_overrides) and a recomputed shared_experts module, where rule EP012 refuses the same plans only
-when the request asks for it. Before: the default was off everywhere, so a DeepSeek-V3 request on Bridge was
-estimated (and rendered) as a run Bridge does not launch by default."""
+when the request asks for it. Its time: each EP all-to-all hidden up to the shared experts' GEMMs launched beside it
+(Megatron-LM 24bad8e677 token_dispatcher.py, shared_experts.py), moe_time.shared_overlap_windows. Before: the default
+was off everywhere, so a DeepSeek-V3 request on Bridge was estimated (and rendered) as a run Bridge does not launch by
+default."""
 
 from __future__ import annotations
 
 import pytest
 
 from meshplan import api
+from meshplan.arithmetic.comm import links
+from meshplan.arithmetic.gemm import gemm_terms
+from meshplan.estimate.layer_time import layer_gemms, layer_time
+from meshplan.estimate.moe_time import EP_ALL_TO_ALLS_PER_LAYER, shared_overlap_windows
+from meshplan.estimate.perf import _peaks, layer_context
 from meshplan.knowledge.adapter_knobs import shared_expert_overlap
+from meshplan.knowledge.calibration import calibration
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
@@ -89,3 +97,45 @@ def test_a_bridge_file_without_the_key_reads_as_the_provider_default():
     job, plan = resolve(back)
     assert shared_expert_overlap(job, plan)
     assert api.estimate_memory(back).peak_bytes == api.estimate_memory(req).peak_bytes
+
+
+def _moe_layer(framework: str, **kw):
+    job, plan = _job("deepseek-v3", framework, num_gpus=256, ep=32, pp=8, first_stage_layers=7, last_stage_layers=6,
+                     global_batch_size=256, **kw)
+    cal = calibration(job.framework)
+    ctx = layer_context(job, plan, cal, links(job.gpu, job.gpus_per_node, cal), _peaks(job, cal), 4, None)
+    return ctx, layer_time(ctx, True)
+
+
+def test_each_all_to_all_is_hidden_up_to_the_shared_gemms_beside_it():
+    """fc1's forward beside the dispatch, fc2's beside the combine, their backward (two thirds of each) beside the
+    gradients' all-to-alls: the layer's exposed EP time drops by the sum of min(one all-to-all, those GEMMs), and
+    nothing else moves."""
+    ctx_on, on = _moe_layer("megatron-bridge")
+    ctx_off, off = _moe_layer("megatron-bridge", moe_shared_expert_overlap=False)
+    assert ctx_on.shared_expert_overlap and not ctx_off.shared_expert_overlap
+    assert shared_overlap_windows(ctx_off, [], []) == ()
+    one = off.ep / EP_ALL_TO_ALLS_PER_LAYER
+    gemms = layer_gemms(ctx_on, True)
+    terms = gemm_terms(gemms, ctx_on.cal, ctx_on.bf16_peak, ctx_on.fp8_peak, ctx_on.ridge_rows)
+    fc1 = sum(t for g, t in zip(gemms, terms, strict=True) if g.name == "shared_expert_fc1")
+    fc2 = sum(t for g, t in zip(gemms, terms, strict=True) if g.name == "shared_expert_fc2")
+    windows = shared_overlap_windows(ctx_on, gemms, terms)
+    assert windows == pytest.approx((fc1 / 3, fc2 / 3, fc2 * 2 / 3, fc1 * 2 / 3))
+    assert off.ep - on.ep == pytest.approx(sum(min(one, w) for w in windows))
+    assert 0 < off.ep - on.ep < off.ep
+    assert (on.gemm, on.attention, on.elementwise, on.tp) == (off.gemm, off.attention, off.elementwise, off.tp)
+
+
+def test_the_time_follows_the_default():
+    """DeepSeek-V3 on Bridge, left out: faster than asked off by the hidden all-to-all, as fast as asked on; on
+    Megatron-Core, left out, as asked off."""
+    base = dict(model="deepseek-v3", gpu="h100", num_gpus=256, seq_length=4096, global_batch_size=256,
+                micro_batch_size=1, tp=2, pp=8, ep=32, etp=1, first_stage_layers=7, last_stage_layers=6)
+
+    def rate(**kw):
+        return api.estimate_throughput(Request(**{**base, **kw})).tokens_per_s_per_gpu
+    default = rate(framework="megatron-bridge")
+    assert default == rate(framework="megatron-bridge", moe_shared_expert_overlap=True)
+    assert default > rate(framework="megatron-bridge", moe_shared_expert_overlap=False)
+    assert rate(framework="megatron-core") == rate(framework="megatron-core", moe_shared_expert_overlap=False)

@@ -37,7 +37,7 @@ from meshplan.estimate.layer_time import (
     gemm_time,
     quantize_seconds,
 )
-from meshplan.estimate.moe_time import busiest_rank_experts
+from meshplan.estimate.moe_time import busiest_rank_experts, shared_overlap_windows
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
 from meshplan.schema.model import LAYER_KINDS, MIXER_KINDS
@@ -87,7 +87,8 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
                                 attention=attention, elementwise=elementwise, mixer=mixer, tp=tp,
                                 tp_fwd_share=tp_fwd_share, cp=cp,
                                 cp_work=cp_passes(ctx) if kind == "*" else (0.0, 0.0), later=later,
-                                quantize=quantize_seconds(ctx, gemms))
+                                quantize=quantize_seconds(ctx, gemms),
+                                shared=shared_overlap_windows(ctx, gemms, terms) if moe else ())
 
 
 def gdn_recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad, elementwise: float,

@@ -107,6 +107,9 @@ class LayerContext:
     # unfused glu(), activation_code's unfused_functions
     bias_activation_fusion: bool = True
     fp8_casts: Fp8Casts | None = None  # Transformer Engine's FP8 quantize passes (fp8_casts.fp8_casts); None: none
+    # the shared experts on their own stream beside the EP all-to-alls (adapter_knobs.shared_expert_overlap;
+    # moe_time.shared_overlap_windows)
+    shared_expert_overlap: bool = False
 
     @property
     def ridge_rows(self) -> float:
@@ -218,7 +221,7 @@ _CONTEXT_VALUES = itemgetter(*_CONTEXT_FIELDS)
 _LIST_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if name in PLAN_LIST_FIELDS)
 MOE_ONLY_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher", "moe_a2a_overlap"})
 MOE_ONLY_CONTEXT = frozenset({"a2a_steady_share", "routed_load", "moe_host_syncs", "gather_dispatch", "experts_fused",
-                              "stacked_experts", "expert_launches", "dispatch_passes"})
+                              "stacked_experts", "expert_launches", "dispatch_passes", "shared_expert_overlap"})
 """Plan fields and LayerContext fields a dense layer's time (layer_time.layer_time(ctx, False)) without LoRA never
 reads, beside PER_STEP_FIELDS, nor the shard's ep and etp: the expert grid, the dispatcher and its all-to-all's
 overlap, the routed tokens' load, host syncs and grouped-GEMM launches, the routed experts' fused activation (an MoE

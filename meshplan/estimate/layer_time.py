@@ -39,6 +39,7 @@ from meshplan.estimate.moe_time import (
     dispatch_and_router_bytes,
     expert_launch_floor,
     exposed_ep,
+    shared_overlap_windows,
 )
 from meshplan.estimate.recompute import recomputed_forwards
 from meshplan.estimate.tp_overlap import exposed_tp
@@ -57,21 +58,24 @@ def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
                                 attention=attention, elementwise=elementwise, mixer=0.0, tp=tp,
                                 tp_fwd_share=tp_fwd_share, cp=cp_time(ctx, attention_fwd, attention),
                                 cp_work=cp_passes(ctx), quantize=quantize_seconds(ctx, gemms),
-                                later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms))
+                                later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms),
+                                shared=shared_overlap_windows(ctx, gemms, terms) if moe else ())
 
 
 def assembled_layer_time(ctx: LayerContext, moe: bool, load: ElementwiseLoad, *, gemm: float, gemm_fwd: float,
                          attention_fwd: float, attention: float, elementwise: float, mixer: float, tp: float,
                          tp_fwd_share: float, cp: tuple[float, float], cp_work: tuple[float, float],
-                         later, quantize: tuple[float, float] = (0.0, 0.0)) -> LayerTime:
+                         later, quantize: tuple[float, float] = (0.0, 0.0),
+                         shared: tuple[float, ...] = ()) -> LayerTime:
     """One layer's LayerTime from its parts (layer_time's and hybrid_time.hybrid_layer_time's, one home): the
     forward's share of its compute (the GEMMs' and attention's forward, a third of the memory-bound passes and of a
     Mamba-2 or Gated DeltaNet `mixer`'s, the stacked expert weights' copy all in the forward), an MoE layer's backward
     waiting for its experts' launches beyond what its other work hides, its overhead and exposed EP all-to-all; `cp`
     the (forward, whole) CP traffic's seconds, `cp_work` the (forward, whole) seconds of CP's memory-bound merges and
     copies (context_parallel.cp_passes), memory-bound passes with the layer's others, and `quantize` the (forward,
-    whole) seconds of its FP8 quantize passes (quantize_seconds) alike. A layer without a mixer passes 0.0, which
-    adds nothing to any sum."""
+    whole) seconds of its FP8 quantize passes (quantize_seconds) alike; `shared` the shared experts' GEMM seconds beside
+    each EP all-to-all under the shared-expert overlap (moe_time.shared_overlap_windows). A layer without a mixer passes
+    0.0, which adds nothing to any sum."""
     overhead = layer_overhead(ctx, moe)
     copy = load.weight_copy_bytes / ctx.hbm  # all in the forward (stacked weights), the rest a third of the passes
     cp_work_fwd, cp_work_seconds = cp_work
@@ -82,7 +86,7 @@ def assembled_layer_time(ctx: LayerContext, moe: bool, load: ElementwiseLoad, *,
     if moe and ctx.lora is None:  # the backward waiting for its experts' launches beyond what its other work hides
         gemm += backward_launch_wait(ctx, gemm + attention + elementwise + mixer - fwd_compute)
     compute = gemm + attention + elementwise + mixer + overhead  # LayerTime.compute
-    ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
+    ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute, shared) if moe else 0.0
     cp_fwd, cp_seconds = cp
     return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise + mixer, overhead=overhead, tp=tp,
                      tp_fwd=tp * tp_fwd_share, cp=cp_seconds, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,

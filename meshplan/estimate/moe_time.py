@@ -12,7 +12,7 @@ from meshplan.arithmetic.comm import (
     ring_time,
 )
 from meshplan.arithmetic.flops import Gemm
-from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, summed
 from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, DispatchPasses, LayerContext
@@ -151,10 +151,36 @@ def dispatch_and_router_bytes(ctx: LayerContext) -> tuple[float, float]:
     return dispatch_bytes, router_bytes
 
 
-def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> float:
+def shared_overlap_windows(ctx: LayerContext, gemms: list[Gemm], terms: list[float]) -> tuple[float, ...]:
+    """Seconds of the shared experts' GEMMs in each of an MoE layer's four EP all-to-alls' windows where the plan runs
+    Megatron-Core's moe_shared_expert_overlap (ctx.shared_expert_overlap), in exposed_ep's order: (dispatch forward,
+    combine forward, combine backward, dispatch backward); () without it, or for a LoRA job (its frozen linears' passes
+    are not the three gemm_terms count). From NVIDIA/Megatron-LM 24bad8e677 transformer/moe/token_dispatcher.py and
+    shared_experts.py: MoEAlltoAllTokenDispatcher.token_dispatch launches the shared experts' linear_fc1 and activation
+    on their own stream right after the tokens' all-to-all, and token_combine their linear_fc2 right after the combine's
+    (wait_current_stream first, so neither runs beside the routed experts); the forward's get_output joins the
+    streams after the combine. In the backward the all-to-alls' gradients are launched first (the sequence numbers
+    set_tensor_grad_fn_sequence_sr gives them) and each linear's backward runs on the stream of its forward: fc2's data
+    and weight gradients beside the combine's all-to-all, fc1's beside the dispatch's (_BackwardStreamWait holds it
+    until the routed fc1's backward is issued). Each GEMM's forward is a third of its gemm_terms seconds
+    (TRAINING_PASSES_PER_FORWARD), its backward the rest. The shared experts' own sequence-parallel all-gather and
+    reduce-scatter (pre_forward_comm, post_forward_comm) move to that stream too, but stay counted as the layer's TP
+    traffic (tp_overlap.exposed_tp)."""
+    if not ctx.shared_expert_overlap or ctx.lora is not None:
+        return ()
+    fc1 = summed([t for g, t in zip(gemms, terms, strict=True) if g.name == "shared_expert_fc1"])
+    fc2 = summed([t for g, t in zip(gemms, terms, strict=True) if g.name == "shared_expert_fc2"])
+    backward = (TRAINING_PASSES_PER_FORWARD - 1.0) / TRAINING_PASSES_PER_FORWARD
+    return (fc1 / TRAINING_PASSES_PER_FORWARD, fc2 / TRAINING_PASSES_PER_FORWARD, fc2 * backward, fc1 * backward)
+
+
+def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float, shared: tuple[float, ...] = ()) -> float:
     """Exposed EP all-to-all seconds of one MoE layer per micro-batch: dispatch and combine, forward and backward,
     the most loaded rank receiving (and sending back) routed_load times the mean while every rank waits for it;
-    with moe_a2a_overlap, what the other chunk's compute hides (overlapped_a2a)."""
+    with moe_a2a_overlap, what the other chunk's compute hides (overlapped_a2a); with the shared experts beside them
+    (`shared`: shared_overlap_windows' seconds per all-to-all), each all-to-all and the shared experts' GEMMs in its
+    window take the longer of the two, not their sum: the all-to-all hidden up to those GEMMs' length, the GEMMs
+    beyond it still on the critical path."""
     arch, plan = ctx.arch, ctx.plan
     if arch.moe is None or plan.ep <= 1:
         return 0.0
@@ -169,7 +195,7 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> flo
                         consecutive=ctx.consecutive_routing)
     if plan.moe_a2a_overlap:
         return overlapped_a2a(one, fwd_compute, bwd_compute, ctx.a2a_steady_share)
-    return EP_ALL_TO_ALLS_PER_LAYER * one
+    return EP_ALL_TO_ALLS_PER_LAYER * one - sum(min(one, seconds) for seconds in shared)
 
 
 def gather_ep(local_bytes: float, ep: int, stride: int, lk: Links) -> float:

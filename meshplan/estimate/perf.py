@@ -96,6 +96,7 @@ from meshplan.estimate.tp_overlap import (
     tp_overlap_mode,
     tp_sms,
 )
+from meshplan.knowledge.adapter_knobs import shared_expert_overlap
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.knowledge.tp_card import head_tp
@@ -429,6 +430,7 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
         sp_copies=sp_copies(job.card.tp_overlap, plan, job.framework_version),
         fp8_casts=fp8_casts(job, plan), fp8_store_cast_bytes=swiglu_store_cast_bytes(job),
         bias_activation_fusion=job.bias_activation_fusion,
+        shared_expert_overlap=shared_expert_overlap(job, plan),
         **job_facts(job, plan, cal, lk, peaks, attention_kernel))
 
 

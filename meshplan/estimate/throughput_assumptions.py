@@ -229,15 +229,18 @@ def fp8_setting_assumptions(job: Job) -> list[str]:
 
 
 def shared_overlap_assumptions(job: Job, plan: Plan) -> list[str]:
-    """What the estimate makes of Megatron-Core's moe_shared_expert_overlap's time where the plan runs it
-    (adapter_knobs.shared_expert_overlap): nothing hidden (its memory, the gathered layer input the shared experts
-    keep, is activations.shared_overlap_input_bytes)."""
+    """What the estimate makes of Megatron-Core's moe_shared_expert_overlap where the plan runs it (adapter_knobs.
+    shared_expert_overlap): its time, moe_time.shared_overlap_windows; its memory, the gathered layer input the shared
+    experts keep, activations.shared_overlap_input_bytes."""
     if not shared_expert_overlap(job, plan):
         return []  # off, or no shared experts: the run ignores it (rule EP014)
-    return ["Shared experts overlapped with the token dispatch (moe_shared_expert_overlap): their memory counts the "
-            "layer input they gather over sequence parallelism and keep; their time is counted in series with the "
-            "dispatch as without the overlap (the side stream's hidden share not modelled), so the step may be "
-            "over-estimated."]
+    hidden = ("each EP all-to-all hidden up to the shared experts' GEMMs beside it (fc1 beside the dispatch, fc2 "
+              "beside the combine, their backward beside the gradients' all-to-alls)" if plan.ep > 1 and
+              not plan.moe_a2a_overlap else "no EP all-to-all to hide behind them")
+    return [f"Shared experts overlapped with the token dispatch (moe_shared_expert_overlap): {hidden}; their "
+            "sequence-parallel all-gather and reduce-scatter, on the same side stream, stay counted as TP traffic, "
+            "and the two streams' GEMMs sharing SMs is not modelled; their memory counts the layer input they gather "
+            "over sequence parallelism and keep."]
 
 
 def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx: LayerContext) -> list[str]:

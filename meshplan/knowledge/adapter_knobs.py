@@ -106,6 +106,13 @@ def shared_overlap_in_every_plan(job: Job) -> bool:
     return job.moe_shared_expert_overlap and job.moe_shared_expert_overlap_asked and job.model.has_shared_experts
 
 
+def shared_overlap_in_some_plan(job: Job) -> bool:
+    """Whether any plan the search may give the job runs the shared-expert overlap (shared_expert_overlap, before
+    the plan's dispatcher, EP overlap and recompute have their say): what the search's step-time bounds over plans
+    must allow for (search/bounds._alone_key)."""
+    return job.moe_shared_expert_overlap and job.model.has_shared_experts
+
+
 def knobs_in_use(job: Job, plan: Plan) -> list[str]:
     """The knobs a plan actually uses (a degree of 1 or an off switch uses nothing)."""
     used = ["micro_batch_size", "global_batch_size", f"zero_{plan.zero_stage}"]

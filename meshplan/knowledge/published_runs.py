@@ -422,6 +422,41 @@ LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {
 }
 
 
+# --------------------------------------------------------------------------- Megatron-Bridge perf presets' dispatch
+
+
+@dataclass(frozen=True)
+class PresetDispatch:
+    """The token dispatch a Megatron-Bridge release's performance preset (scripts/performance/configs/<model>/
+    *_workload_base_configs.py, a WorkloadBaseConfig) set for a run of its published table whose row states none:
+    moe_flex_dispatcher_backend (the flex dispatcher with that backend; training/flex_dispatcher_backend.py
+    apply_flex_dispatcher_backend also sets moe_shared_expert_overlap False, adapter_knobs.shared_expert_overlap's
+    off_beside_flex) and moe_a2a_overlap."""
+
+    backend: str
+    a2a_overlap: bool
+    source: str
+
+
+_BRIDGE_V050 = "NVIDIA-NeMo/Megatron-Bridge v0.5.0 (fcbb6031, the 26.06 container's) scripts/performance/configs/"
+# (container release, system, catalog model) -> the preset its table row ran; the preset's layout and batch are the
+# row's (Kimi-K2: PP4 VP4 EP64, GBS 4096, micro-batch 2; DeepSeek-V3 B300 V2: PP8 EP8, GBS 4096, micro-batch 2; v0.5.1's
+# B300 FP8_MX_V2 moved to PP8 VP2, micro-batch 1 with moe_a2a_overlap, not the layout its 26.06 table publishes)
+BRIDGE_PERF_PRESET_DISPATCH: dict[tuple[str, str, str], PresetDispatch] = {
+    ("26.06", "gb300", "kimi-k2"): PresetDispatch(
+        "hybridep", False, _BRIDGE_V050 + "kimi/kimi_workload_base_configs.py KIMI_K2_PRETRAIN_CONFIG_GB300"),
+    ("26.06", "b300", "deepseek-v3"): PresetDispatch(
+        "hybridep", False, _BRIDGE_V050 + "deepseek/deepseek_workload_base_configs.py "
+                                          "DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2 (B300_V2 over B300_V1)"),
+}
+
+
+def bridge_perf_preset_dispatch(release: str, system: str, model_key: str | None) -> PresetDispatch | None:
+    """BRIDGE_PERF_PRESET_DISPATCH's entry for a published-table run (its container release, system and catalog
+    model), else None."""
+    return BRIDGE_PERF_PRESET_DISPATCH.get((release, system, model_key or ""))
+
+
 # --------------------------------------------------------------------------- Megatron-Bridge perf recipes' MoE runs
 
 

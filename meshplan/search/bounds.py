@@ -20,6 +20,7 @@ from meshplan.estimate.memory_terms import job_layer_sums
 from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork, StepSync, sync_chunks
 from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys
+from meshplan.knowledge.adapter_knobs import shared_overlap_in_some_plan
 from meshplan.rules.context import rank_tokens
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.plan import Job, Plan, step_microbatches
@@ -31,6 +32,8 @@ from meshplan.search.rank_chains import Ranks, heavy_bound, heavy_chains, light_
 from meshplan.search.seed_groups import SeedGroup, group_floor
 from meshplan.search.space import Layout, reference_split
 from meshplan.search.zero_stages import reference_zeros
+
+ONE_OVERLAPPED = "one overlapped"  # a work reference's key's last element: overlapped, one micro-batch (_alone_key)
 
 
 def pow2_at_least(x: float) -> int:
@@ -140,11 +143,15 @@ class StepTimeBounds(SearchPlans):
         return terms.m * terms.inputs.pp_comm[terms.worst] / self.microbatches(lay, mbs)
 
     def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str,
-                   may_overlap: bool = False) -> float:
+                   may_overlap: bool = False, one_overlapped: bool = False) -> float:
         """Seconds per token a rank computes (rules.context.rank_tokens: padding included) of a single-stage reference
-        plan, b sequences a rank; with `may_overlap`, its EP all-to-all overlapped wherever the reference can. The
-        least of the reference at each of the search's ZeRO stages that times it differently
-        (zero_stages.reference_zeros: the CP mechanism at cp > 1, the experts' launches one at a time)."""
+        plan, b sequences a rank; with `may_overlap`, its EP all-to-all overlapped wherever the reference can, and no
+        more than the plain reference's (the key without overlap): a layout that may overlap it runs the faster of
+        the two plans (overlap_choice), and the plain one can be the faster where it hides the all-to-all behind the
+        shared experts instead (adapter_knobs.shared_expert_overlap: off beside moe_a2a_overlap). The least of the
+        reference at each of the search's ZeRO stages that times it differently (zero_stages.reference_zeros: the CP
+        mechanism at cp > 1, the experts' launches one at a time). `one_overlapped`: the overlapped reference at one
+        micro-batch, whole (_alone_key)."""
         hit = self.caches.token_time.get(key)
         if hit is not None:
             return hit
@@ -154,13 +161,17 @@ class StepTimeBounds(SearchPlans):
         if may_overlap and not overlap:
             return self._plain_twin(key, tp, cp, ep, etp, b, recompute, part)
         zeros = self.reference_zeros(tp, cp, ep)
-        alone = 0.0
+        alone = plain = 0.0
+        alone_key = None
         if overlap:
-            # One micro-batch alone is all warm-up (its all-to-all exposed: the plain reference, key without overlap),
-            # so it would over-charge a layout whose micro-batches run in the steady state; the second micro-batch's
-            # increment is one fully overlapped (moe_time.overlapped_a2a at a steady share of 1), the least any pays.
-            alone = self._per_token((*key[:-1], False), tp, cp, ep, etp, b, recompute, part) \
-                * rank_tokens(self.job, b, tp, cp, zeros[0])  # (one zero: none across mechanisms, below)
+            # One micro-batch alone is all warm-up (its all-to-all exposed), so it would over-charge a layout whose
+            # micro-batches run in the steady state; the second micro-batch's increment is one fully overlapped
+            # (moe_time.overlapped_a2a at a steady share of 1), the least any pays.
+            plain = self._per_token((*key[:-1], False), tp, cp, ep, etp, b, recompute, part)
+            alone_key = self._alone_key(key)
+            one = self._per_token(alone_key, tp, cp, ep, etp, b, recompute, part, one_overlapped=True) \
+                if alone_key[-1] == ONE_OVERLAPPED else plain
+            alone = one * rank_tokens(self.job, b, tp, cp, zeros[0])  # (one zero: none across mechanisms, below)
         gbs = (2 if overlap else 1) * b * dp_ref
         job_ref = self.ref_jobs.get(gbs)
         if job_ref is None:
@@ -176,19 +187,21 @@ class StepTimeBounds(SearchPlans):
             for rec in self.recomputes[self.recomputes.index(recompute):]:
                 try:
                     self.calls["throughput"] += 1
-                    total, work = self.reference(job_ref, ref, zero, rec, b, overlap, part)
+                    total, work = self.reference(job_ref, ref, zero, rec, b, overlap or one_overlapped, part)
                     break
                 except MeshplanError as refused:
                     total = work = None
                     if part != "cp" and not (isinstance(refused, EstimateBlocked) and refused.rule_id == "RC006"):
                         break
             if work is not None and part == "work":  # its layers' and head's parts, what token_parts reads
-                self._keep_parts(key, work, tokens, overlap)
+                self._keep_parts(key, work, tokens, alone_key)
             if total is None:  # refused: no bound from this reference
                 self.caches.token_parts.pop(key, None)
                 value = 0.0
                 break
             value = min(value, (max(0.0, total - alone) if alone else 0.0) / tokens if overlap else total / tokens)
+        if overlap:  # the faster of the twins
+            value = min(value, plain)
         self.caches.token_time[key] = value
         return value
 
@@ -213,6 +226,14 @@ class StepTimeBounds(SearchPlans):
             raise hit.with_traceback(None)
         return hit
 
+    def _alone_key(self, key: tuple) -> tuple:
+        """The reference whose one micro-batch the overlapped reference `key` (_per_token) takes its second one's
+        increment over: the plain reference (the key without overlap), the same plan where no plan of the job runs
+        the shared-expert overlap; else the overlapped reference at one micro-batch (ONE_OVERLAPPED), since the
+        plain one hides part of its all-to-all behind the shared experts (adapter_knobs.shared_overlap_in_some_plan),
+        and an increment over it would over-charge the overlapped plan."""
+        return (*key[:-1], ONE_OVERLAPPED if shared_overlap_in_some_plan(self.job) else False)
+
     def reference_zeros(self, tp: int, cp: int, ep: int) -> tuple[int, ...]:
         """zero_stages.reference_zeros of the search's job and ZeRO stages at these degrees, kept in bounds_memo per
         them (all it reads: _per_token asks it of every reference, some 700 on DeepSeek-V3/2,048 of 115 values)."""
@@ -235,8 +256,9 @@ class StepTimeBounds(SearchPlans):
     def pipeline_overlaps(self, lay: Layout) -> bool:
         """Whether this layout's plans may overlap the EP all-to-all: as the request fixes it, on with the combined
         1F1B schedule, else where EP009 lets its pipeline shape overlap it (Megatron-Core wants virtual stages when
-        pp > 1), asked once per (pp, vpp): a layout that cannot is bounded by a reference without it. A plan with the
-        overlap fixed on is never slower than its bound's reference with it (a reference without it would be)."""
+        pp > 1), asked once per (pp, vpp): a layout that cannot is bounded by a reference without it. A layout that may
+        is bounded by the faster of the references with it and without it (_per_token): its plan may be either
+        (overlap_choice)."""
         if lay.ep <= 1:
             return False
         fixed = self.fixed.values  # (its dict: the seeding asks this of some 25,000 layouts on DeepSeek-V3/2,048)
@@ -335,7 +357,9 @@ class StepTimeBounds(SearchPlans):
             return per_token, 0.0
         alone = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_key, False), lay.tp, cp, lay.ep,
                                 lay.etp, b, recompute, "work")
-        return per_token, max(0.0, alone - per_token)
+        # a micro-batch outside the steady state: the plain plan's, or the overlapped one's alone where less
+        one = self.caches.token_time.get(("work", lay.tp, lay.ep, lay.etp, recompute, b_key, ONE_OVERLAPPED))
+        return per_token, max(0.0, (alone if one is None else min(alone, one)) - per_token)
 
     def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float, exposed: float = 0.0,
                 refs: tuple | None = None, factors: list[tuple[float, float, float, int]] | None = None,
@@ -446,18 +470,21 @@ class StepTimeBounds(SearchPlans):
                                                    self.moe_sync_s(), lay.pp, lay.vpp)
         return hit
 
-    def _keep_parts(self, key: tuple, work: StageWork, tokens: float, overlap: bool) -> None:
+    def _keep_parts(self, key: tuple, work: StageWork, tokens: float, alone_key: tuple | None) -> None:
         """token_parts' layer and head parts per token of the work reference `key` of _per_token, from its StageWork:
-        with EP overlap the second micro-batch's increment over one alone (whose own _per_token kept its parts); where
-        the key's references are several (zero_stages.reference_zeros), each part the least of theirs."""
+        with EP overlap (`alone_key`: _alone_key's) the second micro-batch's increment over one alone (whose own
+        _per_token kept its parts), each no more than the plain reference's (the faster of the twins); where the key's
+        references are several (zero_stages.reference_zeros), each part the least of theirs."""
         parts = tuple(work.m * x for x in (work.dense, work.moe, work.dense_rec, work.moe_rec, work.head))
         kept = self.caches.token_parts
-        alone = kept.get((*key[:-1], False)) if overlap else None
-        if not overlap:
+        if alone_key is None:
             own = tuple(x / tokens for x in parts)
             kept[key] = tuple(map(min, kept[key], own)) if key in kept else own
-        elif alone is not None:  # (one alone without its parts: none kept, token_parts reads none)
-            kept[key] = tuple(max(0.0, x - a * tokens) / tokens for x, a in zip(parts, alone, strict=True))
+            return
+        alone, plain = kept.get(alone_key), kept.get((*key[:-1], False))
+        if alone is not None and plain is not None:  # (one without its parts: none kept, token_parts reads none)
+            kept[key] = tuple(min(max(0.0, x - a * tokens) / tokens, p)
+                              for x, a, p in zip(parts, alone, plain, strict=True))
 
     def token_parts(self, refs: tuple) -> tuple[float, float, float, float, float, float]:
         """Per token at a rate's references (shard_rate's last element): one dense layer's work, one MoE layer's, one

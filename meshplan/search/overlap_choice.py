@@ -8,8 +8,10 @@ inputs. Its bubble can outweigh what it hides: Mixtral-8x7B on 24 H100, TP2 PP3 
 the overlap and 34.266 s without (all-to-all 0.98 s inside the node, bubble 0.08 -> 1.13 s), so a search that took the
 overlap as dominant ranked the slower one. Here a key's plan is the faster of the two (the overlap's where they tie):
 its step's floor the least of both floors, its estimate the faster estimate. The bounds before the step's floor hold
-for both, since they read the overlap's exposed all-to-all (at most the plain one's) and the interleaved bubble (at
-most the combined schedule's). The plain plan is only taken where it passes the structural rules too; its memory is
+for both, since their per-token references take the faster of the overlapped and the plain reference
+(bounds._per_token: the plain one is the faster where it hides its all-to-all behind the shared experts,
+adapter_knobs.shared_expert_overlap, which yields off beside the EP overlap) and the interleaved bubble (at most the
+combined schedule's). The plain plan is only taken where it passes the structural rules too; its memory is
 the overlap's (the memory estimate does not read the switch). The oracle (search/oracle.py) asks `plain_twin` too.
 """
 
