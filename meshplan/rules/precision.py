@@ -292,7 +292,7 @@ def fp8_dot_product_attention_needs_fp8(ctx: Context) -> Values:
     return None
 
 
-@rule("PR009", reads=())
+@rule("PR009", reads=("zero_stage",))
 def te_cross_entropy_the_release_refuses(ctx: Context) -> Values:
     """cross_entropy_fusion_impl te with cross_entropy_loss_fusion on a framework release whose argument validation
     refuses it (the card's defaults.cross_entropy_te_refused_from: Megatron-LM's validate_args from 0.19 on). The
