@@ -27,6 +27,7 @@ from meshplan.schema.plan import Job, Plan, step_microbatches
 from meshplan.search.estimators import reference_seconds
 from meshplan.search.floors import estimate_stages
 from meshplan.search.grid_syncs import grid_stage_sync
+from meshplan.search.job_memo import kept_or_refused
 from meshplan.search.plans import PlanKey, SearchPlans
 from meshplan.search.rank_chains import Ranks, heavy_bound, heavy_chains, light_stages, pipeline_ranks, stages_bound
 from meshplan.search.seed_groups import SeedGroup, group_floor
@@ -210,21 +211,9 @@ class StepTimeBounds(SearchPlans):
         """estimators.reference_seconds of a reference plan (or the refusal it raises), once per job memo: what it
         reads is the search's plan of these arguments (plan: the job's and the fixed fields') and job_ref's global
         batch; counted by _per_token at each ask, as before."""
-        memo = self.job_memo.get("references")
-        if memo is None:
-            memo = self.job_memo["references"] = {}
         key = (job_ref.global_batch_size, ref, zero, recompute, b, overlap, part)
-        hit = memo.get(key)
-        if hit is None:
-            try:
-                hit = memo[key] = reference_seconds(self.engine, job_ref, self.plan(ref, zero, recompute, b,
-                                                                                     overlap=overlap), part)
-            except MeshplanError as refused:
-                memo[key] = refused
-                raise
-        if isinstance(hit, MeshplanError):
-            raise hit.with_traceback(None)
-        return hit
+        return kept_or_refused(self.job_memo, "references", key, lambda: reference_seconds(
+            self.engine, job_ref, self.plan(ref, zero, recompute, b, overlap=overlap), part))
 
     def _alone_key(self, key: tuple) -> tuple:
         """The reference whose one micro-batch the overlapped reference `key` (_per_token) takes its second one's

@@ -17,12 +17,17 @@ key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
+from typing import TypeVar
 
+from meshplan.core.errors import MeshplanError
 from meshplan.rules.engine import job_key
 from meshplan.schema.plan import Job
 from meshplan.search.estimators import Engine
 from meshplan.search.space import Fixed
+
+T = TypeVar("T")
 
 KEPT_JOBS = 4
 """Jobs whose memos are kept at once (the most recently asked last): a recommend asks one job, a min-gpus scan one per
@@ -96,6 +101,22 @@ def memo_part(memo: dict, name: str) -> dict:
     if part is None:
         part = memo[name] = {}
     return part
+
+
+def kept_or_refused(memo: dict, name: str, key: object, work: Callable[[], T]) -> T:
+    """`work()` once per key in the memo's part `name`, its refusal (a MeshplanError) kept and raised again like its
+    value is returned: the one way a search keeps an estimate across requests (the search counts it itself)."""
+    part = memo_part(memo, name)
+    hit = part.get(key)
+    if hit is None:
+        try:
+            hit = part[key] = work()
+        except MeshplanError as refused:
+            part[key] = refused
+            raise
+    if isinstance(hit, MeshplanError):
+        raise hit.with_traceback(None)
+    return hit
 
 
 def forget_jobs() -> None:

@@ -17,7 +17,6 @@ from typing import TypeVar
 
 from meshplan.arithmetic.memory_states import accumulated_grad_bytes, bytes_per_param
 from meshplan.arithmetic.mesh import crosses_domains
-from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import FitVerdict, memory_budget
 from meshplan.estimate.perf import StepTerms
 from meshplan.rules.engine import Context, backend_of, load_rules
@@ -34,7 +33,7 @@ from meshplan.search.floors import (
     ranks_floor,
 )
 from meshplan.search.host_counts import HostCounts
-from meshplan.search.job_memo import memo_part
+from meshplan.search.job_memo import kept_or_refused, memo_part
 from meshplan.search.overlap_choice import OverlapChoice
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import Seeds
@@ -389,19 +388,7 @@ class SearchPlans(HostCounts, OverlapChoice):
         """Engine.terms of the key's plan (`plan` builds it; `kind`: the key's own plan, "terms", or its plain twin,
         "plain terms", overlap_choice.py), or the refusal it raises, once per job memo (job_memo.py: a pure function of
         the key at the memo's job, fixed fields and estimators); the search counts it as before, per search."""
-        memo = self.job_memo.get(kind)
-        if memo is None:
-            memo = self.job_memo[kind] = {}
-        hit = memo.get(key)
-        if hit is None:
-            try:
-                hit = memo[key] = self.engine.terms(self.job, plan())  # type: ignore[misc]
-            except MeshplanError as refused:
-                memo[key] = refused
-                raise
-        if isinstance(hit, MeshplanError):
-            raise hit.with_traceback(None)
-        return hit
+        return kept_or_refused(self.job_memo, kind, key, lambda: self.engine.terms(self.job, plan()))  # type: ignore[misc]
 
     @property
     def near(self) -> list[tuple[int, Plan, MemoryReport]]:
