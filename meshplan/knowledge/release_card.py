@@ -20,7 +20,10 @@ DATE = r"^\d{4}-\d{2}-\d{2}$"
 # - model_te_attention: the model code of `model_types` takes the attention backend it is told (TE's fused attention by
 #   default). Before it that code built `kernel_before` whatever the backend (AutoModel's gpt-oss: FlexAttention, its
 #   only kernel), which estimate/attention_time.attention_efficiency times it at.
-ChangeName = Literal["moe_outer_model_sharded", "model_te_attention"]
+# - rank_share_sorted: verl's trainer sorts each data-parallel rank's balanced share of the step by workload before
+#   the actor splits it into mini-batches, so every rank's mini-batch holds the same band of lengths. Before it the
+#   share kept the rollout's order and each mini-batch waited for its slowest rank (rl/step_time.slowest_rank).
+ChangeName = Literal["moe_outer_model_sharded", "model_te_attention", "rank_share_sorted"]
 
 
 class ReleaseChange(BaseModel):

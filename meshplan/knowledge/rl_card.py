@@ -144,6 +144,13 @@ class RLCard(_Card):
                            "no cap, so the largest exceeds it, the count the MAX over the DP ranks rounded up to "
                            "the virtual-pipeline group where vpp > 1 (rl/packing.py): verl's use_dynamic_bsz")
     packed_micro_batches_source: str = ""
+    balanced_step_batch: bool = Field(
+        False, description="The trainer partitions the step's sequences over the data-parallel ranks in equal counts "
+                           "balanced by tokens and each rank splits its share into mini-batches in rollout order, "
+                           "each ending in an optimizer step every rank joins: a mini-batch lasts as long as its "
+                           "slowest rank's tokens (rl/stragglers.py; verl's trainer.balance_batch). False: no "
+                           "straggler is timed")
+    balanced_step_batch_source: str = ""
     rules_source: str
 
     def trained_models(self, algorithm: RLAlgorithm) -> int:

@@ -74,17 +74,29 @@ def survival_mean(u: float, x0: float, x1: float) -> float:
     return area / math.expm1(u) / width
 
 
+def second_moment(u: float) -> float:
+    """E[X^2] of the shape at rate u, in units of the maximum squared."""
+    if abs(u) < _SERIES:  # the closed form cancels to u^3 / 3 here: its series
+        return 1 / 3 - u / 12 + u * u / 360
+    if u > 0:  # E[X^2] = (2 - e^-u (u^2 + 2u + 2)) / (u^2 (1 - e^-u))
+        return (2 - math.exp(-u) * (u * u + 2 * u + 2)) / (u * u * -math.expm1(-u))
+    return (2 * math.exp(u) - (u * u + 2 * u + 2)) / (u * u * math.expm1(u))  # the same times e^u / e^u
+
+
+def length_variance(mean: float, longest: float) -> float:
+    """The variance of lengths on [0, longest] with that mean, tokens squared: the shape's at its rate; 0 where the
+    mean is the longest (every length at it)."""
+    if mean >= longest:
+        return 0.0
+    share = mean / longest
+    return max(0.0, second_moment(rate(share)) - share * share) * longest * longest
+
+
 def age_in_flight(u: float, share: float) -> float:
     """The mean tokens already decoded by a sequence in the batch while the queue keeps it full, in units of the
     maximum: each slot holds a response for as long as it decodes, so a slot's response is length-biased and its age
     uniform over its length: E[L^2] / (2 E[L])."""
-    if abs(u) < _SERIES:  # the closed form cancels to u^3 / 3 here: its series
-        second = 1 / 3 - u / 12 + u * u / 360
-    elif u > 0:  # E[X^2] = (2 - e^-u (u^2 + 2u + 2)) / (u^2 (1 - e^-u))
-        second = (2 - math.exp(-u) * (u * u + 2 * u + 2)) / (u * u * -math.expm1(-u))
-    else:  # the same times e^u / e^u
-        second = (2 * math.exp(u) - (u * u + 2 * u + 2)) / (u * u * math.expm1(u))
-    return second / (2 * share)
+    return second_moment(u) / (2 * share)
 
 
 @cache

@@ -14,6 +14,7 @@ from meshplan.core.units import GIB, plural
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration, calibration_card
 from meshplan.knowledge.model_counts import expert_params, total_params
+from meshplan.knowledge.releases import predates
 from meshplan.rl.engine import (
     ENGINE_BYTES,
     engine_kv_bytes_per_sequence,
@@ -23,7 +24,8 @@ from meshplan.rl.engine import (
 )
 from meshplan.rl.launches import eager_launches
 from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
-from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
+from meshplan.rl.memory import critic_apart, phase_setting, rank_mini_batch, reference_bytes, rl_memory
+from meshplan.rl.stragglers import slowest_rank_share
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import RLStepTime
 
@@ -209,6 +211,32 @@ def mini_batch_update(job, plan: Plan, update):
     return estimate_throughput(mini, plan), rl.prompts_per_step / rl.prompts_per_mini_batch
 
 
+def slowest_rank(job, plan: Plan) -> float:
+    """The slowest data-parallel rank's tokens of a mini-batch over the mean rank's (rl/stragglers.py), where the
+    framework's trainer balances the step over the ranks and splits each share into mini-batches in rollout order
+    (its card's rl.balanced_step_batch) on a release before it sorted the shares by workload (release_changes
+    rank_share_sorted: verl 62221fa13, v0.6.1); 1.0 otherwise, with one rank, one mini-batch, or no length spread
+    (no mean stated: every sequence at its longest)."""
+    card, rl = job.rl_card, job.rl
+    if not card.balanced_step_batch:
+        return 1.0
+    change = job.card.release_change("rank_share_sorted")
+    if change is not None and not predates(job.framework_version, change):
+        return 1.0
+    return slowest_rank_share(plan.dp, rank_mini_batch(job, plan), -(-rl.prompts_per_step // rl.mini_batch_prompts),
+                              rl.prompt_length, rl.response_length, rl.mean_prompt, rl.mean_response)
+
+
+def straggler_words(job, plan: Plan) -> str:
+    """What the update's note says of its slowest rank (`slowest_rank`): nothing where it times none."""
+    slowest = slowest_rank(job, plan)
+    if slowest <= 1.0:
+        return ""
+    return (f" (each mini-batch at its slowest of {plan.dp} data-parallel ranks' tokens, {slowest:.3f}x the mean "
+            f"rank's: {job.card.display_name} {job.framework_version} splits each rank's balanced share into "
+            f"mini-batches in rollout order; cards/frameworks/{job.framework}.yaml rl.balanced_step_batch)")
+
+
 def flops_share(job) -> float:
     """The model FLOPs of the sequences at their mean prompt and response over those at the longest (tokens and
     attention's reach): what the update's MFU counts, as verl counts the real sequences' FLOPs."""
@@ -237,7 +265,9 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     prefill is the prompts' forward FLOPs. Log-prob passes are forwards of the update's batch
     (`log_prob_seconds`). They and the update are estimated at prompt + response_length tokens (what memory plans
     for) and cost prompt + the mean response, their compute at its FLOPs (dynamic batches pack the real tokens), the
-    update once per mini-batch of prompts_per_mini_batch and update epoch (`mini_batch_update`, `at_tokens`).
+    update once per mini-batch of prompts_per_mini_batch and update epoch (`mini_batch_update`, `at_tokens`), each
+    mini-batch's micro-batches at its slowest data-parallel rank's tokens where the trainer splits the ranks' shares
+    in rollout order (`slowest_rank`; the log-prob passes run each rank's balanced share whole).
     Resharding moves the bf16 weights once over the slowest link the trainer's model-parallel group or the rollout
     pool spans. Phase offloads move their states out and back over the host link. Colocated parts add; a separate
     rollout pool generates the next batch while the trainer trains where the framework's trainer runs one step off
@@ -251,7 +281,8 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     flops = flops_share(job) if share < 1 else 1.0
     log_prob = passes * log_prob_seconds(update, share, flops)
     mini, batches = mini_batch_update(job, plan, update)
-    one_update = at_tokens(mini, share, flops, batches) * rl.epochs  # each epoch runs every mini-batch again
+    slowest = slowest_rank(job, plan)  # each mini-batch's micro-batches run at its slowest DP rank's tokens
+    one_update = at_tokens(mini, share * slowest, flops * slowest, batches) * rl.epochs  # each epoch: every one again
     update_s = one_update * card.trained_models(rl.algorithm)
 
     memory = rl_memory(job, plan, reports)
@@ -318,7 +349,8 @@ def rl_report(job, plan: Plan, timing, update, words: str):
                if rl.mean_response >= rl.response_length
                else "steps at the full batch of ")
             + f"{timing.decode_step_s * 1e3:.1f} ms, "
-            f"{words}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s, resharding "
+            f"{words}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s"
+            f"{straggler_words(job, plan)}, resharding "
             f"{timing.reshard_s:,.1f} s, phase offloads {timing.offload_s:,.1f} s; "
             + ("separate pools: generation overlaps the training side (one step off)." if overlaps(job, plan) else
                f"{plan.placement}{' pools' if plan.placement == 'separate' else ''}: the parts add."))
