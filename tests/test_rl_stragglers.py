@@ -5,6 +5,8 @@ every optimizer step waiting for the rank that drew the most tokens (rl/step_tim
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,9 @@ from meshplan.request.resolve import resolve
 from meshplan.rl import step_time
 from meshplan.rl.lengths import length_variance, rate
 from meshplan.rl.stragglers import expected_max_normal, slowest_rank_share
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import rl_stragglers  # bench/: verl's partition and in-order split, simulated
 
 # verl's run_qwen3moe-30b_megatron_96gb.sh (bench/data/rl_workloads.yaml) on the verl 0.5 image, with a stated mean
 QWEN = {"model": "qwen3-30b-a3b", "gpu": "h20", "framework": "verl", "tp": 1, "pp": 1, "ep": 8, "etp": 1,
@@ -129,3 +134,19 @@ def test_the_step_note_says_what_the_straggler_adds_only_where_it_adds():
     assert "slowest of 32 data-parallel ranks' tokens" in note and "rl.balanced_step_batch" in note
     plain = api.estimate_throughput(parse_request({**QWEN, "num_gpus": 32})).assumptions[0]
     assert "slowest of" not in plain
+
+
+def test_the_normal_approximation_is_verls_partition_and_split_simulated():
+    # bench/rl_stragglers.py: the step's sequences partitioned as verl's karmarkar_karp(equal_size=True) does, each
+    # rank's share cut into mini-batches in order; the formula within 2% of what that simulation's slowest rank draws
+    for dp in (8, 32):
+        formula = slowest_rank_share(dp, 2048 // dp, 4, 2048, 8192, 300, 2000)
+        assert formula == pytest.approx(rl_stragglers.simulated(dp, 300, 2000, grouped=False), rel=0.02)
+
+
+def test_the_simulated_partition_is_balanced_in_equal_counts():
+    lengths = [5, 1, 9, 3, 7, 2, 8, 4]
+    shares = rl_stragglers.equal_size_karmarkar_karp(lengths, 2)
+    assert sorted(i for share in shares for i in share) == list(range(8))
+    assert [len(share) for share in shares] == [4, 4]
+    assert abs(sum(lengths[i] for i in shares[0]) - sum(lengths[i] for i in shares[1])) <= 1

@@ -1,0 +1,84 @@
+"""meshplan's slowest data-parallel rank of an RL update's mini-batch (meshplan/rl/stragglers.py slowest_rank_share,
+a normal approximation) against verl's own procedure simulated: the step's sequences partitioned over the ranks by
+Karmarkar-Karp in equal counts (verl f6f910069 verl/utils/seqlen_balancing.py karmarkar_karp(equal_size=True), as
+RayPPOTrainer._balance_batch calls it, each partition's indices sorted), then each rank's share cut into mini-batches
+in that order (make_minibatch_iterator, shuffle false); the figure is the slowest rank's tokens over the mean rank's,
+averaged over every mini-batch of a few seeded steps. Lengths from meshplan's shapes (rl/lengths.py quantile) at the
+means given; `grouped` gives a prompt's samples one prompt length (the rollout keeps them next to each other), the
+case the formula leaves on the high side. Nothing fitted.
+
+Run: python bench/rl_stragglers.py   (the Qwen3-30B-A3B recipe's batch: 512 prompts x 16 in mini-batches of 128;
+about a minute)
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import statistics
+
+from meshplan.rl.lengths import quantile, rate
+from meshplan.rl.stragglers import slowest_rank_share
+
+PROMPT, RESPONSE = 2048, 8192  # bench/data/rl_workloads.yaml run_qwen3moe-30b_megatron_96gb.sh
+PROMPTS, SAMPLES, MINI_PROMPTS = 512, 16, 128
+STEPS = 3  # seeded steps drawn per case
+
+
+def equal_size_karmarkar_karp(lengths: list[int], k: int) -> list[list[int]]:
+    """verl's karmarkar_karp(equal_size=True): the lengths sorted, every k consecutive ones a state of k one-item
+    sets; the two states of widest spread merged (the largest sets of one with the smallest of the other) until one
+    is left; its sets' indices, each sorted (_check_and_sort_partitions)."""
+    heap = []
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    for serial, offset in enumerate(range(0, len(order), k)):
+        sets = sorted(([lengths[i], [i]] for i in order[offset:offset + k]), key=lambda s: s[0], reverse=True)
+        heapq.heappush(heap, (-(sets[0][0] - sets[-1][0]), serial, sets))
+    serial = len(heap)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap)[2], heapq.heappop(heap)[2]
+        merged = sorted(([sa + sb, ia + ib] for (sa, ia), (sb, ib) in zip(a, reversed(b), strict=True)),
+                        key=lambda s: s[0], reverse=True)
+        serial += 1
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), serial, merged))
+    return [sorted(items) for _, items in heap[0][2]]
+
+
+def simulated(dp: int, mean_prompt: int, mean_response: int, grouped: bool) -> float:
+    """The slowest rank's tokens over the mean rank's, averaged over every mini-batch of STEPS seeded steps."""
+    up = None if mean_prompt >= PROMPT else rate(mean_prompt / PROMPT)
+    ur = rate(mean_response / RESPONSE)
+    ratios = []
+    for step in range(STEPS):
+        rng = random.Random(f"{dp}/{mean_prompt}/{mean_response}/{grouped}/{step}")
+        lengths = []
+        for _ in range(PROMPTS):
+            prompt = PROMPT if up is None else max(1, round(PROMPT * quantile(up, rng.random())))
+            for _ in range(SAMPLES):
+                if up is not None and not grouped:
+                    prompt = max(1, round(PROMPT * quantile(up, rng.random())))
+                lengths.append(prompt + max(1, round(RESPONSE * quantile(ur, rng.random()))))
+        shares = equal_size_karmarkar_karp(lengths, dp)
+        per_mini = MINI_PROMPTS * SAMPLES // dp
+        for k in range(PROMPTS // MINI_PROMPTS):
+            tokens = [sum(lengths[i] for i in share[k * per_mini:(k + 1) * per_mini]) for share in shares]
+            ratios.append(max(tokens) / statistics.mean(tokens))
+    return statistics.mean(ratios)
+
+
+def main() -> int:
+    print("mean prompt / response, dp: meshplan's slowest rank vs verl's partition and in-order split simulated "
+          "(independent lengths; a prompt's samples at one prompt length)")
+    for mean_prompt, mean_response in ((2048, 2000), (300, 2000), (300, 4000)):
+        for dp in (8, 16, 32):
+            formula = slowest_rank_share(dp, MINI_PROMPTS * SAMPLES // dp, PROMPTS // MINI_PROMPTS, PROMPT, RESPONSE,
+                                         mean_prompt, mean_response)
+            alone = simulated(dp, mean_prompt, mean_response, grouped=False)
+            grouped = simulated(dp, mean_prompt, mean_response, grouped=True) if mean_prompt < PROMPT else alone
+            print(f"  {mean_prompt:>5} / {mean_response:>5}, dp {dp:>2}: {formula:.3f} vs {alone:.3f} "
+                  f"({formula / alone - 1:+.1%}); grouped {grouped:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
