@@ -38,6 +38,7 @@ from meshplan.arithmetic.memory_states import (
     megatron_loss,
     optimizer_sharded,
     optimizer_step_bytes,
+    rl_loss,
     swiglu_store_cast_bytes,
     uses_fsdp,
 )
@@ -482,14 +483,54 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
 
 
 def loss_hbm_bytes(job: Job, plan: Plan, conv: Convention, cal: Calibration) -> float:
-    """HBM bytes per logit the job's cross-entropy moves, forward + backward: the Megatron-Core loss the job runs
-    (memory_states.megatron_loss: the switch's where the framework has it, else the one the plan's engine calls
-    itself; cards/memory.yaml megatron_cross_entropy), else the engine's own loss where its convention counts one
-    (loss_hbm_bytes_per_logit), else a fused cross-entropy's (the calibration's cross_entropy_bytes_per_logit)."""
-    loss = megatron_loss(job, plan)
+    """HBM bytes per logit the job's cross-entropy moves, forward + backward: an RL actor's loss path where the
+    engine's card counts one (memory_states.rl_loss: its temperature division, log-probs and the entropy it computes,
+    with its gradient where RLJob.entropy_coeff puts it in the loss) beside the Megatron-Core loss the engine calls;
+    else the Megatron-Core loss the job runs (memory_states.megatron_loss: the switch's where the framework has it,
+    else the one the plan's engine calls itself; cards/memory.yaml megatron_cross_entropy), else the engine's own loss
+    where its convention counts one (loss_hbm_bytes_per_logit), else a fused cross-entropy's (the calibration's
+    cross_entropy_bytes_per_logit)."""
+    loss, passes = megatron_loss(job, plan), rl_loss(job, plan)
+    if passes is not None:
+        entropy = passes.entropy_update_hbm_bytes_per_logit if job.rl.entropy_coeff else 0.0
+        return (loss.hbm_bytes_per_logit if loss is not None else 0.0) + passes.update_hbm_bytes_per_logit + entropy
     if loss is not None:
         return loss.hbm_bytes_per_logit
     return conv.loss_hbm_bytes_per_logit or cal.cross_entropy_bytes_per_logit
+
+
+def update_loss_bytes(job: Job, plan: Plan) -> float:
+    """loss_hbm_bytes of the plan's engine with its own convention and calibration (the RL step's log-prob passes
+    weigh theirs against it)."""
+    conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
+    return loss_hbm_bytes(job, plan, conv, calibration(job.framework))
+
+
+def log_prob_loss_bytes(job: Job, plan: Plan, old_policy: bool) -> float | None:
+    """HBM bytes per logit one no-grad log-prob pass of an RL actor moves in its loss path, forward alone: the
+    engine's (memory_states.rl_loss forward_hbm_bytes_per_logit; the old policy's pass adds the entropy the engine
+    computes there) beside the forward of the Megatron-Core loss it calls (megatron_cross_entropy's
+    forward_hbm_bytes_per_logit, a third of the whole where the count has no split); None where the engine's card
+    counts none (rl/step_time.log_prob_seconds then keeps a third of the update's)."""
+    passes = rl_loss(job, plan)
+    if passes is None:
+        return None
+    loss = megatron_loss(job, plan)
+    kernel = 0.0 if loss is None else loss.forward_hbm_bytes_per_logit or loss.hbm_bytes_per_logit / 3
+    entropy = passes.old_log_prob_entropy_hbm_bytes_per_logit if old_policy else 0.0
+    return kernel + passes.forward_hbm_bytes_per_logit + entropy
+
+
+def logits_per_head_rank(job: Job, plan: Plan) -> float:
+    """Logits one rank of the output layer's stage holds over the job's whole batch (global_batch_size x seq_length
+    tokens over its data- and context-parallel ranks, the vocabulary as the head builds it, over TP where the
+    convention splits the logits): what a pass over the batch's logits reads and writes per byte per logit."""
+    conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
+    vocab = built_vocab(job.model.vocab_size, conv, plan.tp)
+    ranks = plan.tp * plan.pp * plan.cp
+    dp = max(1, job.num_gpus // ranks)
+    tokens = job.global_batch_size * job.seq_length / (dp * plan.cp)
+    return tokens * vocab / (1 if conv.logits_over_tp == "replicated" else plan.tp)
 
 
 def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:

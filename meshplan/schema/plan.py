@@ -69,6 +69,9 @@ class RLJob(StrictModel):
     prompts_per_mini_batch: int | None = Field(None, ge=1, description="None: the whole step's prompts, one "
                                                                          "optimizer step")
     update_epochs: int | None = Field(None, ge=1, description="None: one pass of the update over the batch")
+    entropy_coeff: float = Field(0.0, ge=0, description="The entropy term's coefficient in the policy loss: nonzero "
+                                                        "puts the entropy and its gradient in every update "
+                                                        "micro-batch (memory_states.rl_loss)")
 
     @property
     def mini_batch_prompts(self) -> int:
