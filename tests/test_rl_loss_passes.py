@@ -17,6 +17,7 @@ from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.cards import framework_card
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
+from meshplan.rl.memory import trainer_reports
 from meshplan.rl.step_time import log_prob_loss_seconds
 
 UNFUSED = memory_card().megatron_cross_entropy["unfused"]
@@ -81,6 +82,22 @@ def test_the_update_keeps_the_engines_logits_bytes_at_the_loss_peak(framework, z
     job, plan = job_plan(framework, zero_stage)
     conv = with_precision(job, plan)[1]
     assert conv.logits_bytes_per_element == passes(framework, engine).logits_bytes_per_element
+
+
+@pytest.mark.parametrize(("framework", "zero_stage", "engine", "kept"),
+                         [("verl", 1, "megatron", 8), ("verl", 3, "fsdp", 2), ("skyrl", 1, "megatron", 2),
+                          ("skyrl", 3, "fsdp", 2)])
+def test_a_log_prob_pass_keeps_its_own_loss_bytes(framework, zero_stage, engine, kept):
+    job, plan = job_plan(framework, zero_stage)
+    update, forward = trainer_reports(job, plan)
+    card = passes(framework, engine)
+    assert card.log_prob_logits_bytes_per_element == kept
+    pass_job = job.model_copy(update={"rl": job.rl.model_copy(update={"log_prob_pass": True})})
+    assert with_precision(pass_job, plan)[1].logits_bytes_per_element == kept
+    # the forward report's logits against the update's: their bytes per logit apart, over the same logits
+    last_update, last_forward = update.stages[-1].detail, forward.stages[-1].detail
+    ratio = last_forward["logits_and_loss"] / last_update["logits_and_loss"]
+    assert ratio < 1 if kept < card.logits_bytes_per_element else ratio == pytest.approx(1.0, abs=0.01)
 
 
 def test_each_log_prob_pass_takes_its_own_forward_less_a_third_of_the_update():

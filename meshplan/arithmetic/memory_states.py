@@ -653,10 +653,14 @@ def rl_loss(job: Job, plan: Plan) -> RlLossPasses | None:
 
 
 def rl_loss_bytes(job: Job, plan: Plan) -> dict:
-    """The convention's bytes per logit at the loss's peak as the RL actor's loss path keeps them (rl_loss), in place
-    of the convention's or the Megatron loss's; nothing where the job runs none."""
+    """The convention's bytes per logit at the loss's peak as the RL actor's loss path keeps them (rl_loss): the
+    update's, or a no-grad log-prob pass's where the job is that pass's estimate (RLJob.log_prob_pass), in place of
+    the convention's or the Megatron loss's; nothing where the job runs none."""
     passes = rl_loss(job, plan)
-    return {} if passes is None else {"logits_bytes_per_element": passes.logits_bytes_per_element}
+    if passes is None:
+        return {}
+    kept = passes.log_prob_logits_bytes_per_element if job.rl.log_prob_pass else passes.logits_bytes_per_element
+    return {"logits_bytes_per_element": kept}
 
 
 def loss_upcast(job: Job, conv: Convention) -> dict:

@@ -47,14 +47,16 @@ class RlLossPasses(_Card):
     RLJob.entropy_coeff), forward alone in a no-grad log-prob pass (`forward_hbm_bytes_per_logit`, the reference's,
     with `old_log_prob_entropy_hbm_bytes_per_logit` added in the old policy's pass where the engine computes the
     entropy there), and what the update keeps per logit at the loss's peak (`logits_bytes_per_element`, in place of
-    the convention's or the Megatron loss's). Read by perf.loss_hbm_bytes, perf.log_prob_loss_bytes and
-    memory_states.rl_loss_bytes."""
+    the convention's or the Megatron loss's) and a no-grad pass at its own (`log_prob_logits_bytes_per_element`, the
+    worse of the old policy's and the reference's, the bf16 logits among them). Read by perf.loss_hbm_bytes,
+    perf.log_prob_loss_bytes and memory_states.rl_loss_bytes."""
 
     update_hbm_bytes_per_logit: float = Field(ge=0)
     entropy_update_hbm_bytes_per_logit: float = Field(ge=0)
     forward_hbm_bytes_per_logit: float = Field(ge=0)
     old_log_prob_entropy_hbm_bytes_per_logit: float = Field(0.0, ge=0)
     logits_bytes_per_element: float = Field(gt=0)
+    log_prob_logits_bytes_per_element: float = Field(gt=0)
     source: str
 
 
