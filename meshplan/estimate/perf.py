@@ -20,6 +20,7 @@ bench/README.md); bandwidths and domain sizes from cards/hardware.yaml.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from operator import itemgetter
@@ -99,6 +100,7 @@ from meshplan.estimate.tp_overlap import (
 )
 from meshplan.knowledge.adapter_knobs import shared_expert_overlap
 from meshplan.knowledge.calibration import Calibration, calibration
+from meshplan.knowledge.engine_card import RlLossPasses
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.knowledge.tp_card import head_tp
 from meshplan.rules.context import rank_tokens, ring_repeats_kv, runs_torch_cp, runs_ulysses
@@ -482,17 +484,41 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))
 
 
-def loss_hbm_bytes(job: Job, plan: Plan, conv: Convention, cal: Calibration) -> float:
+def entropy_chunks(passes: RlLossPasses, tokens: float, vocab_shard: float) -> int:
+    """The chunks an engine's chunked entropy cuts a micro-batch's `tokens` (on one rank) into: of the card's
+    entropy_chunk_tokens each, or of as many tokens as entropy_chunk_budget_bytes holds at 4 bf16 copies of the
+    rank's `vocab_shard` a token, rounded down to a power of two (SkyRL model_utils.py
+    _resolve_vocab_entropy_chunk_size); 1 where the entropy is not chunked."""
+    if passes.entropy_chunk_tokens is not None:
+        chunk = passes.entropy_chunk_tokens
+    elif passes.entropy_chunk_budget_bytes is not None:
+        fit = max(1, int(passes.entropy_chunk_budget_bytes // (vocab_shard * 2 * 4)))
+        chunk = 1 << (fit.bit_length() - 1)
+    else:
+        return 1
+    return max(1, math.ceil(tokens / chunk))
+
+
+def loss_hbm_bytes(job: Job, plan: Plan, conv: Convention, cal: Calibration,
+                   tokens: float | None = None) -> float:
     """HBM bytes per logit the job's cross-entropy moves, forward + backward: an RL actor's loss path where the
     engine's card counts one (memory_states.rl_loss: its temperature division, log-probs and the entropy it computes,
     with its gradient where RLJob.entropy_coeff puts it in the loss) beside the Megatron-Core loss the engine calls;
     else the Megatron-Core loss the job runs (memory_states.megatron_loss: the switch's where the framework has it,
     else the one the plan's engine calls itself; cards/memory.yaml megatron_cross_entropy), else the engine's own loss
     where its convention counts one (loss_hbm_bytes_per_logit), else a fused cross-entropy's (the calibration's
-    cross_entropy_bytes_per_logit)."""
+    cross_entropy_bytes_per_logit). A chunked entropy's gradient adds its chunks' whole-logits gradients
+    (entropy_chunks over the micro-batch's `tokens` on one rank: the plan's micro-batch where not given)."""
     loss, passes = megatron_loss(job, plan), rl_loss(job, plan)
     if passes is not None:
-        entropy = passes.entropy_update_hbm_bytes_per_logit if job.rl.entropy_coeff else 0.0
+        entropy = 0.0
+        if job.rl.entropy_coeff:
+            if tokens is None:
+                tokens = plan.micro_batch_size * job.seq_length / plan.cp
+            shard = built_vocab(job.model.vocab_size, conv, plan.tp) / (
+                1 if conv.logits_over_tp == "replicated" else plan.tp)
+            entropy = (passes.entropy_update_hbm_bytes_per_logit
+                       + passes.entropy_chunk_bytes_per_logit * entropy_chunks(passes, tokens, shard))
         return (loss.hbm_bytes_per_logit if loss is not None else 0.0) + passes.update_hbm_bytes_per_logit + entropy
     if loss is not None:
         return loss.hbm_bytes_per_logit
@@ -550,7 +576,8 @@ def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
     if job.lora is not None:  # a frozen output layer: forward and data gradient only
         head *= FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
     whole = conv.logits_over_tp == "replicated"
-    head += loss_hbm_bytes(job, plan, conv, cal) * ctx.shard.tokens * vocab / (1 if whole else plan.tp) / ctx.hbm
+    head += (loss_hbm_bytes(job, plan, conv, cal, ctx.shard.tokens) * ctx.shard.tokens * vocab
+             / (1 if whole else plan.tp) / ctx.hbm)
     if ctx.hf_eager and plan.pp == 1:  # transformers' final norm and embedding, eager (those engines run no pipeline)
         head += eager_edge_seconds(ctx, vocab)
     if whole and split > 1:

@@ -57,6 +57,14 @@ class RlLossPasses(_Card):
     old_log_prob_entropy_hbm_bytes_per_logit: float = Field(0.0, ge=0)
     logits_bytes_per_element: float = Field(gt=0)
     log_prob_logits_bytes_per_element: float = Field(gt=0)
+    # An entropy computed chunk by chunk over slices of the logits (SkyRL's): with its gradient, each chunk's slice
+    # backward zero-fills a gradient of the whole logits and adds it into theirs, `entropy_chunk_bytes_per_logit` per
+    # logit of the micro-batch per chunk (perf.entropy_chunks counts them: `entropy_chunk_tokens` tokens a chunk, or
+    # as many as `entropy_chunk_budget_bytes` holds at 4 bf16 copies of the rank's vocabulary shard a token, rounded
+    # down to a power of two)
+    entropy_chunk_bytes_per_logit: float = Field(0.0, ge=0)
+    entropy_chunk_tokens: int | None = Field(None, ge=1)
+    entropy_chunk_budget_bytes: int | None = Field(None, ge=1)
     source: str
 
 
