@@ -292,15 +292,21 @@ def test_min_gpus_of_an_rl_job_whose_actor_search_is_empty_scans_without_error(m
     assert answer.num_gpus is not None and answer.num_gpus > 24
 
 
+# verl's GRPO job with responses of 320 tokens (prompt 512): at mbs 64 its TP4 PP2 EP1 update keeps the unfused
+# loss's logits at 8 B (cards/frameworks/verl.yaml engine.rl_loss megatron: CopySlices' bf16 copies at the loss's
+# peak, 6 before the RL loss path was counted), so the default 512-token responses no longer fit it without offload
+SHORT = {**VERL, "response_length": 320}
+
+
 def test_the_rl_ranking_fits_a_step_on_the_figure_check_reads():
     """verl's RL workers run the training phases with expandable segments (cards/frameworks/verl.yaml allocator), so
     check's RL005 fits them on their allocated peak (rl/memory.worst_stage fit_bytes); the RL ranking compared the
     reserved peak with the budget and refused (RL005) the plans without offload whose reserved peak is over it though
     their fit is not, ranking an offloaded step first (fails before: the top plan's reserved peak was under the
     budget). Asked at the actor layout whose update phase decides its fit, TP4 PP2 EP1 (the free request's first
-    before the experts' launch floor: test_the_rl_ranking_follows_the_experts_launches), it ranks the 15.84 s step
-    without offload, 71.2 GiB allocated, 73.4 GiB reserved, of the 71.7 GiB the headroom leaves."""
-    rec = api.recommend(Request(**VERL, tp=4, pp=2, ep=1), top_k=1)
+    before the experts' launch floor: test_the_rl_ranking_follows_the_experts_launches), it ranks (at SHORT) the
+    15.73 s step without offload, 71.2 GiB allocated, 73.4 GiB reserved, of the 71.7 GiB the headroom leaves."""
+    rec = api.recommend(Request(**SHORT, tp=4, pp=2, ep=1), top_k=1)
     top = rec.candidates[0]
     assert "RL005" not in rec.rejected and top.memory.fit_basis == "allocated"
     assert top.memory.fit_bytes <= 0.9 * top.memory.capacity_bytes < top.memory.peak_bytes
@@ -321,14 +327,14 @@ def test_the_rl_ranking_follows_the_experts_launches():
     the headroom), and the ranking refuses every memory fraction of it, counting under MEM002 the layouts whose phases
     fit without the headroom, as check names them (RL005 only for a phase over the capacity, which check names RL005
     too)."""
-    pinned = api.recommend(Request(**VERL, tp=4, pp=2, ep=1), top_k=1).candidates[0]
-    free = api.recommend(Request(**VERL), top_k=1).candidates[0]
+    pinned = api.recommend(Request(**SHORT, tp=4, pp=2, ep=1), top_k=1).candidates[0]
+    free = api.recommend(Request(**SHORT), top_k=1).candidates[0]
     assert free.plan.ep >= 4 and free.throughput.step_time_s < pinned.throughput.step_time_s  # <= 32 local experts
-    rec = api.recommend(Request(**VERL, moe_token_dispatcher="alltoall"), top_k=1)
+    rec = api.recommend(Request(**SHORT, moe_token_dispatcher="alltoall"), top_k=1)
     top = rec.candidates[0]
     assert top.plan.ep >= 4 and top.plan.param_offload and top.plan.optimizer_offload
     assert top.throughput.step_time_s < pinned.throughput.step_time_s
-    twin = {**VERL, **{k: getattr(top.plan, k) for k in ("tp", "pp", "ep", "etp", "micro_batch_size", "zero_stage",
+    twin = {**SHORT, **{k: getattr(top.plan, k) for k in ("tp", "pp", "ep", "etp", "micro_batch_size", "zero_stage",
                                                          "moe_token_dispatcher",
                                                          "recompute", "rollout_tp", "rollout_dp", "rollout_ep")},
             "param_offload": False, "optimizer_offload": False, "rollout_memory_fraction": 0.25}

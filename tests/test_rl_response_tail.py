@@ -11,6 +11,7 @@ from mcp_calls import call_tools
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import update_loss_bytes
 from meshplan.faces import cli
 from meshplan.knowledge.calibration import calibration_card
 from meshplan.knowledge.cards import rl_card
@@ -22,6 +23,7 @@ from meshplan.rl.step_time import (
     at_tokens,
     decode_step_seconds,
     flops_share,
+    log_prob_loss_seconds,
     log_prob_seconds,
     rl_step_time,
     sequences_per_rank,
@@ -58,10 +60,15 @@ def test_the_passes_cost_the_mean_tokens_and_memory_the_longest(fields):
     assert flops < share  # attention's reach shrinks with the sequence too
     _, update, _, _ = rl_step_time(job, plan)  # the update as estimated, at prompt + the longest response
     b = update.breakdown
-    passes = at_max.log_prob_s / log_prob_seconds(update, 1.0, 1.0)
+    card = job.rl_card
+    ref, critic = card.reference_model[job.rl.algorithm], card.critic[job.rl.algorithm]
     traffic = b.tp_comm_s + b.cp_comm_s + b.ep_comm_s + b.pp_comm_s
     forward = ((b.compute_s - b.recompute_s) * flops + traffic * share + b.bubble_s) / 3
-    assert short.log_prob_s == pytest.approx(passes * forward)
+    assert forward == pytest.approx(log_prob_seconds(update, share, flops))
+    # each pass's loss path at its own forward bytes, at the mean tokens too (log_prob_loss_seconds)
+    old_loss, ref_loss, critic_loss = log_prob_loss_seconds(job, plan, update_loss_bytes(job, plan), share)
+    assert short.log_prob_s == pytest.approx((1 + ref + critic) * forward + old_loss + ref * ref_loss
+                                             + critic * critic_loss)
     fixed = b.dp_comm_s + b.other_s + b.offload_s
     scaled = update.step_time_s - fixed - b.bubble_s
     compute = min(scaled, b.compute_s)

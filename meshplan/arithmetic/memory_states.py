@@ -18,7 +18,7 @@ from meshplan.arithmetic.mamba import Mamba2Layer
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import CardError, FrameworkCard, checked_once, load_card
-from meshplan.knowledge.engine_card import MemoryConvention, OptimizerImplementation
+from meshplan.knowledge.engine_card import MemoryConvention, OptimizerImplementation, RlLossPasses
 from meshplan.knowledge.families_card import families_card
 from meshplan.schema.choices import Fp8Recipe, MegatronLoss
 from meshplan.schema.plan import Job, Plan
@@ -182,6 +182,8 @@ class CrossEntropyBytes(_Card):
 
     logits_bytes_per_element: float = Field(gt=0)
     hbm_bytes_per_logit: float = Field(gt=0)
+    # its forward's share, what a no-grad pass moves (None: not split in the count, a third of the whole taken)
+    forward_hbm_bytes_per_logit: float | None = Field(None, gt=0)
     source: str
 
 
@@ -544,6 +546,7 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
         cut = conv.main_grad_bucket_bytes - prec.dtype_bytes["bf16"]
         conv_update |= {"gathered_bytes": conv.gathered_bytes - cut, "prefetched_bytes": conv.prefetched_bytes - cut}
     conv_update.update(megatron_loss_bytes(job, plan))
+    conv_update.update(rl_loss_bytes(job, plan))
     conv_update.update(loss_upcast(job, conv))
     conv_update.update(compiled(job, plan))
     return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
@@ -638,6 +641,26 @@ def megatron_loss_bytes(job: Job, plan: Plan) -> dict:
     (megatron_loss); nothing where the job runs none."""
     loss = megatron_loss(job, plan)
     return {} if loss is None else {"logits_bytes_per_element": loss.logits_bytes_per_element}
+
+
+def rl_loss(job: Job, plan: Plan) -> RlLossPasses | None:
+    """The RL actor's loss path the plan's engine runs (the framework card's engine.rl_loss: verl's and SkyRL's
+    temperature division, log-probs and entropy), for an RL job on an engine the card counts; else None. The one the
+    loss's time (perf.loss_hbm_bytes, perf.log_prob_loss_bytes) and its memory (rl_loss_bytes) read."""
+    if job.rl is None:
+        return None
+    return job.card.engine.rl_loss.get(job.card.engine_at(plan.zero_stage))
+
+
+def rl_loss_bytes(job: Job, plan: Plan) -> dict:
+    """The convention's bytes per logit at the loss's peak as the RL actor's loss path keeps them (rl_loss): the
+    update's, or a no-grad log-prob pass's where the job is that pass's estimate (RLJob.log_prob_pass), in place of
+    the convention's or the Megatron loss's; nothing where the job runs none."""
+    passes = rl_loss(job, plan)
+    if passes is None:
+        return {}
+    kept = passes.log_prob_logits_bytes_per_element if job.rl.log_prob_pass else passes.logits_bytes_per_element
+    return {"logits_bytes_per_element": kept}
 
 
 def loss_upcast(job: Job, conv: Convention) -> dict:

@@ -20,6 +20,7 @@ bench/README.md); bandwidths and domain sizes from cards/hardware.yaml.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from operator import itemgetter
@@ -38,6 +39,7 @@ from meshplan.arithmetic.memory_states import (
     megatron_loss,
     optimizer_sharded,
     optimizer_step_bytes,
+    rl_loss,
     swiglu_store_cast_bytes,
     uses_fsdp,
 )
@@ -98,6 +100,7 @@ from meshplan.estimate.tp_overlap import (
 )
 from meshplan.knowledge.adapter_knobs import shared_expert_overlap
 from meshplan.knowledge.calibration import Calibration, calibration
+from meshplan.knowledge.engine_card import RlLossPasses
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.knowledge.tp_card import head_tp
 from meshplan.rules.context import rank_tokens, ring_repeats_kv, runs_torch_cp, runs_ulysses
@@ -481,15 +484,79 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))
 
 
-def loss_hbm_bytes(job: Job, plan: Plan, conv: Convention, cal: Calibration) -> float:
-    """HBM bytes per logit the job's cross-entropy moves, forward + backward: the Megatron-Core loss the job runs
-    (memory_states.megatron_loss: the switch's where the framework has it, else the one the plan's engine calls
-    itself; cards/memory.yaml megatron_cross_entropy), else the engine's own loss where its convention counts one
-    (loss_hbm_bytes_per_logit), else a fused cross-entropy's (the calibration's cross_entropy_bytes_per_logit)."""
-    loss = megatron_loss(job, plan)
+def entropy_chunks(passes: RlLossPasses, tokens: float, vocab_shard: float) -> int:
+    """The chunks an engine's chunked entropy cuts a micro-batch's `tokens` (on one rank) into: of the card's
+    entropy_chunk_tokens each, or of as many tokens as entropy_chunk_budget_bytes holds at 4 bf16 copies of the
+    rank's `vocab_shard` a token, rounded down to a power of two (SkyRL model_utils.py
+    _resolve_vocab_entropy_chunk_size); 1 where the entropy is not chunked."""
+    if passes.entropy_chunk_tokens is not None:
+        chunk = passes.entropy_chunk_tokens
+    elif passes.entropy_chunk_budget_bytes is not None:
+        fit = max(1, int(passes.entropy_chunk_budget_bytes // (vocab_shard * 2 * 4)))
+        chunk = 1 << (fit.bit_length() - 1)
+    else:
+        return 1
+    return max(1, math.ceil(tokens / chunk))
+
+
+def loss_hbm_bytes(job: Job, plan: Plan, conv: Convention, cal: Calibration,
+                   tokens: float | None = None) -> float:
+    """HBM bytes per logit the job's cross-entropy moves, forward + backward: an RL actor's loss path where the
+    engine's card counts one (memory_states.rl_loss: its temperature division, log-probs and the entropy it computes,
+    with its gradient where RLJob.entropy_coeff puts it in the loss) beside the Megatron-Core loss the engine calls;
+    else the Megatron-Core loss the job runs (memory_states.megatron_loss: the switch's where the framework has it,
+    else the one the plan's engine calls itself; cards/memory.yaml megatron_cross_entropy), else the engine's own loss
+    where its convention counts one (loss_hbm_bytes_per_logit), else a fused cross-entropy's (the calibration's
+    cross_entropy_bytes_per_logit). A chunked entropy's gradient adds its chunks' whole-logits gradients
+    (entropy_chunks over the micro-batch's `tokens` on one rank: the plan's micro-batch where not given)."""
+    loss, passes = megatron_loss(job, plan), rl_loss(job, plan)
+    if passes is not None:
+        entropy = 0.0
+        if job.rl.entropy_coeff:
+            if tokens is None:
+                tokens = plan.micro_batch_size * job.seq_length / plan.cp
+            shard = built_vocab(job.model.vocab_size, conv, plan.tp) / (
+                1 if conv.logits_over_tp == "replicated" else plan.tp)
+            entropy = (passes.entropy_update_hbm_bytes_per_logit
+                       + passes.entropy_chunk_bytes_per_logit * entropy_chunks(passes, tokens, shard))
+        return (loss.hbm_bytes_per_logit if loss is not None else 0.0) + passes.update_hbm_bytes_per_logit + entropy
     if loss is not None:
         return loss.hbm_bytes_per_logit
     return conv.loss_hbm_bytes_per_logit or cal.cross_entropy_bytes_per_logit
+
+
+def update_loss_bytes(job: Job, plan: Plan) -> float:
+    """loss_hbm_bytes of the plan's engine with its own convention and calibration (the RL step's log-prob passes
+    weigh theirs against it)."""
+    conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
+    return loss_hbm_bytes(job, plan, conv, calibration(job.framework))
+
+
+def log_prob_loss_bytes(job: Job, plan: Plan, old_policy: bool) -> float | None:
+    """HBM bytes per logit one no-grad log-prob pass of an RL actor moves in its loss path, forward alone: the
+    engine's (memory_states.rl_loss forward_hbm_bytes_per_logit; the old policy's pass adds the entropy the engine
+    computes there) beside the forward of the Megatron-Core loss it calls (megatron_cross_entropy's
+    forward_hbm_bytes_per_logit, a third of the whole where the count has no split); None where the engine's card
+    counts none (rl/step_time.log_prob_seconds then keeps a third of the update's)."""
+    passes = rl_loss(job, plan)
+    if passes is None:
+        return None
+    loss = megatron_loss(job, plan)
+    kernel = 0.0 if loss is None else loss.forward_hbm_bytes_per_logit or loss.hbm_bytes_per_logit / 3
+    entropy = passes.old_log_prob_entropy_hbm_bytes_per_logit if old_policy else 0.0
+    return kernel + passes.forward_hbm_bytes_per_logit + entropy
+
+
+def logits_per_head_rank(job: Job, plan: Plan) -> float:
+    """Logits one rank of the output layer's stage holds over the job's whole batch (global_batch_size x seq_length
+    tokens over its data- and context-parallel ranks, the vocabulary as the head builds it, over TP where the
+    convention splits the logits): what a pass over the batch's logits reads and writes per byte per logit."""
+    conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
+    vocab = built_vocab(job.model.vocab_size, conv, plan.tp)
+    ranks = plan.tp * plan.pp * plan.cp
+    dp = max(1, job.num_gpus // ranks)
+    tokens = job.global_batch_size * job.seq_length / (dp * plan.cp)
+    return tokens * vocab / (1 if conv.logits_over_tp == "replicated" else plan.tp)
 
 
 def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
@@ -509,7 +576,8 @@ def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
     if job.lora is not None:  # a frozen output layer: forward and data gradient only
         head *= FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
     whole = conv.logits_over_tp == "replicated"
-    head += loss_hbm_bytes(job, plan, conv, cal) * ctx.shard.tokens * vocab / (1 if whole else plan.tp) / ctx.hbm
+    head += (loss_hbm_bytes(job, plan, conv, cal, ctx.shard.tokens) * ctx.shard.tokens * vocab
+             / (1 if whole else plan.tp) / ctx.hbm)
     if ctx.hf_eager and plan.pp == 1:  # transformers' final norm and embedding, eager (those engines run no pipeline)
         head += eager_edge_seconds(ctx, vocab)
     if whole and split > 1:

@@ -38,6 +38,36 @@ class TorchRingCp(_Card):
         return in_any_line(release, self.repeated_kv_releases)
 
 
+class RlLossPasses(_Card):
+    """An RL engine's loss path as its actor runs it, HBM bytes per logit of the vocabulary shard a rank holds (the
+    card's engine.rl_loss, counted from the engine's code there): the temperature division, the log-probs kernel
+    (beside the Megatron-Core cross-entropy the engine calls, engine.megatron_loss, whose own bytes are
+    cards/memory.yaml megatron_cross_entropy's) and the entropy, forward + backward in the update
+    (`update_hbm_bytes_per_logit`, with `entropy_update_hbm_bytes_per_logit` added where the entropy is in the loss:
+    RLJob.entropy_coeff), forward alone in a no-grad log-prob pass (`forward_hbm_bytes_per_logit`, the reference's,
+    with `old_log_prob_entropy_hbm_bytes_per_logit` added in the old policy's pass where the engine computes the
+    entropy there), and what the update keeps per logit at the loss's peak (`logits_bytes_per_element`, in place of
+    the convention's or the Megatron loss's) and a no-grad pass at its own (`log_prob_logits_bytes_per_element`, the
+    worse of the old policy's and the reference's, the bf16 logits among them). Read by perf.loss_hbm_bytes,
+    perf.log_prob_loss_bytes and memory_states.rl_loss_bytes."""
+
+    update_hbm_bytes_per_logit: float = Field(ge=0)
+    entropy_update_hbm_bytes_per_logit: float = Field(ge=0)
+    forward_hbm_bytes_per_logit: float = Field(ge=0)
+    old_log_prob_entropy_hbm_bytes_per_logit: float = Field(0.0, ge=0)
+    logits_bytes_per_element: float = Field(gt=0)
+    log_prob_logits_bytes_per_element: float = Field(gt=0)
+    # An entropy computed chunk by chunk over slices of the logits (SkyRL's): with its gradient, each chunk's slice
+    # backward zero-fills a gradient of the whole logits and adds it into theirs, `entropy_chunk_bytes_per_logit` per
+    # logit of the micro-batch per chunk (perf.entropy_chunks counts them: `entropy_chunk_tokens` tokens a chunk, or
+    # as many as `entropy_chunk_budget_bytes` holds at 4 bf16 copies of the rank's vocabulary shard a token, rounded
+    # down to a power of two)
+    entropy_chunk_bytes_per_logit: float = Field(0.0, ge=0)
+    entropy_chunk_tokens: int | None = Field(None, ge=1)
+    entropy_chunk_budget_bytes: int | None = Field(None, ge=1)
+    source: str
+
+
 class EngineFacts(_Card):
     """Which engine runs the model at each ZeRO stage (the engines rules.yaml's `backends` name), and the byte
     convention of ZeRO-3 where it is not the card's memory_convention."""
@@ -57,6 +87,8 @@ class EngineFacts(_Card):
     # Megatron's unfused vocab_parallel_cross_entropy); request.resolve writes it into the Job as the loss it runs
     megatron_loss: dict[Engine, MegatronLoss] = {}
     megatron_loss_source: str | None = None
+    # the RL actor's loss path per engine (RlLossPasses: temperature division, log-probs, entropy), verl's and SkyRL's
+    rl_loss: dict[Engine, RlLossPasses] = {}
     why: str
 
     @model_validator(mode="after")
@@ -71,6 +103,8 @@ class EngineFacts(_Card):
             raise ValueError(f"megatron_loss names an engine no ZeRO stage runs: {sorted(self.megatron_loss)}")
         if self.megatron_loss and not self.megatron_loss_source:
             raise ValueError("megatron_loss needs megatron_loss_source (the engine's code that calls the loss)")
+        if set(self.rl_loss) - set(self.by_zero_stage.values()):
+            raise ValueError(f"rl_loss names an engine no ZeRO stage runs: {sorted(self.rl_loss)}")
         return self
 
 

@@ -318,6 +318,9 @@ class ReadSection(_Card):
     kl_loss_default: StrictBool | None = Field(
         None, description="An RL launcher's KL-loss switch left out (the reference model is loaded for a KL term)")
     kl_source: str | None = None
+    entropy_coef_default: float | None = Field(
+        None, ge=0, description="The entropy loss' coefficient an RL launcher that turns the entropy loss on "
+                                "(use_entropy_loss) but leaves the coefficient out runs (SkyRL's entropy_loss_coef)")
     source: str
 
     @model_validator(mode="after")

@@ -34,6 +34,7 @@ class RLDefaults(_Card):
     placement: Placement
     max_num_seqs: int = Field(ge=1, description="The engine's cap on sequences decoded at once")
     max_num_batched_tokens: int = Field(ge=1, description="The engine's cap on tokens per forward (its profile run)")
+    entropy_coeff: float = Field(0.0, ge=0, description="The policy loss' entropy coefficient (0: no entropy term)")
     source: str
 
 

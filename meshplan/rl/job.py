@@ -19,7 +19,7 @@ from meshplan.schema.plan import Plan, RLJob
 from meshplan.schema.request import Request
 
 RL_FIELDS = ("algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
-             "mean_response_length", "mean_prompt_length", "prompts_per_mini_batch", "update_epochs",
+             "mean_response_length", "mean_prompt_length", "prompts_per_mini_batch", "update_epochs", "entropy_coeff",
              "rollout_engine", "rollout_tp", "rollout_dp",
              "rollout_ep", "rollout_memory_fraction", "placement", "rollout_gpus", "rollout_enforce_eager")
 
@@ -128,7 +128,8 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     job = RLJob(algorithm=work.algorithm, prompts_per_step=work.prompts, samples_per_prompt=work.samples,
                 prompt_length=work.prompt, response_length=work.response, mean_response_length=work.mean_response,
                  mean_prompt_length=work.mean_prompt, prompts_per_mini_batch=work.mini_batch,
-                 update_epochs=req.update_epochs)
+                 update_epochs=req.update_epochs,
+                 entropy_coeff=card.defaults.entropy_coeff if req.entropy_coeff is None else req.entropy_coeff)
     rl = ResolvedRL(job=job, engine=rollout.engine, tp=rollout.tp, dp=rollout.dp, ep=rollout.ep,
                     memory_fraction=rollout.memory_fraction, placement=rollout.placement,
                     rollout_gpus=rollout_gpus, enforce_eager=bool(req.rollout_enforce_eager), critic_apart=critic_apart)

@@ -95,9 +95,10 @@ def _packed_job(job, plan: Plan):
 def trainer_reports(job, plan: Plan) -> tuple:
     """The actor update's memory report and the forward-only one (the log-prob passes), both at the largest micro-
     batch (packed_tokens): what every rollout choice of one trainer layout shares (recommend computes them once per
-    layout)."""
+    layout). The forward-only one is the no-grad pass's own loss (RLJob.log_prob_pass: memory_states.rl_loss_bytes)."""
     packed = _packed_job(job, plan)
-    return estimate_memory(packed, plan), estimate_memory(packed, _forward_only(plan))
+    passes = packed.model_copy(update={"rl": packed.rl.model_copy(update={"log_prob_pass": True})})
+    return estimate_memory(packed, plan), estimate_memory(passes, _forward_only(plan))
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,12 @@ class RLJob(StrictModel):
     prompts_per_mini_batch: int | None = Field(None, ge=1, description="None: the whole step's prompts, one "
                                                                          "optimizer step")
     update_epochs: int | None = Field(None, ge=1, description="None: one pass of the update over the batch")
+    entropy_coeff: float = Field(0.0, ge=0, description="The entropy term's coefficient in the policy loss: nonzero "
+                                                        "puts the entropy and its gradient in every update "
+                                                        "micro-batch (memory_states.rl_loss)")
+    log_prob_pass: bool = Field(False, description="The job as a no-grad log-prob pass's memory sees it "
+                                                   "(rl/memory.trainer_reports' forward report): its loss keeps the "
+                                                   "engine's log_prob_logits_bytes_per_element (rl_loss_bytes)")
 
     @property
     def mini_batch_prompts(self) -> int:

@@ -372,6 +372,12 @@ class Request(StrictModel):
                                          "trainer.update_epochs_per_batch), each running every mini-batch's "
                                          "optimizer step (default 1)",
     )
+    entropy_coeff: float | None = Field(
+        None, ge=0, le=1000, description="The entropy bonus' coefficient in the RL policy loss (verl "
+                                         "actor.entropy_coeff; SkyRL trainer.algorithm.entropy_loss_coef with "
+                                         "use_entropy_loss): nonzero computes the entropy with its gradient in every "
+                                         "update micro-batch (default 0, both frameworks' own: off)",
+    )
     rollout_engine: RolloutEngine | None = Field(
         None, description="Rollout inference engine: vllm or sglang (default vllm; SkyRL runs vLLM only)"
     )

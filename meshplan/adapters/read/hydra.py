@@ -160,9 +160,30 @@ def _not_modelled(reading: Reading) -> None:
                                    f"meshplan's log_prob phase runs {runs} sequences a micro-batch")
 
 
+def _entropy_loss(reading: Reading) -> None:
+    """SkyRL's entropy loss as the request's entropy_coeff: use_entropy_loss on states its entropy_loss_coef (the
+    card's read.entropy_coef_default where the file leaves it out), off states 0 where the file names a coefficient
+    (a coefficient SkyRL does not use). verl's actor.entropy_coeff is the field itself (read.keys)."""
+    switch, coef = reading.extra.get("use_entropy_loss"), reading.extra.get("entropy_loss_coef")
+    if switch is None:
+        if coef is not None:
+            reading.state("entropy_coeff", 0.0, f"{coef[1].where(reading.path)} (use_entropy_loss left out: off)")
+        return
+    if not as_bool(switch[0]):
+        reading.state("entropy_coeff", 0.0, switch[1])
+    elif coef is not None:
+        reading.state("entropy_coeff", coef[0], coef[1])
+    else:
+        default = read_section(reading.framework).entropy_coef_default
+        reading.state("entropy_coeff", default, f"{switch[1].where(reading.path)} (entropy_loss_coef left out: "
+                                                 f"{default}, cards/frameworks/{reading.framework}.yaml "
+                                                 "read.entropy_coef_default)")
+
+
 def _rl_fields(reading: Reading, left: list[tuple[Setting, object]]) -> None:
     _algorithm(reading, left)
     _not_modelled(reading)
+    _entropy_loss(reading)
     mini = next((s for s, m in left if getattr(m, "target", None) == "global_batch_size"), None)
     prompts = reading.request.get("prompts_per_step")
     size = whole_value(reading, mini.value, mini) if mini is not None else None
