@@ -34,6 +34,7 @@ from meshplan.knowledge.published_runs import (
     attention_kernel_of_run,
     bridge_perf_activation_fusion,
     bridge_perf_preset_dispatch,
+    bridge_perf_preset_split,
     main_snapshot,
     nemo2_perf_loss,
     nemo2_perf_precision,
@@ -112,16 +113,39 @@ def release_preset_dispatch(row: dict[str, Any], model_key: str | None) -> tuple
     (published_runs.bridge_perf_preset_dispatch: its release, system and catalog model), for a row of Megatron-Bridge's
     performance tables that states no dispatcher; ({}, []) where it states one or no preset is recorded. The preset's
     moe_a2a_overlap is the row's too: map_row drops the knob where the preset turned it off."""
-    if row["parallelism"]["moe_dispatcher"] or BRIDGE_PERF_TABLE not in row_text(row["source"]["citation"]).lower():
+    key = table_run_key(row)
+    if row["parallelism"]["moe_dispatcher"] or key is None:
         return {}, []
-    found = re.search(r"\b(\d\d\.\d\d(?:\.\d\d)?)\b", str(row["source"].get("version_or_date") or ""))
-    system = str(row["hardware"]["gpu_type"]).split("-")[0].lower()
-    preset = bridge_perf_preset_dispatch(found.group(1), system, model_key) if found else None
+    preset = bridge_perf_preset_dispatch(*key, model_key)
     if preset is None:
         return {}, []
     return ({"moe_token_dispatcher": "flex", "moe_flex_backend": preset.backend, "moe_a2a_overlap": preset.a2a_overlap},
             [f"flex dispatcher ({preset.backend}), EP all-to-all overlap {'on' if preset.a2a_overlap else 'off'}, "
              f"from its release's preset: {preset.source}"])
+
+
+def table_run_key(row: dict[str, Any]) -> tuple[str, str] | None:
+    """(container release, system) of a row from Megatron-Bridge's performance tables (BRIDGE_PERF_TABLE in its
+    citation; 'NeMo container 25.11' -> '25.11', 26.04.01 kept whole; 'GB200-186GB (NVL72)' -> 'gb200'), the key its
+    release's presets are recorded by (published_runs.BRIDGE_PERF_PRESET_*); None for any other row."""
+    if BRIDGE_PERF_TABLE not in row_text(row["source"]["citation"]).lower():
+        return None
+    found = re.search(r"\b(\d\d\.\d\d(?:\.\d\d)?)\b", str(row["source"].get("version_or_date") or ""))
+    return (found.group(1), str(row["hardware"]["gpu_type"]).split("-")[0].lower()) if found else None
+
+
+def release_preset_split(row: dict[str, Any], model_key: str | None) -> tuple[dict[str, Any], list[str]]:
+    """(Request fields, notes): the pipeline layout and MTP depth the performance config of the row's release passed
+    for its system and model (published_runs.bridge_perf_preset_split), for a Megatron-Bridge table row that states no
+    layout of its own; ({}, []) otherwise. The layout sets vpp (Megatron-Core derives it from the layout's stages)."""
+    key = table_run_key(row)
+    if key is None or row["parallelism"]["pp_layout"]:
+        return {}, []
+    preset = bridge_perf_preset_split(*key, model_key)
+    if preset is None:
+        return {}, []
+    return preset.fields(), [f"pipeline layout {preset.layout} and MTP depth {preset.mtp_num_layers} from its "
+                             f"release's config: {preset.source}"]
 
 
 def study_recipe_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:
