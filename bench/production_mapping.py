@@ -152,6 +152,8 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
         k = launched
     if preset and not preset["moe_a2a_overlap"]:  # the preset's own overlap over the recipe's
         k.pop("moe_a2a_overlap", None)
+    elif preset:
+        k["moe_a2a_overlap"] = "its release's preset (published_runs.BRIDGE_PERF_PRESET_DISPATCH)"
     recipe_graphs = k.get("cuda_graphs")
     knobs = {**k, **knobs}  # what the row states over what the recipe it cites sets (its CUDA graphs)
     notes += n

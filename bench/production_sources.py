@@ -109,19 +109,22 @@ def release_launcher_moe(row: dict[str, Any], model_key: str | None, knobs: dict
 
 
 def release_preset_dispatch(row: dict[str, Any], model_key: str | None) -> tuple[dict[str, Any], list[str]]:
-    """(Request fields, notes): the flex dispatcher and backend the performance preset of the row's release set
-    (published_runs.bridge_perf_preset_dispatch: its release, system and catalog model), for a row of Megatron-Bridge's
-    performance tables that states no dispatcher; ({}, []) where it states one or no preset is recorded. The preset's
-    moe_a2a_overlap is the row's too: map_row drops the knob where the preset turned it off."""
+    """(Request fields, notes): the dispatcher (flex with its backend, or alltoall where the preset sets no backend)
+    the performance preset of the row's release set (published_runs.bridge_perf_preset_dispatch: its release, system
+    and catalog model), for a row of Megatron-Bridge's performance tables that states no dispatcher; ({}, []) where it
+    states one or no preset is recorded. The preset's moe_a2a_overlap is the row's too: map_row drops the knob where
+    the preset turned it off and sets it where the preset turned it on."""
     key = table_run_key(row)
     if row["parallelism"]["moe_dispatcher"] or key is None:
         return {}, []
     preset = bridge_perf_preset_dispatch(*key, model_key)
     if preset is None:
         return {}, []
-    return ({"moe_token_dispatcher": "flex", "moe_flex_backend": preset.backend, "moe_a2a_overlap": preset.a2a_overlap},
-            [f"flex dispatcher ({preset.backend}), EP all-to-all overlap {'on' if preset.a2a_overlap else 'off'}, "
-             f"from its release's preset: {preset.source}"])
+    named = f"flex dispatcher ({preset.backend})" if preset.backend else "alltoall dispatcher"
+    return ({"moe_token_dispatcher": preset.dispatcher, "moe_flex_backend": preset.backend,
+             "moe_a2a_overlap": preset.a2a_overlap},
+            [f"{named}, EP all-to-all overlap {'on' if preset.a2a_overlap else 'off'}, from its release's preset: "
+             f"{preset.source}"])
 
 
 def table_run_key(row: dict[str, Any]) -> tuple[str, str] | None:

@@ -1,6 +1,6 @@
 """What a Megatron-Bridge release's performance configs set for the runs of its published table whose rows state it
-not (published_runs.BRIDGE_PERF_PRESET_SPLIT), as the bench reads them (bench/bridge_published.preset_split_fields;
-bench/production_sources.release_preset_split)
+not (published_runs.BRIDGE_PERF_PRESET_SPLIT, BRIDGE_PERF_PRESET_DISPATCH), as the bench reads them
+(bench/bridge_published.preset_split_fields; bench/production_sources.release_preset_split / release_preset_dispatch)
 and as a user asking for the same layout gets it answered.
 
 A test of the bench too: it imports the bench's modules."""
@@ -16,7 +16,11 @@ from meshplan import api
 from meshplan.arithmetic.schedule import layout_problem, parse_layout
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import catalog_architecture
-from meshplan.knowledge.published_runs import BRIDGE_PERF_PRESET_SPLIT, bridge_perf_preset_split
+from meshplan.knowledge.published_runs import (
+    BRIDGE_PERF_PRESET_SPLIT,
+    bridge_perf_preset_dispatch,
+    bridge_perf_preset_split,
+)
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
@@ -100,3 +104,15 @@ def test_the_dev_row_of_that_run_takes_the_same_layout(tmp_path, production_rows
     assert psrc.release_preset_split(stated, "deepseek-v3") == ({}, [])
     later = dict(row, source={**row["source"], "version_or_date": "NeMo container 26.08"})
     assert psrc.release_preset_split(later, "deepseek-v3") == ({}, [])
+
+
+def test_qwen3_235b_table_rows_stating_no_dispatcher_run_their_releases_preset(tmp_path, production_rows):
+    """26.08's GB300 row: v0.6.0's perf recipe sets flex HybridEP with the EP all-to-all overlap; 26.04.01's B200 row:
+    v0.4.1's preset sets no backend and its config builder the alltoall dispatcher, overlap off."""
+    gb300 = pmap.map_row(production_rows["mbridge_gb300_qwen3_235b_256_mxfp8"], tmp_path).request
+    assert (gb300.moe_token_dispatcher, gb300.moe_flex_backend, gb300.moe_a2a_overlap) == ("flex", "hybridep", True)
+    b200 = pmap.map_row(production_rows["mbridge_b200_qwen3_235b_256_mxfp8"], tmp_path)
+    assert (b200.request.moe_token_dispatcher, b200.request.moe_flex_backend) == ("alltoall", None)
+    assert not b200.request.moe_a2a_overlap and any("alltoall dispatcher" in n for n in b200.notes)
+    assert bridge_perf_preset_dispatch("26.04.01", "b200", "qwen3-235b-a22b").dispatcher == "alltoall"
+    assert bridge_perf_preset_dispatch("26.04", "b200", "qwen3-235b-a22b") is None  # 26.04.01 is its own release

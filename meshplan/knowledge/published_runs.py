@@ -428,17 +428,27 @@ LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {
 @dataclass(frozen=True)
 class PresetDispatch:
     """The token dispatch a Megatron-Bridge release's performance preset (scripts/performance/configs/<model>/
-    *_workload_base_configs.py, a WorkloadBaseConfig) set for a run of its published table whose row states none:
-    moe_flex_dispatcher_backend (the flex dispatcher with that backend; training/flex_dispatcher_backend.py
-    apply_flex_dispatcher_backend also sets moe_shared_expert_overlap False, adapter_knobs.shared_expert_overlap's
-    off_beside_flex) and moe_a2a_overlap."""
+    *_workload_base_configs.py, a WorkloadBaseConfig, or from v0.6.0 its flat perf recipe) set for a run of its
+    published table whose row states none: moe_flex_dispatcher_backend (the flex dispatcher with that backend;
+    training/flex_dispatcher_backend.py apply_flex_dispatcher_backend also sets moe_shared_expert_overlap False,
+    adapter_knobs.shared_expert_overlap's off_beside_flex), or None where the preset sets no backend and the
+    alltoall dispatcher runs, and moe_a2a_overlap (comm_overlap.overlap_moe_expert_parallel_comm)."""
 
-    backend: str
+    backend: str | None
     a2a_overlap: bool
     source: str
 
+    @property
+    def dispatcher(self) -> str:
+        """The Request moe_token_dispatcher the preset ran."""
+        return "alltoall" if self.backend is None else "flex"
+
 
 _BRIDGE_V050 = "NVIDIA-NeMo/Megatron-Bridge v0.5.0 (fcbb6031, the 26.06 container's) scripts/performance/configs/"
+# v0.4.1 (f9b6319e5; the 26.04.01 container's 0.4 line: v0.4.2 changes only B300's Qwen3-235B presets)
+_BRIDGE_V041 = "NVIDIA-NeMo/Megatron-Bridge v0.4.1 (f9b6319e5, the 26.04.01 container's) scripts/performance/configs/"
+# v0.6.0 (51885cf13, whose docs/performance-summary.md carries the 26.08 table; flat perf recipes)
+_BRIDGE_V060 = "NVIDIA-NeMo/Megatron-Bridge v0.6.0 (51885cf13, the 26.08 container's) src/megatron/bridge/perf_recipes/"
 # (container release, system, catalog model) -> the preset its table row ran; the preset's layout and batch are the
 # row's (Kimi-K2: PP4 VP4 EP64, GBS 4096, micro-batch 2; DeepSeek-V3 B300 V2: PP8 EP8, GBS 4096, micro-batch 2; v0.5.1's
 # B300 FP8_MX_V2 moved to PP8 VP2, micro-batch 1 with moe_a2a_overlap, not the layout its 26.06 table publishes)
@@ -448,6 +458,17 @@ BRIDGE_PERF_PRESET_DISPATCH: dict[tuple[str, str, str], PresetDispatch] = {
     ("26.06", "b300", "deepseek-v3"): PresetDispatch(
         "hybridep", False, _BRIDGE_V050 + "deepseek/deepseek_workload_base_configs.py "
                                           "DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2 (B300_V2 over B300_V1)"),
+    # PP8 EP8, GBS 8192 (the V2 variant: B200_FP8_CS_V1 at 256 GPUs), moe_a2a_overlap=False, no backend; the config
+    # builder sets moe_token_dispatcher_type "alltoall" (qwen3_llm_pretrain.py qwen3_235b_a22b_pretrain_config_b200)
+    ("26.04.01", "b200", "qwen3-235b-a22b"): PresetDispatch(
+        None, False, _BRIDGE_V041 + "qwen/qwen3_workload_base_configs.py "
+                                    "QWEN3_235B_A22B_PRETRAIN_CONFIG_B200_FP8_MX_V2, "
+                                    "qwen3_llm_pretrain.py qwen3_235b_a22b_pretrain_config_b200"),
+    # PP4 VP12 EP32, GBS 8192, micro-batch 2: flex with hybridep, and _enable_hybridep_full_iteration_mxfp8's
+    # CommOverlapConfig(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
+    ("26.08", "gb300", "qwen3-235b-a22b"): PresetDispatch(
+        "hybridep", True, _BRIDGE_V060 + "qwen/gb300/qwen3_moe.py qwen3_235b_a22b_pretrain_256gpu_gb300_fp8mx_config, "
+                                         "qwen/common.py _enable_hybridep_full_iteration_mxfp8"),
 }
 
 
