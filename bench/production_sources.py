@@ -303,11 +303,19 @@ def nemo_2407_tp_overlap(row: dict[str, Any]) -> str | None:
                                     model.get("total_params_b"))
 
 
+NEMO_PERF_SUMMARY = re.compile(r"performance[_-]summary")  # the NeMo user guide's performance page, either spelling
+
+
 def nemo2_perf_fields(row: dict[str, Any], precision: str, stated: dict[str, Any], zero: int | None) -> dict[str, Any]:
     """The fp8 recipe and fp8_param_gather the NeMo 2.0 performance scripts of the release a NeMo pretraining row
     names set for every fp8 run (published_runs.nemo2_perf_precision; under Megatron-FSDP, `zero` 3, its own
-    fp8_param_gather), each where the row states none (`stated`: precision_for's fields); {} otherwise."""
+    fp8_param_gather), each where the row states none (`stated`: precision_for's fields), for a row of the NeMo user
+    guide's performance summary, the runs those scripts made; {} otherwise. A run of the same container by other
+    code (an MLPerf submission's NeMo 2.0 implementation, 'NeMo 25.04 (MLPerf Training v5.0 ...)') ran its own
+    settings, not the performance scripts': the container names no launcher."""
     if precision != "fp8" or row.get("category") != "pretrain" or "nemo" not in row_text(row.get("framework")).lower():
+        return {}
+    if not NEMO_PERF_SUMMARY.search(row_text(row["source"].get("citation")).lower()):
         return {}
     facts = nemo2_perf_precision(row_text(row.get("framework"), row.get("source", {}).get("version_or_date")))
     if facts is None:
@@ -318,9 +326,6 @@ def nemo2_perf_fields(row: dict[str, Any], precision: str, stated: dict[str, Any
     if "fp8_param_gather" not in stated:
         out["fp8_param_gather"] = facts.fp8_param_gather_fsdp if zero == 3 else facts.fp8_param_gather
     return out
-
-
-NEMO_PERF_SUMMARY = re.compile(r"performance[_-]summary")  # the NeMo user guide's performance page, either spelling
 
 
 def nemo2_loss_fields(row: dict[str, Any], framework: str) -> tuple[dict[str, Any], dict[str, str]]:
