@@ -108,7 +108,7 @@ def test_the_dev_row_of_that_run_takes_the_same_layout(tmp_path, production_rows
 
 def test_qwen3_235b_table_rows_stating_no_dispatcher_run_their_releases_preset(tmp_path, production_rows):
     """26.08's GB300 row: v0.6.0's perf recipe sets flex HybridEP with the EP all-to-all overlap; 26.04.01's B200 row:
-    v0.4.1's preset sets no backend and its config builder the alltoall dispatcher, overlap off."""
+    v0.4.2's preset sets no backend and its config builder the alltoall dispatcher, overlap off."""
     gb300 = pmap.map_row(production_rows["mbridge_gb300_qwen3_235b_256_mxfp8"], tmp_path).request
     assert (gb300.moe_token_dispatcher, gb300.moe_flex_backend, gb300.moe_a2a_overlap) == ("flex", "hybridep", True)
     b200 = pmap.map_row(production_rows["mbridge_b200_qwen3_235b_256_mxfp8"], tmp_path)

@@ -445,9 +445,10 @@ class PresetDispatch:
 
 
 _BRIDGE_V050 = "NVIDIA-NeMo/Megatron-Bridge v0.5.0 (fcbb6031, the 26.06 container's) scripts/performance/configs/"
-# v0.4.1 (f9b6319e5; the 26.04.01 container's 0.4 line: v0.4.2 changes only B300's Qwen3-235B presets)
-_BRIDGE_V041 = "NVIDIA-NeMo/Megatron-Bridge v0.4.1 (f9b6319e5, the 26.04.01 container's) scripts/performance/configs/"
-# v0.6.0 (51885cf13, whose docs/performance-summary.md carries the 26.08 table; flat perf recipes)
+# The container each release ships: docs/versions1.json ("0.4.2 · 26.04.01", "0.6.0 (latest) · 26.08"). v0.4.2's
+# B200 Qwen3-235B preset and config builder are v0.4.0's (v0.4.2 changed only B300's).
+_BRIDGE_V042 = "NVIDIA-NeMo/Megatron-Bridge v0.4.2 (c81012934, the 26.04.01 container's) scripts/performance/configs/"
+# v0.6.0 (51885cf13; its docs/performance-summary.md carries the 26.08 table): flat perf recipes
 _BRIDGE_V060 = "NVIDIA-NeMo/Megatron-Bridge v0.6.0 (51885cf13, the 26.08 container's) src/megatron/bridge/perf_recipes/"
 # (container release, system, catalog model) -> the preset its table row ran; the preset's layout and batch are the
 # row's (Kimi-K2: PP4 VP4 EP64, GBS 4096, micro-batch 2; DeepSeek-V3 B300 V2: PP8 EP8, GBS 4096, micro-batch 2; v0.5.1's
@@ -461,7 +462,7 @@ BRIDGE_PERF_PRESET_DISPATCH: dict[tuple[str, str, str], PresetDispatch] = {
     # PP8 EP8, GBS 8192 (the V2 variant: B200_FP8_CS_V1 at 256 GPUs), moe_a2a_overlap=False, no backend; the config
     # builder sets moe_token_dispatcher_type "alltoall" (qwen3_llm_pretrain.py qwen3_235b_a22b_pretrain_config_b200)
     ("26.04.01", "b200", "qwen3-235b-a22b"): PresetDispatch(
-        None, False, _BRIDGE_V041 + "qwen/qwen3_workload_base_configs.py "
+        None, False, _BRIDGE_V042 + "qwen/qwen3_workload_base_configs.py "
                                     "QWEN3_235B_A22B_PRETRAIN_CONFIG_B200_FP8_MX_V2, "
                                     "qwen3_llm_pretrain.py qwen3_235b_a22b_pretrain_config_b200"),
     # PP4 VP12 EP32, GBS 8192, micro-batch 2: flex with hybridep, and _enable_hybridep_full_iteration_mxfp8's
