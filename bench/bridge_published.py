@@ -40,9 +40,14 @@ flex57: as DeepEP, the machine's backend). The GB300 and B300 rows read their re
 *_GB300_*): DeepSeek-V3 and Qwen3-30B-A3B set hybridep on both parts and Qwen3-235B-A22B on GB300, `flex`; B300's
 Qwen3-235B-A22B sets no backend (alltoall) and moe_a2a_overlap=True, on; GPT-OSS-120B none, `alltoall`. So B300's
 DeepSeek-V3 and Qwen3-30B-A3B rows, which ran HybridEP inside one 8-GPU node, are timed as HybridEP (the
-flex_backend column), as 26.02's B200 one is. 25.11's two GB300 DeepSeek-V3 rows publish PP2 VP4, a split of 61
-layers no Bridge layout names (its helper has no (2, 4), and v0.2.0's GB300 preset is PP4 VP4): meshplan refuses
-them (PP001), as 25.11's GB200 PP8 VP4 row.
+flex_backend column), as 26.02's B200 one is. 25.11's GB200 and GB300 DeepSeek-V3 rows ("w/o MTP", GBS 4096) ran
+the configs of the branch gaod/r0.2.0_test (r0.2.0 + 4fabba48d, d19cb73c8, 2025-12-05: its presets are the table's
+GB200 PP4 VP4 EP64 and GB300 PP2 EP32 layouts), which pass the layout "Et*3|(t*4|)*14ttL" with mtp_num_layers None
+(published_runs.BRIDGE_PERF_PRESET_SPLIT, preset_split_fields): 16 virtual stages, so VPP 4 at PP4, 2 at PP8 and 8
+at PP2, as Megatron-Core derives it from the layout (its TransformerConfig refuses any other VPP beside a layout);
+the table prints VP 4 for all three, its presets' field. Before 2026-12-07 meshplan refused the PP8 and PP2 rows
+(PP001: no helper row or perf-recipe string at (8, 4) or (2, 4) without MTP) and read the PP4 one with the helper's
+(4, 4) row, MTP dropped.
 The precision column's MXFP8 is passed as Transformer Engine's mxfp8 recipe, its FP8 (FP8-CS) as the
 card's default tensorwise current scaling (the table's parenthesised blockwise figures are not transcribed); the
 recipe sets how many quantize kernels each local expert's grouped GEMM launches (the framework card's
@@ -105,6 +110,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput
@@ -123,6 +129,7 @@ from meshplan.knowledge.published_runs import (
     BRIDGE_PERF_TABLE,
     RECIPE_SPLITS,
     bridge_perf_activation_fusion,
+    bridge_perf_preset_split,
 )
 
 DATA = BRIDGE_TABLE_CSV
@@ -163,7 +170,7 @@ def cases(path: Path = DATA):
                 # (published_runs.BRIDGE_PERF_CROSS_ENTROPY; production_sources.perf_table_fields for the dev rows)
                 **BRIDGE_PERF_CROSS_ENTROPY,
             )
-            split = recipe_split_fields(r["model"], pp, int(r["vp"]), int(r["mtp"]))
+            split = preset_split_fields(r) or recipe_split_fields(r["model"], pp, int(r["vp"]), int(r["mtp"]))
             if split:
                 req = req.model_copy(update=split)
             job, plan = resolve(req)
@@ -177,6 +184,17 @@ def fit_cases(path: Path = DATA):
     """cases() less the rows of HELD_OUT_SYSTEMS: what a fit of the card's constants may read (this module's --fit,
     moe_fit.rows, fitted_constants.megatron_pool)."""
     return [(r, job, plan) for r, job, plan in cases(path) if r["system"] not in HELD_OUT_SYSTEMS]
+
+
+def preset_split_fields(row: dict[str, str]) -> dict[str, Any]:
+    """The layout and MTP depth the performance config of the row's release passed for its system and model
+    (published_runs.bridge_perf_preset_split), as Request fields, with vpp left to the layout (Megatron-Core derives
+    it from the layout's stages and refuses another: the table prints its preset's VP, which the layout overrules);
+    {} where none is recorded or the row's MTP column is not the config's depth."""
+    preset = bridge_perf_preset_split(row["release"], row["system"], row["model"])
+    if preset is None or preset.mtp_num_layers != int(row["mtp"]):
+        return {}
+    return preset.fields() | {"vpp": None}
 
 
 def recipe_split_fields(model: str, pp: int, vpp: int, mtp: int) -> dict[str, str | bool]:

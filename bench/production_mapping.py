@@ -50,6 +50,7 @@ from production_sources import (
     recipe_mtp,
     release_launcher_moe,
     release_preset_dispatch,
+    release_preset_split,
     stage_layers,
     study_recipe_fields,
     upcast_field,
@@ -122,13 +123,19 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     knobs |= k
     fields |= study_recipe_fields(row, framework)
     key = catalog_match(row["model"])
-    mtp, n = recipe_mtp(row, key if model == key else None)  # a config path: the row's own model (MTP off)
-    fields |= mtp
+    preset_split, n = release_preset_split(row, key if model == key else None)  # its release's config's layout
     notes += n
-    first, last, f, n, k = stage_layers(row, key, mtp.get("mtp_num_layers", resolve_model(model).num_mtp_layers))
-    fields |= f
-    notes += n
-    knobs |= k
+    if preset_split:  # the layout and MTP depth that config passed, over the recipes' (RECIPE_MTP, RECIPE_SPLITS)
+        fields |= preset_split
+        first = last = None
+    else:
+        mtp, n = recipe_mtp(row, key if model == key else None)  # a config path: the row's own model (MTP off)
+        fields |= mtp
+        notes += n
+        first, last, f, n, k = stage_layers(row, key, mtp.get("mtp_num_layers", resolve_model(model).num_mtp_layers))
+        fields |= f
+        notes += n
+        knobs |= k
     dispatcher, k = dispatcher_for(row)
     knobs |= k
     if (backend := flex_backend_for(row)) is not None:  # the backend the run chose, not the machine's
@@ -145,6 +152,8 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
         k = launched
     if preset and not preset["moe_a2a_overlap"]:  # the preset's own overlap over the recipe's
         k.pop("moe_a2a_overlap", None)
+    elif preset:
+        k["moe_a2a_overlap"] = "its release's preset (published_runs.BRIDGE_PERF_PRESET_DISPATCH)"
     recipe_graphs = k.get("cuda_graphs")
     knobs = {**k, **knobs}  # what the row states over what the recipe it cites sets (its CUDA graphs)
     notes += n

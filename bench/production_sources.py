@@ -34,6 +34,7 @@ from meshplan.knowledge.published_runs import (
     attention_kernel_of_run,
     bridge_perf_activation_fusion,
     bridge_perf_preset_dispatch,
+    bridge_perf_preset_split,
     main_snapshot,
     nemo2_perf_loss,
     nemo2_perf_precision,
@@ -108,20 +109,46 @@ def release_launcher_moe(row: dict[str, Any], model_key: str | None, knobs: dict
 
 
 def release_preset_dispatch(row: dict[str, Any], model_key: str | None) -> tuple[dict[str, Any], list[str]]:
-    """(Request fields, notes): the flex dispatcher and backend the performance preset of the row's release set
-    (published_runs.bridge_perf_preset_dispatch: its release, system and catalog model), for a row of Megatron-Bridge's
-    performance tables that states no dispatcher; ({}, []) where it states one or no preset is recorded. The preset's
-    moe_a2a_overlap is the row's too: map_row drops the knob where the preset turned it off."""
-    if row["parallelism"]["moe_dispatcher"] or BRIDGE_PERF_TABLE not in row_text(row["source"]["citation"]).lower():
+    """(Request fields, notes): the dispatcher (flex with its backend, or alltoall where the preset sets no backend)
+    the performance preset of the row's release set (published_runs.bridge_perf_preset_dispatch: its release, system
+    and catalog model), for a row of Megatron-Bridge's performance tables that states no dispatcher; ({}, []) where it
+    states one or no preset is recorded. The preset's moe_a2a_overlap is the row's too: map_row drops the knob where
+    the preset turned it off and sets it where the preset turned it on."""
+    key = table_run_key(row)
+    if row["parallelism"]["moe_dispatcher"] or key is None:
         return {}, []
-    found = re.search(r"\b(\d\d\.\d\d(?:\.\d\d)?)\b", str(row["source"].get("version_or_date") or ""))
-    system = str(row["hardware"]["gpu_type"]).split("-")[0].lower()
-    preset = bridge_perf_preset_dispatch(found.group(1), system, model_key) if found else None
+    preset = bridge_perf_preset_dispatch(*key, model_key)
     if preset is None:
         return {}, []
-    return ({"moe_token_dispatcher": "flex", "moe_flex_backend": preset.backend, "moe_a2a_overlap": preset.a2a_overlap},
-            [f"flex dispatcher ({preset.backend}), EP all-to-all overlap {'on' if preset.a2a_overlap else 'off'}, "
-             f"from its release's preset: {preset.source}"])
+    named = f"flex dispatcher ({preset.backend})" if preset.backend else "alltoall dispatcher"
+    return ({"moe_token_dispatcher": preset.dispatcher, "moe_flex_backend": preset.backend,
+             "moe_a2a_overlap": preset.a2a_overlap},
+            [f"{named}, EP all-to-all overlap {'on' if preset.a2a_overlap else 'off'}, from its release's preset: "
+             f"{preset.source}"])
+
+
+def table_run_key(row: dict[str, Any]) -> tuple[str, str] | None:
+    """(container release, system) of a row from Megatron-Bridge's performance tables (BRIDGE_PERF_TABLE in its
+    citation; 'NeMo container 25.11' -> '25.11', 26.04.01 kept whole; 'GB200-186GB (NVL72)' -> 'gb200'), the key its
+    release's presets are recorded by (published_runs.BRIDGE_PERF_PRESET_*); None for any other row."""
+    if BRIDGE_PERF_TABLE not in row_text(row["source"]["citation"]).lower():
+        return None
+    found = re.search(r"\b(\d\d\.\d\d(?:\.\d\d)?)\b", str(row["source"].get("version_or_date") or ""))
+    return (found.group(1), str(row["hardware"]["gpu_type"]).split("-")[0].lower()) if found else None
+
+
+def release_preset_split(row: dict[str, Any], model_key: str | None) -> tuple[dict[str, Any], list[str]]:
+    """(Request fields, notes): the pipeline layout and MTP depth the performance config of the row's release passed
+    for its system and model (published_runs.bridge_perf_preset_split), for a Megatron-Bridge table row that states no
+    layout of its own; ({}, []) otherwise. The layout sets vpp (Megatron-Core derives it from the layout's stages)."""
+    key = table_run_key(row)
+    if key is None or row["parallelism"]["pp_layout"]:
+        return {}, []
+    preset = bridge_perf_preset_split(*key, model_key)
+    if preset is None:
+        return {}, []
+    return preset.fields(), [f"pipeline layout {preset.layout} and MTP depth {preset.mtp_num_layers} from its "
+                             f"release's config: {preset.source}"]
 
 
 def study_recipe_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:
@@ -276,11 +303,19 @@ def nemo_2407_tp_overlap(row: dict[str, Any]) -> str | None:
                                     model.get("total_params_b"))
 
 
+NEMO_PERF_SUMMARY = re.compile(r"performance[_-]summary")  # the NeMo user guide's performance page, either spelling
+
+
 def nemo2_perf_fields(row: dict[str, Any], precision: str, stated: dict[str, Any], zero: int | None) -> dict[str, Any]:
     """The fp8 recipe and fp8_param_gather the NeMo 2.0 performance scripts of the release a NeMo pretraining row
     names set for every fp8 run (published_runs.nemo2_perf_precision; under Megatron-FSDP, `zero` 3, its own
-    fp8_param_gather), each where the row states none (`stated`: precision_for's fields); {} otherwise."""
+    fp8_param_gather), each where the row states none (`stated`: precision_for's fields), for a row of the NeMo user
+    guide's performance summary, the runs those scripts made; {} otherwise. A run of the same container by other
+    code (an MLPerf submission's NeMo 2.0 implementation, 'NeMo 25.04 (MLPerf Training v5.0 ...)') ran its own
+    settings, not the performance scripts': the container names no launcher."""
     if precision != "fp8" or row.get("category") != "pretrain" or "nemo" not in row_text(row.get("framework")).lower():
+        return {}
+    if not NEMO_PERF_SUMMARY.search(row_text(row["source"].get("citation")).lower()):
         return {}
     facts = nemo2_perf_precision(row_text(row.get("framework"), row.get("source", {}).get("version_or_date")))
     if facts is None:
@@ -291,9 +326,6 @@ def nemo2_perf_fields(row: dict[str, Any], precision: str, stated: dict[str, Any
     if "fp8_param_gather" not in stated:
         out["fp8_param_gather"] = facts.fp8_param_gather_fsdp if zero == 3 else facts.fp8_param_gather
     return out
-
-
-NEMO_PERF_SUMMARY = re.compile(r"performance[_-]summary")  # the NeMo user guide's performance page, either spelling
 
 
 def nemo2_loss_fields(row: dict[str, Any], framework: str) -> tuple[dict[str, Any], dict[str, str]]:

@@ -62,8 +62,11 @@ def test_the_step_s_parameter_gather_shrinks_with_fp8_param_gather():
     assert estimate_throughput(job, on).breakdown.dp_comm_s < estimate_throughput(job, off).breakdown.dp_comm_s
 
 
-def _row(framework: str, when: str, category: str = "pretrain") -> dict:
-    return {"framework": framework, "category": category, "source": {"version_or_date": when}}
+PERF_SUMMARY = "NVIDIA NeMo Framework user guide, performance/performance_summary.html"
+
+
+def _row(framework: str, when: str, category: str = "pretrain", citation: str = PERF_SUMMARY) -> dict:
+    return {"framework": framework, "category": category, "source": {"version_or_date": when, "citation": citation}}
 
 
 @pytest.mark.parametrize(("release", "recipe", "gather", "gather_fsdp"), [
@@ -88,6 +91,20 @@ def test_what_the_row_states_wins_and_other_rows_get_nothing():
     assert psrc.nemo2_perf_fields(_row("NeMo 24.07", "NeMo 24.07"), "fp8", {}, 1) == {}  # the launcher's line
     assert psrc.nemo2_perf_fields(_row("Megatron-Core 0.12", "2025-04"), "fp8", {}, 1) == {}
     assert nemo2_perf_precision(None) is None and nemo2_perf_precision("NeMo 24.12") is None
+
+
+def test_a_run_of_the_container_by_other_code_takes_none_of_the_performance_scripts_settings():
+    """MLPerf Training v5.0's GB200 Llama 3.1 405B rows ran NVIDIA's submission code in the NeMo 25.04 container
+    (mlcommons/training_results_v5.0 .../implementations/tyche_ngpu256_ngc25.04_nemo: its config_*.sh, pretrain.py),
+    not NeMo's performance scripts: the container names no launcher, so their fp8 recipe stays the row's own (none
+    stated: Megatron-Core's delayed, which the submission's conf/custom.yaml defaults FP8_RECIPE to and no file of
+    its tree sets), where it took the scripts' tensorwise before. The hyphenated page name is the same page."""
+    mlperf = _row("NeMo 25.04 (MLPerf Training v5.0 NVIDIA implementation: NeMo 2.0 LlamaModel on Megatron-Core)",
+                  "2025-04/05 (MLPerf Training v5.0, NGC 25.04)",
+                  citation="mlcommons/training_results_v5.0 NVIDIA/results/tyche_ngpu256_ngc25.04_nemo/llama31_405b")
+    assert psrc.nemo2_perf_fields(mlperf, "fp8", {}, 1) == {}
+    hyphen = _row("NeMo 25.04 (NeMo 2.0, Megatron-Core)", "NeMo 25.04", citation="performance/performance-summary.html")
+    assert psrc.nemo2_perf_fields(hyphen, "fp8", {}, 1) == {"fp8_recipe": "tensorwise", "fp8_param_gather": True}
 
 
 @pytest.mark.shared_data(prow.DEFAULT_VALIDATION / prow.DATA_NAME)

@@ -428,17 +428,28 @@ LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {
 @dataclass(frozen=True)
 class PresetDispatch:
     """The token dispatch a Megatron-Bridge release's performance preset (scripts/performance/configs/<model>/
-    *_workload_base_configs.py, a WorkloadBaseConfig) set for a run of its published table whose row states none:
-    moe_flex_dispatcher_backend (the flex dispatcher with that backend; training/flex_dispatcher_backend.py
-    apply_flex_dispatcher_backend also sets moe_shared_expert_overlap False, adapter_knobs.shared_expert_overlap's
-    off_beside_flex) and moe_a2a_overlap."""
+    *_workload_base_configs.py, a WorkloadBaseConfig, or from v0.6.0 its flat perf recipe) set for a run of its
+    published table whose row states none: moe_flex_dispatcher_backend (the flex dispatcher with that backend;
+    training/flex_dispatcher_backend.py apply_flex_dispatcher_backend also sets moe_shared_expert_overlap False,
+    adapter_knobs.shared_expert_overlap's off_beside_flex), or None where the preset sets no backend and the
+    alltoall dispatcher runs, and moe_a2a_overlap (comm_overlap.overlap_moe_expert_parallel_comm)."""
 
-    backend: str
+    backend: str | None
     a2a_overlap: bool
     source: str
 
+    @property
+    def dispatcher(self) -> str:
+        """The Request moe_token_dispatcher the preset ran."""
+        return "alltoall" if self.backend is None else "flex"
+
 
 _BRIDGE_V050 = "NVIDIA-NeMo/Megatron-Bridge v0.5.0 (fcbb6031, the 26.06 container's) scripts/performance/configs/"
+# The container each release ships: docs/versions1.json ("0.4.2 · 26.04.01", "0.6.0 (latest) · 26.08"). v0.4.2's
+# B200 Qwen3-235B preset and config builder are v0.4.0's (v0.4.2 changed only B300's).
+_BRIDGE_V042 = "NVIDIA-NeMo/Megatron-Bridge v0.4.2 (c81012934, the 26.04.01 container's) scripts/performance/configs/"
+# v0.6.0 (51885cf13; its docs/performance-summary.md carries the 26.08 table): flat perf recipes
+_BRIDGE_V060 = "NVIDIA-NeMo/Megatron-Bridge v0.6.0 (51885cf13, the 26.08 container's) src/megatron/bridge/perf_recipes/"
 # (container release, system, catalog model) -> the preset its table row ran; the preset's layout and batch are the
 # row's (Kimi-K2: PP4 VP4 EP64, GBS 4096, micro-batch 2; DeepSeek-V3 B300 V2: PP8 EP8, GBS 4096, micro-batch 2; v0.5.1's
 # B300 FP8_MX_V2 moved to PP8 VP2, micro-batch 1 with moe_a2a_overlap, not the layout its 26.06 table publishes)
@@ -448,6 +459,17 @@ BRIDGE_PERF_PRESET_DISPATCH: dict[tuple[str, str, str], PresetDispatch] = {
     ("26.06", "b300", "deepseek-v3"): PresetDispatch(
         "hybridep", False, _BRIDGE_V050 + "deepseek/deepseek_workload_base_configs.py "
                                           "DEEPSEEK_V3_PRETRAIN_CONFIG_B300_FP8_MX_V2 (B300_V2 over B300_V1)"),
+    # PP8 EP8, GBS 8192 (the V2 variant: B200_FP8_CS_V1 at 256 GPUs), moe_a2a_overlap=False, no backend; the config
+    # builder sets moe_token_dispatcher_type "alltoall" (qwen3_llm_pretrain.py qwen3_235b_a22b_pretrain_config_b200)
+    ("26.04.01", "b200", "qwen3-235b-a22b"): PresetDispatch(
+        None, False, _BRIDGE_V042 + "qwen/qwen3_workload_base_configs.py "
+                                    "QWEN3_235B_A22B_PRETRAIN_CONFIG_B200_FP8_MX_V2, "
+                                    "qwen3_llm_pretrain.py qwen3_235b_a22b_pretrain_config_b200"),
+    # PP4 VP12 EP32, GBS 8192, micro-batch 2: flex with hybridep, and _enable_hybridep_full_iteration_mxfp8's
+    # CommOverlapConfig(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
+    ("26.08", "gb300", "qwen3-235b-a22b"): PresetDispatch(
+        "hybridep", True, _BRIDGE_V060 + "qwen/gb300/qwen3_moe.py qwen3_235b_a22b_pretrain_256gpu_gb300_fp8mx_config, "
+                                         "qwen/common.py _enable_hybridep_full_iteration_mxfp8"),
 }
 
 
@@ -455,6 +477,51 @@ def bridge_perf_preset_dispatch(release: str, system: str, model_key: str | None
     """BRIDGE_PERF_PRESET_DISPATCH's entry for a published-table run (its container release, system and catalog
     model), else None."""
     return BRIDGE_PERF_PRESET_DISPATCH.get((release, system, model_key or ""))
+
+
+@dataclass(frozen=True)
+class PresetSplit:
+    """The pipeline layout and MTP depth a Megatron-Bridge release's performance config passed for a run of its
+    published table whose row states neither (recipes/deepseek's pretrain_config(layout=..., mtp_num_layers=...)):
+    the layout string as the config writes it (its m count is mtp_num_layers: Megatron-Core's validate_layer_layout)
+    and the MTP depth trained (None in the config: none, 0). A layout string fixes the virtual stages per rank:
+    Megatron-Core's PipelineParallelLayerLayout derives vpp from its stage count over pp and TransformerConfig
+    refuses any other vpp given ("virtual_pipeline_model_parallel_size conflicts with pipeline_model_parallel_layout",
+    megatron/core/transformer/transformer_config.py, core_dev_r0.15.0 as core_v0.15.0)."""
+
+    layout: str
+    mtp_num_layers: int
+    source: str
+
+    def fields(self) -> dict[str, Any]:
+        """The Request fields the config set."""
+        return {"pipeline_layout": self.layout, "mtp_num_layers": self.mtp_num_layers}
+
+
+# The 25.11 container ships Megatron-Bridge 0.2.0 (docs/releases/software-versions.md); its v0.2.0 GB200 and GB300
+# DeepSeek-V3 configs pass layout=None at PP4 VP4 with MTP (the helper's (4, 4) row) and GBS 2048, which the 25.11
+# table first published (44dae92b0: GB300 PP8 VP2, GB200 PP4 VP4, both "DeepSeekV3", FP8-MX, GBS 2048). The table
+# was then rewritten to "DeepSeekV3 (w/o MTP)" at GBS 4096 (1804c076f on main, 2025-12-09; 5baa08b46 into r0.2.0,
+# v0.2.1's docs) from runs of the branch gaod/r0.2.0_test, cut from r0.2.0 after v0.2.0 (commits 4fabba48d
+# "gb200changes" and d19cb73c8 "gb300 changes", 2025-12-05): deepseek_v3_gb200_config and deepseek_v3_gb300_config
+# pass layout="Et*3|(t*4|)*14ttL", mtp_num_layers=None, mtp_loss_scaling_factor=None, and its presets are the
+# table's GB200 BF16 and GB300 layouts (DEEPSEEK_V3_GB200_BASE_CONFIG PP4 VP4 EP64, DEEPSEEK_V3_GB300_BASE_CONFIG
+# PP2 EP32, both GBS 4096). The layout's 16 stages are 4 per rank at PP4, 2 at PP8 and 8 at PP2 (the split the next
+# release's GB300 preset states: v0.3.0 DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_V1 PP2 VP8, a 16-stage pp_layout); the
+# table prints VP 4 at PP8 and PP2, the presets' virtual_pipeline_model_parallel_size field, which Megatron-Core
+# refuses beside that layout.
+_GAOD_R020 = ("NVIDIA-NeMo/Megatron-Bridge gaod/r0.2.0_test (r0.2.0 + 4fabba48d, d19cb73c8, 2025-12-05) "
+              "scripts/performance/configs/deepseek/deepseek_llm_pretrain.py ")
+BRIDGE_PERF_PRESET_SPLIT: dict[tuple[str, str, str], PresetSplit] = {
+    ("25.11", "gb200", "deepseek-v3"): PresetSplit("Et*3|(t*4|)*14ttL", 0, _GAOD_R020 + "deepseek_v3_gb200_config"),
+    ("25.11", "gb300", "deepseek-v3"): PresetSplit("Et*3|(t*4|)*14ttL", 0, _GAOD_R020 + "deepseek_v3_gb300_config"),
+}
+
+
+def bridge_perf_preset_split(release: str, system: str, model_key: str | None) -> PresetSplit | None:
+    """BRIDGE_PERF_PRESET_SPLIT's entry for a published-table run (its container release, system and catalog model),
+    else None."""
+    return BRIDGE_PERF_PRESET_SPLIT.get((release, system, model_key or ""))
 
 
 # --------------------------------------------------------------------------- Megatron-Bridge perf recipes' MoE runs
