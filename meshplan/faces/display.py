@@ -210,6 +210,18 @@ def peak_line(m: MemoryReport | MemorySummary) -> str:
     return f"peak {gib(m.peak_bytes)} reserved on stage {m.peak_stage} of {gib(m.capacity_bytes)}{decided}"
 
 
+def allocated_peaks_line(candidates: list[Candidate]) -> str | None:
+    """The ranked rows' fit figures where expandable segments make the allocated peak decide (memory.fit_figure): the
+    table's 'peak GiB' is the reserved peak, which may sit inside the headroom it was ranked by. None when every row
+    is fitted on its reserved peak."""
+    allocated = [c for c in candidates if c.memory.fit_basis == "allocated"]
+    if not allocated:
+        return None
+    figures = ", ".join(f"#{c.rank} {gib_figure(c.memory.fit_bytes)}" for c in allocated)
+    return ("peak GiB is the reserved peak (the caching allocator's reserve included); with expandable segments the "
+            f"allocated peak decides the fit and the headroom: {figures} GiB")
+
+
 def memory_report(report: MemoryReport) -> None:
     console = _console()
     console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}")
@@ -404,6 +416,9 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
                           miss.plan.recompute, gib_figure(miss.memory.peak_bytes),
                           gib_figure(miss.memory.capacity_bytes), gib_figure(miss.over_bytes))
         _print_whole(console, table)
+    if rec.candidates and (line := allocated_peaks_line(rec.candidates)) is not None:
+        console.print(Text("\n".join(textwrap.wrap(line, console.width, break_long_words=False,
+                                                   break_on_hyphens=False))))
     if rec.best_below_headroom is not None:
         line = below_headroom_line(rec.best_below_headroom, rec.headroom)
         console.print(Text("\n".join(textwrap.wrap(line, console.width, subsequent_indent="  ", break_long_words=False,
