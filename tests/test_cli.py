@@ -45,6 +45,20 @@ def test_unknown_model_is_an_error_without_traceback():
     assert "Traceback" not in proc.stderr
 
 
+def test_a_reader_that_closes_the_pipe_ends_it_quietly():
+    """`meshplan min-gpus ... | head -1` printed 'meshplan: [Errno 32] Broken pipe' and exited 2, as if the request
+    were wrong; a reader gone before the answer is written now ends meshplan silently with the shell's SIGPIPE status
+    (the read end is closed before meshplan writes, so the write always meets no reader). The JSON and min-gpus'
+    lines are print's; the tables are rich's, whose own handler already ended quietly (exit 1)."""
+    proc = subprocess.Popen([sys.executable, "-m", "meshplan.faces.cli", "describe", "llama-3.1-8b", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=tree_env())
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 141
+    assert stderr == ""
+
+
 def test_readable_table(capsys):
     assert main(["describe", "mixtral-8x7b"]) == 0
     out = capsys.readouterr().out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import sys
 import textwrap
@@ -38,6 +39,7 @@ from meshplan.schema.request import Request
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (SIGINT)
+EXIT_BROKEN_PIPE = 141  # the shell's status for a writer whose reader went away (SIGPIPE), as `yes | head` gives
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -694,6 +696,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null once its reader has closed the pipe: Python flushes stdout again at exit, and that
+    second write would print 'Exception ignored ... BrokenPipeError' (the Python documentation's signal note)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a StringIO or a closed stream: nothing is flushed at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -703,6 +717,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"meshplan: {request_error(exc)}", file=sys.stderr)
     except MeshplanError as exc:
         print(f"meshplan: {exc}", file=sys.stderr)
+    except BrokenPipeError:  # `meshplan recommend ... | head`: the reader has what it wanted; nothing to say
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except OSError as exc:
         print(f"meshplan: {exc}", file=sys.stderr)
     except KeyboardInterrupt:
