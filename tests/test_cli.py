@@ -1,13 +1,20 @@
 """The meshplan command: JSON output, readable tables, clean errors and exit codes."""
 
+import io
 import json
 import re
 import subprocess
 import sys
+from typing import Any
 
+import pytest
+from mcp.server.mcpserver.exceptions import ToolError
 from tree_under_test import tree_env
 
+from meshplan import api
 from meshplan.faces.cli import main
+from meshplan.faces.mcp import tools
+from meshplan.request.parse import parse_request
 
 
 def test_describe_json(capsys):
@@ -146,3 +153,36 @@ def test_help_never_splits_a_framework_name_across_lines(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "nemo-automodel" in out and "megatron-bridge" in out
     assert not any(line.rstrip().endswith(("nemo-", "megatron-")) for line in out.splitlines())
+
+
+def _batch_lines(monkeypatch, capsys, argv: list[str], lines: list[Any]) -> tuple[int, list[dict]]:
+    text = "\n".join(json.dumps(line) for line in lines) + "\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    code = main([*argv, "--batch", "-"])
+    return code, [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_recommend_and_min_gpus_take_batch_lines_as_their_mcp_tools_take_arguments(monkeypatch, capsys):
+    """`meshplan recommend --batch` answered "unknown flag '--batch' (did you mean '--global-batch-size'?)": only
+    memory, throughput and check read request lines. Now recommend and min-gpus do too, each line's top_k / max_gpus
+    taken as recommend_parallelism / minimum_gpus take them (over --top-k / --max-gpus), refused in their words."""
+    ask = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8}
+    code, out = _batch_lines(monkeypatch, capsys, ["recommend", "--top-k", "2"],
+                             [{**ask, "top_k": 1}, ask, {**ask, "top_k": 0}])
+    assert code == 2 and [line["line"] for line in out] == [1, 2, 3]
+    assert {k: v for k, v in out[0].items() if k != "line"} == \
+        api.recommend(parse_request(ask), top_k=1).model_dump(mode="json")
+    assert len(out[1]["candidates"]) == 2  # --top-k for a line that names none
+    with pytest.raises(ToolError) as refused:
+        tools.recommend_parallelism(**ask, top_k=0)
+    assert out[2]["error"] == str(refused.value)
+
+    code, out = _batch_lines(monkeypatch, capsys, ["recommend"], [{**ask, "num_gpus": 2, "model": "llama-3.1-70b"}])
+    assert code == 1 and out[0]["candidates"] == []  # nothing ranked: exit 1, as without --batch
+
+    code, out = _batch_lines(monkeypatch, capsys, ["min-gpus", "--max-gpus", "64"],
+                             [{"model": "llama-3.1-70b", "max_gpus": 8}, {"model": "llama-3.1-8b"}])
+    assert code == 1 and out[0]["num_gpus"] is None and out[0]["searched_to"] == 8
+    assert {k: v for k, v in out[1].items() if k != "line"} == \
+        api.minimum_gpus(parse_request({"model": "llama-3.1-8b"}), max_gpus=64).model_dump(mode="json")
+
