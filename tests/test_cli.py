@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,3 +187,11 @@ def test_recommend_and_min_gpus_take_batch_lines_as_their_mcp_tools_take_argumen
     assert {k: v for k, v in out[1].items() if k != "line"} == \
         api.minimum_gpus(parse_request({"model": "llama-3.1-8b"}), max_gpus=64).model_dump(mode="json")
 
+
+def test_the_readmes_catalog_counts_are_the_catalogs():
+    """The README's tour said 'the catalog: 31 architectures' and its accuracy table '38 catalog models' when
+    `meshplan models` listed 40; both now name the count the command prints."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    count = len(api.list_models())
+    assert f"# the catalog: {count} models, exact counts" in readme
+    assert f"| parameter counts, {count} catalog models" in readme
