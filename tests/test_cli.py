@@ -3,6 +3,7 @@
 import io
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -195,3 +196,25 @@ def test_the_readmes_catalog_counts_are_the_catalogs():
     count = len(api.list_models())
     assert f"# the catalog: {count} models, exact counts" in readme
     assert f"| parameter counts, {count} catalog models" in readme
+
+
+@pytest.mark.parametrize("argv", [
+    # TP2 EP16 at ETP1: the row says 'TP2 PP1 EP16 DP8', and --tp 2 --ep 16 alone resolves etp=2 (WS002 at 16 GPUs)
+    ["qwen3-30b-a3b", "--gpu", "h100", "--num-gpus", "16", "--framework", "megatron-bridge"],
+    ["llama-3.1-8b", "--gpu", "h100", "--num-gpus", "8", "--framework", "torchtitan"],  # a schedule beside the degrees
+    ["qwen3-30b-a3b", "--gpu", "h100", "--num-gpus", "16", "--framework", "verl", "--job", "rl", "--algorithm", "grpo"],
+])
+def test_recommends_pick_is_printed_as_the_flags_that_check_it(capsys, argv):
+    """The table names #1 in words ('TP2 PP1 EP16 DP8', ETP1 unsaid; 'pipeline_layout=...', 'flex MoE dispatcher'),
+    and a user who typed them as flags got another plan (etp=tp, Megatron-Core's default) or a refusal. The CLI now
+    prints #1 as the check line that asks for exactly it: run, it checks the same plan, which passes."""
+    assert main(["recommend", *argv, "--top-k", "1", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["candidates"][0]
+    assert main(["recommend", *argv, "--top-k", "1"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("#1 as flags"))
+    command = shlex.split(line.split(": ", 1)[1])
+    assert command[:2] == ["meshplan", "check"] and "--etp" in command
+    assert main([*command[1:], "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert checked["ok"] and checked["plan"] == best["plan"]
