@@ -7,6 +7,7 @@ import shlex
 import sys
 import textwrap
 
+from pydantic import ValidationError
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console
@@ -18,6 +19,7 @@ from rich.text import Text
 
 from meshplan.check.headline import layout_text
 from meshplan.check.split import layout_cells, split_words
+from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, percent, plural, si_count
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
@@ -236,7 +238,10 @@ def pick_fields(req: Request, plan: Plan) -> dict[str, object] | None:
     given = {name: getattr(req, name) for name in req.model_fields_set}
     fields: dict[str, object] = {name: getattr(plan, name) for name in PICK_DEGREES}
     for _ in range(4):  # a field set can change another's default (the flex dispatcher its backend): settle it
-        built = resolve(Request(**{**given, **fields}))[1]
+        try:
+            built = resolve(Request(**{**given, **fields}))[1]
+        except (MeshplanError, ValidationError):  # no flag set asks for it: the answer above stands without the line
+            return None
         differ = [name for name in Plan.model_fields if name in Request.model_fields
                   and getattr(built, name) != getattr(plan, name)]
         if not differ:
