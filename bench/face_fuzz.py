@@ -67,7 +67,8 @@ COMMANDS = {"estimate_memory": "memory", "estimate_throughput": "throughput", "c
             "recommend_parallelism": "recommend", "render_config": "render", "minimum_gpus": "min-gpus",
             "describe_model": "describe", "list_models": "models", "compare_run": "compare",
             "render_report": "report"}
-BATCH_TOOLS = ("estimate_memory", "estimate_throughput", "check_config")  # the subcommands with --batch
+BATCH_TOOLS = ("estimate_memory", "estimate_throughput", "check_config", "recommend_parallelism",  # --batch's
+               "minimum_gpus")
 # how often each tool is drawn: the searches cost a hundred times an estimate
 TOOL_WEIGHTS = {"estimate_memory": 30, "estimate_throughput": 25, "check_config": 25, "render_config": 10,
                 "describe_model": 6, "recommend_parallelism": 2, "minimum_gpus": 2, "list_models": 0.5,

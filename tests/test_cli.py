@@ -1,13 +1,22 @@
 """The meshplan command: JSON output, readable tables, clean errors and exit codes."""
 
+import io
 import json
 import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
+import pytest
+from mcp.server.mcpserver.exceptions import ToolError
 from tree_under_test import tree_env
 
+from meshplan import api
 from meshplan.faces.cli import main
+from meshplan.faces.mcp import tools
+from meshplan.request.parse import parse_request
 
 
 def test_describe_json(capsys):
@@ -43,6 +52,20 @@ def test_unknown_model_is_an_error_without_traceback():
     assert proc.returncode == 2
     assert "Unknown model 'no-such-model'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_reader_that_closes_the_pipe_ends_it_quietly():
+    """`meshplan min-gpus ... | head -1` printed 'meshplan: [Errno 32] Broken pipe' and exited 2, as if the request
+    were wrong; a reader gone before the answer is written now ends meshplan silently with the shell's SIGPIPE status
+    (the read end is closed before meshplan writes, so the write always meets no reader). The JSON and min-gpus'
+    lines are print's; the tables are rich's, whose own handler already ended quietly (exit 1)."""
+    proc = subprocess.Popen([sys.executable, "-m", "meshplan.faces.cli", "describe", "llama-3.1-8b", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=tree_env())
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 141
+    assert stderr == ""
 
 
 def test_readable_table(capsys):
@@ -132,3 +155,66 @@ def test_help_never_splits_a_framework_name_across_lines(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "nemo-automodel" in out and "megatron-bridge" in out
     assert not any(line.rstrip().endswith(("nemo-", "megatron-")) for line in out.splitlines())
+
+
+def _batch_lines(monkeypatch, capsys, argv: list[str], lines: list[Any]) -> tuple[int, list[dict]]:
+    text = "\n".join(json.dumps(line) for line in lines) + "\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    code = main([*argv, "--batch", "-"])
+    return code, [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_recommend_and_min_gpus_take_batch_lines_as_their_mcp_tools_take_arguments(monkeypatch, capsys):
+    """`meshplan recommend --batch` answered "unknown flag '--batch' (did you mean '--global-batch-size'?)": only
+    memory, throughput and check read request lines. Now recommend and min-gpus do too, each line's top_k / max_gpus
+    taken as recommend_parallelism / minimum_gpus take them (over --top-k / --max-gpus), refused in their words."""
+    ask = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8}
+    code, out = _batch_lines(monkeypatch, capsys, ["recommend", "--top-k", "2"],
+                             [{**ask, "top_k": 1}, ask, {**ask, "top_k": 0}])
+    assert code == 2 and [line["line"] for line in out] == [1, 2, 3]
+    assert {k: v for k, v in out[0].items() if k != "line"} == \
+        api.recommend(parse_request(ask), top_k=1).model_dump(mode="json")
+    assert len(out[1]["candidates"]) == 2  # --top-k for a line that names none
+    with pytest.raises(ToolError) as refused:
+        tools.recommend_parallelism(**ask, top_k=0)
+    assert out[2]["error"] == str(refused.value)
+
+    code, out = _batch_lines(monkeypatch, capsys, ["recommend"], [{**ask, "num_gpus": 2, "model": "llama-3.1-70b"}])
+    assert code == 1 and out[0]["candidates"] == []  # nothing ranked: exit 1, as without --batch
+
+    code, out = _batch_lines(monkeypatch, capsys, ["min-gpus", "--max-gpus", "64"],
+                             [{"model": "llama-3.1-70b", "max_gpus": 8}, {"model": "llama-3.1-8b"}])
+    assert code == 1 and out[0]["num_gpus"] is None and out[0]["searched_to"] == 8
+    assert {k: v for k, v in out[1].items() if k != "line"} == \
+        api.minimum_gpus(parse_request({"model": "llama-3.1-8b"}), max_gpus=64).model_dump(mode="json")
+
+
+def test_the_readmes_catalog_counts_are_the_catalogs():
+    """The README's tour said 'the catalog: 31 architectures' and its accuracy table '38 catalog models' when
+    `meshplan models` listed 40; both now name the count the command prints."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    count = len(api.list_models())
+    assert f"# the catalog: {count} models, exact counts" in readme
+    assert f"| parameter counts, {count} catalog models" in readme
+
+
+@pytest.mark.parametrize("argv", [
+    # TP2 EP16 at ETP1: the row says 'TP2 PP1 EP16 DP8', and --tp 2 --ep 16 alone resolves etp=2 (WS002 at 16 GPUs)
+    ["qwen3-30b-a3b", "--gpu", "h100", "--num-gpus", "16", "--framework", "megatron-bridge"],
+    ["llama-3.1-8b", "--gpu", "h100", "--num-gpus", "8", "--framework", "torchtitan"],  # a schedule beside the degrees
+    ["qwen3-30b-a3b", "--gpu", "h100", "--num-gpus", "16", "--framework", "verl", "--job", "rl", "--algorithm", "grpo"],
+])
+def test_recommends_pick_is_printed_as_the_flags_that_check_it(capsys, argv):
+    """The table names #1 in words ('TP2 PP1 EP16 DP8', ETP1 unsaid; 'pipeline_layout=...', 'flex MoE dispatcher'),
+    and a user who typed them as flags got another plan (etp=tp, Megatron-Core's default) or a refusal. The CLI now
+    prints #1 as the check line that asks for exactly it: run, it checks the same plan, which passes."""
+    assert main(["recommend", *argv, "--top-k", "1", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["candidates"][0]
+    assert main(["recommend", *argv, "--top-k", "1"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("#1 as flags"))
+    command = shlex.split(line.split(": ", 1)[1])
+    assert command[:2] == ["meshplan", "check"] and "--etp" in command
+    assert main([*command[1:], "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert checked["ok"] and checked["plan"] == best["plan"]

@@ -10,6 +10,8 @@ import pytest
 
 from meshplan import api
 from meshplan.arithmetic.memory_states import memory_card
+from meshplan.faces.cli import main
+from meshplan.faces.mcp import tools
 from meshplan.knowledge.published_runs import ran_without_expandable_segments
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
@@ -239,3 +241,34 @@ def test_a_verl_rl_render_says_once_that_its_workers_set_it(given):
     said = [n for n in notes if n.startswith("expandable_segments=true")]
     assert len(said) == 1 and "set_expandable_segments" in said[0], said
     assert given is None or "as given" in said[0]
+
+
+TITAN_8B = ["llama-3.1-8b", "--gpu", "h100", "--num-gpus", "8", "--framework", "torchtitan", "--top-k", "2"]
+
+
+def test_recommends_table_names_the_allocated_peak_that_ranked_it(capsys):
+    """torchtitan launches with expandable segments, so its rows are fitted on the allocated peak; the table's 'peak
+    GiB' is the reserved one. Before, Llama-3.1-8B on 8 H100 listed TP1 PP2 VPP2 DP4 dualpipev at 78.10 GiB of 79.65
+    under '10% of GPU memory kept free' with no word that 68.41 GiB allocated had ranked it."""
+    rec = api.recommend(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="torchtitan"), top_k=2)
+    assert all(c.memory.fit_basis == "allocated" for c in rec.candidates)
+    assert main(["recommend", *TITAN_8B]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    figures = ", ".join(f"#{c.rank} {c.memory.fit_bytes / 2**30:.2f}" for c in rec.candidates)
+    assert f"with expandable segments the allocated peak decides the fit and the headroom: {figures} GiB" in out
+
+
+def test_a_reserved_fit_gets_no_allocated_line(capsys):
+    assert main(["recommend", "llama-3.1-8b", "--gpu", "h100", "--num-gpus", "8", "--top-k", "1"]) == 0
+    assert "allocated peak decides" not in capsys.readouterr().out
+
+
+def test_mcp_recommends_summary_names_the_allocated_peak():
+    """The MCP summary, the one line some hosts show, said 'peak memory 72.4 GiB of 79.6 GiB' for a row ranked on
+    63.3 GiB allocated; it now names both, as estimate_memory's and check_config's summaries do."""
+    answer = tools.recommend_parallelism(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="torchtitan",
+                                         top_k=1)
+    best = answer.candidates[0].memory
+    assert (f"peak memory {best.peak_bytes / 2**30:.1f} GiB reserved (allocated {best.fit_bytes / 2**30:.1f} GiB: "
+            "with expandable segments it decides the fit)") in answer.summary
+    assert f"Best of {answer.considered:,} layouts" in answer.summary

@@ -17,6 +17,9 @@ from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
 from meshplan.knowledge.adapter_knobs import default_render, knob_table, missing_knob
 from meshplan.knowledge.cards import framework_card, framework_names
+from meshplan.request.resolve import resolve
+from meshplan.rules import frameworks
+from meshplan.rules.engine import Context
 from meshplan.schema.plan import Plan
 from meshplan.schema.request import Request
 from meshplan.search.job import search_job
@@ -425,3 +428,20 @@ def test_the_uniform_method_refuses_zero_layers_per_chunk(framework):
     assert "never advances" in found[0].message and "recompute_layers=1" in found[0].fix
     block = req.model_copy(update={"recompute_method": "block"})
     assert not [f for f in api.check_config(block).findings if f.id == "RC003"]
+
+
+def test_ad001s_zero_stage_fix_is_worked_out_once_per_the_fields_it_reads(monkeypatch):
+    """min-gpus of Qwen3-30B-A3B on verl at zero_stage=2 (which verl's Megatron engine cannot write) asked AD001 on
+    170,288 plans and worked out its ZeRO-stage fix (every stage tried twice) on each: 35 CPU-s for a refusal. The fix
+    depends on the job and AD001's reads alone, so plans that differ elsewhere (micro-batch, recompute) share it, and
+    the words stay those of the first."""
+    calls = []
+    worked_out = frameworks._zero_stage_instead
+    monkeypatch.setattr(frameworks, "_ZERO_INSTEAD", frameworks.IdentityMemo())
+    monkeypatch.setattr(frameworks, "_zero_stage_instead", lambda ctx, words: calls.append(1) or worked_out(ctx, words))
+    job, plan = resolve(Request(model="qwen3-30b-a3b", gpu="h100", num_gpus=8, framework="verl", zero_stage=2,
+                                ep=8))
+    found = [frameworks.adapter_cannot_write(Context(job, plan.copied({"micro_batch_size": mbs, "recompute": rc})))
+             for mbs in (1, 2, 4) for rc in ("none", "full")]
+    assert all(f is not None and f["knob"].startswith("zero_") for f in found)
+    assert len(calls) == 1 and len({f["instead"] for f in found}) == 1

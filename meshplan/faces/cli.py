@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import sys
 import textwrap
 import types
 from collections.abc import Callable, Iterator, Sequence
-from typing import IO, Any, Union, get_args, get_origin
+from typing import IO, Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -34,10 +35,15 @@ from meshplan.request.parse import (
 )
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.options import MinimumGpusOptions, RecommendOptions, ReportOptions
+from meshplan.schema.reports import MinimumGpus, Recommendation
 from meshplan.schema.request import Request
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (SIGINT)
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+BATCH_HELP = ("One request per JSON line ('-' for stdin); one output line per input line, "
+              '{"line": N, ...result} or {"line": N, "error": ...}; exit 2 if a line fails')
+EXIT_BROKEN_PIPE = 141  # the shell's status for a writer whose reader went away (SIGPIPE), as `yes | head` gives
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -272,7 +278,7 @@ def _lines(source: IO[str], limit: int) -> Iterator[tuple[str, int]]:
         yield line, length - rest.endswith("\n")
 
 
-def _batch_result(text: str, length: int, run: Callable[[Request], BaseModel]) -> BaseModel:
+def _batch_result(text: str, length: int, run: Callable[[dict[str, Any]], BaseModel]) -> BaseModel:
     """The answer to one batch line, or a MeshplanError saying what is wrong with the line."""
     example = 'one JSON object per line, e.g. {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}'
     if length > MAX_LINE_CHARS:
@@ -288,7 +294,9 @@ def _batch_result(text: str, length: int, run: Callable[[Request], BaseModel]) -
         raise
     except (ValueError, RecursionError):  # nested too deep, or a number too long to convert
         raise MeshplanError(f"Not a readable JSON request: {_echo(text)}.", fix=example) from None
-    return run(parse_request(values))
+    if not isinstance(values, dict):  # a JSON list or number: parse_request names what a line must be
+        return run(parse_request(values))
+    return run(values)
 
 
 def _one_value_per_field(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -307,11 +315,15 @@ def _error_line(number: int, message: str) -> str:
     return json.dumps({"line": number, "error": message}, separators=(",", ":"))
 
 
-def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int:
+def _batch(args: argparse.Namespace, run: Callable[[dict[str, Any]], BaseModel],
+           found_nothing: Callable[[BaseModel], bool] = lambda result: getattr(result, "ok", True) is False) -> int:
     """One request per JSON line in; out, one JSON line per input line, in order, each with its line number.
 
     `{"line": N, ...result...}` or `{"line": N, "error": ...}` (a blank or unreadable line too, so output line N
-    answers input line N). Exit 2 when any line is an error, else 1 when any `check` found an error, else 0.
+    answers input line N). `run` answers a line's JSON object (its request fields, and the command's own options
+    where it takes them, as the MCP tool does). Exit 2 when any line is an error, else 1 when any answer is
+    `found_nothing` (a check that found an error, a recommend that ranked nothing, a min-gpus that found no count),
+    else 0.
     """
     given = [_flag(name) for name in Request.model_fields if getattr(args, name, None) is not None]
     if args.config:  # a line's request does not start from the file (answered as if --config were not there)
@@ -341,7 +353,7 @@ def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int
                 out, status = _error_line(number, reason), EXIT_USAGE
             else:
                 out = f'{{"line":{number},' + result.model_dump_json()[1:]  # the result's own fields follow
-                if getattr(result, "ok", True) is False:
+                if found_nothing(result):
                     status = max(status, EXIT_FINDINGS)
             print(out)
         if not lines:  # stdout stays JSON lines (none here); the note goes to stderr
@@ -356,13 +368,24 @@ def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int
     return status
 
 
+def _line_option(options: type[OptionsT], values: dict[str, Any], **flags: Any) -> OptionsT:
+    """A batch line's options (recommend's top_k, min-gpus' max_gpus) taken out of its values, the request's fields
+    left, validated by the model the MCP tool's schema is, in its words; a field the line leaves out takes the flag's
+    value."""
+    given = {name: values.pop(name) for name in options.model_fields if name in values}
+    try:
+        return options.model_validate({**flags, **given}, strict=True)
+    except ValidationError as exc:
+        raise request_error(exc) from None
+
+
 def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
         from meshplan.faces import display
 
         run = getattr(api, run_name)
         if getattr(args, "batch", None) is not None:
-            return _batch(args, run)
+            return _batch(args, lambda values: run(parse_request(values)))
         if getattr(args, "config", None):  # check's fixes also in the file's keys; its misspelt keys warned of
             framework = args.framework or None
             result = run(request_from_args(args), config=api.import_file(args.config, framework=framework))
@@ -380,6 +403,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from meshplan.faces import display
 
     top_k = RecommendOptions.model_validate({"top_k": args.top_k}, strict=True).top_k  # MCP's bounds and words
+    if args.batch is not None:  # each line's top_k, as recommend_parallelism's argument, over --top-k
+        def ranked(values: dict[str, Any]) -> Recommendation:
+            line_top_k = _line_option(RecommendOptions, values, top_k=top_k).top_k  # taken out before the request
+            return api.recommend(parse_request(values), top_k=line_top_k)
+
+        return _batch(args, ranked, found_nothing=lambda rec: not rec.candidates)
     req = request_from_args(args)
     result = api.recommend(req, top_k=top_k)
     _emit(result, args.json, lambda rec: display.recommendation(rec, req))
@@ -389,6 +418,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 def cmd_min_gpus(args: argparse.Namespace) -> int:
     """The smallest GPU count that fits (exit 1 when none does within the bounds), and the best layout there."""
     limit = MinimumGpusOptions.model_validate({"max_gpus": args.max_gpus}, strict=True).max_gpus  # MCP's bounds, words
+    if args.batch is not None:  # each line's max_gpus, as minimum_gpus' argument, over --max-gpus
+        def smallest(values: dict[str, Any]) -> MinimumGpus:
+            line_limit = _line_option(MinimumGpusOptions, values, max_gpus=limit).max_gpus  # before the request
+            return api.minimum_gpus(parse_request(values), max_gpus=line_limit)
+
+        return _batch(args, smallest, found_nothing=lambda found: found.num_gpus is None)
     result = api.minimum_gpus(request_from_args(args, scan_gpus=True), max_gpus=limit)
     if args.json:
         print(result.model_dump_json(indent=2))
@@ -635,9 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_request_flags(p)
         p.add_argument("--json", action="store_true", help="Print the structured result")
         p.add_argument("--batch", metavar="FILE.jsonl",
-                       help="One request per JSON line ('-' for stdin); one output line per input line, "
-                            '{"line": N, ...result} or {"line": N, "error": ...}; exit 2 if a line fails'
-                            + (", 1 if a check finds an error" if name == "check" else ""))
+                       help=BATCH_HELP + (", 1 if a check finds an error" if name == "check" else ""))
         p.set_defaults(func=_request_command(run, table))
 
     p = sub.add_parser("recommend",
@@ -645,6 +678,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_request_flags(p)
     p.add_argument("--top-k", type=_typed(ascii_int), default=5, help="How many layouts to return")
     p.add_argument("--json", action="store_true", help="Print the structured result")
+    p.add_argument("--batch", metavar="FILE.jsonl", help=BATCH_HELP + ' (a line\'s "top_k" over --top-k); exit 1 if '
+                                                         "a line ranks no layout")
     p.set_defaults(func=cmd_recommend)
 
     p = sub.add_parser("min-gpus", help="The smallest GPU count where a layout fits with the headroom (exit 1: none)")
@@ -655,6 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-gpus", type=_typed(ascii_int), default=None, metavar="N",
                    help="Largest GPU count to check (default: cards/search.yaml min_gpus_search_limit, 1,048,576)")
     p.add_argument("--json", action="store_true", help="Print the structured result")
+    p.add_argument("--batch", metavar="FILE.jsonl", help=BATCH_HELP + ' (a line\'s "max_gpus" over --max-gpus); exit '
+                                                         "1 if a line finds no GPU count")
     p.set_defaults(func=cmd_min_gpus)
 
     p = sub.add_parser("render", help="Emit the plan as a framework config snippet (refused if it breaks a rule)")
@@ -694,6 +731,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null once its reader has closed the pipe: Python flushes stdout again at exit, and that
+    second write would print 'Exception ignored ... BrokenPipeError' (the Python documentation's signal note)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a StringIO or a closed stream: nothing is flushed at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -703,6 +752,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"meshplan: {request_error(exc)}", file=sys.stderr)
     except MeshplanError as exc:
         print(f"meshplan: {exc}", file=sys.stderr)
+    except BrokenPipeError:  # `meshplan recommend ... | head`: the reader has what it wanted; nothing to say
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except OSError as exc:
         print(f"meshplan: {exc}", file=sys.stderr)
     except KeyboardInterrupt:

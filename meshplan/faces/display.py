@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import textwrap
 
+from pydantic import ValidationError
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console
@@ -17,9 +19,12 @@ from rich.text import Text
 
 from meshplan.check.headline import layout_text
 from meshplan.check.split import layout_cells, split_words
+from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, percent, plural, si_count
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
+from meshplan.knowledge.model_config import is_config_text
+from meshplan.request.resolve import resolve
 from meshplan.rl.engine import ep_words
 from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.measured import RATE_FIGURES, ComparedFigure, RunComparison
@@ -208,6 +213,66 @@ def peak_line(m: MemoryReport | MemorySummary) -> str:
     decided = (f"; the allocated peak {gib(m.fit_bytes)} decides (expandable segments)"
                if m.fit_basis == "allocated" else "")
     return f"peak {gib(m.peak_bytes)} reserved on stage {m.peak_stage} of {gib(m.capacity_bytes)}{decided}"
+
+
+def allocated_peaks_line(candidates: list[Candidate]) -> str | None:
+    """The ranked rows' fit figures where expandable segments make the allocated peak decide (memory.fit_figure): the
+    table's 'peak GiB' is the reserved peak, which may sit inside the headroom it was ranked by. None when every row
+    is fitted on its reserved peak."""
+    allocated = [c for c in candidates if c.memory.fit_basis == "allocated"]
+    if not allocated:
+        return None
+    figures = ", ".join(f"#{c.rank} {gib_figure(c.memory.fit_bytes)}" for c in allocated)
+    return ("peak GiB is the reserved peak (the caching allocator's reserve included); with expandable segments the "
+            f"allocated peak decides the fit and the headroom: {figures} GiB")
+
+
+PICK_DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "micro_batch_size", "recompute")
+
+
+def pick_fields(req: Request, plan: Plan) -> dict[str, object] | None:
+    """The fields that, beside the request's own, make `resolve` build `plan` again: its degrees, stage and knobs
+    always (etp among them: a row's 'TP2 EP32' leaves ETP1 unsaid, and --tp 2 --ep 32 alone resolves etp=2,
+    Megatron-Core's default), then each other field the resolver fills otherwise (a pipeline_layout, the flex
+    dispatcher, a rollout's TP). None where no such set rebuilds it."""
+    given = {name: getattr(req, name) for name in req.model_fields_set}
+    fields: dict[str, object] = {name: getattr(plan, name) for name in PICK_DEGREES}
+    for _ in range(4):  # a field set can change another's default (the flex dispatcher its backend): settle it
+        try:
+            built = resolve(Request(**{**given, **fields}))[1]
+        except (MeshplanError, ValidationError):  # no flag set asks for it: the answer above stands without the line
+            return None
+        differ = [name for name in Plan.model_fields if name in Request.model_fields
+                  and getattr(built, name) != getattr(plan, name)]
+        if not differ:
+            return fields
+        fields.update({name: getattr(plan, name) for name in differ})
+    return None
+
+
+def flag_words(fields: dict[str, object]) -> str:
+    """Request fields as the CLI's flags, each value as its flag reads it (true/false, a list's items apart)."""
+    words: list[str] = []
+    for name, value in fields.items():
+        if value is None:
+            continue
+        words.append("--" + name.replace("_", "-"))
+        items = value if isinstance(value, list) else [value]
+        words += [shlex.quote(str(v).lower() if isinstance(v, bool) else str(v)) for v in items]
+    return " ".join(words)
+
+
+def pick_command(rec: Recommendation, req: Request) -> str | None:
+    """#1 as the `meshplan check` line that asks for exactly it; None for a pasted config.json (no flag text)."""
+    if not rec.candidates or is_config_text(req.model):
+        return None
+    fields = pick_fields(req, rec.candidates[0].plan)
+    if fields is None:
+        return None
+    given = {name: getattr(req, name) for name in Request.model_fields
+             if name in req.model_fields_set and name != "model" and name not in fields}
+    return (f"#1 as flags (the same for memory, throughput and render {rec.framework}): meshplan check "
+            f"{shlex.quote(req.model)} {flag_words({**given, **fields})}")
 
 
 def memory_report(report: MemoryReport) -> None:
@@ -404,6 +469,9 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
                           miss.plan.recompute, gib_figure(miss.memory.peak_bytes),
                           gib_figure(miss.memory.capacity_bytes), gib_figure(miss.over_bytes))
         _print_whole(console, table)
+    if rec.candidates and (line := allocated_peaks_line(rec.candidates)) is not None:
+        console.print(Text("\n".join(textwrap.wrap(line, console.width, break_long_words=False,
+                                                   break_on_hyphens=False))))
     if rec.best_below_headroom is not None:
         line = below_headroom_line(rec.best_below_headroom, rec.headroom)
         console.print(Text("\n".join(textwrap.wrap(line, console.width, subsequent_indent="  ", break_long_words=False,
@@ -418,6 +486,8 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
         console.print(f"smallest GPU count that fits: {rec.min_gpus}")
     if rec.rationale:
         console.print(rec.rationale)
+    if req is not None and (command := pick_command(rec, req)) is not None:
+        console.print(Text(command))
     if rec.decision_table:
         console.print(f"decision table: {rec.decision_table}")
     if rec.rejected:

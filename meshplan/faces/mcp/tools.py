@@ -30,7 +30,7 @@ from meshplan.request.parse import model_required, parse_request, request_error,
 from meshplan.schema.choices import StrictModel
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.options import MinimumGpusOptions, RecommendOptions
-from meshplan.schema.reports import ErrorBand, Recommendation
+from meshplan.schema.reports import ErrorBand, MemoryReport, MemorySummary, Recommendation
 from meshplan.schema.request import Request
 
 from .cancellable import cancellable
@@ -300,6 +300,14 @@ def _band_words(band: ErrorBand | None) -> str:
     return f" Error measured in this regime: {band.text}." if band is not None else ""
 
 
+def peak_words(memory: MemoryReport | MemorySummary) -> str:
+    """The peak as every tool's summary names it: the reserved peak, and with expandable segments the allocated peak
+    that decides the fit (memory.fit_figure), so a reserved peak inside the headroom reads as what it is."""
+    decides = (f" (allocated {gib(memory.fit_bytes)}: with expandable segments it decides the fit)"
+               if memory.fit_basis == "allocated" else "")
+    return f"{gib(memory.peak_bytes)} reserved{decides}"
+
+
 @with_signature(REQUEST_PARAMETERS, MemoryAnswer)
 def estimate_memory(**args: Any) -> MemoryAnswer:
     with tool_errors():
@@ -309,11 +317,9 @@ def estimate_memory(**args: Any) -> MemoryAnswer:
         f"fits with {gib(report.headroom_bytes)} headroom" if report.fits
         else f"does NOT fit: {gib(report.fit_bytes - report.capacity_bytes)} over"
     )
-    decides = (f" (allocated {gib(report.fit_bytes)}: with expandable segments it decides the fit)"
-               if report.fit_basis == "allocated" else "")
     summary = (
-        f"{report.model} with {report.plan.short()} on {report.framework}: peak {gib(report.peak_bytes)} reserved"
-        f"{decides} per GPU on pipeline stage {report.peak_stage} of {gib(report.capacity_bytes)}; {verdict}."
+        f"{report.model} with {report.plan.short()} on {report.framework}: peak {peak_words(report)} per GPU on "
+        f"pipeline stage {report.peak_stage} of {gib(report.capacity_bytes)}; {verdict}."
     )
     summary += _band_words(report.error_band)
     if report.fits:
@@ -396,10 +402,7 @@ def check_config(**args: Any) -> CheckAnswer:
         ids = ", ".join(sorted({f.id for f in report.findings if f.severity == "error"}))
         summary = f"INVALID: {where} breaks {counts['error']} rule(s) ({ids}); each finding's fix names working values."
     if report.memory is not None:
-        m = report.memory
-        decides = (f" (allocated {gib(m.fit_bytes)}: with expandable segments it decides)"
-                   if m.fit_basis == "allocated" else "")
-        summary += f" Peak memory {gib(m.peak_bytes)} reserved{decides} of {gib(m.capacity_bytes)} per GPU."
+        summary += f" Peak memory {peak_words(report.memory)} of {gib(report.memory.capacity_bytes)} per GPU."
     steps = list(report.next_steps)
     if report.ok:
         steps.append(_same_args("render_config", "(plus framework) to get the config to paste"))
@@ -433,10 +436,10 @@ def recommend_parallelism(**args: Any) -> RecommendationAnswer:
         return extend(rec, RecommendationAnswer, summary=_nothing_ranked(rec), next_steps=_retry_steps(rec))
     best = rec.candidates[0]
     summary = (
-        f"Best of {rec.considered} layouts for {rec.model} on {plural(rec.num_gpus, 'GPU')} ({rec.framework}): "
+        f"Best of {rec.considered:,} layouts for {rec.model} on {plural(rec.num_gpus, 'GPU')} ({rec.framework}): "
         f"{best.plan.short()}, micro-batch {best.plan.micro_batch_size}, recompute {best.plan.recompute}: "
         f"{best.throughput.step_time_s:.3g} s per step, {best.throughput.tokens_per_s_per_gpu:,.0f} tokens/s "
-        f"per GPU, MFU {best.throughput.mfu:.1%}, peak memory {gib(best.memory.peak_bytes)} of "
+        f"per GPU, MFU {best.throughput.mfu:.1%}, peak memory {peak_words(best.memory)} of "
         f"{gib(best.memory.capacity_bytes)}."
     )
     summary += _band_words(best.throughput.error_band)
