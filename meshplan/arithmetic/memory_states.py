@@ -560,8 +560,9 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
 
 
 def fp8_sharded_primary(recipe: Fp8Recipe, gathered: float, bf16_shard: float) -> tuple[float, float]:
-    """(fp8_weight_bytes, gathered cut) of fp8 primary weights under Megatron-FSDP (cards/memory.yaml conventions.megatron_fsdp,
-    beside fp8_weights, with its source): each rank keeps its shard of the fp8 parameter in place of the bf16 one,
+    """(fp8_weight_bytes, gathered cut) of fp8 primary weights under Megatron-FSDP (cards/memory.yaml
+    conventions.megatron_fsdp, beside fp8_weights, with its source): each rank keeps its shard of the fp8 parameter
+    in place of the bf16 one,
     row-wise data only for the recipes gathered row-wise (fp8_quantize.param_gather_rowwise: the column-wise copy, made
     after the gather where the GPU needs it, is dropped with the unit), both layouts otherwise; Transformer Engine
     takes a quantized weight as it is and caches no fp8 workspace of it, so no unsharded copy stays between units.
