@@ -163,3 +163,25 @@ def test_megatron_fsdp_bf16_weights_keep_transformer_engines_whole_fp8_cache():
 
     conv = with_precision(*resolve(_fsdp_fp8(False)))[1]
     assert (conv.fp8_weight_bytes, conv.fp8_weights_sharded) == (1, False)
+
+
+def _summary_row(release: str, gpu_type: str) -> dict:
+    return {"framework": f"{release} (NeMo 2.0, Megatron-Core)", "category": "pretrain",
+            "hardware": {"gpu_type": gpu_type},
+            "source": {"version_or_date": release, "citation": "NVIDIA NeMo Framework user guide, performance/"
+                                                             "performance-summary.html"}}
+
+
+@pytest.mark.parametrize(("release", "gpu_type", "fields"), [
+    ("NeMo 25.07", "GB200-186GB (NVL72)", {"expandable_segments": True}),
+    ("NeMo 25.07", "H100-80GB", {"expandable_segments": True}),
+    ("NeMo 25.07", "B200-180GB", {"expandable_segments": False}),
+    ("NeMo 25.04", "GB200-186GB (NVL72)", {})])
+def test_nemo2507_performance_executor_sets_expandable_segments_but_on_b200(release, gpu_type, fields):
+    """NeMo v2.4.0's performance executor (the 25.07 container's) sets expandable_segments:True on every GPU but
+    B200; 25.04's sets none, so its rows keep the framework card's default. A row citing no performance summary
+    gets nothing."""
+    row = _summary_row(release, gpu_type)
+    assert psrc.allocator_field(row, "megatron-core") == fields
+    row["source"]["citation"] = "a blog post"
+    assert psrc.allocator_field(row, "megatron-core") == {}
