@@ -36,6 +36,7 @@ from meshplan.knowledge.published_runs import (
     bridge_perf_preset_dispatch,
     bridge_perf_preset_split,
     main_snapshot,
+    nemo2_perf_expandable_segments,
     nemo2_perf_loss,
     nemo2_perf_precision,
     nemo_launcher_tp_overlap,
@@ -474,11 +475,18 @@ def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
 
 def allocator_field(row: dict[str, Any], framework: str) -> dict[str, Any]:
     """expandable_segments=False for a verl row that ran before its workers set it (a month-only date counts as
-    before) and for a Bridge row whose cited recipe leaves it out; other rows keep their framework card's default
-    (how its launcher sets it)."""
+    before) and for a Bridge row whose cited recipe leaves it out; a NeMo 2.0 performance-summary row takes what its
+    release's performance executor set on its system (published_runs.nemo2_perf_expandable_segments); other rows
+    keep their framework card's default (how its launcher sets it)."""
     cited = row_text(row["source"].get("citation"), row["source"].get("location"))
     if ran_without_expandable_segments(framework, row["source"].get("version_or_date"), cited):
         return {"expandable_segments": False}
+    if NEMO_PERF_SUMMARY.search(row_text(row["source"].get("citation")).lower()):
+        system = str(row["hardware"]["gpu_type"]).split("-")[0]
+        release = row_text(row.get("framework"), row["source"].get("version_or_date"))
+        expandable = nemo2_perf_expandable_segments(release, system)
+        if expandable is not None:
+            return {"expandable_segments": expandable}
     return {}
 
 

@@ -145,3 +145,60 @@ def test_megatron_fsdp_unsharded_grad_buckets_take_the_main_grads_dtype():
     held = [estimate_memory(r).stages[0].detail["gathered_layers"]
             for r in (req, req.model_copy(update={"grad_reduce_in_fp32": False}))]
     assert held[1] == pytest.approx(held[0] * 4 / 6, rel=1e-6)
+
+
+def _fsdp_fp8(gather: bool, gpu: str = "gb200", **extra):
+    return Request(model="llama-3-70b", gpu=gpu, num_gpus=64, gpus_per_node=4 if gpu == "gb200" else 8,
+                   framework="megatron-core", tp=1, pp=1, zero_stage=3, precision="fp8", fp8_recipe="tensorwise",
+                   fp8_param_gather=gather, seq_length=8192, micro_batch_size=1, global_batch_size=128, **extra)
+
+
+@pytest.mark.parametrize("gpu, shard_bytes, gathered", [("gb200", 1, 1), ("h100", 1, 2)])
+def test_megatron_fsdp_fp8_primary_weights_are_the_sharded_parameters(gpu, shard_bytes, gathered):
+    """Under Megatron-FSDP, fp8_param_gather makes each rank keep its shard of the fp8 parameter (row-wise data,
+    1 B, in place of the bf16 shard's 2) and no unsharded fp8 copy: Transformer Engine caches no workspace of a
+    quantized weight and Megatron-FSDP drops a unit's transpose with it. The gathered and prefetched units hold the
+    GPU's fp8 weight (1 B on Blackwell, 2 with Hopper's transpose) in place of bf16's 2."""
+    from meshplan.api import estimate_memory
+    from meshplan.arithmetic.memory_states import with_precision
+
+    conv = with_precision(*resolve(_fsdp_fp8(True, gpu)))[1]
+    bf16_conv = with_precision(*resolve(_fsdp_fp8(False, gpu)))[1]
+    assert conv.fp8_weights_sharded and not bf16_conv.fp8_weights_sharded
+    assert conv.fp8_weight_bytes == shard_bytes - 2
+    assert conv.gathered_bytes == bf16_conv.gathered_bytes - (2 - gathered)
+    on, off = (estimate_memory(_fsdp_fp8(g, gpu)).stages[0] for g in (True, False))
+    linear = off.detail["fp8_weight_copies"] / bf16_conv.fp8_weight_bytes  # every linear parameter, unsharded
+    assert on.detail["fp8_weight_copies"] == pytest.approx((shard_bytes - 2) * linear / 64, abs=64)
+    assert on.weights_bytes < off.weights_bytes - 0.9 * linear * bf16_conv.fp8_weight_bytes
+
+
+def test_megatron_fsdp_bf16_weights_keep_transformer_engines_whole_fp8_cache():
+    """Without fp8 primary weights the bf16 parameters stay and Transformer Engine caches each linear's fp8 weight
+    whole (get_weight_workspace with cache_name 'weight'): one unsharded copy per linear parameter, as before."""
+    from meshplan.arithmetic.memory_states import with_precision
+
+    conv = with_precision(*resolve(_fsdp_fp8(False)))[1]
+    assert (conv.fp8_weight_bytes, conv.fp8_weights_sharded) == (1, False)
+
+
+def _summary_row(release: str, gpu_type: str) -> dict:
+    return {"framework": f"{release} (NeMo 2.0, Megatron-Core)", "category": "pretrain",
+            "hardware": {"gpu_type": gpu_type},
+            "source": {"version_or_date": release, "citation": "NVIDIA NeMo Framework user guide, performance/"
+                                                             "performance-summary.html"}}
+
+
+@pytest.mark.parametrize(("release", "gpu_type", "fields"), [
+    ("NeMo 25.07", "GB200-186GB (NVL72)", {"expandable_segments": True}),
+    ("NeMo 25.07", "H100-80GB", {"expandable_segments": True}),
+    ("NeMo 25.07", "B200-180GB", {"expandable_segments": False}),
+    ("NeMo 25.04", "GB200-186GB (NVL72)", {})])
+def test_nemo2507_performance_executor_sets_expandable_segments_but_on_b200(release, gpu_type, fields):
+    """NeMo v2.4.0's performance executor (the 25.07 container's) sets expandable_segments:True on every GPU but
+    B200; 25.04's sets none, so its rows keep the framework card's default. A row citing no performance summary
+    gets nothing."""
+    row = _summary_row(release, gpu_type)
+    assert psrc.allocator_field(row, "megatron-core") == fields
+    row["source"]["citation"] = "a blog post"
+    assert psrc.allocator_field(row, "megatron-core") == {}

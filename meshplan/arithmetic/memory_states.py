@@ -66,6 +66,9 @@ class Convention(_Card):
     fp8_weight_bytes: float = Field(0, ge=0)
     fp8_weights: Literal["fixed", "transformer_engine"] = Field(
         "fixed", description="fixed: fp8_weight_bytes; transformer_engine: per recipe and GPU (precision section)")
+    # fp8 primary weights (fp8_param_gather) under sharded weights (Megatron-FSDP): fp8_weight_bytes is then per
+    # parameter of the rank's shard, in place of its bf16 shard; no unsharded fp8 copy is kept (with_precision)
+    fp8_weights_sharded: bool = False
     fp8_saved_inputs: Literal["fp8", "high_precision"] = Field(
         "fp8", description="what an fp8 linear layer saves of its input for the backward: fp8 (Transformer Engine's "
                            "one-byte copy) or high_precision (torchao's Float8Linear: the bf16 input, as without fp8)")
@@ -530,10 +533,15 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
         grads_16bit = any(t.role == "main_grads" and t.bytes < prec.dtype_bytes["fp32"] for t in out)
         out.extend(t for t in prec.hybrid_gpu_states if t.role != "grad_copy" or grads_16bit)
     conv_update: dict = {}
+    gathered_cut = 0.0  # per parameter of the gathered and prefetched FSDP units, off conv's gathered bytes
     if recipe is not None and conv.fp8_weights == "transformer_engine":
         table = prec.fp8_weight_bytes_any_layout if job.gpu.fp8_any_layout else {}
         weight = table.get(recipe, prec.fp8_weight_bytes[recipe])
-        if gather:  # the fp8 weight is the parameter: the unsharded bf16 one is not kept
+        sharded = [t.bytes for t in out if t.role == "weights" and t.shard != "none"]
+        if gather and sharded:  # Megatron-FSDP: the fp8 weight is the sharded parameter, gathered unit by unit
+            weight, gathered_cut = fp8_sharded_primary(recipe, weight, sum(sharded))
+            conv_update["fp8_weights_sharded"] = True
+        elif gather:  # the fp8 weight is the parameter: the unsharded bf16 one is not kept
             weight -= sum(t.bytes for t in out if t.role == "weights" and t.shard == "none")
         conv_update["fp8_weight_bytes"] = weight
     if gather and conv.prefetched_bytes and conv.fp8_weights == "fixed":
@@ -543,13 +551,30 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
     if plan.grad_reduce_in_fp32 is False and conv.retained_reduce_bytes:
         conv_update.update(reduce_input_in(conv, prec.dtype_bytes["bf16"]))
     if plan.grad_reduce_in_fp32 is False and conv.main_grad_bucket_bytes:  # Megatron-FSDP's bucket in bf16
-        cut = conv.main_grad_bucket_bytes - prec.dtype_bytes["bf16"]
-        conv_update |= {"gathered_bytes": conv.gathered_bytes - cut, "prefetched_bytes": conv.prefetched_bytes - cut}
+        gathered_cut += conv.main_grad_bucket_bytes - prec.dtype_bytes["bf16"]
+    if gathered_cut:
+        conv_update |= {"gathered_bytes": conv.gathered_bytes - gathered_cut,
+                        "prefetched_bytes": conv.prefetched_bytes - gathered_cut}
     conv_update.update(megatron_loss_bytes(job, plan))
     conv_update.update(rl_loss_bytes(job, plan))
     conv_update.update(loss_upcast(job, conv))
     conv_update.update(compiled(job, plan))
     return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
+
+
+def fp8_sharded_primary(recipe: Fp8Recipe, gathered: float, bf16_shard: float) -> tuple[float, float]:
+    """(fp8_weight_bytes, gathered cut) of fp8 primary weights under Megatron-FSDP (cards/memory.yaml
+    conventions.megatron_fsdp, beside fp8_weights, with its source): each rank keeps its shard of the fp8 parameter
+    in place of the bf16 one,
+    row-wise data only for the recipes gathered row-wise (fp8_quantize.param_gather_rowwise: the column-wise copy, made
+    after the gather where the GPU needs it, is dropped with the unit), both layouts otherwise; Transformer Engine
+    takes a quantized weight as it is and caches no fp8 workspace of it, so no unsharded copy stays between units.
+    A gathered or prefetched unit holds `gathered` bytes (the recipe's fp8 weight on the GPU) per parameter in place
+    of bf16's: the cut off the convention's gathered_bytes and prefetched_bytes."""
+    card = memory_card()
+    full = card.precision.fp8_weight_bytes[recipe]
+    shard = full / 2 if recipe in card.fp8_quantize.param_gather_rowwise else full
+    return shard - bf16_shard, card.precision.dtype_bytes["bf16"] - gathered
 
 
 def reduce_input_in(conv: Convention, dtype_bytes: float) -> dict[str, float]:

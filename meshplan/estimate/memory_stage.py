@@ -450,6 +450,8 @@ def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]
     states["weights"] += vision.bytes
     if terms.job.precision == "fp8" and conv.fp8_weight_bytes:
         fp8_params = fp8_weight_params(conv, params)
+        if conv.fp8_weights_sharded:  # Megatron-FSDP's fp8 primary weights: the rank's shard of each
+            fp8_params = (fp8_params - params.experts) / terms.dense_dp + params.experts / terms.expert_dp
         states["weights"] += conv.fp8_weight_bytes * fp8_params
         detail["fp8_weight_copies"] = int(conv.fp8_weight_bytes * fp8_params)
     detail["params_on_gpu"] = int(dense + experts)

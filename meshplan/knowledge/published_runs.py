@@ -413,6 +413,39 @@ def nemo2_perf_loss(release: str | None) -> NemoPerfLoss | None:
     return NEMO2_PERF_LOSS.get(found) if found else None
 
 
+# The caching allocator NeMo 2.0's performance scripts launched every run of a release with: v2.4.0 (the 25.07
+# container's) scripts/performance/executors.py slurm_executor sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+# on every GPU but B200 ("it causes an unexpected error" there), which nemo/lightning/run/plugins.py PerfEnvPlugin
+# takes off again only under user-buffer registration (nccl_ub, set by a recommended_model_configs CSV's
+# use_user_buffer_registration: none of its GB200 rows). v2.3.0's (25.04) slurm_executor sets none (only
+# pretrain_llama4_e16.py adds it), the framework card's default; 25.02's is not read.
+@dataclass(frozen=True)
+class NemoPerfAllocator:
+    """Whether NeMo 2.0's performance scripts of one release ran with expandable segments, and the systems left
+    without them."""
+
+    expandable_segments: bool
+    except_systems: tuple[str, ...]  # lower-case system names, as the scripts' --gpu takes them
+    source: str
+
+
+NEMO2_PERF_ALLOCATOR = {
+    "25.07": NemoPerfAllocator(True, ("b200",), "NVIDIA/NeMo v2.4.0 scripts/performance/executors.py slurm_executor "
+                                                "(PERF_ENV_VARS PYTORCH_CUDA_ALLOC_CONF, not on B200)"),
+}
+
+
+def nemo2_perf_expandable_segments(release: str | None, system: str) -> bool | None:
+    """Whether the NeMo 2.0 performance scripts of the container `release` names ran `system` (a GPU system as
+    their --gpu names it: 'gb200', 'b200', 'h100') with expandable segments (NEMO2_PERF_ALLOCATOR); None where the
+    release's executor is not read."""
+    found = _nemo_container(release)
+    facts = NEMO2_PERF_ALLOCATOR.get(found) if found else None
+    if facts is None:
+        return None
+    return facts.expandable_segments and system.lower() not in facts.except_systems
+
+
 # LoRA settings of the recipes LoRA rows cite, for a row whose own lora section states none of them (the bench's
 # production_rows.stated_lora): recipe function -> (rank, targets, source).
 LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {

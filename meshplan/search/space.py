@@ -664,11 +664,13 @@ def fp8_primary_weights(job: Job, conv: Convention, tensors: list[StateTensor]) 
     """The floors' weight bytes where fp8 weights replace the unsharded bf16 ones (fp8_param_gather, Megatron-Bridge's
     default for delayed, tensorwise and mxfp8): the estimate adds conv.fp8_weight_bytes, then negative, per
     linear-layer parameter of the rank (memory_stage.model_states), which the floors leave out; it is taken off every
-    parameter's unsharded weight here (the embedding's, norms' too: fewer bytes, so still a floor)."""
+    parameter's unsharded weight here, or its sharded one where Megatron-FSDP shards the fp8 primary weights
+    (Convention.fp8_weights_sharded) (the embedding's, norms' too: fewer bytes, so still a floor)."""
     if job.precision != "fp8" or conv.fp8_weight_bytes >= 0:
         return tensors
+    shard = "none" if not conv.fp8_weights_sharded else "dp"  # Megatron-FSDP's: off the sharded bf16 weight
     return [t.model_copy(update={"bytes": t.bytes + conv.fp8_weight_bytes})
-            if t.tensor_class == "weights" and t.shard == "none" else t for t in tensors]
+            if t.tensor_class == "weights" and t.shard == shard else t for t in tensors]
 
 
 def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[int, int],
