@@ -1,7 +1,11 @@
 """The search's job memo (meshplan/search/job_memo.py): a second ask of a job reads what the first worked out and
 gives the same answer, counts included; an ask at another budget after it gives what it gives fresh."""
 
+import subprocess
+import sys
 from dataclasses import replace
+
+from tree_under_test import tree_env
 
 from meshplan.estimate.perf import stage_work
 from meshplan.schema.request import Request
@@ -62,3 +66,22 @@ def test_the_memo_is_kept_per_job_fixed_fields_and_estimators():
         job_memo(search_job(req.model_copy(update={"num_gpus": world}))[0], Fixed(), engine)
     assert "mark" not in job_memo(job, Fixed(), engine)
     forget_jobs()
+
+
+def test_the_kept_memos_are_dropped_before_the_shutdown_collections():
+    """At exit the memos go before the interpreter's collections pass over what modules still reach (job_memo.py's
+    atexit): an exit handler registered before meshplan's runs after its own, and finds none kept."""
+    code = """
+import atexit, sys
+atexit.register(lambda: print("kept at exit:", len(sys.modules["meshplan.search.job_memo"]._kept)))
+from meshplan.schema.request import Request
+from meshplan.search import search_job
+from meshplan.search.estimators import default_engine
+from meshplan.search.job_memo import job_memo
+from meshplan.search.space import Fixed
+job = search_job(Request(model="llama-3.1-8b", num_gpus=16, gpu="h100"))[0]
+job_memo(job, Fixed(), default_engine(job.framework))["mark"] = True
+print("kept:", len(sys.modules["meshplan.search.job_memo"]._kept))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=tree_env())
+    assert out.stdout.split("\n")[:2] == ["kept: 1", "kept at exit: 0"]
