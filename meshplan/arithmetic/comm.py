@@ -203,7 +203,8 @@ def _missed(lo: int, hi: int, experts: int, top_k: int, num_groups: int, group_t
     pool = group_topk * per_group
     if top_k > pool:
         raise ValueError(f"top_k {top_k} exceeds the {pool} experts of {group_topk} groups of {per_group}")
-    held = [h for g in range(num_groups) if (h := min(hi, (g + 1) * per_group) - max(lo, g * per_group)) > 0]
+    touched = range(lo // per_group, min(num_groups, (hi - 1) // per_group + 1)) if hi > lo else ()  # its groups
+    held = [min(hi, (g + 1) * per_group) - max(lo, g * per_group) for g in touched]
     misses = _group_limited_misses(held, num_groups - len(held), pool, group_topk, top_k)
     return misses / (math.comb(num_groups, group_topk) * math.comb(pool, top_k))
 
