@@ -3,11 +3,13 @@ the model reads it, and the flex dispatcher's cross-node traffic follows it."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+from itertools import combinations
 from math import comb
 
 import pytest
 
-from meshplan.arithmetic.comm import dispatch_time, learned_routing, links
+from meshplan.arithmetic.comm import _missed, dispatch_time, learned_routing, links
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput, step_terms
 from meshplan.knowledge.calibration import calibration
@@ -63,6 +65,25 @@ def test_group_limited_routing_reaches_fewer_nodes_exact_cases():
     # every group allowed, or unequal groups: the ungrouped expectation
     assert learned_routing(256, 8, 64, 8, 8, 8) == pytest.approx(learned_routing(256, 8, 64, 8))
     assert learned_routing(260, 8, 65, 5, 8, 4) == pytest.approx(learned_routing(260, 8, 65, 5))
+
+
+def _missed_by_enumeration(lo: int, hi: int, experts: int, top_k: int, groups: int, group_topk: int) -> Fraction:
+    """Every choice of group_topk groups, then of top_k of their experts, counted one by one."""
+    size = experts // groups
+    misses = total = 0
+    for picked in combinations(range(groups), group_topk):
+        pool = [e for g in picked for e in range(g * size, (g + 1) * size)]
+        for chosen in combinations(pool, top_k):
+            total += 1
+            misses += not any(lo <= e < hi for e in chosen)
+    return Fraction(misses, total)
+
+
+@pytest.mark.parametrize("lo, hi", [(2, 7), (0, 3), (4, 5), (1, 11), (0, 12), (6, 9)])
+def test_group_limited_miss_is_the_enumerated_chance(lo, hi):
+    # 12 experts in 4 groups of 3, 2 groups picked, 2 experts of their 6: blocks inside a group, across two with
+    # unequal shares, over whole groups, every expert; the count over the groups the block touches, the others alike
+    assert _missed(lo, hi, 12, 2, 4, 2) == float(_missed_by_enumeration(lo, hi, 12, 2, 4, 2))
 
 
 def test_groups_cut_only_the_flex_dispatchers_bytes():

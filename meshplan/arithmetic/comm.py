@@ -196,24 +196,33 @@ def _missed(lo: int, hi: int, experts: int, top_k: int, num_groups: int, group_t
     experts drawn uniformly without replacement (hypergeometric: C(pool - held, top_k) / C(pool, top_k)) from the
     whole pool, or, group-limited (Megatron-Core moe_utils.group_limited_topk: `group_topk` of `num_groups` equal
     contiguous groups, then the top_k among their experts), from the picked groups' experts, every choice of groups
-    equally likely: the block's experts among the picked groups counted over the choices (ways[j][m]: j groups
-    picked so far, m of the block's experts among them)."""
+    equally likely: _group_limited_misses over the block's experts in each group it touches."""
     if num_groups <= 1 or group_topk >= num_groups or experts % num_groups:
         return math.comb(experts - (hi - lo), top_k) / math.comb(experts, top_k)
     per_group = experts // num_groups
     pool = group_topk * per_group
     if top_k > pool:
         raise ValueError(f"top_k {top_k} exceeds the {pool} experts of {group_topk} groups of {per_group}")
+    touched = range(lo // per_group, min(num_groups, (hi - 1) // per_group + 1)) if hi > lo else ()  # its groups
+    held = [min(hi, (g + 1) * per_group) - max(lo, g * per_group) for g in touched]
+    misses = _group_limited_misses(held, num_groups - len(held), pool, group_topk, top_k)
+    return misses / (math.comb(num_groups, group_topk) * math.comb(pool, top_k))
+
+
+def _group_limited_misses(held: list[int], empty: int, pool: int, group_topk: int, top_k: int) -> int:
+    """The choices of `group_topk` groups and then `top_k` of their `pool` experts that miss the block (an exact
+    integer, so _missed's chance is one correctly rounded division): over the groups holding some of the block
+    (`held`, its experts in each), ways[j, m] ways to pick j of them holding m of its experts, each completed by
+    group_topk - j of the `empty` groups holding none (the groups are alike but for what they hold, so the count
+    does not depend on which groups those are: a block inside one group is one DP step, not one per group)."""
     ways: dict[tuple[int, int], int] = {(0, 0): 1}
-    for g in range(num_groups):
-        held = max(0, min(hi, (g + 1) * per_group) - max(lo, g * per_group))
-        grown = dict(ways)  # group g left out
+    for h in held:
+        grown = dict(ways)  # this group left out
         for (j, m), w in ways.items():
             if j < group_topk:
-                grown[j + 1, m + held] = grown.get((j + 1, m + held), 0) + w
+                grown[j + 1, m + h] = grown.get((j + 1, m + h), 0) + w
         ways = grown
-    misses = sum(w * math.comb(pool - m, top_k) for (j, m), w in ways.items() if j == group_topk)
-    return misses / (math.comb(num_groups, group_topk) * math.comb(pool, top_k))
+    return sum(w * math.comb(empty, group_topk - j) * math.comb(pool - m, top_k) for (j, m), w in ways.items())
 
 
 @lru_cache(maxsize=1024)  # small ints; asked per MoE layer of every estimate under the flex dispatcher
