@@ -7,11 +7,11 @@ from __future__ import annotations
 from meshplan.arithmetic.memory_states import convention
 from meshplan.check.split import split_words
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import GIB, percent
+from meshplan.core.units import GIB, gib, percent
 from meshplan.estimate.accuracy import accuracy_card, terms, with_band
 from meshplan.estimate.memory import state_shards
 from meshplan.schema.plan import Job, Plan
-from meshplan.schema.reports import Candidate, ErrorBand, Recommendation
+from meshplan.schema.reports import Candidate, ErrorBand, Recommendation, peak_words
 from meshplan.search.engine import BestFirstSearch, Found
 from meshplan.search.estimators import Engine
 from meshplan.search.policy import (
@@ -133,7 +133,7 @@ def why(found: Found, best: Found | None) -> str:
     head = (f"{plan_words(p)}{dispatcher}: "
             f"{t.step_time_s:.3f} s per step, {t.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {t.mfu:.1%}; "
             f"compute {b.compute_s / t.step_time_s:.0%} of the step, then {cost_text}; "
-            f"peak memory {found.memory.peak_bytes / GIB:.1f} of {found.memory.capacity_bytes / GIB:.1f} GiB.")
+            f"peak memory {peak_words(found.memory)} of {gib(found.memory.capacity_bytes)}.")
     if best is None:
         return FASTEST + head
     slower = slower_by(t.tokens_per_s_per_gpu, best.throughput.tokens_per_s_per_gpu)
