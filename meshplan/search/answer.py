@@ -140,6 +140,12 @@ def why(found: Found, best: Found | None) -> str:
     return f"{slower:.1%} slower than #1 (fewer tokens/s/GPU). " + head
 
 
+def ranked_words(n: int) -> str:
+    """The rows a search ranked, as a person counts them, with their verb: 'the fastest layout that passes', 'the
+    fastest 5 distinct layouts that pass'."""
+    return "the fastest layout that passes" if n == 1 else f"the fastest {n:,} distinct layouts that pass"
+
+
 def candidate(job: Job, engine: Engine, found: Found, rank: int, best: Found | None,
               same: list[Found] | None = None, note: str = "", zeros: tuple[int, ...] = ()) -> Candidate:
     """One row of the answer: the plan, its reports, why it ranks there (or `note`: why it is not ranked), the
@@ -288,9 +294,10 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
             f"Searched {considered:,} layouts ({', '.join(open_fields) or 'nothing'} open; "
             f"{fixed_text(fixed) or 'nothing fixed'}), "
             f"evaluated {search.memory_calls} memory and {search.perf_calls} throughput estimates, "
-            f"and ranked the fastest {len(ranked)} distinct layouts that pass every rule and keep "
+            f"and ranked {ranked_words(len(ranked))} every rule and "
+            f"{'keeps' if len(ranked) == 1 else 'keep'} "
             f"{percent(headroom)} of GPU memory free ({headroom_text(headroom, default_headroom)}). "
-            + candidates[0].rationale
+            + "#1: " + candidates[0].rationale.removeprefix(FASTEST)  # the sentence before says what #1 is
         )
     return Recommendation(
         model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,
