@@ -383,3 +383,9 @@ def peak_words(memory: MemoryReport | MemorySummary) -> str:
     decides = (f" (allocated {gib(memory.fit_bytes)}: with expandable segments it decides the fit)"
                if memory.fit_basis == "allocated" else "")
     return f"{gib(memory.peak_bytes)} reserved{decides}"
+
+
+def finding_line(finding: Finding) -> str:
+    """One rule finding as a line of text: id, message and fix, as `meshplan check` words them (render's notes and
+    warnings, the estimates' and the RL recommend's warnings)."""
+    return f"{finding.id} ({finding.severity}): {finding.message} Fix: {finding.fix}"

@@ -23,8 +23,9 @@ from meshplan.rl.engine import ep_words
 from meshplan.rl.job import resolve_rl, trainer_request
 from meshplan.rl.memory import least_framework_host, phase_setting, rl_memory, trainer_reports
 from meshplan.rl.step_time import rl_report, rl_step_time
+from meshplan.rules.engine import job_no_effect_findings
 from meshplan.schema.plan import Plan
-from meshplan.schema.reports import Candidate, MemoryReport, Recommendation, peak_words
+from meshplan.schema.reports import Candidate, MemoryReport, Recommendation, finding_line, peak_words
 from meshplan.schema.request import Request
 from meshplan.search.answer import how_sure, offload_words, plan_words
 from meshplan.search.job import OPEN_FOR_SEARCH, search_job
@@ -244,7 +245,7 @@ def _recommend_rl(req: Request, top_k: int, rows_only: bool = False) -> Recommen
         actors = recommend(training, top_k=count, engine=engine)  # (its nothing-fits reasons)
     out.ranked.sort(key=lambda x: x[0])
     candidates = [_banded(quiet, c, i + 1) for i, (_, c) in enumerate(out.ranked[:top_k])]
-    return _answer(job, req, actors, candidates, out, headroom)
+    return _answer(job, base, req, actors, candidates, out, headroom)
 
 
 def _banded(job, row: Candidate, rank: int) -> Candidate:
@@ -286,7 +287,7 @@ def refuse_host(job, base: Plan, training: Request) -> None:
         "with rollout_gpus (the trainer then keeps its models on the GPU).")
 
 
-def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidate], out: RLRanking,
+def _answer(job, base: Plan, req: Request, actors: Recommendation, candidates: list[Candidate], out: RLRanking,
             headroom: float) -> Recommendation:
     """The RL Recommendation; with no actor layout for the trainer's step, the training search's own reasons."""
     best = candidates[0] if candidates else None
@@ -316,7 +317,7 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
         considered=out.tried if actors.candidates else actors.considered, rejected=rejected,
         global_batch_size=job.global_batch_size, gpus_per_node=job.gpus_per_node, headroom=headroom,
         rationale=rationale, closest=[] if actors.candidates else actors.closest, min_gpus=None,
-        warnings=list(actors.warnings),
+        warnings=[*actors.warnings, *(finding_line(f) for f in job_no_effect_findings(job, base))],
         assumptions=[f"Actor layouts: the training search's best {len(actors.candidates)} for the trainer's step; "
                      "for each, every rollout TP/DP/EP the engines can run, with and without phase offloads, at the "
                      f"largest memory fraction (<= {MAX_FRACTION}) whose phases keep the headroom{host}; ranked by "
