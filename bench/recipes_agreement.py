@@ -19,17 +19,19 @@ exercise them (cards/accuracy.yaml): what a `differs_from_search` explanation is
 from __future__ import annotations
 
 import argparse
+from datetime import date
 
 from meshplan.check.config import check_config
 from meshplan.estimate.memory import estimate_memory
 from meshplan.estimate.perf import estimate_throughput
-from meshplan.knowledge.tables import CheckedLayout, DiffersFromSearch, strategies_card
+from meshplan.knowledge.tables import CheckedLayout, DiffersFromSearch, RecipeGap, strategies_card
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 from meshplan.search import recommend
 
 DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "first_stage_layers", "last_stage_layers")
 TOLERANCE = 0.15  # issue 5: within 15% of the top pick
+GAP_TOLERANCE = 0.05  # a recorded step within 5% still holds: a note's figures are worded to a few percent
 
 
 def recipes() -> list[tuple[str, CheckedLayout, DiffersFromSearch | None]]:
@@ -115,6 +117,29 @@ def gap_lines(row: dict) -> list[str]:
     return out
 
 
+def gap_of(row: dict, derived: str) -> RecipeGap | None:
+    """The figures a row's `differs_from_search.gap` records (its card's RecipeGap): None where the search ranks no
+    side."""
+    if not row["sides"]:
+        return None
+    recipe, pick = row["sides"]
+    return RecipeGap(derived=derived, recipe_s=round(recipe.throughput.step_time_s, 2), pick=pick.plan.short(),
+                     pick_s=round(pick.throughput.step_time_s, 2))
+
+
+def gap_moved(recorded: RecipeGap, today: RecipeGap | None, tolerance: float = GAP_TOLERANCE) -> str | None:
+    """How a row's recorded gap differs from today's evaluation, or None where it still holds: the same pick and each
+    step within `tolerance` of the one recorded."""
+    if today is None:
+        return "the search ranks no recipe or pick today"
+    if today.pick != recorded.pick:
+        return f"the pick is {today.pick} today, not {recorded.pick}"
+    for side, was, now in (("recipe", recorded.recipe_s, today.recipe_s), ("pick", recorded.pick_s, today.pick_s)):
+        if abs(now / was - 1) > tolerance:
+            return f"the {side} takes {now:.2f} s today, not {was:.2f} s"
+    return None
+
+
 def pct(value: float | None, top: float | None) -> str:
     if value is None or not top:
         return "-"
@@ -123,13 +148,16 @@ def pct(value: float | None, top: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gaps", action="store_true", help="print where each explained row and the pick differ")
+    parser.add_argument("--gaps", action="store_true", help="print where each explained row and the pick differ, "
+                        "and each row's `gap:` block for cards/strategies.yaml (its figures as of today)")
     args = parser.parse_args()
     rows = []
     for name, recipe, differs in recipes():
         row = evaluate(name, recipe)
         row["verdict"] = verdict(row, differs is not None)
         row["stale"] = differs is not None and row["verdict"] == "agree"
+        row["moved"] = (gap_moved(differs.gap, gap_of(row, "2000-01-01")) if differs is not None and
+                        differs.gap is not None else "no gap recorded" if differs is not None else None)
         rows.append(row)
     print("| recipe | job | layout | valid | fits (peak GiB) | as written vs top | best knobs vs top | search's top "
           "| verdict |")
@@ -154,6 +182,9 @@ def main() -> None:
             if r["verdict"] != "agree" and r["sides"]:
                 print(f"- {r['name']} ({pct(r['best_knobs'], r['top'])}):")
                 print("\n".join(gap_lines(r)))
+                if (gap := gap_of(r, date.today().isoformat())) is not None:
+                    print(f"  gap: {{derived: '{gap.derived}', recipe_s: {gap.recipe_s}, pick: '{gap.pick}', "
+                          f"pick_s: {gap.pick_s}}}" + (f"   # recorded gap stale: {r['moved']}" if r["moved"] else ""))
 
 
 if __name__ == "__main__":

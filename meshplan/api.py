@@ -114,8 +114,8 @@ def memory_and_throughput(req: Request) -> Estimates:
 def _warn_no_effect(report: Any, job: Any, plan: Any) -> Any:
     """The report with the settings given that have no effect on this plan said after its own warnings, in the words
     `check` gives them (the rules card's no_effect rules: etp on a dense model, pipeline settings at pp 1, ...)."""
-    from meshplan.adapters.render import finding_line
     from meshplan.rules.engine import no_effect_findings
+    from meshplan.schema.reports import finding_line
 
     said = [finding_line(found) for found in no_effect_findings(job, plan)]
     return report.model_copy(update={"warnings": [*report.warnings, *said]}) if said else report

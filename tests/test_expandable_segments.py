@@ -14,6 +14,7 @@ from meshplan.faces.cli import main
 from meshplan.faces.mcp import tools
 from meshplan.knowledge.published_runs import ran_without_expandable_segments
 from meshplan.request.resolve import resolve
+from meshplan.schema.reports import peak_words
 from meshplan.schema.request import Request
 
 BASE = dict(model="llama-3-8b", gpu="h100", num_gpus=8, seq_length=8192, global_batch_size=64, micro_batch_size=2,
@@ -272,3 +273,16 @@ def test_mcp_recommends_summary_names_the_allocated_peak():
     assert (f"peak memory {best.peak_bytes / 2**30:.1f} GiB reserved (allocated {best.fit_bytes / 2**30:.1f} GiB: "
             "with expandable segments it decides the fit)") in answer.summary
     assert f"Best of {answer.considered:,} layouts" in answer.summary
+
+
+def test_recommends_rationale_names_the_peak_that_decided_the_fit():
+    """Each row's rationale said 'peak memory 78.1 of 79.6 GiB', the reserved peak with no basis, while the table's
+    note and the MCP summary name the allocated peak that ranked it: the rationale now says it the same way
+    (schema/reports.peak_words, the one helper)."""
+    rec = api.recommend(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="torchtitan"), top_k=2)
+    for c in rec.candidates:
+        assert f"peak memory {peak_words(c.memory)} of " in c.rationale
+        assert f"allocated {c.memory.fit_bytes / 2**30:.1f} GiB: with expandable segments it decides" in c.rationale
+    reserved = api.recommend(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8), top_k=1).candidates[0]
+    assert reserved.memory.fit_basis == "reserved"
+    assert f"peak memory {reserved.memory.peak_bytes / 2**30:.1f} GiB reserved of " in reserved.rationale

@@ -146,10 +146,10 @@ def test_min_gpus_answers_an_rl_job_with_a_fixed_layout():
     assert rl.candidates[0].plan == plan
     assert "RL step's batch" in " ".join(result.assumptions)
     # the answer's sentence names that layout, the rollout engine and the offloads, not only the RL step's time
-    best = result.rationale.split("Best layout there: ", 1)[1]
+    best = result.rationale.split("The fastest layout there that passes every rule and fits: ", 1)[1]
     assert best.startswith(f"{plan.short()}, micro-batch {plan.micro_batch_size}")
     assert f"rollout {plan.rollout_engine} TP{plan.rollout_tp} DP{plan.rollout_dp}" in best and "offload " in best
-    assert rl.rationale == f"#1: {rl.candidates[0].rationale}."
+    assert rl.rationale == f"#1: {rl.candidates[0].rationale}"
 
 
 def test_min_gpus_for_an_rl_job_on_the_cli(capsys):
@@ -265,3 +265,18 @@ def test_the_count_min_gpus_answers_launches():
     assert "--nnodes 5 --nproc-per-node 4" in api.render_config("megatron-core", at_twenty).text
     with pytest.raises(MeshplanError, match="whole 8-GPU nodes"):
         api.render_config("megatron-core", at_twenty.model_copy(update={"gpus_per_node": 8}), force=True)
+
+
+def test_min_gpus_names_its_best_layout_once_in_a_persons_words():
+    """It read 'Best layout there: Fastest predicted layout that passes every rule and fits. TP2 ...', recommend's
+    row opening repeated after its own; and recommend's answer said 'ranked the fastest 1 distinct layouts'."""
+    result = api.minimum_gpus(Request(model="llama-3.1-8b", gpu="h100"))
+    plan = result.candidate.plan
+    assert "Fastest predicted" not in result.rationale and "Best layout there" not in result.rationale
+    assert f"The fastest layout there that passes every rule and fits: {plan.short()}, micro-batch" in result.rationale
+    one = api.recommend(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8), top_k=1)
+    assert "ranked the fastest layout that passes every rule and keeps " in one.rationale
+    assert "distinct layouts" not in one.rationale and "Fastest predicted" not in one.rationale
+    assert f"#1: {one.candidates[0].plan.short()}" in one.rationale
+    two = api.recommend(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8), top_k=2)
+    assert f"ranked the fastest {len(two.candidates)} distinct layouts that pass every rule and keep " in two.rationale

@@ -395,6 +395,8 @@ CASES: dict[str, tuple[dict, dict]] = {
     # vLLM refuses expert parallelism on a model without experts (verl used to label it EP2 and rank it)
     "RL007": ({"model": "qwen3-8b", "framework": "verl", "num_gpus": 8, "job": "rl", "rollout_tp": 2, "rollout_ep": 2},
               {**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 2}),
+    # GRPO over one response per prompt: verl and SkyRL take the group's mean 0 and std 1, no baseline
+    "RL008": ({**QWEN_MOE, **RL, "samples_per_prompt": 1}, {**QWEN_MOE, **RL, "samples_per_prompt": 2}),
     "RL005": ({**QWEN_MOE, **RL, "response_length": 4096, "with_memory": True},  # the rollout wakes beside the trainer
               {**QWEN_MOE, **RL, "response_length": 4096, "param_offload": True,
                "optimizer_offload": True, "recompute": "full", "with_memory": True}),

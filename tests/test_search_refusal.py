@@ -358,3 +358,19 @@ def test_the_scan_settles_a_stage_a_micro_batch_free_rule_refuses_without_an_est
     assert set(search.check_errors(lay, 3, sizes[0])) == {"FS001"}
     plain = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=16)  # FSDP's own: estimated, and it passes
     assert lightest_passes(search, plain, 3, search.recomputes[-1], micro_batches(job, plain, Fixed())) and estimated
+
+
+def test_a_blocker_is_asked_per_what_decides_its_verdict_not_per_plan(monkeypatch):
+    """min-gpus of Qwen3-30B-A3B with LoRA on verl at zero_stage=2 (FP8, B200) is refused by AD001 on every plan.
+    blocking_rule ran AD001, fix words and all, on each of the 170,288 plans of the spaces it proved that on (18 CPU-s);
+    it now keeps the rule's verdict per its screen (AD001's ZeRO stage and which degrees are over 1: rules/engine
+    `rule(screen=...)`), else per the fields it reads, and builds a layout's recompute and micro-batch variants only
+    where the rule reads them: the same refusal from a few dozen runs of the rule."""
+    runs = []
+    real = refusal._fires
+    monkeypatch.setattr(refusal, "_fires", lambda job, plan, rule_id: runs.append(rule_id) or real(job, plan, rule_id))
+    req = Request(model="qwen3-30b-a3b", framework="verl", gpu="b200", lora_rank=8, micro_batch_size=4, zero_stage=2,
+                  precision="fp8")
+    answer = api.minimum_gpus(req)
+    assert answer.num_gpus is None and answer.stopped_by == "rules" and "AD001" in answer.rationale
+    assert 0 < runs.count("AD001") < 1_000

@@ -36,7 +36,7 @@ from meshplan.request.parse import parse_request
 from meshplan.rules.engine import memory_rules, unwritable_rules
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
-from meshplan.schema.reports import CheckReport, Finding, MemorySummary, RenderResult
+from meshplan.schema.reports import CheckReport, MemorySummary, RenderResult, finding_line
 from meshplan.schema.request import Request
 
 # --------------------------------------------------------------------------- value formatting (filters)
@@ -170,11 +170,6 @@ def require_target(framework: str) -> None:
 
 
 # --------------------------------------------------------------------------- the rules before rendering
-
-
-def finding_line(finding: Finding) -> str:
-    """One rule finding as a line of text: id, message and fix, as `meshplan check` words them."""
-    return f"{finding.id} ({finding.severity}): {finding.message} Fix: {finding.fix}"
 
 
 def peak_words(memory: MemorySummary) -> str:

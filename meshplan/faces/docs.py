@@ -189,7 +189,7 @@ def _slower_than_pick() -> str:
 
 def _differs(rows: list[tuple[str, DiffersFromSearch | None]]) -> str:
     """Why recommend_parallelism ranks a recipe more than 15% below its top pick (bench/recipes_agreement.py)."""
-    items = [f"- {rid}: {_cell(d.reason)} ({_cell(d.source)})" for rid, d in rows if d is not None]
+    items = [f"- {rid}: {_cell(d.text)} ({_cell(d.source)})" for rid, d in rows if d is not None]
     if not items:
         return ""
     return (f"\n\nWhere recommend_parallelism predicts these recipes {_slower_than_pick()}, "
@@ -286,7 +286,7 @@ def block_examples() -> str:
         out.append(f"\n```bash\n{_cli(ex.job)}\n```\n\nSource: {_cell(ex.source)}\n")
         if ex.differs_from_search is not None:
             d = ex.differs_from_search
-            out.append(f"Why recommend_parallelism predicts this {_slower_than_pick()}: {_cell(d.reason)} "
+            out.append(f"Why recommend_parallelism predicts this {_slower_than_pick()}: {_cell(d.text)} "
                        f"(Sources: {_cell(d.source)})\n")
     return "\n".join(out).rstrip()
 

@@ -100,6 +100,25 @@ class _Sourced(_Card):
         return self
 
 
+class RecipeGap(_Card):
+    """The figures a `differs_from_search` reason rests on, as bench/recipes_agreement.py --gaps derived them on
+    `derived`: the recipe's step with its degrees pinned and the search's best knobs, and the search's free pick with
+    its step, at the global batch the search compares layouts on. tests/test_recipe_gaps.py reruns the bench's
+    evaluation on every explained row and fails where the pick or either step has moved, so the notes SKILL.md shows
+    cannot go stale."""
+
+    derived: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    recipe_s: float = Field(gt=0)
+    pick: str = Field(min_length=1, description="The search's pick, as Plan.short() names it")
+    pick_s: float = Field(gt=0)
+
+    def words(self) -> str:
+        """The sentence the skill pages lead the reason with."""
+        return (f"Derived by bench/recipes_agreement.py --gaps on {self.derived}: with its degrees and the search's "
+                f"best knobs the recipe takes {self.recipe_s:.2f} s a step against {self.pick_s:.2f} s for the "
+                f"search's pick, {self.pick}.")
+
+
 class DiffersFromSearch(_Sourced):
     """Why a recipe is predicted more than 15% slower than the search's top pick for its job.
 
@@ -112,6 +131,12 @@ class DiffersFromSearch(_Sourced):
     """
 
     reason: str
+    gap: RecipeGap | None = None
+
+    @property
+    def text(self) -> str:
+        """The reason as the skill pages give it: the derived figures first, where the row carries them."""
+        return self.reason if self.gap is None else f"{self.gap.words()} {self.reason}"
 
     @model_validator(mode="after")
     def _has_reason(self):

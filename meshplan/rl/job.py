@@ -183,9 +183,6 @@ def _workload(req: Request, d: RLDefaults, defaults: _Defaults) -> _Workload:
     pick, notes = defaults.pick, defaults.notes
     algorithm = pick(req.algorithm, d.algorithm, "algorithm")
     n = pick(req.samples_per_prompt, d.samples_per_prompt, "samples_per_prompt")
-    if n == 1 and algorithm in ("grpo", "dapo"):
-        notes.append(f"samples_per_prompt is 1: {algorithm.upper()}'s group advantage of a single response is zero; "
-                     "its recipes sample 5-16 per prompt.")
     prompts = req.prompts_per_step
     if prompts is None and req.global_batch_size is not None:
         if req.global_batch_size % n:

@@ -286,6 +286,14 @@ def no_effect_findings(job: Job, plan: Plan) -> list[Finding]:
             if spec.no_effect and (values := condition(ctx)) is not None]
 
 
+def job_no_effect_findings(job: Job, plan: Plan) -> list[Finding]:
+    """The `no_effect` findings of the rules that read no plan field (reads=()): the same on every plan of the job, so
+    a search's answer says them once whatever layouts it ranks (RL008 on the RL recommend)."""
+    ctx = Context(job, plan)
+    return [finding(spec, values) for spec, condition in rules_for(job.framework, ctx.backend, False)
+            if spec.no_effect and reads_of(condition) == () and (values := condition(ctx)) is not None]
+
+
 def finding(spec: RuleSpec, values: dict[str, Any]) -> Finding:
     try:
         message = spec.message.format(**values)

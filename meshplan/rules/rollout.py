@@ -1,6 +1,7 @@
 """The structural RL rollout rules of cards/rules.yaml (RL001-RL003, RL007): the rollout engine's layout against the
-framework's own checks. RL004 (rollout TP across nodes, whose fix names only the sizes whose engine holds the weights)
-and RL005, whether each RL phase fits, read the memory estimate (meshplan/check/memory.py).
+framework's own checks; RL008, a group-relative algorithm over one response per prompt. RL004 (rollout TP across
+nodes, whose fix names only the sizes whose engine holds the weights) and RL005, whether each RL phase fits, read the
+memory estimate (meshplan/check/memory.py).
 
 Each condition returns None when its rule passes (or the job is not an RL job), else the numbers for the card's
 message and fix templates; the facts they test are in the framework cards' `rl` sections
@@ -43,6 +44,15 @@ def rollout_ep_needs_experts(ctx: Context) -> Values:
         return None
     return {"ep": p.rollout_ep, "model": ctx.job.model.name, "framework": ctx.framework, "engine": p.rollout_engine,
             "tp": p.rollout_tp, "dp": p.rollout_dp}
+
+
+@rule("RL008", reads=())
+def one_response_group(ctx: Context) -> Values:
+    """GRPO and DAPO over samples_per_prompt 1: the job's workload alone decides it, never the layout."""
+    rl = ctx.job.rl
+    if rl is None or rl.samples_per_prompt != 1 or rl.algorithm not in ("grpo", "dapo"):
+        return None
+    return {"algorithm": rl.algorithm.upper(), "framework": ctx.framework}
 
 
 @rule("RL002", reads=("rollout_tp", "rollout_dp", "rollout_gpus", "placement"))

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
+from meshplan.core.units import gib
 from meshplan.schema.choices import Framework, Severity, StrictModel
 from meshplan.schema.imported import ConfigFix
 from meshplan.schema.plan import Plan
@@ -373,3 +374,18 @@ class MinimumGpus(StrictModel):
         None, description="stopped_by == memory: the proof that no GPU count fits, with what would open it")
     rationale: str
     assumptions: list[str] = []
+
+
+def peak_words(memory: MemoryReport | MemorySummary) -> str:
+    """The peak as every answer names it (MCP's summaries, recommend's rationales): the reserved peak, and with
+    expandable segments the allocated peak that decides the fit (memory.fit_figure), so a reserved peak inside the
+    headroom reads as what it is."""
+    decides = (f" (allocated {gib(memory.fit_bytes)}: with expandable segments it decides the fit)"
+               if memory.fit_basis == "allocated" else "")
+    return f"{gib(memory.peak_bytes)} reserved{decides}"
+
+
+def finding_line(finding: Finding) -> str:
+    """One rule finding as a line of text: id, message and fix, as `meshplan check` words them (render's notes and
+    warnings, the estimates' and the RL recommend's warnings)."""
+    return f"{finding.id} ({finding.severity}): {finding.message} Fix: {finding.fix}"

@@ -7,11 +7,11 @@ from __future__ import annotations
 from meshplan.arithmetic.memory_states import convention
 from meshplan.check.split import split_words
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import GIB, percent
+from meshplan.core.units import GIB, gib, percent
 from meshplan.estimate.accuracy import accuracy_card, terms, with_band
 from meshplan.estimate.memory import state_shards
 from meshplan.schema.plan import Job, Plan
-from meshplan.schema.reports import Candidate, ErrorBand, Recommendation
+from meshplan.schema.reports import Candidate, ErrorBand, Recommendation, peak_words
 from meshplan.search.engine import BestFirstSearch, Found
 from meshplan.search.estimators import Engine
 from meshplan.search.policy import (
@@ -133,11 +133,17 @@ def why(found: Found, best: Found | None) -> str:
     head = (f"{plan_words(p)}{dispatcher}: "
             f"{t.step_time_s:.3f} s per step, {t.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {t.mfu:.1%}; "
             f"compute {b.compute_s / t.step_time_s:.0%} of the step, then {cost_text}; "
-            f"peak memory {found.memory.peak_bytes / GIB:.1f} of {found.memory.capacity_bytes / GIB:.1f} GiB.")
+            f"peak memory {peak_words(found.memory)} of {gib(found.memory.capacity_bytes)}.")
     if best is None:
         return FASTEST + head
     slower = slower_by(t.tokens_per_s_per_gpu, best.throughput.tokens_per_s_per_gpu)
     return f"{slower:.1%} slower than #1 (fewer tokens/s/GPU). " + head
+
+
+def ranked_words(n: int) -> str:
+    """The rows a search ranked, as a person counts them, with their verb: 'the fastest layout that passes', 'the
+    fastest 5 distinct layouts that pass'."""
+    return "the fastest layout that passes" if n == 1 else f"the fastest {n:,} distinct layouts that pass"
 
 
 def candidate(job: Job, engine: Engine, found: Found, rank: int, best: Found | None,
@@ -288,9 +294,10 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
             f"Searched {considered:,} layouts ({', '.join(open_fields) or 'nothing'} open; "
             f"{fixed_text(fixed) or 'nothing fixed'}), "
             f"evaluated {search.memory_calls} memory and {search.perf_calls} throughput estimates, "
-            f"and ranked the fastest {len(ranked)} distinct layouts that pass every rule and keep "
+            f"and ranked {ranked_words(len(ranked))} every rule and "
+            f"{'keeps' if len(ranked) == 1 else 'keep'} "
             f"{percent(headroom)} of GPU memory free ({headroom_text(headroom, default_headroom)}). "
-            + candidates[0].rationale
+            + "#1: " + candidates[0].rationale.removeprefix(FASTEST)  # the sentence before says what #1 is
         )
     return Recommendation(
         model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,

@@ -18,7 +18,7 @@ from meshplan.rl.job import is_rl_request, resolve_rl, trainer_request
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import MinimumGpus, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
-from meshplan.search.answer import fixed_assumption, headroom_assumption, keeps
+from meshplan.search.answer import FASTEST, fixed_assumption, headroom_assumption, keeps
 from meshplan.search.estimators import Engine, default_engine
 from meshplan.search.gpu_count import Scan, count_bound_text, scan_minimum
 from meshplan.search.job import job_at, search_job
@@ -127,7 +127,8 @@ def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendatio
         candidate = rec.candidates[0]
         rationale = (f"{scan.num_gpus:,} {job.gpu.name} is the smallest GPU count where recommend ranks a layout that "
                      f"passes the rules and {keeps(headroom)} (counts scanned in increasing order from "
-                     f"{scan.first:,}: {scan.stepping}). Best layout there: {candidate.rationale}")
+                     f"{scan.first:,}: {scan.stepping}). The fastest layout there that passes every rule and fits: "
+                     f"{candidate.rationale.removeprefix(FASTEST)}")
     scanned = {"rules": "A rule refuses every count, so the scan stopped at its first; it would step in increasing "
                         "order: ",
                "memory": "The count-free memory floor is over the budget, so no count was scanned; the scan would "

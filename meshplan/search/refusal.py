@@ -22,7 +22,7 @@ from meshplan.check.config import check_structure
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, either_or, plural
 from meshplan.knowledge.compute_card import cp_comm_type_default
-from meshplan.rules.engine import Context, backend_of, finding, load_rules, reads_of, rule_specs
+from meshplan.rules.engine import Context, backend_of, finding, load_rules, reads_of, rule_specs, screen_of
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Finding
 from meshplan.search.job_memo import note_passed, passed_before
@@ -114,6 +114,42 @@ def _fires(job: Job, plan: Plan, rule_id: str) -> bool:
     return load_rules()[rule_id](Context(job, plan)) is not None
 
 
+class _Verdicts:
+    """One rule's verdicts over one job's space, each kept per what decides it: the rule's screen of the plan where it
+    has one (a coarser value equal on two plans only where it fires on both or passes on both: AD001's ZeRO stage and
+    which degrees are over 1), else the plan's values of the fields it declares it reads; a rule without declared
+    reads runs on every plan. So the refusal of a space of 170,288 plans asks AD001 on a few dozen screens, not on
+    each plan with its fix's words."""
+
+    def __init__(self, job: Job, rule_id: str) -> None:
+        self.job, self.rule_id = job, rule_id
+        cond = load_rules()[rule_id]
+        self.reads, self.screen = reads_of(cond), screen_of(cond)
+        self.kept: dict = {}
+
+    def fires(self, plan: Plan) -> bool:
+        if self.reads is None:
+            return _fires(self.job, plan, self.rule_id)
+        values = plan.__dict__
+        key = (self.screen(values, self.job) if self.screen is not None
+               else tuple(values.get(name) for name in self.reads))
+        key = (plan.zero_stage, key)  # the engine the rule applies to follows the stage (backend_of)
+        if key not in self.kept:
+            self.kept[key] = _fires(self.job, plan, self.rule_id)
+        return self.kept[key]
+
+    def plans(self, space: Space, lay: Layout) -> Iterator[Plan]:
+        """The layout's plans that can differ in the rule's verdict: every ZeRO stage, and the recomputes and
+        micro-batches only where the rule reads them (a plan's other fields are the layout's at every knob)."""
+        reads = self.reads
+        recomputes = space.recomputes if reads is None or "recompute" in reads else space.recomputes[:1]
+        sizes = space.sizes(lay) if reads is None or not reads_no_micro_batch(self.rule_id) else space.sizes(lay)[:1]
+        for zero in space.zeros:
+            for recompute in recomputes:
+                for mbs in sizes:
+                    yield space.plan(lay, zero, recompute, mbs)
+
+
 def blocking_rule(space: Space) -> tuple[Finding, int] | None:
     """A structural rule every plan of the space breaks, with the finding on the plainest plan and how many plans
     there are (those a cheap law dropped included); None when each rule lets some plan through."""
@@ -124,9 +160,10 @@ def blocking_rule(space: Space) -> tuple[Finding, int] | None:
                   for z in space.zeros]
         candidates = set.intersection(*({f.id for f in p} for p in probes))
         for rule_id in sorted(candidates, key=list(rule_specs()).index):
-            if all(_fires(job, plan, rule_id) for lay in layouts_told_apart(space, rule_id)
-                   for plan in space.plans(lay)) and all(
-                    _fires(job, space.plan(fixed_experts(space, group.example), z, r, 1), rule_id)
+            verdicts = _Verdicts(job, rule_id)
+            if all(verdicts.fires(plan) for lay in layouts_told_apart(space, rule_id)
+                   for plan in verdicts.plans(space, lay)) and all(
+                    verdicts.fires(space.plan(fixed_experts(space, group.example), z, r, 1))
                     for group in space.dropped for z in space.zeros for r in space.recomputes):
                 total = sum(space.count(lay) for lay in space.layouts) + sum(space.dropped_by().values())
                 return worded_over_stages(space, rule_id, next(f for f in probes[0] if f.id == rule_id)), total

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, plural
+from meshplan.estimate.accuracy import with_band
 from meshplan.estimate.layer_records import shared_layers
 from meshplan.estimate.memory import memory_summary
 from meshplan.request.resolve import resolve
@@ -22,10 +23,11 @@ from meshplan.rl.engine import ep_words
 from meshplan.rl.job import resolve_rl, trainer_request
 from meshplan.rl.memory import least_framework_host, phase_setting, rl_memory, trainer_reports
 from meshplan.rl.step_time import rl_report, rl_step_time
+from meshplan.rules.engine import job_no_effect_findings
 from meshplan.schema.plan import Plan
-from meshplan.schema.reports import Candidate, MemoryReport, Recommendation
+from meshplan.schema.reports import Candidate, MemoryReport, Recommendation, finding_line, peak_words
 from meshplan.schema.request import Request
-from meshplan.search.answer import offload_words, plan_words
+from meshplan.search.answer import how_sure, offload_words, plan_words
 from meshplan.search.job import OPEN_FOR_SEARCH, search_job
 from meshplan.search.policy import HEADROOM_RULE, HOST_RULE, headroom_for
 from meshplan.search.ranking import recommend
@@ -195,7 +197,7 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
             why = (f"{rl_plan_words(plan, job.model.is_moe)}: RL step {timing.step_s:,.0f} s ({timing.limited_by} "
                    f"the largest part: generation "
                    f"{timing.generation_s:,.0f} s, update {timing.update_s:,.0f} s); {memory.peak_phase} "
-                   f"peaks at {memory.peak_bytes / 2**30:.1f} GiB")
+                   f"peaks at {peak_words(memory)}")
             out.ranked.append((timing.step_s, Candidate(rank=0, plan=plan, memory=memory_summary(memory),
                                                         throughput=report, rationale=why)))
 
@@ -242,8 +244,17 @@ def _recommend_rl(req: Request, top_k: int, rows_only: bool = False) -> Recommen
     if not actors.candidates and not rows_only:  # why no actor layout: the training search's whole answer
         actors = recommend(training, top_k=count, engine=engine)  # (its nothing-fits reasons)
     out.ranked.sort(key=lambda x: x[0])
-    candidates = [c.model_copy(update={"rank": i + 1}) for i, (_, c) in enumerate(out.ranked[:top_k])]
-    return _answer(job, req, actors, candidates, out, headroom)
+    candidates = [_banded(quiet, c, i + 1) for i, (_, c) in enumerate(out.ranked[:top_k])]
+    return _answer(job, base, req, actors, candidates, out, headroom)
+
+
+def _banded(job, row: Candidate, rank: int) -> Candidate:
+    """A ranked RL row with the error band estimate_throughput gives the same job and plan (the RL regime's,
+    cards/accuracy.yaml, estimate/accuracy.with_band) and the rationale's 'How sure' sentence, as a training row's."""
+    throughput = with_band(row.throughput, job, row.plan)
+    sure = how_sure(job, row.plan, throughput.error_band)
+    return row.model_copy(update={"rank": rank, "throughput": throughput,
+                                  "rationale": f"{row.rationale}. {sure}".rstrip()})
 
 
 def refuse_host(job, base: Plan, training: Request) -> None:
@@ -276,12 +287,12 @@ def refuse_host(job, base: Plan, training: Request) -> None:
         "with rollout_gpus (the trainer then keeps its models on the GPU).")
 
 
-def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidate], out: RLRanking,
+def _answer(job, base: Plan, req: Request, actors: Recommendation, candidates: list[Candidate], out: RLRanking,
             headroom: float) -> Recommendation:
     """The RL Recommendation; with no actor layout for the trainer's step, the training search's own reasons."""
     best = candidates[0] if candidates else None
     if best is not None:
-        rationale = f"#1: {best.rationale}."
+        rationale = f"#1: {best.rationale}"
     elif not actors.candidates:
         host = ("" if job.cpu_memory_per_node is None or not actors.rejected.get(HOST_RULE) else
                 " (under cpu_memory_per_node the actor search counts a layout whose RL step's offloads the node's "
@@ -306,7 +317,7 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
         considered=out.tried if actors.candidates else actors.considered, rejected=rejected,
         global_batch_size=job.global_batch_size, gpus_per_node=job.gpus_per_node, headroom=headroom,
         rationale=rationale, closest=[] if actors.candidates else actors.closest, min_gpus=None,
-        warnings=list(actors.warnings),
+        warnings=[*actors.warnings, *(finding_line(f) for f in job_no_effect_findings(job, base))],
         assumptions=[f"Actor layouts: the training search's best {len(actors.candidates)} for the trainer's step; "
                      "for each, every rollout TP/DP/EP the engines can run, with and without phase offloads, at the "
                      f"largest memory fraction (<= {MAX_FRACTION}) whose phases keep the headroom{host}; ranked by "

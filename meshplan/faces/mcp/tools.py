@@ -30,7 +30,7 @@ from meshplan.request.parse import model_required, parse_request, request_error,
 from meshplan.schema.choices import StrictModel
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.options import MinimumGpusOptions, RecommendOptions
-from meshplan.schema.reports import ErrorBand, MemoryReport, MemorySummary, Recommendation
+from meshplan.schema.reports import ErrorBand, Recommendation, peak_words
 from meshplan.schema.request import Request
 
 from .cancellable import cancellable
@@ -298,14 +298,6 @@ ESTIMATE_MEMORY = (
 def _band_words(band: ErrorBand | None) -> str:
     """The error measured in the estimate's regime, as the CLI prints it (meshplan/estimate/accuracy.py)."""
     return f" Error measured in this regime: {band.text}." if band is not None else ""
-
-
-def peak_words(memory: MemoryReport | MemorySummary) -> str:
-    """The peak as every tool's summary names it: the reserved peak, and with expandable segments the allocated peak
-    that decides the fit (memory.fit_figure), so a reserved peak inside the headroom reads as what it is."""
-    decides = (f" (allocated {gib(memory.fit_bytes)}: with expandable segments it decides the fit)"
-               if memory.fit_basis == "allocated" else "")
-    return f"{gib(memory.peak_bytes)} reserved{decides}"
 
 
 @with_signature(REQUEST_PARAMETERS, MemoryAnswer)
