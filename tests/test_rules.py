@@ -1005,7 +1005,7 @@ def test_a_rollout_fraction_holding_no_sequence_is_rl006_with_fixes_that_clear_i
     rollout_memory_fraction=0.11 at 0.01 overflowed the rollout phase (82.5 GiB of 79.6 GiB: MEM001, RL005)."""
     base = dict(model="qwen3-8b", framework="verl", num_gpus=8, job="rl")
     for fraction, named, changes in (
-            (0.01, ["rollout_tp=4 with rollout_memory_fraction=0.06 or more", "(79.4 GiB peak)"],
+            (0.01, ["rollout_tp=4 with rollout_memory_fraction=0.06 or more", "(79.6 GiB peak)"],
              [{"rollout_tp": 4, "rollout_memory_fraction": 0.06}]),
             (0.08, ["rollout_memory_fraction=0.11", "rollout_tp=4"],  # does not fit at 0.08 either: both named
              [{"rollout_memory_fraction": 0.11}, {"rollout_tp": 4}])):
