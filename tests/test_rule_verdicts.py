@@ -308,10 +308,42 @@ def test_a_rule_reading_fewer_fields_than_its_group_keeps_its_own_verdicts():
                 if own is None:
                     assert frozenset(keyed_reads(cond)) == frozenset(group.fields)
                     continue
+                if own[3] is not None:  # a rule with words: test_a_rule_with_words_runs_once_per_its_reads_where_...
+                    continue
                 assert frozenset(keyed_reads(cond)) < frozenset(group.fields)
                 assert len(own[2]) <= len(group.memo)
                 narrower += len(own[2]) < len(group.memo)
     assert narrower > 0
+
+
+def test_a_rule_with_words_runs_once_per_its_reads_where_it_passes():
+    """RuleGroup.runs: a rule whose words read fields its verdict does not (@rule(words=...)) keeps where it passes
+    per the values of its reads alone, so a plan that differs only in the words' fields (TP004 reads tp and
+    tp_comm_overlap, its fix names the batch) does not run it again; it keeps no finding there (its words differ)."""
+    rng = random.Random(5)
+    first, base = JOBS[0]
+    kept = Verdicts(first)
+    plans = list(fuzzed_plans(rng, base, 200))
+    for plan in plans:
+        assert _outcome(kept.findings, first, plan) == _outcome(structural_findings, first, plan)
+    worded = fewer = 0
+    for groups in kept._groups.values():
+        for group in groups:
+            if group.screen is not None:
+                continue
+            for *_, cond, own in group.runs:
+                if own is None or own[3] is None:
+                    continue
+                reads = engine.reads_of(cond)
+                assert frozenset(reads) < frozenset(keyed_reads(cond)) <= frozenset(group.fields)
+                assert all(verdict is None for verdict in own[2].values())  # passes only
+                key = engine.RuleGroup(tuple(sorted(reads)), (), {}).key
+                asked = {key(plan.__dict__, first) if any(n in engine.JOB_READS for n in reads) else key(plan.__dict__)
+                         for plan in plans}
+                assert len(own[2]) <= len(asked)
+                worded += 1
+                fewer += len(own[2]) < len(group.memo)
+    assert worded > 0 and fewer > 0
 
 
 SCREENED = sorted(rid for rid, cond in load_rules().items() if cond.screen is not None)

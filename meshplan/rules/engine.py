@@ -336,15 +336,26 @@ class RuleGroup:
     def runs(self) -> Runs:
         """The rules as _fire_kept runs them on a plan the group's verdicts miss: each that reads fewer fields than
         the group with its own verdicts, kept per the values of those (the group misses with any of its fields, the
-        rule only with its own: Llama-3.1-70B/64's first ask runs WS002 on 45 values, not on 848 plans). A screened
+        rule only with its own: Llama-3.1-70B/64's first ask runs WS002 on 45 values, not on 848 plans). A rule whose
+        words read fields its verdict does not (`@rule(words=...)`) keeps where it passes per its reads alone, and its
+        findings per its reads and words (where those are fewer than the group's): DeepSeek-V3/2,048's first ask ran
+        TP004 (reads tp and tp_comm_overlap, words the batch fields) on 840 plans to pass on every one. A screened
         rule's own verdicts are kept per its screen, where it passes only (_Passes): AD001 runs on 49 screens, not on
         562 layouts and ZeRO stages."""
         fields = frozenset(self.fields)
-        own = {i: RuleGroup(tuple(sorted(keyed_reads(cond))), (), {}) for i, _, cond in self.rules
-               if frozenset(keyed_reads(cond)) < fields and screen_of(cond) is None}
-        return tuple((i, spec, cond, (cond.screen, True, _Passes()) if screen_of(cond) is not None
-                      else None if i not in own else (own[i].key, bool(own[i].job_fields), own[i].memo))
-                     for i, spec, cond in self.rules)
+
+        def own(cond: Condition) -> OwnVerdicts | None:
+            if screen_of(cond) is not None:
+                return cond.screen, True, _Passes(), None
+            keyed, reads = frozenset(keyed_reads(cond)), frozenset(reads_of(cond))
+            worded = RuleGroup(tuple(sorted(keyed)), (), {}) if keyed < fields else None
+            if reads < keyed:
+                verdict = RuleGroup(tuple(sorted(reads)), (), {})
+                return (verdict.key, bool(verdict.job_fields), {},
+                        (None, False, {}) if worded is None else (worded.key, bool(worded.job_fields), worded.memo))
+            return None if worded is None else (worded.key, bool(worded.job_fields), worded.memo, None)
+
+        return tuple((i, spec, cond, own(cond)) for i, spec, cond in self.rules)
 
     @cached_property
     def in_parts(self) -> ProgramGroup:
@@ -432,10 +443,16 @@ def _fire(rules: Iterable[tuple[int, RuleSpec, Condition]], ctx: Context) -> Fir
     return tuple((i, finding(spec, values)) for i, spec, cond in rules if (values := cond(ctx)) is not None)
 
 
-# A group's rules as _fire_kept runs them: (card position, spec, condition, and where the rule reads fewer fields than
-# its group, its own verdicts: key, whether it reads JOB_READS, its finding or None per key).
-Runs = tuple[tuple[int, RuleSpec, Condition, tuple[Callable[..., Any], bool, dict[Any, Any]] | None], ...]
-
+# A rule's own verdicts (RuleGroup.runs): its key from the plan's values (and the job where it reads JOB_READS),
+# whether the key reads the job, its verdict per key (its finding, or None where it passes), and None; for a rule with
+# words, the key is its reads', the memo keeps where it passes only, and the last item is its findings' key (None: the
+# group's own key is its findings', so the group's verdicts keep them), whether that reads the job, its findings per
+# key.
+WordedVerdicts = tuple[Callable[..., Any] | None, bool, dict[Any, Any]]
+OwnVerdicts = tuple[Callable[..., Any], bool, dict[Any, Any], WordedVerdicts | None]
+# A group's rules as _fire_kept runs them: (card position, spec, condition, its own verdicts or None where the group's
+# key is its own).
+Runs = tuple[tuple[int, RuleSpec, Condition, OwnVerdicts | None], ...]
 
 def _keep(memo: dict[Any, Any], key: Any, verdict: Any) -> Any:
     """`verdict` kept in `memo` under `key` (a memo of MEMO_CAP verdicts starts over first), and returned: every kept
@@ -454,15 +471,37 @@ def _fire_kept(runs: Runs, values: dict[str, Any], job: Job, ctx: _Ctx) -> Fired
             found = cond(ctx.get())
             hit = None if found is None else (i, finding(spec, found))
         else:
-            key, reads_job, memo = own
+            key, reads_job, memo, words = own
             key = key(values, job) if reads_job else key(values)
             hit = memo.get(key, False)
             if hit is False:
-                found = cond(ctx.get())
-                hit = _keep(memo, key, None if found is None else (i, finding(spec, found)))
+                if words is None:
+                    found = cond(ctx.get())
+                    hit = _keep(memo, key, None if found is None else (i, finding(spec, found)))
+                else:
+                    hit = _worded(i, spec, cond, (key, memo), words, values, job, ctx)
         if hit is not None:
             out.append(hit)
     return tuple(out)
+
+
+def _worded(i: int, spec: RuleSpec, cond: Condition, passes: tuple[Any, dict[Any, Any]], words: WordedVerdicts,
+            values: dict[str, Any], job: Job, ctx: _Ctx) -> tuple[int, Finding] | None:
+    """The verdict of a rule with words on a plan its reads' key (passes: key, memo) has not seen pass: its kept
+    finding where its reads and words were seen firing (words: their key, whether it reads the job, the findings per
+    key; no key: the group keeps them), else the rule run, kept per its reads where it passes, per its reads and words
+    where it fires."""
+    word_key, reads_job, found_memo = words
+    if word_key is not None:
+        word_key = word_key(values, job) if reads_job else word_key(values)
+        hit = found_memo.get(word_key, False)
+        if hit is not False:
+            return hit
+    found = cond(ctx.get())
+    if found is None:
+        return _keep(passes[1], passes[0], None)
+    hit = (i, finding(spec, found))
+    return hit if word_key is None else _keep(found_memo, word_key, hit)
 
 
 class _Ctx:
@@ -560,7 +599,7 @@ class Verdicts:
         if hit is None:
             out: list[BlockingVerdicts] = []
             for _, cond in blocking_rules(self.job.framework, backend_of(self.job.card, zero_stage)):
-                screen, fields = screen_of(cond), keyed_reads(cond)
+                screen, fields = screen_of(cond), reads_of(cond)
                 if screen is not None:
                     out.append((cond, screen, True, {}))
                 elif fields is None:
@@ -575,11 +614,11 @@ class Verdicts:
         """Whether the plan breaks no blocking rule (first_error is None: the structural check's report is ok,
         CheckReport.ok without the memory rules; job: as findings), from each blocking rule's verdict alone (fires or
         passes), kept per what the rule declares it depends on: its screen where it has one (`@rule(screen=...)`),
-        else the values of its reads and words (keyed_reads), every plan where it declares none. A rule that fires is
-        not run again on each plan with its key, as findings' kept verdicts run it again for its finding's words: what
-        the exhaustive oracle asks of every plan it builds (search/oracle.py; 26-30% slower on findings' verdicts).
-        Held to check's ok by tests/test_search_oracle.py; where a condition raises, first_blocking answers (it raises
-        again, or finds its error first)."""
+        else the values of its reads (reads_of: its words decide no verdict), every plan where it declares none. A
+        rule that fires is not run again on each plan with its key, as findings' kept verdicts run it again for its
+        finding's words: what the exhaustive oracle asks of every plan it builds (search/oracle.py; 26-30% slower on
+        findings' verdicts). Held to check's ok by tests/test_search_oracle.py; where a condition raises,
+        first_blocking answers (it raises again, or finds its error first)."""
         values, ctx = plan.__dict__, None
         try:
             for cond, key, reads_job, memo in self._blocking(plan.zero_stage):
