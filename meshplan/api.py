@@ -23,6 +23,7 @@ from meshplan.schema.reports import (
     Recommendation,
     RenderResult,
     ThroughputReport,
+    finding_line,
 )
 from meshplan.schema.request import Request
 
@@ -115,7 +116,6 @@ def _warn_no_effect(report: Any, job: Any, plan: Any) -> Any:
     """The report with the settings given that have no effect on this plan said after its own warnings, in the words
     `check` gives them (the rules card's no_effect rules: etp on a dense model, pipeline settings at pp 1, ...)."""
     from meshplan.rules.engine import no_effect_findings
-    from meshplan.schema.reports import finding_line
 
     said = [finding_line(found) for found in no_effect_findings(job, plan)]
     return report.model_copy(update={"warnings": [*report.warnings, *said]}) if said else report

@@ -36,15 +36,19 @@ def alternatives(fix: str, req: dict) -> list[dict]:
     ({}, "RL005"),  # default fraction, rollout_tp 2: no fraction alone holds a sequence, rollout_tp 4 with one does
     ({"rollout_memory_fraction": 0.36}, "RL005"),
     ({"rollout_tp": 4}, "RL005"),  # a lower fraction alone
-    ({"rollout_tp": 4, "rollout_memory_fraction": 0.35}, "MEM002"),  # fits, under the headroom: the rollout's levers
+    # fits, under the headroom; since rlloss59's loss path (8 B per logit kept in verl Megatron's update) the actor
+    # update is over the headroom at any fraction (0.30: MEM002 too), so its fix names offload, not a fraction
+    ({"rollout_tp": 4, "rollout_memory_fraction": 0.35}, "MEM002"),
 ])
 def test_rollout_fixes_clear_the_rule_and_hold_a_sequence(extra, rule):
     req = {**QWEN_RL, **extra}
     found = errors(req)
     assert rule in found
     fixed = alternatives(found[rule].fix, req)
-    assert any("rollout_memory_fraction" in r and r["rollout_memory_fraction"] != req.get("rollout_memory_fraction")
-               for r in fixed), found[rule].fix  # a fraction (with a rollout_tp where needed) is among them
+    assert rule == "MEM002" or any(
+        "rollout_memory_fraction" in r and r["rollout_memory_fraction"] != req.get("rollout_memory_fraction")
+        for r in fixed), found[rule].fix  # a fraction (with a rollout_tp where needed) is among them
+    assert fixed, found[rule].fix
     for changed in fixed:
         after = errors(changed)
         assert rule not in after, (changed, after[rule].message)
