@@ -288,16 +288,22 @@ def test_schedule_runs_reads_a_whole_step_in_one_run_first(pipeline_microbatches
             assert plan.schedule_runs(gbs) == 1
 
 
-def test_a_rule_reading_fewer_fields_than_its_group_keeps_its_own_verdicts():
-    """RuleGroup.runs: where a group's verdicts miss, each of its rules that reads fewer fields than the group is
-    answered from its own verdicts, kept per the values of its own reads, so it runs once per those values (the
-    findings stay the plain run's: test_kept_verdicts_give_the_plain_runs_findings_and_first_blocking_rule)."""
+def _kept_over_fuzzed_plans() -> tuple[Job, list[Plan], Verdicts]:
+    """The first job, 200 fuzzed plans of it and its kept verdicts after answering each as the plain run answers it."""
     rng = random.Random(5)
     first, base = JOBS[0]
     kept = Verdicts(first)
     plans = list(fuzzed_plans(rng, base, 200))
     for plan in plans:
         assert _outcome(kept.findings, first, plan) == _outcome(structural_findings, first, plan)
+    return first, plans, kept
+
+
+def test_a_rule_reading_fewer_fields_than_its_group_keeps_its_own_verdicts():
+    """RuleGroup.runs: where a group's verdicts miss, each of its rules that reads fewer fields than the group is
+    answered from its own verdicts, kept per the values of its own reads, so it runs once per those values (the
+    findings stay the plain run's: test_kept_verdicts_give_the_plain_runs_findings_and_first_blocking_rule)."""
+    *_, kept = _kept_over_fuzzed_plans()
     narrower = 0
     for groups in kept._groups.values():
         for group in groups:
@@ -320,12 +326,7 @@ def test_a_rule_with_words_runs_once_per_its_reads_where_it_passes():
     """RuleGroup.runs: a rule whose words read fields its verdict does not (@rule(words=...)) keeps where it passes
     per the values of its reads alone, so a plan that differs only in the words' fields (TP004 reads tp and
     tp_comm_overlap, its fix names the batch) does not run it again; it keeps no finding there (its words differ)."""
-    rng = random.Random(5)
-    first, base = JOBS[0]
-    kept = Verdicts(first)
-    plans = list(fuzzed_plans(rng, base, 200))
-    for plan in plans:
-        assert _outcome(kept.findings, first, plan) == _outcome(structural_findings, first, plan)
+    first, plans, kept = _kept_over_fuzzed_plans()
     worded = fewer = 0
     for groups in kept._groups.values():
         for group in groups:
