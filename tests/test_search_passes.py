@@ -501,3 +501,39 @@ def test_a_floor_node_enters_shard_with_the_dp_term_after_its_per_token_bound(mo
     monkeypatch.setattr(BestFirstSearch, "push", pushing)
     recommend(Request(model="llama-3.1-70b", num_gpus=64, gpu="h100"), top_k=5)
     assert raised[0] > 10 and not under[0]
+
+
+def test_a_paused_search_leaves_what_it_built_in_the_oldest_generation_and_still_collectable():
+    """What a search leaves alive (its job memo, the answer) goes straight to the oldest generation, with no young
+    collection due over it; a reference cycle made inside the pause is still freed by a full collection."""
+    import weakref
+
+    class Node:
+        pass
+
+    assert gc.get_freeze_count() == 0, "a test before this one left objects frozen"
+    with ranking.collector_paused():
+        kept = [[] for _ in range(2000)]
+        first, second = Node(), Node()
+        first.other, second.other = second, first
+        cycle = weakref.ref(first)
+        del first, second
+    assert gc.get_count()[0] < 100  # the young generation's count starts again: no collection due over `kept`
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert all(id(item) in oldest for item in kept) and gc.get_freeze_count() == 0
+    assert cycle() is not None
+    gc.collect()
+    assert cycle() is None
+
+
+def test_a_process_that_keeps_objects_frozen_keeps_them_frozen_across_a_search():
+    """A server that froze what its start-up built (faces/mcp start_up) keeps it frozen: the promotion is skipped."""
+    built = [[] for _ in range(100)]
+    gc.freeze()
+    try:
+        assert gc.get_freeze_count() >= len(built)
+        recommend(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8), top_k=1)
+        collected = {id(o) for o in gc.get_objects()}  # the generations the collector walks, not the frozen ones
+        assert gc.get_freeze_count() >= len(built) and not any(id(item) in collected for item in built)
+    finally:
+        gc.unfreeze()  # this test process is not a server: give its objects back to the collector

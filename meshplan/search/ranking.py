@@ -35,7 +35,20 @@ def collector_paused() -> Iterator[None]:
         yield
     finally:
         if enabled:
+            _promote_survivors()
             gc.enable()
+
+
+def _promote_survivors() -> None:
+    """Move what the search left alive (its job memo, the answer) straight to the oldest generation, as a freeze
+    followed at once by an unfreeze does: both splice lists, walking nothing. Left young, the first collection after
+    the pause walks every survivor (some 3*10^4 objects on the bench's jobs, about 1% of a first ask) and the next
+    middle one again, to promote objects that live until the memo drops them; in the oldest generation they are
+    still collected by the next full collection. Skipped when the process keeps objects frozen itself, whose
+    permanent generation an unfreeze would empty."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
 
 
 def recommend(req: Request, top_k: int = 5, engine: Engine | None = None, *,
