@@ -7,8 +7,14 @@ averaged over every mini-batch of a few seeded steps. Lengths from meshplan's sh
 means given; `grouped` gives a prompt's samples one prompt length (the rollout keeps them next to each other), the
 case the formula leaves on the high side. Nothing fitted.
 
+SkyRL's (NovaSky-AI/SkyRL a9564572e) simulated too: the step in rollout order, a prompt's samples next to each other
+at one prompt length, cut into mini-batches of consecutive prompts (skyrl/train/dataset/preprocess.py
+compute_prompt_mini_batch_boundaries) and each into dp equal chunks of consecutive sequences
+(skyrl/backends/skyrl_train/distributed/dispatch.py MeshDispatch.stage_chunks: mini_batch.chunk(size // dp_size)),
+against the formula's in_order case.
+
 Run: python bench/rl_stragglers.py   (the Qwen3-30B-A3B recipe's batch: 512 prompts x 16 in mini-batches of 128;
-about a minute)
+about two minutes)
 """
 
 from __future__ import annotations
@@ -44,6 +50,19 @@ def equal_size_karmarkar_karp(lengths: list[int], k: int) -> list[list[int]]:
     return [sorted(items) for _, items in heap[0][2]]
 
 
+def _step_lengths(rng: random.Random, up: float | None, ur: float, grouped: bool) -> list[int]:
+    """One step's sequence lengths in rollout order, PROMPTS x SAMPLES, a prompt's samples next to each other; `up`
+    None: every prompt at PROMPT; `grouped`: a prompt's samples share its length."""
+    lengths = []
+    for _ in range(PROMPTS):
+        prompt = PROMPT if up is None else max(1, round(PROMPT * quantile(up, rng.random())))
+        for _ in range(SAMPLES):
+            if up is not None and not grouped:
+                prompt = max(1, round(PROMPT * quantile(up, rng.random())))
+            lengths.append(prompt + max(1, round(RESPONSE * quantile(ur, rng.random()))))
+    return lengths
+
+
 def simulated(dp: int, mean_prompt: int, mean_response: int, grouped: bool) -> float:
     """The slowest rank's tokens over the mean rank's, averaged over every mini-batch of STEPS seeded steps."""
     up = None if mean_prompt >= PROMPT else rate(mean_prompt / PROMPT)
@@ -51,19 +70,41 @@ def simulated(dp: int, mean_prompt: int, mean_response: int, grouped: bool) -> f
     ratios = []
     for step in range(STEPS):
         rng = random.Random(f"{dp}/{mean_prompt}/{mean_response}/{grouped}/{step}")
-        lengths = []
-        for _ in range(PROMPTS):
-            prompt = PROMPT if up is None else max(1, round(PROMPT * quantile(up, rng.random())))
-            for _ in range(SAMPLES):
-                if up is not None and not grouped:
-                    prompt = max(1, round(PROMPT * quantile(up, rng.random())))
-                lengths.append(prompt + max(1, round(RESPONSE * quantile(ur, rng.random()))))
+        lengths = _step_lengths(rng, up, ur, grouped)
         shares = equal_size_karmarkar_karp(lengths, dp)
         per_mini = MINI_PROMPTS * SAMPLES // dp
         for k in range(PROMPTS // MINI_PROMPTS):
             tokens = [sum(lengths[i] for i in share[k * per_mini:(k + 1) * per_mini]) for share in shares]
             ratios.append(max(tokens) / statistics.mean(tokens))
     return statistics.mean(ratios)
+
+
+def skyrl_chunks(lengths: list[int], dp: int, mini_sequences: int) -> list[list[list[int]]]:
+    """SkyRL's partition of one step's lengths (in rollout order): the mini-batches, contiguous slices of
+    mini_sequences (compute_prompt_mini_batch_boundaries: mini_batch_size prompts x n_samples_per_prompt), each
+    chunked into dp equal slices of consecutive sequences, DP rank r's the r-th (MeshDispatch.stage_chunks)."""
+    minis = [lengths[start:start + mini_sequences] for start in range(0, len(lengths), mini_sequences)]
+    return [[mini[r * (len(mini) // dp):(r + 1) * (len(mini) // dp)] for r in range(dp)] for mini in minis]
+
+
+def skyrl_simulated(dp: int, mean_prompt: int, mean_response: int, mini_prompts: int = MINI_PROMPTS) -> float:
+    """The slowest rank's tokens over the mean rank's under SkyRL's partition, averaged over every mini-batch of
+    STEPS seeded steps (a prompt's samples at one prompt length, as SkyRL's rollout makes them)."""
+    up = None if mean_prompt >= PROMPT else rate(mean_prompt / PROMPT)
+    ur = rate(mean_response / RESPONSE)
+    ratios = []
+    for step in range(STEPS):
+        rng = random.Random(f"skyrl/{dp}/{mean_prompt}/{mean_response}/{mini_prompts}/{step}")
+        for chunks in skyrl_chunks(_step_lengths(rng, up, ur, grouped=True), dp, mini_prompts * SAMPLES):
+            tokens = [sum(chunk) for chunk in chunks]
+            ratios.append(max(tokens) / statistics.mean(tokens))
+    return statistics.mean(ratios)
+
+
+def skyrl_formula(dp: int, mean_prompt: int, mean_response: int, mini_prompts: int = MINI_PROMPTS) -> float:
+    """meshplan's slowest rank under SkyRL's partition at the bench's batch (slowest_rank_share in_order)."""
+    return slowest_rank_share(dp, mini_prompts * SAMPLES // dp, 1, PROMPT, RESPONSE, mean_prompt, mean_response,
+                              in_order=True, samples_per_prompt=SAMPLES)
 
 
 def main() -> int:
@@ -77,6 +118,14 @@ def main() -> int:
             grouped = simulated(dp, mean_prompt, mean_response, grouped=True) if mean_prompt < PROMPT else alone
             print(f"  {mean_prompt:>5} / {mean_response:>5}, dp {dp:>2}: {formula:.3f} vs {alone:.3f} "
                   f"({formula / alone - 1:+.1%}); grouped {grouped:.3f}", flush=True)
+    print("mean prompt / response, dp: meshplan's slowest rank vs SkyRL's in-order chunks simulated (a prompt's "
+          "samples at one prompt length)")
+    for mean_prompt, mean_response in ((2048, 2000), (300, 2000), (300, 4000)):
+        for dp in (8, 16, 32):
+            formula = skyrl_formula(dp, mean_prompt, mean_response)
+            sim = skyrl_simulated(dp, mean_prompt, mean_response)
+            print(f"  {mean_prompt:>5} / {mean_response:>5}, dp {dp:>2}: {formula:.3f} vs {sim:.3f} "
+                  f"({formula / sim - 1:+.1%})", flush=True)
     return 0
 
 

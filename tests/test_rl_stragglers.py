@@ -120,13 +120,16 @@ def test_a_release_that_sorts_each_share_by_workload_has_no_straggler():
     assert step_time.slowest_rank(no_mean, plan) == 1.0
 
 
-def test_a_framework_whose_card_does_not_balance_the_step_times_no_straggler():
+def test_a_framework_that_chunks_in_order_times_its_own_straggler_not_verls():
+    # SkyRL balances nothing (cards/frameworks/skyrl.yaml rl.in_order_rank_chunks): its straggler is the in-order
+    # chunk's (tests/test_rl_stragglers_skyrl.py), not verl's balanced share's
     job, plan = resolve(parse_request({"model": "qwen3-8b", "framework": "skyrl", "num_gpus": 8, "job": "rl",
                                        "prompts_per_step": 64, "prompts_per_mini_batch": 16, "samples_per_prompt": 5,
                                        "response_length": 1024, "mean_response_length": 300,
                                        "micro_batch_size": 2}))
-    assert not job.rl_card.balanced_step_batch
-    assert step_time.slowest_rank(job, plan) == 1.0
+    assert not job.rl_card.balanced_step_batch and job.rl_card.in_order_rank_chunks
+    assert step_time.slowest_rank(job, plan) == pytest.approx(slowest_rank_share(
+        8, 10, 1, 512, 1024, 512, 300, in_order=True, samples_per_prompt=5))
 
 
 def test_the_step_note_says_what_the_straggler_adds_only_where_it_adds():

@@ -152,6 +152,14 @@ class RLCard(_Card):
                            "slowest rank's tokens (rl/stragglers.py; verl's trainer.balance_batch). False: no "
                            "straggler is timed")
     balanced_step_batch_source: str = ""
+    in_order_rank_chunks: bool = Field(
+        False, description="The trainer cuts each mini-batch into equal data-parallel chunks of consecutive sequences "
+                           "in rollout order, balancing nothing, each mini-batch ending in an optimizer step every "
+                           "rank joins; the old policy's and the critic's log-prob passes run the same chunks a "
+                           "mini-batch at a time and the reference's the whole step's in dp chunks, each waited for "
+                           "whole: every one lasts as long as its slowest rank's tokens (rl/stragglers.py in_order; "
+                           "SkyRL's MeshDispatch). False: see balanced_step_batch")
+    in_order_rank_chunks_source: str = ""
     rules_source: str
 
     def trained_models(self, algorithm: RLAlgorithm) -> int:

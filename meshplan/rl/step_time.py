@@ -227,14 +227,21 @@ def mini_batch_update(job, plan: Plan, update):
     return estimate_throughput(mini, plan), rl.prompts_per_step / rl.prompts_per_mini_batch
 
 
-def slowest_rank(job, plan: Plan) -> float:
+def slowest_rank(job, plan: Plan, whole_step: bool = False) -> float:
     """The slowest data-parallel rank's tokens of a mini-batch over the mean rank's (rl/stragglers.py), where the
     framework's trainer balances the step over the ranks and splits each share into mini-batches in rollout order
     (its card's rl.balanced_step_batch) on a release before it sorted the shares by workload (release_changes
-    rank_share_sorted: verl 62221fa13, v0.6.1); 1.0 otherwise, with one rank, one mini-batch, or no length spread
-    (no mean stated: every sequence at its longest)."""
+    rank_share_sorted: verl 62221fa13, v0.6.1), or cuts each mini-batch into chunks of consecutive sequences with no
+    balancing (rl.in_order_rank_chunks: SkyRL); with `whole_step`, of the whole step's chunk (a pass the trainer runs
+    over the step at once: balanced shares have no straggler there). 1.0 otherwise, with one rank, or no length
+    spread (no mean stated: every sequence at its longest)."""
     card, rl = job.rl_card, job.rl
-    if not card.balanced_step_batch:
+    if card.in_order_rank_chunks:
+        sequences = rl.step_sequences // plan.dp if whole_step else rank_mini_batch(job, plan)
+        return slowest_rank_share(plan.dp, max(1, sequences), 1, rl.prompt_length, rl.response_length,
+                                  rl.mean_prompt, rl.mean_response, in_order=True,
+                                  samples_per_prompt=rl.samples_per_prompt)
+    if not card.balanced_step_batch or whole_step:
         return 1.0
     change = job.card.release_change("rank_share_sorted")
     if change is not None and not predates(job.framework_version, change):
@@ -243,14 +250,29 @@ def slowest_rank(job, plan: Plan) -> float:
                               rl.prompt_length, rl.response_length, rl.mean_prompt, rl.mean_response)
 
 
+def log_prob_slowest(job, plan: Plan) -> float:
+    """The log-prob passes' tokens at their slowest rank over the mean rank's, averaged over the passes: the old
+    policy's and the critic's run a mini-batch's chunks at a time and the reference's the whole step's where the
+    trainer chunks in order (rl.in_order_rank_chunks: SkyRL's recompute_old_logprobs_per_minibatch, on by default);
+    1.0 where it balances the step (each rank's balanced share runs whole)."""
+    card, algorithm = job.rl_card, job.rl.algorithm
+    if not card.in_order_rank_chunks:
+        return 1.0
+    mini, ref = 1 + card.critic[algorithm], card.reference_model[algorithm]
+    return (mini * slowest_rank(job, plan) + ref * slowest_rank(job, plan, whole_step=True)) / (mini + ref)
+
+
 def straggler_words(job, plan: Plan) -> str:
     """What the update's note says of its slowest rank (`slowest_rank`): nothing where it times none."""
     slowest = slowest_rank(job, plan)
     if slowest <= 1.0:
         return ""
+    how, key = (("cuts each mini-batch into data-parallel chunks of consecutive sequences in rollout order, "
+                 "balancing none (its log-prob passes too)", "in_order_rank_chunks") if job.rl_card.in_order_rank_chunks
+                else ("splits each rank's balanced share into mini-batches in rollout order", "balanced_step_batch"))
     return (f" (each mini-batch at its slowest of {plan.dp} data-parallel ranks' tokens, {slowest:.3f}x the mean "
-            f"rank's: {job.card.display_name} {job.framework_version} splits each rank's balanced share into "
-            f"mini-batches in rollout order; cards/frameworks/{job.framework}.yaml rl.balanced_step_batch)")
+            f"rank's: {job.card.display_name} {job.framework_version or job.card.version} {how}; "
+            f"cards/frameworks/{job.framework}.yaml rl.{key})")
 
 
 def flops_share(job) -> float:
@@ -283,7 +305,8 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     for) and cost prompt + the mean response, their compute at its FLOPs (dynamic batches pack the real tokens), the
     update once per mini-batch of prompts_per_mini_batch and update epoch (`mini_batch_update`, `at_tokens`), each
     mini-batch's micro-batches at its slowest data-parallel rank's tokens where the trainer splits the ranks' shares
-    in rollout order (`slowest_rank`; the log-prob passes run each rank's balanced share whole).
+    in rollout order (`slowest_rank`; the log-prob passes run each rank's balanced share whole), or cuts every pass
+    into unbalanced chunks (`log_prob_slowest` too).
     Resharding moves the bf16 weights once over the slowest link the trainer's model-parallel group or the rollout
     pool spans. Phase offloads move their states out and back over the host link. Colocated parts add; a separate
     rollout pool generates the next batch while the trainer trains where the framework's trainer runs one step off
@@ -296,7 +319,8 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     share = rl.token_share
     flops = flops_share(job) if share < 1 else 1.0
     old_loss, ref_loss, critic_loss = log_prob_loss_seconds(job, plan, update_loss_bytes(job, plan), share)
-    log_prob = (passes * log_prob_seconds(update, share, flops) + old_loss
+    straggle = log_prob_slowest(job, plan)  # SkyRL's passes run unbalanced chunks too
+    log_prob = (passes * log_prob_seconds(update, share * straggle, flops * straggle) + old_loss
                 + card.reference_model[rl.algorithm] * ref_loss + card.critic[rl.algorithm] * critic_loss)
     mini, batches = mini_batch_update(job, plan, update)
     slowest = slowest_rank(job, plan)  # each mini-batch's micro-batches run at its slowest DP rank's tokens

@@ -16,6 +16,20 @@ other, so the ranks of one mini-batch draw from the same prompts: the prompts' c
 and this is on the high side. Every layer's work is counted at the slowest rank's tokens, the routed experts' too
 (an expert-parallel rank's experts take the tokens of its whole EP group, which spread less): on the high side as
 well.
+
+SkyRL (NovaSky-AI/SkyRL a9564572e) balances nothing: its trainer cuts each mini-batch (policy_mini_batch_size
+prompts' consecutive sequences, compute_prompt_mini_batch_boundaries) into dp equal chunks of consecutive sequences
+(MeshDispatch.stage_chunks, both the FSDP and the Megatron workers), so one rank's mini-batch is n sequences in
+rollout order drawn from the whole rollout, not from a balanced share: its tokens vary by the lengths' standard
+deviation x sqrt(n) whatever the mini-batches (`in_order`), one mini-batch a step included. The rollout keeps a
+prompt's samples next to each other and a chunk takes them whole, so the chunk holds each of its prompts' lengths
+min(n, samples) times: the prompts' part of the variance counts n x min(n, samples), the responses' n (independent
+draws: a prompt whose samples run long together spreads more, so this is on the low side there). Simulated as
+SkyRL cuts the step (bench/rl_stragglers.py) it is within 2% at 32 sequences a chunk or more and 3% at eight; a
+chunk of a few sequences has the shape's skew, which the normal approximation leaves out (-12% to +20% at one).
+Where the ranks meet at every layer rather than at the mini-batch's end (FSDP's all-gathers and reduce-scatters,
+Megatron's EP all-to-all), each micro-batch waits for its slowest rank, a straggler of micro-batch size that is not
+counted here: on the low side there.
 """
 
 from __future__ import annotations
@@ -47,17 +61,22 @@ def expected_max_normal(k: int) -> float:
 
 
 def slowest_rank_share(dp: int, sequences: int, mini_batches: int, prompt: int, response: int,
-                       mean_prompt: int, mean_response: int) -> float:
+                       mean_prompt: int, mean_response: int, *, in_order: bool = False,
+                       samples_per_prompt: int = 1) -> float:
     """The expected tokens of the slowest of `dp` ranks' mini-batch over the mean rank's, where each rank runs
     `sequences` of the step's prompt + response sequences per mini-batch, `mini_batches` of them a step, its step's
-    share balanced by tokens (see the module's docstring); prompt and response lengths drawn from their shapes on [0,
-    prompt] and [0, response] with the means given. 1.0 with one rank, one mini-batch or every length at its
-    longest."""
-    if dp <= 1 or mini_batches <= 1 or sequences < 1:
+    share balanced by tokens, or with `in_order` its mini-batch `sequences` consecutive ones of the rollout, a prompt's
+    `samples_per_prompt` next to each other, with no balancing (see the module's docstring); prompt and response
+    lengths drawn from their shapes on [0, prompt] and [0, response] with the means given. 1.0 with one rank, one
+    balanced mini-batch or every length at its longest."""
+    if dp <= 1 or (mini_batches <= 1 and not in_order) or sequences < 1:
         return 1.0
-    variance = length_variance(mean_prompt, prompt) + length_variance(mean_response, response)
-    if variance <= 0:
+    prompts, responses = length_variance(mean_prompt, prompt), length_variance(mean_response, response)
+    if prompts + responses <= 0:
         return 1.0
-    share = mini_batches * sequences  # the rank's step: one mini-batch is `sequences` of these
-    spread = math.sqrt(variance * sequences * (share - sequences) / max(1, share - 1))
+    if in_order:  # independent draws, each prompt's length min(n, samples) times over
+        spread = math.sqrt(sequences * (responses + min(sequences, samples_per_prompt) * prompts))
+    else:
+        share = mini_batches * sequences  # the rank's step: one mini-batch is `sequences` of these
+        spread = math.sqrt((prompts + responses) * sequences * (share - sequences) / max(1, share - 1))
     return 1.0 + expected_max_normal(dp) * spread / (sequences * (mean_prompt + mean_response))
