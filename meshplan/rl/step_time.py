@@ -11,7 +11,7 @@ from meshplan.arithmetic.comm import job_links, small_allreduce_time
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.arithmetic.mesh import rl_job_gpus
 from meshplan.core.units import GIB, plural
-from meshplan.estimate.perf import estimate_throughput, log_prob_loss_bytes, logits_per_head_rank, update_loss_bytes
+from meshplan.estimate.perf import HeadLoss, estimate_throughput, head_loss, log_prob_loss_bytes
 from meshplan.knowledge.calibration import calibration, calibration_card
 from meshplan.knowledge.model_counts import expert_params, total_params
 from meshplan.knowledge.releases import predates
@@ -199,19 +199,19 @@ def log_prob_seconds(update, tokens: float, flops: float) -> float:
     return ((b.compute_s - b.recompute_s) * flops + traffic * tokens + b.bubble_s) / 3
 
 
-def log_prob_loss_seconds(job, plan: Plan, update_loss_bytes: float, share: float) -> tuple[float, float, float]:
+def log_prob_loss_seconds(job, plan: Plan, head: HeadLoss, share: float) -> tuple[float, float, float]:
     """What each log-prob pass's loss path takes beyond the third of the update's that `log_prob_seconds` counts,
     seconds over the step's batch on a rank of the output layer's stage (at `share` of its tokens): the old policy's
     pass, the reference's and the critic's, each its own forward bytes per logit (perf.log_prob_loss_bytes: the old
     policy's adds the entropy where the engine computes it there; the critic's value head reads no vocabulary, 0)
-    less a third of the update's (`update_loss_bytes`, perf.loss_hbm_bytes). Zeros where the engine's card counts no
-    RL loss path."""
+    less a third of the update's, over that rank's logits (`head`, perf.head_loss). Zeros where the engine's card
+    counts no RL loss path."""
     old, ref = log_prob_loss_bytes(job, plan, True), log_prob_loss_bytes(job, plan, False)
     if old is None or ref is None:
         return 0.0, 0.0, 0.0
     hbm = job.gpu.hbm_bandwidth * calibration(job.framework).hbm_efficiency
-    per_byte = logits_per_head_rank(job, plan) * share / hbm
-    third = update_loss_bytes / 3
+    per_byte = head.logits * share / hbm
+    third = head.update_bytes / 3
     return (old - third) * per_byte, (ref - third) * per_byte, -third * per_byte
 
 
@@ -295,7 +295,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     passes = 1 + card.reference_model[rl.algorithm] + card.critic[rl.algorithm]
     share = rl.token_share
     flops = flops_share(job) if share < 1 else 1.0
-    old_loss, ref_loss, critic_loss = log_prob_loss_seconds(job, plan, update_loss_bytes(job, plan), share)
+    old_loss, ref_loss, critic_loss = log_prob_loss_seconds(job, plan, head_loss(job, plan), share)
     log_prob = (passes * log_prob_seconds(update, share, flops) + old_loss
                 + card.reference_model[rl.algorithm] * ref_loss + card.critic[rl.algorithm] * critic_loss)
     mini, batches = mini_batch_update(job, plan, update)
