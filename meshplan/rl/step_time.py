@@ -243,14 +243,22 @@ def slowest_rank(job, plan: Plan) -> float:
                               rl.prompt_length, rl.response_length, rl.mean_prompt, rl.mean_response)
 
 
-def straggler_words(job, plan: Plan) -> str:
-    """What the update's note says of its slowest rank (`slowest_rank`): nothing where it times none."""
-    slowest = slowest_rank(job, plan)
+def straggler_words(job, plan: Plan, slowest: float) -> str:
+    """What the update's note says of its `slowest` rank (`slowest_rank`, as rl_step_time timed it): nothing where it
+    times none."""
     if slowest <= 1.0:
         return ""
     return (f" (each mini-batch at its slowest of {plan.dp} data-parallel ranks' tokens, {slowest:.3f}x the mean "
             f"rank's: {job.card.display_name} {job.framework_version} splits each rank's balanced share into "
             f"mini-batches in rollout order; cards/frameworks/{job.framework}.yaml rl.balanced_step_batch)")
+
+
+class StepWords(NamedTuple):
+    """What an RL step's note says beside its figures (rl_report), worded where rl_step_time times them: the decode's
+    (decode_seconds) and the update's slowest rank's (straggler_words)."""
+
+    decode: str
+    straggler: str
 
 
 def flops_share(job) -> float:
@@ -274,7 +282,8 @@ def overlaps(job, plan: Plan) -> bool:
 
 
 def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
-    """Seconds of one RL step and its parts (schema.RLStepTime), and the actor update's ThroughputReport.
+    """Seconds of one RL step and its parts (schema.RLStepTime), the actor update's ThroughputReport, the note's
+    StepWords and the memory estimate (rl_memory).
 
     Generation: each replica's share of prompts x samples sequences decodes as many at once as its KV cache holds
     (`sequences_per_rank`), each step read-bound or compute-bound (decode_step_seconds), timed by `decode_seconds`;
@@ -341,7 +350,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
         update_mfu=(update.mfu * flops * rl.epochs * update.step_time_s / one_update
                     if share < 1 or batches > 1 or rl.epochs > 1 else update.mfu),
         limited_by=limited,
-    ), update, decode.words, memory
+    ), update, StepWords(decode.words, straggler_words(job, plan, slowest)), memory
 
 
 def rl_throughput(job, plan: Plan):
@@ -351,8 +360,9 @@ def rl_throughput(job, plan: Plan):
     return rl_report(job, plan, timing, update, words)
 
 
-def rl_report(job, plan: Plan, timing, update, words: str):
-    """The update's ThroughputReport turned into the RL step's (recommend builds its candidates with it too)."""
+def rl_report(job, plan: Plan, timing, update, words: StepWords):
+    """The update's ThroughputReport turned into the RL step's (recommend builds its candidates with it too), its note
+    with rl_step_time's `words`."""
     rl = job.rl
     share = rl.token_share
     tokens = update.tokens_per_s * update.step_time_s * share  # estimated at response_length, trained at the mean
@@ -367,8 +377,8 @@ def rl_report(job, plan: Plan, timing, update, words: str):
                if rl.mean_response >= rl.response_length
                else "steps at the full batch of ")
             + f"{timing.decode_step_s * 1e3:.1f} ms, "
-            f"{words}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s"
-            f"{straggler_words(job, plan)}, resharding "
+            f"{words.decode}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s"
+            f"{words.straggler}, resharding "
             f"{timing.reshard_s:,.1f} s, phase offloads {timing.offload_s:,.1f} s; "
             + ("separate pools: generation overlaps the training side (one step off)." if overlaps(job, plan) else
                f"{plan.placement}{' pools' if plan.placement == 'separate' else ''}: the parts add."))
