@@ -80,6 +80,18 @@ def test_skyrl_megatron_runs_its_own_chunked_log_probs_not_megatrons_loss():
     assert log_prob_loss_bytes(job, plan, True) == card.forward_hbm_bytes_per_logit == 38
 
 
+@pytest.mark.parametrize(("zero_stage", "old", "ref"), [(1, 66, 42), (3, 12, 6)])
+def test_a_lora_actors_old_policy_pass_computes_the_entropy_too(zero_stage, old, ref):
+    # verl b178a3c fsdp_workers.py and megatron_workers.py compute_log_prob: calculate_entropy = not is_lora, where
+    # is_lora is the meta_info flag compute_ref_log_prob sets for a LoRA job's reference pass (the actor with its
+    # adapter disabled), not the job's LoRA; the update computes it only at entropy_coeff != 0 (dp_actor.py
+    # update_policy, megatron_actor.py update_policy), 0 by default (actor.yaml)
+    job, plan = job_plan("verl", zero_stage, lora_rank=8)
+    assert job.lora is not None and job.rl.entropy_coeff == 0
+    assert log_prob_loss_bytes(job, plan, True) == old and log_prob_loss_bytes(job, plan, False) == ref
+    assert head_loss(job, plan).update_bytes == head_loss(*job_plan("verl", zero_stage)).update_bytes
+
+
 def test_a_training_job_keeps_the_loss_it_had():
     sft = resolve(parse_request({"model": "qwen3-8b", "framework": "verl", "num_gpus": 8, "job": "sft",
                                  "zero_stage": 1}))
