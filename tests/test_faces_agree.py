@@ -402,3 +402,30 @@ def test_throughput_says_when_the_layout_does_not_fit():
     fits = Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, micro_batch_size=1, recompute="full", zero_stage=1)
     assert api.estimate_memory(fits).fits
     assert not any("does not fit" in w for w in api.estimate_throughput(fits).warnings)
+
+
+# GRPO over one sample per prompt (RL008, a warning no layout field decides): min-gpus said nothing of it
+ONE_SAMPLE = {"model": "qwen3-8b", "gpu": "h100", "framework": "verl", "job": "rl", "algorithm": "grpo",
+              "samples_per_prompt": 1}
+
+
+@pytest.mark.parametrize("max_gpus", [None, 1])
+async def test_min_gpus_gives_recommends_warnings_on_every_face(max_gpus):
+    """min-gpus' warnings are recommend's for the same request: at the count it finds, recommend's answer there; where
+    it finds none (max_gpus 1), the job's own, which recommend gives at any count. On the api, the CLI's --json and
+    text, and the MCP tool alike."""
+    from meshplan.faces.mcp.server import app
+
+    args = {**ONE_SAMPLE, **({} if max_gpus is None else {"max_gpus": max_gpus})}
+    found = api.minimum_gpus(parse_request(ONE_SAMPLE), max_gpus=max_gpus)
+    assert (found.num_gpus is None) == (max_gpus is not None)
+    recommended = api.recommend(parse_request({**ONE_SAMPLE, "num_gpus": found.num_gpus or 8}), top_k=1).warnings
+    assert found.warnings == recommended and [w[:6] for w in found.warnings] == ["RL008 "]
+    assert via_cli("minimum_gpus", args) == via_api("minimum_gpus", args) == ("ok", without_words(found.model_dump(
+        mode="json")))
+    text = io.StringIO()
+    with redirect_stdout(text):
+        cli.main([*_argv("minimum_gpus", args)[:-1]])
+    assert f"warnings:\n  - {found.warnings[0]}\nassumptions:" in text.getvalue()
+    async with Client(app) as client:
+        assert await via_mcp(client, "minimum_gpus", args) == via_api("minimum_gpus", args)

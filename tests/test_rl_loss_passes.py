@@ -12,7 +12,7 @@ import pytest
 from meshplan import api
 from meshplan.arithmetic.memory_states import memory_card, with_precision
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate.perf import entropy_chunks, log_prob_loss_bytes, logits_per_head_rank, update_loss_bytes
+from meshplan.estimate.perf import entropy_chunks, head_loss, log_prob_loss_bytes
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.cards import framework_card
 from meshplan.request.parse import parse_request
@@ -35,9 +35,9 @@ def passes(framework: str, engine: str):
 def test_verl_megatron_adds_its_division_and_entropy_to_megatrons_unfused_loss():
     card = passes("verl", "megatron")
     job, plan = job_plan("verl", 1)
-    assert update_loss_bytes(job, plan) == UNFUSED.hbm_bytes_per_logit + card.update_hbm_bytes_per_logit == 52 + 26
+    assert head_loss(job, plan).update_bytes == UNFUSED.hbm_bytes_per_logit + card.update_hbm_bytes_per_logit == 78
     job, plan = job_plan("verl", 1, entropy_coeff=0.001)
-    assert update_loss_bytes(job, plan) == 52 + 26 + card.entropy_update_hbm_bytes_per_logit == 130
+    assert head_loss(job, plan).update_bytes == 52 + 26 + card.entropy_update_hbm_bytes_per_logit == 130
     assert card.entropy_chunk_bytes_per_logit == 0  # verl's entropy runs over the whole logits, unchunked
     # the old policy's pass computes the entropy without grad (calculate_entropy = not is_lora), the reference's not
     assert log_prob_loss_bytes(job, plan, True) == UNFUSED.forward_hbm_bytes_per_logit + 4 + 24 == 66
@@ -47,8 +47,9 @@ def test_verl_megatron_adds_its_division_and_entropy_to_megatrons_unfused_loss()
 def test_verl_fsdp_runs_flash_attns_kernels_after_an_in_place_division_on_a_view():
     card = passes("verl", "fsdp")
     job, plan = job_plan("verl", 3)
-    assert update_loss_bytes(job, plan) == card.update_hbm_bytes_per_logit == 26
-    assert update_loss_bytes(*job_plan("verl", 3, entropy_coeff=0.01)) == 26 + card.entropy_update_hbm_bytes_per_logit
+    assert head_loss(job, plan).update_bytes == card.update_hbm_bytes_per_logit == 26
+    entropy = head_loss(*job_plan("verl", 3, entropy_coeff=0.01)).update_bytes
+    assert entropy == 26 + card.entropy_update_hbm_bytes_per_logit
     assert log_prob_loss_bytes(job, plan, True) == card.forward_hbm_bytes_per_logit + 6 == 12
     assert log_prob_loss_bytes(job, plan, False) == 6
 
@@ -56,33 +57,45 @@ def test_verl_fsdp_runs_flash_attns_kernels_after_an_in_place_division_on_a_view
 def test_skyrl_fsdp_divides_out_of_view_and_computes_the_entropy_every_training_step():
     card = passes("skyrl", "fsdp")
     job, plan = job_plan("skyrl", 3)
-    assert update_loss_bytes(job, plan) == card.update_hbm_bytes_per_logit == 14 + 46
+    assert head_loss(job, plan).update_bytes == card.update_hbm_bytes_per_logit == 14 + 46
     job, plan = job_plan("skyrl", 3, entropy_coeff=0.01, micro_batch_size=4, seq_length=1536,
                          response_length=1024)
     # 4 x 1,536 tokens a micro-batch in chunks of 1,024: 6, each adding a zero-filled whole-logits gradient (8 B)
     assert entropy_chunks(card, 6144, 151936) == 6
-    assert update_loss_bytes(job, plan) == 60 + card.entropy_update_hbm_bytes_per_logit + 8 * 6 == 60 + 74 + 48
+    assert head_loss(job, plan).update_bytes == 60 + card.entropy_update_hbm_bytes_per_logit + 8 * 6 == 60 + 74 + 48
     assert log_prob_loss_bytes(job, plan, True) == log_prob_loss_bytes(job, plan, False) == 6
 
 
 def test_skyrl_megatron_runs_its_own_chunked_log_probs_not_megatrons_loss():
     card = passes("skyrl", "megatron")
     job, plan = job_plan("skyrl", 1)
-    assert update_loss_bytes(job, plan) == card.update_hbm_bytes_per_logit == 114 + 20
+    assert head_loss(job, plan).update_bytes == card.update_hbm_bytes_per_logit == 114 + 20
     # its entropy chunks as many tokens as 512 MiB holds at 4 bf16 copies of the vocabulary shard: Qwen3-8B's
     # 151,936 padded to 152,064 (128 x tp) over tp 2 gives 882, 512 a chunk (a power of two); 4 x 1,536 tokens: 12
     assert entropy_chunks(card, 6144, 152064 / 2) == 12
     assert entropy_chunks(card, 512, 152064 / 2) == 1
     job, plan = job_plan("skyrl", 1, entropy_coeff=0.01, tp=2, micro_batch_size=4, seq_length=1536,
                          response_length=1024)
-    assert update_loss_bytes(job, plan) == 134 + card.entropy_update_hbm_bytes_per_logit + 8 * 12
+    assert head_loss(job, plan).update_bytes == 134 + card.entropy_update_hbm_bytes_per_logit + 8 * 12
     assert log_prob_loss_bytes(job, plan, True) == card.forward_hbm_bytes_per_logit == 38
+
+
+@pytest.mark.parametrize(("zero_stage", "old", "ref"), [(1, 66, 42), (3, 12, 6)])
+def test_a_lora_actors_old_policy_pass_computes_the_entropy_too(zero_stage, old, ref):
+    # verl b178a3c fsdp_workers.py and megatron_workers.py compute_log_prob: calculate_entropy = not is_lora, where
+    # is_lora is the meta_info flag compute_ref_log_prob sets for a LoRA job's reference pass (the actor with its
+    # adapter disabled), not the job's LoRA; the update computes it only at entropy_coeff != 0 (dp_actor.py
+    # update_policy, megatron_actor.py update_policy), 0 by default (actor.yaml)
+    job, plan = job_plan("verl", zero_stage, lora_rank=8)
+    assert job.lora is not None and job.rl.entropy_coeff == 0
+    assert log_prob_loss_bytes(job, plan, True) == old and log_prob_loss_bytes(job, plan, False) == ref
+    assert head_loss(job, plan).update_bytes == head_loss(*job_plan("verl", zero_stage)).update_bytes
 
 
 def test_a_training_job_keeps_the_loss_it_had():
     sft = resolve(parse_request({"model": "qwen3-8b", "framework": "verl", "num_gpus": 8, "job": "sft",
                                  "zero_stage": 1}))
-    assert update_loss_bytes(*sft) == UNFUSED.hbm_bytes_per_logit
+    assert head_loss(*sft).update_bytes == UNFUSED.hbm_bytes_per_logit
     assert log_prob_loss_bytes(*sft, True) is None
 
 
@@ -114,8 +127,10 @@ def test_a_log_prob_pass_keeps_its_own_loss_bytes(framework, zero_stage, engine,
 def test_each_log_prob_pass_takes_its_own_forward_less_a_third_of_the_update():
     job, plan = job_plan("verl", 1, algorithm="ppo")
     hbm = job.gpu.hbm_bandwidth * calibration(job.framework).hbm_efficiency
-    per_byte = logits_per_head_rank(job, plan) * 0.5 / hbm
-    old, ref, critic = log_prob_loss_seconds(job, plan, 78.0, 0.5)
+    head = head_loss(job, plan)
+    assert head.update_bytes == 78
+    per_byte = head.logits * 0.5 / hbm
+    old, ref, critic = log_prob_loss_seconds(job, plan, head, 0.5)
     assert old == pytest.approx((66 - 26) * per_byte)
     assert ref == pytest.approx((42 - 26) * per_byte)
     assert critic == pytest.approx(-26 * per_byte)  # the critic's value head reads no vocabulary
@@ -124,6 +139,15 @@ def test_each_log_prob_pass_takes_its_own_forward_less_a_third_of_the_update():
     more = api.estimate_throughput(parse_request({"model": "qwen3-8b", "framework": "verl", "num_gpus": 8,
                                                   "job": "rl", "zero_stage": 1, "entropy_coeff": 0.01}))
     assert more.rl.update_s > step.rl.update_s and more.rl.log_prob_s == pytest.approx(step.rl.log_prob_s)
+
+
+def test_the_head_ranks_logits_are_the_trainers_batch_over_its_data_and_context_ranks():
+    # a separate rollout pool takes its GPUs out of num_gpus (rl/job._pools): 20 - 4 leaves the trainer 16, dp 8 at
+    # tp 2, the dp the world-size rules hold (WS001, WS003: verl derives it as world / (tp x pp x cp))
+    job, plan = job_plan("verl", 1, num_gpus=20, placement="separate", rollout_gpus=4, tp=2)
+    assert (job.num_gpus, plan.dp, plan.cp) == (16, 8, 1)
+    vocab = 152064  # Qwen3-8B's 151,936 padded to 128 x tp, split over the 2 TP ranks
+    assert head_loss(job, plan).logits == job.global_batch_size * job.seq_length / 8 * vocab / 2
 
 
 @pytest.mark.parametrize(("framework", "zero_stage", "keys"), [

@@ -11,7 +11,7 @@ from mcp_calls import call_tools
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate.perf import update_loss_bytes
+from meshplan.estimate.perf import head_loss
 from meshplan.faces import cli
 from meshplan.knowledge.calibration import calibration_card
 from meshplan.knowledge.cards import rl_card
@@ -66,7 +66,7 @@ def test_the_passes_cost_the_mean_tokens_and_memory_the_longest(fields):
     forward = ((b.compute_s - b.recompute_s) * flops + traffic * share + b.bubble_s) / 3
     assert forward == pytest.approx(log_prob_seconds(update, share, flops))
     # each pass's loss path at its own forward bytes, at the mean tokens too (log_prob_loss_seconds)
-    old_loss, ref_loss, critic_loss = log_prob_loss_seconds(job, plan, update_loss_bytes(job, plan), share)
+    old_loss, ref_loss, critic_loss = log_prob_loss_seconds(job, plan, head_loss(job, plan), share)
     assert short.log_prob_s == pytest.approx((1 + ref + critic) * forward + old_loss + ref * ref_loss
                                              + critic * critic_loss)
     fixed = b.dp_comm_s + b.other_s + b.offload_s

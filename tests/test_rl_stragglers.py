@@ -99,6 +99,22 @@ def test_the_log_prob_passes_run_the_balanced_share_whole(monkeypatch):
     assert with_straggler.generation_s == without.generation_s
 
 
+def test_one_report_works_the_slowest_rank_out_once_and_says_the_figure_it_timed(monkeypatch):
+    job, plan = job_plan(num_gpus=32, mean_response_length=2000)
+    slowest = step_time.slowest_rank(job, plan)
+    calls = []
+
+    def counted(job, plan):
+        calls.append(plan)
+        return slowest
+
+    monkeypatch.setattr(step_time, "slowest_rank", counted)
+    report = step_time.rl_throughput(job, plan)
+    assert len(calls) == 1
+    assert f"{slowest:.3f}x the mean rank's" in report.assumptions[0]
+    assert step_time.straggler_words(job, plan, 1.0) == ""
+
+
 def test_the_update_mfu_falls_with_the_ranks_at_a_stated_mean_and_stays_flat_without_one():
     def mfu(n, **more):
         return api.estimate_throughput(parse_request({**QWEN, "num_gpus": n, **more})).rl.update_mfu

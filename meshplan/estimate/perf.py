@@ -525,13 +525,6 @@ def loss_hbm_bytes(job: Job, plan: Plan, conv: Convention, cal: Calibration,
     return conv.loss_hbm_bytes_per_logit or cal.cross_entropy_bytes_per_logit
 
 
-def update_loss_bytes(job: Job, plan: Plan) -> float:
-    """loss_hbm_bytes of the plan's engine with its own convention and calibration (the RL step's log-prob passes
-    weigh theirs against it)."""
-    conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
-    return loss_hbm_bytes(job, plan, conv, calibration(job.framework))
-
-
 def log_prob_loss_bytes(job: Job, plan: Plan, old_policy: bool) -> float | None:
     """HBM bytes per logit one no-grad log-prob pass of an RL actor moves in its loss path, forward alone: the
     engine's (memory_states.rl_loss forward_hbm_bytes_per_logit; the old policy's pass adds the entropy the engine
@@ -547,15 +540,28 @@ def log_prob_loss_bytes(job: Job, plan: Plan, old_policy: bool) -> float | None:
     return kernel + passes.forward_hbm_bytes_per_logit + entropy
 
 
-def logits_per_head_rank(job: Job, plan: Plan) -> float:
-    """Logits one rank of the output layer's stage holds over the job's whole batch (global_batch_size x seq_length
-    tokens over its data- and context-parallel ranks, the vocabulary as the head builds it, over TP where the
-    convention splits the logits): what a pass over the batch's logits reads and writes per byte per logit."""
+class HeadLoss(NamedTuple):
+    """What the RL step's log-prob passes weigh their loss paths against on a rank of the output layer's stage
+    (rl/step_time.log_prob_loss_seconds), resolved once per job and plan by `head_loss` (one convention lookup)."""
+
+    update_bytes: float  # HBM bytes per logit of the update's loss (loss_hbm_bytes)
+    logits: float  # logits that rank holds over the job's whole batch (logits_per_head_rank)
+
+
+def head_loss(job: Job, plan: Plan) -> HeadLoss:
+    """HeadLoss of the plan's engine, with its own convention and calibration."""
     conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
+    return HeadLoss(loss_hbm_bytes(job, plan, conv, calibration(job.framework)), logits_per_head_rank(job, plan, conv))
+
+
+def logits_per_head_rank(job: Job, plan: Plan, conv: Convention) -> float:
+    """Logits one rank of the output layer's stage holds over the job's whole batch (global_batch_size x seq_length
+    tokens over its plan.dp x cp data- and context-parallel ranks: an RL job's trainer's, whose GPUs are its num_gpus,
+    the rollout pool's and a critic's taken out, rl/job._pools; the vocabulary as the head builds it under `conv`,
+    over TP where the convention splits the logits): what a pass over the batch's logits reads and writes per byte
+    per logit."""
     vocab = built_vocab(job.model.vocab_size, conv, plan.tp)
-    ranks = plan.tp * plan.pp * plan.cp
-    dp = max(1, job.num_gpus // ranks)
-    tokens = job.global_batch_size * job.seq_length / (dp * plan.cp)
+    tokens = job.global_batch_size * job.seq_length / (plan.dp * plan.cp)
     return tokens * vocab / (1 if conv.logits_over_tp == "replicated" else plan.tp)
 
 

@@ -438,6 +438,8 @@ def cmd_min_gpus(args: argparse.Namespace) -> int:
             print(f"checked {plural(result.counts_checked, 'count')} from {result.searched_from:,} to "
                   f"{result.searched_to:,}: {result.stepping}")
         print(result.rationale)
+        if result.warnings:  # recommend's for the same request, as its text face lists them
+            print("warnings:\n" + "\n".join(f"  - {w}" for w in result.warnings))
         print("assumptions:\n" + "\n".join(f"  - {a}" for a in result.assumptions))
     return EXIT_OK if result.num_gpus is not None else EXIT_FINDINGS
 

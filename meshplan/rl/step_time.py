@@ -11,7 +11,7 @@ from meshplan.arithmetic.comm import job_links, small_allreduce_time
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.arithmetic.mesh import rl_job_gpus
 from meshplan.core.units import GIB, plural
-from meshplan.estimate.perf import estimate_throughput, log_prob_loss_bytes, logits_per_head_rank, update_loss_bytes
+from meshplan.estimate.perf import HeadLoss, estimate_throughput, head_loss, log_prob_loss_bytes
 from meshplan.knowledge.calibration import calibration, calibration_card
 from meshplan.knowledge.model_counts import expert_params, total_params
 from meshplan.knowledge.releases import predates
@@ -199,19 +199,19 @@ def log_prob_seconds(update, tokens: float, flops: float) -> float:
     return ((b.compute_s - b.recompute_s) * flops + traffic * tokens + b.bubble_s) / 3
 
 
-def log_prob_loss_seconds(job, plan: Plan, update_loss_bytes: float, share: float) -> tuple[float, float, float]:
+def log_prob_loss_seconds(job, plan: Plan, head: HeadLoss, share: float) -> tuple[float, float, float]:
     """What each log-prob pass's loss path takes beyond the third of the update's that `log_prob_seconds` counts,
     seconds over the step's batch on a rank of the output layer's stage (at `share` of its tokens): the old policy's
     pass, the reference's and the critic's, each its own forward bytes per logit (perf.log_prob_loss_bytes: the old
     policy's adds the entropy where the engine computes it there; the critic's value head reads no vocabulary, 0)
-    less a third of the update's (`update_loss_bytes`, perf.loss_hbm_bytes). Zeros where the engine's card counts no
-    RL loss path."""
+    less a third of the update's, over that rank's logits (`head`, perf.head_loss). Zeros where the engine's card
+    counts no RL loss path."""
     old, ref = log_prob_loss_bytes(job, plan, True), log_prob_loss_bytes(job, plan, False)
     if old is None or ref is None:
         return 0.0, 0.0, 0.0
     hbm = job.gpu.hbm_bandwidth * calibration(job.framework).hbm_efficiency
-    per_byte = logits_per_head_rank(job, plan) * share / hbm
-    third = update_loss_bytes / 3
+    per_byte = head.logits * share / hbm
+    third = head.update_bytes / 3
     return (old - third) * per_byte, (ref - third) * per_byte, -third * per_byte
 
 
@@ -262,9 +262,9 @@ def log_prob_slowest(job, plan: Plan) -> float:
     return (mini * slowest_rank(job, plan) + ref * slowest_rank(job, plan, whole_step=True)) / (mini + ref)
 
 
-def straggler_words(job, plan: Plan) -> str:
-    """What the update's note says of its slowest rank (`slowest_rank`): nothing where it times none."""
-    slowest = slowest_rank(job, plan)
+def straggler_words(job, plan: Plan, slowest: float) -> str:
+    """What the update's note says of its `slowest` rank (`slowest_rank`, as rl_step_time timed it): nothing where it
+    times none."""
     if slowest <= 1.0:
         return ""
     how, key = (("cuts each mini-batch into data-parallel chunks of consecutive sequences in rollout order, "
@@ -273,6 +273,14 @@ def straggler_words(job, plan: Plan) -> str:
     return (f" (each mini-batch at its slowest of {plan.dp} data-parallel ranks' tokens, {slowest:.3f}x the mean "
             f"rank's: {job.card.display_name} {job.framework_version or job.card.version} {how}; "
             f"cards/frameworks/{job.framework}.yaml rl.{key})")
+
+
+class StepWords(NamedTuple):
+    """What an RL step's note says beside its figures (rl_report), worded where rl_step_time times them: the decode's
+    (decode_seconds) and the update's slowest rank's (straggler_words)."""
+
+    decode: str
+    straggler: str
 
 
 def flops_share(job) -> float:
@@ -296,7 +304,8 @@ def overlaps(job, plan: Plan) -> bool:
 
 
 def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
-    """Seconds of one RL step and its parts (schema.RLStepTime), and the actor update's ThroughputReport.
+    """Seconds of one RL step and its parts (schema.RLStepTime), the actor update's ThroughputReport, the note's
+    StepWords and the memory estimate (rl_memory).
 
     Generation: each replica's share of prompts x samples sequences decodes as many at once as its KV cache holds
     (`sequences_per_rank`), each step read-bound or compute-bound (decode_step_seconds), timed by `decode_seconds`;
@@ -318,7 +327,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     passes = 1 + card.reference_model[rl.algorithm] + card.critic[rl.algorithm]
     share = rl.token_share
     flops = flops_share(job) if share < 1 else 1.0
-    old_loss, ref_loss, critic_loss = log_prob_loss_seconds(job, plan, update_loss_bytes(job, plan), share)
+    old_loss, ref_loss, critic_loss = log_prob_loss_seconds(job, plan, head_loss(job, plan), share)
     straggle = log_prob_slowest(job, plan)  # SkyRL's passes run unbalanced chunks too
     log_prob = (passes * log_prob_seconds(update, share * straggle, flops * straggle) + old_loss
                 + card.reference_model[rl.algorithm] * ref_loss + card.critic[rl.algorithm] * critic_loss)
@@ -365,7 +374,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
         update_mfu=(update.mfu * flops * rl.epochs * update.step_time_s / one_update
                     if share < 1 or batches > 1 or rl.epochs > 1 else update.mfu),
         limited_by=limited,
-    ), update, decode.words, memory
+    ), update, StepWords(decode.words, straggler_words(job, plan, slowest)), memory
 
 
 def rl_throughput(job, plan: Plan):
@@ -375,8 +384,9 @@ def rl_throughput(job, plan: Plan):
     return rl_report(job, plan, timing, update, words)
 
 
-def rl_report(job, plan: Plan, timing, update, words: str):
-    """The update's ThroughputReport turned into the RL step's (recommend builds its candidates with it too)."""
+def rl_report(job, plan: Plan, timing, update, words: StepWords):
+    """The update's ThroughputReport turned into the RL step's (recommend builds its candidates with it too), its note
+    with rl_step_time's `words`."""
     rl = job.rl
     share = rl.token_share
     tokens = update.tokens_per_s * update.step_time_s * share  # estimated at response_length, trained at the mean
@@ -391,8 +401,8 @@ def rl_report(job, plan: Plan, timing, update, words: str):
                if rl.mean_response >= rl.response_length
                else "steps at the full batch of ")
             + f"{timing.decode_step_s * 1e3:.1f} ms, "
-            f"{words}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s"
-            f"{straggler_words(job, plan)}, resharding "
+            f"{words.decode}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s"
+            f"{words.straggler}, resharding "
             f"{timing.reshard_s:,.1f} s, phase offloads {timing.offload_s:,.1f} s; "
             + ("separate pools: generation overlaps the training side (one step off)." if overlaps(job, plan) else
                f"{plan.placement}{' pools' if plan.placement == 'separate' else ''}: the parts add."))

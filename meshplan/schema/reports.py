@@ -373,6 +373,10 @@ class MinimumGpus(StrictModel):
     memory_floor: CountFreeFloorProof | None = Field(
         None, description="stopped_by == memory: the proof that no GPU count fits, with what would open it")
     rationale: str
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What recommend warns of for this request: its answer's at the count found; where none is found, "
+                    "an RL job's rules that read no layout field (RL008: GRPO over one sample per prompt)")
     assumptions: list[str] = []
 
 

@@ -13,7 +13,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.core.units import plural
 from meshplan.estimate.layer_records import shared_layers
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.request.resolve import DEFAULT_BATCH_TOKENS, cluster_gpu
+from meshplan.request.resolve import DEFAULT_BATCH_TOKENS, cluster_gpu, resolve
 from meshplan.rl.job import is_rl_request, resolve_rl, trainer_request
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import MinimumGpus, Recommendation
@@ -25,7 +25,7 @@ from meshplan.search.job import job_at, search_job
 from meshplan.search.policy import headroom_for, search_limits
 from meshplan.search.ranking import collector_paused, recommend
 from meshplan.search.refusal import HostRefused
-from meshplan.search.rl import recommend_rl
+from meshplan.search.rl import job_warnings, recommend_rl
 from meshplan.search.space import Fixed
 
 
@@ -67,7 +67,8 @@ def _minimum_gpus(req: Request, max_gpus: int | None, engine: Engine | None) -> 
     batch = ("global_batch_size: the request's at every count." if user_gbs else
              f"global_batch_size not given: the default (~{DEFAULT_BATCH_TOKENS / 1e6:.1f}M tokens, rounded up to a "
              "multiple of the GPU count) is re-derived at each count.")
-    return _answer(req, job, fixed, scan, answers.get(scan.num_gpus or 0), limit, batch)
+    rec = answers.get(scan.num_gpus or 0)
+    return _answer(req, job, fixed, scan, rec, limit, batch, rec.warnings if rec is not None else [])
 
 
 def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
@@ -113,12 +114,18 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     batch = (f"The RL step's batch at every count: {job.global_batch_size:,} sequences (prompts x samples) of "
              f"{job.seq_length:,} tokens (prompt + response); each count is settled by the RL recommend (actor "
              "layout, rollout engine, memory fraction and offloads).")
-    return _answer(req, job, fixed, scan, answers.get(scan.num_gpus or 0), limit, batch)
+    rec = answers.get(scan.num_gpus or 0)
+    if rec is not None:
+        warnings = rec.warnings
+    else:  # no count settled: the job's own, the RL recommend's at any count (the RL job at the probe's count)
+        warnings = job_warnings(*resolve(req.model_copy(update={"num_gpus": probe_gpus})))
+    return _answer(req, job, fixed, scan, rec, limit, batch, warnings)
 
 
 def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendation | None, limit: int,
-            batch: str) -> MinimumGpus:
-    """The MinimumGpus for a finished scan, with recommend's best layout at its count."""
+            batch: str, warnings: list[str]) -> MinimumGpus:
+    """The MinimumGpus for a finished scan, with recommend's best layout at its count and `warnings`: recommend's
+    answer's there, else (an RL job) the job's own (search/rl.job_warnings), what recommend says at any count."""
     headroom = headroom_for(req)
     candidate, gbs = None, None
     rationale = scan.sentence(headroom, fixed)
@@ -155,5 +162,5 @@ def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendatio
         searched_to=scan.last if scan.checked else limit,
         counts_checked=scan.checked, stepping=scan.scanned(), stopped_by=scan.stopped_by,  # type: ignore[arg-type]
         memory_floor=None if scan.proof is None else scan.proof.report(),
-        rationale=rationale, assumptions=assumptions,
+        rationale=rationale, warnings=warnings, assumptions=assumptions,
     )
