@@ -103,3 +103,13 @@ def test_bridge_count_without_its_switch_offloads_nothing():
     imported = api.import_config(rendered, path="layout.py", framework="megatron-bridge")
     assert "activation_offload_layers" not in imported.request
     assert any("no layer offloaded" in note for note in imported.notes)
+
+
+def test_host_memory_holds_the_offloaded_layers():
+    """MEM003 reads the node's host bytes: the offloaded layers' saved tensors of each of its ranks."""
+    report = memory(**L8B, activation_offload_layers=20)
+    per_node = report.host_bytes_per_node / (1 << 30)
+    small = api.check_config(Request(**L8B, activation_offload_layers=20, cpu_memory_per_node=int(per_node) - 1))
+    large = api.check_config(Request(**L8B, activation_offload_layers=20, cpu_memory_per_node=int(per_node) + 1))
+    assert "MEM003" in {f.id for f in small.findings}
+    assert "MEM003" not in {f.id for f in large.findings}
