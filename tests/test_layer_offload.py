@@ -68,6 +68,7 @@ def test_slow_copies_show_in_the_step_time():
     (dict(activation_offload_layers=8, recompute="selective"), "recompute=selective"),
     (dict(activation_offload_layers=8, activation_offload=True), "fine-grained"),
     (dict(activation_offload_layers=8, framework="torchtitan"), "no key for it"),
+    (dict(activation_offload_layers=8, model="nemotron-h-8b"), "no CPU offload context"),
 ])
 def test_megatron_core_refusals(fields, why):
     job, plan = resolve(Request(**{**L8B, **fields}))
@@ -113,3 +114,18 @@ def test_host_memory_holds_the_offloaded_layers():
     large = api.check_config(Request(**L8B, activation_offload_layers=20, cpu_memory_per_node=int(per_node) + 1))
     assert "MEM003" in {f.id for f in small.findings}
     assert "MEM003" not in {f.id for f in large.findings}
+
+
+def test_a_gated_deltanet_hybrid_offloads_whole_decoder_layers():
+    """Qwen3-Next is built as Megatron-Core's GPTModel: its TransformerBlock's layers are decoder layers of two
+    pattern layers each, which the offload count and the refusal's bound read."""
+    qwen = dict(model="qwen3-next-80b-a3b", gpu="h100", num_gpus=64, framework="megatron-core", tp=4, pp=1, ep=16,
+                seq_length=4096, global_batch_size=64, micro_batch_size=1, recompute="none")
+    job, plan = resolve(Request(**qwen, activation_offload_layers=47))
+    assert layer_offload_refused(Context(job, plan)) is None  # 48 decoder layers (96 pattern layers)
+    job, plan = resolve(Request(**qwen, activation_offload_layers=48))
+    assert "at most 47" in layer_offload_refused(Context(job, plan))["fix"]
+    base, off = memory(**qwen), memory(**qwen, activation_offload_layers=24)
+    layers = base.stages[0].detail["layer_activations"]
+    # the first 24 of 48 decoder layers: six whole periods of its pattern, half its saved bytes
+    assert off.stages[0].detail["host_activations"] == pytest.approx(layers / 2, rel=1e-9)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.knowledge.adapter_knobs import DEFAULT_VARIANTS
 from meshplan.knowledge.cards import FrameworkCard, load_card
+from meshplan.knowledge.gdn_config import split_layers
 from meshplan.knowledge.offload_card import EngineOffload
 from meshplan.schema.plan import Job, Plan
 
@@ -223,7 +224,7 @@ def offload_time(job: Job, plan: Plan, *, optimizer_params: float, host_activati
     m = plan.num_microbatches(job.global_batch_size)
     layer_stall = 0.0
     if off.layers and host_activation_bytes:  # Megatron-Core's layer-wise offload: its copies are timed layer by layer
-        layers = job.model.num_layers // max(1, plan.pp)
+        layers = split_layers(job.model) // max(1, plan.pp)  # Megatron-Core's layers (a GDN hybrid's decoder layers)
         n = max(1, min(off.layers, layers - 1))
         forward_s = compute_s / m / layers / 3  # a layer's forward: a third of its forward and backward
         layer_stall = m * layer_offload_stall(layers, n, host_activation_bytes / n / job.gpu.host_bandwidth,

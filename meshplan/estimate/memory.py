@@ -74,7 +74,7 @@ from meshplan.estimate.memory_terms import (
 )
 from meshplan.knowledge.adapter_knobs import shared_expert_overlap
 from meshplan.knowledge.engine_card import OptimizerImplementation
-from meshplan.knowledge.gdn_config import pipeline_unit
+from meshplan.knowledge.gdn_config import pipeline_unit, split_layers
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.rules.context import rank_tokens, runs_ulysses
@@ -531,7 +531,7 @@ def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str
     if offload.activations:
         parts.append("saved activations on the host except the layers in flight")
     if offload.layers:
-        layers = job.model.num_layers // max(1, plan.pp)
+        layers = split_layers(job.model) // max(1, plan.pp)
         sent = min(offload.layers, layers - 1)
         parts.append(f"the saved tensors of the first {sent} of {layers} layers on the host (Megatron-Core's "
                      "cpu_offloading_num_layers through Transformer Engine's offload context: the GPU holds at most "

@@ -5,6 +5,7 @@ Whether the node's host memory holds what is offloaded (MEM003) reads the memory
 from __future__ import annotations
 
 from meshplan.arithmetic.offload import unsupported_offloads
+from meshplan.knowledge.gdn_config import split_layers
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.precision import lacks_key
 
@@ -38,7 +39,8 @@ def layer_offload_refused(ctx: Context) -> Values:
     """Megatron-Core's layer-wise CPU offload (Job.activation_offload_layers) where its TransformerConfig refuses it
     (core_v0.13.0 and core_v0.19.0 __post_init__): as many layers as the block has or more (Transformer Engine keeps
     the last one), pipeline parallelism, any recompute, fine-grained activation offloading beside it, and CUDA graphs
-    other than the full-iteration one; or a framework with no key for it."""
+    other than the full-iteration one; or a framework with no key for it, or a Mamba hybrid, whose stack never
+    enters the offload context."""
     job, p, card = ctx.job, ctx.plan, ctx.card
     n = job.activation_offload_layers
     if not n:
@@ -47,7 +49,12 @@ def layer_offload_refused(ctx: Context) -> Values:
     instead = lacks_key(card, "activation_offload_layers")
     if instead:
         return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
-    layers = job.model.num_layers
+    arch = job.model
+    if arch.layer_pattern is not None and arch.gdn is None:
+        return {**values, "why": "Megatron-Core builds a Mamba hybrid as its HybridModel, whose layer stack runs no "
+                                 "CPU offload context (megatron/core/ssm at core_v0.19.0): nothing is offloaded",
+                "fix": "Drop activation_offload_layers; recompute frees this model's activations instead."}
+    layers = split_layers(arch)  # Megatron-Core's num_layers: a Gated DeltaNet hybrid's decoder layers
     if n >= layers:
         return {**values, "why": f"Megatron-Core offloads fewer layers than the model's {layers} ('CPU offloading can "
                                  f"be done only for layers less than {layers}')",
