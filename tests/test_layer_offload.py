@@ -129,3 +129,19 @@ def test_a_gated_deltanet_hybrid_offloads_whole_decoder_layers():
     layers = base.stages[0].detail["layer_activations"]
     # the first 24 of 48 decoder layers: six whole periods of its pattern, half its saved bytes
     assert off.stages[0].detail["host_activations"] == pytest.approx(layers / 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="megatron-core", seq_length=16384,
+         global_batch_size=32, activation_offload_layers=24),
+    dict(model="llama-3.1-70b", gpu="h100", num_gpus=32, framework="megatron-bridge", seq_length=8192,
+         global_batch_size=64, activation_offload_layers=70),
+])
+def test_the_search_finds_the_oracles_top_k_with_layers_offloaded(fields):
+    """recommend keeps the job's offload and searches the rest; its floors count no activations where it offloads
+    (a lower bound), so it finds what the exhaustive oracle finds: single-stage plans without recompute (OF003)."""
+    from tests.test_search_oracle import check_request_against_the_oracle
+    req = Request(**fields)
+    assert check_request_against_the_oracle(req, 3)
+    for candidate in api.recommend(req, top_k=3).candidates:
+        assert candidate.plan.pp == 1 and candidate.plan.recompute == "none"
