@@ -81,10 +81,10 @@ KNOBS: dict[str, tuple[str, str]] = {
                   "scored as unstated"),
     "torch_compile": ("memory, time", "torch.compile of the blocks only (torchtitan before it compiled the loss too, "
                       "its compile card's loss_since), or on a framework without a compile card; scored eager"),
-    "cpu_offloading": ("memory, time", "Megatron-Core's layer-level activation offload (cpu_offloading with "
-                       "cpu_offloading_num_layers: the activations of that many layers go to the host); meshplan's "
-                       "activation_offload is its fine-grained offloading of every layer's module inputs; scored as "
-                       "activation_offload"),
+    "cpu_offloading": ("memory, time", "Megatron-Core's layer-level activation offload (cpu_offloading) named "
+                       "without its cpu_offloading_num_layers count, which meshplan's activation_offload_layers needs "
+                       "(a row stating the count is read as that); scored as activation_offload, the fine-grained "
+                       "offloading of every layer's module inputs"),
 }
 
 UNSTATED = ("not stated",)
@@ -602,8 +602,8 @@ def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict
     are recompute_modules (its default core_attn left out); Megatron's "full, uniform, N layer" is
     recompute_method=uniform with recompute_layers=N; per-op SAC on a framework whose selective is op-level SAC
     (torchtitan's) is selective_ac_option="op". A selective AC there that does not say which option stays a knob
-    (scored as op-level). An activation offload is activation_offload; Megatron's layer-level cpu_offloading also
-    stays a knob (scored as the fine-grained offload)."""
+    (scored as op-level). An activation offload is activation_offload; Megatron's layer-level cpu_offloading without
+    its layer count also stays a knob (scored as the fine-grained offload; with the count: offload_fields)."""
     text = row["memory"]["recompute"]
     if text is None or str(text).lower().startswith(UNSTATED):
         return None, {}, {}
@@ -772,8 +772,10 @@ def hsdp_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:
 
 def offload_fields(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """(Request offload fields, knobs) from the row's offload text: verl's phase offloads (param/grad, OFFLOAD_OPTIM
-    or ALL_OFFLOAD for the optimizer) and Megatron-Core's in-step CPU optimizer (optimizer_offload_fraction, or
-    "optimizer CPU offload" = all of it); every offload a row names is expressible now (issue 14)."""
+    or ALL_OFFLOAD for the optimizer), Megatron-Core's in-step CPU optimizer (optimizer_offload_fraction, or
+    "optimizer CPU offload" = all of it) and its layer-wise activation offload with its count
+    (cpu_offloading_num_layers N: activation_offload_layers); every offload a row names is expressible now
+    (issue 14)."""
     text = row_text(row["memory"]["offload"], row["parallelism"]["zero_or_distributed_optimizer"]).lower()
     fields: dict[str, Any] = {}
     if not text or "offload" not in text:
@@ -783,6 +785,9 @@ def offload_fields(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]
         fields["param_offload"] = True  # verl 0.9.1's param_offload releases the gradient buffers too (its card)
     if everything or "offload_optim=true" in text:
         fields["optimizer_offload"] = True
+    layers = re.search(r"cpu_offloading_num_layers[ =:]+(\d+)", text)
+    if layers:  # Megatron-Core's layer-wise activation offload (cpu_offloading with its count)
+        fields["activation_offload_layers"] = int(layers.group(1))
     fraction = re.search(r"optimizer_offload_fraction=([\d.]+)|fraction ([\d.]+)", text)
     if fraction:
         fields["optimizer_offload_fraction"] = float(fraction.group(1) or fraction.group(2))

@@ -367,6 +367,11 @@ CASES: dict[str, tuple[dict, dict]] = {
     "OF002": ({**L8B, "framework": "deepspeed", "num_gpus": 8, "zero_stage": 3, "activation_offload": True},
               {**L8B, "framework": "deepspeed", "num_gpus": 8, "zero_stage": 3, "activation_offload": True,
                "recompute": "full"}),
+    # Megatron-Core's layer-wise CPU offload: fewer layers than the model's 32, pp 1, no recompute
+    "OF003": ({**L8B, "framework": "megatron-core", "num_gpus": 8, "recompute": "none",
+               "activation_offload_layers": 32},
+              {**L8B, "framework": "megatron-core", "num_gpus": 8, "recompute": "none",
+               "activation_offload_layers": 31}),
     # LoRA (meshplan/rules/lora.py): an engine with LoRA, targets the model has
     "LORA001": ({**L8B, "num_gpus": 8, "framework": "megatron-core", "job": "lora"},
                 {**L8B, "num_gpus": 8, "framework": "megatron-bridge", "job": "lora"}),

@@ -202,6 +202,8 @@ def offload_flags(job: Job, plan: Plan) -> list[Flag]:
     flags: list[Flag] = []
     if plan.activation_offload:
         flags += [("--fine-grained-activation-offloading", None), ("--offload-modules", offload_modules(job, plan))]
+    if job.activation_offload_layers:  # layer-wise: validate_args turns cpu_offloading on from the count (rule OF003)
+        flags.append(("--cpu-offloading-num-layers", job.activation_offload_layers))
     cpu = megatron_cpu_optimizer(job, plan)
     if cpu:
         flags += [("--optimizer-cpu-offload", None),
@@ -396,6 +398,9 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     s += bridge_precision(job, plan)
     if plan.activation_offload:
         s += [("model.fine_grained_activation_offloading", True), ("model.offload_modules", offload_modules(job, plan))]
+    if job.activation_offload_layers:  # the provider's TransformerConfig needs the switch beside the count (OF003)
+        s += [("model.cpu_offloading", True), ("model.cpu_offloading_weights", False),
+              ("model.cpu_offloading_num_layers", job.activation_offload_layers)]
     s += [(f"optimizer.{k}", v) for k, v in megatron_cpu_optimizer(job, plan).items()
           if not (k == "use_precision_aware_optimizer" and precision_aware(plan))]
     return s

@@ -8,12 +8,14 @@ The bytes per parameter of a CPU optimizer and the activation layers kept on the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.knowledge.adapter_knobs import DEFAULT_VARIANTS
 from meshplan.knowledge.cards import FrameworkCard, load_card
+from meshplan.knowledge.gdn_config import split_layers
 from meshplan.knowledge.offload_card import EngineOffload
 from meshplan.schema.plan import Job, Plan
 
@@ -28,6 +30,8 @@ class OffloadCard(BaseModel):
     cpu_optimizer_bytes_source: str
     activation_offload_resident_layers: int = Field(ge=1)
     activation_offload_resident_source: str
+    layer_offload_kept_layers: int = Field(ge=0)
+    layer_offload_source: str
     cpu_adam_s_per_param: float = Field(gt=0)
     cpu_adam_source: str
 
@@ -51,10 +55,12 @@ class OffloadPlan:
     phase_freed: frozenset[str] = frozenset()
     activations: bool = False
     cpu_classes: frozenset[str] = frozenset()  # classes the CPU optimizer's own host tensors stand for
+    layers: int = 0  # Megatron-Core's layer-wise offload: the first `layers` layers' saved tensors go to the host
 
     @property
     def any(self) -> bool:
-        return bool(self.activations or self.phase or self.cpu_optimizer or any(self.in_step.values()))
+        return bool(self.activations or self.layers or self.phase or self.cpu_optimizer
+                    or any(self.in_step.values()))
 
 
 def optimizer_share(plan: Plan) -> float:
@@ -63,6 +69,13 @@ def optimizer_share(plan: Plan) -> float:
     if plan.optimizer_offload_fraction > 0:
         return plan.optimizer_offload_fraction
     return 1.0 if plan.optimizer_offload else 0.0
+
+
+def job_offload_plan(job: Job, plan: Plan) -> OffloadPlan:
+    """offload_plan with the job's layer-wise activation offload (Job.activation_offload_layers: Megatron-Core's
+    cpu_offloading_num_layers), which rule OF003 holds to the frameworks and plans that run it."""
+    off = offload_plan(job.card, plan)
+    return replace(off, layers=job.activation_offload_layers) if job.activation_offload_layers else off
 
 
 def offload_plan(card: FrameworkCard, plan: Plan) -> OffloadPlan:
@@ -123,10 +136,12 @@ class StageOffload:
 
 
 def offload_stage(off: OffloadPlan, states: dict[str, float], optimizer_params: float, activations: float,
-                  largest_layer: float) -> StageOffload:
+                  largest_layer: float, layer_bytes: Sequence[float] = (), held: int = 1) -> StageOffload:
     """Apply the offload to one stage: `states` are the GPU bytes per class without offload, `optimizer_params`
     the parameters this GPU's optimizer steps (its shard), `activations` the stored layer activations of the
-    micro-batches in flight, `largest_layer` the most one layer stores for one micro-batch."""
+    micro-batches in flight, `largest_layer` the most one layer stores for one micro-batch, `layer_bytes` what each
+    of the stage's layers saves for one micro-batch, in order, and `held` the micro-batches in flight (the
+    layer-wise offload's)."""
     card = offload_card()
     kept = {cls: value * (1.0 - off.in_step[cls]) for cls, value in states.items()}
     detail: dict[str, int] = {}
@@ -149,7 +164,51 @@ def offload_stage(off: OffloadPlan, states: dict[str, float], optimizer_params: 
         on_gpu = min(activations, card.activation_offload_resident_layers * largest_layer)
         host += activations - on_gpu
         detail["host_activations"] = int(activations - on_gpu)
+    elif off.layers and layer_bytes:
+        resident, sent = layer_offload_split(layer_bytes, off.layers)
+        on_gpu = max(0.0, activations - held * (sum(layer_bytes) - resident))
+        host += held * sent
+        detail["host_activations"] = int(held * sent)
+        detail["offloaded_layers"] = min(off.layers, len(layer_bytes) - 1)
     return StageOffload(states=kept, activations=on_gpu, host=host, detail=detail)
+
+
+def layer_offload_split(layer_bytes: Sequence[float], offloaded: int) -> tuple[float, float]:
+    """(the most the GPU holds at once, what goes to the host) of one micro-batch's saved layer tensors under
+    Megatron-Core's layer-wise CPU offload of the first `offloaded` of its M layers (cards/offload.yaml
+    layer_offload_source: Transformer Engine's DefaultOffloadSynchronizer frees layer i's copy before layer
+    M - N + i's forward, so at most M - N consecutive layers are held, plus layer_offload_kept_layers). Megatron-Core
+    refuses N >= M (rule OF003); a forced one offloads M - 1, all Transformer Engine allows."""
+    m = len(layer_bytes)
+    n = max(0, min(offloaded, m - 1))
+    window = min(m, m - n + offload_card().layer_offload_kept_layers)
+    kept = max(sum(layer_bytes[i:i + window]) for i in range(m - window + 1)) if m else 0.0
+    return kept, float(sum(layer_bytes[:n]))
+
+
+def layer_offload_stall(layers: int, offloaded: int, copy_s: float, forward_s: float, backward_s: float) -> float:
+    """Seconds one micro-batch's compute waits on the host copies of Megatron-Core's layer-wise offload, as
+    Transformer Engine's DefaultOffloadSynchronizer streams them (cards/offload.yaml layer_offload_source): one side
+    stream copies layer i out once layer i+1's forward starts, and the forward of layer M - N + i waits for it; in
+    the backward the same stream copies it back from the backward of layer M - 1 - N + i, and layer i's backward
+    waits for it. Each layer takes `forward_s` / `backward_s` of compute and each copy `copy_s`."""
+    m, n = layers, max(0, min(offloaded, layers - 1))
+    stall = 0.0
+    for order, own_s in (("forward", forward_s), ("backward", backward_s)):
+        clock = stream = 0.0
+        done: dict[int, float] = {}
+        for step in range(m):
+            layer = step if order == "forward" else m - 1 - step
+            start = layer - 1 if order == "forward" else layer - (m - 1 - n)  # the copy this layer's step starts
+            if 0 <= start < n:
+                stream = max(clock, stream) + copy_s
+                done[start] = stream
+            needed = layer - (m - n) if order == "forward" else layer  # the copy this layer waits for
+            if 0 <= needed < n and done[needed] > clock:
+                stall += done[needed] - clock
+                clock = done[needed]
+            clock += own_s
+    return stall
 
 
 def offload_time(job: Job, plan: Plan, *, optimizer_params: float, host_activation_bytes: float,
@@ -158,11 +217,18 @@ def offload_time(job: Job, plan: Plan, *, optimizer_params: float, host_activati
     (not hidden), plus the host transfers the step's compute cannot cover (activations out in the forward and
     back in the backward, each micro-batch; in-step parameter offload: the shard in for every forward and backward
     gather and its gradient out, each micro-batch)."""
-    off = offload_plan(job.card, plan)
+    off = job_offload_plan(job, plan)
     if not off.any:
         return 0.0, ""
     card = offload_card()
     m = plan.num_microbatches(job.global_batch_size)
+    layer_stall = 0.0
+    if off.layers and host_activation_bytes:  # Megatron-Core's layer-wise offload: its copies are timed layer by layer
+        layers = split_layers(job.model) // max(1, plan.pp)  # Megatron-Core's layers (a GDN hybrid's decoder layers)
+        n = max(1, min(off.layers, layers - 1))
+        forward_s = compute_s / m / layers / 3  # a layer's forward: a third of its forward and backward
+        layer_stall = m * layer_offload_stall(layers, n, host_activation_bytes / n / job.gpu.host_bandwidth,
+                                              forward_s, 2 * forward_s)
     adam = card.cpu_adam_s_per_param * optimizer_params * off.cpu_optimizer
     moved = 2 * host_activation_bytes * m if off.activations else 0.0
     if off.in_step["weights"]:
@@ -176,7 +242,11 @@ def offload_time(job: Job, plan: Plan, *, optimizer_params: float, host_activati
     if moved:
         parts.append(f"host transfers {moved / 1e9:,.1f} GB at {job.gpu.host_bandwidth / 1e9:g} GB/s = "
                      f"{transfer:.3f} s, {exposed:.3f} s beyond the compute")
-    return adam + exposed, "; ".join(parts)
+    if off.layers and host_activation_bytes:
+        parts.append(f"{off.layers} layers' saved tensors out and back ({2 * host_activation_bytes * m / 1e9:,.1f} GB "
+                     f"at {job.gpu.host_bandwidth / 1e9:g} GB/s on one side stream, each copy behind the layers "
+                     f"Transformer Engine's synchronizer lets it run under): {layer_stall:.3f} s exposed")
+    return adam + exposed + layer_stall, "; ".join(parts)
 
 
 def unsupported_offloads(card: FrameworkCard, job: Job, plan: Plan) -> list[tuple[str, str, str]]:

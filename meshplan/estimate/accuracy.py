@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.arithmetic.mesh import job_domain, mesh_groups
-from meshplan.arithmetic.offload import offload_plan
+from meshplan.arithmetic.offload import job_offload_plan
 from meshplan.knowledge.cards import load_card
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ErrorBand, MemoryReport, ThroughputReport
@@ -107,7 +107,7 @@ def _ep_crosses(job: Job, plan: Plan) -> bool:
 
 def _offloads(job: Job, plan: Plan) -> bool:
     """Whether anything leaves the GPU, in the framework's own meaning of its knobs (offload.offload_plan)."""
-    return offload_plan(job.card, plan).any
+    return job_offload_plan(job, plan).any
 
 
 def regime_name(job: Job, plan: Plan, kind: Kind) -> str:

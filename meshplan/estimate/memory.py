@@ -56,7 +56,7 @@ from meshplan.arithmetic.memory_states import (
     unfused_glu_bytes,
     with_precision,
 )
-from meshplan.arithmetic.offload import OffloadPlan, offload_plan, offload_time
+from meshplan.arithmetic.offload import OffloadPlan, job_offload_plan, offload_time
 from meshplan.arithmetic.schedule import plan_stages
 from meshplan.core.units import GIB
 from meshplan.estimate.attention_time import op_sac_recomputes_attention
@@ -74,7 +74,7 @@ from meshplan.estimate.memory_terms import (
 )
 from meshplan.knowledge.adapter_knobs import shared_expert_overlap
 from meshplan.knowledge.engine_card import OptimizerImplementation
-from meshplan.knowledge.gdn_config import pipeline_unit
+from meshplan.knowledge.gdn_config import pipeline_unit, split_layers
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.rules.context import rank_tokens, runs_ulysses
@@ -350,7 +350,7 @@ def engine_terms(job: Job, plan: Plan) -> EngineTerms:
     key = (id(job), _ENGINE_KEY(plan.__dict__)) if memo is not None else None
     hit = memo.get(key) if memo is not None else None
     if hit is None:
-        hit = (job, EngineTerms(*with_precision(job, plan), offload_plan(job.card, plan),
+        hit = (job, EngineTerms(*with_precision(job, plan), job_offload_plan(job, plan),
                                 optimizer_implementation(job, plan)))
         if memo is not None:
             memo[key] = hit
@@ -530,6 +530,12 @@ def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str
         parts.append("released between RL phases, no host copy: " + ", ".join(sorted(offload.phase_freed)))
     if offload.activations:
         parts.append("saved activations on the host except the layers in flight")
+    if offload.layers:
+        layers = split_layers(job.model) // max(1, plan.pp)
+        sent = min(offload.layers, layers - 1)
+        parts.append(f"the saved tensors of the first {sent} of {layers} layers on the host (Megatron-Core's "
+                     "cpu_offloading_num_layers through Transformer Engine's offload context: the GPU holds at most "
+                     f"{layers - sent} layers' at once, cards/offload.yaml layer_offload_source)")
     return (f"Offload on {job.card.display_name}: " + "; ".join(parts)
             + f". Host memory per node: {host_per_node / GIB:,.1f} GiB (the worst stage x "
               f"{mesh.ranks_per_node(job)} GPU{'s' if mesh.ranks_per_node(job) > 1 else ''})"
@@ -751,7 +757,7 @@ def step_offload_time(job: Job, plan: Plan, *, compute_s: float) -> tuple[float,
     """offload.offload_time for a whole step, read from the memory estimate's worst-hosting stage: its CPU optimizer's
     parameters, the activations one micro-batch sends to the host, and the parameter shard an in-step parameter
     offload brings back for each gather (its 16-bit copy). Zero, with no estimate, when nothing is offloaded."""
-    if not offload_plan(job.card, plan).any:
+    if not job_offload_plan(job, plan).any:
         return 0.0, ""
     report = estimate_memory(job, plan)
     stage = max(report.stages, key=lambda s: s.host_bytes)

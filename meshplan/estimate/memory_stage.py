@@ -44,6 +44,7 @@ from meshplan.estimate.memory_terms import (
 )
 from meshplan.estimate.muon_memory import muon_saved, muon_step_bytes
 from meshplan.estimate.recompute import recomputed_layers
+from meshplan.knowledge.gdn_config import pipeline_unit
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Plan
@@ -217,7 +218,7 @@ def stage_peak(terms: MemoryTerms, rank: int, chunks) -> StagePeak:
     detail["layer_activations"] = int(acts.bytes)
     stored, host = acts.bytes, 0.0
     if terms.offload.any:
-        states, stored, host = _offloaded(terms, params, states, stored, detail)
+        states, stored, host = _offloaded(terms, params, states, stored, detail, acts.held)
     work = recompute_working_layer(terms, params, chunks)
     if work is not None:
         stored += work
@@ -558,17 +559,28 @@ def _one_mode_activations(terms: MemoryTerms, chunks, held: tuple[int, ...], mod
 
 
 def _offloaded(terms: MemoryTerms, params: StageParams, states: dict[str, float], acts: float,
-               detail: dict[str, int]) -> tuple[dict[str, float], float, float]:
-    """(states, activations, host bytes) after the offload knobs move what they move to host memory."""
+               detail: dict[str, int], held: tuple[int, ...] = (1,)) -> tuple[dict[str, float], float, float]:
+    """(states, activations, host bytes) after the offload knobs move what they move to host memory (the layer-wise
+    offload's layers in the stage's order, over the micro-batches its chunks hold: `held`)."""
     if terms.optimizer_sharded:
         optimizer_params = params.dense / terms.dense_dp + params.experts / terms.expert_dp
     else:
         optimizer_params = params.dense + params.experts
     largest = max((terms.per_kind[(terms.table.kind[i], terms.stored_mode)] for i in params.layers), default=0.0)
-    moved = offload_stage(terms.offload, states, optimizer_params, acts, largest)
+    layer_bytes = decoder_layer_bytes(terms, params) if terms.offload.layers else []
+    moved = offload_stage(terms.offload, states, optimizer_params, acts, largest, layer_bytes, max(held, default=1))
     detail.update(moved.detail)
     detail["optimizer_params"] = int(optimizer_params)
     return moved.states, moved.activations, moved.host
+
+
+def decoder_layer_bytes(terms: MemoryTerms, params: StageParams) -> list[float]:
+    """What each of the stage's decoder layers saves for one micro-batch, in order: Megatron-Core's layer-wise offload
+    counts the TransformerBlock's layers, a Gated DeltaNet hybrid's two pattern layers each
+    (gdn_config.pipeline_unit)."""
+    unit = pipeline_unit(terms.job.model)
+    per_layer = [terms.per_kind[(terms.table.kind[i], terms.stored_mode)] for i in params.layers]
+    return [sum(per_layer[i:i + unit]) for i in range(0, len(per_layer), unit)]
 
 
 def recompute_working_layer(terms: MemoryTerms, params: StageParams, chunks) -> float | None:

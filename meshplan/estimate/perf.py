@@ -43,7 +43,7 @@ from meshplan.arithmetic.memory_states import (
     swiglu_store_cast_bytes,
     uses_fsdp,
 )
-from meshplan.arithmetic.offload import offload_plan
+from meshplan.arithmetic.offload import job_offload_plan
 from meshplan.arithmetic.param_wrapper import param_wrapper_step_flops
 from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
 from meshplan.arithmetic.pipeline_floor import chain_floor
@@ -281,7 +281,7 @@ def _kept_per_job(name: str, job: Job, cal: Calibration, work: Callable[[Job, Ca
 
 def _single_stage(job: Job, plan: Plan) -> bool:
     """One pipeline stage and nothing offloaded: stage_work's and stage_cp's own arithmetic, else step_terms'."""
-    return plan.pp == 1 and not offload_plan(job.card, plan).any
+    return plan.pp == 1 and not job_offload_plan(job, plan).any
 
 
 class StageWork(NamedTuple):

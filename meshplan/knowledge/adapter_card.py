@@ -30,7 +30,7 @@ ADAPTER_KNOBS: tuple[str, ...] = (
     "lora_rank", "lora_targets", "attention_backend", "dropout", "pipeline_schedule", "dp_replicate",
     "mtp_num_layers", "cuda_graphs", "fp8_activation_input_store", "fp8_dot_product_attention",
     "moe_shared_expert_overlap",
-    "bias_activation_fusion", "moe_flex_backend",
+    "bias_activation_fusion", "moe_flex_backend", "activation_offload_layers",
 )
 
 

@@ -145,6 +145,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("moe_a2a_overlap")
     if (job.moe_shared_expert_overlap and job.moe_shared_expert_overlap_asked) or shared_expert_overlap(job, plan):
         used.append("moe_shared_expert_overlap")  # asked (a no-op without shared experts: EP014), or the run's
+    if job.activation_offload_layers:
+        used.append("activation_offload_layers")
     if plan.torch_compile:
         used.append("torch_compile")
     if plan.tp_comm_overlap:
@@ -199,7 +201,9 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
         "moe_a2a_overlap": "moe_a2a_overlap=true", "moe_flex_backend": f"moe_flex_backend={job.moe_flex_backend}",
-        "moe_shared_expert_overlap": "moe_shared_expert_overlap=true", "torch_compile": "torch_compile=true",
+        "moe_shared_expert_overlap": "moe_shared_expert_overlap=true",
+        "activation_offload_layers": f"activation_offload_layers={job.activation_offload_layers}",
+        "torch_compile": "torch_compile=true",
         "tp_comm_overlap": "tp_comm_overlap=true",
         "cuda_graphs": f"cuda_graph_impl={plan.cuda_graph_impl}, cuda_graph_modules={list(plan.cuda_graph_modules)}",
         "attention_backend": f"attention_backend={plan.attention_backend}",

@@ -232,6 +232,8 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         fsdp_keep_gathered=_keep_gathered(req, card, arch, zero),
         loss_fp32_upcast=_loss_upcast(req, card, version),
         # what the rules PR006 and PR007 hold to the model, precision, recipe, GPU and framework (left out: off)
+        # Megatron-Core's layer-wise CPU offload, which rule OF003 holds to the framework, layers and plan (0: none)
+        activation_offload_layers=req.activation_offload_layers or 0,
         fp8_activation_input_store=req.fp8_activation_input_store is True,
         fp8_dot_product_attention=req.fp8_dot_product_attention is True,
         # the request's, which rule EP012 holds to the model, dispatcher and recompute; else the framework's default

@@ -185,6 +185,9 @@ class Job(StrictModel):
     fp8_dot_product_attention: bool = Field(
         False, description="FP8 dot-product attention (Megatron-Core fp8_dot_product_attention; activations.Layout."
                            "fp8_attention)")
+    activation_offload_layers: int = Field(
+        0, ge=0, description="The layers whose saved tensors Megatron-Core's layer-wise CPU offload sends to the host "
+                             "(cpu_offloading_num_layers; arithmetic/offload.layer_offload_split; 0: none)")
     moe_shared_expert_overlap: bool = Field(
         False, description="The shared experts overlapped with the token dispatch (Megatron-Core "
                            "moe_shared_expert_overlap): the request's, else the framework's default for the model "

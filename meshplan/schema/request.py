@@ -446,6 +446,14 @@ class Request(StrictModel):
                           "enable_activation_offload, DeepSpeed cpu_checkpointing): the activations saved for backward "
                           "go to host memory except the layers in flight (default: off)",
     )
+    activation_offload_layers: int | None = Field(
+        None, ge=0, le=1024,
+        description="Megatron-Core's layer-wise CPU offload (cpu_offloading with cpu_offloading_num_layers; NeMo's "
+                    "and Megatron-Bridge's performance scripts' activation_offload_layers): the tensors the first N "
+                    "layers save for backward go to host memory, the GPU keeping at most num_layers - N layers' at "
+                    "once; fewer than the model's layers, no pipeline parallelism, no recompute (rule OF003) "
+                    "(default: 0, none)",
+    )
     param_offload: bool | None = Field(
         None, description="Parameter offload to host memory as the framework does it: in the step (FSDP2 "
                           "CPUOffloadPolicy, DeepSpeed offload_param) or between the phases of an RL job (verl "

@@ -132,7 +132,7 @@ def count_free_floor(job: Job, fixed: Fixed, limit: int, *, cps: tuple[int, ...]
     capped = capped or ("tp" not in values and any(tp_splits_heads(job, t) and t > limit
                                                    for t in divisors(job.model.num_attention_heads)))
     sps = (bool(values["sequence_parallel"]),) if "sequence_parallel" in values else (False, True)
-    offload = bool(fixed.carried.get("activation_offload"))
+    offload = bool(fixed.carried.get("activation_offload")) or bool(job.activation_offload_layers)  # none counted
     mem = memory_card()
     reserve = 0.0 if fixed.carried.get("expandable_segments") else getattr(mem, "allocator_reserve_fraction", 0.0)
     fixed_bytes = mem.fixed_overhead_bytes + mem.cuda_context_bytes

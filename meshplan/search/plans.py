@@ -479,8 +479,9 @@ class SearchPlans(HostCounts, OverlapChoice):
 
     @property
     def offloaded_activations(self) -> bool:
-        """Whether the request offloads the saved activations (the floors then count none)."""
-        return bool(self.fixed.carried.get("activation_offload"))
+        """Whether the request offloads the saved activations, fine-grained or layer-wise (the floors then count
+        none: a lower bound wherever some go to the host)."""
+        return bool(self.fixed.carried.get("activation_offload")) or bool(self.job.activation_offload_layers)
 
     def floor_bytes(self, own: Layout, zero: int, recompute: str, mbs: int) -> float:
         """first_stage_floor of an own_memory layout, once per job: read from its row (floor_row, every recompute of

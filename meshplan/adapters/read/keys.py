@@ -457,6 +457,8 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         _dispatcher(reading, s)
     elif m.target == "moe_flex_backend":  # read once the dispatcher is known (flex_backend_setting)
         reading.extra["moe_flex_backend"] = (value, s)
+    elif m.target == "activation_offload_layers":  # read beside its switch, where it has one (layer_offload_setting)
+        reading.extra["activation_offload_layers"] = (value, s)
     elif m.target in CUDA_GRAPH_TARGETS:
         cuda_graph_setting(reading, s, m.target)
     elif m.target == "optimizer_state_dtype":  # the key is the precision-aware switch (precision_aware_optimizer)
@@ -818,10 +820,38 @@ def flex_backend_setting(reading: Reading) -> None:
                                    "backend")
 
 
+def layer_offload_setting(reading: Reading) -> None:
+    """activation_offload_layers from the file's cpu_offloading_num_layers, where Megatron-Core offloads those
+    layers: Megatron-LM's validate_args turns cpu_offloading on from the count (core_v0.19.0 arguments.py), a
+    TransformerConfig given whole (Megatron-Bridge's model provider: the card's read.keys name its switch) only with
+    cpu_offloading true; cpu_offloading_activations false offloads nothing (Transformer Engine's weight offload does
+    nothing, cards/offload.yaml layer_offload_source). A count of 0, or one the switch leaves off, is said."""
+    stated = reading.extra.get("activation_offload_layers")
+    if stated is None or "activation_offload_layers" in reading.request:
+        return
+    value, s = stated
+    if str(value).strip("'\"") in ("null", "None", "~"):
+        return
+    layers = whole_value(reading, value, s, least=0)
+    has_switch = "cpu_offloading" in read_section(reading.framework).keys.values()
+    switch = reading.extra.get("cpu_offloading")
+    on = as_bool(switch[0]) if switch is not None else not has_switch
+    activations = reading.extra.get("cpu_offloading_activations")
+    if activations is not None and as_bool(activations[0]) is False:
+        on = False
+    if not layers or not on:
+        why = "0 layers" if not layers else "cpu_offloading_activations false" if on is False and activations \
+            is not None and as_bool(activations[0]) is False else "cpu_offloading not set true beside it"
+        reading.notes.append(f"{s.where(reading.path)} = {value}: no layer offloaded ({why})")
+        return
+    reading.state("activation_offload_layers", layers, s)
+
+
 def fill_defaults(reading: Reading) -> None:
     """What the file leaves to the framework, with that default as the framework card states it."""
     precision_aware_optimizer(reading)
     flex_backend_setting(reading)
+    layer_offload_setting(reading)
     card, where = framework_card(reading.framework), f"cards/frameworks/{reading.framework}.yaml"
     request = reading.request
     for name in ("tp", "pp", "cp", "ep", "vpp"):
