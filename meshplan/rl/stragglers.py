@@ -54,7 +54,7 @@ from meshplan.rl.lengths import length_variance, rate, survival
 
 _NORMAL_SPAN = 9.0  # the integral of expected_max_normal over [-span, span] standard deviations
 _NORMAL_STEPS = 3600  # its midpoint steps (0.005 wide)
-GRID_CELLS = 512  # cells of a micro-batch's longest tokens in micro_batch_max's grid (at least 16 a sequence)
+GRID_CELLS = 256  # cells of a micro-batch's longest tokens in micro_batch_max's grid (at least 16 a sequence)
 EXACT_SEQUENCES = GRID_CELLS // 16  # micro-batches of more sequences: the normal approximation
 
 
@@ -88,9 +88,10 @@ def _cells(mean: int, longest: int, width: float) -> list[float] | None:
 def _convolve(a: list[float], b: list[float]) -> list[float]:
     """The distribution of the sum of two independent cell counts."""
     out = [0.0] * (len(a) + len(b) - 1)
+    right = [(j, y) for j, y in enumerate(b) if y > 0]  # a prompt counted k times fills one cell in k
     for i, x in enumerate(a):
         if x > 0:
-            for j, y in enumerate(b):
+            for j, y in right:
                 out[i + j] += x * y
     return out
 
