@@ -13,6 +13,15 @@ compute_prompt_mini_batch_boundaries) and each into dp equal chunks of consecuti
 (skyrl/backends/skyrl_train/distributed/dispatch.py MeshDispatch.stage_chunks: mini_batch.chunk(size // dp_size)),
 against the formula's in_order case.
 
+Where the engine joins ranks at every micro-batch (cards/frameworks/*.yaml rl.micro_batch_sync: FSDP every rank,
+Megatron-Core's MoE all-to-all an expert-parallel group), each rank's chunk is cut into micro-batches as SkyRL cuts it
+(skyrl/backends/skyrl_train/workers/worker_utils.py SampleBasedBatchIterator:
+data.chunk(micro_train_batch_size_per_gpu), consecutive sequences), every micro-batch lasts as long as its group's
+largest and the groups meet at the mini-batch's end: the formula's micro_batch case against it. verl's token-budget
+micro-batches (verl f6f910069 verl/utils/seqlen_balancing.py rearrange_micro_batches: the count ceil(tokens / budget)
+MAX over the ranks, Karmarkar-Karp equal_size False over the lengths, the micro-batches sorted by their squares' sum,
+longest first) are simulated likewise beside the mini-batch's slowest rank, which meshplan counts for them alone.
+
 Run: python bench/rl_stragglers.py   (the Qwen3-30B-A3B recipe's batch: 512 prompts x 16 in mini-batches of 128;
 about two minutes)
 """
@@ -107,6 +116,75 @@ def skyrl_formula(dp: int, mean_prompt: int, mean_response: int, mini_prompts: i
                               in_order=True, samples_per_prompt=SAMPLES)
 
 
+def skyrl_micro_simulated(dp: int, group: int, micro: int, mean_prompt: int, mean_response: int,
+                          mini_prompts: int = MINI_PROMPTS, steps: int = STEPS) -> float:
+    """The slowest group's sum of its micro-batches' largest tokens over the mean rank's mini-batch, SkyRL's chunks
+    cut into micro-batches of `micro` consecutive sequences (SampleBasedBatchIterator), ranks r // group a group,
+    averaged over every mini-batch of `steps` seeded steps."""
+    up = None if mean_prompt >= PROMPT else rate(mean_prompt / PROMPT)
+    ur = rate(mean_response / RESPONSE)
+    ratios = []
+    for step in range(steps):
+        rng = random.Random(f"skyrl-micro/{dp}/{mean_prompt}/{mean_response}/{mini_prompts}/{step}")
+        for chunks in skyrl_chunks(_step_lengths(rng, up, ur, grouped=True), dp, mini_prompts * SAMPLES):
+            micros = [[sum(chunk[i:i + micro]) for i in range(0, len(chunk), micro)] for chunk in chunks]
+            groups = [micros[g:g + group] for g in range(0, dp, group)]
+            slowest = max(sum(max(ranks) for ranks in zip(*members, strict=True)) for members in groups)
+            ratios.append(slowest / statistics.mean(sum(chunk) for chunk in chunks))
+    return statistics.mean(ratios)
+
+
+def balanced_karmarkar_karp(lengths: list[int], k: int) -> list[list[int]]:
+    """verl's karmarkar_karp(equal_size=False) (f6f910069): every length a state of one set and k - 1 empty ones;
+    the two states of widest spread merged until one is left; its sets' indices."""
+    heap = []
+    for serial, i in enumerate(sorted(range(len(lengths)), key=lambda i: (lengths[i], i))):
+        sets = [[lengths[i], [i]]] + [[0, []] for _ in range(k - 1)]
+        heapq.heappush(heap, (-(sets[0][0] - sets[-1][0]), serial, sets))
+    serial = len(heap)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap)[2], heapq.heappop(heap)[2]
+        merged = sorted(([sa + sb, ia + ib] for (sa, ia), (sb, ib) in zip(a, reversed(b), strict=True)),
+                        key=lambda s: s[0], reverse=True)
+        serial += 1
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), serial, merged))
+    return [items for _, items in heap[0][2]]
+
+
+def verl_dynamic_simulated(dp: int, mean_prompt: int, mean_response: int, budget: int = PROMPT + RESPONSE,
+                           steps: int = STEPS) -> tuple[float, float]:
+    """(the mini-batch's slowest rank, the sum of every micro-batch's slowest rank) over the mean rank's tokens under
+    verl's balanced shares and token-budget micro-batches (rearrange_micro_batches, every rank meeting at each),
+    averaged over every mini-batch of `steps` seeded steps."""
+    up = None if mean_prompt >= PROMPT else rate(mean_prompt / PROMPT)
+    ur = rate(mean_response / RESPONSE)
+    totals, synced = [], []
+    for step in range(steps):
+        rng = random.Random(f"verl-dynamic/{dp}/{mean_prompt}/{mean_response}/{step}")
+        lengths = _step_lengths(rng, up, ur, grouped=True)
+        shares = equal_size_karmarkar_karp(lengths, dp)
+        per_mini = MINI_PROMPTS * SAMPLES // dp
+        for k in range(PROMPTS // MINI_PROMPTS):
+            minis = [[lengths[i] for i in share[k * per_mini:(k + 1) * per_mini]] for share in shares]
+            mean = statistics.mean(sum(m) for m in minis)
+            count = max(min(len(m), -(-sum(m) // budget)) for m in minis)  # same_micro_num_in_dp: the MAX
+            bins = []
+            for m in minis:
+                parts = balanced_karmarkar_karp(m, count)
+                parts.sort(key=lambda p: (sum(m[i] ** 2 for i in p), min(p)), reverse=True)
+                bins.append([sum(m[i] for i in p) for p in parts])
+            totals.append(max(sum(m) for m in minis) / mean)
+            synced.append(sum(max(b[j] for b in bins) for j in range(count)) / mean)
+    return statistics.mean(totals), statistics.mean(synced)
+
+
+def micro_formula(dp: int, group: int, micro: int, mean_prompt: int, mean_response: int,
+                  mini_prompts: int = MINI_PROMPTS) -> float:
+    """meshplan's slowest rank with `group` ranks meeting at every micro-batch of `micro` sequences (SkyRL's chunks)."""
+    return slowest_rank_share(dp, mini_prompts * SAMPLES // dp, 1, PROMPT, RESPONSE, mean_prompt, mean_response,
+                              in_order=True, samples_per_prompt=SAMPLES, micro_batch=micro, sync_ranks=group)
+
+
 def main() -> int:
     print("mean prompt / response, dp: meshplan's slowest rank vs verl's partition and in-order split simulated "
           "(independent lengths; a prompt's samples at one prompt length)")
@@ -126,6 +204,25 @@ def main() -> int:
             sim = skyrl_simulated(dp, mean_prompt, mean_response)
             print(f"  {mean_prompt:>5} / {mean_response:>5}, dp {dp:>2}: {formula:.3f} vs {sim:.3f} "
                   f"({formula / sim - 1:+.1%})", flush=True)
+    print("mean prompt / response, dp, ranks met at every micro-batch, micro-batch: meshplan's slowest rank vs SkyRL's "
+          "chunks cut into micro-batches simulated")
+    for mean_prompt, mean_response in ((2048, 2000), (300, 2000)):
+        for dp, group in ((8, 8), (32, 32), (16, 8), (32, 8)):
+            for micro in (1, 2, 8):
+                formula = micro_formula(dp, group, micro, mean_prompt, mean_response)
+                sim = skyrl_micro_simulated(dp, group, micro, mean_prompt, mean_response)
+                print(f"  {mean_prompt:>5} / {mean_response:>5}, dp {dp:>2}, {group:>2} met, micro {micro}: "
+                      f"{formula:.3f} vs {sim:.3f} ({formula / sim - 1:+.1%})", flush=True)
+    print("mean prompt / response, dp: verl's token-budget micro-batches simulated: the mini-batch's slowest rank "
+          "(meshplan's formula beside it) and the sum of every micro-batch's slowest rank")
+    for mean_prompt, mean_response in ((2048, 2000), (300, 2000), (300, 4000)):
+        for dp in (8, 16, 32):
+            formula = slowest_rank_share(dp, MINI_PROMPTS * SAMPLES // dp, PROMPTS // MINI_PROMPTS, PROMPT, RESPONSE,
+                                         mean_prompt, mean_response)
+            total, synced = verl_dynamic_simulated(dp, mean_prompt, mean_response)
+            print(f"  {mean_prompt:>5} / {mean_response:>5}, dp {dp:>2}: formula {formula:.3f}, simulated "
+                  f"{total:.3f}; every micro-batch at its slowest {synced:.3f} ({synced / total - 1:+.1%})",
+                  flush=True)
     return 0
 
 

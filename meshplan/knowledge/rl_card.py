@@ -160,6 +160,15 @@ class RLCard(_Card):
                            "whole: every one lasts as long as its slowest rank's tokens (rl/stragglers.py in_order; "
                            "SkyRL's MeshDispatch). False: see balanced_step_batch")
     in_order_rank_chunks_source: str = ""
+    micro_batch_sync: dict[Engine, Literal["data_parallel", "expert_parallel"]] = Field(
+        default_factory=dict, description="Per trainer engine, which data-parallel ranks meet at every micro-batch, "
+                                          "not only at the mini-batch's optimizer step: data_parallel (FSDP's "
+                                          "per-layer all-gathers and gradient reduce-scatters span them all), "
+                                          "expert_parallel (Megatron-Core's MoE token all-to-all spans an expert-"
+                                          "parallel group's; a dense model's ranks meet only at the gradient "
+                                          "reduction). Each micro-batch then waits for its slowest rank there "
+                                          "(rl/stragglers.py micro_batch_max); an engine left out: none")
+    micro_batch_sync_source: str = ""
     rules_source: str
 
     def trained_models(self, algorithm: RLAlgorithm) -> int:

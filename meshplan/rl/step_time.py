@@ -227,27 +227,50 @@ def mini_batch_update(job, plan: Plan, update):
     return estimate_throughput(mini, plan), rl.prompts_per_step / rl.prompts_per_mini_batch
 
 
+def micro_batch_sync(job, plan: Plan) -> tuple[int, int]:
+    """(sequences a micro-batch, data-parallel ranks meeting at each) where the trainer's engine joins ranks at every
+    micro-batch (the card's rl.micro_batch_sync: FSDP every data-parallel rank, Megatron-Core an MoE layer's expert-
+    parallel group, ep x etp ranks over the tp x cp ranks that share a sequence); (0, 1) where only the mini-batch's
+    end joins them, or where the micro-batches are packed to a token budget by a balanced partition (rl.packed_micro_
+    batches: every rank's micro-batches are even shares of its mini-batch, so its slowest micro-batch is its slowest
+    mini-batch's, rl/stragglers.py)."""
+    card = job.rl_card
+    sync = card.micro_batch_sync.get(job.card.engine_at(plan.zero_stage))
+    if sync is None or card.packed_micro_batches:
+        return 0, 1
+    if sync == "data_parallel":
+        ranks = plan.dp
+    elif job.model.moe is not None and plan.ep > 1:
+        ranks = min(plan.dp, max(1, plan.ep * plan.etp // (plan.tp * plan.cp)))
+    else:
+        ranks = 1
+    return (plan.micro_batch_size, ranks) if ranks > 1 else (0, 1)
+
+
 def slowest_rank(job, plan: Plan, whole_step: bool = False) -> float:
     """The slowest data-parallel rank's tokens of a mini-batch over the mean rank's (rl/stragglers.py), where the
     framework's trainer balances the step over the ranks and splits each share into mini-batches in rollout order
     (its card's rl.balanced_step_batch) on a release before it sorted the shares by workload (release_changes
     rank_share_sorted: verl 62221fa13, v0.6.1), or cuts each mini-batch into chunks of consecutive sequences with no
     balancing (rl.in_order_rank_chunks: SkyRL); with `whole_step`, of the whole step's chunk (a pass the trainer runs
-    over the step at once: balanced shares have no straggler there). 1.0 otherwise, with one rank, or no length
-    spread (no mean stated: every sequence at its longest)."""
+    over the step at once: balanced shares have no straggler there). Where the engine joins ranks at every
+    micro-batch (`micro_batch_sync`), each micro-batch at its slowest rank of those. 1.0 otherwise, with one rank, or
+    no length spread (no mean stated: every sequence at its longest)."""
     card, rl = job.rl_card, job.rl
+    micro, ranks = micro_batch_sync(job, plan)
     if card.in_order_rank_chunks:
         sequences = rl.step_sequences // plan.dp if whole_step else rank_mini_batch(job, plan)
         return slowest_rank_share(plan.dp, max(1, sequences), 1, rl.prompt_length, rl.response_length,
                                   rl.mean_prompt, rl.mean_response, in_order=True,
-                                  samples_per_prompt=rl.samples_per_prompt)
+                                  samples_per_prompt=rl.samples_per_prompt, micro_batch=micro, sync_ranks=ranks)
     if not card.balanced_step_batch or whole_step:
         return 1.0
     change = job.card.release_change("rank_share_sorted")
     if change is not None and not predates(job.framework_version, change):
         return 1.0
     return slowest_rank_share(plan.dp, rank_mini_batch(job, plan), -(-rl.prompts_per_step // rl.mini_batch_prompts),
-                              rl.prompt_length, rl.response_length, rl.mean_prompt, rl.mean_response)
+                              rl.prompt_length, rl.response_length, rl.mean_prompt, rl.mean_response,
+                              micro_batch=micro, sync_ranks=ranks)
 
 
 def log_prob_slowest(job, plan: Plan) -> float:
@@ -270,8 +293,11 @@ def straggler_words(job, plan: Plan, slowest: float) -> str:
     how, key = (("cuts each mini-batch into data-parallel chunks of consecutive sequences in rollout order, "
                  "balancing none (its log-prob passes too)", "in_order_rank_chunks") if job.rl_card.in_order_rank_chunks
                 else ("splits each rank's balanced share into mini-batches in rollout order", "balanced_step_batch"))
+    micro, ranks = micro_batch_sync(job, plan)
+    met = (f", and its {job.card.engine_at(plan.zero_stage)} engine joins {ranks} of them at every micro-batch of "
+           f"{plural(micro, 'sequence')}, each at its slowest (rl.micro_batch_sync)" if micro else "")
     return (f" (each mini-batch at its slowest of {plan.dp} data-parallel ranks' tokens, {slowest:.3f}x the mean "
-            f"rank's: {job.card.display_name} {job.framework_version or job.card.version} {how}; "
+            f"rank's: {job.card.display_name} {job.framework_version or job.card.version} {how}{met}; "
             f"cards/frameworks/{job.framework}.yaml rl.{key})")
 
 
