@@ -311,7 +311,10 @@ class Recommendation(StrictModel):
     )
     decision_table: str = ""
     rationale: str = ""
-    warnings: list[str] = []
+    warnings: list[str] = Field(
+        [], description="What the answer warns of: the search's own, then the job's, true of every layout (the rules "
+                    "that read no layout field, in check's words: EP011, EP014, RL008), said here once; each row's "
+                    "rationale names its own plan's")
     assumptions: list[str] = []
     evaluated: int = Field(0, description="Memory and throughput estimates the search computed")
     global_batch_size: int | None = Field(None, description="Sequences per step every layout was compared at")
@@ -376,7 +379,8 @@ class MinimumGpus(StrictModel):
     warnings: list[str] = Field(
         default_factory=list,
         description="What recommend warns of for this request: its answer's at the count found; where none is found, "
-                    "an RL job's rules that read no layout field (RL008: GRPO over one sample per prompt)")
+                    "the job's own, which recommend says at any count (the rules that read no layout field: EP011, "
+                    "EP014, RL008)")
     assumptions: list[str] = []
 
 
@@ -391,5 +395,5 @@ def peak_words(memory: MemoryReport | MemorySummary) -> str:
 
 def finding_line(finding: Finding) -> str:
     """One rule finding as a line of text: id, message and fix, as `meshplan check` words them (render's notes and
-    warnings, the estimates' and the RL recommend's warnings)."""
+    warnings, the estimates' and the recommends' warnings)."""
     return f"{finding.id} ({finding.severity}): {finding.message} Fix: {finding.fix}"

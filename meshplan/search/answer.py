@@ -10,8 +10,9 @@ from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, gib, percent
 from meshplan.estimate.accuracy import accuracy_card, terms, with_band
 from meshplan.estimate.memory import state_shards
+from meshplan.rules.engine import job_no_effect_findings
 from meshplan.schema.plan import Job, Plan
-from meshplan.schema.reports import Candidate, ErrorBand, Recommendation, peak_words
+from meshplan.schema.reports import Candidate, ErrorBand, Recommendation, finding_line, peak_words
 from meshplan.search.engine import BestFirstSearch, Found
 from meshplan.search.estimators import Engine
 from meshplan.search.policy import (
@@ -157,7 +158,10 @@ def candidate(job: Job, engine: Engine, found: Found, rank: int, best: Found | N
         text += (" Same predicted step time and peak memory, folded into this row: "
                  + "; ".join(differs(found.plan, other.plan) for other in same) + ".")
     text += same_stage_text(job, engine, found.plan, zeros)
-    notes_here = [f.message for f in engine.full_check(job, found.plan).findings if f.severity == "warning"]
+    # the plan's own warnings: those of every plan of the job are the answer's, said once there (job_warnings)
+    job_wide = {f.id for f in job_no_effect_findings(job, found.plan)}
+    notes_here = [f.message for f in engine.full_check(job, found.plan).findings
+                  if f.severity == "warning" and f.id not in job_wide]
     if notes_here:
         text += " Warnings: " + " ".join(notes_here)
     throughput = with_band(found.throughput, job, found.plan)  # the error measured in its regime
@@ -274,6 +278,17 @@ SPACE_ASSUMPTIONS = [
     + "; ".join(f"{k}: {v}" for k, v in SEARCH_BUCKETS.items()) + ".",
 ]
 """What every recommendation assumes about the space and the search, in the order the answer lists it."""
+
+
+def job_warnings(job: Job) -> list[str]:
+    """What every search's answer warns of whatever it ranks: the findings of the `no_effect` rules that read no plan
+    field (rules/engine.job_no_effect_findings: EP011, a token dispatcher given for a dense model; EP014,
+    moe_shared_expert_overlap for a model without shared experts; RL008, GRPO over one sample per prompt), in the
+    words check gives them. They read the job alone (never its GPU count) and apply on every engine
+    (tests/test_job_warnings.py), so any plan of the job answers the same: asked on the default Plan, so the answer
+    with no candidate, the one refused a count and min-gpus' scan say them as the one with candidates does. The
+    training recommend, the RL recommend and min-gpus all say them through this one function."""
+    return [finding_line(f) for f in job_no_effect_findings(job, Plan())]
 
 
 def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch, considered: int, top_k: int,

@@ -18,14 +18,14 @@ from meshplan.rl.job import is_rl_request, resolve_rl, trainer_request
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import MinimumGpus, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
-from meshplan.search.answer import FASTEST, fixed_assumption, headroom_assumption, keeps
+from meshplan.search.answer import FASTEST, fixed_assumption, headroom_assumption, job_warnings, keeps
 from meshplan.search.estimators import Engine, default_engine
 from meshplan.search.gpu_count import Scan, count_bound_text, scan_minimum
 from meshplan.search.job import job_at, search_job
 from meshplan.search.policy import headroom_for, search_limits
 from meshplan.search.ranking import collector_paused, recommend
 from meshplan.search.refusal import HostRefused
-from meshplan.search.rl import job_warnings, recommend_rl
+from meshplan.search.rl import recommend_rl
 from meshplan.search.space import Fixed
 
 
@@ -67,8 +67,8 @@ def _minimum_gpus(req: Request, max_gpus: int | None, engine: Engine | None) -> 
     batch = ("global_batch_size: the request's at every count." if user_gbs else
              f"global_batch_size not given: the default (~{DEFAULT_BATCH_TOKENS / 1e6:.1f}M tokens, rounded up to a "
              "multiple of the GPU count) is re-derived at each count.")
-    rec = answers.get(scan.num_gpus or 0)
-    return _answer(req, job, fixed, scan, rec, limit, batch, rec.warnings if rec is not None else [])
+    rec = answers.get(scan.num_gpus or 0)  # no count settled: the job's own, which recommend says at any count
+    return _answer(req, job, fixed, scan, rec, limit, batch, rec.warnings if rec is not None else job_warnings(job))
 
 
 def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
@@ -118,14 +118,14 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     if rec is not None:
         warnings = rec.warnings
     else:  # no count settled: the job's own, the RL recommend's at any count (the RL job at the probe's count)
-        warnings = job_warnings(*resolve(req.model_copy(update={"num_gpus": probe_gpus})))
+        warnings = job_warnings(resolve(req.model_copy(update={"num_gpus": probe_gpus}))[0])
     return _answer(req, job, fixed, scan, rec, limit, batch, warnings)
 
 
 def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendation | None, limit: int,
             batch: str, warnings: list[str]) -> MinimumGpus:
     """The MinimumGpus for a finished scan, with recommend's best layout at its count and `warnings`: recommend's
-    answer's there, else (an RL job) the job's own (search/rl.job_warnings), what recommend says at any count."""
+    answer's there, else the job's own (search/answer.job_warnings), what recommend says at any count."""
     headroom = headroom_for(req)
     candidate, gbs = None, None
     rationale = scan.sentence(headroom, fixed)

@@ -12,7 +12,7 @@ from meshplan.estimate.layer_records import shared_layers
 from meshplan.rl.job import is_rl_request
 from meshplan.schema.reports import Recommendation
 from meshplan.schema.request import Request
-from meshplan.search.answer import headroom_assumption, ranked_answer
+from meshplan.search.answer import headroom_assumption, job_warnings, ranked_answer
 from meshplan.search.decision import decision_table
 from meshplan.search.engine import run_search
 from meshplan.search.estimators import Engine, default_engine
@@ -100,13 +100,14 @@ def _recommend(req: Request, top_k: int, engine: Engine | None, rows_only: bool 
         search.keep_for_job()  # (the thinner-headroom probe's bounds too: it shares the search's)
     notes = [*notes, headroom_assumption(job, headroom, default_headroom)]
     rec = ranked_answer(job, fixed, engine, search, considered, top_k, notes, warnings, headroom, default_headroom)
-    if rows_only:
-        return rec
-    best = rec.candidates[0] if rec.candidates else None
-    rec.decision_table = decision_table(job, fixed, engine, best, search.budget)
-    if thin is not None:
-        report_below_headroom(rec, job, engine, thin, headroom)
-    if not rec.candidates:
-        explain_impossible(rec, job, fixed, engine, search, headroom, default_headroom,
-                           req.global_batch_size is not None, req.gpus_per_node or job.gpu.gpus_per_node)
+    if not rows_only:
+        best = rec.candidates[0] if rec.candidates else None
+        rec.decision_table = decision_table(job, fixed, engine, best, search.budget)
+        if thin is not None:
+            report_below_headroom(rec, job, engine, thin, headroom)
+        if not rec.candidates:
+            explain_impossible(rec, job, fixed, engine, search, headroom, default_headroom,
+                               req.global_batch_size is not None, req.gpus_per_node or job.gpu.gpus_per_node)
+    # last, on every answer (rows_only too: min-gpus' scan copies its warnings): what holds whatever it ranks
+    rec.warnings.extend(job_warnings(job))
     return rec

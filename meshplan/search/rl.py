@@ -23,11 +23,10 @@ from meshplan.rl.engine import ep_words
 from meshplan.rl.job import resolve_rl, trainer_request
 from meshplan.rl.memory import least_framework_host, phase_setting, rl_memory, trainer_reports
 from meshplan.rl.step_time import rl_report, rl_step_time
-from meshplan.rules.engine import job_no_effect_findings
 from meshplan.schema.plan import Plan
-from meshplan.schema.reports import Candidate, MemoryReport, Recommendation, finding_line, peak_words
+from meshplan.schema.reports import Candidate, MemoryReport, Recommendation, peak_words
 from meshplan.schema.request import Request
-from meshplan.search.answer import how_sure, offload_words, plan_words
+from meshplan.search.answer import how_sure, job_warnings, offload_words, plan_words
 from meshplan.search.job import OPEN_FOR_SEARCH, search_job
 from meshplan.search.policy import HEADROOM_RULE, HOST_RULE, headroom_for
 from meshplan.search.ranking import recommend
@@ -287,14 +286,6 @@ def refuse_host(job, base: Plan, training: Request) -> None:
         "with rollout_gpus (the trainer then keeps its models on the GPU).")
 
 
-def job_warnings(job, base: Plan) -> list[str]:
-    """What the RL answers warn of beside their searches' own warnings: the findings of the rules that read no plan
-    field (rules/engine.job_no_effect_findings: RL008, GRPO over one sample per prompt), in the words check gives
-    them; true of every layout and GPU count of the job, so the RL recommend says them once whatever it ranks, and
-    min-gpus where it settles no count (search/min_gpus.py)."""
-    return [finding_line(f) for f in job_no_effect_findings(job, base)]
-
-
 def _answer(job, base: Plan, req: Request, actors: Recommendation, candidates: list[Candidate], out: RLRanking,
             headroom: float) -> Recommendation:
     """The RL Recommendation; with no actor layout for the trainer's step, the training search's own reasons."""
@@ -325,7 +316,9 @@ def _answer(job, base: Plan, req: Request, actors: Recommendation, candidates: l
         considered=out.tried if actors.candidates else actors.considered, rejected=rejected,
         global_batch_size=job.global_batch_size, gpus_per_node=job.gpus_per_node, headroom=headroom,
         rationale=rationale, closest=[] if actors.candidates else actors.closest, min_gpus=None,
-        warnings=[*actors.warnings, *job_warnings(job, base)],
+        # the actor search ends its warnings with the trainer job's own (job_warnings), which the RL job's hold in the
+        # same words (the same model and knobs; RL008 the RL job's alone): each said once
+        warnings=list(dict.fromkeys([*actors.warnings, *job_warnings(job)])),
         assumptions=[f"Actor layouts: the training search's best {len(actors.candidates)} for the trainer's step; "
                      "for each, every rollout TP/DP/EP the engines can run, with and without phase offloads, at the "
                      f"largest memory fraction (<= {MAX_FRACTION}) whose phases keep the headroom{host}; ranked by "
