@@ -1327,3 +1327,11 @@ def test_an_unknown_framework_beside_a_file_is_refused_as_the_request_field_is()
         parse_request({"model": "llama-3.1-8b", "framework": "DEEPSPEED"})
     assert str(from_file.value) == str(from_request.value)
     assert "deepspeed" in str(from_file.value) and "DEEPSPEED" in str(from_file.value)
+
+
+def test_a_file_of_no_framework_names_the_field_on_every_face():
+    """A text no reader places, sent as MCP's config_text, was told 'Pass --framework', a flag the MCP tool has not:
+    the fix names the field on both faces (--framework; MCP: framework) and the frameworks read from that format."""
+    with pytest.raises(MeshplanError, match="cannot tell which framework this shell file") as exc:
+        import_config("--tensor-model-parallel-size 2\n", "<config_text>")
+    assert exc.value.fix.startswith("Pass the framework (--framework; MCP: framework); meshplan reads: "), exc.value.fix

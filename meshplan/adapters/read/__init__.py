@@ -235,7 +235,7 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
         if fmt == "shell" and (called := _called(text, path)):  # a wrapper: the launch is in the script it calls
             raise wrapper_script(path, called)
         raise MeshplanError(f"{path}: meshplan cannot tell which framework this {fmt} file is for.",
-                            fix=f"Pass --framework; meshplan reads: {readable}.")
+                            fix=f"Pass the framework (--framework; MCP: framework); meshplan reads: {readable}.")
     try:
         reading = reader(text, path)
     except NoLaunch:

@@ -243,8 +243,9 @@ def launch_command(script: Script, framework: str) -> tuple[Command, int, bool]:
     if found is None:
         raise NoLaunch(f"{script.path}: no command launches {' or '.join(launchers)}, so this is not a "
                             f"{framework_card(framework).display_name} launch script meshplan can read.",
-                            fix="Pass --framework NAME if it is another framework's, or the script that runs the "
-                                "training (a loop or function around the launch line is not read).")
+                            fix="Pass the framework (--framework NAME; MCP: framework) if it is another "
+                                "framework's, or the script that runs the training (a loop or function around the "
+                                "launch line is not read).")
     return found
 
 
