@@ -1335,3 +1335,32 @@ def test_a_file_of_no_framework_names_the_field_on_every_face():
     with pytest.raises(MeshplanError, match="cannot tell which framework this shell file") as exc:
         import_config("--tensor-model-parallel-size 2\n", "<config_text>")
     assert exc.value.fix.startswith("Pass the framework (--framework; MCP: framework); meshplan reads: "), exc.value.fix
+
+
+SKYRL_TRAIN_FLAT = """uv run --isolated --extra vllm -m skyrl_train.entrypoints.main_base \\
+  trainer.algorithm.advantage_estimator="grpo" \\
+  trainer.policy.model.path="Qwen/Qwen2.5-7B-Instruct" \\
+  trainer.placement.colocate_all=true \\
+  trainer.strategy=fsdp2 \\
+  trainer.placement.policy_num_gpus_per_node=8 \\
+  generator.num_inference_engines=4 \\
+  generator.inference_engine_tensor_parallel_size=2 \\
+  generator.backend=vllm \\
+  generator.gpu_memory_utilization=0.6 \\
+  generator.n_samples_per_prompt=5
+"""
+
+
+def test_skyrl_train_flat_generator_keys_are_the_rollout_settings():
+    """A script on skyrl_train's launcher (skyrl_train.entrypoints.main_base, a launcher the card reads) with its flat
+    generator keys (skyrl-train/skyrl_train/config/ppo_base_config.yaml: inference_engine_tensor_parallel_size,
+    gpu_memory_utilization, backend, num_inference_engines) had them said as 'no meshplan field', and the rollout
+    estimated at TP1 and a 0.8 memory fraction: they are read as the rollout's settings, as 0.4's
+    generator.inference_engine.* keys are."""
+    imported = import_config(SKYRL_TRAIN_FLAT, "run_gsm8k.sh")
+    assert imported.framework == "skyrl"
+    assert {k: imported.request.get(k) for k in ("rollout_tp", "rollout_memory_fraction", "rollout_engine")} == {
+        "rollout_tp": 2, "rollout_memory_fraction": 0.6, "rollout_engine": "vllm"}
+    assert imported.sources["rollout_tp"] == "run_gsm8k.sh:8 generator.inference_engine_tensor_parallel_size"
+    assert not [u for u in imported.unsupported if "generator.inference_engine_tensor_parallel_size" in u
+                or "gpu_memory_utilization" in u or "num_inference_engines" in u], imported.unsupported
