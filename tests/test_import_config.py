@@ -1364,3 +1364,17 @@ def test_skyrl_train_flat_generator_keys_are_the_rollout_settings():
     assert imported.sources["rollout_tp"] == "run_gsm8k.sh:8 generator.inference_engine_tensor_parallel_size"
     assert not [u for u in imported.unsupported if "generator.inference_engine_tensor_parallel_size" in u
                 or "gpu_memory_utilization" in u or "num_inference_engines" in u], imported.unsupported
+
+
+def test_a_model_the_catalog_lacks_read_from_a_file_names_its_line():
+    """check --config on a SkyRL script whose trainer.policy.model.path is a model outside the catalog said 'Unknown
+    model ...' with no word of the file: the refusal names the line it was read from and that a model given beside
+    the file overrides it; given beside, the file is checked."""
+    text = SKYRL_TRAIN_FLAT.replace("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct")
+    imported = import_config(text, "run_gsm8k.sh")
+    with pytest.raises(MeshplanError) as exc:
+        api.request_from_config(imported, {})
+    assert exc.value.reason == ("Unknown model 'Qwen/Qwen2.5-1.5B-Instruct' (read from the file: model at "
+                                "run_gsm8k.sh:3 trainer.policy.model.path)."), exc.value.reason
+    assert "overrides the file's" in exc.value.fix
+    assert api.request_from_config(imported, {"model": "qwen2.5-7b"}).model == "qwen2.5-7b"
