@@ -1378,3 +1378,15 @@ def test_a_model_the_catalog_lacks_read_from_a_file_names_its_line():
                                 "run_gsm8k.sh:3 trainer.policy.model.path)."), exc.value.reason
     assert "overrides the file's" in exc.value.fix
     assert api.request_from_config(imported, {"model": "qwen2.5-7b"}).model == "qwen2.5-7b"
+
+
+def test_a_colocated_skyrl_engine_count_that_does_not_fill_the_policy_gpus_is_said():
+    """colocate_all with num_engines 2 x rollout TP 2 on 8 policy GPUs: SkyRL's validate_cfg refuses it (the engines
+    must fill the policy's GPUs), and meshplan read the count and said nothing, planning 4 engines. It is said among
+    what the check does not cover, with the engines meshplan plans; a count that fills them is not."""
+    text = SKYRL_TRAIN_FLAT.replace("generator.num_inference_engines=4", "generator.num_inference_engines=2")
+    said = [u for u in import_config(text, "run_gsm8k.sh").unsupported if "validate_cfg" in u]
+    assert said == ["run_gsm8k.sh:7 generator.num_inference_engines: 2 engines x rollout TP 2 x DP 1 = 4 GPUs, but "
+                    "colocate_all runs them on the policy's 8, and SkyRL's validate_cfg refuses a count that differs; "
+                    "meshplan plans the 8 GPUs' 4 engines"], said
+    assert not [u for u in import_config(SKYRL_TRAIN_FLAT, "run_gsm8k.sh").unsupported if "validate_cfg" in u]
