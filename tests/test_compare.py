@@ -621,3 +621,12 @@ def test_a_log_stating_far_more_tflops_than_its_step_time_implies_is_said():
     assert SHAPE_MISMATCH == 2.0
     assert said(1000.0) and "(0.5x)" in said(1000.0)[0]  # 451 / 1000 <= 1 / 2
     assert not said(900.0)  # 451 / 900 > 1 / 2
+
+
+def test_each_measured_rate_says_how_it_was_taken():
+    """A Megatron-LM log gives the step time and no tokens/s: the step time row's basis read 'tokens/s per GPU =
+    ... / (step time x 8 GPUs)', how the other row was derived from it. The step time is as logged, and the tokens/s
+    per GPU names its derivation."""
+    figures = {f.figure: f for f in api.compare_run(parse_request(LLAMA_8B_ON_8), megatron_iterations()).figures}
+    assert figures["step_time"].basis == "as logged", figures["step_time"].basis
+    assert figures["tokens_per_s_per_gpu"].basis.startswith("tokens/s per GPU = "), figures["tokens_per_s_per_gpu"]

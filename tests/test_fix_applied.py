@@ -544,3 +544,31 @@ def test_every_face_names_the_batch_beside_the_degree(capsys):
 
     structured = anyio.run(call).structured_content
     assert next(f["fix"] for f in structured["findings"] if f["id"] == "AD001") == fix
+
+
+def test_a_ds_config_fix_that_moves_the_batch_product_releases_the_accumulation(tmp_path):
+    """MEM001 on a ds_config stating train_batch_size 256, micro 4 and accumulation 8 (dp 8) with ZeRO-3 and the
+    optimizer on the CPU, for Llama-3.1-8B on 8 GPUs: its options 'micro_batch_size=1' and 'tp=2' were written as the
+    micro-batch (or the launch flag) alone, and the file so edited broke DeepSpeed's batch assertion (256 != 1 x 8 x 8;
+    WS003 on the fixed file). Each option that moves the product also removes gradient_accumulation_steps, the key
+    the file states dp through, which DeepSpeed then derives: applied, check finds no error."""
+    config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
+              "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config, indent=2))
+    request = {"model": "llama-3.1-8b", "num_gpus": 8}
+    report = api.check_config(api.request_from_config(api.import_file(str(path)), request),
+                              config=api.import_file(str(path)))
+    options = next(f for f in report.config_fixes if f.finding == "MEM001").options
+    edits = {frozenset(c.field for c in option): option for option in options}
+    assert [c.text for c in edits[frozenset({"micro_batch_size", "dp"})]] == [
+        '{"train_micro_batch_size_per_gpu": 1}  # line 3, was 4', "(remove gradient_accumulation_steps)  # line 4"]
+    assert "(remove gradient_accumulation_steps)  # line 4" in [c.text for c in edits[frozenset({"tp", "dp"})]]
+    released = {k: v for k, v in config.items() if k != "gradient_accumulation_steps"}
+    for file_keys, flags in (({"train_micro_batch_size_per_gpu": 1}, {}), ({}, {"tp": 2})):
+        fixed = released | file_keys
+        assert _deepspeed_batch(fixed, 8 // flags.get("tp", 1))[0] == 256
+        path.write_text(json.dumps(fixed, indent=2))
+        again = api.check_config(api.request_from_config(api.import_file(str(path)), request | flags))
+        assert not [f.id for f in again.findings if f.severity == "error"], again.findings

@@ -1327,3 +1327,66 @@ def test_an_unknown_framework_beside_a_file_is_refused_as_the_request_field_is()
         parse_request({"model": "llama-3.1-8b", "framework": "DEEPSPEED"})
     assert str(from_file.value) == str(from_request.value)
     assert "deepspeed" in str(from_file.value) and "DEEPSPEED" in str(from_file.value)
+
+
+def test_a_file_of_no_framework_names_the_field_on_every_face():
+    """A text no reader places, sent as MCP's config_text, was told 'Pass --framework', a flag the MCP tool has not:
+    the fix names the field on both faces (--framework; MCP: framework) and the frameworks read from that format."""
+    with pytest.raises(MeshplanError, match="cannot tell which framework this shell file") as exc:
+        import_config("--tensor-model-parallel-size 2\n", "<config_text>")
+    assert exc.value.fix.startswith("Pass the framework (--framework; MCP: framework); meshplan reads: "), exc.value.fix
+
+
+SKYRL_TRAIN_FLAT = """uv run --isolated --extra vllm -m skyrl_train.entrypoints.main_base \\
+  trainer.algorithm.advantage_estimator="grpo" \\
+  trainer.policy.model.path="Qwen/Qwen2.5-7B-Instruct" \\
+  trainer.placement.colocate_all=true \\
+  trainer.strategy=fsdp2 \\
+  trainer.placement.policy_num_gpus_per_node=8 \\
+  generator.num_inference_engines=4 \\
+  generator.inference_engine_tensor_parallel_size=2 \\
+  generator.backend=vllm \\
+  generator.gpu_memory_utilization=0.6 \\
+  generator.n_samples_per_prompt=5
+"""
+
+
+def test_skyrl_train_flat_generator_keys_are_the_rollout_settings():
+    """A script on skyrl_train's launcher (skyrl_train.entrypoints.main_base, a launcher the card reads) with its flat
+    generator keys (skyrl-train/skyrl_train/config/ppo_base_config.yaml: inference_engine_tensor_parallel_size,
+    gpu_memory_utilization, backend, num_inference_engines) had them said as 'no meshplan field', and the rollout
+    estimated at TP1 and a 0.8 memory fraction: they are read as the rollout's settings, as 0.4's
+    generator.inference_engine.* keys are."""
+    imported = import_config(SKYRL_TRAIN_FLAT, "run_gsm8k.sh")
+    assert imported.framework == "skyrl"
+    assert {k: imported.request.get(k) for k in ("rollout_tp", "rollout_memory_fraction", "rollout_engine")} == {
+        "rollout_tp": 2, "rollout_memory_fraction": 0.6, "rollout_engine": "vllm"}
+    assert imported.sources["rollout_tp"] == "run_gsm8k.sh:8 generator.inference_engine_tensor_parallel_size"
+    assert not [u for u in imported.unsupported if "generator.inference_engine_tensor_parallel_size" in u
+                or "gpu_memory_utilization" in u or "num_inference_engines" in u], imported.unsupported
+
+
+def test_a_model_the_catalog_lacks_read_from_a_file_names_its_line():
+    """check --config on a SkyRL script whose trainer.policy.model.path is a model outside the catalog said 'Unknown
+    model ...' with no word of the file: the refusal names the line it was read from and that a model given beside
+    the file overrides it; given beside, the file is checked."""
+    text = SKYRL_TRAIN_FLAT.replace("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct")
+    imported = import_config(text, "run_gsm8k.sh")
+    with pytest.raises(MeshplanError) as exc:
+        api.request_from_config(imported, {})
+    assert exc.value.reason == ("Unknown model 'Qwen/Qwen2.5-1.5B-Instruct' (read from the file: model at "
+                                "run_gsm8k.sh:3 trainer.policy.model.path)."), exc.value.reason
+    assert "overrides the file's" in exc.value.fix
+    assert api.request_from_config(imported, {"model": "qwen2.5-7b"}).model == "qwen2.5-7b"
+
+
+def test_a_colocated_skyrl_engine_count_that_does_not_fill_the_policy_gpus_is_said():
+    """colocate_all with num_engines 2 x rollout TP 2 on 8 policy GPUs: SkyRL's validate_cfg refuses it (the engines
+    must fill the policy's GPUs), and meshplan read the count and said nothing, planning 4 engines. It is said among
+    what the check does not cover, with the engines meshplan plans; a count that fills them is not."""
+    text = SKYRL_TRAIN_FLAT.replace("generator.num_inference_engines=4", "generator.num_inference_engines=2")
+    said = [u for u in import_config(text, "run_gsm8k.sh").unsupported if "validate_cfg" in u]
+    assert said == ["run_gsm8k.sh:7 generator.num_inference_engines: 2 engines x rollout TP 2 x DP 1 = 4 GPUs, but "
+                    "colocate_all runs them on the policy's 8, and SkyRL's validate_cfg refuses a count that differs; "
+                    "meshplan plans the 8 GPUs' 4 engines"], said
+    assert not [u for u in import_config(SKYRL_TRAIN_FLAT, "run_gsm8k.sh").unsupported if "validate_cfg" in u]

@@ -154,8 +154,13 @@ def test_a_skyrl_trainer_yaml_is_read_and_plans():
     imported = api.import_file(str(DATA / "skyrl_trainer.yaml"))
     assert imported.framework == "skyrl" and imported.request["num_gpus"] == 4
     assert imported.request["algorithm"] == "grpo" and imported.request["global_batch_size"] == 320
-    req = api.request_from_config(imported, {"gpu": "h100"})
+    # its model, Qwen2.5-1.5B-Instruct, is not in the catalog: refused with the file's line, and planned with one beside
+    with pytest.raises(MeshplanError, match=r"Unknown model 'Qwen/Qwen2.5-1.5B-Instruct' \(read from the file: model "
+                                            r"at .*skyrl_trainer.yaml:9 trainer.policy.model.path\)"):
+        api.request_from_config(imported, {"gpu": "h100"})
+    req = api.request_from_config(imported, {"gpu": "h100", "model": "qwen2.5-7b"})
     assert req.framework == "skyrl" and req.num_gpus == 4
+    assert api.estimate_memory(req).model == "Qwen2.5-7B"
 
 
 def test_a_yaml_of_neither_config_is_still_refused_with_its_keys():

@@ -727,6 +727,15 @@ def test_bubble_fraction_is_exact():
 def test_tp_across_nodes_names_the_slowdown():
     f = finding_of("TP004", *make(**L70B, num_gpus=16, tp=16))
     assert "450 GB/s" in f.message and "50 GB/s" in f.message and "about 9x slower" in f.message
+    assert f.message.startswith("tp=16 is larger than the 8-GPU NVLink domain"), f.message
+
+
+def test_a_tp_that_does_not_divide_the_domain_is_not_called_larger():
+    """tp=3 on 24 H100 crosses the 8-GPU domain (ranks 6-8 on two nodes) though it is smaller: TP004 said 'tp=3 is
+    larger than the 8-GPU NVLink domain'; it says the groups that straddle two domains."""
+    f = finding_of("TP004", *make(**L8B, num_gpus=24, tp=3))
+    assert f.message.startswith("tp=3 does not divide the 8-GPU NVLink domain"), f.message
+    assert "straddle two domains" in f.message and "larger" not in f.message
 
 
 def test_sequence_parallel_warnings():

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from meshplan import api
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput
@@ -237,3 +238,17 @@ def test_thin_headroom_layouts_are_named_not_ranked_silently():
     roomy = recommend(Request(model="1.5B", **fields), top_k=2)
     assert roomy.candidates[0].memory.headroom_bytes >= 0.1 * roomy.candidates[0].memory.capacity_bytes
     assert roomy.best_below_headroom is None
+
+
+def test_the_closest_misses_are_the_closest_of_the_layouts_with_the_least_states_or_floor():
+    """Llama-3.1-8B at 1,048,576 tokens on 8 H100 fits nowhere: the closest misses were the first three layouts
+    enumerated among those whose model states shard alike (CP4 DP2 at 346.8 GiB first), not TP8 (181.1 GiB) or CP8;
+    probed by both the state bound and the first-stage floor, the first named is no heavier than any one-stage layout
+    of tp x cp = 8 estimated at its lightest (ZeRO 3, full recompute, micro-batch 1)."""
+    rec = recommend(Request(model="llama-3.1-8b", num_gpus=8, seq_length=1048576), top_k=3)
+    assert rec.candidates == [] and rec.closest
+    lightest = min(api.estimate_memory(Request(model="llama-3.1-8b", num_gpus=8, seq_length=1048576, tp=tp, cp=8 // tp,
+                                           zero_stage=3, recompute="full", micro_batch_size=1)).peak_bytes
+                   for tp in (1, 2, 4, 8))
+    assert rec.closest[0].memory.peak_bytes <= lightest, [c.rationale for c in rec.closest]
+    assert rec.closest[0].plan.pp == 1 and rec.closest[0].plan.tp * rec.closest[0].plan.cp == 8

@@ -75,6 +75,14 @@ def measured_throughput(measured: MeasuredRun, job: Job) -> tuple[float | None, 
     return step, per_gpu, "; ".join(how) or "as logged"
 
 
+def _basis(how: str, figure: str) -> str:
+    """How one measured figure was taken, of measured_throughput's `how` (its derivations, each naming the figure it
+    gives: 'tokens/s per GPU = ...'): the derivations of that figure, else 'as logged'. The step time row read
+    'tokens/s per GPU = 4,194,304 tokens per step / (step time x 64 GPUs)' for a step time the log gave itself."""
+    own = [part for part in how.split("; ") if part.startswith(f"{figure} = ")]
+    return "; ".join(own) or "as logged"
+
+
 def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, measured: MeasuredRun,
                 factor: ClusterFactor | None = None) -> RunComparison:
     """The figures side by side; `throughput` is the model's own (uncalibrated) estimate. A log of RL steps is
@@ -91,8 +99,9 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
     step, per_gpu, how = measured_throughput(measured, job)
     logged = measured.global_batch_size
     other_batch = logged is not None and logged != job.global_batch_size  # the log timed a step of other work
+    step_basis, rate_basis = _basis(how, "step time"), _basis(how, "tokens/s per GPU")
     step_how = (f"not compared: the log's step runs {logged:,} sequences, the prediction's {job.global_batch_size:,} "
-                f"(tokens/s per GPU is compared); {how}") if other_batch else how
+                f"(tokens/s per GPU is compared); {step_basis}") if other_batch else step_basis
     f = factor.step_time_factor if factor is not None else None
     mfu = throughput.rl.update_mfu if throughput.rl is not None else throughput.mfu
     figures = [
@@ -103,7 +112,8 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
                 f"predicted: {where} less CUDA context; measured: max_memory_reserved"),
         _figure("step_time", "step time, s", throughput.step_time_s, step, tband, step_how,
                 throughput.step_time_s * f if f else None, compared=not other_batch),
-        _figure("tokens_per_s_per_gpu", "tokens/s per GPU", throughput.tokens_per_s_per_gpu, per_gpu, tband, how,
+        _figure("tokens_per_s_per_gpu", "tokens/s per GPU", throughput.tokens_per_s_per_gpu, per_gpu, tband,
+                rate_basis,
                 throughput.tokens_per_s_per_gpu / f if f else None),
         measured_mfu(job, throughput, measured, per_gpu, how, tband, f),
         _figure("logged_mfu", "MFU as the framework logs it" + (" (actor update)" if throughput.rl else ""), mfu,

@@ -25,8 +25,9 @@ class MeshplanError(ValueError):
         said = "; ".join(f"{name} at {sources[name]}" for name in self.fields if name in sources)
         if not said:
             return self
-        return MeshplanError(f"{self.reason.rstrip('.')} (read from the file: {said}).", fix=self.fix,
-                             fields=self.fields)
+        beside = "A value given beside the file (a flag beside --config, or the tool's argument) overrides the file's."
+        return MeshplanError(f"{self.reason.rstrip('.')} (read from the file: {said}).",
+                             fix=f"{self.fix} {beside}" if self.fix else beside, fields=self.fields)
 
 
 def closest(name: str, choices: Iterable[str], n: int = 5) -> list[str]:

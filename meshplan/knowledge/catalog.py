@@ -182,6 +182,7 @@ def _resolve_name(name: str) -> Architecture:
         fix=(f"Did you mean: {', '.join(hint_keys)}? " if hint_keys else "")
         + "Use a catalog key (meshplan models), a Hugging Face id (Instruct/Base/Chat variants of catalog models "
         "included), a path to a config.json, or a size like '70B'.",
+        fields=("model",),  # a model read from a config file: the refusal names its line (api.request_from_config)
     )
 
 

@@ -83,7 +83,12 @@ def tp_inside_nvlink(ctx: Context) -> Values:
     if mesh.tp_fits_domain(tp, domain):
         return None
     slowdown = gpu.intra_node_bandwidth / gpu.network_bandwidth
-    return {"tp": tp, "domain": domain, "gpu": gpu.name, "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}",
+    # a tp that does not divide the domain crosses it though it is smaller: tp=3 on 8 GPUs puts ranks 6-8 on two nodes
+    wider = tp > domain
+    return {"tp": tp, "domain": domain, "gpu": gpu.name, "spans": "is larger than" if wider else "does not divide",
+            "groups": "every TP group sends" if wider else "the TP groups that straddle two domains send, and the "
+                                                           "others wait for them,",
+            "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}",
             "net": f"{gpu.network_bandwidth / 1e9:.0f}", "slowdown": f"{slowdown:.0f}",
             "working": _tp_set(ctx, divisors(domain))}
 

@@ -237,14 +237,26 @@ def closest(search: BestFirstSearch, engine: Engine, count: int) -> list[NearMis
 
 
 def probe_closest(job: Job, fixed: Fixed, search: BestFirstSearch, count: int) -> None:
-    """Nothing was estimated (every layout failed a cheap bound): estimate the lightest variant of the layouts
-    with the smallest model-state bound, so the answer can say how far over they are."""
+    """Nothing was estimated (every layout failed a cheap bound): estimate the lightest variant (virtual stages left
+    out: they only add memory) of the 16 x `count` layouts with the smallest model-state bound and of those with the
+    smallest first-stage floor (the states and the activations the first stage saves; a last stage's logits are in
+    neither bound), so the answer names the closest of both. By the state bound alone and stopped at `count`, layouts
+    that shard the states alike tied and the first enumerated were named: Llama-3.1-8B at 1M tokens on 8 GPUs named CP4
+    DP2 (346.8 GiB) as the closest, not TP8 (181.1 GiB); by either bound alone and fewer layouts, DeepSeek-V3 on 64
+    GPUs named PP16 (230.9 GiB) or EP64 with CP4 (192.6 GiB), not CP32 (184.5 GiB). A few hundred memory estimates at
+    most (DeepSeek-V3 on 64 GPUs: about a second), on the path that found nothing to rank."""
     layouts, _ = enumerate_layouts(job, fixed)
     zero, recompute = search.zeros[-1], search.recomputes[-1]
-    ranked = sorted(layouts, key=lambda lay: search.states_bound(lay, zero))
-    for lay in ranked[: 4 * count]:
-        sizes = micro_batches(job, lay, fixed)
-        if sizes and not search.check_error(lay, zero, recompute, sizes[0]):
-            search.memory(lay, zero, recompute, sizes[0])
-        if len(search.near) >= count:
-            break
+    lightest: dict[tuple, tuple[Layout, int]] = {}
+    for lay in sorted(layouts, key=lambda lay: lay.vpp):
+        degrees = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, lay.first, lay.last, lay.split, lay.schedule)
+        if degrees not in lightest and (sizes := micro_batches(job, lay, fixed)):
+            lightest[degrees] = (lay, sizes[0])
+    pairs = list(lightest.values())
+    states = {id(p): search.states_bound(p[0], zero) for p in pairs}
+    floor = {id(p): search.floor_bytes(search.own(p[0]), zero, recompute, p[1]) for p in pairs}
+    by_states = sorted(pairs, key=lambda p: (states[id(p)], floor[id(p)]))
+    by_floor = sorted(pairs, key=lambda p: (floor[id(p)], states[id(p)]))
+    for lay, mbs in dict.fromkeys(by_states[: 16 * count] + by_floor[: 16 * count]):
+        if not search.check_error(lay, zero, recompute, mbs):
+            search.memory(lay, zero, recompute, mbs)

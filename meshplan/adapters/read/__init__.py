@@ -61,6 +61,7 @@ from meshplan.adapters.read.launch import (
     read_bridge_module,
     read_bridge_python,
     read_megatron,
+    recipe_call,
     wrapper_script,
 )
 from meshplan.adapters.read.lora_keys import (
@@ -100,10 +101,16 @@ def _megatron_or_deepspeed(text: str, path: str) -> Reading:
 BRIDGE_SCRIPT = re.compile(r"(?m)^cfg\.[\w.]+\s*=")  # a Python script setting a Bridge recipe's cfg.* fields
 
 
+def _bridge_script(text: str) -> bool:
+    """A Python script setting a Bridge recipe's cfg.* fields, or calling a recipe it imports from
+    megatron.bridge.recipes (launch.recipe_call: Bridge's quickstart's `config = llama32_1b_pretrain_config()`)."""
+    return bool(BRIDGE_SCRIPT.search(text)) or ("megatron.bridge.recipes" in text and recipe_call(text) is not None)
+
+
 def _read_as_python(text: str) -> bool:
     """Whether a Python reader takes the text: torchtitan's config_registry.py, a Bridge recipe module or cfg.* script
     (what _shell_reader and READERS send to them)."""
-    return bool(PYTHON_CONFIG.search(text) or BRIDGE_RECIPE.search(text) or BRIDGE_SCRIPT.search(text))
+    return bool(PYTHON_CONFIG.search(text) or BRIDGE_RECIPE.search(text) or _bridge_script(text))
 
 
 def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
@@ -114,6 +121,8 @@ def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
         return read_bridge_module
     if VERL_SFT.search(text):  # verl's SFT trainer, before the RL reader's verl.trainer
         return read_verl_sft
+    if not BRIDGE_SCRIPT.search(text) and _bridge_script(text):  # a script calling a recipe it imports
+        return read_bridge_python
     # verl's keys (actor_rollout_ref.*) or SkyRL's (generator.*, trainer.policy.*) before the entry point's name:
     # verl's DAPO recipe and SkyRL's DAPO example both run a main_dapo
     for pattern, reader in ((r"verl\.trainer|main_ppo|actor_rollout_ref\.", read_verl),
@@ -135,7 +144,7 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
     ("deepspeed", "shell"): lambda t, p: read_megatron(t, p, "deepspeed"),
     ("deepspeed", "json"): read_deepspeed_json,
     ("megatron-bridge", "shell"): lambda t, p: (read_bridge_module if BRIDGE_RECIPE.search(t) else read_bridge_python
-                                                if BRIDGE_SCRIPT.search(t) and "run_recipe.py" not in t
+                                                if _bridge_script(t) and "run_recipe.py" not in t
                                                 else read_bridge)(t, p),
     ("verl", "shell"): lambda t, p: (read_verl_sft if VERL_SFT.search(t) else read_verl)(t, p),
     ("verl", "yaml"): lambda t, p: (read_verl_yaml if yaml_kind(t) == "verl" else read_verl_sft_yaml)(t, p),
@@ -235,7 +244,7 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
         if fmt == "shell" and (called := _called(text, path)):  # a wrapper: the launch is in the script it calls
             raise wrapper_script(path, called)
         raise MeshplanError(f"{path}: meshplan cannot tell which framework this {fmt} file is for.",
-                            fix=f"Pass --framework; meshplan reads: {readable}.")
+                            fix=f"Pass the framework (--framework; MCP: framework); meshplan reads: {readable}.")
     try:
         reading = reader(text, path)
     except NoLaunch:

@@ -230,6 +230,21 @@ def _stated_through(imported: ImportedConfig, field: str) -> tuple[str | None, i
     return (key, int(found.group(1))) if found else (None, None)
 
 
+# The fields a file stating dp through the batch keys ties together (DeepSpeed's _batch_assertion: train_batch_size
+# = micro-batch x gradient_accumulation_steps x dp, dp = GPUs / (tp x pp x cp)): a change of any moves the product
+BATCH_PRODUCT = frozenset({"micro_batch_size", "global_batch_size", "dp", "tp", "pp", "cp", "num_gpus"})
+
+
+def _dp_through_released(imported: ImportedConfig, option: dict[str, Any]) -> dict[str, Any]:
+    """The option with the key the file states dp through removed (dp dropped) where it changes a field of the batch
+    product: MEM001's 'micro_batch_size=1' on a ds_config stating train_batch_size 256, micro 4 and accumulation 8
+    wrote the micro-batch alone, and DeepSpeed asserts 256 == 1 x 8 x 8 (WS003 on the fixed file); with
+    gradient_accumulation_steps removed DeepSpeed derives it (256 // 1 // 8 = 32)."""
+    if "dp" in option or not BATCH_PRODUCT & option.keys() or _stated_through(imported, "dp")[0] is None:
+        return option
+    return option | {"dp": None}
+
+
 def config_fixes(imported: ImportedConfig, findings: list[Finding],
                  in_effect: dict[str, Any] | None = None) -> list[ConfigFix]:
     """Each finding whose fix names field values, as edits of the imported file (none that writes a value the
@@ -238,7 +253,7 @@ def config_fixes(imported: ImportedConfig, findings: list[Finding],
     for finding in findings:
         if NO_FIX.search(finding.fix):  # "none of the nearby layouts fits (pp=2: 130 GiB ...)": misses, not fixes
             continue
-        options = fix_changes(finding.fix, imported.request, in_effect)
+        options = [_dp_through_released(imported, o) for o in fix_changes(finding.fix, imported.request, in_effect)]
         if options:
             out.append(ConfigFix(finding=finding.id, fix=finding.fix, options=[
                 [file_change(imported, field, value) for field, value in option.items()] for option in options]))

@@ -470,16 +470,21 @@ def skyrl_pools(reading: Reading) -> None:
     such a file was a colocated job on a quarter of its GPUs."""
     policy = reading.request.get("num_gpus")
     _other_pools(reading, policy)
-    colocate = reading.extra.get("colocate_all")
-    if colocate is None or as_bool(colocate[0]) is not False:
-        return
-    reading.state("placement", "separate", colocate[1])
     card = rl_card("skyrl")
     assert card is not None, "SkyRL runs RL jobs: its card has an rl section"
     engines = reading.whole("num_engines")
     tp = int(reading.request.get("rollout_tp", card.defaults.rollout_tp))
     dp = int(reading.request.get("rollout_dp", card.defaults.rollout_dp))
     where = reading.extra["num_engines"][1].where(reading.path) if engines else "num_engines 1 (SkyRL's default)"
+    colocate = reading.extra.get("colocate_all")
+    if colocate is None or as_bool(colocate[0]) is not False:
+        if engines and policy and engines * tp * dp != policy:  # validate_cfg (the card's rules_source) refuses it
+            reading.unsupported.append(
+                f"{where}: {engines} engines x rollout TP {tp} x DP {dp} = {engines * tp * dp} GPUs, but colocate_all "
+                f"runs them on the policy's {policy}, and SkyRL's validate_cfg refuses a count that differs; meshplan "
+                f"plans the {policy} GPUs' {policy // (tp * dp) or 1} engines")
+        return
+    reading.state("placement", "separate", colocate[1])
     rollout = (engines or 1) * tp * dp
     reading.state("rollout_gpus", rollout, f"{where} x rollout TP {tp} x DP {dp}")
     if policy is None:

@@ -5,6 +5,7 @@ overrides. The script is read by shell.py, never run; the keys' meanings come fr
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shlex
@@ -243,8 +244,9 @@ def launch_command(script: Script, framework: str) -> tuple[Command, int, bool]:
     if found is None:
         raise NoLaunch(f"{script.path}: no command launches {' or '.join(launchers)}, so this is not a "
                             f"{framework_card(framework).display_name} launch script meshplan can read.",
-                            fix="Pass --framework NAME if it is another framework's, or the script that runs the "
-                                "training (a loop or function around the launch line is not read).")
+                            fix="Pass the framework (--framework NAME; MCP: framework) if it is another "
+                                "framework's, or the script that runs the training (a loop or function around the "
+                                "launch line is not read).")
     return found
 
 
@@ -731,19 +733,73 @@ def read_deepspeed_settings(reading: Reading, settings: list[Setting]) -> Readin
 
 def read_bridge_python(text: str, path: str) -> Reading:
     """`cfg.<section>.<field> = value` lines applied to a recipe's ConfigContainer (what `meshplan render
-    megatron-bridge` writes): Python literals, never run."""
+    megatron-bridge` writes), or a training script that calls a recipe imported from megatron.bridge.recipes and sets
+    fields of what it returns (`config = llama32_1b_pretrain_config()`, then `config.train.micro_batch_size = 1` in
+    its main(): Bridge's tutorials/recipes quickstart), the recipe's name read as a recipe module's is: Python
+    literals, never run."""
     reading = Reading("megatron-bridge", path, variant="python")
     settings = [Setting(m.group(1), m.group(2).strip(), text.count("\n", 0, m.start()) + 1)
                 for m in re.finditer(r"^cfg\.([\w.]+)\s*=\s*(.+?)\s*(#.*)?$", text, re.M)]
-    if not settings:
+    recipe = None if settings else recipe_call(text)
+    if recipe is not None:
+        settings = recipe.settings
+    if not settings and recipe is None:
         raise MeshplanError(f"{path}: no `cfg.<section>.<field> = value` line and no run_recipe.py command.",
                             fix="Pass the run_recipe.py launch script, or the cfg assignments of your recipe.")
     section = read_section("megatron-bridge")
     _bridge_settings(reading, layout_settings(settings, section))
     restated_architecture(reading, settings, section)
-    reading.leave(("model", "num_gpus"), "model, num_gpus: cfg assignments apply to a recipe's config (pass --model "
-                                         "and --num-gpus)")
+    if recipe is None:
+        reading.leave(("model", "num_gpus"), "model, num_gpus: cfg assignments apply to a recipe's config (pass "
+                                             "--model and --num-gpus)")
+        return reading
+    state_name_facts(reading, recipe.name, recipe.line, sets_comm_overlap(s.key for s in settings))
+    if "num_gpus" not in reading.request:
+        reading.leave(("num_gpus",), f"num_gpus: {recipe.name}() runs on the GPUs torchrun starts it on (pass "
+                                     "--num-gpus)")
+    reading.notes.append(f"read the fields line {recipe.line}'s {recipe.name}() returns are set to in this script "
+                         "(the recipe's own values are Megatron-Bridge's, not read: pass what it sets as flags)"
+                         + ("" if recipe.variable == "cfg" else f"; check's fixes name that config cfg, which this "
+                                                                f"script calls {recipe.variable}"))
     return reading
+
+
+class RecipeCall(NamedTuple):
+    """A script's call of a Bridge recipe (its name, line, the variable it is assigned to) and the fields it sets on
+    the config returned."""
+
+    name: str
+    line: int
+    variable: str
+    settings: list[Setting]
+
+
+BRIDGE_RECIPES = re.compile(r"megatron\.bridge\.recipes(\.|$)")
+
+
+def recipe_call(text: str) -> RecipeCall | None:
+    """The first `NAME = <recipe>()` of a function imported from megatron.bridge.recipes anywhere in the script (its
+    main(), an `if __name__` block), with every `NAME.<section>.<field> = value` after it; None where there is none."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    recipes = {alias.asname or alias.name: alias.name for node in ast.walk(tree)
+               if isinstance(node, ast.ImportFrom) and BRIDGE_RECIPES.match(node.module or "")
+               for alias in node.names}
+    calls = sorted((node.lineno, node.targets[0].id, recipes[node.value.func.id]) for node in ast.walk(tree)
+                   if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                   and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                   and node.value.func.id in recipes)
+    if not calls:
+        return None
+    line, name, recipe = calls[0]
+    settings = sorted((Setting(ast.unparse(target).removeprefix(f"{name}."), ast.get_source_segment(text, node.value)
+                               or ast.unparse(node.value), node.lineno)
+                       for node in ast.walk(tree) if isinstance(node, ast.Assign) and node.lineno > line
+                       for target in node.targets if isinstance(target, ast.Attribute)
+                       and ast.unparse(target).startswith(f"{name}.")), key=lambda s: s.line)
+    return RecipeCall(recipe, line, name, settings)
 
 
 def _bridge_settings(reading: Reading, settings: list[Setting]) -> None:
