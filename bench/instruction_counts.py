@@ -5,7 +5,9 @@ with the machine's load, so two trees compare on a busy 2-core machine where wal
 The cases and the warm-up are recommend_speed.py's (CASES, WARM_UP). Each case runs twice under callgrind with
 PYTHONHASHSEED=0: the imports, the warm-up and the case asked `asks` times, and the same with it asked `asks - 1`
 times; the difference is one ask. With --first the case is asked once after the warm-up (its first ask, what a CLI
-call pays); without, twice (warm: its job's kept verdicts and replays already there). Needs valgrind on PATH.
+call pays); without, twice (warm: its job's kept verdicts and replays already there). The run that asks no case (the
+imports and the warm-up alone, --first's second run) is the same program for every case, so it runs once per call of
+this script (on the loaded 2-core machine one callgrind run takes most of an hour). Needs valgrind on PATH.
 
     python bench/instruction_counts.py [--first] [--only NAME]
 """
@@ -59,9 +61,13 @@ def main() -> None:
     asks = 1 if args.first else 2
     print(f"| case | instructions, one {'first' if args.first else 'warm'} ask |")
     print("|---|---|")
+    no_ask: list[int] = []  # the imports and the warm-up alone (the same program whatever the index): counted once
     for index, (name, _, _) in enumerate(CASES):
         if args.only in name:
-            one = instructions(index, asks) - instructions(index, asks - 1)
+            if asks - 1 == 0 and not no_ask:
+                no_ask.append(instructions(0, 0))
+            before = no_ask[0] if asks - 1 == 0 else instructions(index, asks - 1)
+            one = instructions(index, asks) - before
             print(f"| {name} | {one / 1e9:.3f} G |")
 
 
