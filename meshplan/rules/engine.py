@@ -522,9 +522,24 @@ class _Ctx:
 Program = tuple[tuple[tuple[Callable[..., Any], dict[Any, Fired], Runs, bool], ...], Fired]
 
 
-# A blocking rule as Verdicts.passes asks it: its condition, its verdicts' key (None: asked on every plan), whether
-# the key reads the job (JOB_READS), its verdict (fires) per key.
+# A blocking rule as Verdicts.passes and Verdicts.fires ask it: its condition, its verdicts' key (None: asked on
+# every plan), whether the key reads the job (JOB_READS), its verdict (fires) per key.
 BlockingVerdicts = tuple[Condition, Callable[..., Any] | None, bool, dict[Any, bool]]
+
+
+def _blocks(entry: BlockingVerdicts, job: Job, values: dict[str, Any], ctx: _Ctx) -> bool:
+    """Whether one blocking rule fires on the plan whose field values are `values`, from its verdict kept per what the
+    rule declares decides it: its screen where it has one (`@rule(screen=...)`: fires and passes alike, its words
+    are no part of a verdict), else the values of its reads (reads_of), every plan where it declares none; run on
+    the plan (ctx) where not kept."""
+    cond, key, reads_job, memo = entry
+    if key is None:
+        return cond(ctx.get()) is not None
+    k = key(values, job) if reads_job else key(values)
+    fires = memo.get(k)
+    if fires is None:
+        fires = _keep(memo, k, cond(ctx.get()) is not None)
+    return fires
 
 
 class Verdicts:
@@ -542,7 +557,7 @@ class Verdicts:
         self._parts: dict[tuple[Any, tuple[str, ...]], tuple[Part, ...] | None] = {}  # per ZeRO stage/engine, knobs
         # first_errors_over's parts per ZeRO stage, knobs and the knobs that differ: (those reading none, the others)
         self._splits: dict[tuple[int, tuple[str, ...], frozenset[str]], tuple[tuple[Part, ...], ...] | None] = {}
-        self._blocking_rules: dict[int, tuple[BlockingVerdicts, ...]] = {}  # passes' rules per ZeRO stage
+        self._blocking_rules: dict[int, dict[str, BlockingVerdicts]] = {}  # blocking rules per ZeRO stage
 
     def _program(self, zero_stage: int) -> Program:
         """Each group of the rules the plan's engine runs as (key, memo, rules), and the rules run on every plan."""
@@ -592,50 +607,47 @@ class Verdicts:
             return first_blocking(job, plan)
         return next((found for _, found in fired if found.severity == "error"), None)
 
-    def _blocking(self, zero_stage: int) -> tuple[BlockingVerdicts, ...]:
-        """passes' blocking rules of the plan's engine (its ZeRO stage's), in card order: (condition, key, whether the
-        key reads the job, its verdicts per key), once per ZeRO stage."""
+    def _blocking(self, zero_stage: int) -> dict[str, BlockingVerdicts]:
+        """The blocking rules of the plan's engine (its ZeRO stage's) by id, in card order: (condition, key, whether
+        the key reads the job, its verdicts per key), once per ZeRO stage; passes and fires read them."""
         hit = self._blocking_rules.get(zero_stage)
         if hit is None:
-            out: list[BlockingVerdicts] = []
-            for _, cond in blocking_rules(self.job.framework, backend_of(self.job.card, zero_stage)):
+            hit = self._blocking_rules[zero_stage] = {}
+            for spec, cond in blocking_rules(self.job.framework, backend_of(self.job.card, zero_stage)):
                 screen, fields = screen_of(cond), reads_of(cond)
                 if screen is not None:
-                    out.append((cond, screen, True, {}))
+                    hit[spec.id] = (cond, screen, True, {})
                 elif fields is None:
-                    out.append((cond, None, False, {}))
+                    hit[spec.id] = (cond, None, False, {})
                 else:
                     group = RuleGroup(tuple(sorted(fields)), (), {})
-                    out.append((cond, group.key, bool(group.job_fields), {}))
-            hit = self._blocking_rules[zero_stage] = tuple(out)
+                    hit[spec.id] = (cond, group.key, bool(group.job_fields), {})
         return hit
 
     def passes(self, job: Job, plan: Plan) -> bool:
         """Whether the plan breaks no blocking rule (first_error is None: the structural check's report is ok,
-        CheckReport.ok without the memory rules; job: as findings), from each blocking rule's verdict alone (fires or
-        passes), kept per what the rule declares it depends on: its screen where it has one (`@rule(screen=...)`),
-        else the values of its reads (reads_of: its words decide no verdict), every plan where it declares none. A
-        rule that fires is not run again on each plan with its key, as findings' kept verdicts run it again for its
-        finding's words: what the exhaustive oracle asks of every plan it builds (search/oracle.py; 26-30% slower on
-        findings' verdicts). Held to check's ok by tests/test_search_oracle.py; where a condition raises,
-        first_blocking answers (it raises again, or finds its error first)."""
-        values, ctx = plan.__dict__, None
+        CheckReport.ok without the memory rules; job: as findings), from each blocking rule's verdict alone
+        (_blocks, as fires asks it). A rule that fires is not run again on each plan with its key, as findings' kept
+        verdicts run it again for its finding's words: what the exhaustive oracle asks of every plan it builds
+        (search/oracle.py; 26-30% slower on findings' verdicts). Held to check's ok by tests/test_search_oracle.py;
+        where a condition raises, first_blocking answers (it raises again, or finds its error first)."""
+        values, ctx = plan.__dict__, _Ctx(job, plan)
         try:
-            for cond, key, reads_job, memo in self._blocking(plan.zero_stage):
-                if key is None:
-                    ctx = Context(job, plan) if ctx is None else ctx
-                    fires = cond(ctx) is not None
-                else:
-                    k = key(values, job) if reads_job else key(values)
-                    fires = memo.get(k)
-                    if fires is None:
-                        ctx = Context(job, plan) if ctx is None else ctx
-                        fires = memo[k] = cond(ctx) is not None
-                if fires:
+            for entry in self._blocking(plan.zero_stage).values():
+                if _blocks(entry, job, values, ctx):
                     return False
         except Exception:  # as findings
             return first_blocking(job, plan) is None
         return True
+
+    def fires(self, job: Job, plan: Plan, rule_id: str) -> bool:
+        """Whether the blocking rule `rule_id` fires on the plan (job: as findings): False where the job's framework
+        does not run it on the plan's engine (blocking_rules at its ZeRO stage), else its verdict as passes keeps it
+        (_blocks: one memo per rule, which both read). What the search's refusal proves a blocker with over a whole
+        space (search/refusal.blocking_rule: AD001 on a few dozen screens of 170,288 plans) and its EP overlap probe
+        asks of the rules that refuse the overlap (search/plans.a2a_overlap). A condition that raises raises here."""
+        entry = self._blocking(plan.zero_stage).get(rule_id)
+        return entry is not None and _blocks(entry, job, plan.__dict__, _Ctx(job, plan))
 
     def _parts_of(self, zero_stage: int, knobs: tuple[str, ...]) -> tuple[Part, ...] | None:
         """The groups of the plan's engine in parts by the knob fields they read (knob_parts), once per engine and
