@@ -385,13 +385,15 @@ class RuleGroup:
         listed = [i for i, name in enumerate(fields) if name in PLAN_LIST_FIELDS]
         if not listed:
             return get
-        one = len(fields) == 1
+        if len(fields) == 1:
+            return lambda values: (None if (value := get(values)) is None else tuple(value),)
 
         def key(values: dict[str, Any]) -> tuple:
-            out = [get(values)] if one else list(get(values))
+            got = get(values)
             for i in listed:
-                out[i] = None if out[i] is None else tuple(out[i])
-            return tuple(out)
+                if got[i] is not None:  # copied only where a list field is set (most plans leave it None)
+                    return tuple(tuple(v) if j in listed and v is not None else v for j, v in enumerate(got))
+            return got
 
         return key
 
@@ -519,7 +521,15 @@ class _Ctx:
         return self.ctx
 
 
-Program = tuple[tuple[tuple[Callable[..., Any], dict[Any, Fired], Runs, bool], ...], Fired]
+# A ZeRO stage's program: its groups as _fired asks them (key, memo, runs, whether the key reads the job), the rules
+# run on every plan, and those of its groups that hold an error rule (first_error's).
+Program = tuple[tuple[tuple[Callable[..., Any], dict[Any, Fired], Runs, bool], ...], Fired,
+                tuple[tuple[Callable[..., Any], dict[Any, Fired], Runs, bool], ...]]
+
+
+def _has_error(group: RuleGroup) -> bool:
+    """Whether one of the group's rules is of severity error (one a first error can come from)."""
+    return any(spec.severity == "error" for _, spec, _ in group.rules)
 
 
 # A blocking rule as Verdicts.passes and Verdicts.fires ask it: its condition, its verdicts' key (None: asked on
@@ -568,13 +578,18 @@ class Verdicts:
             if hit is None:
                 groups, always = rule_groups(rules_for(self.job.framework, backend, False))
                 self._groups[backend] = groups
-                hit = self._programs[backend] = tuple((g.key, g.memo, g.runs, bool(g.job_fields))
-                                                      for g in _screened_as_one(groups)), always
+                program = [(g.key, g.memo, g.runs, bool(g.job_fields)) for g in _screened_as_one(groups)]
+                hit = self._programs[backend] = (
+                    tuple(program), always,
+                    tuple(p for g, p in zip(_screened_as_one(groups), program, strict=True) if _has_error(g)))
             self._by_zero[zero_stage] = hit
         return hit
 
-    def _fired(self, job: Job, plan: Plan) -> list[tuple[int, Finding]]:
-        groups, always = self._program(plan.zero_stage)
+    def _fired(self, job: Job, plan: Plan, errors: bool = False) -> list[tuple[int, Finding]]:
+        """The findings of the rules that fire on the plan (card position, finding), in card order; `errors`: of the
+        groups that hold an error rule only (first_error's: a group of warnings alone decides no first error)."""
+        program = self._program(plan.zero_stage)
+        groups, always = program[2] if errors else program[0], program[1]
         values = plan.__dict__
         ctx = _Ctx(job, plan)
         fired: list[tuple[int, Finding]] = []
@@ -602,7 +617,7 @@ class Verdicts:
     def first_error(self, job: Job, plan: Plan) -> Finding | None:
         """first_blocking(job, plan), from the kept verdicts (job: as findings)."""
         try:
-            fired = self._fired(job, plan)
+            fired = self._fired(job, plan, errors=True)
         except Exception:  # as findings
             return first_blocking(job, plan)
         return next((found for _, found in fired if found.severity == "error"), None)
@@ -654,7 +669,7 @@ class Verdicts:
         knobs; None where a rule runs on every plan."""
         hit = self._parts.get((zero_stage, knobs), False)
         if hit is False:
-            _, always = self._program(zero_stage)
+            always = self._program(zero_stage)[1]
             backend = backend_of(self.job.card, zero_stage)
             hit = self._parts.get((backend, knobs), False)
             if hit is False:
@@ -736,11 +751,13 @@ Part = tuple[Callable[..., Any], bool, dict[Any, tuple[int, Finding] | None], tu
 
 
 def knob_parts(groups: tuple[RuleGroup, ...], knobs: tuple[str, ...]) -> tuple[Part, ...]:
-    """The groups in parts: those that read no knob, then one part per maximal set of the knob fields the others read
-    (a group joins the smallest that holds its own, as rule_groups does with fields). A part's first error is decided
-    by every field its groups read (its key), so one lookup answers the part; grouped by the knobs they read, the
-    groups of a part change key together (a search's plans of one layout differ in the knobs), and the rules that read
-    only the layout's fields miss once per layout."""
+    """The groups that hold an error rule in parts: those that read no knob, then one part per maximal set of the knob
+    fields the others read (a group joins the smallest that holds its own, as rule_groups does with fields); a group
+    of warnings alone gives no first error, and its fields would only widen its part's key. A part's first error is
+    decided by every field its groups read (its key), so one lookup answers the part; grouped by the knobs they read,
+    the groups of a part change key together (a search's plans of one layout differ in the knobs), and the rules that
+    read only the layout's fields miss once per layout."""
+    groups = tuple(g for g in groups if _has_error(g))  # a part keeps first errors: warnings alone decide none
     reads = [frozenset(g.fields) & frozenset(knobs) for g in groups]
     tops: list[frozenset[str]] = [frozenset()] if frozenset() in reads else []
     for fields in sorted(set(reads) - {frozenset()}, key=lambda f: (-len(f), sorted(f))):
