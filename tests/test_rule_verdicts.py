@@ -20,6 +20,7 @@ from meshplan.rules import engine
 from meshplan.rules.engine import (
     Context,
     Verdicts,
+    backend_of,
     first_blocking,
     keyed_reads,
     load_rules,
@@ -419,3 +420,40 @@ def test_a_screened_rule_runs_once_per_screen_where_it_passes(monkeypatch):
         passed = {cond.screen(p.__dict__, job) for p in plans if cond(Context(job, p)) is None}
         assert plain[rid] == len(plans)
         assert calls.get(rid, 0) == len(passed) + len(fired) < len(plans), rid
+
+
+def _applies_and_fires(job: Job, plan: Plan, rule_id: str) -> bool:
+    """A rule's plain verdict, kept nowhere: it applies to the plan's framework and engine, and its condition fires."""
+    return (rule_specs()[rule_id].applies_to(job.framework, backend_of(job.card, plan.zero_stage))
+            and load_rules()[rule_id](Context(job, plan)) is not None)
+
+
+def test_a_blocking_rules_kept_verdict_is_its_plain_verdict_and_passes_reads_the_same():
+    """Verdicts.fires (what the search's refusal and its EP overlap probe ask) is, on every plan, whether the rule
+    applies to the plan's framework and engine and its condition fires (or raises as it does); passes is whether none
+    of them fires. Both read one memo per rule, filled in any order: each plan is asked by one of them first, and a
+    copy of the job at another global batch size shares them (a rule reading the batch is keyed by it too)."""
+    rng = random.Random(60)
+    ids = [rid for rid, spec in rule_specs().items() if spec.severity == "error" and not spec.memory]
+    asked = fired = 0
+    for first, base in JOBS:
+        kept = Verdicts(first)
+        for plan in fuzzed_plans(rng, base, 20):
+            job = first if rng.random() < 0.7 else first.model_copy(
+                update={"global_batch_size": rng.choice((1, 7, 64, first.global_batch_size * 2))})
+            passes_first = rng.random() < 0.5
+            if passes_first:
+                passed = _outcome(kept.passes, job, plan)
+            verdicts_of = {}
+            for rid in ids:
+                plain = _outcome(_applies_and_fires, job, plan, rid)
+                assert _outcome(kept.fires, job, plan, rid) == plain, (rid, job.model.name, job.framework, plan)
+                verdicts_of[rid] = plain
+                asked += 1
+            if not passes_first:
+                passed = _outcome(kept.passes, job, plan)
+            if all(v in (True, False) for v in verdicts_of.values()):
+                assert passed == (not any(verdicts_of.values()))
+                assert passed == (first_blocking(job, plan) is None)
+                fired += not passed
+    assert asked > 10_000 and fired > 200

@@ -11,7 +11,9 @@ from pydantic import ValidationError
 from meshplan.arithmetic.mesh import crosses_domains
 from meshplan.arithmetic.schedule import VirtualSplit
 from meshplan.check.config import check_config
-from meshplan.rules.engine import Context, backend_of, load_rules
+from meshplan.knowledge.cards import framework_card
+from meshplan.rules.engine import Context, backend_of, blocking_rules, load_rules
+from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
 from meshplan.search import recommend
 from meshplan.search.estimators import default_engine
@@ -125,6 +127,22 @@ def test_the_overlap_probe_is_keyed_by_all_its_rules_reads():
     reading = {name for name, cond in load_rules().items() if "moe_a2a_overlap" in (cond.reads or ())}
     assert reading == set(OVERLAP_RULES)
     assert "recompute_modules" not in CARRIED_FIELDS
+
+
+def test_the_rules_that_refuse_the_overlap_are_blocking_rules_wherever_the_search_opens_it():
+    """a2a_overlap asks each of OVERLAP_RULES through the job's kept verdicts (Verdicts.fires), which answer False for
+    a rule the plan's framework and engine do not run as a blocking rule: on every framework whose adapter renders
+    moe_a2a_overlap (where the search opens it), each is one at every engine its ZeRO stages select, so the probe
+    asks each rule's own condition."""
+    opened = 0
+    for name in FRAMEWORKS:
+        card = framework_card(name)
+        if card.adapter is None or not card.adapter.renders("moe_a2a_overlap"):
+            continue
+        for backend in set(card.engine.by_zero_stage.values()):
+            assert set(OVERLAP_RULES) <= {spec.id for spec, _ in blocking_rules(name, backend)}, (name, backend)
+            opened += 1
+    assert opened >= 2  # Megatron-Core and Megatron-Bridge
 
 
 @pytest.mark.parametrize("req", REQUESTS[:2] + REQUESTS[3:4], ids=lambda r: f"{r.model}-{r.num_gpus}")

@@ -16,6 +16,8 @@ from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, either_or
 from meshplan.faces import cli, display
+from meshplan.rules import engine
+from meshplan.rules.context import Context, backend_of
 from meshplan.schema.plan import Plan
 from meshplan.schema.request import Request
 from meshplan.search import refusal
@@ -269,6 +271,13 @@ def test_min_gpus_stops_after_one_count_on_a_rule_that_reads_no_count(monkeypatc
     assert reads_no_count("RC001") and not reads_no_count("RC003")  # RC003 reads tp, pp and ep
 
 
+def _runs_and_fires(job, plan, rule_id: str) -> bool:
+    """The plain verdict, kept nowhere: the rule applies to the plan's framework and engine, and its condition fires."""
+    if not engine.rule_specs()[rule_id].applies_to(job.framework, backend_of(job.card, plan.zero_stage)):
+        return False
+    return engine.load_rules()[rule_id](Context(job, plan)) is not None
+
+
 @pytest.mark.parametrize("fields", [dict(recompute="none", recompute_method="uniform"),  # RC003: reads tp, pp, ep
                                     dict(recompute="none", recompute_layers=1),  # RC001: reads no degree
                                     dict(recompute="selective", recompute_layers=2),
@@ -285,7 +294,7 @@ def test_a_blocker_read_on_the_layouts_told_apart_is_the_one_every_plan_breaks(f
     candidates = {f.id for f in refusal.first_errors(job, space.plan(plainest, space.zeros[0], space.recomputes[0],
                                                                          space.sizes(plainest)[0]))}
     every = [rule_id for rule_id in sorted(candidates, key=list(refusal.rule_specs()).index)
-             if all(refusal._fires(job, plan, rule_id) for lay in space.layouts for plan in space.plans(lay))]
+             if all(_runs_and_fires(job, plan, rule_id) for lay in space.layouts for plan in space.plans(lay))]
     assert (fast[0].id if fast else None) == (every[0] if every else None)
     if fast:
         assert len(refusal.layouts_told_apart(space, fast[0].id)) < len(space.layouts)
@@ -363,14 +372,29 @@ def test_the_scan_settles_a_stage_a_micro_batch_free_rule_refuses_without_an_est
 def test_a_blocker_is_asked_per_what_decides_its_verdict_not_per_plan(monkeypatch):
     """min-gpus of Qwen3-30B-A3B with LoRA on verl at zero_stage=2 (FP8, B200) is refused by AD001 on every plan.
     blocking_rule ran AD001, fix words and all, on each of the 170,288 plans of the spaces it proved that on (18 CPU-s);
-    it now keeps the rule's verdict per its screen (AD001's ZeRO stage and which degrees are over 1: rules/engine
-    `rule(screen=...)`), else per the fields it reads, and builds a layout's recompute and micro-batch variants only
-    where the rule reads them: the same refusal from a few dozen runs of the rule."""
+    it now asks the job's kept verdicts (rules/engine Verdicts.fires), which keep the rule's verdict per its screen
+    (AD001's ZeRO stage and which degrees are over 1: `rule(screen=...)`), else per the fields it reads, and builds a
+    layout's recompute and micro-batch variants only where the rule reads them: the same refusal from a few dozen runs
+    of the rule (its check on the plainest plans included)."""
     runs = []
-    real = refusal._fires
-    monkeypatch.setattr(refusal, "_fires", lambda job, plan, rule_id: runs.append(rule_id) or real(job, plan, rule_id))
-    req = Request(model="qwen3-30b-a3b", framework="verl", gpu="b200", lora_rank=8, micro_batch_size=4, zero_stage=2,
-                  precision="fp8")
-    answer = api.minimum_gpus(req)
+    conditions = engine.load_rules()
+    real = conditions["AD001"]
+
+    def counted(ctx):
+        runs.append(ctx.plan)
+        return real(ctx)
+
+    counted.reads, counted.screen, counted.words = real.reads, real.screen, real.words
+    monkeypatch.setitem(conditions, "AD001", counted)
+    engine.rules_for.cache_clear()
+    engine.blocking_rules.cache_clear()
+    try:
+        req = Request(model="qwen3-30b-a3b", framework="verl", gpu="b200", lora_rank=8, micro_batch_size=4,
+                      zero_stage=2, precision="fp8")
+        answer = api.minimum_gpus(req)
+    finally:
+        monkeypatch.undo()
+        engine.rules_for.cache_clear()
+        engine.blocking_rules.cache_clear()
     assert answer.num_gpus is None and answer.stopped_by == "rules" and "AD001" in answer.rationale
-    assert 0 < runs.count("AD001") < 1_000
+    assert 0 < len(runs) < 1_000

@@ -385,13 +385,15 @@ class RuleGroup:
         listed = [i for i, name in enumerate(fields) if name in PLAN_LIST_FIELDS]
         if not listed:
             return get
-        one = len(fields) == 1
+        if len(fields) == 1:
+            return lambda values: (None if (value := get(values)) is None else tuple(value),)
 
         def key(values: dict[str, Any]) -> tuple:
-            out = [get(values)] if one else list(get(values))
+            got = get(values)
             for i in listed:
-                out[i] = None if out[i] is None else tuple(out[i])
-            return tuple(out)
+                if got[i] is not None:  # copied only where a list field is set (most plans leave it None)
+                    return tuple(tuple(v) if j in listed and v is not None else v for j, v in enumerate(got))
+            return got
 
         return key
 
@@ -519,12 +521,35 @@ class _Ctx:
         return self.ctx
 
 
-Program = tuple[tuple[tuple[Callable[..., Any], dict[Any, Fired], Runs, bool], ...], Fired]
+# A ZeRO stage's program: its groups as _fired asks them (key, memo, runs, whether the key reads the job), the rules
+# run on every plan, and those of its groups that hold an error rule (first_error's).
+Program = tuple[tuple[tuple[Callable[..., Any], dict[Any, Fired], Runs, bool], ...], Fired,
+                tuple[tuple[Callable[..., Any], dict[Any, Fired], Runs, bool], ...]]
 
 
-# A blocking rule as Verdicts.passes asks it: its condition, its verdicts' key (None: asked on every plan), whether
-# the key reads the job (JOB_READS), its verdict (fires) per key.
+def _has_error(group: RuleGroup) -> bool:
+    """Whether one of the group's rules is of severity error (one a first error can come from)."""
+    return any(spec.severity == "error" for _, spec, _ in group.rules)
+
+
+# A blocking rule as Verdicts.passes and Verdicts.fires ask it: its condition, its verdicts' key (None: asked on
+# every plan), whether the key reads the job (JOB_READS), its verdict (fires) per key.
 BlockingVerdicts = tuple[Condition, Callable[..., Any] | None, bool, dict[Any, bool]]
+
+
+def _blocks(entry: BlockingVerdicts, job: Job, values: dict[str, Any], ctx: _Ctx) -> bool:
+    """Whether one blocking rule fires on the plan whose field values are `values`, from its verdict kept per what the
+    rule declares decides it: its screen where it has one (`@rule(screen=...)`: fires and passes alike, its words
+    are no part of a verdict), else the values of its reads (reads_of), every plan where it declares none; run on
+    the plan (ctx) where not kept."""
+    cond, key, reads_job, memo = entry
+    if key is None:
+        return cond(ctx.get()) is not None
+    k = key(values, job) if reads_job else key(values)
+    fires = memo.get(k)
+    if fires is None:
+        fires = _keep(memo, k, cond(ctx.get()) is not None)
+    return fires
 
 
 class Verdicts:
@@ -542,7 +567,7 @@ class Verdicts:
         self._parts: dict[tuple[Any, tuple[str, ...]], tuple[Part, ...] | None] = {}  # per ZeRO stage/engine, knobs
         # first_errors_over's parts per ZeRO stage, knobs and the knobs that differ: (those reading none, the others)
         self._splits: dict[tuple[int, tuple[str, ...], frozenset[str]], tuple[tuple[Part, ...], ...] | None] = {}
-        self._blocking_rules: dict[int, tuple[BlockingVerdicts, ...]] = {}  # passes' rules per ZeRO stage
+        self._blocking_rules: dict[int, dict[str, BlockingVerdicts]] = {}  # blocking rules per ZeRO stage
 
     def _program(self, zero_stage: int) -> Program:
         """Each group of the rules the plan's engine runs as (key, memo, rules), and the rules run on every plan."""
@@ -553,13 +578,18 @@ class Verdicts:
             if hit is None:
                 groups, always = rule_groups(rules_for(self.job.framework, backend, False))
                 self._groups[backend] = groups
-                hit = self._programs[backend] = tuple((g.key, g.memo, g.runs, bool(g.job_fields))
-                                                      for g in _screened_as_one(groups)), always
+                program = [(g.key, g.memo, g.runs, bool(g.job_fields)) for g in _screened_as_one(groups)]
+                hit = self._programs[backend] = (
+                    tuple(program), always,
+                    tuple(p for g, p in zip(_screened_as_one(groups), program, strict=True) if _has_error(g)))
             self._by_zero[zero_stage] = hit
         return hit
 
-    def _fired(self, job: Job, plan: Plan) -> list[tuple[int, Finding]]:
-        groups, always = self._program(plan.zero_stage)
+    def _fired(self, job: Job, plan: Plan, errors: bool = False) -> list[tuple[int, Finding]]:
+        """The findings of the rules that fire on the plan (card position, finding), in card order; `errors`: of the
+        groups that hold an error rule only (first_error's: a group of warnings alone decides no first error)."""
+        program = self._program(plan.zero_stage)
+        groups, always = program[2] if errors else program[0], program[1]
         values = plan.__dict__
         ctx = _Ctx(job, plan)
         fired: list[tuple[int, Finding]] = []
@@ -587,62 +617,59 @@ class Verdicts:
     def first_error(self, job: Job, plan: Plan) -> Finding | None:
         """first_blocking(job, plan), from the kept verdicts (job: as findings)."""
         try:
-            fired = self._fired(job, plan)
+            fired = self._fired(job, plan, errors=True)
         except Exception:  # as findings
             return first_blocking(job, plan)
         return next((found for _, found in fired if found.severity == "error"), None)
 
-    def _blocking(self, zero_stage: int) -> tuple[BlockingVerdicts, ...]:
-        """passes' blocking rules of the plan's engine (its ZeRO stage's), in card order: (condition, key, whether the
-        key reads the job, its verdicts per key), once per ZeRO stage."""
+    def _blocking(self, zero_stage: int) -> dict[str, BlockingVerdicts]:
+        """The blocking rules of the plan's engine (its ZeRO stage's) by id, in card order: (condition, key, whether
+        the key reads the job, its verdicts per key), once per ZeRO stage; passes and fires read them."""
         hit = self._blocking_rules.get(zero_stage)
         if hit is None:
-            out: list[BlockingVerdicts] = []
-            for _, cond in blocking_rules(self.job.framework, backend_of(self.job.card, zero_stage)):
+            hit = self._blocking_rules[zero_stage] = {}
+            for spec, cond in blocking_rules(self.job.framework, backend_of(self.job.card, zero_stage)):
                 screen, fields = screen_of(cond), reads_of(cond)
                 if screen is not None:
-                    out.append((cond, screen, True, {}))
+                    hit[spec.id] = (cond, screen, True, {})
                 elif fields is None:
-                    out.append((cond, None, False, {}))
+                    hit[spec.id] = (cond, None, False, {})
                 else:
                     group = RuleGroup(tuple(sorted(fields)), (), {})
-                    out.append((cond, group.key, bool(group.job_fields), {}))
-            hit = self._blocking_rules[zero_stage] = tuple(out)
+                    hit[spec.id] = (cond, group.key, bool(group.job_fields), {})
         return hit
 
     def passes(self, job: Job, plan: Plan) -> bool:
         """Whether the plan breaks no blocking rule (first_error is None: the structural check's report is ok,
-        CheckReport.ok without the memory rules; job: as findings), from each blocking rule's verdict alone (fires or
-        passes), kept per what the rule declares it depends on: its screen where it has one (`@rule(screen=...)`),
-        else the values of its reads (reads_of: its words decide no verdict), every plan where it declares none. A
-        rule that fires is not run again on each plan with its key, as findings' kept verdicts run it again for its
-        finding's words: what the exhaustive oracle asks of every plan it builds (search/oracle.py; 26-30% slower on
-        findings' verdicts). Held to check's ok by tests/test_search_oracle.py; where a condition raises,
-        first_blocking answers (it raises again, or finds its error first)."""
-        values, ctx = plan.__dict__, None
+        CheckReport.ok without the memory rules; job: as findings), from each blocking rule's verdict alone
+        (_blocks, as fires asks it). A rule that fires is not run again on each plan with its key, as findings' kept
+        verdicts run it again for its finding's words: what the exhaustive oracle asks of every plan it builds
+        (search/oracle.py; 26-30% slower on findings' verdicts). Held to check's ok by tests/test_search_oracle.py;
+        where a condition raises, first_blocking answers (it raises again, or finds its error first)."""
+        values, ctx = plan.__dict__, _Ctx(job, plan)
         try:
-            for cond, key, reads_job, memo in self._blocking(plan.zero_stage):
-                if key is None:
-                    ctx = Context(job, plan) if ctx is None else ctx
-                    fires = cond(ctx) is not None
-                else:
-                    k = key(values, job) if reads_job else key(values)
-                    fires = memo.get(k)
-                    if fires is None:
-                        ctx = Context(job, plan) if ctx is None else ctx
-                        fires = memo[k] = cond(ctx) is not None
-                if fires:
+            for entry in self._blocking(plan.zero_stage).values():
+                if _blocks(entry, job, values, ctx):
                     return False
         except Exception:  # as findings
             return first_blocking(job, plan) is None
         return True
+
+    def fires(self, job: Job, plan: Plan, rule_id: str) -> bool:
+        """Whether the blocking rule `rule_id` fires on the plan (job: as findings): False where the job's framework
+        does not run it on the plan's engine (blocking_rules at its ZeRO stage), else its verdict as passes keeps it
+        (_blocks: one memo per rule, which both read). What the search's refusal proves a blocker with over a whole
+        space (search/refusal.blocking_rule: AD001 on a few dozen screens of 170,288 plans) and its EP overlap probe
+        asks of the rules that refuse the overlap (search/plans.a2a_overlap). A condition that raises raises here."""
+        entry = self._blocking(plan.zero_stage).get(rule_id)
+        return entry is not None and _blocks(entry, job, plan.__dict__, _Ctx(job, plan))
 
     def _parts_of(self, zero_stage: int, knobs: tuple[str, ...]) -> tuple[Part, ...] | None:
         """The groups of the plan's engine in parts by the knob fields they read (knob_parts), once per engine and
         knobs; None where a rule runs on every plan."""
         hit = self._parts.get((zero_stage, knobs), False)
         if hit is False:
-            _, always = self._program(zero_stage)
+            always = self._program(zero_stage)[1]
             backend = backend_of(self.job.card, zero_stage)
             hit = self._parts.get((backend, knobs), False)
             if hit is False:
@@ -724,11 +751,13 @@ Part = tuple[Callable[..., Any], bool, dict[Any, tuple[int, Finding] | None], tu
 
 
 def knob_parts(groups: tuple[RuleGroup, ...], knobs: tuple[str, ...]) -> tuple[Part, ...]:
-    """The groups in parts: those that read no knob, then one part per maximal set of the knob fields the others read
-    (a group joins the smallest that holds its own, as rule_groups does with fields). A part's first error is decided
-    by every field its groups read (its key), so one lookup answers the part; grouped by the knobs they read, the
-    groups of a part change key together (a search's plans of one layout differ in the knobs), and the rules that read
-    only the layout's fields miss once per layout."""
+    """The groups that hold an error rule in parts: those that read no knob, then one part per maximal set of the knob
+    fields the others read (a group joins the smallest that holds its own, as rule_groups does with fields); a group
+    of warnings alone gives no first error, and its fields would only widen its part's key. A part's first error is
+    decided by every field its groups read (its key), so one lookup answers the part; grouped by the knobs they read,
+    the groups of a part change key together (a search's plans of one layout differ in the knobs), and the rules that
+    read only the layout's fields miss once per layout."""
+    groups = tuple(g for g in groups if _has_error(g))  # a part keeps first errors: warnings alone decide none
     reads = [frozenset(g.fields) & frozenset(knobs) for g in groups]
     tops: list[frozenset[str]] = [frozenset()] if frozenset() in reads else []
     for fields in sorted(set(reads) - {frozenset()}, key=lambda f: (-len(f), sorted(f))):

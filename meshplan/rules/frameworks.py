@@ -327,9 +327,9 @@ def _layout_knobs_used(values: dict, job: Job) -> tuple:
 AD001_READS = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "dp_replicate", "pipeline_schedule",
                "attention_backend", "first_stage_layers", "last_stage_layers", "pipeline_layout",
                "account_for_embedding", "account_for_loss")
-# AD001's ZeRO-stage fix per job and the plan's AD001_READS: the search's refusal asks the rule itself on every plan
-# of a space (search/refusal._fires), and the fix tries each stage twice; 170,288 plans of one job on 1 GPU (Qwen3-
-# 30B-A3B, verl, zero_stage=2) took 35 CPU-s in it, where a handful of distinct reads decide it
+# AD001's ZeRO-stage fix per job and the plan's AD001_READS: the search's refusal once asked the rule itself on every
+# plan of a space (now per screen, rules/engine.Verdicts.fires), and the fix tries each stage twice; 170,288 plans of
+# one job on 1 GPU (Qwen3-30B-A3B, verl, zero_stage=2) took 35 CPU-s in it, where a handful of distinct reads decide it
 _ZERO_INSTEAD: IdentityMemo[str] = IdentityMemo(limit=1 << 16)
 
 

@@ -19,7 +19,7 @@ from meshplan.arithmetic.memory_states import accumulated_grad_bytes, bytes_per_
 from meshplan.arithmetic.mesh import crosses_domains
 from meshplan.estimate.memory import FitVerdict, memory_budget
 from meshplan.estimate.perf import StepTerms
-from meshplan.rules.engine import Context, backend_of, load_rules
+from meshplan.rules.engine import backend_of, verdicts
 from meshplan.schema.plan import Job, Plan, step_microbatches
 from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
 from meshplan.search.estimators import Engine
@@ -203,7 +203,9 @@ class SearchPlans(HostCounts, OverlapChoice):
         """moe_a2a_overlap: the user's, else on wherever the rules that refuse it (OVERLAP_RULES: Megatron-Core's
         asserts, e.g. PP015) allow it. It adds no memory, and without a pipeline only hides time: one plan per key, as
         with the flex dispatcher; at pp > 1 it runs the combined 1F1B schedule, which may be slower, and the key's
-        plan is the faster of the two (overlap_choice.py). Verdicts once per what the rules read (OVERLAP_READS)."""
+        plan is the faster of the two (overlap_choice.py). Asked once per what the rules read (OVERLAP_READS), each
+        rule's verdict from the job's kept verdicts (rules/engine.Verdicts.fires: per its screen or reads; the rules
+        are blocking rules of every framework that renders the overlap, tests/test_search_plans_built.py)."""
         if "moe_a2a_overlap" in self.fixed:
             return bool(self.fixed.values["moe_a2a_overlap"])
         if lay.schedule == "combined_1f1b":  # the overlap's own schedule (a request that names it)
@@ -214,8 +216,8 @@ class SearchPlans(HostCounts, OverlapChoice):
         key = (lay.pp, lay.vpp, lay.ep, lay.etp, zero, recompute, lay.schedule)
         hit = self.overlaps.get(key)
         if hit is None:
-            ctx, rules = Context(self.job, self.plan(lay, zero, recompute, 1, overlap=True)), load_rules()
-            hit = self.overlaps[key] = all(rules[rule](ctx) is None for rule in OVERLAP_RULES)
+            probe, kept = self.plan(lay, zero, recompute, 1, overlap=True), verdicts(self.job)
+            hit = self.overlaps[key] = not any(kept.fires(self.job, probe, rule) for rule in OVERLAP_RULES)
         return hit
 
     def dispatcher(self, lay: Layout, zero: int) -> str:

@@ -5,8 +5,9 @@ how many plans and the nearest change to the request that opens it.
 
 A rule is a blocker only when it is proven to fire on every plan (every layout, ZeRO stage, recompute and
 micro-batch the search would try): the plainest plan at each ZeRO stage names the candidates, then each candidate's
-condition runs over the whole space and stops at the first plan that passes it. Requests the search can serve pay
-for a few structural checks only.
+verdict is asked over the whole space and stops at the first plan that passes it, from the job's kept verdicts
+(rules/engine.Verdicts.fires: per its screen or the fields it reads, so a space of 170,288 plans asks AD001 on a few
+dozen screens). Requests the search can serve pay for a few structural checks only.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from meshplan.check.config import check_structure
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, either_or, plural
 from meshplan.knowledge.compute_card import cp_comm_type_default
-from meshplan.rules.engine import Context, backend_of, finding, load_rules, reads_of, rule_specs, screen_of
+from meshplan.rules.engine import Context, finding, load_rules, reads_of, rule_specs, verdicts
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Finding
 from meshplan.search.job_memo import note_passed, passed_before
@@ -107,47 +108,16 @@ def first_error(job: Job, plan: Plan) -> Finding | None:
     return next((f for f in check_structure(job, plan) if f.severity == "error"), None)
 
 
-def _fires(job: Job, plan: Plan, rule_id: str) -> bool:
-    """Whether the rule applies to the plan's framework and engine and its condition fires on the plan."""
-    if not rule_specs()[rule_id].applies_to(job.framework, backend_of(job.card, plan.zero_stage)):
-        return False
-    return load_rules()[rule_id](Context(job, plan)) is not None
-
-
-class _Verdicts:
-    """One rule's verdicts over one job's space, each kept per what decides it: the rule's screen of the plan where it
-    has one (a coarser value equal on two plans only where it fires on both or passes on both: AD001's ZeRO stage and
-    which degrees are over 1), else the plan's values of the fields it declares it reads; a rule without declared
-    reads runs on every plan. So the refusal of a space of 170,288 plans asks AD001 on a few dozen screens, not on
-    each plan with its fix's words."""
-
-    def __init__(self, job: Job, rule_id: str) -> None:
-        self.job, self.rule_id = job, rule_id
-        cond = load_rules()[rule_id]
-        self.reads, self.screen = reads_of(cond), screen_of(cond)
-        self.kept: dict = {}
-
-    def fires(self, plan: Plan) -> bool:
-        if self.reads is None:
-            return _fires(self.job, plan, self.rule_id)
-        values = plan.__dict__
-        key = (self.screen(values, self.job) if self.screen is not None
-               else tuple(values.get(name) for name in self.reads))
-        key = (plan.zero_stage, key)  # the engine the rule applies to follows the stage (backend_of)
-        if key not in self.kept:
-            self.kept[key] = _fires(self.job, plan, self.rule_id)
-        return self.kept[key]
-
-    def plans(self, space: Space, lay: Layout) -> Iterator[Plan]:
-        """The layout's plans that can differ in the rule's verdict: every ZeRO stage, and the recomputes and
-        micro-batches only where the rule reads them (a plan's other fields are the layout's at every knob)."""
-        reads = self.reads
-        recomputes = space.recomputes if reads is None or "recompute" in reads else space.recomputes[:1]
-        sizes = space.sizes(lay) if reads is None or not reads_no_micro_batch(self.rule_id) else space.sizes(lay)[:1]
-        for zero in space.zeros:
-            for recompute in recomputes:
-                for mbs in sizes:
-                    yield space.plan(lay, zero, recompute, mbs)
+def told_apart_plans(space: Space, rule_id: str, lay: Layout) -> Iterator[Plan]:
+    """The layout's plans that can differ in the rule's verdict: every ZeRO stage, and the recomputes and
+    micro-batches only where the rule reads them (a plan's other fields are the layout's at every knob)."""
+    reads = reads_of(load_rules()[rule_id])
+    recomputes = space.recomputes if reads is None or "recompute" in reads else space.recomputes[:1]
+    sizes = space.sizes(lay)[:1] if reads_no_micro_batch(rule_id) else space.sizes(lay)
+    for zero in space.zeros:
+        for recompute in recomputes:
+            for mbs in sizes:
+                yield space.plan(lay, zero, recompute, mbs)
 
 
 def blocking_rule(space: Space) -> tuple[Finding, int] | None:
@@ -159,11 +129,11 @@ def blocking_rule(space: Space) -> tuple[Finding, int] | None:
         probes = [first_errors(job, space.plan(plainest, z, space.recomputes[0], space.sizes(plainest)[0]))
                   for z in space.zeros]
         candidates = set.intersection(*({f.id for f in p} for p in probes))
+        kept = verdicts(job)  # each rule's verdict kept per what decides it (Verdicts.fires)
         for rule_id in sorted(candidates, key=list(rule_specs()).index):
-            verdicts = _Verdicts(job, rule_id)
-            if all(verdicts.fires(plan) for lay in layouts_told_apart(space, rule_id)
-                   for plan in verdicts.plans(space, lay)) and all(
-                    verdicts.fires(space.plan(fixed_experts(space, group.example), z, r, 1))
+            if all(kept.fires(job, plan, rule_id) for lay in layouts_told_apart(space, rule_id)
+                   for plan in told_apart_plans(space, rule_id, lay)) and all(
+                    kept.fires(job, space.plan(fixed_experts(space, group.example), z, r, 1), rule_id)
                     for group in space.dropped for z in space.zeros for r in space.recomputes):
                 total = sum(space.count(lay) for lay in space.layouts) + sum(space.dropped_by().values())
                 return worded_over_stages(space, rule_id, next(f for f in probes[0] if f.id == rule_id)), total
