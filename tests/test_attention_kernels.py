@@ -50,7 +50,8 @@ def test_every_kernel_a_card_names_is_in_the_table():
         section = framework_card(name).attention
         if section is None:
             continue
-        for table in (section.kernel, *section.by_version.values(), section.backends, section.model_kernels):
+        for table in (section.kernel, *section.by_version.values(), section.backends, section.model_kernels,
+                      *section.on_arch.values()):
             assert set(table.values()) <= kernels, name
 
 

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.arithmetic.mesh import job_domain, mesh_groups
 from meshplan.arithmetic.offload import job_offload_plan
+from meshplan.estimate.attention_time import attention_kernel
+from meshplan.knowledge.calibration import attention_fraction_assumed
 from meshplan.knowledge.cards import load_card
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ErrorBand, MemoryReport, ThroughputReport
@@ -186,6 +188,9 @@ def terms(job: Job, plan: Plan, kind: Kind) -> list[str]:
         out.append("offload time" if kind == "throughput" else "offloaded bytes")
     if job.rl is not None:
         out.append("RL step" if kind == "throughput" else "RL phases")
+    kernel = attention_kernel(job, plan.attention_backend, plan.zero_stage) if kind == "throughput" else None
+    if attention_fraction_assumed(kernel, job.gpu.arch):  # no published figure: no run can have measured it
+        out.append(f"{kernel} attention on {job.gpu.arch} (fraction assumed)")
     return out
 
 

@@ -80,7 +80,7 @@ def attention_kernel(job: Job, backend: str = "auto", zero_stage: int | None = N
         return own
     if backend == "auto":
         return card.kernel_for(job.framework_version, job.gpu.arch, engine=engine, mla=job.model.mla is not None)
-    return card.backends.get(backend)  # type: ignore[call-overload]
+    return card.backend_kernel(backend, job.gpu.arch)
 
 
 def op_sac_recomputes_attention(job: Job, backend: str = "auto", zero_stage: int | None = None) -> bool:

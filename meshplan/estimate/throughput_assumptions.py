@@ -18,7 +18,12 @@ from meshplan.estimate.moe_time import dispatcher_passes, moe_host_syncs
 from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_bytes, overlap_off, sharding_schedule
 from meshplan.estimate.tp_overlap import tp_ring_passes
 from meshplan.knowledge.adapter_knobs import shared_expert_overlap
-from meshplan.knowledge.calibration import Calibration, calibration_summary, flex_dispatch_bandwidth
+from meshplan.knowledge.calibration import (
+    Calibration,
+    attention_fraction_assumed,
+    calibration_summary,
+    flex_dispatch_bandwidth,
+)
 from meshplan.schema.model import layer_kind_counts
 from meshplan.schema.plan import Job, Plan
 
@@ -263,7 +268,7 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
         "over its three dimensions); "
         + (f"flash attention ({ctx.attention_kernel or 'fused'}) at {ctx.attention_fraction:.2f} of "
            f"peak with a "
-           f"{FLASH_ATTENTION_PASSES_PER_FORWARD - 1:g}x backward." if flash else
+           f"{FLASH_ATTENTION_PASSES_PER_FORWARD - 1:g}x backward" + _assumed_fraction(job, ctx) + "." if flash else
            "unfused attention: Q.K^T and P.V as batched GEMMs over the full s x s scores, plus "
            "memory-bound softmax" + (" and dropout" if ctx.dropout else "") + " passes over the scores.")
         + dsa_assumption(job),
@@ -275,6 +280,14 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
         f"{cal.nvlink_efficiency:.0%} / {cal.network_efficiency:.0%} of datasheet bandwidth.",
         f"Constants: cards/calibration.yaml ({calibration_summary(job.framework)}; errors in bench/README.md).",
     ]
+
+
+def _assumed_fraction(job: Job, ctx: LayerContext) -> str:
+    """The words for an attention fraction no published figure backs on the job's GPU (attention_fraction_assumed)."""
+    if not attention_fraction_assumed(ctx.attention_kernel, job.gpu.arch):
+        return ""
+    return (f" (assumed: no published measured fraction of peak for {ctx.attention_kernel} on {job.gpu.arch}; the "
+            "shared fused-kernel value, cards/calibration.yaml attention_kernels)")
 
 
 def _hybrid_assumption(job: Job, cal: Calibration) -> str:

@@ -48,6 +48,10 @@ class AttentionKernel(BaseModel):
                                           "so a window attends the key blocks its query block overlaps "
                                           "(flops.tiled_window_keys); empty: the keys the window leaves, exactly")
     local_tiles_source: str = ""
+    assumed_on: list[str] = Field(
+        default_factory=list, description="GPU archs on which no published measured figure for the kernel was found: "
+                                          "it takes the shared attention_peak_fraction there as an assumption, and "
+                                          "the throughput report says so (attention_fraction_assumed)")
     meaning: str
     source: str
     fitted: str | None = None
@@ -308,6 +312,13 @@ def attention_fraction(cal: Calibration, kernel: str | None, arch: str | None) -
     if entry is None or arch is None or arch not in entry.by_arch:
         return cal.attention_peak_fraction
     return entry.by_arch[arch]
+
+
+def attention_fraction_assumed(kernel: str | None, arch: str | None) -> bool:
+    """Whether `kernel`'s fraction on `arch` is an assumption (its attention_kernels entry's assumed_on: ROCm's CK
+    and AOTriton attention on MI300X, for want of a published measured fraction of peak)."""
+    entry = calibration_card().attention_kernels.get(kernel) if kernel else None
+    return entry is not None and arch is not None and arch in entry.assumed_on
 
 
 def flex_dispatch_points(backend: str, arch: str | None) -> tuple[tuple[int, float], ...]:

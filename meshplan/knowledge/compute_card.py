@@ -79,6 +79,13 @@ class AttentionSemantics(_Card):
         default_factory=dict, description="The kernel (cards/calibration.yaml attention_kernels) each "
                                           "attention_backend the framework can be told to run is; one left out: the "
                                           "shared fraction")
+    on_arch: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="GPU arch (cards/hardware.yaml) -> {kernel the maps and backends name: the "
+                                          "kernel the same library runs on that arch}: on ROCm (cdna3) Transformer "
+                                          "Engine's fused attention and the flash-attn package run Composable "
+                                          "Kernel's, torch SDPA AOTriton's, none of them cuDNN. An arch left out: the "
+                                          "names hold")
+    on_arch_source: str = ""
     windowed_model_types: list[str] | None = Field(
         None, description="The model types (config.json model_type) whose sliding window the framework's model code "
                           "builds; a windowed model of another type trains every layer full (its window ignored). "
@@ -162,10 +169,19 @@ class AttentionSemantics(_Card):
         if engine in self.by_engine:
             table = self.by_engine[engine]  # type: ignore[index]
         elif mla and self.mla_backend is not None:
-            return self.backends.get(self.mla_backend)
+            return self.backend_kernel(self.mla_backend, arch)
         elif (line := longest_line(version, self.by_version)) is not None:
             table = self.by_version[line]
-        return table.get(arch or "", table.get("default"))
+        return self.on_gpu(table.get(arch or "", table.get("default")), arch)
+
+    def backend_kernel(self, backend: str, arch: str | None) -> str | None:
+        """The kernel attention_backend `backend` (flash / fused) runs on `arch` (backends, read through on_arch)."""
+        return self.on_gpu(self.backends.get(backend), arch)  # type: ignore[call-overload]
+
+    def on_gpu(self, kernel: str | None, arch: str | None) -> str | None:
+        """`kernel` as the library that names it runs on `arch` (on_arch: cuDNN / FlashAttention-2 on ROCm are CK or
+        AOTriton); unchanged where the card gives no other."""
+        return self.on_arch.get(arch or "", {}).get(kernel or "", kernel)
 
 
 def cp_comm_type_default(arch, attention: AttentionSemantics | None) -> str:
