@@ -32,8 +32,8 @@ MoeDispatcher = Literal["alltoall", "flex"]
 # which also span a multi-node NVLink domain (GB200 NVL72) and permute the tokens as they copy them.
 FlexBackend = Literal["deepep", "hybridep"]
 # The attention implementation (each framework's own values: its card's attention.backends and adapter knob): flash
-# (FlashAttention), fused (cuDNN / Transformer Engine FusedAttention), unfused (the scores materialised: softmax in
-# its own kernel), auto (what the framework picks by itself: its card's attention section).
+# (FlashAttention), fused (cuDNN / Transformer Engine FusedAttention; CK or AOTriton on ROCm), unfused (the scores
+# materialised: softmax in its own kernel), auto (what the framework picks by itself: its card's attention section).
 AttentionBackend = Literal["auto", "flash", "fused", "unfused"]
 # The pipeline schedule (meshplan/arithmetic/pipeline_timeline.py replays each): gpipe (all forwards, then all
 # backwards), 1f1b, interleaved_1f1b (vpp > 1), zero_bubble (the backward split into input and weight gradients, the

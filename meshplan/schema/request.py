@@ -279,10 +279,10 @@ class Request(StrictModel):
     )
     attention_backend: AttentionBackend | None = Field(
         None, description="Attention implementation: flash (FlashAttention-2), fused (cuDNN / Transformer Engine "
-                          "FusedAttention), unfused (the s x s scores materialised and kept for the backward, softmax "
-                          "and dropout as their own passes; Megatron-Core --attention-backend unfused, Hugging Face "
-                          "attn_implementation eager) or auto (default: what the framework picks by itself, its "
-                          "card's attention section)",
+                          "FusedAttention; on ROCm CK or AOTriton), unfused (the s x s scores materialised and kept "
+                          "for the backward, softmax and dropout as their own passes; Megatron-Core "
+                          "--attention-backend unfused, Hugging Face attn_implementation eager) or auto (default: "
+                          "what the framework picks by itself, its card's attention section)",
     )
     dropout: bool | None = Field(
         None, description="Attention and hidden dropout on (Megatron-Core --attention-dropout/--hidden-dropout 0.1, "
