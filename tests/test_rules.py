@@ -243,6 +243,8 @@ CASES: dict[str, tuple[dict, dict]] = {
                "attention_backend": "fused"}),
     "AT001": ({**L8B, "framework": "torchtitan", "num_gpus": 8, "attention_backend": "unfused"},
               {**L8B, "framework": "kempnerforge", "num_gpus": 8, "attention_backend": "unfused"}),
+    "AT003": ({**L8B, "framework": "kempnerforge", "gpu": "mi300x", "num_gpus": 8, "attention_backend": "fused"},
+              {**L8B, "framework": "kempnerforge", "gpu": "mi300x", "num_gpus": 8, "attention_backend": "flash"}),
     "CO001": ({**L8B, "num_gpus": 8, "torch_compile": True},
               {**L8B, "framework": "torchtitan", "num_gpus": 8, "torch_compile": True}),
     "TT001": ({**MIX, "framework": "torchtitan", "num_gpus": 8, "tp": 2, "ep": 4, "etp": 2},

@@ -7,7 +7,7 @@ from meshplan.arithmetic.flops import Gemm, attention_core_flops, dsa_loss_targe
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.knowledge.calibration import Calibration, attention_fraction, attention_tiles
-from meshplan.knowledge.releases import kernel_before_change
+from meshplan.knowledge.releases import job_attention_kernel as attention_kernel
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job
 
@@ -65,22 +65,6 @@ def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
     if kernel is None:
         kernel = attention_kernel(job, backend, zero_stage)
     return kernel, attention_fraction(cal, kernel, job.gpu.arch)
-
-
-def attention_kernel(job: Job, backend: str = "auto", zero_stage: int | None = None) -> str | None:
-    """The flash kernel the job's framework runs (attention_efficiency's choice; None: the card names none)."""
-    fw = job.card
-    card = fw.attention
-    if card is None:
-        return None
-    engine = fw.engine_at(zero_stage) if zero_stage is not None else None
-    own = card.model_kernels.get(job.model.model_type) or kernel_before_change(
-        fw, job.framework_version, job.model.model_type)
-    if own is not None:
-        return own
-    if backend == "auto":
-        return card.kernel_for(job.framework_version, job.gpu.arch, engine=engine, mla=job.model.mla is not None)
-    return card.backend_kernel(backend, job.gpu.arch)
 
 
 def op_sac_recomputes_attention(job: Job, backend: str = "auto", zero_stage: int | None = None) -> bool:

@@ -48,6 +48,9 @@ class AttentionKernel(BaseModel):
                                           "so a window attends the key blocks its query block overlaps "
                                           "(flops.tiled_window_keys); empty: the keys the window leaves, exactly")
     local_tiles_source: str = ""
+    runs_on: list[str] = Field(
+        default_factory=list, description="The GPU archs its library runs on (empty: every one): an attention_backend "
+                                          "whose kernel does not run on the job's GPU is refused (rule AT003)")
     assumed_on: list[str] = Field(
         default_factory=list, description="GPU archs on which no published measured figure for the kernel was found: "
                                           "it takes the shared attention_peak_fraction there as an assumption, and "
@@ -319,6 +322,13 @@ def attention_fraction_assumed(kernel: str | None, arch: str | None) -> bool:
     and AOTriton attention on MI300X, for want of a published measured fraction of peak)."""
     entry = calibration_card().attention_kernels.get(kernel) if kernel else None
     return entry is not None and arch is not None and arch in entry.assumed_on
+
+
+def attention_kernel_runs(kernel: str | None, arch: str | None) -> bool:
+    """Whether `kernel` runs on a GPU of generation `arch` (its attention_kernels entry's runs_on; a kernel or arch
+    the card does not pin: yes). cuDNN's does not on AMD GPUs."""
+    entry = calibration_card().attention_kernels.get(kernel) if kernel else None
+    return entry is None or arch is None or not entry.runs_on or arch in entry.runs_on
 
 
 def flex_dispatch_points(backend: str, arch: str | None) -> tuple[tuple[int, float], ...]:

@@ -24,10 +24,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import date
+from typing import TYPE_CHECKING
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import FrameworkCard
 from meshplan.knowledge.release_card import ReleaseChange
+
+if TYPE_CHECKING:
+    from meshplan.schema.plan import Job
 
 # PEP 440's shape, ASCII digits only: an optional 'v', the release numbers, pre/post/dev tags, a local '+...' suffix.
 _VERSION = re.compile(
@@ -193,3 +197,21 @@ def kernel_before_change(card: FrameworkCard, version: str | None, model_type: s
     if change is None or not change.acts_on(model_type) or not predates(version, change):
         return None
     return change.kernel_before
+
+
+def job_attention_kernel(job: Job, backend: str = "auto", zero_stage: int | None = None) -> str | None:
+    """The flash kernel the job's framework runs (estimate/attention_time.attention_efficiency's choice, rule AT003's
+    kernel; None: the card names none): the model's own (attention.model_kernels, kernel_before_change), else auto's
+    on the GPU's arch for the engine of `zero_stage`, else the named backend's, each read through attention.on_arch."""
+    fw = job.card
+    card = fw.attention
+    if card is None:
+        return None
+    engine = fw.engine_at(zero_stage) if zero_stage is not None else None
+    own = card.model_kernels.get(job.model.model_type) or kernel_before_change(
+        fw, job.framework_version, job.model.model_type)
+    if own is not None:
+        return own
+    if backend == "auto":
+        return card.kernel_for(job.framework_version, job.gpu.arch, engine=engine, mla=job.model.mla is not None)
+    return card.backend_kernel(backend, job.gpu.arch)

@@ -7,7 +7,9 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
+from meshplan.knowledge.calibration import attention_kernel_runs
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.releases import job_attention_kernel
 from meshplan.rules.context import cp_padding_of, rank_tokens
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.schema.choices import FRAMEWORKS
@@ -47,6 +49,21 @@ def flash_on_unequal_head_widths(ctx: Context) -> Values:
         return None
     return {"model": ctx.job.model.name, "qk": qk, "v": v}
 
+
+
+@rule("AT003", reads=("zero_stage", "attention_backend"))
+def backend_kernel_not_on_the_gpu(ctx: Context) -> Values:
+    """attention_backend flash or fused whose kernel (releases.job_attention_kernel, read through the card's
+    attention.on_arch) does not run on the job's GPU (cards/calibration.yaml attention_kernels runs_on): KempnerForge's
+    sdpa_backend cudnn on an MI300X, where torch SDPA has no cuDNN backend."""
+    p, job = ctx.plan, ctx.job
+    if p.attention_backend not in ("flash", "fused"):
+        return None
+    kernel = job_attention_kernel(job, p.attention_backend, p.zero_stage)
+    if attention_kernel_runs(kernel, job.gpu.arch):
+        return None
+    return {"backend": p.attention_backend, "framework": ctx.card.display_name, "kernel": kernel,
+            "gpu": job.gpu.name, "arch": job.gpu.arch}
 
 
 @rule("CH001", reads=("zero_stage", "attention_backend", "micro_batch_size", "tp", "cp"))
