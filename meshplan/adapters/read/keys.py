@@ -253,6 +253,7 @@ class Reading:
     batch_per_dp: int | None = None  # ImportedConfig.batch_per_dp
     allocator_env: list[Setting] = field(default_factory=list)  # PYTORCH_(CUDA_)ALLOC_CONF the launch sets (launch.py)
     launch_line: str | None = None  # `path:line launcher` of the training command a launch script runs (launch.py)
+    config_variable: str | None = None  # ImportedConfig.config_variable
 
     def leave(self, fields: tuple[str, ...], said: str) -> None:
         """An unresolved line that these request fields, given beside the file, settle."""
