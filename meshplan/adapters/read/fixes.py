@@ -194,6 +194,11 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
             imported, field)
         return FileChange(field=field, value=None, key=where[0], line=where[1],
                           text=f"(remove {where[0]})  # line {where[1]}" if where[0] else f"(leave {field} out)")
+    through = _stated_through(imported, field) if field == "dp" else (None, None)
+    if through[0] is not None:  # a ds_config's dp, the quotient of its batch keys: the framework derives the new one
+        return FileChange(field=field, value=value, key=through[0], line=through[1],
+                          text=f"(remove {through[0]})  # line {through[1]}: "
+                               f"{framework_card(imported.framework).display_name} derives it, dp {value}")
     if source is not None and _same_key(imported, field, value, source.group("key")):
         key = source.group("key")
         text = written(key, _card_value(imported, field, value), fmt, imported.variant, imported.framework,
