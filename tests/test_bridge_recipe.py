@@ -229,3 +229,27 @@ def test_a_training_script_that_sets_a_recipes_fields_is_read():
     assert [left.fields for left in imported.left_to_request] == [["num_gpus"]]
     report = api.check_config(api.request_from_config(imported, {"num_gpus": 8}), config=imported)
     assert report.plan.tp == 2 and report.plan.dp == 4
+
+
+def test_check_fixes_on_a_training_script_set_the_fields_on_its_own_config_name():
+    """check's fixes on the quickstart, whose config is `config` (launch.recipe_call), wrote `cfg.train.micro_batch_size
+    = 1`, a name the script never defines (NameError where pasted); they set the fields on the script's own name, the
+    field the file states on its line and the one it leaves out alike. A cfg.* file keeps cfg."""
+    text = QUICKSTART.replace("micro_batch_size = 4", "micro_batch_size = 16")
+    imported = api.import_config(text, path="train.py")
+    assert imported.config_variable == "config"
+    report = api.check_config(api.request_from_config(imported, {"num_gpus": 8}), config=imported)
+    fix = next(f for f in report.config_fixes if f.finding == "MEM001")
+    texts = [change.text for option in fix.options for change in option]
+    assert "config.train.micro_batch_size = 1  # line 10, was 16" in texts
+    assert 'config.model.recompute_granularity = "full"' in texts
+    assert not any(t.startswith("cfg.") for t in texts)
+    renamed = api.import_config(text.replace("config = pretrain_config()", "c = pretrain_config()")
+                                .replace("config.", "c.").replace("config=config", "config=c"), path="train.py")
+    fixed = api.check_config(api.request_from_config(renamed, {"num_gpus": 8}), config=renamed).config_fixes[0]
+    assert fixed.options[0][0].text.startswith("c.train.micro_batch_size = 1")
+    cfg_file = api.import_config("cfg.train.micro_batch_size = 16\n", path="cfg.py", framework="megatron-bridge")
+    assert cfg_file.config_variable is None
+    on_cfg = api.check_config(api.request_from_config(cfg_file, {"num_gpus": 8, "model": "llama-3-8b"}),
+                              config=cfg_file)
+    assert on_cfg.config_fixes[0].options[0][0].text.startswith("cfg.train.micro_batch_size = 1")

@@ -546,6 +546,32 @@ def test_every_face_names_the_batch_beside_the_degree(capsys):
     assert next(f["fix"] for f in structured["findings"] if f["id"] == "AD001") == fix
 
 
+def test_a_ds_config_memory_fix_names_the_dp_its_degrees_leave(tmp_path):
+    """MEM001's 'tp=2' on a ds_config stating dp 8 through its batch keys (train_batch_size 256 = micro 4 x
+    accumulation 8 x dp 8) named no dp, where KempnerForge's KF001 names the one its pp=1 leaves (fix_values.
+    dp_follows): it names dp = 8 GPUs / tp 2 = 4, written as the accumulation's removal, which DeepSpeed then derives
+    (256 // 4 // 4 = 16); applied, check finds no error. A request that states no dp names none."""
+    config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
+              "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config, indent=2))
+    request = {"model": "llama-3.1-8b", "num_gpus": 8}
+    imported = api.import_file(str(path))
+    found = next(f for f in api.check_config(api.request_from_config(imported, request), config=imported).findings
+                 if f.id == "MEM001")
+    assert " or tp=2, dp=4 (" in found.fix, found.fix
+    assert {"tp": 2, "dp": 4} in fix_changes(found.fix, imported.request)
+    fixed = {k: v for k, v in config.items() if k != "gradient_accumulation_steps"}
+    assert _deepspeed_batch(fixed, 8 // 2) == (256, 4, 16)
+    path.write_text(json.dumps(fixed, indent=2))
+    again = api.check_config(api.request_from_config(api.import_file(str(path)), request | {"tp": 2}))
+    assert again.plan.dp == 4 and not [f.id for f in again.findings if f.severity == "error"], again.findings
+    unstated = _errors({"framework": "deepspeed", "gpu": "h100", "micro_batch_size": 4, "global_batch_size": 256,
+                        "zero_stage": 3, "optimizer_offload": True} | request)["MEM001"]
+    assert " or tp=2 (" in unstated.fix, unstated.fix
+
+
 def test_a_ds_config_fix_that_moves_the_batch_product_releases_the_accumulation(tmp_path):
     """MEM001 on a ds_config stating train_batch_size 256, micro 4 and accumulation 8 (dp 8) with ZeRO-3 and the
     optimizer on the CPU, for Llama-3.1-8B on 8 GPUs: its options 'micro_batch_size=1' and 'tp=2' were written as the
@@ -564,7 +590,9 @@ def test_a_ds_config_fix_that_moves_the_batch_product_releases_the_accumulation(
     edits = {frozenset(c.field for c in option): option for option in options}
     assert [c.text for c in edits[frozenset({"micro_batch_size", "dp"})]] == [
         '{"train_micro_batch_size_per_gpu": 1}  # line 3, was 4', "(remove gradient_accumulation_steps)  # line 4"]
-    assert "(remove gradient_accumulation_steps)  # line 4" in [c.text for c in edits[frozenset({"tp", "dp"})]]
+    assert [(c.value, c.text) for c in edits[frozenset({"tp", "dp"})] if c.field == "dp"] == [
+        (4, "(remove gradient_accumulation_steps)  # line 4: DeepSpeed (with Megatron-DeepSpeed for TP/PP) derives it, "
+            "dp 4")]
     released = {k: v for k, v in config.items() if k != "gradient_accumulation_steps"}
     for file_keys, flags in (({"train_micro_batch_size_per_gpu": 1}, {}), ({}, {"tp": 2})):
         fixed = released | file_keys

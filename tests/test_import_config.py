@@ -211,6 +211,22 @@ def test_torchtitan_without_a_global_batch_steps_on_local_batch_times_dp(tmp_pat
     assert api.import_file(str(path)).request["global_batch_size"] == 128  # the file's own stays
 
 
+def test_torchtitan_0_1_training_compile_is_read_as_compile_enable_and_said(tmp_path):
+    """torchtitan 0.1's [training] compile (config_manager.py Training.compile; #1608 renamed it compile.enable) was
+    'no meshplan field' and torch_compile left False; it is read as compile.enable, the note saying it is 0.1's name
+    and that 0.2.0 and later refuse it at launch."""
+    path = tmp_path / "tt.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "70B"\n\n[parallelism]\ntensor_parallel_degree = 8\n'
+                    'data_parallel_shard_degree = -1\n\n[training]\ncompile = true\n')
+    read = api.import_file(str(path))
+    assert read.request["torch_compile"] is True and read.sources["torch_compile"].endswith(":10 training.compile")
+    assert not any("training.compile" in u for u in read.unsupported)
+    said = next(n for n in read.notes if "training.compile" in n)
+    assert "0.1's name for compile.enable" in said and "0.2.0 and later refuse" in said
+    path.write_text(path.read_text().replace("compile = true", "compile = false"))
+    assert api.import_file(str(path)).request["torch_compile"] is False  # the value read, not a switch turned on
+
+
 # --------------------------------------------------------------------------- the shell reader
 
 

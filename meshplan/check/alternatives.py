@@ -16,7 +16,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib
 from meshplan.rl.memory import job_memory
 from meshplan.rules.engine import Context
-from meshplan.rules.fix_values import ctx_param
+from meshplan.rules.fix_values import ctx_param, dp_follows
 from meshplan.schema.plan import Plan
 
 # Which neighbours the fix tries and how many it names are MEM001's params in cards/rules.yaml (the why says
@@ -238,4 +238,17 @@ def judged(ctx: Context, label: str, change: dict[str, Any], keep: float = 0.0,
         return Judged(tried, None)
     host_note = f", {gib(host)} host per node" if host else ""
     free = f", {report.headroom_bytes / report.capacity_bytes:.0%} free" if keep else ""
-    return Judged(tried, f"{label} ({gib(report.fit_bytes)} peak{free}{host_note})")
+    return Judged(tried, f"{_with_dp(ctx, label, plan)} ({gib(report.fit_bytes)} peak{free}{host_note})")
+
+
+def _with_dp(ctx: Context, label: str, plan: Plan) -> str:
+    """The label with the dp the neighbour's degrees leave (fix_values.dp_follows, what KF001's pp=1 names) where the
+    request stated its dp: MEM001's 'tp=2' on a ds_config stating dp 8 through its batch keys named no dp, the file's
+    kept beside tp 2 on 8 GPUs. Written after the last change's values, before its parenthetical (`pp=2, dp=4 (drop
+    vpp)`), so the combined changes' dp follows them all."""
+    words = dp_follows(ctx, plan.dp)
+    if not words:
+        return label
+    head, sep, said = label.rpartition(" + ")
+    values, paren, rest = said.partition(" (")
+    return f"{head}{sep}{values}, {words[0]}{paren}{rest}"

@@ -226,6 +226,13 @@ class TypedKey(_Card):
         return self
 
 
+class OldName(_Card):
+    """A key an older release of the framework read under another name: the import reads it as that key, saying so
+    (it was 'no meshplan field' and the setting dropped: torchtitan 0.1's [training] compile left torch_compile off)."""
+    key: StrictStr = Field(description="The key it is read as (the current name, as the card's knobs write it)")
+    said: StrictStr = Field(description="Which releases read it, what it did there, what later releases do with it")
+
+
 class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
@@ -311,6 +318,9 @@ class ReadSection(_Card):
         default_factory=dict, description="A file's key that sets no meshplan field, and what it does (or does not do) "
                                           "to the job meshplan plans: an import says that, not 'no meshplan field'")
     said_source: str | None = None
+    old_names: dict[str, OldName] = Field(
+        default_factory=dict, description="A key an older release read, by the key it is read as")
+    old_names_source: str | None = None
     lora_target_parameters: TargetParameterKeys | None = None
     quantized_base: QuantizedBase | None = None
     estimator_default: StrictStr | None = Field(

@@ -220,9 +220,16 @@ def layout_words(ctx: Context, degrees: dict[str, int]) -> str:
     ep = ep_beside(ctx, degrees)
     at = at_layout(ctx, degrees | ep)
     words = [f"ep={ep['ep']}"] if ep else []
-    words += [f"dp={at.plan.dp}"] if ctx.job.dp_stated and at.plan.dp != ctx.plan.dp else []
+    words += dp_follows(ctx, at.plan.dp)
     batch = batch_words(at)
     return ", ".join(words + ([batch] if batch else []))
+
+
+def dp_follows(ctx: Context, dp: int) -> list[str]:
+    """['dp=N'] where the request stated its dp (Job.dp_stated: a KempnerForge dp_shard, a ds_config's batch keys) and
+    a fix's new degrees leave dp at N, not the plan's: the stated dp kept beside them no longer tiles the GPUs (WS003,
+    WS006), so the fix names the one that follows (GPUs / the replica's size). Empty otherwise."""
+    return [f"dp={dp}"] if ctx.job.dp_stated and dp != ctx.plan.dp else []
 
 
 def passing_world_rules(ctx: Context) -> tuple[str, ...]:

@@ -44,6 +44,10 @@ class ImportedConfig(StrictModel):
                                           "ds_config's recompute: the model code turns checkpointing on), each with "
                                           "why and the flag that changes it")
     config_format: str | None = Field(None, description="The file's format as read: shell, toml or json")
+    config_variable: str | None = Field(
+        None, description="The name a Python script holds the framework's config in where it is not the one meshplan "
+                          "renders (Bridge's quickstart: `config = llama32_1b_pretrain_config()`, not cfg): its "
+                          "fixes set the fields on it")
     batch_per_dp: int | None = Field(
         None, description="Where the file's global batch is this many sequences per data-parallel rank and dp is the "
                           "GPUs left over (torchtitan: global_batch_size -1 = local_batch_size x dp): the global batch "

@@ -269,7 +269,8 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
                           misspelt=reading.misspelt, unresolved=reading.unresolved,
                           left_to_request=reading.left_to_request, notes=reading.notes,
                           assumed=reading.assumed,
-                          config_format=fmt, batch_per_dp=reading.batch_per_dp,
+                          config_format=fmt, config_variable=reading.config_variable,
+                          batch_per_dp=reading.batch_per_dp,
                           stage_sizes_in_decoder_layers=decoder_split,
                           builds_hybrid_model=hybrid_model)
 

@@ -98,8 +98,10 @@ def _value_text(value: Any, style: str) -> str:
     return str(value)
 
 
-def written(key: str, value: Any, fmt: str, variant: str | None, framework: str = "megatron-bridge") -> str:
-    """`key` set to `value` in the file's syntax (a Python config: Bridge's `cfg`, torchtitan's `config`)."""
+def written(key: str, value: Any, fmt: str, variant: str | None, framework: str = "megatron-bridge",
+            variable: str | None = None) -> str:
+    """`key` set to `value` in the file's syntax (a Python config: Bridge's `cfg`, or the script's own name for it,
+    `variable`; torchtitan's `config`)."""
     if fmt == "toml":
         section, _, name = key.rpartition(".")
         return (f"[{section}] " if section else "") + f"{name} = {_value_text(value, 'toml')}"
@@ -115,7 +117,7 @@ def written(key: str, value: Any, fmt: str, variant: str | None, framework: str 
             return key if value else f"(remove {key})"
         return f"{key} {_value_text(value, 'shell')}"
     if variant == "python":
-        return f"cfg.{key} = {_value_text(value, 'python')}"
+        return f"{variable or 'cfg'}.{key} = {_value_text(value, 'python')}"
     return f"{key}={_value_text(value, 'hydra')}"
 
 
@@ -192,9 +194,15 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
             imported, field)
         return FileChange(field=field, value=None, key=where[0], line=where[1],
                           text=f"(remove {where[0]})  # line {where[1]}" if where[0] else f"(leave {field} out)")
+    through = _stated_through(imported, field) if field == "dp" else (None, None)
+    if through[0] is not None:  # a ds_config's dp, the quotient of its batch keys: the framework derives the new one
+        return FileChange(field=field, value=value, key=through[0], line=through[1],
+                          text=f"(remove {through[0]})  # line {through[1]}: "
+                               f"{framework_card(imported.framework).display_name} derives it, dp {value}")
     if source is not None and _same_key(imported, field, value, source.group("key")):
         key = source.group("key")
-        text = written(key, _card_value(imported, field, value), fmt, imported.variant, imported.framework)
+        text = written(key, _card_value(imported, field, value), fmt, imported.variant, imported.framework,
+                       imported.config_variable)
         was = imported.request.get(field)
         via = f", through ${source.group('via')}" if source.group("via") else ""
         return FileChange(field=field, value=value, key=key, line=int(source.group("line")),
@@ -215,7 +223,7 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
         text = key  # the knob's key carries its value ('--recompute-granularity selective'), or is a switch
     else:
         text = written(key, _card_value(imported, field, value), "shell" if flag else fmt, imported.variant,
-                       imported.framework)
+                       imported.framework, imported.config_variable)
     if flag and fmt in ("toml", "json"):  # a ds_config's Megatron-DeepSpeed flags: the launcher's, not the file's
         text += "  # on the launch command line, not in this file"
     return FileChange(field=field, value=value, key=key, text=text)

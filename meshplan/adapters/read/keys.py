@@ -11,7 +11,7 @@ import difflib
 import math
 import re
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import ValidationError
@@ -253,6 +253,7 @@ class Reading:
     batch_per_dp: int | None = None  # ImportedConfig.batch_per_dp
     allocator_env: list[Setting] = field(default_factory=list)  # PYTORCH_(CUDA_)ALLOC_CONF the launch sets (launch.py)
     launch_line: str | None = None  # `path:line launcher` of the training command a launch script runs (launch.py)
+    config_variable: str | None = None  # ImportedConfig.config_variable
 
     def leave(self, fields: tuple[str, ...], said: str) -> None:
         """An unresolved line that these request fields, given beside the file, settle."""
@@ -329,6 +330,9 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
     left: list[tuple[Setting, Meaning]] = []
     section = read_section(reading.framework)
     for s in settings:
+        if old := section.old_names.get(normalize(s.key)):  # an older release's name: read as the key it became
+            reading.notes.append(f"{s.where(reading.path)} = {s.value}: {old.said}")
+            s = replace(s, key=old.key, written=s.written or s.key)
         meanings = lookup(table, s.key)
         if not meanings:
             if section.quantized_base is not None and normalize(s.key) in section.quantized_base.keys:

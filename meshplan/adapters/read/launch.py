@@ -758,9 +758,8 @@ def read_bridge_python(text: str, path: str) -> Reading:
         reading.leave(("num_gpus",), f"num_gpus: {recipe.name}() runs on the GPUs torchrun starts it on (pass "
                                      "--num-gpus)")
     reading.notes.append(f"read the fields line {recipe.line}'s {recipe.name}() returns are set to in this script "
-                         "(the recipe's own values are Megatron-Bridge's, not read: pass what it sets as flags)"
-                         + ("" if recipe.variable == "cfg" else f"; check's fixes name that config cfg, which this "
-                                                                f"script calls {recipe.variable}"))
+                         "(the recipe's own values are Megatron-Bridge's, not read: pass what it sets as flags)")
+    reading.config_variable = recipe.variable  # check's fixes set the fields on the script's own name for it
     return reading
 
 

@@ -425,7 +425,8 @@ def recommend_parallelism(**args: Any) -> RecommendationAnswer:
         rec = api.recommend(to_request(args), top_k=options.top_k)
     if not rec.candidates:
         # Nothing ranked is still an answer (the same one the CLI and the api give): say why and what would work.
-        return extend(rec, RecommendationAnswer, summary=_nothing_ranked(rec), next_steps=_retry_steps(rec))
+        return extend(rec, RecommendationAnswer, summary=_nothing_ranked(rec) + warnings_words(rec.warnings),
+                      next_steps=_retry_steps(rec))
     best = rec.candidates[0]
     summary = (
         f"Best of {rec.considered:,} layouts for {rec.model} on {plural(rec.num_gpus, 'GPU')} ({rec.framework}): "
@@ -434,7 +435,7 @@ def recommend_parallelism(**args: Any) -> RecommendationAnswer:
         f"per GPU, MFU {best.throughput.mfu:.1%}, peak memory {peak_words(best.memory)} of "
         f"{gib(best.memory.capacity_bytes)}."
     )
-    summary += _band_words(best.throughput.error_band)
+    summary += _band_words(best.throughput.error_band) + warnings_words(rec.warnings)
     steps = [
         "Call render_config with the chosen plan's fields (tp, pp, vpp, cp, ep, etp, dp, micro_batch_size, "
         "recompute, ...) and the framework to get the config to paste.",
@@ -519,8 +520,7 @@ def render_config(**args: Any) -> RenderAnswer:
         f"({len(result.text.splitlines())} lines); paste `text`"
         + (f" as {result.filename}." if result.filename else ".")
     )
-    if result.warnings:
-        summary += f" {len(result.warnings)} warning(s): read `warnings` before launching."
+    summary += warnings_words(result.warnings)
     steps = [_same_args("check_config", "(and this framework) before launching, if not done yet")]
     return RenderAnswer(**fields | {"summary": summary, "next_steps": steps})
 
@@ -568,7 +568,13 @@ def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
     else:
         summary = f"No GPU count fits {report.model} on {report.gpu} within the bounds: {report.rationale}"
         steps = ["Call check_config with the fixed fields to see which rule rejects them, or raise max_gpus."]
-    return extend(report, MinimumGpusAnswer, summary=summary, next_steps=steps)
+    return extend(report, MinimumGpusAnswer, summary=summary + warnings_words(report.warnings), next_steps=steps)
+
+
+def warnings_words(warnings: list[str]) -> str:
+    """The summary's sentence for an answer with warnings (render's, recommend's, minimum_gpus'): an agent reading the
+    summary alone launched a recommended layout without a word of its EP011 / budget-cut warnings. Empty without."""
+    return f" {len(warnings)} warning(s): read `warnings` before launching." if warnings else ""
 
 
 ToolSpec = tuple[Callable[..., Any], str, str]  # the function, its title, its description
