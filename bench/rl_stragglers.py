@@ -44,11 +44,17 @@ def equal_size_karmarkar_karp(lengths: list[int], k: int) -> list[list[int]]:
     """verl's karmarkar_karp(equal_size=True): the lengths sorted, every k consecutive ones a state of k one-item
     sets; the two states of widest spread merged (the largest sets of one with the smallest of the other) until one
     is left; its sets' indices, each sorted (_check_and_sort_partitions)."""
-    heap = []
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    for serial, offset in enumerate(range(0, len(order), k)):
-        sets = sorted(([lengths[i], [i]] for i in order[offset:offset + k]), key=lambda s: s[0], reverse=True)
-        heapq.heappush(heap, (-(sets[0][0] - sets[-1][0]), serial, sets))
+    states = [sorted(([lengths[i], [i]] for i in order[offset:offset + k]), key=lambda s: s[0], reverse=True)
+              for offset in range(0, len(order), k)]
+    return [sorted(items) for _, items in _merged_states(states)]
+
+
+def _merged_states(states: list[list[list]]) -> list[list]:
+    """verl's karmarkar_karp loop over its initial states (each k [sum, indices] sets, largest first): the two states
+    of widest spread merged, the largest sets of one with the smallest of the other, until one is left."""
+    heap = [(-(sets[0][0] - sets[-1][0]), serial, sets) for serial, sets in enumerate(states)]
+    heapq.heapify(heap)
     serial = len(heap)
     while len(heap) > 1:
         a, b = heapq.heappop(heap)[2], heapq.heappop(heap)[2]
@@ -56,7 +62,7 @@ def equal_size_karmarkar_karp(lengths: list[int], k: int) -> list[list[int]]:
                         key=lambda s: s[0], reverse=True)
         serial += 1
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), serial, merged))
-    return [sorted(items) for _, items in heap[0][2]]
+    return heap[0][2]
 
 
 def _step_lengths(rng: random.Random, up: float | None, ur: float, grouped: bool) -> list[int]:
@@ -137,18 +143,9 @@ def skyrl_micro_simulated(dp: int, group: int, micro: int, mean_prompt: int, mea
 def balanced_karmarkar_karp(lengths: list[int], k: int) -> list[list[int]]:
     """verl's karmarkar_karp(equal_size=False) (f6f910069): every length a state of one set and k - 1 empty ones;
     the two states of widest spread merged until one is left; its sets' indices."""
-    heap = []
-    for serial, i in enumerate(sorted(range(len(lengths)), key=lambda i: (lengths[i], i))):
-        sets = [[lengths[i], [i]]] + [[0, []] for _ in range(k - 1)]
-        heapq.heappush(heap, (-(sets[0][0] - sets[-1][0]), serial, sets))
-    serial = len(heap)
-    while len(heap) > 1:
-        a, b = heapq.heappop(heap)[2], heapq.heappop(heap)[2]
-        merged = sorted(([sa + sb, ia + ib] for (sa, ia), (sb, ib) in zip(a, reversed(b), strict=True)),
-                        key=lambda s: s[0], reverse=True)
-        serial += 1
-        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), serial, merged))
-    return [items for _, items in heap[0][2]]
+    states = [[[lengths[i], [i]]] + [[0, []] for _ in range(k - 1)]
+              for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i))]
+    return [items for _, items in _merged_states(states)]
 
 
 def verl_dynamic_simulated(dp: int, mean_prompt: int, mean_response: int, budget: int = PROMPT + RESPONSE,

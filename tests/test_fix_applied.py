@@ -546,14 +546,19 @@ def test_every_face_names_the_batch_beside_the_degree(capsys):
     assert next(f["fix"] for f in structured["findings"] if f["id"] == "AD001") == fix
 
 
+# A ds_config stating dp 8 through its batch keys (256 = micro 4 x accumulation 8 x dp 8), ZeRO-3 with the optimizer on
+# the CPU: Llama-3.1-8B on 8 GPUs does not fit it (MEM001), and its fixes move the batch product.
+OFFLOADED_DS_CONFIG = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
+                       "bf16": {"enabled": True},
+                       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+
+
 def test_a_ds_config_memory_fix_names_the_dp_its_degrees_leave(tmp_path):
     """MEM001's 'tp=2' on a ds_config stating dp 8 through its batch keys (train_batch_size 256 = micro 4 x
     accumulation 8 x dp 8) named no dp, where KempnerForge's KF001 names the one its pp=1 leaves (fix_values.
     dp_follows): it names dp = 8 GPUs / tp 2 = 4, written as the accumulation's removal, which DeepSpeed then derives
     (256 // 4 // 4 = 16); applied, check finds no error. A request that states no dp names none."""
-    config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
-              "bf16": {"enabled": True},
-              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+    config = dict(OFFLOADED_DS_CONFIG)
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps(config, indent=2))
     request = {"model": "llama-3.1-8b", "num_gpus": 8}
@@ -578,9 +583,7 @@ def test_a_ds_config_fix_that_moves_the_batch_product_releases_the_accumulation(
     micro-batch (or the launch flag) alone, and the file so edited broke DeepSpeed's batch assertion (256 != 1 x 8 x 8;
     WS003 on the fixed file). Each option that moves the product also removes gradient_accumulation_steps, the key
     the file states dp through, which DeepSpeed then derives: applied, check finds no error."""
-    config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
-              "bf16": {"enabled": True},
-              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+    config = dict(OFFLOADED_DS_CONFIG)
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps(config, indent=2))
     request = {"model": "llama-3.1-8b", "num_gpus": 8}

@@ -23,14 +23,7 @@ from meshplan.rl.stragglers import EXACT_SEQUENCES, expected_max_normal, micro_b
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import rl_stragglers  # bench/: SkyRL's chunks and micro-batches, verl's token-budget micro-batches, simulated
-
-SKYRL = {"model": "qwen3-8b", "framework": "skyrl", "num_gpus": 8, "job": "rl", "prompts_per_step": 64,
-         "prompts_per_mini_batch": 16, "samples_per_prompt": 5, "prompt_length": 1024, "response_length": 1024,
-         "mean_response_length": 300, "mean_prompt_length": 400, "micro_batch_size": 2}
-
-
-def job_plan(**more):
-    return resolve(parse_request({**SKYRL, **more}))
+from test_rl_stragglers_skyrl import SKYRL, job_plan
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 8, 32])
