@@ -63,13 +63,16 @@ def test_skyrls_update_and_log_prob_passes_run_at_their_slowest_chunks():
     assert whole == pytest.approx(slowest_rank_share(plan.dp, rl.step_sequences // plan.dp, 1, 1024, 1024, 400, 300,
                                                      in_order=True, samples_per_prompt=5))
     assert 1.0 < whole < mini
-    assert step_time.log_prob_slowest(job, plan) == pytest.approx((mini + whole) / 2)  # grpo: old policy, reference
+    # grpo: the old policy's pass and the reference's
+    assert step_time.log_prob_slowest(job, plan, mini) == pytest.approx((mini + whole) / 2)
     ppo, plan_ppo = job_plan(algorithm="ppo")  # SkyRL's critic trains on FSDP only: its own plan's stragglers
     mini_ppo, whole_ppo = step_time.slowest_rank(ppo, plan_ppo), step_time.slowest_rank(ppo, plan_ppo, whole_step=True)
-    assert step_time.log_prob_slowest(ppo, plan_ppo) == pytest.approx((2 * mini_ppo + whole_ppo) / 3)  # the critic's
+    # ppo: the critic's pass too
+    assert step_time.log_prob_slowest(ppo, plan_ppo, mini_ppo) == pytest.approx((2 * mini_ppo + whole_ppo) / 3)
     no_mean, plan_flat = resolve(parse_request({k: v for k, v in SKYRL.items() if not k.startswith("mean_")}))
     assert step_time.slowest_rank(no_mean, plan_flat) == 1.0
-    assert step_time.log_prob_slowest(no_mean, plan_flat) == 1.0
+    flat = step_time.slowest_rank(no_mean, plan_flat)
+    assert flat == 1.0 and step_time.log_prob_slowest(no_mean, plan_flat, flat) == 1.0
 
 
 def test_the_stragglers_lengthen_skyrls_update_and_log_prob_passes_only(monkeypatch):
@@ -89,7 +92,7 @@ def test_a_balanced_trainer_runs_its_log_prob_passes_without_a_straggler():
                                        "framework_version": "0.5.0"}))
     assert step_time.slowest_rank(job, plan) > 1.0
     assert step_time.slowest_rank(job, plan, whole_step=True) == 1.0
-    assert step_time.log_prob_slowest(job, plan) == 1.0
+    assert step_time.log_prob_slowest(job, plan, step_time.slowest_rank(job, plan)) == 1.0
 
 
 def test_skyrls_note_names_its_in_order_chunks():

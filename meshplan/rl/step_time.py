@@ -273,16 +273,17 @@ def slowest_rank(job, plan: Plan, whole_step: bool = False) -> float:
                               micro_batch=micro, sync_ranks=ranks)
 
 
-def log_prob_slowest(job, plan: Plan) -> float:
+def log_prob_slowest(job, plan: Plan, mini_batch: float) -> float:
     """The log-prob passes' tokens at their slowest rank over the mean rank's, averaged over the passes: the old
-    policy's and the critic's run a mini-batch's chunks at a time and the reference's the whole step's where the
-    trainer chunks in order (rl.in_order_rank_chunks: SkyRL's recompute_old_logprobs_per_minibatch, on by default);
-    1.0 where it balances the step (each rank's balanced share runs whole)."""
+    policy's and the critic's run a mini-batch's chunks at a time (`mini_batch`, slowest_rank as the update timed it)
+    and the reference's the whole step's where the trainer chunks in order (rl.in_order_rank_chunks: SkyRL's
+    recompute_old_logprobs_per_minibatch, on by default); 1.0 where it balances the step (each rank's balanced share
+    runs whole)."""
     card, algorithm = job.rl_card, job.rl.algorithm
     if not card.in_order_rank_chunks:
         return 1.0
     mini, ref = 1 + card.critic[algorithm], card.reference_model[algorithm]
-    return (mini * slowest_rank(job, plan) + ref * slowest_rank(job, plan, whole_step=True)) / (mini + ref)
+    return (mini * mini_batch + ref * slowest_rank(job, plan, whole_step=True)) / (mini + ref)
 
 
 def straggler_words(job, plan: Plan, slowest: float) -> str:
@@ -354,11 +355,11 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     share = rl.token_share
     flops = flops_share(job) if share < 1 else 1.0
     old_loss, ref_loss, critic_loss = log_prob_loss_seconds(job, plan, head_loss(job, plan), share)
-    straggle = log_prob_slowest(job, plan)  # SkyRL's passes run unbalanced chunks too
+    slowest = slowest_rank(job, plan)  # each mini-batch's micro-batches run at its slowest DP rank's tokens
+    straggle = log_prob_slowest(job, plan, slowest)  # SkyRL's passes run unbalanced chunks too
     log_prob = (passes * log_prob_seconds(update, share * straggle, flops * straggle) + old_loss
                 + card.reference_model[rl.algorithm] * ref_loss + card.critic[rl.algorithm] * critic_loss)
     mini, batches = mini_batch_update(job, plan, update)
-    slowest = slowest_rank(job, plan)  # each mini-batch's micro-batches run at its slowest DP rank's tokens
     one_update = at_tokens(mini, share * slowest, flops * slowest, batches) * rl.epochs  # each epoch: every one again
     update_s = one_update * card.trained_models(rl.algorithm)
 
