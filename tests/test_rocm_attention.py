@@ -118,3 +118,21 @@ def test_throughput_report_names_the_rocm_kernel_and_where_its_fraction_comes_fr
     line = next(a for a in h100.assumptions if a.startswith("GEMM time"))
     assert "flash attention (cudnn) at 0.50 of peak" in line and "assumed" not in line and "measured:" not in line
     assert not any("fraction assumed" in t for t in h100.error_band.unvalidated)
+
+
+def test_a_card_giving_an_arch_two_bases_is_refused():
+    """A kernel whose arch is both measured and given a figure (or assumed), whose assumed_from names no kernel, or
+    whose measured rates do not pair shape by shape, is a card error, not a silent pick of one."""
+    from meshplan.knowledge import calibration as calibration_module
+    from meshplan.knowledge.cards import CardError
+
+    card = calibration_card()
+    ck = card.attention_kernels["ck_fmha"]
+    for bad in (ck.model_copy(update={"by_arch": {"cdna3": 0.5}}), ck.model_copy(update={"assumed_on": ["cdna3"]}),
+                ck.model_copy(update={"assumed_from": "no_such_kernel"}),
+                ck.model_copy(update={"measured": {"cdna3": ck.measured["cdna3"].model_copy(
+                    update={"backward_tflops": ck.measured["cdna3"].backward_tflops[:-1]})}})):
+        kernels = {**card.attention_kernels, "ck_fmha": bad}
+        with pytest.raises(CardError, match="ck_fmha"):
+            calibration_module._matches(card.model_copy(update={"attention_kernels": kernels}))
+    calibration_module._matches(card)
