@@ -71,6 +71,22 @@ Qwen3-30B-A3B and Qwen3-235B-A22B on H100 (both releases), Qwen3-235B-A22B on B2
 release (25.11 B200 Qwen3-235B VPP 2 vs the preset's 4; 25.11 H100 Qwen3-30B MBS 2 VPP 24 vs 1 and 12; 25.11 GB200
 Qwen3-235B BF16 256 GPUs VPP 3 EP 32 vs the preset's 64, 1 and 8) the column still takes the preset's setting, an
 assumption.
+26.02's B300 Qwen3-235B-A22B row (+57%, the B300 rows' worst; 2026-12-07, lane hw61) is read as its release ran it:
+v0.3.0's QWEN3_235B_A22B_PRETRAIN_CONFIG_B300_FP8_CS_V1 (= FP8_MX, V2 at 256 GPUs) sets PP 8, VPP 4, EP 8 and
+moe_a2a_overlap=True with no flex backend, as the table prints (VP 4), and 26.02.01 repeats it (2,644 against 2,691).
+NVIDIA then withdrew both settings for B300, "disabling VP and moe_a2a_overlap" to match B200's preset (PR #2669,
+592711afc, and #2706 on the release branch, 6f5e31aab, in v0.3.1); without them 26.04 and 26.04.01 ran B300 at
+4,865 and 5,936 tokens/s (micro-batch 2), and 26.02's B200 row, the same layout without VPP or the overlap, 3,805
+(-5%) where B300 with them ran 2,691. So the row measures a configuration its maintainers found slow, and the
+mechanism meshplan misprices is the EP overlap, not the GPU: the estimate counts moe_a2a_overlap only as hidden
+all-to-all time (moe_time.overlapped_a2a; here 3,817 -> 4,219 tokens/s), and every Bridge row that runs it with an
+EP group inside one node reads fast (26.02 B300 Qwen3-235B +57%, 25.11 B200 Qwen3-235B +25%, H100 Qwen3-30B-A3B
++24% / +86%), while those whose EP spans nodes do not (H100 Qwen3-235B EP32 -5% / -6%, DeepSeek-V3 EP64 +10%).
+Megatron-Bridge's docs say as much without a figure ("small-EP `alltoall` runs can be correct but flat or slower",
+docs/training/communication-overlap.md at 067f987df); Megatron-Core's combined 1F1B (core_v0.16.0
+models/common/model_chunk_schedule_plan.py) pairs each layer's forward of one micro-batch with another's backward on
+two streams, and no published measurement prices what that costs where there is little to hide. Left unpriced (no
+term from a source; no per-row setting changed).
 One row's micro-batch is not the table's: 25.11 H100 GPT-OSS-120B prints MBS 4 and GA 2 at GBS 512, PP 4, 64 GPUs,
 which cannot both hold (GA = GBS / (MBS x DP): MBS 4 at DP 16 is GA 8; every other row of the 25.11 tables satisfies
 it; both figures are the B200 row's above it). The preset of that release leaves BASE_GPT_OSS_120B_CONFIG's

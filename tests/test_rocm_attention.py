@@ -1,5 +1,6 @@
 """MI300X (cdna3) attention: the kernel each framework's library really runs on ROCm (CK's FMHA for Transformer
-Engine and the flash-attn package, AOTriton for torch SDPA; never cuDNN) and its fraction, labelled assumed."""
+Engine and the flash-attn package, AOTriton for torch SDPA; never cuDNN) and its fraction: CK's derived from AMD's
+published forward and backward rates (measured), AOTriton's taken from it and labelled assumed."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ import pytest
 from meshplan import api
 from meshplan.core.card_files import framework_names
 from meshplan.estimate.attention_time import attention_efficiency
-from meshplan.knowledge.calibration import attention_fraction_assumed, calibration, calibration_card
+from meshplan.knowledge.calibration import (
+    attention_fraction,
+    attention_fraction_assumed,
+    attention_fraction_measured,
+    calibration,
+    calibration_card,
+)
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
@@ -60,30 +68,71 @@ def test_no_card_names_a_cuda_kernel_on_cdna3():
         assert not picked & CUDA_ONLY, (name, picked)
 
 
-def test_the_rocm_fractions_are_labelled_assumed_and_keep_the_shared_value():
-    """No published measured fraction of MI300X peak for CK's or AOTriton's training pass was found: each takes
-    attention_peak_fraction there, flagged assumed; the NVIDIA kernels' figures are not."""
+def test_ck_fraction_on_cdna3_is_derived_from_the_measured_rates():
+    """CK's MI300X fraction is the training pass's, per measured shape 3.5 / (peak / fwd + 2.5 peak / bwd) (the
+    forward's FLOPs at the forward rate, the backward's 2.5x at the backward rate), the median over the shapes: 0.34
+    from aiter's table, not the shared 0.50; not labelled assumed. Fails before: 0.50, assumed."""
     cal = calibration()
-    for kernel in ("ck_fmha", "aotriton"):
-        assert attention_fraction_assumed(kernel, "cdna3")
-        assert not attention_fraction_assumed(kernel, "hopper")
-    assert not attention_fraction_assumed("cudnn", "hopper") and not attention_fraction_assumed(None, "cdna3")
+    rates = attention_fraction_measured("ck_fmha", "cdna3")
+    assert rates is not None and rates.gpu == "mi300x" and len(rates.forward_tflops) == len(rates.backward_tflops) == 12
+    peak = get_gpu("mi300x").bf16_flops / 1e12
+    pairs = zip(rates.forward_tflops, rates.backward_tflops, strict=True)
+    per_shape = sorted(3.5 / (peak / f + 2.5 * peak / b) for f, b in pairs)
+    expected = (per_shape[5] + per_shape[6]) / 2
+    assert attention_fraction(cal, "ck_fmha", "cdna3") == pytest.approx(expected)
+    assert round(expected, 2) == 0.34 and all(0.32 < x < 0.36 for x in per_shape)
+    assert not attention_fraction_assumed("ck_fmha", "cdna3")
+    assert attention_fraction_measured("ck_fmha", "hopper") is None
+    assert attention_fraction_measured("cudnn", "cdna3") is None
     job, _ = resolve(_request("mi300x", "megatron-core"))
-    assert attention_efficiency(job, cal, zero_stage=1) == ("ck_fmha", cal.attention_peak_fraction)
+    assert attention_efficiency(job, cal, zero_stage=1) == ("ck_fmha", pytest.approx(expected))
 
 
-@pytest.mark.parametrize(("framework", "kernel"), [("megatron-core", "ck_fmha"), ("torchtitan", "aotriton")])
-def test_throughput_report_names_the_rocm_kernel_and_says_its_fraction_is_assumed(framework, kernel):
-    """The throughput report's words on MI300X: the kernel in the GEMM/attention assumption and the auto note, the
-    fraction called assumed, and the band listing it unvalidated. Fails before: 'flash attention (cudnn) at 0.50'."""
-    report = api.estimate_throughput(_request("mi300x", framework))
+def test_aotriton_on_cdna3_takes_ck_measured_fraction_labelled_assumed():
+    """No published MI300X training figure for AOTriton: it takes CK's measured fraction (its forward measured below
+    CK's, so a ceiling), flagged assumed; off cdna3 neither kernel is assumed. Fails before: 0.50, above CK's."""
+    cal = calibration()
+    assert attention_fraction_assumed("aotriton", "cdna3") and not attention_fraction_assumed("aotriton", "hopper")
+    assert attention_fraction(cal, "aotriton", "cdna3") == attention_fraction(cal, "ck_fmha", "cdna3")
+    assert attention_fraction(cal, "aotriton", "cdna3") < cal.attention_peak_fraction
+    assert not attention_fraction_assumed("cudnn", "hopper") and not attention_fraction_assumed(None, "cdna3")
+    assert calibration_card().attention_kernels["aotriton"].assumed_from == "ck_fmha"
+
+
+def test_throughput_report_names_the_rocm_kernel_and_where_its_fraction_comes_from():
+    """The throughput report's words on MI300X: CK's fraction called measured with the table it comes from, and the
+    band not listing it unvalidated; AOTriton's called assumed, taking CK's, and the band listing it. H100 keeps
+    cuDNN at 0.50, neither. Fails before: 'at 0.50 of peak (assumed: ...)' for both."""
+    report = api.estimate_throughput(_request("mi300x", "megatron-core"))
     line = next(a for a in report.assumptions if a.startswith("GEMM time"))
-    assert f"flash attention ({kernel}) at 0.50 of peak" in line
-    assert f"assumed: no published measured fraction of peak for {kernel} on cdna3" in line
-    assert any(f"({kernel} on cdna3;" in a for a in report.assumptions)
-    assert not any("cudnn" in a for a in report.assumptions)
-    assert f"{kernel} attention on cdna3 (fraction assumed)" in report.error_band.unvalidated
-    h100 = api.estimate_throughput(_request("h100", framework))
+    assert "flash attention (ck_fmha) at 0.34 of peak" in line and "(measured: AMD's aiter FMHA table" in line
+    assert "assumed" not in line and "cudnn" not in " ".join(report.assumptions)
+    assert not any("ck_fmha" in t for t in report.error_band.unvalidated)
+    report = api.estimate_throughput(_request("mi300x", "torchtitan"))
+    line = next(a for a in report.assumptions if a.startswith("GEMM time"))
+    assert "flash attention (aotriton) at 0.34 of peak" in line
+    assert "assumed: no published measured fraction of peak for aotriton on cdna3; ck_fmha's fraction there" in line
+    assert any("(aotriton on cdna3;" in a for a in report.assumptions)
+    assert "aotriton attention on cdna3 (fraction assumed)" in report.error_band.unvalidated
+    h100 = api.estimate_throughput(_request("h100", "megatron-core"))
     line = next(a for a in h100.assumptions if a.startswith("GEMM time"))
-    assert "flash attention (cudnn) at 0.50 of peak" in line and "assumed" not in line
+    assert "flash attention (cudnn) at 0.50 of peak" in line and "assumed" not in line and "measured:" not in line
     assert not any("fraction assumed" in t for t in h100.error_band.unvalidated)
+
+
+def test_a_card_giving_an_arch_two_bases_is_refused():
+    """A kernel whose arch is both measured and given a figure (or assumed), whose assumed_from names no kernel, or
+    whose measured rates do not pair shape by shape, is a card error, not a silent pick of one."""
+    from meshplan.knowledge import calibration as calibration_module
+    from meshplan.knowledge.cards import CardError
+
+    card = calibration_card()
+    ck = card.attention_kernels["ck_fmha"]
+    for bad in (ck.model_copy(update={"by_arch": {"cdna3": 0.5}}), ck.model_copy(update={"assumed_on": ["cdna3"]}),
+                ck.model_copy(update={"assumed_from": "no_such_kernel"}),
+                ck.model_copy(update={"measured": {"cdna3": ck.measured["cdna3"].model_copy(
+                    update={"backward_tflops": ck.measured["cdna3"].backward_tflops[:-1]})}})):
+        kernels = {**card.attention_kernels, "ck_fmha": bad}
+        with pytest.raises(CardError, match="ck_fmha"):
+            calibration_module._matches(card.model_copy(update={"attention_kernels": kernels}))
+    calibration_module._matches(card)

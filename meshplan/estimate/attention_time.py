@@ -6,14 +6,16 @@ from __future__ import annotations
 from meshplan.arithmetic.flops import Gemm, attention_core_flops, dsa_loss_target_flops, indexer_score_flops
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.estimate.layer_records import LayerContext
-from meshplan.knowledge.calibration import Calibration, attention_fraction, attention_tiles
+from meshplan.knowledge.calibration import (
+    FLASH_ATTENTION_PASSES_PER_FORWARD,
+    Calibration,
+    attention_fraction,
+    attention_tiles,
+)
 from meshplan.knowledge.releases import job_attention_kernel as attention_kernel
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job
 
-# Flash attention's backward recomputes the scores: five matmuls (S, dV, dP, dQ, dK) to the forward's two, 2.5x
-# the forward FLOPs, so forward + backward = 3.5x (Dao-AILab/flash-attention benchmark_flash_attention.py flops()).
-FLASH_ATTENTION_PASSES_PER_FORWARD = 3.5
 # The indexer's scores with its KL loss on: the forward, and a backward that recomputes them (FusedDSAIndexerLoss
 # saves q, weights and k, not the s x s scores) and takes the gradients of q and k, one pass each: 4x the forward
 # (Megatron-Core d98e8a6 experimental_attention_variant/dsa.py FusedDSAIndexerLoss, bwd_fused_indexer_loss_naive).

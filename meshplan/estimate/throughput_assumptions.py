@@ -7,11 +7,7 @@ from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention, fp8_recipe, optimizer_sharded
 from meshplan.arithmetic.mesh import job_domain, mesh_groups, own_ep_ranks_note
-from meshplan.estimate.attention_time import (
-    FLASH_ATTENTION_PASSES_PER_FORWARD,
-    INDEXER_PASSES_PER_FORWARD,
-    op_sac_recomputes_attention,
-)
+from meshplan.estimate.attention_time import INDEXER_PASSES_PER_FORWARD, op_sac_recomputes_attention
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption, selective_modules
 from meshplan.estimate.moe_time import dispatcher_passes, moe_host_syncs
@@ -19,8 +15,11 @@ from meshplan.estimate.sharding_traffic import dp_hidden_share, grad_reduce_byte
 from meshplan.estimate.tp_overlap import tp_ring_passes
 from meshplan.knowledge.adapter_knobs import shared_expert_overlap
 from meshplan.knowledge.calibration import (
+    FLASH_ATTENTION_PASSES_PER_FORWARD,
     Calibration,
     attention_fraction_assumed,
+    attention_fraction_measured,
+    calibration_card,
     calibration_summary,
     flex_dispatch_bandwidth,
 )
@@ -268,7 +267,7 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
         "over its three dimensions); "
         + (f"flash attention ({ctx.attention_kernel or 'fused'}) at {ctx.attention_fraction:.2f} of "
            f"peak with a "
-           f"{FLASH_ATTENTION_PASSES_PER_FORWARD - 1:g}x backward" + _assumed_fraction(job, ctx) + "." if flash else
+           f"{FLASH_ATTENTION_PASSES_PER_FORWARD - 1:g}x backward" + _fraction_basis(job, ctx) + "." if flash else
            "unfused attention: Q.K^T and P.V as batched GEMMs over the full s x s scores, plus "
            "memory-bound softmax" + (" and dropout" if ctx.dropout else "") + " passes over the scores.")
         + dsa_assumption(job),
@@ -282,12 +281,21 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
     ]
 
 
-def _assumed_fraction(job: Job, ctx: LayerContext) -> str:
-    """The words for an attention fraction no published figure backs on the job's GPU (attention_fraction_assumed)."""
-    if not attention_fraction_assumed(ctx.attention_kernel, job.gpu.arch):
+def _fraction_basis(job: Job, ctx: LayerContext) -> str:
+    """The words for where the attention fraction on the job's GPU comes from, where its kernel's entry says: the
+    published rates it is derived from (attention_fraction_measured), or that no published figure backs it
+    (attention_fraction_assumed) and what it takes instead."""
+    kernel, arch = ctx.attention_kernel, job.gpu.arch
+    measured = attention_fraction_measured(kernel, arch)
+    if measured is not None:
+        return (f" (measured: {measured.cited}, {len(measured.forward_tflops)} shapes' forward and backward rates; "
+                "cards/calibration.yaml attention_kernels)")
+    if not attention_fraction_assumed(kernel, arch):
         return ""
-    return (f" (assumed: no published measured fraction of peak for {ctx.attention_kernel} on {job.gpu.arch}; the "
-            "shared fused-kernel value, cards/calibration.yaml attention_kernels)")
+    instead = calibration_card().attention_kernels[kernel].assumed_from if kernel else None
+    basis = f"{instead}'s fraction there, a bound the card cites" if instead else "the shared fused-kernel value"
+    return (f" (assumed: no published measured fraction of peak for {kernel} on {arch}; {basis}, "
+            "cards/calibration.yaml attention_kernels)")
 
 
 def _hybrid_assumption(job: Job, cal: Calibration) -> str:

@@ -11,10 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from itertools import pairwise
+from statistics import median
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshplan.knowledge.cards import CardError, checked_once, load_card
+from meshplan.knowledge.hardware import get_gpu
+
+# Flash attention's backward recomputes the scores: five matmuls (S, dV, dP, dQ, dK) to the forward's two, 2.5x
+# the forward FLOPs, so forward + backward = 3.5x (Dao-AILab/flash-attention benchmark_flash_attention.py flops()).
+FLASH_ATTENTION_PASSES_PER_FORWARD = 3.5
 
 
 class Constant(BaseModel):
@@ -35,6 +41,27 @@ class FrameworkOverride(BaseModel):
     source: str
 
 
+class MeasuredAttention(BaseModel):
+    """A kernel's published forward and backward rates on one GPU, shape by shape (the same shapes in both lists),
+    FLOPs counted the flash way (causal halved; the backward 2.5x the forward): what its fraction of BF16 peak on
+    that GPU's generation is derived from (measured_fraction)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str = Field(description="The catalog GPU (cards/hardware.yaml key) the rates were measured on")
+    forward_tflops: list[float] = Field(min_length=1)
+    backward_tflops: list[float] = Field(min_length=1)
+    cited: str = Field(description="The measurement in a few words, as the throughput report names it")
+    source: str
+
+    @field_validator("forward_tflops", "backward_tflops")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        if any(x <= 0 for x in v):
+            raise ValueError("every rate must be positive")
+        return v
+
+
 class AttentionKernel(BaseModel):
     """One attention kernel's fraction of BF16 peak per GPU generation (forward + backward, FLOPs counted the flash
     way); a generation it does not list takes the shared attention_peak_fraction."""
@@ -53,8 +80,16 @@ class AttentionKernel(BaseModel):
                                           "whose kernel does not run on the job's GPU is refused (rule AT003)")
     assumed_on: list[str] = Field(
         default_factory=list, description="GPU archs on which no published measured figure for the kernel was found: "
-                                          "it takes the shared attention_peak_fraction there as an assumption, and "
-                                          "the throughput report says so (attention_fraction_assumed)")
+                                          "it takes the shared attention_peak_fraction there (or assumed_from's "
+                                          "fraction) as an assumption, and the throughput report says so "
+                                          "(attention_fraction_assumed)")
+    assumed_from: str | None = Field(
+        None, description="The kernel whose fraction this one takes where it is assumed_on (a bound the sources give: "
+                          "AOTriton measured no faster than CK on MI300X); None: the shared attention_peak_fraction")
+    measured: dict[str, MeasuredAttention] = Field(
+        default_factory=dict, description="GPU arch -> the kernel's published forward and backward rates there, "
+                                          "its fraction on that arch derived from them (measured_fraction); the "
+                                          "throughput report cites them")
     meaning: str
     source: str
     fitted: str | None = None
@@ -286,6 +321,16 @@ def _matches(card: CalibrationCard) -> None:
             f"unknown base constants {sorted(bad_base)}, codes without the reference {act.reference!r}: "
             f"{no_reference}.",
             fix=f"Each code's base is one of the constants, and each lists {act.reference!r}.")
+    for name, kernel in card.attention_kernels.items():
+        both = (set(kernel.measured) & (set(kernel.by_arch) | set(kernel.assumed_on))) | \
+            (set(kernel.by_arch) & set(kernel.assumed_on))
+        unequal = [arch for arch, m in kernel.measured.items() if len(m.forward_tflops) != len(m.backward_tflops)]
+        if both or unequal or (kernel.assumed_from is not None and kernel.assumed_from not in card.attention_kernels):
+            raise CardError(
+                f"cards/calibration.yaml attention_kernels {name}: archs with more than one of measured, by_arch and "
+                f"assumed_on {sorted(both)}, measured rates of unequal lengths on {unequal}, or an unknown "
+                f"assumed_from {kernel.assumed_from!r}.",
+                fix="Give each arch one basis; pair every forward rate with its shape's backward rate.")
     if missing or unknown or bad_fw:
         raise CardError(
             "cards/calibration.yaml does not match the cost model: "
@@ -305,23 +350,55 @@ def calibration(framework: str | None = None) -> Calibration:
 
 
 def attention_fraction(cal: Calibration, kernel: str | None, arch: str | None) -> float:
-    """Fraction of BF16 peak `kernel` reaches on a GPU of generation `arch`: its attention_kernels entry, else the
-    shared attention_peak_fraction (the fused cuDNN / FlashAttention-3 class the Megatron data were fitted with)."""
+    """Fraction of BF16 peak `kernel` reaches on a GPU of generation `arch`: its attention_kernels entry (a figure,
+    or one derived from its measured rates there, measured_fraction), where it is assumed the fraction of the kernel
+    it is assumed_from, else the shared attention_peak_fraction (the fused cuDNN / FlashAttention-3 class the
+    Megatron data were fitted with)."""
     kernels = calibration_card().attention_kernels
     if kernel is not None and kernel not in kernels:
         raise CardError(f"No attention kernel {kernel!r} in cards/calibration.yaml attention_kernels.",
                         fix=f"A framework card's attention section names one of: {', '.join(sorted(kernels))}.")
     entry = kernels.get(kernel) if kernel else None
-    if entry is None or arch is None or arch not in entry.by_arch:
+    if entry is None or arch is None:
         return cal.attention_peak_fraction
-    return entry.by_arch[arch]
+    if arch in entry.measured:
+        return _measured_on(kernel, arch)
+    if arch in entry.by_arch:
+        return entry.by_arch[arch]
+    if arch in entry.assumed_on and entry.assumed_from is not None:
+        return attention_fraction(cal, entry.assumed_from, arch)
+    return cal.attention_peak_fraction
+
+
+@cache
+def _measured_on(kernel: str, arch: str) -> float:
+    """measured_fraction of `kernel`'s rates on `arch`, worked out once (the search asks it per plan)."""
+    return measured_fraction(calibration_card().attention_kernels[kernel].measured[arch])
+
+
+def measured_fraction(measured: MeasuredAttention) -> float:
+    """A training step's fraction of BF16 peak from a kernel's measured forward and backward rates: per shape, the
+    forward's FLOPs F at the forward rate and the backward's (FLASH_ATTENTION_PASSES_PER_FORWARD - 1) x F at the
+    backward rate take F / f + 2.5 F / b, the time the step's 3.5 F take at the fraction
+    3.5 / (peak / f + 2.5 peak / b); the median over the measured shapes."""
+    peak = get_gpu(measured.gpu).bf16_flops / 1e12
+    backward = FLASH_ATTENTION_PASSES_PER_FORWARD - 1.0
+    return median(FLASH_ATTENTION_PASSES_PER_FORWARD / (peak / f + backward * peak / b)
+                  for f, b in zip(measured.forward_tflops, measured.backward_tflops, strict=True))
 
 
 def attention_fraction_assumed(kernel: str | None, arch: str | None) -> bool:
-    """Whether `kernel`'s fraction on `arch` is an assumption (its attention_kernels entry's assumed_on: ROCm's CK
-    and AOTriton attention on MI300X, for want of a published measured fraction of peak)."""
+    """Whether `kernel`'s fraction on `arch` is an assumption (its attention_kernels entry's assumed_on: ROCm's
+    AOTriton attention on MI300X, for want of a published measured fraction of peak)."""
     entry = calibration_card().attention_kernels.get(kernel) if kernel else None
     return entry is not None and arch is not None and arch in entry.assumed_on
+
+
+def attention_fraction_measured(kernel: str | None, arch: str | None) -> MeasuredAttention | None:
+    """The published rates `kernel`'s fraction on `arch` is derived from (its entry's measured: CK's attention on
+    MI300X, from AMD's aiter table), or None."""
+    entry = calibration_card().attention_kernels.get(kernel) if kernel else None
+    return entry.measured.get(arch) if entry is not None and arch is not None else None
 
 
 def attention_kernel_runs(kernel: str | None, arch: str | None) -> bool:
