@@ -76,10 +76,14 @@ which cannot both hold (GA = GBS / (MBS x DP): MBS 4 at DP 16 is GA 8; every oth
 it; both figures are the B200 row's above it). The preset of that release leaves BASE_GPT_OSS_120B_CONFIG's
 micro_batch_size=1 on H100 (v0.2.0 scripts/performance/configs/gpt_oss/workload_base_configs.py
 GPT_OSS_120B_H100_BF16_BASE_CONFIG: pipeline_model_parallel_size=4 only), as 26.02's row of the same preset prints
-(MBS 1), so the row is read at micro-batch 1 (GA 32). The 25.11 B200 GPT-OSS-120B row is kept as printed, EP 8, though
-the preset of its release sets expert_model_parallel_size=64 there (GPT_OSS_120B_B200_BF16_BASE_CONFIG, its GBS 512
-and MBS 4 as printed): GA does not involve EP, so nothing in the table settles it (read at EP 64 it scores +1%,
-against +62% as printed; 26.02's EP 64 row of the same layout at GBS 1280 measured 8,047 against this row's 8,213).
+(MBS 1), so the row is read at micro-batch 1 (GA 32). One row's EP is not the table's: 25.11 B200 GPT-OSS-120B prints
+EP 8, and the preset of its release sets expert_model_parallel_size=64 there (v0.2.0
+GPT_OSS_120B_B200_BF16_BASE_CONFIG, its GBS 512 and MBS 4 as printed; GA does not involve EP, so the row's own
+columns cannot tell). Bridge's later tables settle it (v0.5.0 docs/performance-summary-archive.md, GPT OSS 120B): the
+same system at EP 8 (64 B200, MBS 4, GBS 1280: 26.02.01 13,722, 26.04 13,045, 26.04.01 13,568 tokens/s/GPU, the
+presets that moved B200 to expert_model_parallel_size=8 in v0.4.0) runs 1.6-1.7x this row's 8,213, which is the
+EP 64 rate (26.02's EP 64 row, GBS 1280: 8,047), so the row is read at EP 64 (+56% at EP 8, -3% at 64; before
+2026-12-07 it was kept as printed).
 The same layout published at two releases bounds what one software state can fit. In this file's rows (same columns
 but the release) 25.11 -> 26.02 moves 0.94x-1.10x (Llama-3.1-70B and 405B on GB200, Qwen3-30B-A3B on GB200 and
 B200). Outside it (docs/performance-summary-archive.md) Qwen3-30B-A3B on 16 H100, FP8, TP1 PP2 VPP12 EP8, micro-batch

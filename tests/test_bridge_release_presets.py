@@ -116,3 +116,17 @@ def test_qwen3_235b_table_rows_stating_no_dispatcher_run_their_releases_preset(t
     assert not b200.request.moe_a2a_overlap and any("alltoall dispatcher" in n for n in b200.notes)
     assert bridge_perf_preset_dispatch("26.04.01", "b200", "qwen3-235b-a22b").dispatcher == "alltoall"
     assert bridge_perf_preset_dispatch("26.04", "b200", "qwen3-235b-a22b") is None  # 26.04.01 is its own release
+
+
+def test_the_2511_b200_gpt_oss_row_is_read_at_its_releases_ep():
+    """25.11 B200 GPT-OSS-120B prints EP 8; its release's preset sets 64 (v0.2.0 GPT_OSS_120B_B200_BF16_BASE_CONFIG)
+    and the later tables' EP 8 runs of the same system go 1.6-1.7x its rate (bench/bridge_published.py): the bench
+    scores it at EP 64, so each rank holds 2 of the 128 experts and no expert gradient crosses a node. The printed GA
+    (GBS / (MBS x DP) = 2) holds at either EP, which is why the row's own columns cannot tell."""
+    found = [(r, job, plan) for r, job, plan in bp.cases()
+             if (r["release"], r["system"], r["model"]) == ("25.11", "b200", "gpt-oss-120b")]
+    assert len(found) == 1
+    row, job, plan = found[0]
+    assert (plan.ep, plan.dp) == (64, 64)
+    assert job.model.moe.num_experts // plan.ep == 2
+    assert int(row["gbs"]) // (plan.micro_batch_size * plan.dp) == 2
