@@ -11,9 +11,11 @@ them (HELD_OUT_SYSTEMS: fit_cases, which every fit reads, leaves them out; they 
 
 This is the only measured data with expert parallelism, context parallelism, FP8, Megatron-FSDP and
 Blackwell GPUs, so it checks the terms ../shared/validation cannot. Settings the tables do not give are
-assumptions, the same for every row: expert TP 1, no recompute, sequence parallelism whenever TP > 1, the
+assumptions, the same for every row: expert TP 1, sequence parallelism whenever TP > 1, the
 distributed optimizer (ZeRO-1) unless FSDP is on (ZeRO-3, i.e. Megatron-FSDP), no CUDA-graph or
-overlap flags beyond meshplan's Megatron defaults. The `dispatcher` column is read from Bridge's performance
+overlap flags beyond meshplan's Megatron defaults. Recompute is the preset's of the row's release where it took
+effect (published_runs.BRIDGE_PERF_PRESET_RECOMPUTE, each entry's source; none elsewhere; before 2026-12-07 none
+for every row). The `dispatcher` column is read from Bridge's performance
 configs (scripts/performance/configs/*/..._workload_base_configs.py: rows whose preset sets
 moe_flex_dispatcher_backend are `flex`); those files are newer than some of the published rows, so it is
 an assumption too. It moves the EP traffic (flex sends a token once per destination rank and, across nodes, once per
@@ -92,10 +94,38 @@ which cannot both hold (GA = GBS / (MBS x DP): MBS 4 at DP 16 is GA 8; every oth
 it; both figures are the B200 row's above it). The preset of that release leaves BASE_GPT_OSS_120B_CONFIG's
 micro_batch_size=1 on H100 (v0.2.0 scripts/performance/configs/gpt_oss/workload_base_configs.py
 GPT_OSS_120B_H100_BF16_BASE_CONFIG: pipeline_model_parallel_size=4 only), as 26.02's row of the same preset prints
-(MBS 1), so the row is read at micro-batch 1 (GA 32). The 25.11 B200 GPT-OSS-120B row is kept as printed, EP 8, though
-the preset of its release sets expert_model_parallel_size=64 there (GPT_OSS_120B_B200_BF16_BASE_CONFIG, its GBS 512
-and MBS 4 as printed): GA does not involve EP, so nothing in the table settles it (read at EP 64 it scores +1%,
-against +62% as printed; 26.02's EP 64 row of the same layout at GBS 1280 measured 8,047 against this row's 8,213).
+(MBS 1), so the row is read at micro-batch 1 (GA 32). One row's EP is not the table's: 25.11 B200 GPT-OSS-120B prints
+EP 8, and the preset of its release sets expert_model_parallel_size=64 there (v0.2.0
+GPT_OSS_120B_B200_BF16_BASE_CONFIG, its GBS 512 and MBS 4 as printed; GA does not involve EP, so the row's own
+columns cannot tell). Bridge's later tables settle it (v0.5.0 docs/performance-summary-archive.md, GPT OSS 120B): the
+same system at EP 8 (64 B200, MBS 4, GBS 1280: 26.02.01 13,722, 26.04 13,045, 26.04.01 13,568 tokens/s/GPU, the
+presets that moved B200 to expert_model_parallel_size=8 in v0.4.0) runs 1.6-1.7x this row's 8,213, which is the
+EP 64 rate (26.02's EP 64 row, GBS 1280: 8,047), so the row is read at EP 64 (+56% at EP 8, -3% at 64; before
+2026-12-07 it was kept as printed).
+GPT-OSS-120B on Blackwell reads 23-46% fast here (the EP 64 rows across InfiniBand aside), on H100 -4% / -6%. Ruled
+out (2026-12-07): the EP all-to-all, the open candidate on NVL72 (the same 64-GB200 EP 64 layout measured 15,754 with
+the alltoall dispatcher at 26.02.01, 15,938 with HybridEP and moe_a2a_overlap at 26.04 (v0.4.0
+GPT_OSS_120B_PRETRAIN_CONFIG_GB200_BF16_V2) and 16,640 with alltoall and the overlap at 26.04.01, where meshplan moves
+23,916 -> 27,270 / 26,237: the time is not in the all-to-all), and NVL72 itself (the later B200 and B300 rows at EP 8
+inside one node read +22..+34% without their presets' recompute). What is left is a cost per token, not per
+micro-batch nor per attention score: with the fitted per-micro-batch sync (cards/calibration.yaml moe_host_sync_s)
+taken out, the GB200 rows miss 0.72-0.92 us per token per layer at micro-batch 1 and sequence 8192 (25.11) as at
+micro-batch 4 and 4096 (26.02-26.04.01), B200 / B300 at EP 8 0.57-0.69 us, GB300 0.47-0.51 us (read without recompute;
+the presets' recompute, read below, takes 0.04 us of it); attention's per-token share doubles from 4096 to 8192 and
+the miss does not. The H100 rows are right by way of fitted constants that amortise where the Blackwell rows run: at
+micro-batch 1 with 1,024 rows an expert the per-micro-batch sync and the expert GEMMs' rows curve
+(cards/calibration.yaml moe_gemm_half_ridges, half the fraction there) add about 1.7 us per token per layer, at
+GB200's micro-batch 4 with 32,768 rows an expert 0.2 us. Read, and pricing none of it: Transformer Engine v2.9 / v2.11
+fused_attn.cpp nvte_get_fused_attn_backend (sink attention on cuDNN >= 9.13.1 with no architecture condition, the
+window's (left, 0) on causal masks from cuDNN 9.2) and dot_product_attention/utils.py (sinks disable only
+FlashAttention, FP8 attention, THD and non-a2a CP); Megatron-Core core_v0.16.0 experts.py TEGroupedMLP (fc1's bias in
+the grouped GEMM, the fused weighted_bias_quick_geglu_impl behind the eager clamps, the per-expert fc2 bias loop: all
+counted, cards/calibration.yaml activation_passes); Bridge v0.3.0 gpt_oss_provider.py (YaRN, window (128, 0) on every
+other layer, learnable softmax, bias_dropout_fusion off) and scripts/performance/perf_plugins.py (nothing
+GPT-OSS-specific). The two EP 64 rows across InfiniBand read -1% (B200) and +45% (B300, which measured B200's rate
+though its card gives it twice B200's NIC). The 26.02 GB200, B200 and H100 presets recompute layernorm and moe_act,
+the 25.11 ones set the same modules without effect (BRIDGE_PERF_PRESET_RECOMPUTE's note): read so, 26.02 GB200 +52% ->
++46%, B200 -1% -> -2%, H100 -4% -> -6%.
 The same layout published at two releases bounds what one software state can fit. In this file's rows (same columns
 but the release) 25.11 -> 26.02 moves 0.94x-1.10x (Llama-3.1-70B and 405B on GB200, Qwen3-30B-A3B on GB200 and
 B200). Outside it (docs/performance-summary-archive.md) Qwen3-30B-A3B on 16 H100, FP8, TP1 PP2 VPP12 EP8, micro-batch
@@ -145,6 +175,7 @@ from meshplan.knowledge.published_runs import (
     BRIDGE_PERF_TABLE,
     RECIPE_SPLITS,
     bridge_perf_activation_fusion,
+    bridge_perf_preset_recompute,
     bridge_perf_preset_split,
 )
 
@@ -169,7 +200,10 @@ def cases(path: Path = DATA):
                 seq_length=int(r["seq"]), global_batch_size=int(r["gbs"]), micro_batch_size=int(r["mbs"]),
                 tp=tp, pp=pp, vpp=int(r["vp"]), cp=cp, ep=ep, etp=1 if ep > 1 else None,
                 dp=gpus // (tp * pp * cp), sequence_parallel=tp > 1,
-                zero_stage=3 if int(r["fsdp"]) else 1, recompute="none",
+                zero_stage=3 if int(r["fsdp"]) else 1,
+                # the recompute the row's release preset set where it took effect (published_runs.
+                # BRIDGE_PERF_PRESET_RECOMPUTE), else none
+                **preset_recompute_fields(r),
                 moe_token_dispatcher=r["dispatcher"] if ep > 1 else None,
                 # the backend the release's preset set (the flex_backend column), not the machine's
                 moe_flex_backend=(r["flex_backend"] or None) if ep > 1 and r["dispatcher"] == "flex" else None,
@@ -200,6 +234,13 @@ def fit_cases(path: Path = DATA):
     """cases() less the rows of HELD_OUT_SYSTEMS: what a fit of the card's constants may read (this module's --fit,
     moe_fit.rows, fitted_constants.megatron_pool)."""
     return [(r, job, plan) for r, job, plan in cases(path) if r["system"] not in HELD_OUT_SYSTEMS]
+
+
+def preset_recompute_fields(row: dict[str, str]) -> dict[str, Any]:
+    """The recompute the performance preset of the row's release set and ran (published_runs.
+    bridge_perf_preset_recompute), as Request fields; recompute none where it set none or it did not take effect."""
+    preset = bridge_perf_preset_recompute(row["release"], row["system"], row["model"])
+    return {"recompute": "none"} if preset is None else preset.fields()
 
 
 def preset_split_fields(row: dict[str, str]) -> dict[str, Any]:

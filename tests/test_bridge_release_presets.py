@@ -17,6 +17,7 @@ from meshplan.arithmetic.schedule import layout_problem, parse_layout
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import catalog_architecture
 from meshplan.knowledge.published_runs import (
+    BRIDGE_PERF_PRESET_RECOMPUTE,
     BRIDGE_PERF_PRESET_SPLIT,
     bridge_perf_preset_dispatch,
     bridge_perf_preset_split,
@@ -116,3 +117,37 @@ def test_qwen3_235b_table_rows_stating_no_dispatcher_run_their_releases_preset(t
     assert not b200.request.moe_a2a_overlap and any("alltoall dispatcher" in n for n in b200.notes)
     assert bridge_perf_preset_dispatch("26.04.01", "b200", "qwen3-235b-a22b").dispatcher == "alltoall"
     assert bridge_perf_preset_dispatch("26.04", "b200", "qwen3-235b-a22b") is None  # 26.04.01 is its own release
+
+
+def test_the_2511_b200_gpt_oss_row_is_read_at_its_releases_ep():
+    """25.11 B200 GPT-OSS-120B prints EP 8; its release's preset sets 64 (v0.2.0 GPT_OSS_120B_B200_BF16_BASE_CONFIG)
+    and the later tables' EP 8 runs of the same system go 1.6-1.7x its rate (bench/bridge_published.py): the bench
+    scores it at EP 64, so each rank holds 2 of the 128 experts and no expert gradient crosses a node. The printed GA
+    (GBS / (MBS x DP) = 2) holds at either EP, which is why the row's own columns cannot tell."""
+    found = [(r, job, plan) for r, job, plan in bp.cases()
+             if (r["release"], r["system"], r["model"]) == ("25.11", "b200", "gpt-oss-120b")]
+    assert len(found) == 1
+    row, job, plan = found[0]
+    assert (plan.ep, plan.dp) == (64, 64)
+    assert job.model.moe.num_experts // plan.ep == 2
+    assert int(row["gbs"]) // (plan.micro_batch_size * plan.dp) == 2
+
+
+def test_the_bench_reads_each_rows_recompute_from_its_releases_preset():
+    """Every BRIDGE_PERF_PRESET_RECOMPUTE entry is a run of the table, scored with the preset's recompute: 26.02's
+    GB200 / B200 / H100 GPT-OSS-120B presets recompute layernorm and moe_act (v0.3.0's overrides set 'selective'),
+    the 25.11 ones set the same modules without the granularity (none ran), GB300 / B300 set none; 25.11's H100
+    Llama 3 8B FP8 recomputes 5 whole layers per stage. A recompute the estimate prices takes time."""
+    from meshplan.estimate.perf import estimate_throughput
+
+    scored = {(r["release"], r["system"], r["model"], r["precision"]): (job, plan) for r, job, plan in bp.cases()}
+    keys = {k[:3] for k in scored}
+    assert set(BRIDGE_PERF_PRESET_RECOMPUTE) <= keys
+    job, plan = scored[("26.02", "gb200", "gpt-oss-120b", "bf16")]
+    assert (plan.recompute, list(plan.recompute_modules)) == ("selective", ["layernorm", "moe_act"])
+    for release, system in (("25.11", "gb200"), ("26.02", "gb300"), ("26.02", "b300")):
+        assert scored[(release, system, "gpt-oss-120b", "bf16")][1].recompute == "none"
+    llama = scored[("25.11", "h100", "llama-3.1-8b", "fp8")][1]
+    assert (llama.recompute, llama.recompute_method, llama.recompute_layers) == ("full", "block", 5)
+    plain = plan.model_copy(update={"recompute": "none", "recompute_modules": None})
+    assert estimate_throughput(job, plan).step_time_s > estimate_throughput(job, plain).step_time_s

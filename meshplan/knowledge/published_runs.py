@@ -557,6 +557,63 @@ def bridge_perf_preset_split(release: str, system: str, model_key: str | None) -
     return BRIDGE_PERF_PRESET_SPLIT.get((release, system, model_key or ""))
 
 
+@dataclass(frozen=True)
+class PresetRecompute:
+    """The activation recompute a Megatron-Bridge release's performance preset set for a run of its published table,
+    where it took effect: recompute_modules under recompute_granularity 'selective' (v0.3.0 scripts/performance/
+    utils/overrides.py _set_recompute_overrides sets the granularity beside the modules; v0.2.0 utils/helpers.py
+    set_recompute_overrides sets the modules alone, so at 25.11 they ran only where the model's own config set
+    'selective', DeepSeek-V3's set_deepseek_v3_common_configs, and GPT-OSS-120B's recipe, which leaves it None,
+    recomputed nothing), or recompute_num_layers, which both set as Megatron's full block recompute."""
+
+    modules: tuple[str, ...]
+    full_layers: int | None
+    source: str
+
+    def fields(self) -> dict[str, Any]:
+        """The Request fields the preset set."""
+        if self.full_layers is not None:
+            return {"recompute": "full", "recompute_method": "block", "recompute_layers": self.full_layers}
+        return {"recompute": "selective", "recompute_modules": list(self.modules)}
+
+
+_BRIDGE_V030 = "NVIDIA-NeMo/Megatron-Bridge v0.3.0 (the 26.02 container's) scripts/performance/configs/"
+_BRIDGE_V020 = "NVIDIA-NeMo/Megatron-Bridge v0.2.0 (the 25.11 container's) scripts/performance/configs/"
+_GPT_OSS_V030 = _BRIDGE_V030 + "gpt_oss/gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_"
+_DSV3_V030 = _BRIDGE_V030 + "deepseek/deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_"
+_GPT_OSS_RECOMPUTE = ("layernorm", "moe_act")
+# (container release, system, catalog model) -> the recompute the preset its table row ran set; a run not listed
+# recomputed nothing (Qwen3's configs clear it, qwen3_llm_pretrain.py; the Llama presets recompute only in NVFP4
+# rows, left out of the table, and Llama 3 8B FP8 on H100; GPT-OSS-120B on GB300 / B300 and every 25.11 GPT-OSS run)
+BRIDGE_PERF_PRESET_RECOMPUTE: dict[tuple[str, str, str], PresetRecompute] = {
+    ("26.02", "gb200", "gpt-oss-120b"): PresetRecompute(_GPT_OSS_RECOMPUTE, None, _GPT_OSS_V030 + "GB200_BF16_V2"),
+    ("26.02", "b200", "gpt-oss-120b"): PresetRecompute(_GPT_OSS_RECOMPUTE, None, _GPT_OSS_V030 + "B200_BF16_V2"),
+    ("26.02", "h100", "gpt-oss-120b"): PresetRecompute(_GPT_OSS_RECOMPUTE, None, _GPT_OSS_V030 + "H100_BF16_V2"),
+    ("26.02", "gb200", "deepseek-v3"): PresetRecompute(("mla_up_proj",), None, _DSV3_V030 + "GB200_FP8_MX_V2"),
+    ("26.02", "b200", "deepseek-v3"): PresetRecompute(("mla_up_proj",), None, _DSV3_V030 + "B200_FP8_MX_V2"),
+    ("26.02", "gb300", "deepseek-v3"): PresetRecompute(("mla_up_proj",), None, _DSV3_V030 + "GB300_FP8_MX_V2"),
+    ("26.02", "b300", "deepseek-v3"): PresetRecompute(("mla_up_proj",), None, _DSV3_V030 + "B300_FP8_MX_V2"),
+    # the branch's GB200 preset for both GB200 rows (its GB300 preset sets recompute_modules=[]: none)
+    ("25.11", "gb200", "deepseek-v3"): PresetRecompute(
+        ("mla_up_proj",), None, _GAOD_R020 + "deepseek_v3_gb200_config, workload_base_configs.py "
+                                             "DEEPSEEK_V3_GB200_BASE_CONFIG"),
+    ("25.11", "b200", "deepseek-v3"): PresetRecompute(
+        ("mla_up_proj",), None, _BRIDGE_V020 + "deepseek/workload_base_configs.py DEEPSEEK_V3_B200_BASE_CONFIG"),
+    ("25.11", "h100", "llama-3.1-8b"): PresetRecompute(
+        (), 5, _BRIDGE_V020 + "llama3/workload_base_configs.py LLAMA3_8B_H100_FP8_CS_BASE_CONFIG"),
+    # v0.1.0rc4 scripts/performance/run_script.py on H100; recipes/deepseek/deepseek_v3.py recompute_granularity
+    # "selective" by default
+    ("25.09", "h100", "deepseek-v3"): PresetRecompute(
+        ("mla_up_proj", "mlp"), None, "NVIDIA-NeMo/Megatron-Bridge v0.1.0rc4 scripts/performance/run_script.py"),
+}
+
+
+def bridge_perf_preset_recompute(release: str, system: str, model_key: str | None) -> PresetRecompute | None:
+    """BRIDGE_PERF_PRESET_RECOMPUTE's entry for a published-table run (its container release, system and catalog
+    model), else None (it recomputed nothing)."""
+    return BRIDGE_PERF_PRESET_RECOMPUTE.get((release, system, model_key or ""))
+
+
 # --------------------------------------------------------------------------- Megatron-Bridge perf recipes' MoE runs
 
 
