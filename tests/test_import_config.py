@@ -282,6 +282,17 @@ def test_torchtitan_0_1_memory_estimation_enabled_is_no_misspelling(tmp_path):
     assert any("0.1's name for memory_estimation.enable" in n for n in read.notes)
 
 
+def test_torchtitan_batch_size_before_0_1_is_read_as_local_batch_size(tmp_path):
+    """The 2024-12 benchmarks' tree (9dec370) named the micro-batch training.batch_size (#1238 renamed it
+    local_batch_size before v0.1.0): it was 'no meshplan field' and the micro-batch left to the default."""
+    path = tmp_path / "tt2412.toml"
+    path.write_text(TT_01.replace("local_batch_size = 8", "batch_size = 4"))
+    read = api.import_file(str(path))
+    assert read.request["micro_batch_size"] == 4 and read.request["global_batch_size"] == 4 * 2  # dp_shard 2
+    assert read.sources["micro_batch_size"].endswith(":7 training.batch_size")
+    assert any("name for training.local_batch_size before v0.1.0" in n for n in read.notes)
+
+
 def test_torchtitan_0_1_split_points_are_the_stages_they_state(tmp_path):
     """0.1's pipeline_parallel_split_points (the module each later stage starts at; 0.2.0 dropped the key) was 'no
     meshplan field' and the split left even: four stages of 32 layers starting at layers 9, 17, 25 hold 9, 8, 8, 7,
