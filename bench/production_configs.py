@@ -33,7 +33,9 @@ Method (no per-row constants, nothing fitted):
   scripts pack each micro-batch to a token budget of the row's seq_length (dynamic_batch_fields), and a measured
   study's recipe sets its optimizer precision
   (study_recipe_fields: Bridge's Moonlight recompute study ran the 8-H100 recipe's bf16 moments and main grads and
-  its shared experts overlapped with the dispatch, moe_shared_expert_overlap).
+  its shared experts overlapped with the dispatch, moe_shared_expert_overlap), and a Megatron-FSDP run of
+  Megatron-Bridge's tables the layer-wise activation offload its release's preset set (release_preset_offload:
+  cpu_offloading_num_layers, published_runs.BRIDGE_PERF_PRESET_OFFLOAD) where the row states no count.
 - A LoRA row's rank and targets from its own `lora` section (rank, alpha, targets in Megatron-Core's linear names,
   production_rows.stated_lora), what it leaves out from the recipe it cites (LORA_RECIPES), else the framework's
   default (knob "lora").

@@ -50,6 +50,7 @@ from production_sources import (
     recipe_mtp,
     release_launcher_moe,
     release_preset_dispatch,
+    release_preset_offload,
     release_preset_split,
     stage_layers,
     study_recipe_fields,
@@ -123,6 +124,12 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     knobs |= k
     fields |= study_recipe_fields(row, framework)
     key = catalog_match(row["model"])
+    offload, n = release_preset_offload(row, key if model == key else None, {
+        **fields, "precision": precision, "zero_stage": zero, "tp": p["tp"]})  # its release's preset's count
+    if offload:  # Megatron-Core's layer-wise offload (OF003: not beside the fine-grained one)
+        fields = {k: v for k, v in fields.items() if k != "activation_offload"} | offload
+        knobs.pop("cpu_offloading", None)
+        notes += n
     preset_split, n = release_preset_split(row, key if model == key else None)  # its release's config's layout
     notes += n
     if preset_split:  # the layout and MTP depth that config passed, over the recipes' (RECIPE_MTP, RECIPE_SPLITS)

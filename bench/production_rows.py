@@ -83,8 +83,9 @@ KNOBS: dict[str, tuple[str, str]] = {
                       "its compile card's loss_since), or on a framework without a compile card; scored eager"),
     "cpu_offloading": ("memory, time", "Megatron-Core's layer-level activation offload (cpu_offloading) named "
                        "without its cpu_offloading_num_layers count, which meshplan's activation_offload_layers needs "
-                       "(a row stating the count is read as that); scored as activation_offload, the fine-grained "
-                       "offloading of every layer's module inputs"),
+                       "(a row stating the count is read as that, a Megatron-Bridge table run the count its "
+                       "release's preset set); scored as activation_offload, the fine-grained offloading of every "
+                       "layer's module inputs"),
 }
 
 UNSTATED = ("not stated",)
@@ -603,7 +604,8 @@ def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict
     recompute_method=uniform with recompute_layers=N; per-op SAC on a framework whose selective is op-level SAC
     (torchtitan's) is selective_ac_option="op". A selective AC there that does not say which option stays a knob
     (scored as op-level). An activation offload is activation_offload; Megatron's layer-level cpu_offloading without
-    its layer count also stays a knob (scored as the fine-grained offload; with the count: offload_fields)."""
+    its layer count also stays a knob (scored as the fine-grained offload; with the count: offload_fields; a
+    Megatron-Bridge table run's count from its release's preset: production_sources.release_preset_offload)."""
     text = row["memory"]["recompute"]
     if text is None or str(text).lower().startswith(UNSTATED):
         return None, {}, {}

@@ -34,7 +34,9 @@ from meshplan.knowledge.published_runs import (
     attention_kernel_of_run,
     bridge_perf_activation_fusion,
     bridge_perf_preset_dispatch,
+    bridge_perf_preset_offload,
     bridge_perf_preset_split,
+    bridge_precision,
     main_snapshot,
     nemo2_perf_expandable_segments,
     nemo2_perf_loss,
@@ -150,6 +152,25 @@ def release_preset_split(row: dict[str, Any], model_key: str | None) -> tuple[di
         return {}, []
     return preset.fields(), [f"pipeline layout {preset.layout} and MTP depth {preset.mtp_num_layers} from its "
                              f"release's config: {preset.source}"]
+
+
+def release_preset_offload(row: dict[str, Any], model_key: str | None, request: dict[str, Any]
+                           ) -> tuple[dict[str, Any], list[str]]:
+    """(Request fields, notes): the layer-wise activation offload the performance preset of the row's release set
+    (published_runs.bridge_perf_preset_offload: its release, system, catalog model, Bridge precision and tp) for a
+    Megatron-FSDP run of Megatron-Bridge's published tables whose row states no count of its own (`request`: the
+    fields read so far, with precision, fp8_recipe, tp and zero_stage); ({}, []) otherwise. The preset's
+    cpu_offloading is Megatron-Core's layer-wise offload, not the fine-grained one: the caller drops the
+    activation_offload a row's words 'cpu_offloading' read as (the knob cpu_offloading)."""
+    key = table_run_key(row)
+    if key is None or request.get("zero_stage") != 3 or request.get("activation_offload_layers"):
+        return {}, []
+    precision = bridge_precision(request["precision"], request.get("fp8_recipe"))
+    preset = bridge_perf_preset_offload(*key, model_key, precision, request.get("tp") or 1)
+    if preset is None:
+        return {}, []
+    return ({"activation_offload_layers": preset.layers},
+            [f"cpu_offloading_num_layers {preset.layers} from its release's preset: {preset.source}"])
 
 
 def study_recipe_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:

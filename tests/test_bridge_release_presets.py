@@ -1,6 +1,7 @@
 """What a Megatron-Bridge release's performance configs set for the runs of its published table whose rows state it
-not (published_runs.BRIDGE_PERF_PRESET_SPLIT, BRIDGE_PERF_PRESET_DISPATCH), as the bench reads them
-(bench/bridge_published.preset_split_fields; bench/production_sources.release_preset_split / release_preset_dispatch)
+not (published_runs.BRIDGE_PERF_PRESET_SPLIT, BRIDGE_PERF_PRESET_DISPATCH, BRIDGE_PERF_PRESET_OFFLOAD), as the bench
+reads them (bench/bridge_published.preset_split_fields; bench/production_sources.release_preset_split /
+release_preset_dispatch / release_preset_offload)
 and as a user asking for the same layout gets it answered.
 
 A test of the bench too: it imports the bench's modules."""
@@ -20,7 +21,9 @@ from meshplan.knowledge.published_runs import (
     BRIDGE_PERF_PRESET_RECOMPUTE,
     BRIDGE_PERF_PRESET_SPLIT,
     bridge_perf_preset_dispatch,
+    bridge_perf_preset_offload,
     bridge_perf_preset_split,
+    bridge_precision,
 )
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
@@ -151,3 +154,50 @@ def test_the_bench_reads_each_rows_recompute_from_its_releases_preset():
     assert (llama.recompute, llama.recompute_method, llama.recompute_layers) == ("full", "block", 5)
     plain = plan.model_copy(update={"recompute": "none", "recompute_modules": None})
     assert estimate_throughput(job, plan).step_time_s > estimate_throughput(job, plain).step_time_s
+
+
+def test_the_llama_fsdp_presets_offload_their_stated_layers():
+    """Megatron-Bridge's Megatron-FSDP presets for Llama 3 70B set cpu_offloading_num_layers per system and precision
+    (v0.2.0 to v0.6.0 alike), Llama 3.1 405B's to v0.5.0; the count is the preset's at its tp only, and a preset with
+    no offload (FP8_MX, a TP/PP layout) or a release not read gives none."""
+    assert bridge_perf_preset_offload("26.04.01", "gb200", "llama-3-70b", "fp8cs", 1).layers == 40
+    assert bridge_perf_preset_offload("25.11", "gb200", "llama-3-70b", "bf16", 1).layers == 20
+    assert bridge_perf_preset_offload("26.08", "gb300", "llama-3-70b", "bf16", 1).layers == 30
+    assert bridge_perf_preset_offload("26.02", "b200", "llama-3-70b", "fp8cs", 1).layers == 5
+    assert bridge_perf_preset_offload("26.06", "gb200", "llama-3.1-405b", "fp8cs", 2).layers == 92
+    assert bridge_perf_preset_offload("26.08", "gb200", "llama-3.1-405b", "fp8cs", 2) is None  # v0.6.0 changed it
+    assert bridge_perf_preset_offload("26.04.01", "gb200", "llama-3-70b", "fp8mx", 1) is None
+    assert bridge_perf_preset_offload("26.04.01", "gb200", "llama-3-70b", "fp8cs", 2) is None
+    assert bridge_perf_preset_offload("26.04", "gb200", "llama-3-70b", "fp8cs", 1) is None  # 26.04.01 is its own
+    assert bridge_perf_preset_offload("26.04.01", "h100", "llama-3-70b", "fp8cs", 1) is None
+
+
+@pytest.mark.parametrize(("precision", "recipe", "name"), [
+    ("bf16", None, "bf16"), ("fp8", "tensorwise", "fp8cs"), ("fp8", "mxfp8", "fp8mx"), ("fp8", "blockwise", None),
+    ("fp8", "delayed", None)])
+def test_bridge_names_a_precision_as_its_presets_do(precision, recipe, name):
+    """FP8_CS is Transformer Engine's current (tensorwise) scaling; a recipe the presets do not name has no preset."""
+    assert bridge_precision(precision, recipe) == name
+
+
+def test_the_gb200_llama3_70b_fsdp_row_offloads_its_presets_40_layers(tmp_path, production_rows):
+    """The dev row states cpu_offloading without its count: it maps to the 26.04.01 preset's (v0.4.2
+    LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2) 40 layers of Megatron-Core's layer-wise offload, not the fine-grained
+    offload of every layer, and is no longer a row with an inexpressible knob. The estimate keeps 40 of the 80 layers'
+    saved tensors on the GPU and sends the other 40 to the host; check holds the plan to OF003 without an error."""
+    row = production_rows["mbridge_gb200_llama3_70b_64_fp8_fsdp"]
+    m = pmap.map_row(row, tmp_path)
+    assert m.request.activation_offload_layers == 40 and not m.request.activation_offload
+    assert "cpu_offloading" not in m.knobs and any("cpu_offloading_num_layers 40" in n for n in m.notes)
+    assert not [f.id for f in api.check_config(m.request).findings if f.id.startswith("OF")]
+    stage = api.estimate_memory(m.request).stages[0]
+    layers = stage.detail["layer_activations"]
+    assert stage.detail["offloaded_layers"] == 40
+    assert stage.detail["host_activations"] == pytest.approx(layers / 2, rel=1e-6)
+    stated = dict(row, memory={**row["memory"], "offload": "cpu_offloading_num_layers 20"})
+    assert pmap.map_row(stated, tmp_path).request.activation_offload_layers == 20  # the row's own count wins
+    other = dict(row, source={**row["source"], "version_or_date": "NeMo container 26.04"})
+    assert psrc.release_preset_offload(other, "llama-3-70b", {"precision": "fp8", "fp8_recipe": "tensorwise",
+                                                              "zero_stage": 3, "tp": 1}) == ({}, [])
+    assert psrc.release_preset_offload(row, "llama-3-70b", {"precision": "fp8", "fp8_recipe": "tensorwise",
+                                                            "zero_stage": 1, "tp": 1}) == ({}, [])

@@ -19,6 +19,7 @@ from meshplan.adapters.read.shell import read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
 from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -225,6 +226,107 @@ def test_torchtitan_0_1_training_compile_is_read_as_compile_enable_and_said(tmp_
     assert "0.1's name for compile.enable" in said and "0.2.0 and later refuse" in said
     path.write_text(path.read_text().replace("compile = true", "compile = false"))
     assert api.import_file(str(path)).request["torch_compile"] is False  # the value read, not a switch turned on
+
+
+TT_01 = ('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n\n[training]\nlocal_batch_size = 8\n'
+         'seq_len = 8192\n\n[parallelism]\ndata_parallel_shard_degree = 2\n')
+"""A torchtitan 0.1 TOML (v0.1.0 config_manager.py JobConfig: the float8 converter's 0.1 name), 8B, dp_shard 2."""
+
+
+def _tt01(tmp_path, extra: str):
+    path = tmp_path / "tt01.toml"
+    path.write_text(TT_01 + extra)
+    return api.import_file(str(path))
+
+
+def test_torchtitan_0_1_float8_all_gather_is_read_as_its_0_2_key(tmp_path):
+    """0.1's [float8] enable_fsdp_float8_all_gather (0.2.0 moved the section to [quantize.linear.float8]) was 'no
+    meshplan field' and fp8_param_gather left off; it is read as the 0.2 key, the note naming the move."""
+    read = _tt01(tmp_path, "\n[float8]\nenable_fsdp_float8_all_gather = true\n")
+    assert read.request["fp8_param_gather"] is True
+    assert read.sources["fp8_param_gather"].endswith(":14 float8.enable_fsdp_float8_all_gather")
+    assert not any("enable_fsdp_float8_all_gather" in u for u in read.unsupported)
+    assert any("0.2.0 moved to [quantize.linear.float8]" in n for n in read.notes)
+    assert _tt01(tmp_path, "\n[float8]\nenable_fsdp_float8_all_gather = false\n").request["fp8_param_gather"] is False
+
+
+@pytest.mark.parametrize("section", ["float8", "quantize.linear.float8"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_torchtitan_float8_recipe_name_is_read_in_either_release(tmp_path, section, recipe):
+    """recipe_name under 0.1's [float8] or 0.2's [quantize.linear.float8] is fp8_recipe; the 0.2 key was dropped
+    unsaid before (both of the card's recipe knobs left it to the torchtitan reader, which read neither), so a
+    tensorwise file ran the card's default, rowwise."""
+    read = _tt01(tmp_path, f'\n[{section}]\nrecipe_name = "{recipe}"\n')
+    assert (read.request["precision"], read.request["fp8_recipe"]) == ("fp8", recipe)
+    assert read.sources["fp8_recipe"].endswith(f":14 {section}.recipe_name")
+
+
+def test_torchtitan_float8_recipe_without_the_converter_does_nothing(tmp_path):
+    """Without a float8 converter torchtitan converts no linear: the recipe is said, not read; a recipe meshplan has
+    no model of stays said and unread (the existing rowwise_with_gw_hp test's words)."""
+    path = tmp_path / "tt01.toml"
+    path.write_text(TT_01.replace('converters = ["float8"]\n', "") + '\n[float8]\nrecipe_name = "tensorwise"\n')
+    read = api.import_file(str(path))
+    assert "fp8_recipe" not in read.request and read.request.get("precision") != "fp8"
+    assert any("no float8 converter" in n for n in read.notes)
+    hp = _tt01(tmp_path, '\n[float8]\nrecipe_name = "rowwise_with_gw_hp"\n')
+    assert "fp8_recipe" not in hp.request and any("no meshplan fp8_recipe" in u for u in hp.unsupported)
+
+
+def test_torchtitan_0_1_memory_estimation_enabled_is_no_misspelling(tmp_path):
+    """0.1's memory_estimation.enabled (0.2's enable) was flagged one slip from compile.enable ('did you mean
+    enable?'), a warning every estimate from the file led with; it is 0.1's name, said, and no meshplan field."""
+    read = _tt01(tmp_path, "\n[memory_estimation]\nenabled = true\n")
+    assert not read.misspelt
+    assert any("memory_estimation.enabled = True: no meshplan field" == u.split(" ", 1)[1] for u in read.unsupported)
+    assert any("0.1's name for memory_estimation.enable" in n for n in read.notes)
+
+
+def test_torchtitan_batch_size_before_0_1_is_read_as_local_batch_size(tmp_path):
+    """The 2024-12 benchmarks' tree (9dec370) named the micro-batch training.batch_size (#1238 renamed it
+    local_batch_size before v0.1.0): it was 'no meshplan field' and the micro-batch left to the default."""
+    path = tmp_path / "tt2412.toml"
+    path.write_text(TT_01.replace("local_batch_size = 8", "batch_size = 4"))
+    read = api.import_file(str(path))
+    assert read.request["micro_batch_size"] == 4 and read.request["global_batch_size"] == 4 * 2  # dp_shard 2
+    assert read.sources["micro_batch_size"].endswith(":7 training.batch_size")
+    assert any("name for training.local_batch_size before v0.1.0" in n for n in read.notes)
+
+
+def test_torchtitan_0_1_split_points_are_the_stages_they_state(tmp_path):
+    """0.1's pipeline_parallel_split_points (the module each later stage starts at; 0.2.0 dropped the key) was 'no
+    meshplan field' and the split left even: four stages of 32 layers starting at layers 9, 17, 25 hold 9, 8, 8, 7,
+    stated as first/last stage layers, over the generated split pipeline_parallel_layers_per_stage would give."""
+    split = ('pipeline_parallel_degree = 4\npipeline_parallel_layers_per_stage = 8\n'
+             'pipeline_parallel_split_points = ["layers.9", "layers.17", "layers.25"]\n')
+    path = tmp_path / "split.toml"
+    path.write_text(TT_01 + split)
+    read = api.import_file(str(path))
+    assert (read.request["first_stage_layers"], read.request["last_stage_layers"]) == (9, 7)
+    assert read.sources["first_stage_layers"].endswith("parallelism.pipeline_parallel_split_points")
+    assert any("0.1's manual split into 4 stages" in n for n in read.notes)
+    _job, plan = resolve(api.request_from_config(read, {"num_gpus": 8}))
+    assert (plan.first_stage_layers, plan.last_stage_layers, plan.pp) == (9, 7, 4)
+    path.write_text(TT_01 + split.replace('"layers.9", ', ""))  # 3 stages on 4 ranks: torchtitan refuses it
+    refused = api.import_file(str(path))
+    assert "first_stage_layers" not in refused.request
+    assert any("3 stages over pp=4" in u for u in refused.unresolved)
+
+
+def test_torchtitan_0_1_split_points_of_a_multi_stage_schedule_set_vpp(tmp_path):
+    """Four split points on two ranks under Interleaved1F1B: five stages cannot loop over 2 ranks (refused); three
+    points make four virtual stages, vpp 2, their uneven layers said; at pp 1 the key does nothing (said)."""
+    path = tmp_path / "vpp.toml"
+    head = TT_01 + 'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+    path.write_text(head + 'pipeline_parallel_split_points = ["layers.7", "layers.15", "layers.23"]\n')
+    read = api.import_file(str(path))
+    assert read.request["vpp"] == 2 and "first_stage_layers" not in read.request
+    assert any("virtual stages hold [7, 8, 8, 9]" in n for n in read.notes)
+    path.write_text(head + 'pipeline_parallel_split_points = ["layers.7", "layers.15", "layers.23", "layers.28"]\n')
+    assert any("5 stages over pp=2" in u for u in api.import_file(str(path)).unresolved)
+    path.write_text(TT_01 + 'pipeline_parallel_split_points = ["layers.16"]\n')
+    flat = api.import_file(str(path))
+    assert any("no pipeline at pp 1" in n for n in flat.notes) and "first_stage_layers" not in flat.request
 
 
 # --------------------------------------------------------------------------- the shell reader

@@ -614,6 +614,66 @@ def bridge_perf_preset_recompute(release: str, system: str, model_key: str | Non
     return BRIDGE_PERF_PRESET_RECOMPUTE.get((release, system, model_key or ""))
 
 
+@dataclass(frozen=True)
+class PresetOffload:
+    """Megatron-Core's layer-wise activation offload a Megatron-Bridge performance preset set for a Megatron-FSDP run
+    of its published table (WorkloadBaseConfig.cpu_offloading_num_layers, which scripts/performance/utils/
+    overrides.py _set_recompute_overrides turns into cpu_offloading True, cpu_offloading_weights False and that
+    count; from v0.6.0 the flat perf recipe sets the three itself): the Request's activation_offload_layers for a run
+    of that system, catalog model, Bridge precision (its presets' BF16 / FP8_CS / FP8_MX, RECIPE_PRECISION's names)
+    and tensor parallelism under Megatron-FSDP, in the container releases listed."""
+
+    system: str
+    model: str  # catalog key
+    precision: str  # bf16, fp8cs, fp8mx
+    tp: int
+    layers: int
+    releases: tuple[str, ...]  # the container releases whose Bridge release was read
+    source: str
+
+
+# The container each release ships (_BRIDGE_V042's note): 25.11 v0.2.0 (7af9601c9), 26.02 v0.3.0 (21b02e0cf), 26.04.01
+# v0.4.2 (c81012934), 26.06 v0.5.0 (fcbb60311), 26.08 v0.6.0 (51885cf13). Llama 3 70B's Megatron-FSDP presets (tp 1,
+# 64 GPUs; the V1 GBS-128 and V2 GBS-256 variants alike) set the same counts at all five: v0.2.0
+# scripts/performance/configs/llama3/workload_base_configs.py LLAMA3_70B_<SYSTEM>_<PRECISION>_BASE_CONFIG, v0.3.0 to
+# v0.5.0 configs/llama/llama3_workload_base_configs.py LLAMA3_70B_PRETRAIN_CONFIG_<SYSTEM>_<PRECISION>_V1/_V2, v0.6.0
+# perf_recipes/llama/<system>/llama3.py llama3_70b_pretrain_64gpu_<system>_<precision>_config. Llama 3.1 405B's
+# (128 GPUs, tp 2, V1) from v0.2.0 configs/llama31/workload_base_configs.py to v0.5.0
+# configs/llama/llama31_workload_base_configs.py; v0.6.0's flat recipes changed them (gb300 fp8cs at tp 4 without
+# FSDP), not recorded.
+_LLAMA3_70B_PRESETS = f"{BRIDGE} v0.2.0-v0.6.0 Llama 3 70B perf presets (LLAMA3_70B_*_{{system}}_{{precision}}*)"
+_LLAMA31_405B_PRESETS = f"{BRIDGE} v0.2.0-v0.5.0 Llama 3.1 405B perf presets (LLAMA31_405B_*_{{system}}_{{precision}}*)"
+_PRESET_NAMES = {"bf16": "BF16", "fp8cs": "FP8_CS", "fp8mx": "FP8_MX"}  # the presets' spelling
+_PRESETS_0200_0600 = ("25.11", "26.02", "26.04.01", "26.06", "26.08")
+_PRESETS_0200_0500 = _PRESETS_0200_0600[:-1]
+BRIDGE_PERF_PRESET_OFFLOAD: tuple[PresetOffload, ...] = (
+    *(PresetOffload(system, "llama-3-70b", precision, 1, layers, _PRESETS_0200_0600,
+                    _LLAMA3_70B_PRESETS.format(system=system.upper(), precision=_PRESET_NAMES[precision]))
+      for system, precision, layers in (("gb300", "bf16", 30), ("gb300", "fp8cs", 20), ("gb200", "bf16", 20),
+                                        ("gb200", "fp8cs", 40), ("b200", "fp8cs", 5))),
+    *(PresetOffload(system, "llama-3.1-405b", precision, 2, layers, _PRESETS_0200_0500,
+                    _LLAMA31_405B_PRESETS.format(system=system.upper(), precision=_PRESET_NAMES[precision]))
+      for system, precision, layers in (("gb300", "bf16", 40), ("gb300", "fp8cs", 10), ("gb200", "fp8cs", 92))),
+)
+
+
+def bridge_precision(precision: str, fp8_recipe: str | None) -> str | None:
+    """The name Megatron-Bridge's perf presets give a run's precision (BF16, FP8_CS current scaling: Transformer
+    Engine's tensorwise recipe, FP8_MX), lower-cased as RECIPE_PRECISION's; None for another fp8 recipe."""
+    if precision == "bf16":
+        return "bf16"
+    return {"tensorwise": "fp8cs", "mxfp8": "fp8mx"}.get(fp8_recipe or "") if precision == "fp8" else None
+
+
+def bridge_perf_preset_offload(release: str, system: str, model_key: str | None, precision: str | None,
+                               tp: int) -> PresetOffload | None:
+    """The layer-wise offload (BRIDGE_PERF_PRESET_OFFLOAD) of the preset a Megatron-FSDP run of a published table ran
+    (its container release, system, catalog model, Bridge precision, tp), else None."""
+    found = [p for p in BRIDGE_PERF_PRESET_OFFLOAD if release in p.releases and
+             (p.system, p.model, p.precision, p.tp) == (system, model_key, precision, tp)]
+    return found[0] if found else None
+
+
 # --------------------------------------------------------------------------- Megatron-Bridge perf recipes' MoE runs
 
 

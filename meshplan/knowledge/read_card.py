@@ -229,7 +229,8 @@ class TypedKey(_Card):
 class OldName(_Card):
     """A key an older release of the framework read under another name: the import reads it as that key, saying so
     (it was 'no meshplan field' and the setting dropped: torchtitan 0.1's [training] compile left torch_compile off)."""
-    key: StrictStr = Field(description="The key it is read as (the current name, as the card's knobs write it)")
+    key: StrictStr = Field(description="The key it is read as (the current name, as the card's knobs or read keys "
+                                       "write it; a current key meshplan leaves out is said as one)")
     said: StrictStr = Field(description="Which releases read it, what it did there, what later releases do with it")
 
 

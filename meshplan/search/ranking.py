@@ -44,8 +44,13 @@ def _promote_survivors() -> None:
     followed at once by an unfreeze does: both splice lists, walking nothing. Left young, the first collection after
     the pause walks every survivor (some 3*10^4 objects on the bench's jobs, about 1% of a first ask) and the next
     middle one again, to promote objects that live until the memo drops them; in the oldest generation they are
-    still collected by the next full collection. Skipped when the process keeps objects frozen itself, whose
-    permanent generation an unfreeze would empty."""
+    still collected by the next full collection. Skipped when the process keeps objects frozen itself (the MCP
+    server's start-up), whose permanent generation an unfreeze would empty. Freezing again there instead (no unfreeze)
+    removes the server's collections after a search but also freezes the in-flight request's own objects, some 16 a
+    call (anyio Events, deques, sets) that then die in cycles no collection frees; a full unfreeze-collect-freeze each
+    time the frozen count grows by a quarter (CPython's rule for a full collection) frees them but walks the start-up
+    too, and costs more than the skip once requests differ (bench/mcp_collector.py: over 32 recommend calls the
+    collector paused 1.2 s as it is, 0.7 s so on 4 repeated jobs; 3.6 s against 4.7 s on 16 jobs)."""
     if gc.get_freeze_count() == 0:
         gc.freeze()
         gc.unfreeze()

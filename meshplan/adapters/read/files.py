@@ -5,6 +5,7 @@ and a DeepSpeed JSON config. The keys' meanings come from the framework cards (k
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from dataclasses import replace
 
@@ -79,6 +80,8 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
     pp = reading.request.get("pp", 1)
     first_less: Setting | None = None  # parallelism.pipeline_parallel_first_stage_less_layers
     local = None  # training.local_batch_size under PP: one run of the schedule (adapters/common.torchtitan_batch)
+    recipe: Setting | None = None  # [quantize.linear.float8] recipe_name (0.1's [float8]): the knobs it names
+    recipes: list[str] = []
     for s, m in left:
         if m.target == "micro_batch_size" and pp == 1:
             reading.state("micro_batch_size", s.value, s)
@@ -90,6 +93,9 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
             reading.state("moe_token_dispatcher", "flex" if str(s.value) == "deepep" else "alltoall", s)
         elif m.target == "uneven_pp":
             first_less = s
+        elif m.target in ("fp8_tensorwise", "fp8_rowwise"):  # one key, the recipe its value names
+            recipe = s
+            recipes.append(m.target.removeprefix("fp8_"))
     size = reading.extra.get("pp_micro_batch_size")
     if pp > 1 and local is not None:
         fields = torchtitan_batch(int(local.value), int(size[0]) if size else None, pp)
@@ -103,10 +109,79 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
     elif any(str(c).endswith(".mx") or str(c) == "mx" for c in converters):
         reading.state("precision", "fp8", reading.extra["converters"][1])
         reading.state("fp8_recipe", "mxfp8", reading.extra["converters"][1])
+    if recipe is not None:
+        _float8_recipe(reading, recipe, recipes, any("float8" in str(c) for c in converters))
     _torchtitan_model(reading)
+    if "split_points" in reading.extra:  # 0.1's manual split: the stages it names, over the generated split
+        _torchtitan_split_points(reading, reading.extra["split_points"][1], pp)
+        return
     _torchtitan_split(reading, first_less)
     if pp > 1 and _multi_stage(reading):
         _torchtitan_vpp(reading, first_less, pp)
+
+
+def _float8_recipe(reading: Reading, s: Setting, recipes: list[str], converted: bool) -> None:
+    """fp8_recipe from the float8 converter's recipe_name ([quantize.linear.float8], 0.1's [float8]): the recipe of
+    the card's knob (fp8_tensorwise, fp8_rowwise) whose name it is. Dropped unsaid before: both knobs left the
+    key to this reader, which read neither. A recipe meshplan does not model (rowwise_with_gw_hp) is said; without
+    the float8 converter in model.converters torchtitan converts no linear and the key does nothing (said)."""
+    value = str(s.value).strip("'\"")
+    if not converted:
+        reading.notes.append(f"{s.where(reading.path)} = {value}: no float8 converter in model.converters, so "
+                             "torchtitan converts no linear and the recipe does nothing")
+    elif value in recipes:
+        reading.state("fp8_recipe", value, s)
+    else:
+        reading.unsupported.append(f"{s.where(reading.path)} = {value}: no meshplan fp8_recipe (torchtitan's float8 "
+                                   f"recipes meshplan models: {', '.join(recipes)}); pass --fp8-recipe")
+        reading.unread.add("fp8_recipe")
+
+
+def _torchtitan_split_points(reading: Reading, s: Setting, pp: int) -> None:
+    """torchtitan 0.1's parallelism.pipeline_parallel_split_points (the card's read.keys split_points): the module
+    each stage after the first starts at ('layers.N'), len + 1 stages each holding layers [start, stop) (v0.1.0
+    models/llama3/infra/pipeline.py pipeline_llama_manual_split, used over generate_split_points and so over
+    pipeline_parallel_layers_per_stage); one stage per rank is stated as first/last stage layers
+    (keys.state_stage_split), several per rank as vpp, stages / pp. Inert at pp 1 (said); a split torchtitan
+    refuses or meshplan cannot state is left unresolved."""
+    where = s.where(reading.path)
+    words = s.value if isinstance(s.value, list) else str(s.value).strip("'\"").split(",")
+    found = [re.fullmatch(r"layers\.(\d+)", str(w).strip().strip("'\"")) for w in words if str(w).strip()]
+    if pp == 1:
+        reading.notes.append(f"{where}: no pipeline at pp 1, the split points do nothing")
+        return
+    if not found or not all(found):
+        reading.unresolved.append(f"{where}: split points other than decoder layers ('layers.N'); {SPLIT_NOT_READ}")
+        return
+    points = [int(m.group(1)) for m in found]
+    stages = len(points) + 1
+    reading.notes.append(f"{where}: torchtitan 0.1's manual split into {stages} stages, read as it; 0.2.0 dropped the "
+                         "key (module_fqns_per_model_part names each stage's modules) and refuses it at launch")
+    if stages % pp or (stages > pp) != _multi_stage(reading):
+        reading.unresolved.append(f"{where}: {stages} stages over pp={pp}, which torchtitan refuses with this "
+                                  f"schedule (one stage per rank, or a multi-stage schedule's whole number of "
+                                  f"stages per rank); {SPLIT_NOT_READ}")
+        return
+    if stages > pp:
+        reading.state("vpp", stages // pp, f"{where} ({stages} stages over pp={pp})")
+    if "model" not in reading.request:
+        reading.unresolved.append(f"{where}: the last stage's layers are the model's after layers.{points[-1]}, and "
+                                  f"the file names no model to count them; {SPLIT_NOT_READ}")
+        return
+    bounds = [0, *points, resolve_model(reading.request["model"]).num_layers]
+    counts = [b - a for a, b in itertools.pairwise(bounds)]
+    if min(counts) < 1:
+        reading.unresolved.append(f"{where}: the stages hold {counts} decoder layers, one holding none (split points "
+                                  f"out of order or past the model's {bounds[-1]} layers); {SPLIT_NOT_READ}")
+        return
+    if stages > pp:
+        if len(set(counts)) > 1:
+            reading.notes.append(f"{where}: torchtitan's virtual stages hold {counts} decoder layers; meshplan "
+                                 f"estimates them split evenly over its {stages} virtual stages")
+        return
+    why = state_stage_split(reading, counts, s)
+    if why is not None:
+        reading.unresolved.append(f"{where}: {why}; {SPLIT_NOT_READ}")
 
 
 def _torchtitan_global_batch(reading: Reading, local: Setting) -> None:
