@@ -23,7 +23,7 @@ from meshplan.rl.engine import (
     kv_bytes_per_sequence,
 )
 from meshplan.rl.launches import eager_launches
-from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
+from meshplan.rl.lengths import age_in_flight, drain_need, length_variance, quantile, rate, survival_mean
 from meshplan.rl.memory import (
     critic_apart,
     packing_args,
@@ -338,6 +338,17 @@ def flops_share(job) -> float:
     rl = job.rl
     mean, longest = rl.mean_prompt + rl.mean_response, rl.prompt_length + rl.response_length
     return mean * model_flops_per_token(job.model, mean) / (longest * model_flops_per_token(job.model, longest))
+
+
+def step_token_moments(job) -> tuple[float, float]:
+    """The RL step's tokens and the sum of its sequences' squared lengths: its prompts x samples sequences at the
+    request's mean prompt and response, their squares' mean the mean squared plus the lengths' variance (rl/lengths.py,
+    the prompt and the response drawn apart). What verl's flops_counter reads of the step (ray_trainer.py's
+    global_token_num: each sequence's attention-mask sum; arithmetic/flops.verl_flops)."""
+    rl = job.rl
+    mean = rl.mean_prompt + rl.mean_response
+    spread = length_variance(rl.mean_prompt, rl.prompt_length) + length_variance(rl.mean_response, rl.response_length)
+    return rl.step_sequences * mean, rl.step_sequences * (mean * mean + spread)
 
 
 def actor_update_seconds(job, timing: RLStepTime) -> float:
