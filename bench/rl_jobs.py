@@ -14,8 +14,9 @@ The rows' MFU is verl's own (perf/mfu/actor: volcengine/verl f6f910069 verl/work
 its flops_counter's FLOPs of the step's sequences x ppo_epochs over update_policy's seconds, the world size and its
 device table's peak, H20 148 TFLOPS), so each row is scored by the update's MFU as verl counts it: its count
 (arithmetic/flops.verl_flops: non-causal attention, the embedding counted as a matmul) of the step's tokens and
-squared lengths (rl/step_time.step_token_moments) over meshplan's actor update seconds, the GPUs and the card's peak;
-meshplan's own MFU (Megatron-LM's count) beside it.
+squared lengths (rl/step_time.step_token_moments) over meshplan's actor update seconds, the GPUs and the card's peak
+(rl/step_time.logged_update_mfu, the verl card's rl.logged_mfu_flops); meshplan's own MFU (Megatron-LM's count)
+beside it.
 
 Run: python bench/rl_jobs.py [--validation DIR] [--json]
 """
@@ -33,12 +34,11 @@ from production_mapping import offload_fields
 from production_sources import stage_layers
 
 from meshplan import api
-from meshplan.arithmetic.flops import verl_flops
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import stage_allocated
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
-from meshplan.rl.step_time import actor_update_seconds, step_token_moments
+from meshplan.rl.step_time import logged_update_mfu
 
 GB = 10**9
 DEFAULT_VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
@@ -93,9 +93,7 @@ def score_row(row: dict, work: dict) -> dict:
     mem = api.estimate_memory(parse_request(asked))
     step = api.estimate_throughput(parse_request(asked))
     job, _ = resolve(parse_request(asked))
-    counted = verl_flops(job.model, *step_token_moments(job))  # verl's count of the step's sequences
-    logged = counted and counted * job.rl.epochs / (actor_update_seconds(job, step.rl) * job.num_gpus
-                                                    * job.gpu.bf16_flops)
+    logged = logged_update_mfu(job, step.rl)  # as verl counts it (the card's rl.logged_mfu_flops)
     res = {"script": work["script"], "num_gpus": hw["num_gpus"],
            "phases_gb": {p.phase: round(p.peak_bytes / GB, 1) for p in mem.phases}, "peak_phase": mem.peak_phase,
            "peak_gb": round(mem.peak_bytes / GB, 1), "peak_measured_gb": out.get("peak_memory_gb_per_gpu"),
@@ -107,7 +105,7 @@ def score_row(row: dict, work: dict) -> dict:
            "generation_s": round(step.rl.generation_s), "generation_measured_s": noted(row, "rollout", "s"),
            "parts_s": {k: round(getattr(step.rl, k), 1) for k in ("prefill_s", "decode_s", "log_prob_s", "update_s",
                                                                    "reshard_s", "offload_s")},
-           "update_mfu": round(step.rl.update_mfu, 3), "update_mfu_verl": logged and round(logged, 3),
+           "update_mfu": round(step.rl.update_mfu, 3), "update_mfu_verl": round(logged, 3),
            "mfu_measured": out.get("mfu")}
     if mean:  # beside it, every response at the script's maximum (what a request stating no mean is answered)
         top = api.estimate_throughput(parse_request(fields)).rl

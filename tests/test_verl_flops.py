@@ -16,7 +16,7 @@ from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
 from meshplan.rl.lengths import length_variance
-from meshplan.rl.step_time import actor_update_seconds, rl_step_time, step_token_moments
+from meshplan.rl.step_time import actor_update_seconds, logged_update_mfu, rl_step_time, step_token_moments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from test_rl_stragglers import QWEN
@@ -79,3 +79,22 @@ def test_the_bench_scores_verls_rows_by_verls_count_over_the_predicted_update():
     expected = verl_flops(job.model, *step_token_moments(job)) / (seconds * 8 * 148e12)
     assert res["update_mfu_verl"] == pytest.approx(expected, abs=6e-4)
     assert res["update_mfu_verl"] > res["update_mfu"]
+
+
+def test_compare_sets_a_verl_logs_mfu_beside_the_prediction_as_verl_counts_it():
+    # tests/logs/verl_gh200_sglang.log: Qwen2.5-7B GRPO (model_type qwen2: verl's dense formula), its lengths stated
+    from meshplan import api
+
+    text = (Path(__file__).resolve().parent / "logs" / "verl_gh200_sglang.log").read_text(encoding="utf-8")
+    req = {"model": "qwen2.5-7b", "num_gpus": 8, "gpu": "h100", "framework": "verl", "job": "rl",
+           "prompt_length": 256, "response_length": 1024, "mean_response_length": 325, "mean_prompt_length": 103}
+    got = next(f for f in api.compare_run(parse_request(req), text).figures if f.figure == "logged_mfu")
+    job, plan = resolve(parse_request(req))
+    timing = rl_step_time(job, plan)[0]
+    expected = verl_flops(job.model, *step_token_moments(job)) / (actor_update_seconds(job, timing) * 8 * 989e12)
+    assert got.predicted == pytest.approx(expected, rel=1e-3) and got.predicted > timing.update_mfu
+    assert "verl's own FLOP count" in got.basis
+    # SkyRL's card names no count of its own: its logged figure stays meshplan's
+    skyrl, skyrl_plan = resolve(parse_request({**req, "framework": "skyrl"}))
+    assert skyrl.rl_card.logged_mfu_flops == "model"
+    assert logged_update_mfu(skyrl, rl_step_time(skyrl, skyrl_plan)[0]) == rl_step_time(skyrl, skyrl_plan)[0].update_mfu

@@ -8,7 +8,7 @@ import math
 from typing import NamedTuple
 
 from meshplan.arithmetic.comm import job_links, small_allreduce_time
-from meshplan.arithmetic.flops import model_flops_per_token
+from meshplan.arithmetic.flops import model_flops_per_token, verl_flops
 from meshplan.arithmetic.mesh import rl_job_gpus
 from meshplan.core.units import GIB, plural
 from meshplan.estimate.perf import HeadLoss, estimate_throughput, head_loss, log_prob_loss_bytes
@@ -355,6 +355,18 @@ def actor_update_seconds(job, timing: RLStepTime) -> float:
     """One actor update of the RL step, seconds: its update_s less the critic's (RLCard.trained_models), what
     update_mfu is the MFU over."""
     return timing.update_s / job.rl_card.trained_models(job.rl.algorithm)
+
+
+def logged_update_mfu(job, timing: RLStepTime) -> float:
+    """The actor update's MFU as the framework logs it (its card's rl.logged_mfu_flops): meshplan's own
+    (timing.update_mfu), or verl's flops_counter's count of the step's sequences (arithmetic/flops.verl_flops,
+    `step_token_moments`) x update epochs over one actor update's seconds, the actor's GPUs and the GPU's peak (verl's
+    device table's within 0.1% for H20 and H100); meshplan's own where verl counts the model_type 0."""
+    if job.rl_card.logged_mfu_flops == "verl":
+        counted = verl_flops(job.model, *step_token_moments(job))
+        if counted is not None:
+            return counted * job.rl.epochs / (actor_update_seconds(job, timing) * job.num_gpus * job.gpu.bf16_flops)
+    return timing.update_mfu
 
 
 def overlaps(job, plan: Plan) -> bool:
