@@ -50,8 +50,8 @@ rank sorts its own, so its m-th micro-batch is the m-th largest of its k keys, w
 sqrt(p (1 - p) / k): the ranks' m-th micro-batches are drawn from the typical set's bins about position m
 (`_positions_excess`), each plus its rank's share of the mini-batch's spread. Simulated as verl packs the Qwen3-30B-A3B
 recipe's batch (bench/rl_stragglers.py: dp 8-32, 8 or every rank meeting) it is within 2% but where every prompt is
-at its longest and the mean response near three quarters of the maximum (about 1.2 sequences a micro-batch: -4% to
--7%, on the low side); the residual over the mini-batch's slowest rank is 0-2% at 4 sequences a micro-batch and
+at its longest and the mean response near three quarters of the maximum (about 1.2 sequences a micro-batch: -2% to
+-8%, on the low side); the residual over the mini-batch's slowest rank is 0-2% at 4 sequences a micro-batch and
 10-20% at 1.5. From 62221fa13 the ranks' mini-batches are one quantile band of like shares and their micro-batches are
 sorted by workload alike: simulated 0-1.2% over the mini-batch's slowest rank, which is none (no straggler timed).
 """
