@@ -20,10 +20,13 @@ data.chunk(micro_train_batch_size_per_gpu), consecutive sequences), every micro-
 largest and the groups meet at the mini-batch's end: the formula's micro_batch case against it. verl's token-budget
 micro-batches (verl f6f910069 verl/utils/seqlen_balancing.py rearrange_micro_batches: the count ceil(tokens / budget)
 MAX over the ranks, Karmarkar-Karp equal_size False over the lengths, the micro-batches sorted by their squares' sum,
-longest first) are simulated likewise beside the mini-batch's slowest rank, which meshplan counts for them alone.
+longest first) are simulated likewise, 8 or every rank meeting at each micro-batch, against meshplan's
+packed_slowest_share; and as verl packs them from 62221fa13 (b178a3cd5: shares and micro-batches balanced by
+calculate_workload, each share sorted by it and laid out share[::2] + share[1::2][::-1], the micro-batches sorted by
+it and laid out bins[::2][::-1] + bins[1::2]), where meshplan times no straggler.
 
 Run: python bench/rl_stragglers.py   (the Qwen3-30B-A3B recipe's batch: 512 prompts x 16 in mini-batches of 128;
-about two minutes)
+about five minutes)
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import random
 import statistics
 
 from meshplan.rl.lengths import quantile, rate
-from meshplan.rl.stragglers import slowest_rank_share
+from meshplan.rl.stragglers import packed_slowest_share, slowest_rank_share
 
 PROMPT, RESPONSE = 2048, 8192  # bench/data/rl_workloads.yaml run_qwen3moe-30b_megatron_96gb.sh
 PROMPTS, SAMPLES, MINI_PROMPTS = 512, 16, 128
@@ -148,31 +151,60 @@ def balanced_karmarkar_karp(lengths: list[int], k: int) -> list[list[int]]:
     return [items for _, items in _merged_states(states)]
 
 
+def _workload(tokens: int) -> int:
+    """verl's calculate_workload (62221fa13): 24576 s + s^2."""
+    return 24576 * tokens + tokens * tokens
+
+
 def verl_dynamic_simulated(dp: int, mean_prompt: int, mean_response: int, budget: int = PROMPT + RESPONSE,
-                           steps: int = STEPS) -> tuple[float, float]:
-    """(the mini-batch's slowest rank, the sum of every micro-batch's slowest rank) over the mean rank's tokens under
-    verl's balanced shares and token-budget micro-batches (rearrange_micro_batches, every rank meeting at each),
-    averaged over every mini-batch of `steps` seeded steps."""
+                           steps: int = STEPS, group: int | None = None,
+                           sorted_share: bool = False) -> tuple[float, float]:
+    """(the mini-batch's slowest rank, the slowest group's sum of its micro-batches' slowest ranks) over the mean
+    rank's tokens under verl's balanced shares and token-budget micro-batches (rearrange_micro_batches), `group`
+    ranks meeting at each micro-batch (every rank where None) and the groups at the mini-batch's end, averaged over
+    every mini-batch of `steps` seeded steps. Before 62221fa13 (f6f910069): the shares balanced by tokens, each in
+    rollout order; the micro-batches Karmarkar-Karp's over tokens, sorted by their squares' sum, longest first. With
+    `sorted_share` (62221fa13 on, b178a3cd5): both balanced by workload (calculate_workload), each share sorted by it
+    and laid out share[::2] + share[1::2][::-1] (RayPPOTrainer._balance_batch), the micro-batches sorted by workload,
+    largest first, and laid out bins[::2][::-1] + bins[1::2]."""
     up = None if mean_prompt >= PROMPT else rate(mean_prompt / PROMPT)
     ur = rate(mean_response / RESPONSE)
+    group = group or dp
     totals, synced = [], []
     for step in range(steps):
-        rng = random.Random(f"verl-dynamic/{dp}/{mean_prompt}/{mean_response}/{step}")
+        rng = random.Random(f"verl-dynamic/{dp}/{mean_prompt}/{mean_response}/{step}"
+                            + ("/sorted" if sorted_share else ""))
         lengths = _step_lengths(rng, up, ur, grouped=True)
-        shares = equal_size_karmarkar_karp(lengths, dp)
+        weight = [_workload(t) for t in lengths] if sorted_share else lengths
+        shares = equal_size_karmarkar_karp(weight, dp)
+        if sorted_share:
+            shares = [(lambda s: s[::2] + s[1::2][::-1])(sorted(share, key=lambda i: (weight[i], i)))
+                      for share in shares]
         per_mini = MINI_PROMPTS * SAMPLES // dp
         for k in range(PROMPTS // MINI_PROMPTS):
-            minis = [[lengths[i] for i in share[k * per_mini:(k + 1) * per_mini]] for share in shares]
-            mean = statistics.mean(sum(m) for m in minis)
-            count = max(min(len(m), -(-sum(m) // budget)) for m in minis)  # same_micro_num_in_dp: the MAX
+            minis = [share[k * per_mini:(k + 1) * per_mini] for share in shares]
+            mean = statistics.mean(sum(lengths[i] for i in m) for m in minis)
+            count = max(min(len(m), -(-sum(lengths[i] for i in m) // budget)) for m in minis)  # the MAX
             bins = []
             for m in minis:
-                parts = balanced_karmarkar_karp(m, count)
-                parts.sort(key=lambda p: (sum(m[i] ** 2 for i in p), min(p)), reverse=True)
-                bins.append([sum(m[i] for i in p) for p in parts])
-            totals.append(max(sum(m) for m in minis) / mean)
-            synced.append(sum(max(b[j] for b in bins) for j in range(count)) / mean)
+                parts = [[m[i] for i in p] for p in balanced_karmarkar_karp([weight[i] for i in m], count)]
+                if sorted_share:
+                    parts.sort(key=lambda p: (sum(weight[i] for i in p), p[0] if p else 0), reverse=True)
+                    parts = parts[::2][::-1] + parts[1::2]
+                else:
+                    parts.sort(key=lambda p: (sum(lengths[i] ** 2 for i in p), min(p)), reverse=True)
+                bins.append([sum(lengths[i] for i in p) for p in parts])
+            totals.append(max(sum(lengths[i] for i in m) for m in minis) / mean)
+            groups = [bins[g:g + group] for g in range(0, dp, group)]
+            synced.append(max(sum(max(b[j] for b in members) for j in range(count)) for members in groups) / mean)
     return statistics.mean(totals), statistics.mean(synced)
+
+
+def packed_formula(dp: int, group: int, mean_prompt: int, mean_response: int) -> float:
+    """meshplan's slowest rank under verl's (f6f910069) token-budget micro-batches at the bench's batch, `group` ranks
+    meeting at every micro-batch (stragglers.packed_slowest_share)."""
+    return packed_slowest_share(dp, group, MINI_PROMPTS * SAMPLES // dp, PROMPTS // MINI_PROMPTS, PROMPT + RESPONSE,
+                                PROMPT, RESPONSE, mean_prompt, mean_response)
 
 
 def micro_formula(dp: int, group: int, micro: int, mean_prompt: int, mean_response: int,
@@ -210,16 +242,19 @@ def main() -> int:
                 sim = skyrl_micro_simulated(dp, group, micro, mean_prompt, mean_response)
                 print(f"  {mean_prompt:>5} / {mean_response:>5}, dp {dp:>2}, {group:>2} met, micro {micro}: "
                       f"{formula:.3f} vs {sim:.3f} ({formula / sim - 1:+.1%})", flush=True)
-    print("mean prompt / response, dp: verl's token-budget micro-batches simulated: the mini-batch's slowest rank "
-          "(meshplan's formula beside it) and the sum of every micro-batch's slowest rank")
-    for mean_prompt, mean_response in ((2048, 2000), (300, 2000), (300, 4000)):
-        for dp in (8, 16, 32):
-            formula = slowest_rank_share(dp, MINI_PROMPTS * SAMPLES // dp, PROMPTS // MINI_PROMPTS, PROMPT, RESPONSE,
-                                         mean_prompt, mean_response)
-            total, synced = verl_dynamic_simulated(dp, mean_prompt, mean_response)
-            print(f"  {mean_prompt:>5} / {mean_response:>5}, dp {dp:>2}: formula {formula:.3f}, simulated "
-                  f"{total:.3f}; every micro-batch at its slowest {synced:.3f} ({synced / total - 1:+.1%})",
-                  flush=True)
+    print("mean prompt / response, dp, ranks met at every micro-batch: verl's token-budget micro-batches "
+          "(rearrange_micro_batches) simulated, the mini-batch's slowest rank and the slowest group's sum of its "
+          "micro-batches' slowest ranks, against meshplan's packed_slowest_share; f6f910069's rollout-order shares, "
+          "then 62221fa13's sorted ones, where meshplan times none (1.0)")
+    for sorted_share in (False, True):
+        for mean_prompt, mean_response in ((300, 2000), (300, 6000), (2048, 2000), (2048, 4000), (2048, 6000)):
+            for dp, group in ((8, 8), (16, 8), (32, 8), (32, 32)):
+                formula = 1.0 if sorted_share else packed_formula(dp, group, mean_prompt, mean_response)
+                total, synced = verl_dynamic_simulated(dp, mean_prompt, mean_response, group=group,
+                                                       sorted_share=sorted_share)
+                print(f"  {'sorted ' if sorted_share else ''}{mean_prompt:>5} / {mean_response:>5}, dp {dp:>2}, "
+                      f"{group:>2} met: simulated {total:.3f}, every micro-batch at its slowest {synced:.3f}; "
+                      f"formula {formula:.3f} ({formula / synced - 1:+.1%})", flush=True)
     return 0
 
 

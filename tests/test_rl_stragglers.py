@@ -16,7 +16,7 @@ from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
 from meshplan.rl import step_time
 from meshplan.rl.lengths import length_variance, rate
-from meshplan.rl.stragglers import expected_max_normal, slowest_rank_share
+from meshplan.rl.stragglers import expected_max_normal, packed_slowest_share, slowest_rank_share
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import rl_stragglers  # bench/: verl's partition and in-order split, simulated
@@ -78,7 +78,9 @@ def test_the_straggler_grows_with_the_ranks_and_shrinks_with_the_sequences():
 def test_the_update_runs_each_mini_batch_at_its_slowest_ranks_tokens():
     job, plan = job_plan(num_gpus=32, mean_response_length=2000)
     slowest = step_time.slowest_rank(job, plan)
-    assert slowest == pytest.approx(slowest_rank_share(32, 64, 4, 2048, 8192, 2048, 2000))
+    # its EP8 all-to-all meets 8 ranks at every micro-batch, which verl packs to 1 x 10,240 tokens
+    assert slowest == pytest.approx(packed_slowest_share(32, 8, 64, 4, 10240, 2048, 8192, 2048, 2000))
+    assert slowest > slowest_rank_share(32, 64, 4, 2048, 8192, 2048, 2000)
     update = estimate_throughput(job, plan)
     mini, batches = step_time.mini_batch_update(job, plan, update)
     share, flops = job.rl.token_share, step_time.flops_share(job)

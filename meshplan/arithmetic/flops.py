@@ -248,6 +248,53 @@ def noncausal_flops_per_token(arch: Architecture, seq_length: int) -> float:
         * arch.num_layers + full
 
 
+# --------------------------------------------------------------------------- verl's own FLOP count
+
+# verl's flops_counter (volcengine/verl f6f910069 verl/utils/flops_counter.py FlopsCounter.estimate_func): the
+# formula each Hugging Face model_type is counted by; any other model_type is counted 0 ("MFU will always be zero")
+VERL_FLOPS_FORMULA = {**dict.fromkeys(("llama", "qwen2", "qwen2_vl", "qwen2_5_vl", "qwen3", "minicpmv", "minicpmo",
+                                       "mistral"), "dense"),
+                      "qwen2_moe": "moe", "qwen3_moe": "moe", "deepseek_v3": "deepseek_v3"}
+
+
+def verl_flops(arch: Architecture, tokens: float, squares: float) -> float | None:
+    """The forward + backward FLOPs verl's flops_counter counts for sequences of `tokens` tokens in all whose squared
+    lengths sum to `squares` (volcengine/verl f6f910069 verl/utils/flops_counter.py: _estimate_qwen2_flops,
+    _estimate_qwen2_moe_flops, _estimate_deepseek_v3_flops): 6 N tokens + 12 squares x (head width x heads) x layers,
+    N every layer's linear weights a token passes (q, k, v, o; SwiGLU's three matrices of the dense width, or of top-k
+    routed experts' with the router's h x E, DeepSeek-V3's shared experts and MLA's projections too) plus the
+    embedding and the output layer (2 V h, the lookup counted as a matmul), attention at every key (non-causal),
+    DeepSeek-V3's at the query head's width (qk_nope + qk_rope) for both of its products. None where verl counts the
+    model_type 0 (gemma3's windows, which verl counts, are not read here: None)."""
+    formula = VERL_FLOPS_FORMULA.get(arch.model_type)
+    if formula is None:
+        return None
+    h, heads, layers = arch.hidden_size, arch.num_attention_heads, arch.num_layers
+    embeddings = 2 * arch.vocab_size * h
+    if formula == "deepseek_v3":
+        mla, moe = arch.mla, arch.moe
+        if mla is None or moe is None:
+            return None
+        q_head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        attn = h * heads * q_head if mla.q_lora_rank is None else h * mla.q_lora_rank + heads * q_head * mla.q_lora_rank
+        attn += h * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+        attn += heads * (q_head - mla.qk_rope_head_dim + mla.v_head_dim) * mla.kv_lora_rank
+        attn += heads * mla.v_head_dim * h
+        moe_layers = len(moe.moe_layers)
+        experts = moe.expert_ffn_hidden_size * moe.top_k + moe.shared_expert_ffn_hidden_size
+        routed = h * moe.num_experts + h * experts * 3
+        weights = (routed + attn) * moe_layers + (h * arch.ffn_hidden_size * 3 + attn) * (layers - moe_layers)
+        return 6 * (weights + embeddings) * tokens + 12 * squares * q_head * heads * layers
+    attn = h * (2 * heads * arch.head_dim + 2 * arch.num_kv_heads * arch.head_dim)
+    if formula == "moe":
+        if arch.moe is None:
+            return None
+        mlp = h * arch.moe.top_k * arch.moe.expert_ffn_hidden_size * 3 + h * arch.moe.num_experts
+    else:
+        mlp = h * arch.ffn_hidden_size * 3
+    return 6 * ((mlp + attn) * layers + embeddings) * tokens + 12 * squares * arch.head_dim * heads * layers
+
+
 # --------------------------------------------------------------------------- per-rank GEMM shapes
 
 

@@ -17,7 +17,7 @@ from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, TERA, plural
 from meshplan.estimate.memory import stage_allocated
-from meshplan.rl.step_time import actor_update_seconds
+from meshplan.rl.step_time import actor_update_seconds, logged_update_mfu
 from meshplan.schema.measured import RATE_FIGURES, ComparedFigure, MeasuredRun, RunComparison
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import ClusterFactor, ErrorBand, MemoryReport, ThroughputReport
@@ -103,7 +103,12 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
     step_how = (f"not compared: the log's step runs {logged:,} sequences, the prediction's {job.global_batch_size:,} "
                 f"(tokens/s per GPU is compared); {step_basis}") if other_batch else step_basis
     f = factor.step_time_factor if factor is not None else None
-    mfu = throughput.rl.update_mfu if throughput.rl is not None else throughput.mfu
+    # an RL job's actor update's, counted as the framework's log counts it (rl.logged_mfu_flops: verl's flops_counter)
+    mfu = logged_update_mfu(job, throughput.rl) if throughput.rl is not None else throughput.mfu
+    counted_as = ("predicted: verl's own FLOP count (flops_counter: non-causal attention, the embedding as a matmul) "
+                  "over the predicted actor update; measured: the log's" if throughput.rl is not None
+                  and job.rl_card.logged_mfu_flops == "verl" else "the framework's own MFU (its FLOP count and peak "
+                  "may differ from meshplan's)")
     figures = [
         _figure("peak_allocated", "peak allocated, GiB", allocated / GIB if allocated is not None else None,
                 _gib(measured.peak_allocated_bytes), mband, "predicted: the largest stage's allocated peak at its "
@@ -117,7 +122,7 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
                 throughput.tokens_per_s_per_gpu / f if f else None),
         measured_mfu(job, throughput, measured, per_gpu, how, tband, f),
         _figure("logged_mfu", "MFU as the framework logs it" + (" (actor update)" if throughput.rl else ""), mfu,
-                measured.mfu, tband, "the framework's own MFU (its FLOP count and peak may differ from meshplan's)",
+                measured.mfu, tband, counted_as,
                 mfu / f if f else None,
                 missing=None if measured.mfu is not None else "an MFU of the framework's own (one over 1 is no "
                 "measurement and left out: the log's notes say why)"),

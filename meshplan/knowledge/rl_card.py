@@ -169,6 +169,11 @@ class RLCard(_Card):
                                           "reduction). Each micro-batch then waits for its slowest rank there "
                                           "(rl/stragglers.py micro_batch_max); an engine left out: none")
     micro_batch_sync_source: str = ""
+    logged_mfu_flops: Literal["model", "verl"] = Field(
+        "model", description="Whose FLOP count the trainer's logged actor MFU divides by the update's seconds: model "
+                             "(meshplan's own, Megatron-LM's formula) or verl (verl's flops_counter: arithmetic/"
+                             "flops.verl_flops), so a log's MFU is compared with the prediction as it counts")
+    logged_mfu_flops_source: str = ""
     rules_source: str
 
     def trained_models(self, algorithm: RLAlgorithm) -> int:

@@ -39,10 +39,10 @@ def _forward_only(plan: Plan) -> Plan:
                                    "recompute_modules": None, "selective_ac_option": None})
 
 
-def _packing(job, plan: Plan) -> tuple | None:
-    """packed_tokens' and update_micro_batches' arguments to rl/packing.py (budget, one rank's mini-batch sequences,
-    lengths, dp, vpp divisor), or None where the framework does not pack to a token budget (the card's
-    rl.packed_micro_batches) or every sequence is at its longest."""
+def packing_args(job, plan: Plan) -> tuple | None:
+    """packed_tokens', update_micro_batches' and the step time's slowest rank's arguments to rl/packing.py (budget,
+    one rank's mini-batch sequences, lengths, dp, vpp divisor), or None where the framework does not pack to a token
+    budget (the card's rl.packed_micro_batches) or every sequence is at its longest."""
     rl = job.rl
     if not job.rl_card.packed_micro_batches or rl.token_share >= 1:
         return None
@@ -63,7 +63,7 @@ def packed_tokens(job, plan: Plan) -> int:
     the budget read into micro_batch_size x seq_length) the largest its packing makes of one rank's mini-batch at the
     request's lengths (rl/packing.py), the count the MAX over the DP ranks and, where virtual stages interleave, rounded
     up to a multiple of microbatch_group_size_per_vp_stage (Megatron's default: the pipeline size)."""
-    planned, packing = plan.micro_batch_size * job.seq_length, _packing(job, plan)
+    planned, packing = plan.micro_batch_size * job.seq_length, packing_args(job, plan)
     return planned if packing is None else max(planned, largest_micro_batch_tokens(*packing))
 
 
@@ -75,7 +75,7 @@ def update_micro_batches(job, plan: Plan) -> int:
     mini-batch's sequences over micro_batch_size, or where the framework packs to a token budget the count its packing
     makes (rl/packing.py packed_micro_batch_count). A stage holds min(this, pp - r) of them (1F1B), so a mini-batch of
     fewer micro-batches than stages fills no pipeline."""
-    packing = _packing(job, plan)
+    packing = packing_args(job, plan)
     if packing is None:
         return max(1, rank_mini_batch(job, plan) // plan.micro_batch_size)
     return packed_micro_batch_count(*packing)

@@ -50,22 +50,30 @@ def synced_count(counts: list[int], sequences: int, divisor: int = 1) -> int:
     return min(sequences, -(-max(counts) // divisor) * divisor)
 
 
-def karmarkar_karp_largest(lengths: list[int], k: int) -> int:
-    """The tokens of the heaviest-token bin when `lengths` are split into k bins by the largest differencing method
-    over their workloads (verl karmarkar_karp, equal_size False): each state k (workload, tokens) sums sorted by
-    workload descending; the two states of widest spread merge, the largest sums of one with the smallest of the
-    other."""
+def karmarkar_karp_bins(lengths: list[int], k: int, by_workload: bool = True) -> list[tuple[int, int, int]]:
+    """The k bins (weight, tokens, squares: the sum of their sequences' tokens squared) that `lengths` are split into
+    by the largest differencing method (verl karmarkar_karp, equal_size False) over each sequence's weight, its
+    workload (verl since 62221fa13, calculate_workload) or with `by_workload` false its tokens (before it): each state
+    k sums sorted by weight descending; the two states of widest spread merge, the largest sums of one with the
+    smallest of the other."""
     heap = []
     for i, s in enumerate(sorted(lengths)):
-        sets = [(workload(s), s)] + [(0, 0)] * (k - 1)
+        sets = [(workload(s) if by_workload else s, s, s * s)] + [(0, 0, 0)] * (k - 1)
         heapq.heappush(heap, (-(sets[0][0]), -sets[0][0], i, sets))
     serial = len(lengths)
     while len(heap) > 1:
         a, b = heapq.heappop(heap)[3], heapq.heappop(heap)[3]
-        merged = sorted(((wa + wb, ta + tb) for (wa, ta), (wb, tb) in zip(a, reversed(b), strict=True)), reverse=True)
+        pairs = zip(a, reversed(b), strict=True)
+        merged = sorted(((wa + wb, ta + tb, qa + qb) for (wa, ta, qa), (wb, tb, qb) in pairs), reverse=True)
         serial += 1
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), -merged[0][0], serial, merged))
-    return max(t for _, t in heap[0][3])
+    return heap[0][3]
+
+
+def karmarkar_karp_largest(lengths: list[int], k: int) -> int:
+    """The tokens of the heaviest-token bin when `lengths` are split into k bins over their workloads
+    (karmarkar_karp_bins)."""
+    return max(t for _, t, _ in karmarkar_karp_bins(lengths, k))
 
 
 def _draw(rng: random.Random, u: float | None, top: int) -> int:

@@ -8,7 +8,7 @@ import math
 from typing import NamedTuple
 
 from meshplan.arithmetic.comm import job_links, small_allreduce_time
-from meshplan.arithmetic.flops import model_flops_per_token
+from meshplan.arithmetic.flops import model_flops_per_token, verl_flops
 from meshplan.arithmetic.mesh import rl_job_gpus
 from meshplan.core.units import GIB, plural
 from meshplan.estimate.perf import HeadLoss, estimate_throughput, head_loss, log_prob_loss_bytes
@@ -23,9 +23,16 @@ from meshplan.rl.engine import (
     kv_bytes_per_sequence,
 )
 from meshplan.rl.launches import eager_launches
-from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
-from meshplan.rl.memory import critic_apart, phase_setting, rank_mini_batch, reference_bytes, rl_memory
-from meshplan.rl.stragglers import slowest_rank_share
+from meshplan.rl.lengths import age_in_flight, drain_need, length_variance, quantile, rate, survival_mean
+from meshplan.rl.memory import (
+    critic_apart,
+    packing_args,
+    phase_setting,
+    rank_mini_batch,
+    reference_bytes,
+    rl_memory,
+)
+from meshplan.rl.stragglers import packed_slowest_share, slowest_rank_share
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import RLStepTime
 
@@ -231,12 +238,11 @@ def micro_batch_sync(job, plan: Plan) -> tuple[int, int]:
     """(sequences a micro-batch, data-parallel ranks meeting at each) where the trainer's engine joins ranks at every
     micro-batch (the card's rl.micro_batch_sync: FSDP every data-parallel rank, Megatron-Core an MoE layer's expert-
     parallel group, ep x etp ranks over the tp x cp ranks that share a sequence); (0, 1) where only the mini-batch's
-    end joins them, or where the micro-batches are packed to a token budget by a balanced partition (rl.packed_micro_
-    batches: every rank's micro-batches are even shares of its mini-batch, so its slowest micro-batch is its slowest
-    mini-batch's, rl/stragglers.py)."""
+    end joins them. Where the micro-batches are packed to a token budget (rl.packed_micro_batches, at lengths under
+    the longest: memory.packing_args) the sequences a micro-batch are the packing's, 0 (`slowest_rank` times them)."""
     card = job.rl_card
     sync = card.micro_batch_sync.get(job.card.engine_at(plan.zero_stage))
-    if sync is None or card.packed_micro_batches:
+    if sync is None:
         return 0, 1
     if sync == "data_parallel":
         ranks = plan.dp
@@ -244,7 +250,9 @@ def micro_batch_sync(job, plan: Plan) -> tuple[int, int]:
         ranks = min(plan.dp, max(1, plan.ep * plan.etp // (plan.tp * plan.cp)))
     else:
         ranks = 1
-    return (plan.micro_batch_size, ranks) if ranks > 1 else (0, 1)
+    if ranks <= 1:
+        return 0, 1
+    return (0 if packing_args(job, plan) else plan.micro_batch_size), ranks
 
 
 def slowest_rank(job, plan: Plan, whole_step: bool = False) -> float:
@@ -254,8 +262,11 @@ def slowest_rank(job, plan: Plan, whole_step: bool = False) -> float:
     rank_share_sorted: verl 62221fa13, v0.6.1), or cuts each mini-batch into chunks of consecutive sequences with no
     balancing (rl.in_order_rank_chunks: SkyRL); with `whole_step`, of the whole step's chunk (a pass the trainer runs
     over the step at once: balanced shares have no straggler there). Where the engine joins ranks at every
-    micro-batch (`micro_batch_sync`), each micro-batch at its slowest rank of those. 1.0 otherwise, with one rank, or
-    no length spread (no mean stated: every sequence at its longest)."""
+    micro-batch (`micro_batch_sync`), each micro-batch at its slowest rank of those: micro-batches packed to a token
+    budget (rl.packed_micro_batches) are Karmarkar-Karp's bins of the rank's mini-batch (stragglers.packed_slowest_
+    share). 1.0 otherwise, with one rank, no length spread (no mean stated: every sequence at its longest), or on the
+    sorted release, whose ranks' mini-batches are one quantile band of like shares, their micro-batches sorted by
+    workload alike (bench/rl_stragglers.py simulates 0-1.2% at every micro-batch there)."""
     card, rl = job.rl_card, job.rl
     micro, ranks = micro_batch_sync(job, plan)
     if card.in_order_rank_chunks:
@@ -268,9 +279,14 @@ def slowest_rank(job, plan: Plan, whole_step: bool = False) -> float:
     change = job.card.release_change("rank_share_sorted")
     if change is not None and not predates(job.framework_version, change):
         return 1.0
-    return slowest_rank_share(plan.dp, rank_mini_batch(job, plan), -(-rl.prompts_per_step // rl.mini_batch_prompts),
-                              rl.prompt_length, rl.response_length, rl.mean_prompt, rl.mean_response,
-                              micro_batch=micro, sync_ranks=ranks)
+    mini_batches = -(-rl.prompts_per_step // rl.mini_batch_prompts)
+    packing = packing_args(job, plan)
+    if packing is not None and ranks > 1:
+        budget, sequences, prompt, response, mean_prompt, mean_response, dp, divisor = packing
+        return packed_slowest_share(dp, ranks, sequences, mini_batches, budget, prompt, response, mean_prompt,
+                                    mean_response, divisor)
+    return slowest_rank_share(plan.dp, rank_mini_batch(job, plan), mini_batches, rl.prompt_length, rl.response_length,
+                              rl.mean_prompt, rl.mean_response, micro_batch=micro, sync_ranks=ranks)
 
 
 def log_prob_slowest(job, plan: Plan, mini_batch: float) -> float:
@@ -295,8 +311,14 @@ def straggler_words(job, plan: Plan, slowest: float) -> str:
                  "balancing none (its log-prob passes too)", "in_order_rank_chunks") if job.rl_card.in_order_rank_chunks
                 else ("splits each rank's balanced share into mini-batches in rollout order", "balanced_step_batch"))
     micro, ranks = micro_batch_sync(job, plan)
-    met = (f", and its {job.card.engine_at(plan.zero_stage)} engine joins {ranks} of them at every micro-batch of "
-           f"{plural(micro, 'sequence')}, each at its slowest (rl.micro_batch_sync)" if micro else "")
+    engine, packing = job.card.engine_at(plan.zero_stage), packing_args(job, plan)
+    if packing is not None and ranks > 1:
+        met = (f", and its {engine} engine joins {ranks} of them at every micro-batch, which it packs to "
+               f"{packing[0]:,} tokens by Karmarkar-Karp, each at its slowest (rl.micro_batch_sync, "
+               "rl.packed_micro_batches)")
+    else:
+        met = (f", and its {engine} engine joins {ranks} of them at every micro-batch of "
+               f"{plural(micro, 'sequence')}, each at its slowest (rl.micro_batch_sync)" if micro else "")
     return (f" (each mini-batch at its slowest of {plan.dp} data-parallel ranks' tokens, {slowest:.3f}x the mean "
             f"rank's: {job.card.display_name} {job.framework_version or job.card.version} {how}{met}; "
             f"cards/frameworks/{job.framework}.yaml rl.{key})")
@@ -318,10 +340,33 @@ def flops_share(job) -> float:
     return mean * model_flops_per_token(job.model, mean) / (longest * model_flops_per_token(job.model, longest))
 
 
+def step_token_moments(job) -> tuple[float, float]:
+    """The RL step's tokens and the sum of its sequences' squared lengths: its prompts x samples sequences at the
+    request's mean prompt and response, their squares' mean the mean squared plus the lengths' variance (rl/lengths.py,
+    the prompt and the response drawn apart). What verl's flops_counter reads of the step (ray_trainer.py's
+    global_token_num: each sequence's attention-mask sum; arithmetic/flops.verl_flops)."""
+    rl = job.rl
+    mean = rl.mean_prompt + rl.mean_response
+    spread = length_variance(rl.mean_prompt, rl.prompt_length) + length_variance(rl.mean_response, rl.response_length)
+    return rl.step_sequences * mean, rl.step_sequences * (mean * mean + spread)
+
+
 def actor_update_seconds(job, timing: RLStepTime) -> float:
     """One actor update of the RL step, seconds: its update_s less the critic's (RLCard.trained_models), what
     update_mfu is the MFU over."""
     return timing.update_s / job.rl_card.trained_models(job.rl.algorithm)
+
+
+def logged_update_mfu(job, timing: RLStepTime) -> float:
+    """The actor update's MFU as the framework logs it (its card's rl.logged_mfu_flops): meshplan's own
+    (timing.update_mfu), or verl's flops_counter's count of the step's sequences (arithmetic/flops.verl_flops,
+    `step_token_moments`) x update epochs over one actor update's seconds, the actor's GPUs and the GPU's peak (verl's
+    device table's within 0.1% for H20 and H100); meshplan's own where verl counts the model_type 0."""
+    if job.rl_card.logged_mfu_flops == "verl":
+        counted = verl_flops(job.model, *step_token_moments(job))
+        if counted is not None:
+            return counted * job.rl.epochs / (actor_update_seconds(job, timing) * job.num_gpus * job.gpu.bf16_flops)
+    return timing.update_mfu
 
 
 def overlaps(job, plan: Plan) -> bool:
