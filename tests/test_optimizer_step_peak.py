@@ -11,6 +11,7 @@ import pytest
 from meshplan.arithmetic.memory_states import (
     decoupled_grads,
     memory_card,
+    optimizer_fp8_recipe,
     optimizer_implementation,
     optimizer_step_temporaries,
     with_precision,
@@ -90,16 +91,44 @@ def test_megatron_precision_aware_optimizer_reads_the_16_bit_grads_without_a_cop
     assert masters == {2} and {t.bytes for t in tensorwise if t.role == "master"} == {4}
 
 
-def test_precision_aware_step_moment_holds_no_gradient_copy():
-    """The estimate's step moment: Megatron-Bridge with bf16 moments and bf16 gradients (the Moonlight recipe's
-    precision-aware optimizer) allocates nothing in the step; with fp32 moments the fp32 gradient copy is there."""
-    def step_bytes(**plan):
-        req = Request(model="llama-3.1-8b", framework="megatron-bridge", gpu="h100", num_gpus=8, seq_length=4096,
+def test_precision_aware_step_moment_holds_no_gradient_copy_where_the_optimizer_config_holds_no_recipe():
+    """The estimate's step moment: Megatron-Core (Megatron-LM's OptimizerConfig takes args.fp8_recipe, "delayed")
+    with bf16 moments and bf16 gradients allocates nothing in the step; with fp32 moments the fp32 gradient copy is
+    there. Megatron-Bridge's MixedPrecisionConfig hands its "tensorwise" to the OptimizerConfig in a bf16 run too, so
+    there Megatron keeps the fp32 master and copies every gradient shard to fp32: 4 B per stepped parameter."""
+    def estimate(framework, **plan):
+        req = Request(model="llama-3.1-8b", framework=framework, gpu="h100", num_gpus=8, seq_length=4096,
                       global_batch_size=8, micro_batch_size=1, tp=1, pp=1, dp=8, zero_stage=1,
                       grad_reduce_in_fp32=False, **plan)
-        return estimate_memory(*resolve(req)).stages[0].detail.get("optimizer_step_temporaries", 0)
-    assert step_bytes(optimizer_state_dtype="bf16") == 0
-    assert step_bytes() > 0
+        return estimate_memory(*resolve(req)).stages[0]
+
+    def step_bytes(framework, **plan):
+        return estimate(framework, **plan).detail.get("optimizer_step_temporaries", 0)
+    assert step_bytes("megatron-core", optimizer_state_dtype="bf16") == 0
+    assert step_bytes("megatron-core") > 0
+    bridge = estimate("megatron-bridge", optimizer_state_dtype="bf16")
+    stepped = bridge.detail["params_on_gpu"] / 8  # the distributed optimizer's dp shard
+    assert bridge.detail["optimizer_step_temporaries"] == pytest.approx(4 * stepped, rel=1e-3)
+    # its master is the fp32 shard Megatron keeps (4 B), not FusedAdam's 16-bit remainders (2 B): 4 + 2 + 2 per
+    # parameter of the shard beside Megatron-Core's 2 + 2 + 2
+    core = estimate("megatron-core", optimizer_state_dtype="bf16")
+    assert bridge.optimizer_bytes - core.optimizer_bytes == pytest.approx(2 * stepped, rel=1e-3)
+
+
+def test_bridge_hands_its_mixed_precision_recipe_to_the_optimizer_config():
+    """Megatron-Bridge's MixedPrecisionConfig.setup writes its fp8_recipe ("tensorwise" by default) into Megatron-Core's
+    OptimizerConfig whatever the precision (the card's defaults.fp8_recipe_reaches_optimizer), so a bf16 run's
+    precision-aware optimizer takes the non-decoupled path; a delayed-scaling fp8 run stays decoupled, and
+    Megatron-Core's own bf16 run hands none over (its default recipe is delayed anyway)."""
+    aware = dict(dp=8, zero_stage=1, grad_reduce_in_fp32=False, optimizer_state_dtype="bf16")
+    bridge = job("llama-3.1-8b", "megatron-bridge", 8)
+    core = job("llama-3.1-8b", "megatron-core", 8)
+    assert optimizer_fp8_recipe(bridge, Plan(**aware)) == "tensorwise"
+    assert not decoupled_grads(bridge, Plan(**aware))
+    assert optimizer_fp8_recipe(core, Plan(**aware)) is None and decoupled_grads(core, Plan(**aware))
+    fp8 = bridge.model_copy(update={"precision": "fp8"})
+    assert decoupled_grads(fp8, Plan(**aware, fp8_recipe="delayed"))
+    assert not decoupled_grads(fp8, Plan(**aware, fp8_recipe="tensorwise"))
 
 
 def test_deepspeed_flattens_and_upcasts_per_group_capped_by_zero3_sub_groups():

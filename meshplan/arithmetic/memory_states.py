@@ -399,6 +399,17 @@ def fp8_recipe(job: Job, plan: Plan) -> Fp8Recipe | None:
     return plan.fp8_recipe or job.card.defaults.fp8_recipe
 
 
+def optimizer_fp8_recipe(job: Job, plan: Plan) -> Fp8Recipe | None:
+    """The fp8_recipe Megatron-Core's OptimizerConfig holds, which decides its precision-aware optimizer's path
+    (decoupled_grads): the recipe an fp8 job runs; without fp8, the plan's or the framework's default recipe where the
+    framework writes it into that config whatever the precision (defaults.fp8_recipe_reaches_optimizer:
+    Megatron-Bridge's MixedPrecisionConfig, tensorwise), else None."""
+    recipe = fp8_recipe(job, plan)
+    if recipe is None and job.card.defaults.fp8_recipe_reaches_optimizer:
+        return plan.fp8_recipe or job.card.defaults.fp8_recipe
+    return recipe
+
+
 def fp8_param_gather(job: Job, plan: Plan) -> bool:
     """FP8 primary weights, kept and all-gathered in one byte by an fp8 job: the plan's choice, else the framework's
     default for the recipe. The one predicate of every reader (the memory's weight bytes, the FSDP units' and the
@@ -492,13 +503,15 @@ def hybrid_optimizer(job: Job, plan: Plan) -> bool:
 def decoupled_grads(job: Job, plan: Plan) -> bool:
     """Whether Megatron's distributed optimizer hands its optimizer the gradient buffer's own shard
     (`decoupled_grad`) instead of keeping an fp32 master and an fp32 copy of each gradient shard itself: the
-    precision-aware optimizer with bf16 weights or delayed-scaling fp8, or with any recipe under optimizer_cpu_offload
-    (megatron-core 24bad8e677 optimizer_config.py use_precision_aware_optimizer_no_fp8_or_ds_fp8, with meshplan's
-    fp32 main params; distrib_optimizer.py _copy_model_grads_to_main_grads). Transformer Engine's FusedAdam then keeps
-    the fp32 master (as 16-bit remainders of bf16 weights); HybridDeviceOptimizer keeps fp32 copies of its own
-    (hybrid_optimizer). One predicate of the master's bytes (with_precision) and the step's copies
+    precision-aware optimizer where its OptimizerConfig holds no fp8 recipe or delayed scaling
+    (optimizer_fp8_recipe: on Megatron-Bridge a bf16 run's holds tensorwise), or with any recipe under
+    optimizer_cpu_offload (megatron-core 24bad8e677 optimizer_config.py use_precision_aware_optimizer_no_fp8_or_ds_fp8,
+    with meshplan's fp32 main params; distrib_optimizer.py _copy_model_grads_to_main_grads). Transformer Engine's
+    FusedAdam then keeps the fp32 master (as 16-bit remainders of bf16 weights); HybridDeviceOptimizer keeps fp32
+    copies of its own (hybrid_optimizer). One predicate of the master's bytes (with_precision) and the step's copies
     (optimizer_step_temporaries)."""
-    return precision_aware(plan) and (fp8_recipe(job, plan) in (None, "delayed") or hybrid_optimizer(job, plan))
+    return precision_aware(plan) and (optimizer_fp8_recipe(job, plan) in (None, "delayed")
+                                      or hybrid_optimizer(job, plan))
 
 
 def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTensor]]:

@@ -33,6 +33,11 @@ class FrameworkDefaults(_Card):
         None, description="The FP8 recipe the framework runs when precision=fp8 leaves fp8_recipe out (None: it has no "
                           "fp8 recipe choice meshplan models)")
     fp8_recipe_why: str | None = None
+    fp8_recipe_reaches_optimizer: bool = Field(
+        False, description="The framework writes fp8_recipe (the plan's, else this default) into Megatron-Core's "
+                           "OptimizerConfig whatever the precision, where its precision-aware optimizer reads it "
+                           "(memory_states.optimizer_fp8_recipe); False: a run without fp8 hands it none")
+    fp8_recipe_reaches_optimizer_why: str | None = None
     bias_activation_fusion: bool | None = Field(
         None, description="Megatron-Core's bias_activation_fusion where the request leaves it out (None: the framework "
                           "has no such switch; its own activation code runs, request.resolve refuses the field)")
@@ -71,6 +76,9 @@ class FrameworkDefaults(_Card):
             raise ValueError("etp_recipes qualifies an etp: tp default; with etp: 1 there is nothing to qualify")
         if self.fp8_recipe is not None and not self.fp8_recipe_why:
             raise ValueError("fp8_recipe needs fp8_recipe_why (the framework source that defaults it so)")
+        if self.fp8_recipe_reaches_optimizer and (self.fp8_recipe is None or not self.fp8_recipe_reaches_optimizer_why):
+            raise ValueError("fp8_recipe_reaches_optimizer needs an fp8_recipe default and "
+                             "fp8_recipe_reaches_optimizer_why (the framework source that hands it over)")
         if self.bias_activation_fusion is not None and not self.bias_activation_fusion_why:
             raise ValueError("bias_activation_fusion needs bias_activation_fusion_why (the framework source)")
         if self.bias_activation_fusion_flipped_for and self.bias_activation_fusion is None:
