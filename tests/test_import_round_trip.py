@@ -76,3 +76,15 @@ def test_the_ep_overlap_render_imports_with_delay_wgrad_compute_said(framework):
     assert not imported.unsupported, imported.unsupported
     assert imported.request["moe_a2a_overlap"] is True
     assert any("delay_wgrad_compute" in n.replace("-", "_") and "moe_a2a_overlap" in n for n in imported.notes)
+
+
+def test_the_megatron_deepspeed_moe_render_imports_with_its_switches_said():
+    """An MoE job on DeepSpeed renders Megatron-DeepSpeed's launch line with --no-pipeline-parallel (pp=1) and
+    --create-moe-param-group; importing it listed both as 'no meshplan field' (the card's read.said now says them)."""
+    job, plan = resolve(Request(framework="deepspeed", model="qwen3-30b-a3b", num_gpus=16, ep=8, zero_stage=2,
+                                recompute="full", micro_batch_size=2, global_batch_size=256))
+    result = render("deepspeed", job, plan)
+    assert "--no-pipeline-parallel" in result.text and "--create-moe-param-group" in result.text
+    imported = api.import_config(result.text, path=f"rendered.{SUFFIX[result.format]}", framework="deepspeed")
+    assert not imported.unsupported, imported.unsupported
+    assert (imported.request["ep"], imported.request["pp"]) == (8, 1)
