@@ -22,6 +22,7 @@ from meshplan.check.split import layout_cells, split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, percent, plural, si_count
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.gdn_config import split_layers
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.model_config import is_config_text
 from meshplan.request.resolve import resolve
@@ -154,8 +155,11 @@ def model_report(report: ModelReport) -> None:
     console = _console()
     arch = report.architecture
     console.print(f"[bold]{report.name}[/bold]  ({report.hf_id or report.origin}, model_type {report.model_type})")
+    decoder = split_layers(arch)  # a Gated DeltaNet hybrid's decoder layers, two pattern layers each
+    layers = (f"{arch.num_layers} ({decoder} decoder layers, each a mixer and an MoE/MLP layer of the pattern)"
+              if decoder != arch.num_layers else f"{arch.num_layers}")
     console.print(
-        f"layers {arch.num_layers}, hidden {arch.hidden_size}, heads {arch.num_attention_heads} "
+        f"layers {layers}, hidden {arch.hidden_size}, heads {arch.num_attention_heads} "
         f"(kv {arch.num_kv_heads}, head_dim {arch.head_dim}), vocab {arch.vocab_size}"
         + (f", {arch.moe.num_experts} experts top-{arch.moe.top_k}" if arch.moe else "")
         + (", MLA" if arch.mla else "")
