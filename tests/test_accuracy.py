@@ -119,7 +119,7 @@ def test_band_takes_the_regime_figures_and_names_the_terms_no_run_exercised(monk
     assert band.unvalidated == ["cross-node EP"]  # the one term of the request the card has no run for
     assert band.source == "bench/production_configs.py (dev, 13)"
     assert band.text == ("±38% (MoE, Megatron family, EP across NVLink domains; measured on 13 runs, median bias "
-                         "-38%); unvalidated: cross-node EP")
+                         "-38%: predicted low); unvalidated: cross-node EP")
     # a regime without a measured run: no figure, and it says so first
     job, plan = job_plan(**DENSE8)
     band = regime(job, plan, "throughput")
@@ -192,3 +192,15 @@ def test_skill_block_lists_every_regime():
     for kind in ("throughput", "memory"):
         for name in getattr(card, kind).regimes:
             assert f"`{name}`" in text
+
+
+@pytest.mark.parametrize("bias, words", [(0.08, "median bias +8%: predicted high)"), (-0.8639, "median bias -86%: "
+                                         "predicted low)"), (0.004, "median bias +0%)")])
+def test_band_text_says_which_side_the_bias_falls(monkeypatch, bias, words):
+    """'±86% (...; median bias -86%)' for the RL step left a reader to know the sign's convention: every verl run
+    measured about 7x the predicted step. The words say the side; a bias that rounds to 0% says none."""
+    figures = RegimeFigures(label="x", median_error=abs(bias) or 0.05, bias=bias, runs=3,
+                            sources=[SourceRuns(script="bench/x.py", set="x", runs=3)])
+    monkeypatch.setattr(accuracy, "accuracy_card", lambda: _card({"moe-megatron-cross-node-ep": figures}, {}))
+    job, plan = job_plan(**DSV3)
+    assert words in regime(job, plan, "throughput").text

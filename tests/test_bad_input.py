@@ -145,6 +145,16 @@ def test_a_choice_nothing_resembles_gets_no_guess():
     ("num_gpus", 8.0, "Send num_gpus as a JSON integer, num_gpus=8, not the float 8.0."),
     ("tp", 1e3, "Send tp as a JSON integer, tp=1000, not the float 1000.0."),
     ("tp", 2.5, None),  # no whole number: no value to send
+    # a switch as YAML's or a shell's word, a list as one name or a comma list: they had no hint
+    ("sequence_parallel", "yes", "Send sequence_parallel as a JSON boolean, sequence_parallel=true, not the string "
+                                 "'yes'."),
+    ("expandable_segments", "off", "Send expandable_segments as a JSON boolean, expandable_segments=false, not the "
+                                   "string 'off'."),
+    ("sequence_parallel", "maybe", None),
+    ("recompute_modules", "core_attn", 'Send recompute_modules as a JSON list, recompute_modules=["core_attn"], not '
+                                       "the string 'core_attn'."),
+    ("lora_targets", "linear_qkv, linear_proj", 'Send lora_targets as a JSON list, lora_targets=["linear_qkv", '
+                                                '"linear_proj"], not the string \'linear_qkv, linear_proj\'.'),
 ])
 def test_a_number_sent_as_text_says_what_to_send_on_the_api_and_mcp(field, given, hint):
     from meshplan.core.errors import MeshplanError

@@ -218,3 +218,18 @@ def test_recommends_pick_is_printed_as_the_flags_that_check_it(capsys, argv):
     assert main([*command[1:], "--json"]) == 0
     checked = json.loads(capsys.readouterr().out)
     assert checked["ok"] and checked["plan"] == best["plan"]
+
+
+def test_the_flags_line_says_when_render_cannot_write_the_pick(capsys):
+    """precision=fp8 on torchtitan: check passes and recommend ranks it, but render's torchtitan 0.3 command line has
+    no fp8 key (a registry config's converter sets it) and refuses; the line said '(the same for memory, throughput
+    and render torchtitan)'. It says render cannot write it, and why; the check line still checks the same plan."""
+    argv = ["llama-3.1-8b", "--gpu", "gb200", "--num-gpus", "72", "--framework", "torchtitan", "--precision", "fp8"]
+    assert main(["recommend", *argv, "--top-k", "1"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("#1 as flags"))
+    assert line.startswith("#1 as flags (the same for memory and throughput; render torchtitan cannot write "
+                           "precision=fp8 - fp8 in torchtitan is a model converter")
+    command = shlex.split(line.split("): meshplan check ", 1)[1])
+    assert main(["check", *command]) == 0
+    capsys.readouterr()
+    assert main(["render", "torchtitan", *command]) == 2

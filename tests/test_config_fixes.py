@@ -172,6 +172,17 @@ def test_verl_rl_file_with_ppo_mini_batches_is_checkable():
     assert report.framework == "verl" and report.findings
 
 
+def test_rl005_says_the_micro_batch_tokens_as_tokens():
+    """The file on an 80 GB H100 (it is written for 96 GB): the update phase is over, and RL005 listed its packed
+    micro-batch's token count among the bytes, 'micro batch tokens 0.0 GiB'; it says the tokens as tokens."""
+    imported = api.import_file(str(CONFIGS / "verl_qwen3moe_30b_megatron_96gb.sh"))
+    report = api.check_config(api.request_from_config(imported, {"model": "qwen3-30b-a3b", "gpu": "h100"}),
+                              config=imported)
+    (rl005,) = [f for f in report.findings if f.id == "RL005"]
+    assert "the actor_update phase" in rl005.message and "tokens 0.0 GiB" not in rl005.message
+    assert "micro-batches of 10,240 tokens" in rl005.message
+
+
 def test_a_skyrl_sft_script_fix_is_in_main_sft_keys():
     """`check --config` of SkyRL's examples/train/sft/run_sft_megatron.sh (main_sft, SFTConfig's top-level keys) wrote
     its fixes as trainer.policy.megatron_config.tensor_model_parallel_size=2 (the RL entry point's key, which main_sft's

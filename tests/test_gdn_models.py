@@ -86,6 +86,18 @@ def test_a_wrong_gdn_config_is_refused_naming_the_field(change, words):
         architecture_from_config({**QWEN3_NEXT_80B, **change})
 
 
+def test_describe_names_the_decoder_layers_beside_the_pattern_layers(capsys):
+    """`meshplan describe` said 'layers 96' for Qwen3-Next, whose config.json and model card say 48: the 96 are the
+    hybrid pattern's (two per decoder layer); it says both now, and a model of one pattern layer per layer one."""
+    from meshplan.faces.cli import main
+
+    assert main(["describe", "qwen3-next-80b-a3b"]) == 0
+    assert "layers 96 (48 decoder layers, each a mixer and an MoE/MLP layer of the pattern), hidden 2048" in \
+        capsys.readouterr().out
+    assert main(["describe", "nemotron-h-8b"]) == 0
+    assert "layers 52, hidden 4096" in capsys.readouterr().out
+
+
 def test_describe_reads_a_qwen3_next_config_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(QWEN3_NEXT_80B))

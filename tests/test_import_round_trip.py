@@ -59,3 +59,32 @@ def test_every_framework_render_imports_with_nothing_meshplan_wrote_left_unexpre
     result = render(framework, job, plan, variant=variant)
     imported = api.import_config(result.text, path=f"rendered.{SUFFIX[result.format]}", framework=framework)
     assert not imported.unsupported, imported.unsupported
+
+
+A2A_OVERLAP = dict(model="qwen3-30b-a3b", gpu="h100", num_gpus=16, seq_length=8192, global_batch_size=256, tp=2,
+                   ep=16, etp=1, moe_token_dispatcher="flex", moe_a2a_overlap=True)
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
+def test_the_ep_overlap_render_imports_with_delay_wgrad_compute_said(framework):
+    """moe_a2a_overlap renders as overlap_moe_expert_parallel_comm with delay_wgrad_compute (which Megatron-Core
+    asserts the overlap beside); importing that file listed delay_wgrad_compute as 'no meshplan field' (the card's
+    read.said now says it is part of the overlap meshplan reads)."""
+    job, plan = resolve(Request(framework=framework, **A2A_OVERLAP))
+    result = render(framework, job, plan)
+    imported = api.import_config(result.text, path=f"rendered.{SUFFIX[result.format]}", framework=framework)
+    assert not imported.unsupported, imported.unsupported
+    assert imported.request["moe_a2a_overlap"] is True
+    assert any("delay_wgrad_compute" in n.replace("-", "_") and "moe_a2a_overlap" in n for n in imported.notes)
+
+
+def test_the_megatron_deepspeed_moe_render_imports_with_its_switches_said():
+    """An MoE job on DeepSpeed renders Megatron-DeepSpeed's launch line with --no-pipeline-parallel (pp=1) and
+    --create-moe-param-group; importing it listed both as 'no meshplan field' (the card's read.said now says them)."""
+    job, plan = resolve(Request(framework="deepspeed", model="qwen3-30b-a3b", num_gpus=16, ep=8, zero_stage=2,
+                                recompute="full", micro_batch_size=2, global_batch_size=256))
+    result = render("deepspeed", job, plan)
+    assert "--no-pipeline-parallel" in result.text and "--create-moe-param-group" in result.text
+    imported = api.import_config(result.text, path=f"rendered.{SUFFIX[result.format]}", framework="deepspeed")
+    assert not imported.unsupported, imported.unsupported
+    assert (imported.request["ep"], imported.request["pp"]) == (8, 1)

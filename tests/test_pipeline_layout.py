@@ -137,6 +137,17 @@ def test_pp009_fix_is_a_layout_that_passes():
     assert plan_stages(job, fixed).counts == (3,) + (4,) * 14 + (2,)
 
 
+def test_pp009_fix_at_one_stage_is_the_one_stage_layout():
+    """pp=1: the fix is the layout of its one stage (PipelineParallelLayerLayout takes it at pp 1), not 'pp*vpp <= 34
+    stages', which pp*vpp = 1 already keeps; and it drops only the fields the plan gives (none here)."""
+    job, plan = resolve(Request(model="llama-3.1-8b", pipeline_layout="Ett|xx"))
+    (found,) = [f for f in check_config(job, plan).findings if f.id == "PP009"]
+    assert found.fix == ('Use pipeline_layout="Et*32L" (pp=1, vpp=1; E embedding, t decoder layer, m MTP, L loss).')
+    fixed = plan.model_copy(update={"pipeline_layout": "Et*32L"})
+    assert not [f for f in check_config(job, fixed).findings if f.id.startswith("PP") and f.severity == "error"]
+    assert compose_layout(61, 1, 1, 1) == "Et*61mL"
+
+
 def test_pp009_reports_a_parse_error_with_its_position():
     job, plan = resolve(Request(**{**KIMI, "pipeline_layout": "Et*4|(t*4|)*14t,xL"}))
     (found,) = [f for f in check_config(job, plan).findings if f.id == "PP009"]

@@ -164,9 +164,15 @@ def test_a_skyrl_trainer_yaml_is_read_and_plans():
 
 
 def test_a_yaml_of_neither_config_is_still_refused_with_its_keys():
-    with pytest.raises(MeshplanError, match="cannot tell which framework this YAML file is for"):
+    """Refused naming every YAML config meshplan tells by its keys, SkyRL's trainer and generator among them (it had
+    named only AutoModel's recipe and verl's SFT config: a SkyRL file missing `trainer:` was told nothing of SkyRL)."""
+    with pytest.raises(MeshplanError, match="cannot tell which framework this YAML file is for") as exc:
         api.import_config("agent_cls: x.Agent\ntools:\n  enable_bash_tool: true\ngenerator:\n  n: 8\n",
                           config_format="yaml")
+    for config in ("SkyRL's RL trainer config (`trainer:` and `generator:`)", "verl's RL trainer config "
+                   "(`actor_rollout_ref:`)", "(`MODEL_ARGS:`)", "a NeMo AutoModel recipe", "verl's SFT trainer config"):
+        assert config in str(exc.value), config
+    assert "skyrl" in exc.value.fix
 
 
 def test_a_megatron_functional_test_model_config_is_read_as_its_launch_line():

@@ -62,9 +62,14 @@ def test_a_mean_over_the_maximum_is_refused_by_the_api():
     with pytest.raises(MeshplanError, match=ERROR) as exc:
         step(DAPO, mean_prompt_length=3000)
     assert "from 1 to 2048" in str(exc.value)
-    with pytest.raises(MeshplanError, match="mean_prompt_length is an RL field, not for job=sft"):
+    with pytest.raises(MeshplanError, match="mean_prompt_length is an RL field, not for job=sft") as exc:
         resolve(parse_request({"model": "qwen3-8b", "num_gpus": 8, "framework": "verl", "job": "sft",
                                "mean_prompt_length": 100}))
+    assert exc.value.fix.startswith("Drop it, or pass job=rl")  # one field: 'it' (was 'them')
+    with pytest.raises(MeshplanError, match="algorithm, mean_prompt_length are RL fields") as exc:
+        resolve(parse_request({"model": "qwen3-8b", "num_gpus": 8, "framework": "verl", "job": "sft",
+                               "algorithm": "ppo", "mean_prompt_length": 100}))
+    assert exc.value.fix.startswith("Drop them, or pass job=rl")
 
 
 def test_a_mean_over_the_maximum_is_refused_by_the_cli(capsys):

@@ -163,3 +163,14 @@ def test_every_printed_command_runs_as_printed(command, capsys):
     from meshplan.faces.cli import main
 
     assert main([*shlex.split(command)[1:], "--json"]) == 0, capsys.readouterr()
+
+
+def test_the_tool_table_names_every_mcp_tool():
+    """An agent reading parallelism-strategies learns every tool the server lists: minimum_gpus, render_report and
+    compare_run were missing, though the description sends 'how many GPUs' and 'minimum GPUs' questions here."""
+    import json
+
+    tools = [t["name"] for t in json.loads((ROOT / "meshplan/faces/mcp/tool_schemas.json").read_text())]
+    _, body = frontmatter(ROOT / "skills" / "parallelism-strategies")
+    table = body.split("## Which tool answers which question", 1)[1].split("\n## ", 1)[0]
+    assert [t for t in tools if f"`{t}`" not in table] == []

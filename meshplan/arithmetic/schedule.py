@@ -288,11 +288,14 @@ def accounted_counts(num_layers: int, pp: int, vpp: int, embedding: bool, loss: 
 def compose_layout(num_layers: int, pp: int, vpp: int, mtp_layers: int = 0) -> str | None:
     """A working layout string for pp x vpp stages: the embedding and the loss each weigh as a layer, the decoder
     layers fill the rest as evenly as they go (extra layers to the middle stages first, then the first stage), the
-    MTP layers sit with the loss. None when there are more stages than layers to fill them."""
+    MTP layers sit with the loss; one stage (pp=1) holds them all, 'Et*32L', which PipelineParallelLayerLayout takes at
+    pipeline_model_parallel_size 1. None when there are more stages than layers to fill them."""
     stages = pp * vpp
     units = num_layers + 2
-    if stages < 2 or units < stages:
+    if units < stages:
         return None
+    if stages == 1:
+        return format_layout(["E" + "t" * num_layers + "m" * mtp_layers + "L"])
     base, extra = divmod(units, stages)
     sizes = [base] * stages
     for k in [*range(1, stages - 1), 0, stages - 1][:extra]:

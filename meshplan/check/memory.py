@@ -182,6 +182,10 @@ def rollout_tp_in_node(ctx: Context) -> Values:
             "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}", "fix": fix}
 
 
+_PHASE_COUNTS = ("sequences_at_once", "micro_batch_tokens")
+"""The entries of an RL phase's detail that count sequences or tokens, not bytes (rl/memory.py StagePeak.detail)."""
+
+
 @rule("RL005")
 def rl_phase_fits(ctx: Context) -> Values:
     report = ctx.memory_report
@@ -191,7 +195,9 @@ def rl_phase_fits(ctx: Context) -> Values:
     d, plan, capacity = top.detail, ctx.plan, memory_budget(ctx.job)  # less the headroom the request asked to keep
     over = top.peak_bytes - capacity
     parts = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f} GiB" for k, v in d.items()
-                      if k != "sequences_at_once" and v)
+                      if k not in _PHASE_COUNTS and v)
+    if d.get("micro_batch_tokens"):  # a count beside the bytes: it was said as 'micro batch tokens 0.0 GiB'
+        parts += f", micro-batches of {int(d['micro_batch_tokens']):,} tokens"
     phase_off = offload_plan(ctx.card, plan).phase
     if top.phase == "rollout" and top.pool == "trainer":
         fixes = []

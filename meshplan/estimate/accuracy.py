@@ -208,9 +208,10 @@ def regime(job: Job, plan: Plan, kind: Kind) -> ErrorBand:
     source = ", ".join(f"{s.script} ({s.set}, {s.runs})" for s in found.sources) if found is not None else ""
     median = found.median_error if runs else None
     bias = found.bias if runs else None
-    if median is not None:
+    if median is not None:  # the bias's sign in words: '-86%' alone did not say the estimate runs short of the run
+        side = ": predicted low" if round(bias, 2) < 0 else ": predicted high" if round(bias, 2) > 0 else ""
         text = (f"±{median:.0%} ({label}; measured on {runs} run{'s' if runs != 1 else ''}, "
-                f"median bias {bias:+.0%})")
+                f"median bias {bias:+.0%}{side})")
     else:
         text = f"error unknown ({label})"
     if unvalidated:

@@ -816,7 +816,8 @@ def _pipeline_words(pipeline: PipelineTime) -> list[str]:
     if not pipeline.schedule:
         return []
     return [f"Pipeline schedule {pipeline.schedule}: its timeline leaves {pipeline.idle:.0%} of the pipeline's "
-            f"GPU-seconds idle ({pipeline.bubble:.3g} s of bubble)."]
+            f"GPU-seconds idle, the stages' unequal work included ({pipeline.bubble:.3g} s of bubble: the step beyond "
+            "the micro-batches x the slowest stage)."]
 
 
 def _dp_exposed(s: int, row: StageTime, inp: StageInputs, syncs: dict | None = None) -> float:

@@ -21,7 +21,9 @@ from meshplan.check.headline import layout_text
 from meshplan.check.split import layout_cells, split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, percent, plural, si_count
+from meshplan.knowledge.adapter_knobs import MissingKnob, default_render, missing_knob
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.gdn_config import split_layers
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.model_config import is_config_text
 from meshplan.request.resolve import resolve
@@ -154,8 +156,11 @@ def model_report(report: ModelReport) -> None:
     console = _console()
     arch = report.architecture
     console.print(f"[bold]{report.name}[/bold]  ({report.hf_id or report.origin}, model_type {report.model_type})")
+    decoder = split_layers(arch)  # a Gated DeltaNet hybrid's decoder layers, two pattern layers each
+    layers = (f"{arch.num_layers} ({decoder} decoder layers, each a mixer and an MoE/MLP layer of the pattern)"
+              if decoder != arch.num_layers else f"{arch.num_layers}")
     console.print(
-        f"layers {arch.num_layers}, hidden {arch.hidden_size}, heads {arch.num_attention_heads} "
+        f"layers {layers}, hidden {arch.hidden_size}, heads {arch.num_attention_heads} "
         f"(kv {arch.num_kv_heads}, head_dim {arch.head_dim}), vocab {arch.vocab_size}"
         + (f", {arch.moe.num_experts} experts top-{arch.moe.top_k}" if arch.moe else "")
         + (", MLA" if arch.mla else "")
@@ -271,8 +276,22 @@ def pick_command(rec: Recommendation, req: Request) -> str | None:
         return None
     given = {name: getattr(req, name) for name in Request.model_fields
              if name in req.model_fields_set and name != "model" and name not in fields}
-    return (f"#1 as flags (the same for memory, throughput and render {rec.framework}): meshplan check "
-            f"{shlex.quote(req.model)} {flag_words({**given, **fields})}")
+    same = f"the same for memory, throughput and render {rec.framework}"
+    if (missing := _unwritten(req, fields)) is not None:  # a setting render's config has no key for (fp8 on torchtitan)
+        same = (f"the same for memory and throughput; render {rec.framework} cannot write {missing.setting} - "
+                f"{missing.instead.rstrip('.')}")
+    return f"#1 as flags ({same}): meshplan check {shlex.quote(req.model)} {flag_words({**given, **fields})}"
+
+
+def _unwritten(req: Request, fields: dict[str, object]) -> MissingKnob | None:
+    """The first setting of the request and pick that the config `render` writes by default cannot express (a knob
+    outside the layout's, which the search's rule AD001 leaves to render: precision=fp8 on torchtitan 0.3), or None."""
+    try:
+        job, plan = resolve(Request(**{**{n: getattr(req, n) for n in req.model_fields_set}, **fields}))
+    except (MeshplanError, ValidationError):
+        return None
+    target = default_render(job.card, job, plan)
+    return None if target is None else missing_knob(job.card, *target, job, plan)
 
 
 def memory_report(report: MemoryReport) -> None:

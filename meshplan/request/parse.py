@@ -223,10 +223,15 @@ def request_error(exc: ValidationError) -> MeshplanError:
     return MeshplanError(validation_message(exc), fix=_choice_hint(exc))
 
 
+_SWITCH_WORDS = {"true": "true", "false": "false", "yes": "true", "no": "false", "on": "true", "off": "false",
+                 "1": "true", "0": "false"}
+
+
 def _as_json(kind: str, given: Any) -> tuple[str, str] | None:
-    """A number or switch sent as text ("8", "true") where the field takes the JSON value (fields are strict on every
-    face), or a whole number sent as a JSON float (8.0, which JSON Schema's "integer" admits and a strict field does
-    not): the JSON type and the value to send; None for anything else."""
+    """A number, switch or list sent as text ("8", "true", "yes", "core_attn" or "core_attn,mlp" for a list) where
+    the field takes the JSON value (fields are strict on every face), or a whole number sent as a JSON float (8.0,
+    which JSON Schema's "integer" admits and a strict field does not): the JSON type and the value to send; None for
+    anything else."""
     if kind == "int_type" and isinstance(given, float) and given.is_integer() and abs(given) < 2**53:
         return "integer", str(int(given))
     if not isinstance(given, str):
@@ -234,8 +239,10 @@ def _as_json(kind: str, given: Any) -> tuple[str, str] | None:
     text = given.strip()
     if kind == "int_type" and text.isascii() and text.isdigit():
         return "number", str(int(text))
-    if kind == "bool_type" and text.lower() in ("true", "false"):
-        return "boolean", text.lower()
+    if kind == "bool_type" and text.lower() in _SWITCH_WORDS:  # 'true', and the words a YAML or a shell says it with
+        return "boolean", _SWITCH_WORDS[text.lower()]
+    if kind == "list_type" and (items := [word for word in re.split(r"[,\s]+", text) if word]):
+        return "list", "[" + ", ".join(f'"{item}"' for item in items) + "]"
     if kind == "float_type":
         try:
             number = float(text)

@@ -174,7 +174,8 @@ def _refuse_rl_fields(req: Request, given: list[str]) -> None:
     if given:
         what = "is an RL field" if len(given) == 1 else "are RL fields"
         raise MeshplanError(f"{', '.join(given)} {what}, not for job={req.job}.",
-                            fix="Drop them, or pass job=rl (frameworks: " + ", ".join(rl_frameworks()) + ").")
+                            fix=f"Drop {'it' if len(given) == 1 else 'them'}, or pass job=rl (frameworks: "
+                                + ", ".join(rl_frameworks()) + ").")
 
 
 def _workload(req: Request, d: RLDefaults, defaults: _Defaults) -> _Workload:

@@ -48,7 +48,7 @@ def layer_offload_refused(ctx: Context) -> Values:
     values = {"layers": n, "framework": card.display_name}
     instead = lacks_key(card, "activation_offload_layers")
     if instead:
-        return {**values, "why": f"{card.display_name} has no key for it", "fix": instead}
+        return {**values, "why": f"the {card.display_name} config meshplan writes has no key for it", "fix": instead}
     arch = job.model
     if arch.layer_pattern is not None and arch.gdn is None:
         return {**values, "why": "Megatron-Core builds a Mamba hybrid as its HybridModel, whose layer stack runs no "

@@ -261,10 +261,10 @@ def pipeline_layout_valid(ctx: Context) -> Values:
         return None
     layers = split_layers(ctx.arch)  # a Gated DeltaNet hybrid's decoder layers: what its layout's t counts
     working = compose_layout(layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)
-    fix = (f'Use pipeline_layout="{working}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss; '
-           "drop first_stage_layers, drop last_stage_layers, drop account_for_embedding, drop account_for_loss)."
-           if working
-           else f"Use pp*vpp <= {layers + 2} stages.")
+    drop = "".join(f", drop {name}" for name in ("first_stage_layers", "last_stage_layers", "account_for_embedding",
+                                                  "account_for_loss") if getattr(p, name))  # only what the plan gives
+    fix = (f'Use pipeline_layout="{working}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss'
+           f'{drop}).' if working else f"Use pp*vpp <= {layers + 2} stages.")
     return {"layers": layers, "pp": p.pp, "vpp": p.vpp, "problem": problem, "working": fix}
 
 

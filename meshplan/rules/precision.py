@@ -41,11 +41,12 @@ def lacks_key(card: FrameworkCard, name: str) -> str | None:
 
 def keyless_refusal(card: FrameworkCard, name: str, values: dict, why: str | None = None) -> Values:
     """A rule's refusal of a setting no version of the framework has a key for (lacks_key), with the card's way out:
-    `why` (default: the framework has no key for it) beside the rule's own values; None where a version has the key."""
+    `why` (default: the config meshplan writes for the framework has no key for it, which verl's
+    override_transformer_config could still take) beside the rule's own values; None where a version has the key."""
     instead = lacks_key(card, name)
     if instead is None:
         return None
-    return {**values, "why": why or f"{card.display_name} has no key for it", "fix": instead}
+    return {**values, "why": why or f"the {card.display_name} config meshplan writes has no key for it", "fix": instead}
 
 
 

@@ -161,9 +161,10 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
 
 
 def _yaml_reader(text: str, path: str) -> Callable[[str, str], Reading]:
-    """The reader of the YAML config the text is (detect.yaml_kind: an AutoModel recipe or verl's SFT trainer config,
-    by its top-level keys); a file that is no YAML mapping, with no framework named, is refused as what it is (a list,
-    a value), and a mapping that is neither config with its keys, not read as a broken AutoModel recipe."""
+    """The reader of the YAML config the text is (detect.yaml_kind, by its top-level keys: an AutoModel recipe, verl's
+    or SkyRL's RL trainer config, Megatron-LM's functional-test model_config.yaml or verl's SFT trainer config); a
+    file that is no YAML mapping, with no framework named, is refused as what it is (a list, a value), and a mapping
+    that is none of them with its keys, not read as a broken AutoModel recipe."""
     kind = yaml_kind(text)
     if kind is not None:
         return {"verl-sft": read_verl_sft_yaml, "verl": read_verl_yaml, "skyrl": read_skyrl_yaml,

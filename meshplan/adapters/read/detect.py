@@ -1,8 +1,8 @@
 """Which format a pasted configuration is in, and which YAML config a YAML mapping is, from its content: a JSON
 object, a YAML mapping by its top-level keys (a NeMo AutoModel recipe's `distributed:` / `step_scheduler:`, verl's
-SFT trainer config's sections from the card's read.sft entries), TOML with a [section], else a shell script. A YAML
-mapping that is neither config is refused with its keys and what each config holds, never read as a shell script
-or as the wrong framework's file.
+SFT trainer config's sections from the card's read.sft entries, verl's and SkyRL's RL trainer configs, Megatron-LM's
+functional-test model_config.yaml), TOML with a [section], else a shell script. A YAML mapping that is none of them
+is refused with its keys and what each config holds, never read as a shell script or as the wrong framework's file.
 """
 
 from __future__ import annotations
@@ -22,9 +22,16 @@ from meshplan.knowledge.read_card import SftEntry
 
 AUTOMODEL_MARKERS = ("distributed", "step_scheduler")
 """An AutoModel recipe's own top-level sections (its layout's: automodel.py READ_SECTIONS), in no verl config."""
-YAML_CONFIGS = "each YAML config meshplan reads (a NeMo AutoModel recipe, verl's SFT trainer config)"
-YAML_FIX = ("Pass a NeMo AutoModel recipe (top-level `distributed:` and `step_scheduler:` sections) or verl's SFT "
-            "trainer config (sft_trainer_engine.yaml or a copy), or the launch script that runs the training.")
+_HYDRA_NAMES = {"verl": "verl's RL trainer config", "skyrl": "SkyRL's RL trainer config"}
+_MARKED = [f"a NeMo AutoModel recipe (`{AUTOMODEL_MARKERS[0]}:` or `{AUTOMODEL_MARKERS[1]}:`)",
+           *(f"{_HYDRA_NAMES[framework]} (" + " and ".join(f"`{m}:`" for m in marks) + ")"
+             for framework, marks in HYDRA_YAML.items()),
+           f"Megatron-LM's functional-test model_config.yaml (`{MLM_TEST}:`)"]
+"""Every YAML config yaml_kind tells by a top-level key, with that key: what a refusal says meshplan reads."""
+YAML_CONFIGS = ("each YAML config meshplan reads (a NeMo AutoModel recipe, verl's or SkyRL's RL trainer config, "
+                "Megatron-LM's functional-test model_config.yaml, verl's SFT trainer config)")
+YAML_FIX = (f"Pass {', '.join(_MARKED)} or verl's SFT trainer config (sft_trainer_engine.yaml or a copy), or the "
+            "launch script that runs the training.")
 _BROKEN_VERL = re.compile(r"(?m)^[ \t]+partial_pretrain:|^ulysses_sequence_parallel_size:|^engine:")
 """verl's SFT YAML told by a line alone where the YAML does not parse (its reader then names the bad line)."""
 _KEY = re.compile(r"^[A-Za-z_][\w.@-]*$")  # a config's section name; a shell line read as a key has spaces or quotes
@@ -86,11 +93,11 @@ def unknown_yaml(text: str, path: str) -> MeshplanError:
     other = [k for k in keys if k not in verl]
     return MeshplanError(
         f"{path}: meshplan cannot tell which framework this YAML file is for: its top-level keys "
-        f"({', '.join(keys)}) are neither a NeMo AutoModel recipe's (it has `{AUTOMODEL_MARKERS[0]}:` or "
-        f"`{AUTOMODEL_MARKERS[1]}:`) nor verl's SFT trainer config's (only {', '.join(verl)}"
+        f"({', '.join(keys)}) match none of the YAML configs it reads: {', '.join(_MARKED)}, or verl's SFT trainer "
+        f"config (only {', '.join(verl)}"
         + (f"; not {', '.join(other)}" if other and len(other) < len(keys) else "") + ").",
-        fix="If it is one of theirs, pass --framework nemo-automodel or verl (the tools' framework argument). "
-            + YAML_FIX)
+        fix="If it is one of theirs, pass --framework nemo-automodel, verl, skyrl or megatron-core (the tools' "
+            "framework argument). " + YAML_FIX)
 
 
 def detect_format(text: str) -> str:
