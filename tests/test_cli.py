@@ -113,12 +113,19 @@ def test_render_framework_given_twice_must_agree(capsys):
     assert "Two different frameworks given" in capsys.readouterr().err
 
 
+def test_render_with_the_model_first_and_framework_as_a_flag_renders_it(capsys):
+    """`render llama-3.1-8b --framework torchtitan` (recommend's flags line copied) took the model for FRAMEWORK and
+    was refused; with --framework given, the first argument is the model: the same snippet as FRAMEWORK MODEL."""
+    assert main(["render", "llama-3.1-8b", "--framework", "torchtitan", "--num-gpus", "8"]) == 0
+    flagged = capsys.readouterr().out
+    assert main(["render", "torchtitan", "llama-3.1-8b", "--num-gpus", "8"]) == 0
+    assert flagged == capsys.readouterr().out and "torchtitan" in flagged and "TP1 PP1 DP8" in flagged
+    assert main(["render", "llama-3.1-8b", "--framework", "torchtitan", "--model", "llama-3.1-70b"]) == 2
+    assert "No adapter renders 'llama-3.1-8b'" in capsys.readouterr().err  # a model given twice: still refused
+
+
 def test_render_with_the_model_first_says_framework_comes_first(capsys):
-    """`render llama-3.1-8b --framework torchtitan` took the model for FRAMEWORK and answered 'A model is required'."""
-    assert main(["render", "llama-3.1-8b", "--framework", "torchtitan", "--num-gpus", "8"]) == 2
-    err = capsys.readouterr().err
-    assert "No adapter renders 'llama-3.1-8b'" in err and "A model is required" not in err
-    assert "FRAMEWORK comes first, then MODEL: meshplan render torchtitan llama-3.1-8b." in err
+    """`render llama-3.1-8b` with no framework anywhere answers with the order, not 'A model is required'."""
     assert main(["render", "llama-3.1-8b"]) == 2
     assert "meshplan render FRAMEWORK llama-3.1-8b" in capsys.readouterr().err
     assert main(["render", "nanotron"]) == 2  # a framework, named as such: no word on the order

@@ -456,6 +456,11 @@ def cmd_render(args: argparse.Namespace) -> int:
     except MeshplanError as exc:
         if args.model_pos is not None or args.target in FRAMEWORKS or closest(args.target, TARGETS, n=1):
             raise
+        if args.framework is not None and args.model is None:
+            # recommend's "#1 as flags" line names the framework as --framework: the first argument is then the
+            # model, and the framework is the one --framework gives (render refuses it itself if it renders none)
+            args.target, args.model_pos = args.framework, args.target
+            return cmd_render(args)
         order = f"FRAMEWORK comes first, then MODEL: meshplan render {args.framework or 'FRAMEWORK'} {args.target}."
         raise MeshplanError(exc.reason, fix=f"{order} {exc.fix}") from None
     req = request_from_args(args)
