@@ -257,3 +257,18 @@ def test_a_table_suggestion_the_rules_refuse_says_so_when_nothing_fits():
     assert not answer.candidates
     assert "suggests TP1 PP1 EP5 DP24" in answer.decision_table
     assert "has no variant that passes the rules and fits this job (WS002 x" in answer.decision_table
+
+
+def test_at_the_same_step_time_the_plan_that_holds_less_ranks_first():
+    """Llama-3.1-8B on 7 H100: PP7 DP1 at ZeRO 1 and at ZeRO 3 (Megatron-FSDP, which shards nothing at dp 1 and
+    holds its buffers) are predicted at the same step time; the one with the lower peak leads, and the oracle orders
+    its rows the same way (ZeRO 3 first was enumeration order, not a reason)."""
+    from meshplan.search.oracle import exhaustive_top_k
+
+    req = Request(model="llama-3.1-8b", num_gpus=7, gpu="h100")
+    rec = api.recommend(req)
+    rows = [(c.throughput.step_time_s, c.memory.peak_bytes) for c in rec.candidates]
+    assert rows == sorted(rows)
+    tied = [c for c in rec.candidates if c.throughput.step_time_s == rec.candidates[0].throughput.step_time_s]
+    assert len(tied) >= 2 and tied[0].plan.zero_stage < tied[1].plan.zero_stage
+    assert [(r.step_time_s, r.peak_bytes) for r in exhaustive_top_k(req, len(rows))] == rows

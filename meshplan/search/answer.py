@@ -232,10 +232,11 @@ def differs(plan: Plan, other: Plan) -> str:
 
 
 def rows(found: list[Found]) -> list[list[Found]]:
-    """Plans grouped by their predicted numbers, fastest group first; in a group the simplest plan (least CP,
-    then least interleaving, then the smallest micro-batch) stands for the others."""
+    """Plans grouped by their predicted numbers, fastest group first and, at the same step time, the lower peak
+    first (ZeRO-3 at dp 1 shards nothing and holds more: the stage that holds less leads); in a group the simplest
+    plan (least CP, then least interleaving, then the smallest micro-batch) stands for the others."""
     groups: dict[tuple[float, int], list[Found]] = {}
-    for f in sorted(found, key=lambda f: f.time):
+    for f in sorted(found, key=lambda f: (f.time, f.memory.peak_bytes)):
         groups.setdefault(same_numbers(f.time, f.memory.peak_bytes), []).append(f)
     return [sorted(g, key=lambda f: (f.plan.cp, f.plan.vpp, f.plan.micro_batch_size, f.plan.pp, f.plan.tp))
             for g in groups.values()]

@@ -49,7 +49,7 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
         layouts, _ = enumerate_layouts(job, fixed)
         inside = [lay for lay in layouts if within_nvlink(job, lay)]
         rows = _rows(req, space, inside) or _rows(req, space, [lay for lay in layouts if not within_nvlink(job, lay)])
-    return sorted(rows.values(), key=lambda r: r.step_time_s)[:top_k]
+    return sorted(rows.values(), key=lambda r: (r.step_time_s, r.peak_bytes))[:top_k]  # as answer.rows orders
 
 
 def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[tuple[float, int], OracleRow]:
