@@ -1,7 +1,7 @@
 """What the caching allocator needs over the allocated peak in verl's Megatron actor update, replayed on one stream.
 
-Why: the verl Qwen3-30B-A3B GRPO rows on 8/16/32 H20 ran, but meshplan puts the update at 98.0 GB allocated and
-105.2 GB reserved (its 11% reserve on the 66.2 GB of activations and logits, cards/memory.yaml
+Why: the verl Qwen3-30B-A3B GRPO rows on 8/16/32 H20 ran, but meshplan puts the update at 101.1 GB allocated and
+108.7 GB reserved (its 11% reserve on the 69 GB of activations and logits, cards/memory.yaml
 allocator_reserve_fraction) against the H20's 102.6 GB. Whether the reserve or an activation term decides that is
 what this replays: the update's allocations in the order Megatron-Core makes and frees them, through
 bench/allocator_replay.CachingAllocator (PyTorch's default allocator: no expandable segments, which verl's workers
@@ -14,8 +14,9 @@ pp 1: Megatron-Core's forward_backward_no_pipelining runs each micro-batch's for
   both sums) and the transients between them (the q/k norm outputs the fused RoPE replaces, the out-projection
   output before the residual add, the router logits, the dispatched tokens before the permute, the expert output,
   its unpermuted and combined copies);
-- the output layer's bf16 logits and the fp32 copy vocab_parallel_cross_entropy keeps (verl's
-  vocab_parallel_log_probs_from_logits, use_fused_kernels False), then the backward in reverse: each layer's
+- the output layer's bf16 logits and verl's loss path beside Megatron's vocab_parallel_cross_entropy
+  (use_fused_kernels False) as the verl card's engine.rl_loss.megatron keeps it, 8 B per logit at its peak (`loss`;
+  6 before lane rlloss59 counted the path), then the backward in reverse: each layer's
   gradients as one chain of its forward's widths (an approximation of autograd's order: the figures move by a few
   points of the transient with it), then its saved tensors freed.
 Weights and fp32 gradient buffers (31.0 GB on the worst rank, meshplan's) are one block held throughout. Not in
@@ -158,6 +159,23 @@ def layer_backward(tr: Trace, s: Shapes, t: int, keep: list[int]) -> int:
     return result
 
 
+def loss(tr: Trace, s: Shapes, t: int) -> int:
+    """The output layer's logits and verl's loss path through the backward, as cards/frameworks/verl.yaml
+    engine.rl_loss.megatron counts it (its kept bytes per logit, meshplan's rl_loss_bytes): the bf16 logits, divided
+    in place by the temperature, and Megatron's fp32 copy, exponentiated in place; in the backward the incoming bf16
+    gradient, the fp32 copy released, then CopySlices' base-sized zero-filled buffer and the cloned slice beside the
+    logits. Returns the gradient of the final norm's output."""
+    logits = tr.make(BF16 * t * s.vocab)
+    softmax = tr.make(FP32 * t * s.vocab)
+    grad_logits = tr.make(BF16 * t * s.vocab)
+    tr.free(softmax)
+    base, clone = tr.make(BF16 * t * s.vocab), tr.make(BF16 * t * s.vocab)
+    tr.free(grad_logits, clone, logits)
+    grad = tr.make(BF16 * t * s.hidden)
+    tr.free(base)
+    return grad
+
+
 def micro_batch(tr: Trace, s: Shapes, t: int) -> None:
     """One micro-batch's forward, logits and loss, and backward."""
     inputs, x = [], tr.make(BF16 * t * s.hidden)
@@ -168,13 +186,8 @@ def micro_batch(tr: Trace, s: Shapes, t: int) -> None:
         inputs.append(x)
         x = out
     final = tr.make(BF16 * t * s.hidden)
-    logits = tr.make(BF16 * t * s.vocab)
-    softmax = tr.make(FP32 * t * s.vocab)  # the fp32 copy the cross entropy exponentiates in place and keeps
-    tr.free(logits)
-    grad_logits = tr.make(BF16 * t * s.vocab)
-    tr.free(softmax)
-    grad = tr.make(BF16 * t * s.hidden)
-    tr.free(grad_logits, final, x)
+    grad = loss(tr, s, t)
+    tr.free(final, x)
     for keep, layer_input in zip(reversed(saved), reversed(inputs), strict=True):
         nxt = layer_backward(tr, s, t, keep)
         tr.free(grad, layer_input)
@@ -259,6 +272,19 @@ def check_sum() -> tuple[float, float]:
     return trace_bytes, sum(layer_activations(architecture_shape(job.model), lay, True, "none").values())
 
 
+def meshplan_update(mean: int | None) -> tuple[float, float, float]:
+    """meshplan's actor update on the request's worst stage: allocated peak, reserved peak (allocated + the card's
+    allocator_reserve_fraction of the transient) and the CUDA context and fixed overhead inside both, in bytes."""
+    from meshplan import api
+    from meshplan.arithmetic.memory_states import memory_card
+    from meshplan.estimate.memory import stage_allocated
+
+    mem = api.estimate_memory(parse_request(REQUEST | ({"mean_response_length": mean} if mean else {})))
+    stage = max(mem.stages, key=stage_allocated)
+    card = memory_card()
+    return stage_allocated(stage), stage.total_bytes, card.cuda_context_bytes + card.fixed_overhead_bytes
+
+
 def main(argv: list[str]) -> int:
     means = [a if a == "max" else int(a) for a in argv] if argv else [1000, 2000, 4000]
     ours, meshplan = check_sum()
@@ -271,6 +297,10 @@ def main(argv: list[str]) -> int:
               f"{r['allocated_gb']:.2f} GB, reserved "
               f"{r['reserved_gb']:.2f} GB (+{r['reserve_share']:.1%} of the transient), runs on {r['runs_on_gb']:.2f} "
               f"GB (+{r['needed_share']:.1%})")
+        allocated, reserved, outside = meshplan_update(None if mean == "max" else mean)
+        print(f"    meshplan's update: allocated {allocated / GB:.2f} GB, reserved {reserved / GB:.2f} GB, of which "
+              f"{outside / GB:.2f} GB the CUDA context and fixed overhead the trace leaves out: the replay's "
+              f"\"runs on\" with them {(r['runs_on_gb'] * GB + outside) / GB:.2f} GB")
     return 0
 
 
