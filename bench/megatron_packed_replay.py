@@ -45,6 +45,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from allocator_replay import MIB, CachingAllocator, OutOfMemory
 
@@ -57,12 +59,9 @@ from meshplan.rl.lengths import quantile, rate
 GB = 10**9
 BF16, FP32, INT64 = 2, 4, 8
 # bench/data/rl_workloads.yaml run_qwen3moe-30b_megatron_96gb.sh on 8 H20 (the row verl_qwen3_30b_h20_8)
-REQUEST = {"model": "qwen3-30b-a3b", "framework": "verl", "tp": 1, "pp": 1, "ep": 8, "etp": 1, "job": "rl",
-           "algorithm": "dapo", "prompts_per_step": 512, "prompts_per_mini_batch": 128, "samples_per_prompt": 16,
-           "prompt_length": 2048, "response_length": 8192, "rollout_tp": 4, "rollout_memory_fraction": 0.7,
-           "param_offload": True, "optimizer_offload_fraction": 1.0, "micro_batch_size": 1,
-           "rollout_enforce_eager": True, "expandable_segments": False, "framework_version": "0.5.0",
-           "num_gpus": 8, "gpu": "h20"}
+REQUEST = next(w["request"] for w in yaml.safe_load((Path(__file__).resolve().parent / "data" / "rl_workloads.yaml")
+                                                    .read_text())["scripts"]
+               if w["script"] == "run_qwen3moe-30b_megatron_96gb.sh") | {"num_gpus": 8, "gpu": "h20"}
 PROMPTS = (100, 400)  # DAPO-Math prompt tokens (assumed; the script's 2,048 is its maximum)
 
 
