@@ -32,6 +32,16 @@ Responses drawn from meshplan's length shape at a mean (rl/lengths.py
 quantile: the truncated exponential of that mean on [0, maximum]), prompts uniform on [100, 400] tokens (DAPO-Math
 prompts; an assumption, said). Nothing here is fitted and no estimate reads it.
 
+Found (2026-12-07, lane reserve61, the loss path at 8 B per logit; 2 mini-batches of 256 sequences a rank; GB with
+the 0.81 GB of CUDA context and fixed overhead the trace leaves out): at the rows' scored workload, every micro-batch
+10,240 tokens, the allocator serves each micro-batch from the blocks the one before freed and the update runs on
+101.94 GB (+1.2% of the transient; reserved with memory to spare +2.0%), which fits the H20's 102.6 GB where
+meshplan's 11% says 108.7. At verl's packed micro-batches of differing sizes (mean response 1,000 / 2,000 / 4,000) a
+larger micro-batch after a smaller one cannot reuse the blocks the smaller one split, and the update needs 107.46 /
+110.27 / 115.35 GB (+8.4% / +11.5% / +11.8% of the transient; reserved +26% / +54% / +90%) against meshplan's
+114.07 / 111.18 / 111.12 GB reserved: the default allocator's mechanism does not make these runs fit once their
+lengths differ, so the reserve alone does not explain that they ran.
+
 Run: python bench/megatron_packed_replay.py [MEAN ...]   (default 1000 2000 4000; about 1-3 minutes each)
      MEAN `max`: the workload bench/rl_jobs.py scores the rows at (no mean stated): every prompt and response at the
      request's maximum, 2,048 + 8,192, so every micro-batch is one sequence of the 10,240-token budget.
