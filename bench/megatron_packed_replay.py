@@ -1,7 +1,7 @@
 """What the caching allocator needs over the allocated peak in verl's Megatron actor update, replayed on one stream.
 
-Why: the verl Qwen3-30B-A3B GRPO rows on 8/16/32 H20 ran, but meshplan puts the update at 98.0 GB allocated and
-105.2 GB reserved (its 11% reserve on the 66.2 GB of activations and logits, cards/memory.yaml
+Why: the verl Qwen3-30B-A3B GRPO rows on 8/16/32 H20 ran, but meshplan puts the update at 101.1 GB allocated and
+108.7 GB reserved (its 11% reserve on the 69 GB of activations and logits, cards/memory.yaml
 allocator_reserve_fraction) against the H20's 102.6 GB. Whether the reserve or an activation term decides that is
 what this replays: the update's allocations in the order Megatron-Core makes and frees them, through
 bench/allocator_replay.CachingAllocator (PyTorch's default allocator: no expandable segments, which verl's workers
@@ -14,8 +14,9 @@ pp 1: Megatron-Core's forward_backward_no_pipelining runs each micro-batch's for
   both sums) and the transients between them (the q/k norm outputs the fused RoPE replaces, the out-projection
   output before the residual add, the router logits, the dispatched tokens before the permute, the expert output,
   its unpermuted and combined copies);
-- the output layer's bf16 logits and the fp32 copy vocab_parallel_cross_entropy keeps (verl's
-  vocab_parallel_log_probs_from_logits, use_fused_kernels False), then the backward in reverse: each layer's
+- the output layer's bf16 logits and verl's loss path beside Megatron's vocab_parallel_cross_entropy
+  (use_fused_kernels False) as the verl card's engine.rl_loss.megatron keeps it, 8 B per logit at its peak (`loss`;
+  6 before lane rlloss59 counted the path), then the backward in reverse: each layer's
   gradients as one chain of its forward's widths (an approximation of autograd's order: the figures move by a few
   points of the transient with it), then its saved tensors freed.
 Weights and fp32 gradient buffers (31.0 GB on the worst rank, meshplan's) are one block held throughout. Not in
@@ -31,6 +32,16 @@ Responses drawn from meshplan's length shape at a mean (rl/lengths.py
 quantile: the truncated exponential of that mean on [0, maximum]), prompts uniform on [100, 400] tokens (DAPO-Math
 prompts; an assumption, said). Nothing here is fitted and no estimate reads it.
 
+Found (2026-12-07, lane reserve61, the loss path at 8 B per logit; 2 mini-batches of 256 sequences a rank; GB with
+the 0.81 GB of CUDA context and fixed overhead the trace leaves out): at the rows' scored workload, every micro-batch
+10,240 tokens, the allocator serves each micro-batch from the blocks the one before freed and the update runs on
+101.94 GB (+1.2% of the transient; reserved with memory to spare +2.0%), which fits the H20's 102.6 GB where
+meshplan's 11% says 108.7. At verl's packed micro-batches of differing sizes (mean response 1,000 / 2,000 / 4,000) a
+larger micro-batch after a smaller one cannot reuse the blocks the smaller one split, and the update needs 107.46 /
+110.27 / 115.35 GB (+8.4% / +11.5% / +11.8% of the transient; reserved +26% / +54% / +90%) against meshplan's
+114.07 / 111.18 / 111.12 GB reserved: the default allocator's mechanism does not make these runs fit once their
+lengths differ, so the reserve alone does not explain that they ran.
+
 Run: python bench/megatron_packed_replay.py [MEAN ...]   (default 1000 2000 4000; about 1-3 minutes each)
      MEAN `max`: the workload bench/rl_jobs.py scores the rows at (no mean stated): every prompt and response at the
      request's maximum, 2,048 + 8,192, so every micro-batch is one sequence of the 10,240-token budget.
@@ -44,6 +55,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from allocator_replay import MIB, CachingAllocator, OutOfMemory
 
@@ -56,12 +69,9 @@ from meshplan.rl.lengths import quantile, rate
 GB = 10**9
 BF16, FP32, INT64 = 2, 4, 8
 # bench/data/rl_workloads.yaml run_qwen3moe-30b_megatron_96gb.sh on 8 H20 (the row verl_qwen3_30b_h20_8)
-REQUEST = {"model": "qwen3-30b-a3b", "framework": "verl", "tp": 1, "pp": 1, "ep": 8, "etp": 1, "job": "rl",
-           "algorithm": "dapo", "prompts_per_step": 512, "prompts_per_mini_batch": 128, "samples_per_prompt": 16,
-           "prompt_length": 2048, "response_length": 8192, "rollout_tp": 4, "rollout_memory_fraction": 0.7,
-           "param_offload": True, "optimizer_offload_fraction": 1.0, "micro_batch_size": 1,
-           "rollout_enforce_eager": True, "expandable_segments": False, "framework_version": "0.5.0",
-           "num_gpus": 8, "gpu": "h20"}
+REQUEST = next(w["request"] for w in yaml.safe_load((Path(__file__).resolve().parent / "data" / "rl_workloads.yaml")
+                                                    .read_text())["scripts"]
+               if w["script"] == "run_qwen3moe-30b_megatron_96gb.sh") | {"num_gpus": 8, "gpu": "h20"}
 PROMPTS = (100, 400)  # DAPO-Math prompt tokens (assumed; the script's 2,048 is its maximum)
 
 
@@ -158,6 +168,23 @@ def layer_backward(tr: Trace, s: Shapes, t: int, keep: list[int]) -> int:
     return result
 
 
+def loss(tr: Trace, s: Shapes, t: int) -> int:
+    """The output layer's logits and verl's loss path through the backward, as cards/frameworks/verl.yaml
+    engine.rl_loss.megatron counts it (its kept bytes per logit, meshplan's rl_loss_bytes): the bf16 logits, divided
+    in place by the temperature, and Megatron's fp32 copy, exponentiated in place; in the backward the incoming bf16
+    gradient, the fp32 copy released, then CopySlices' base-sized zero-filled buffer and the cloned slice beside the
+    logits. Returns the gradient of the final norm's output."""
+    logits = tr.make(BF16 * t * s.vocab)
+    softmax = tr.make(FP32 * t * s.vocab)
+    grad_logits = tr.make(BF16 * t * s.vocab)
+    tr.free(softmax)
+    base, clone = tr.make(BF16 * t * s.vocab), tr.make(BF16 * t * s.vocab)
+    tr.free(grad_logits, clone, logits)
+    grad = tr.make(BF16 * t * s.hidden)
+    tr.free(base)
+    return grad
+
+
 def micro_batch(tr: Trace, s: Shapes, t: int) -> None:
     """One micro-batch's forward, logits and loss, and backward."""
     inputs, x = [], tr.make(BF16 * t * s.hidden)
@@ -168,13 +195,8 @@ def micro_batch(tr: Trace, s: Shapes, t: int) -> None:
         inputs.append(x)
         x = out
     final = tr.make(BF16 * t * s.hidden)
-    logits = tr.make(BF16 * t * s.vocab)
-    softmax = tr.make(FP32 * t * s.vocab)  # the fp32 copy the cross entropy exponentiates in place and keeps
-    tr.free(logits)
-    grad_logits = tr.make(BF16 * t * s.vocab)
-    tr.free(softmax)
-    grad = tr.make(BF16 * t * s.hidden)
-    tr.free(grad_logits, final, x)
+    grad = loss(tr, s, t)
+    tr.free(final, x)
     for keep, layer_input in zip(reversed(saved), reversed(inputs), strict=True):
         nxt = layer_backward(tr, s, t, keep)
         tr.free(grad, layer_input)
@@ -259,6 +281,19 @@ def check_sum() -> tuple[float, float]:
     return trace_bytes, sum(layer_activations(architecture_shape(job.model), lay, True, "none").values())
 
 
+def meshplan_update(mean: int | None) -> tuple[float, float, float]:
+    """meshplan's actor update on the request's worst stage: allocated peak, reserved peak (allocated + the card's
+    allocator_reserve_fraction of the transient) and the CUDA context and fixed overhead inside both, in bytes."""
+    from meshplan import api
+    from meshplan.arithmetic.memory_states import memory_card
+    from meshplan.estimate.memory import stage_allocated
+
+    mem = api.estimate_memory(parse_request(REQUEST | ({"mean_response_length": mean} if mean else {})))
+    stage = max(mem.stages, key=stage_allocated)
+    card = memory_card()
+    return stage_allocated(stage), stage.total_bytes, card.cuda_context_bytes + card.fixed_overhead_bytes
+
+
 def main(argv: list[str]) -> int:
     means = [a if a == "max" else int(a) for a in argv] if argv else [1000, 2000, 4000]
     ours, meshplan = check_sum()
@@ -271,6 +306,10 @@ def main(argv: list[str]) -> int:
               f"{r['allocated_gb']:.2f} GB, reserved "
               f"{r['reserved_gb']:.2f} GB (+{r['reserve_share']:.1%} of the transient), runs on {r['runs_on_gb']:.2f} "
               f"GB (+{r['needed_share']:.1%})")
+        allocated, reserved, outside = meshplan_update(None if mean == "max" else mean)
+        print(f"    meshplan's update: allocated {allocated / GB:.2f} GB, reserved {reserved / GB:.2f} GB, of which "
+              f"{outside / GB:.2f} GB the CUDA context and fixed overhead the trace leaves out: the replay's "
+              f"\"runs on\" with them {(r['runs_on_gb'] * GB + outside) / GB:.2f} GB")
     return 0
 
 

@@ -53,3 +53,26 @@ def test_a_larger_later_micro_batch_needs_more():
     allocated_down, runs_on_down = _needed([4096, 3800])
     assert allocated_up == allocated_down
     assert runs_on_up > runs_on_down
+
+
+def test_loss_path_keeps_what_meshplan_counts():
+    """The trace's loss path holds, at its peak, the bytes per logit meshplan's verl Megatron loss keeps
+    (arithmetic/memory_states.rl_loss_bytes, the card's engine.rl_loss.megatron), beside the final norm's gradient."""
+    from meshplan.arithmetic.memory_states import rl_loss_bytes
+    from meshplan.request.parse import parse_request
+    from meshplan.request.resolve import resolve
+
+    job, plan = resolve(parse_request(bench.REQUEST))
+    t = 1024
+    tr = bench.Trace()
+    bench.loss(tr, TINY, t)
+    live, peak, sizes = 0, 0, {}
+    for event in tr.events:
+        if event[0] == "a":
+            sizes[event[1]] = event[2]
+            live += event[2]
+            peak = max(peak, live)
+        else:
+            live -= sizes.pop(event[1])
+    assert peak == rl_loss_bytes(job, plan)["logits_bytes_per_element"] * t * TINY.vocab
+    assert live == bench.BF16 * t * TINY.hidden  # only the returned gradient is left
