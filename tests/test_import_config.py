@@ -1536,3 +1536,22 @@ def test_verl_megatron_fusion_switches_are_said_not_unknown(launch, prefix):
     for key, words in VERL_FUSIONS.items():
         said = [n for n in result.notes if f"override_transformer_config.{key} = True: " in n]
         assert len(said) == 1 and words in said[0], (key, result.notes)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("a: [1, 2", "it does not parse as YAML at line 1, column 9"),
+    ("hello there friends\n", "not a mapping of named sections"),
+    ("[1, 2, 3]\n", "not a mapping of named sections"),
+    ("- tp\n- pp\n", "not a mapping of named sections")])
+def test_unplaceable_text_is_not_called_a_shell_file(text, why):
+    """Pasted text that shows no format meshplan reads (broken YAML, plain words, a list) was refused as 'this shell
+    file', a format it does not show: the refusal says what meshplan tried, each format it reads and why the text is
+    none of them, and the readers it has; a text that shows a shell line is still refused as a shell file."""
+    with pytest.raises(MeshplanError) as exc:
+        import_config(text, "<config_text>")
+    said = str(exc.value)
+    assert "shell file" not in said and "cannot tell what this text is" in said, said
+    assert why in said and "a JSON object" in said and "TOML with a [section]" in said and "a launch script" in said
+    assert "verl (yaml)" in exc.value.fix and "MCP: framework and config_format" in exc.value.fix
+    with pytest.raises(MeshplanError, match="cannot tell which framework this shell file"):
+        import_config("echo hello\n" + text, "<config_text>")
