@@ -294,7 +294,9 @@ SPACE_ASSUMPTIONS = [
     "and layouts with the same predicted step time and peak memory (e.g. a factor moved between CP and the "
     "micro-batch) share one row (its equivalents). ZeRO stages that are the same plan at a layout (what one shards "
     "is split over one rank, e.g. Megatron's distributed optimizer at dp x cp 1) are one plan, listed once at the "
-    "framework's default stage (else the lowest) the rules pass, its row naming the others.",
+    "framework's default stage (else the lowest) the rules pass, its row naming the others; a stage of a layout "
+    "timed the same as another stage there with a higher peak (another engine or byte preset, e.g. Megatron-FSDP "
+    "beside the distributed optimizer at dp x cp 1) is not listed, the row it loses to naming it.",
     "\"X% slower\" is 1 - (its tokens/s/GPU) / (the other's): the share of throughput lost, at the same batch.",
     "Rejected counts: rule ids of cards/rules.yaml (the memory error for plans that do not fit, including "
     "those dropped by a memory floor) and search buckets: "
