@@ -1508,3 +1508,50 @@ def test_a_colocated_skyrl_engine_count_that_does_not_fill_the_policy_gpus_is_sa
                     "colocate_all runs them on the policy's 8, and SkyRL's validate_cfg refuses a count that differs; "
                     "meshplan plans the 8 GPUs' 4 engines"], said
     assert not [u for u in import_config(SKYRL_TRAIN_FLAT, "run_gsm8k.sh").unsupported if "validate_cfg" in u]
+
+
+VERL_FUSIONS = {"bias_activation_fusion": "Megatron-Core's fused bias + SwiGLU/GELU kernel",
+                "masked_softmax_fusion": "no effect on the step's memory or time",
+                "apply_rope_fusion": "a kernel choice meshplan neither times nor counts apart",
+                "bias_dropout_fusion": "the same saves fused or not",
+                "gradient_accumulation_fusion": "which meshplan times as on",
+                "persist_layer_norm": "do not read it: no effect",
+                "cross_entropy_loss_fusion": "no effect: verl's Megatron engine runs the model without labels"}
+
+
+@pytest.mark.parametrize("launch, prefix", [
+    ("python3 -m verl.trainer.main_ppo model_engine=megatron trainer.nnodes=1 trainer.n_gpus_per_node=8 "
+     "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct", "+actor_rollout_ref.actor.megatron"),
+    ("torchrun --nproc_per_node 8 -m verl.trainer.sft_trainer engine=megatron optim=megatron "
+     "model.path=Qwen/Qwen2.5-7B-Instruct", "engine")])
+def test_verl_megatron_fusion_switches_are_said_not_unknown(launch, prefix):
+    """verl's own fully-async Qwen3-30B-A3B scripts (volcengine/verl b178a3c verl/experimental/fully_async_policy/
+    shell/grpo_30b_a3b_base_math_megatron_96_32.sh) set Megatron-Core's fusion switches through
+    override_transformer_config; import listed each as 'no meshplan field'. Each is said: what it switches on the
+    model verl's Megatron engine builds and what meshplan counts or assumes instead (the SFT trainer's engine.
+    keys the same)."""
+    keys = " ".join(f"{prefix}.override_transformer_config.{key}=True" for key in VERL_FUSIONS)
+    result = import_config(f"{launch} {keys}\n", "run.sh")
+    assert not any("fusion" in u or "persist_layer_norm" in u for u in result.unsupported), result.unsupported
+    for key, words in VERL_FUSIONS.items():
+        said = [n for n in result.notes if f"override_transformer_config.{key} = True: " in n]
+        assert len(said) == 1 and words in said[0], (key, result.notes)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("a: [1, 2", "it does not parse as YAML at line 1, column 9"),
+    ("hello there friends\n", "not a mapping of named sections"),
+    ("[1, 2, 3]\n", "not a mapping of named sections"),
+    ("- tp\n- pp\n", "not a mapping of named sections")])
+def test_unplaceable_text_is_not_called_a_shell_file(text, why):
+    """Pasted text that shows no format meshplan reads (broken YAML, plain words, a list) was refused as 'this shell
+    file', a format it does not show: the refusal says what meshplan tried, each format it reads and why the text is
+    none of them, and the readers it has; a text that shows a shell line is still refused as a shell file."""
+    with pytest.raises(MeshplanError) as exc:
+        import_config(text, "<config_text>")
+    said = str(exc.value)
+    assert "shell file" not in said and "cannot tell what this text is" in said, said
+    assert why in said and "a JSON object" in said and "TOML with a [section]" in said and "a launch script" in said
+    assert "verl (yaml)" in exc.value.fix and "MCP: framework and config_format" in exc.value.fix
+    with pytest.raises(MeshplanError, match="cannot tell which framework this shell file"):
+        import_config("echo hello\n" + text, "<config_text>")

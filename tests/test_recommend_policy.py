@@ -260,15 +260,45 @@ def test_a_table_suggestion_the_rules_refuse_says_so_when_nothing_fits():
 
 
 def test_at_the_same_step_time_the_plan_that_holds_less_ranks_first():
-    """Llama-3.1-8B on 7 H100: PP7 DP1 at ZeRO 1 and at ZeRO 3 (Megatron-FSDP, which shards nothing at dp 1 and
-    holds its buffers) are predicted at the same step time; the one with the lower peak leads, and the oracle orders
-    its rows the same way (ZeRO 3 first was enumeration order, not a reason)."""
+    """Llama-3.1-8B on 7 H100: the rows run fastest first and, at the same step time, the lower peak first; the oracle
+    orders its rows the same way."""
     from meshplan.search.oracle import exhaustive_top_k
 
     req = Request(model="llama-3.1-8b", num_gpus=7, gpu="h100")
     rec = api.recommend(req)
     rows = [(c.throughput.step_time_s, c.memory.peak_bytes) for c in rec.candidates]
     assert rows == sorted(rows)
-    tied = [c for c in rec.candidates if c.throughput.step_time_s == rec.candidates[0].throughput.step_time_s]
-    assert len(tied) >= 2 and tied[0].plan.zero_stage < tied[1].plan.zero_stage
     assert [(r.step_time_s, r.peak_bytes) for r in exhaustive_top_k(req, len(rows))] == rows
+
+
+def test_a_zero_stage_timed_the_same_with_a_higher_peak_is_left_out_and_named():
+    """Llama-3.1-8B on 7 H100: PP7 DP1 at ZeRO 3 (Megatron-FSDP, byte preset megatron_fsdp, sharding nothing at
+    dp x cp 1 and holding its own buffers) is timed as the same layout at ZeRO 1 (the distributed optimizer) with
+    4.6 GiB more: a user gains nothing by it, so it is no row of its own (it was #2, beside #1), counted
+    SEARCH-HEAVIER-STAGE and named in #1's words; the oracle leaves it out the same way."""
+    from meshplan.search.oracle import exhaustive_top_k
+    from meshplan.search.policy import HEAVIER_STAGE
+
+    req = Request(model="llama-3.1-8b", num_gpus=7, gpu="h100")
+    rec = api.recommend(req)
+    first = rec.candidates[0]
+    assert (first.plan.pp, first.plan.dp, first.plan.zero_stage) == (7, 1, 1)
+    same_layout = [c for c in rec.candidates if c.plan.model_copy(update={"zero_stage": 1}) == first.plan]
+    assert same_layout == [first]
+    assert rec.rejected[HEAVIER_STAGE] >= 1
+    assert "ZeRO 3 (byte preset megatron_fsdp" in first.rationale
+    assert "at dp x cp = 1 it shards nothing, so it is not listed (SEARCH-HEAVIER-STAGE)" in first.rationale
+    oracle = exhaustive_top_k(req, len(rec.candidates))
+    assert [(r.step_time_s, r.peak_bytes) for r in oracle] == [
+        (c.throughput.step_time_s, c.memory.peak_bytes) for c in rec.candidates]
+    assert not any(r.plan.pp == 7 and r.plan.dp == 1 and r.plan.zero_stage == 3 for r in oracle)
+
+
+def test_min_gpus_picks_the_stage_a_user_would_run():
+    """Llama-3.1-70B LoRA with Megatron-Bridge: the smallest count, 4 H100, is picked at TP4 DP1 at ZeRO 1; ZeRO 3 at
+    the same layout (Megatron-FSDP, 74.9 GiB against 71.9 at the same step) is said as left out, not offered."""
+    answer = api.minimum_gpus(Request(model="llama-3.1-70b", framework="megatron-bridge", job="lora", gpu="h100"))
+    assert answer.num_gpus == 4
+    assert (answer.candidate.plan.tp, answer.candidate.plan.dp, answer.candidate.plan.zero_stage) == (4, 1, 1)
+    assert "ZeRO 3 (byte preset megatron_fsdp" in answer.candidate.rationale
+    assert "(SEARCH-HEAVIER-STAGE)" in answer.candidate.rationale

@@ -4,7 +4,7 @@ them."""
 
 from __future__ import annotations
 
-from meshplan.arithmetic.memory_states import convention
+from meshplan.arithmetic.memory_states import convention, convention_name
 from meshplan.check.split import split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, gib, percent
@@ -157,7 +157,7 @@ def candidate(job: Job, engine: Engine, found: Found, rank: int, best: Found | N
     if same:
         text += (" Same predicted step time and peak memory, folded into this row: "
                  + "; ".join(differs(found.plan, other.plan) for other in same) + ".")
-    text += same_stage_text(job, engine, found.plan, zeros)
+    text += same_stage_text(job, engine, found.plan, zeros) + heavier_text(job, found)
     # the plan's own warnings: those of every plan of the job are the answer's, said once there (job_warnings)
     job_wide = {f.id for f in job_no_effect_findings(job, found.plan)}
     notes_here = [f.message for f in engine.full_check(job, found.plan).findings
@@ -191,6 +191,28 @@ def same_stage_text(job: Job, engine: Engine, plan: Plan, zeros: tuple[int, ...]
     return (f" {stages} {'is' if len(others) == 1 else 'are'} the same plan at this layout: ZeRO {highest} shards "
             f"its {what} over {over}, which holds them whole, so the stages hold the same bytes and run the same "
             f"step; listed once, as ZeRO {plan.zero_stage} ({why_this}).")
+
+
+def heavier_text(job: Job, found: Found) -> str:
+    """The row's twins the search left out as SEARCH-HEAVIER-STAGE (Found.heavier: the same layout, micro-batch and
+    recompute at another ZeRO stage, timed the same with a higher peak), in words: each stage with its byte preset
+    where it differs from the row's (memory_states.convention_name: Megatron-FSDP at Megatron-Core's ZeRO 3), its
+    peak, and that it shards nothing where dp x cp is 1; "" where there are none."""
+    if not found.heavier:
+        return ""
+    card, version, plan = job.card, job.framework_version, found.plan
+    mine = convention_name(card, plan.zero_stage, version)
+    dense, expert = state_shards(job, plan)
+    nothing = ""
+    if dense == 1 and (job.model.moe is None or expert == 1):
+        nothing = f": at dp x cp = 1{', expert-dp = 1' if job.model.moe is not None else ''} it shards nothing"
+    parts = []
+    for other in sorted(found.heavier, key=lambda f: f.plan.zero_stage):
+        theirs = convention_name(card, other.plan.zero_stage, version)
+        preset = f" (byte preset {theirs}, the row's {mine})" if theirs != mine else ""
+        parts.append(f" ZeRO {other.plan.zero_stage}{preset} runs this layout at the same predicted step with a "
+                     f"higher peak, {peak_words(other.memory)}{nothing}, so it is not listed (SEARCH-HEAVIER-STAGE).")
+    return "".join(parts)
 
 
 def how_sure(job: Job, plan: Plan, band: ErrorBand | None) -> str:
@@ -272,7 +294,9 @@ SPACE_ASSUMPTIONS = [
     "and layouts with the same predicted step time and peak memory (e.g. a factor moved between CP and the "
     "micro-batch) share one row (its equivalents). ZeRO stages that are the same plan at a layout (what one shards "
     "is split over one rank, e.g. Megatron's distributed optimizer at dp x cp 1) are one plan, listed once at the "
-    "framework's default stage (else the lowest) the rules pass, its row naming the others.",
+    "framework's default stage (else the lowest) the rules pass, its row naming the others; a stage of a layout "
+    "timed the same as another stage there with a higher peak (another engine or byte preset, e.g. Megatron-FSDP "
+    "beside the distributed optimizer at dp x cp 1) is not listed, the row it loses to naming it.",
     "\"X% slower\" is 1 - (its tokens/s/GPU) / (the other's): the share of throughput lost, at the same batch.",
     "Rejected counts: rule ids of cards/rules.yaml (the memory error for plans that do not fit, including "
     "those dropped by a memory floor) and search buckets: "

@@ -34,12 +34,14 @@ from meshplan.search.plans import Caches
 from meshplan.search.policy import (
     BUDGET,
     DOMINATED,
+    HEAVIER_STAGE,
     NVLINK,
     SAME_STAGE,
     SLOWER,
     TIE,
     UNTIMED,
     budget_cut,
+    heavier_twin,
     same_numbers,
     search_limits,
 )
@@ -63,6 +65,9 @@ class Found:
     plan: Plan
     memory: MemoryReport
     throughput: ThroughputReport
+    # the same layout, micro-batch and recompute at other ZeRO stages, timed the same with a higher peak
+    # (policy.heavier_twin): left out as SEARCH-HEAVIER-STAGE, named in this row's words
+    heavier: list[Found] = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +93,7 @@ class BestFirstSearch(StepTimeBounds, Seeding):
     rejected: Counter = field(default_factory=Counter)
     found: list[Found] = field(default_factory=list)
     rows: set[tuple[float, int]] = field(default_factory=set)  # distinct (step time, peak) among found: the top K
+    twins: dict[tuple, list[Found]] = field(default_factory=dict)  # found per (layout, micro-batch, recompute): rank
     cutoff: float = math.inf  # nothing slower than this step time is wanted (a probe for much faster layouts)
     # plans drain counts though not queued: seeds over the cutoff (never popped: keys only grow), and the seeds a
     # layout's first node holds until it pops (open_group, release)
@@ -365,8 +371,33 @@ class BestFirstSearch(StepTimeBounds, Seeding):
         mem = self.memory(lay, zero, recompute, mbs)
         if mem.plan.moe_a2a_overlap != report.plan.moe_a2a_overlap:  # the plain twin's (overlap_choice): same memory
             mem = mem.model_copy(update={"plan": report.plan})
-        self.found.append(Found(report.step_time_s, report.plan, mem, report))
-        self.rows.add(same_numbers(report.step_time_s, mem.peak_bytes))
+        self.rank(Found(report.step_time_s, report.plan, mem, report), (lay, mbs, recompute))
+
+    def rank(self, new: Found, twin_key: tuple) -> None:
+        """Rank a plan, or leave it out where its twin at another ZeRO stage (the same layout, micro-batch and
+        recompute: `twin_key`) is timed the same with a lower peak (policy.heavier_twin), counted SEARCH-HEAVIER-STAGE
+        and named by the twin's row; a twin ranked before it that it dominates leaves the ranking the same way (the
+        two pop in either order at the same key), and the rows wanted are counted again without it."""
+        twins = self.twins.setdefault(twin_key, [])
+        for twin in twins:
+            if heavier_twin(new.time, new.memory.peak_bytes, twin.time, twin.memory.peak_bytes):
+                twin.heavier.append(new)
+                self.rejected[HEAVIER_STAGE] += 1
+                return
+        beaten = [twin for twin in twins
+                  if heavier_twin(twin.time, twin.memory.peak_bytes, new.time, new.memory.peak_bytes)]
+        for twin in beaten:
+            new.heavier += [twin, *twin.heavier]
+            twin.heavier = []
+            twins[:] = [t for t in twins if t is not twin]
+            self.found = [f for f in self.found if f is not twin]
+            self.rejected[HEAVIER_STAGE] += 1
+        twins.append(new)
+        self.found.append(new)
+        if beaten:
+            self.rows = {same_numbers(f.time, f.memory.peak_bytes) for f in self.found}
+        else:
+            self.rows.add(same_numbers(new.time, new.memory.peak_bytes))
 
     def untimed(self, exc: MeshplanError, count: int) -> None:
         self.rejected[UNTIMED] += count

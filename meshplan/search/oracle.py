@@ -19,7 +19,7 @@ from meshplan.schema.request import Request
 from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import default_engine
 from meshplan.search.job import search_job
-from meshplan.search.policy import headroom_for, memory_budget, same_numbers
+from meshplan.search.policy import headroom_for, heavier_twin, memory_budget, same_numbers
 from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches, request_zeros, within_nvlink
 from meshplan.search.zero_stages import offered_before
 
@@ -41,7 +41,9 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
     Every ZeRO stage the request leaves open is tried, the stages the search leaves out of its ladder too
     (zero_stages.search_ladder), so a stage left out that some plan could take shows as a miss. A plan at a stage
     that is one plan with a stage offered before it at its layout (zero_stages.offered_before: Megatron's ZeRO 0 and
-    1 at dp x cp 1) is left out where the rules pass that stage, as the search leaves it out."""
+    1 at dp x cp 1) is left out where the rules pass that stage, as the search leaves it out; so is a plan whose twin
+    at another ZeRO stage (the same layout, micro-batch and recompute) is timed the same with a lower peak
+    (policy.heavier_twin: Megatron-FSDP beside the distributed optimizer at dp x cp 1), as the search does."""
     with shared_layers():  # the cost model's memos (module docstring), dropped on return
         job, _ = search_job(req)
         fixed = Fixed.from_request(req, job)
@@ -65,6 +67,7 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
         first = space.plan(lay, zeros[0], space.recomputes[0], 1)
         before = {zero: offered_before(job, first.copied({"zero_stage": zero}), zeros) for zero in zeros}
         for mbs in micro_batches(job, lay, fixed):
+            timed: list[tuple[str, OracleRow]] = []  # the layout's plans at this micro-batch, per ZeRO stage
             for zero in zeros:
                 for recompute in space.recomputes:
                     plan = space.plan(lay, zero, recompute, mbs)
@@ -93,8 +96,14 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
                     twin = space.plain_twin(lay, zero, recompute, mbs)  # the EP overlap's schedule may be slower
                     if twin is not None and (plain := engine.throughput(job, twin).step_time_s) < row.step_time_s:
                         row = OracleRow(plain, peak, twin)
-                    key = same_numbers(row.step_time_s, peak)
-                    if key not in rows or row.step_time_s < rows[key].step_time_s:
-                        rows[key] = row
+                    timed.append((recompute, row))
                     break  # heavier recompute of the same plan is dominated
+            for recompute, row in timed:
+                # its twin at another ZeRO stage timed the same with a lower peak: left out as the search leaves it
+                if any(r == recompute and heavier_twin(row.step_time_s, row.peak_bytes, o.step_time_s, o.peak_bytes)
+                       for r, o in timed):
+                    continue
+                key = same_numbers(row.step_time_s, row.peak_bytes)
+                if key not in rows or row.step_time_s < rows[key].step_time_s:
+                    rows[key] = row
     return rows

@@ -31,6 +31,7 @@ BUDGET = "SEARCH-BUDGET"  # not reached before the estimate budget ran out (card
 UNTIMED = "SEARCH-UNTIMED"  # passes the rules but the cost model cannot time it (its reason is a warning)
 SAME = "SEARCH-SAME"  # same predicted step time and memory as a ranked layout: folded into its row
 SAME_STAGE = "SEARCH-SAME-STAGE"  # a ZeRO stage that is one plan with the one offered at its layout (zero_stages)
+HEAVIER_STAGE = "SEARCH-HEAVIER-STAGE"  # the same layout at another ZeRO stage: the same step, a lower peak
 SEARCH_BUCKETS = {
     SLOWER: "not ranked: its optimistic step time (or its predicted one) is slower than the top K",
     DOMINATED: "not ranked: the same layout fits with less recompute, which is faster",
@@ -40,6 +41,9 @@ SEARCH_BUCKETS = {
     SAME: "folded into a ranked row: the same predicted step time and peak memory (listed in its equivalents)",
     SAME_STAGE: "not searched apart: a ZeRO stage that is the same plan at its layout as the stage offered there (its "
                 "sharded states split over one rank: the same bytes and step; the row names it)",
+    HEAVIER_STAGE: "not ranked: the same layout, micro-batch and recompute at another ZeRO stage runs the same "
+                   "predicted step with a lower peak (another engine or convention, e.g. Megatron-FSDP beside the "
+                   "distributed optimizer at dp x cp 1, where it shards nothing; the row names it)",
 }
 TIE = 1e-9  # relative step-time difference under which two plans have the same predicted numbers
 
@@ -66,6 +70,15 @@ def same_numbers(time_s: float, peak_bytes: int) -> tuple[float, int]:
     """Plans with this key are indistinguishable to the cost model (e.g. a factor moved between CP and the
     micro-batch): one ranked row, not several."""
     return float(f"{time_s:.9g}"), peak_bytes
+
+
+def heavier_twin(time_s: float, peak_bytes: int, other_time_s: float, other_peak_bytes: int) -> bool:
+    """Whether a plan is dominated by its twin, the same layout, micro-batch and recompute at another ZeRO stage:
+    the same predicted step (same_numbers' step time) and a strictly higher peak. A user gains nothing by running it
+    (Megatron-FSDP at dp x cp 1 shards nothing and holds its own buffers: Llama-3.1-8B PP7 DP1 on 7 H100, 54.6 GiB
+    beside the distributed optimizer's 50.0 at the same 52.05 s), so the search and the oracle both leave it out,
+    SEARCH-HEAVIER-STAGE, and the row it loses to names it."""
+    return same_numbers(time_s, 0)[0] == same_numbers(other_time_s, 0)[0] and peak_bytes > other_peak_bytes
 
 
 def min_headroom_fraction() -> float:

@@ -32,8 +32,10 @@ from meshplan.adapters.read.detect import (
     YAML_FIX,
     detect_format,
     python_module,
+    shows_shell,
     unknown_yaml,
     unplaced_python,
+    unplaced_text,
     yaml_kind,
 )
 from meshplan.adapters.read.files import (
@@ -244,6 +246,8 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
             raise unplaced_python(tree, path, readable)
         if fmt == "shell" and (called := _called(text, path)):  # a wrapper: the launch is in the script it calls
             raise wrapper_script(path, called)
+        if fmt == "shell" and config_format is None and not shows_shell(text):  # no format it shows: say so
+            raise unplaced_text(text, path, readable)
         raise MeshplanError(f"{path}: meshplan cannot tell which framework this {fmt} file is for.",
                             fix=f"Pass the framework (--framework; MCP: framework); meshplan reads: {readable}.")
     try:

@@ -119,6 +119,42 @@ def detect_format(text: str) -> str:
     return "shell"
 
 
+_SHELL = re.compile(
+    r"^[ \t]*(#!|(export|set|source|cd|exec|if|for|while|function|echo|printf|mkdir|module|conda|pip)\b|"
+    r"[A-Za-z_]\w*=\S|--?[A-Za-z][\w.-]*([ =]|$)|(python3?|torchrun|deepspeed|bash|sh|srun|sbatch|mpirun|accelerate|"
+    r"uv|nohup)\b|.*\\$|.*\$\{?[A-Za-z_])", re.M)
+"""A line only a shell script or a command line has: a shebang, a shell builtin, keyword or common command, a
+variable set or read, a launcher meshplan's shell readers look for, a command-line flag (a launch line's arguments),
+or a line continued with a backslash. Text without one shows no shell script."""
+
+
+def shows_shell(text: str) -> bool:
+    """Whether the text shows a shell script (a _SHELL line): detect_format's last resort is shell, but a refusal calls
+    it one only where the text shows it."""
+    return _SHELL.search(text) is not None
+
+
+def unplaced_text(text: str, path: str, readable: str) -> MeshplanError:
+    """The error for text detect_format could place in no format and that shows no shell script either (plain words,
+    a YAML list or broken YAML): what meshplan tried, each format it reads and why this text is none of them, with
+    the readers it has; never a format the text does not show (it was 'this shell file')."""
+    yaml_why = "not a mapping of named sections"
+    try:
+        yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        yaml_why = f"it does not parse as YAML{where}: {getattr(exc, 'problem', None) or 'a syntax error'}"
+    return MeshplanError(
+        f"{path}: meshplan cannot tell what this text is. It tried each format it reads: a JSON object (the text does "
+        f"not open with '{{'), a YAML mapping of a config's sections ({yaml_why}), TOML with a [section] (none), a "
+        "Python recipe or config module (none), and a launch script (no shell line: no launcher such as torchrun, "
+        "python or deepspeed, no command-line flag, no export or VAR=value).",
+        fix="Pass the launch script that runs the training or the framework's config file itself; where the text is "
+            "one of these, name its framework and format (CLI: --framework, and --format on import; MCP: framework "
+            f"and config_format). meshplan reads: {readable}.")
+
+
 PYTHON_READ = ("a Megatron-Bridge recipe module (a function returning a ConfigContainer), a Python script that sets "
                "cfg.* on a Bridge recipe, or a torchtitan config_registry.py function")
 """The Python files meshplan reads (bridge_recipe, the Bridge script reader, pyconfig): what an unplaced one is told."""
