@@ -511,7 +511,7 @@ def test_a_paused_search_leaves_what_it_built_in_the_oldest_generation_and_still
     class Node:
         pass
 
-    assert gc.get_freeze_count() == 0, "a test before this one left objects frozen"
+    gc.unfreeze()  # what an earlier test in this worker froze (an in-process MCP server's start-up) goes back first
     with ranking.collector_paused():
         kept = [[] for _ in range(2000)]
         first, second = Node(), Node()

@@ -105,10 +105,10 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
     f = factor.step_time_factor if factor is not None else None
     # an RL job's actor update's, counted as the framework's log counts it (rl.logged_mfu_flops: verl's flops_counter)
     mfu = logged_update_mfu(job, throughput.rl) if throughput.rl is not None else throughput.mfu
+    by_counter = throughput.rl is not None and job.rl_card.logged_mfu_flops == "flops_counter"
     counted_as = ("predicted: verl's own FLOP count (flops_counter: non-causal attention, the embedding as a matmul) "
-                  "over the predicted actor update; measured: the log's" if throughput.rl is not None
-                  and job.rl_card.logged_mfu_flops == "verl" else "the framework's own MFU (its FLOP count and peak "
-                  "may differ from meshplan's)")
+                  "over the predicted actor update; measured: the log's" if by_counter else "the framework's own MFU "
+                  "(its FLOP count and peak may differ from meshplan's)")
     figures = [
         _figure("peak_allocated", "peak allocated, GiB", allocated / GIB if allocated is not None else None,
                 _gib(measured.peak_allocated_bytes), mband, "predicted: the largest stage's allocated peak at its "

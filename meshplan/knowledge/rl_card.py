@@ -169,10 +169,10 @@ class RLCard(_Card):
                                           "reduction). Each micro-batch then waits for its slowest rank there "
                                           "(rl/stragglers.py micro_batch_max); an engine left out: none")
     micro_batch_sync_source: str = ""
-    logged_mfu_flops: Literal["model", "verl"] = Field(
+    logged_mfu_flops: Literal["model", "flops_counter"] = Field(
         "model", description="Whose FLOP count the trainer's logged actor MFU divides by the update's seconds: model "
-                             "(meshplan's own, Megatron-LM's formula) or verl (verl's flops_counter: arithmetic/"
-                             "flops.verl_flops), so a log's MFU is compared with the prediction as it counts")
+                             "(meshplan's own, Megatron-LM's formula) or flops_counter (verl's utils/flops_counter.py: "
+                             "arithmetic/flops.verl_flops), a log's MFU compared with the prediction as it counts")
     logged_mfu_flops_source: str = ""
     rules_source: str
 

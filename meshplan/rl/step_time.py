@@ -362,7 +362,7 @@ def logged_update_mfu(job, timing: RLStepTime) -> float:
     (timing.update_mfu), or verl's flops_counter's count of the step's sequences (arithmetic/flops.verl_flops,
     `step_token_moments`) x update epochs over one actor update's seconds, the actor's GPUs and the GPU's peak (verl's
     device table's within 0.1% for H20 and H100); meshplan's own where verl counts the model_type 0."""
-    if job.rl_card.logged_mfu_flops == "verl":
+    if job.rl_card.logged_mfu_flops == "flops_counter":
         counted = verl_flops(job.model, *step_token_moments(job))
         if counted is not None:
             return counted * job.rl.epochs / (actor_update_seconds(job, timing) * job.num_gpus * job.gpu.bf16_flops)
