@@ -81,14 +81,21 @@ def _step_lengths(rng: random.Random, up: float | None, ur: float, grouped: bool
     return lengths
 
 
-def simulated(dp: int, mean_prompt: int, mean_response: int, grouped: bool) -> float:
-    """The slowest rank's tokens over the mean rank's, averaged over every mini-batch of STEPS seeded steps."""
+def _seeded_steps(key: str, mean_prompt: int, mean_response: int, steps: int = STEPS, grouped: bool = True,
+                  suffix: str = ""):
+    """Each of `steps` seeded steps' lengths in rollout order (_step_lengths), step `step`'s generator seeded by
+    f"{key}/{step}{suffix}": the one draw every simulation below makes, each under its own key."""
     up = None if mean_prompt >= PROMPT else rate(mean_prompt / PROMPT)
     ur = rate(mean_response / RESPONSE)
+    for step in range(steps):
+        yield _step_lengths(random.Random(f"{key}/{step}{suffix}"), up, ur, grouped)
+
+
+def simulated(dp: int, mean_prompt: int, mean_response: int, grouped: bool) -> float:
+    """The slowest rank's tokens over the mean rank's, averaged over every mini-batch of STEPS seeded steps."""
     ratios = []
-    for step in range(STEPS):
-        rng = random.Random(f"{dp}/{mean_prompt}/{mean_response}/{grouped}/{step}")
-        lengths = _step_lengths(rng, up, ur, grouped)
+    for lengths in _seeded_steps(f"{dp}/{mean_prompt}/{mean_response}/{grouped}", mean_prompt, mean_response,
+                                 grouped=grouped):
         shares = equal_size_karmarkar_karp(lengths, dp)
         per_mini = MINI_PROMPTS * SAMPLES // dp
         for k in range(PROMPTS // MINI_PROMPTS):
@@ -108,12 +115,10 @@ def skyrl_chunks(lengths: list[int], dp: int, mini_sequences: int) -> list[list[
 def skyrl_simulated(dp: int, mean_prompt: int, mean_response: int, mini_prompts: int = MINI_PROMPTS) -> float:
     """The slowest rank's tokens over the mean rank's under SkyRL's partition, averaged over every mini-batch of
     STEPS seeded steps (a prompt's samples at one prompt length, as SkyRL's rollout makes them)."""
-    up = None if mean_prompt >= PROMPT else rate(mean_prompt / PROMPT)
-    ur = rate(mean_response / RESPONSE)
     ratios = []
-    for step in range(STEPS):
-        rng = random.Random(f"skyrl/{dp}/{mean_prompt}/{mean_response}/{mini_prompts}/{step}")
-        for chunks in skyrl_chunks(_step_lengths(rng, up, ur, grouped=True), dp, mini_prompts * SAMPLES):
+    for lengths in _seeded_steps(f"skyrl/{dp}/{mean_prompt}/{mean_response}/{mini_prompts}", mean_prompt,
+                                 mean_response):
+        for chunks in skyrl_chunks(lengths, dp, mini_prompts * SAMPLES):
             tokens = [sum(chunk) for chunk in chunks]
             ratios.append(max(tokens) / statistics.mean(tokens))
     return statistics.mean(ratios)
@@ -130,12 +135,10 @@ def skyrl_micro_simulated(dp: int, group: int, micro: int, mean_prompt: int, mea
     """The slowest group's sum of its micro-batches' largest tokens over the mean rank's mini-batch, SkyRL's chunks
     cut into micro-batches of `micro` consecutive sequences (SampleBasedBatchIterator), ranks r // group a group,
     averaged over every mini-batch of `steps` seeded steps."""
-    up = None if mean_prompt >= PROMPT else rate(mean_prompt / PROMPT)
-    ur = rate(mean_response / RESPONSE)
     ratios = []
-    for step in range(steps):
-        rng = random.Random(f"skyrl-micro/{dp}/{mean_prompt}/{mean_response}/{mini_prompts}/{step}")
-        for chunks in skyrl_chunks(_step_lengths(rng, up, ur, grouped=True), dp, mini_prompts * SAMPLES):
+    for lengths in _seeded_steps(f"skyrl-micro/{dp}/{mean_prompt}/{mean_response}/{mini_prompts}", mean_prompt,
+                                 mean_response, steps):
+        for chunks in skyrl_chunks(lengths, dp, mini_prompts * SAMPLES):
             micros = [[sum(chunk[i:i + micro]) for i in range(0, len(chunk), micro)] for chunk in chunks]
             groups = [micros[g:g + group] for g in range(0, dp, group)]
             slowest = max(sum(max(ranks) for ranks in zip(*members, strict=True)) for members in groups)
@@ -167,14 +170,10 @@ def verl_dynamic_simulated(dp: int, mean_prompt: int, mean_response: int, budget
     `sorted_share` (62221fa13 on, b178a3cd5): both balanced by workload (calculate_workload), each share sorted by it
     and laid out share[::2] + share[1::2][::-1] (RayPPOTrainer._balance_batch), the micro-batches sorted by workload,
     largest first, and laid out bins[::2][::-1] + bins[1::2]."""
-    up = None if mean_prompt >= PROMPT else rate(mean_prompt / PROMPT)
-    ur = rate(mean_response / RESPONSE)
     group = group or dp
     totals, synced = [], []
-    for step in range(steps):
-        rng = random.Random(f"verl-dynamic/{dp}/{mean_prompt}/{mean_response}/{step}"
-                            + ("/sorted" if sorted_share else ""))
-        lengths = _step_lengths(rng, up, ur, grouped=True)
+    for lengths in _seeded_steps(f"verl-dynamic/{dp}/{mean_prompt}/{mean_response}", mean_prompt, mean_response,
+                                 steps, suffix="/sorted" if sorted_share else ""):
         weight = [_workload(t) for t in lengths] if sorted_share else lengths
         shares = equal_size_karmarkar_karp(weight, dp)
         if sorted_share:
