@@ -18,6 +18,12 @@ squared lengths (rl/step_time.step_token_moments) over meshplan's actor update s
 (rl/step_time.logged_update_mfu, the verl card's rl.logged_mfu_flops); meshplan's own MFU (Megatron-LM's count)
 beside it.
 
+The CPU optimizer the verl rows step every mini-batch (Megatron-Core's HybridDeviceOptimizer at
+optimizer_offload_fraction 1.0) is checked apart on the one dev row that measures it at several shares with every
+rank of a node stepping at once: a row whose notes give 'optimizer CPU offload A/B/..%: Xx/Yx/.. step time' (the
+Megatron-Bridge offload study, 16 H100 at 8 a node), scored as meshplan's CPU step (estimate/memory.step_offload_time:
+the card's rate x the rank's optimizer shard x the share) against the row's step x (multiplier - 1).
+
 Run: python bench/rl_jobs.py [--validation DIR] [--json]
 """
 
@@ -35,7 +41,7 @@ from production_sources import stage_layers
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate.memory import stage_allocated
+from meshplan.estimate.memory import stage_allocated, step_offload_time
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
 from meshplan.rl.step_time import logged_update_mfu
@@ -130,6 +136,33 @@ def one_step_off(data: dict) -> dict:
     return out
 
 
+def offload_study(validation: Path) -> dict:
+    """Each dev row whose notes give 'optimizer CPU offload A/B/..%: Xx/Yx/.. step time': per share, meshplan's CPU
+    optimizer seconds at the row's layout (step_offload_time) against the row's step_time_s x (multiplier - 1)."""
+    data = yaml.safe_load((validation / "production_configs_dev.yaml").read_text(encoding="utf-8"))
+    out: dict = {}
+    for row in data if isinstance(data, list) else []:
+        other = str(((row or {}).get("outcome") or {}).get("other") or "")
+        m = re.search(r"optimizer CPU offload ([\d/]+)%:\s*((?:[\d.]+x/?)+) step time", other)
+        step = ((row or {}).get("outcome") or {}).get("step_time_s")
+        if not m or not step:
+            continue
+        hw, par = row["hardware"], row.get("parallelism") or {}
+        fields = {"model": row["model"]["id"].split("/")[-1].lower(), "num_gpus": hw["num_gpus"],
+                  "gpu": str(hw["gpu_type"]).split("-")[0].lower(),
+                  "framework": str(row.get("framework")).split(" ")[0].lower(),
+                  **{k: v for k, v in par.items() if k in ("tp", "pp", "ep", "etp", "cp") and v}}
+        shares = [int(x) / 100 for x in m.group(1).split("/")]
+        factors = [float(x.rstrip("x")) for x in m.group(2).split("/")]
+        res = []
+        for share, factor in zip(shares, factors, strict=True):
+            job, plan = resolve(parse_request({**fields, "optimizer_offload_fraction": share}))
+            seconds, _ = step_offload_time(job, plan, compute_s=0.0)
+            res.append({"share": share, "cpu_step_s": round(seconds, 2), "measured_s": round(step * (factor - 1), 2)})
+        out[row["id"]] = {"gpus_per_node": hw.get("gpus_per_node"), "shares": res}
+    return out
+
+
 def run(validation: Path) -> dict:
     """Every RL row of the file: scored where the script it cites has a workload in bench/data/rl_workloads.yaml,
     else listed with that reason; then the one-step-off runs."""
@@ -144,7 +177,8 @@ def run(validation: Path) -> dict:
             rows[row["id"]] = score_row(row, work)
         except MeshplanError as exc:
             rows[row["id"]] = {"not_scored": f"meshplan refuses the request: {str(exc).splitlines()[0]}"}
-    return {"rows": rows, "one_step_off": one_step_off(data["one_step_off"])}
+    return {"rows": rows, "one_step_off": one_step_off(data["one_step_off"]),
+            "cpu_optimizer": offload_study(validation)}
 
 
 def report(res: dict) -> None:
@@ -185,6 +219,10 @@ def report(res: dict) -> None:
               f"{p['generation_s']} vs {p['generation_measured_s']}, log-prob {p['log_prob_s']} vs "
               f"{p['log_prob_measured_s']}, update {p['update_s']} vs {p['update_measured_s']}")
     print(f"  ratio: {o['ratio']} vs {o['ratio_measured']} measured")
+    for rid, d in res["cpu_optimizer"].items():
+        print(f"CPU optimizer step, {rid} ({d['gpus_per_node']} ranks a node stepping at once): "
+              + ", ".join(f"{x['share']:.0%} {x['cpu_step_s']} s vs {x['measured_s']} "
+                          f"({err(x['cpu_step_s'], x['measured_s'])})" for x in d["shares"]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -206,3 +206,22 @@ def test_a_phase_optimizer_offload_off_beside_an_in_step_share_is_no_contradicti
     assert not plan.optimizer_offload and plan.optimizer_offload_fraction == 1.0
     with pytest.raises(MeshplanError, match="contradicts"):
         resolve(Request(framework="megatron-core", **{k: v for k, v in fields.items() if k != "job"}))
+
+
+def test_megatron_cores_cpu_optimizer_steps_the_ranks_shard_so_it_shrinks_with_the_data_parallel_degree():
+    """The verl rows' CPU optimizer (Megatron-Core's HybridDeviceOptimizer at optimizer_offload_fraction 1.0) steps
+    the distributed optimizer's shard, not the rank's replicated parameters (core_v0.12.2 / core_v0.13.0
+    distrib_optimizer.py rebuilds it over its opt_group_ranges): at TP1 PP1 EP8 the dense parameters over dp = N and
+    the experts over edp = N / 8, total / N each, so its seconds halve as the GPUs double, as the compute does."""
+    from meshplan.estimate.memory import step_offload_time
+    from meshplan.knowledge.model_counts import total_params
+
+    qwen = dict(model="qwen3-30b-a3b", gpu="h20", framework="verl", tp=1, pp=1, ep=8, etp=1, job="rl",
+                algorithm="dapo", prompts_per_step=512, prompts_per_mini_batch=128, samples_per_prompt=16,
+                prompt_length=2048, response_length=8192, rollout_tp=4, param_offload=True, optimizer_offload=True,
+                optimizer_offload_fraction=1.0)
+    for n in (8, 16, 32):
+        job, plan = resolve(parse_request({**qwen, "num_gpus": n}))
+        seconds, how = step_offload_time(job, plan, compute_s=0.0)
+        assert seconds == pytest.approx(offload_card().cpu_adam_s_per_param * total_params(job.model) / n, rel=1e-9)
+        assert "CPU Adam" in how

@@ -98,3 +98,27 @@ def test_compare_sets_a_verl_logs_mfu_beside_the_prediction_as_verl_counts_it():
     skyrl, skyrl_plan = resolve(parse_request({**req, "framework": "skyrl"}))
     assert skyrl.rl_card.logged_mfu_flops == "model"
     assert logged_update_mfu(skyrl, rl_step_time(skyrl, skyrl_plan)[0]) == rl_step_time(skyrl, skyrl_plan)[0].update_mfu
+
+
+def test_the_bench_scores_a_cpu_optimizer_study_as_the_cards_rate_times_the_shard_against_the_step_it_adds(tmp_path):
+    """bench/rl_jobs.offload_study: a row whose notes give the step's multiplier at each optimizer share is scored as
+    step_offload_time (the card's rate x the rank's optimizer shard x the share) against step x (multiplier - 1)."""
+    import rl_jobs
+
+    from meshplan.arithmetic.offload import offload_card
+    from meshplan.knowledge.model_counts import total_params
+
+    row = {"id": "synthetic_offload_study", "category": "pretrain", "framework": "Megatron-Core",
+           "model": {"id": "Qwen/Qwen3-30B-A3B"},
+           "hardware": {"num_gpus": 16, "gpu_type": "H100-SXM", "gpus_per_node": 8},
+           "parallelism": {"tp": 1, "pp": 1, "ep": 8, "etp": 1},
+           "outcome": {"step_time_s": 2.0, "other": "optimizer CPU offload 50/100%: 1.5x/3.0x step time, saves ..."}}
+    other = {"id": "no_study", "outcome": {"step_time_s": 1.0, "other": "nothing"}}
+    (tmp_path / "production_configs_dev.yaml").write_text(yaml.safe_dump([row, other]), encoding="utf-8")
+    res = rl_jobs.offload_study(tmp_path)
+    assert list(res) == ["synthetic_offload_study"]
+    shard = total_params(resolve_model("qwen3-30b-a3b")) / 16  # dense over dp 16, experts over edp 2: total / 16
+    for got, share, factor in zip(res["synthetic_offload_study"]["shares"], (0.5, 1.0), (1.5, 3.0), strict=True):
+        assert got["share"] == share
+        assert got["cpu_step_s"] == pytest.approx(offload_card().cpu_adam_s_per_param * shard * share, abs=0.006)
+        assert got["measured_s"] == pytest.approx(2.0 * (factor - 1))
