@@ -225,3 +225,24 @@ def test_megatron_cores_cpu_optimizer_steps_the_ranks_shard_so_it_shrinks_with_t
         seconds, how = step_offload_time(job, plan, compute_s=0.0)
         assert seconds == pytest.approx(offload_card().cpu_adam_s_per_param * total_params(job.model) / n, rel=1e-9)
         assert "CPU Adam" in how
+
+
+def test_verl_moves_the_actors_offloaded_weights_around_each_phase_that_runs_them():
+    """verl's param_offload loads the actor's weights back and offloads them again for the weight sync, the old
+    policy's log-prob pass and the update (its card's rl.weight_loads_per_step: 3); a rollout placed apart syncs
+    without a load (2); the optimizer states move once. SkyRL's card states none: once."""
+    from meshplan.rl.step_time import rl_step_time, weight_loads
+
+    run = dict(model="qwen2.5-7b", gpu="h20", framework="verl", tp=2, pp=2, job="rl", algorithm="dapo",
+               prompts_per_step=48, prompts_per_mini_batch=24, samples_per_prompt=4, prompt_length=1024,
+               response_length=2048, rollout_tp=2, micro_batch_size=1)
+    for placement, fields, loads in (("colocated", {"num_gpus": 16}, 3),
+                                     ("separate", {"num_gpus": 16, "placement": "separate", "rollout_gpus": 4}, 2)):
+        job, plan = resolve(parse_request({**run, **fields, "param_offload": True, "optimizer_offload": True}))
+        assert weight_loads(job, plan) == loads, placement
+        timing, _, _, memory = rl_step_time(job, plan)
+        stage = max(memory.stages, key=lambda s: s.total_bytes)
+        moved = loads * stage.weights_bytes + stage.optimizer_bytes
+        assert timing.offload_s == pytest.approx(2 * moved / job.gpu.host_bandwidth, rel=1e-9), placement
+    job, plan = resolve(parse_request({**run, "num_gpus": 16, "framework": "skyrl"}))
+    assert weight_loads(job, plan) == 1

@@ -169,6 +169,13 @@ class RLCard(_Card):
                                           "reduction). Each micro-batch then waits for its slowest rank there "
                                           "(rl/stragglers.py micro_batch_max); an engine left out: none")
     micro_batch_sync_source: str = ""
+    weight_loads_per_step: dict[Engine, int] = Field(
+        default_factory=dict, description="Per trainer engine, how many times a colocated RL step loads the actor's "
+                                          "phase-offloaded weights back to the GPU and offloads them again: once "
+                                          "for each phase that runs them (the weight sync to the rollout, the old "
+                                          "policy's log-prob pass, the update). A rollout placed apart syncs from "
+                                          "where the weights are, one load fewer. An engine left out: once")
+    weight_loads_source: str = ""
     logged_mfu_flops: Literal["model", "flops_counter"] = Field(
         "model", description="Whose FLOP count the trainer's logged actor MFU divides by the update's seconds: model "
                              "(meshplan's own, Megatron-LM's formula) or flops_counter (verl's utils/flops_counter.py: "

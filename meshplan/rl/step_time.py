@@ -369,6 +369,17 @@ def logged_update_mfu(job, timing: RLStepTime) -> float:
     return timing.update_mfu
 
 
+def weight_loads(job, plan: Plan) -> int:
+    """How many times an RL step moves the actor's phase-offloaded weights back to the GPU and out again: the card's
+    rl.weight_loads_per_step for the plan's engine (a phase that runs them each: the weight sync, the old policy's
+    log-prob pass, the update), one fewer with the rollout placed apart (its sync reads the weights where they are);
+    once where the card states none."""
+    loads = job.rl_card.weight_loads_per_step.get(job.card.engine_at(plan.zero_stage))
+    if loads is None:
+        return 1
+    return max(1, loads - (plan.placement == "separate"))
+
+
 def overlaps(job, plan: Plan) -> bool:
     """Whether generation runs beside the training side: a separate rollout pool whose framework trains one step
     off (card rl.separate_overlaps); SkyRL's trainer waits for the generation at either placement."""
@@ -389,7 +400,8 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     in rollout order (`slowest_rank`; the log-prob passes run each rank's balanced share whole), or cuts every pass
     into unbalanced chunks (`log_prob_slowest` too).
     Resharding moves the bf16 weights once over the slowest link the trainer's model-parallel group or the rollout
-    pool spans. Phase offloads move their states out and back over the host link. Colocated parts add; a separate
+    pool spans. Phase offloads move their states out and back over the host link, the actor's weights around each
+    phase that runs them (`weight_loads`). Colocated parts add; a separate
     rollout pool generates the next batch while the trainer trains where the framework's trainer runs one step off
     (its card's rl.separate_overlaps: verl's one-step-off recipe), else its parts add too (SkyRL's
     RayPPOTrainer generates, then trains, then syncs the weights)."""
@@ -427,7 +439,8 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     reshard = weights / link
     setting = phase_setting(job, plan)  # what rl_memory moves between phases: the same states, the same reference
     update_stage = max(memory.stages, key=lambda s: s.total_bytes)
-    moved = sum(getattr(update_stage, f"{cls}_bytes") for cls in setting.phase_classes)
+    moved = sum(getattr(update_stage, f"{cls}_bytes") * (weight_loads(job, plan) if cls == "weights" else 1)
+                for cls in setting.phase_classes)
     if setting.ref_on_host:
         moved += reference_bytes(setting, update_stage)
     offload = 2 * moved / gpu.host_bandwidth
