@@ -168,11 +168,13 @@ def hybrid_sharding_assumption(job: Job, plan: Plan) -> str:
     if n == 1:
         return ""
     if n != plan.dp_replicate:  # ZeRO-0 as fully_shard over a shard of one (the card's engine.replica_shard)
-        return (f" zero_stage 0 on {job.card.display_name} is fully_shard over a shard of {plan.cp} with {n} "
+        shard = plan.dp * plan.cp // n
+        return (f" zero_stage 0 on {job.card.display_name} is fully_shard over a shard of {shard} with {n} "
                 f"replicas (HSDP, not DDP: cards/frameworks/{job.framework}.yaml engine.replica_shard): 'dp x cp' "
-                f"above is one replica's {plan.dp * plan.cp // n} ranks (over one, fully_shard copies in place of "
-                f"the collectives); each unit's fp32 gradient is all-reduced across the {n} replicas with its "
-                "reduce, hidden as the gradient reduction is.")
+                f"above is one replica's {shard} rank{'s' if shard > 1 else ''}"
+                + (" (over one, fully_shard's copies in place of the gather and reduce-scatter)" if shard == 1 else "")
+                + f"; each unit's fp32 gradient is all-reduced across the {n} replicas with its reduce, hidden as "
+                "the gradient reduction is.")
     return (f" Hybrid sharding, {n} replicas: 'dp x cp' above is one replica's {plan.dp * plan.cp // n} ranks "
             f"(expert-DP / {n} likewise); then each rank's gradient shard is all-reduced across the {n} replicas once "
             "per step, hidden as the gradient reduction is.")
