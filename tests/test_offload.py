@@ -229,20 +229,100 @@ def test_megatron_cores_cpu_optimizer_steps_the_ranks_shard_so_it_shrinks_with_t
 
 def test_verl_moves_the_actors_offloaded_weights_around_each_phase_that_runs_them():
     """verl's param_offload loads the actor's weights back and offloads them again for the weight sync, the old
-    policy's log-prob pass and the update (its card's rl.weight_loads_per_step: 3); a rollout placed apart syncs
-    without a load (2); the optimizer states move once. SkyRL's card states none: once."""
-    from meshplan.rl.step_time import rl_step_time, weight_loads
+    policy's log-prob pass and the update (its card's rl.step_phases, phase_offload around: 3); a rollout placed apart
+    syncs without a load (2); the optimizer states move once, the reference's weights once (a round trip, its
+    Megatron param_offload)."""
+    from meshplan.rl.memory import phase_setting, reference_bytes, state_loads
+    from meshplan.rl.step_time import rl_step_time
 
-    run = dict(model="qwen2.5-7b", gpu="h20", framework="verl", tp=2, pp=2, job="rl", algorithm="dapo",
+    run = dict(model="qwen2.5-7b", gpu="h20", framework="verl", tp=2, pp=2, job="rl", algorithm="grpo",
                prompts_per_step=48, prompts_per_mini_batch=24, samples_per_prompt=4, prompt_length=1024,
                response_length=2048, rollout_tp=2, micro_batch_size=1)
     for placement, fields, loads in (("colocated", {"num_gpus": 16}, 3),
                                      ("separate", {"num_gpus": 16, "placement": "separate", "rollout_gpus": 4}, 2)):
         job, plan = resolve(parse_request({**run, **fields, "param_offload": True, "optimizer_offload": True}))
-        assert weight_loads(job, plan) == loads, placement
+        assert state_loads(job, plan)["actor"] == (loads, 1), placement
+        assert state_loads(job, plan)["reference"] == (1, 0), placement
         timing, _, _, memory = rl_step_time(job, plan)
         stage = max(memory.stages, key=lambda s: s.total_bytes)
-        moved = loads * stage.weights_bytes + stage.optimizer_bytes
+        moved = loads * stage.weights_bytes + stage.optimizer_bytes + reference_bytes(phase_setting(job, plan), stage)
         assert timing.offload_s == pytest.approx(2 * moved / job.gpu.host_bandwidth, rel=1e-9), placement
-    job, plan = resolve(parse_request({**run, "num_gpus": 16, "framework": "skyrl"}))
-    assert weight_loads(job, plan) == 1
+
+
+def _skyrl(algorithm: str, placement: str, **fields):
+    base = dict(model="qwen2.5-7b", gpu="h20", framework="skyrl", job="rl", algorithm=algorithm, num_gpus=16,
+                prompts_per_step=48, prompts_per_mini_batch=24, samples_per_prompt=4, prompt_length=1024,
+                response_length=2048, rollout_tp=2, micro_batch_size=1, zero_stage=3, tp=1, pp=1)
+    if placement == "separate":
+        base |= {"placement": "separate", "rollout_gpus": 4}
+    return resolve(parse_request({**base, **fields}))
+
+
+def test_skyrl_swaps_each_model_in_once_per_run_of_its_phases():
+    """SkyRL's WorkerDispatch loads a model's states when a phase needs them and leaves them until another model of
+    the colocation group runs (rl.phase_offload swap). Colocated (colocate_all, the engine in the group): GRPO's policy
+    loads once (its log-prob pass, update and sync run back to back) and its reference once; PPO's critic update
+    between the policy's log-prob pass and its update loads the policy's weights twice, the critic's twice (values,
+    update), each optimizer once. Placed apart (colocate_policy_ref): the policy and the reference swap once each,
+    the critic on its own GPUs is never moved; with no reference (DAPO) the policy swaps with nothing, so no state of
+    it leaves the GPU and the step moves none."""
+    from meshplan.rl.memory import phase_setting, state_loads
+    from meshplan.rl.step_time import rl_step_time
+
+    expected = {("grpo", "colocated"): {"actor": (1, 1), "reference": (1, 0), "critic": (0, 0)},
+                ("ppo", "colocated"): {"actor": (2, 1), "reference": (1, 0), "critic": (2, 1)},
+                ("dapo", "colocated"): {"actor": (1, 1), "reference": (0, 0), "critic": (0, 0)},
+                ("grpo", "separate"): {"actor": (1, 1), "reference": (1, 0), "critic": (0, 0)},
+                ("ppo", "separate"): {"actor": (1, 1), "reference": (1, 0), "critic": (0, 0)},
+                ("dapo", "separate"): {"actor": (0, 0), "reference": (0, 0), "critic": (0, 0)}}
+    for (algorithm, placement), loads in expected.items():
+        job, plan = _skyrl(algorithm, placement)
+        assert {m: tuple(n) for m, n in state_loads(job, plan).items()} == loads, (algorithm, placement)
+    job, plan = _skyrl("dapo", "separate", optimizer_offload=True)
+    setting = phase_setting(job, plan)
+    assert not setting.phase_classes and not setting.auto
+    timing, _, _, memory = rl_step_time(job, plan)
+    assert timing.offload_s == 0.0
+    s = memory.stages[0]  # the log-prob passes keep the policy's weights and optimizer (its gradients freed)
+    log_prob = next(p for p in memory.phases if p.phase == "log_prob")
+    assert log_prob.detail["resident"] == int(s.weights_bytes + s.optimizer_bytes)
+    assert s.detail["host_between_phases"] > 0 and memory.host_bytes_per_node == 0  # the knob's host never filled
+
+
+def test_ppos_critic_beside_the_actor_moves_as_its_loads_say():
+    """The phase offloads' time counts PPO's critic beside the actor, a copy of the actor's states at its own loads
+    (SkyRL colocated: weights twice, optimizer once), and the reference's weights at its one load: the offload is
+    2 x (actor + critic + reference bytes moved) over the host link."""
+    from meshplan.rl.memory import phase_setting, reference_bytes
+    from meshplan.rl.step_time import rl_step_time
+
+    job, plan = _skyrl("ppo", "colocated")
+    setting = phase_setting(job, plan)
+    assert setting.critic_beside_actor and setting.ref_on_host and not setting.ref_per_unit
+    timing, _, _, memory = rl_step_time(job, plan)
+    s = max(memory.stages, key=lambda st: st.total_bytes)
+    per_class = {"weights": s.weights_bytes, "optimizer": s.optimizer_bytes, "gradients": s.gradients_bytes}
+    actor = sum(per_class[c] * (2 if c == "weights" else 1) for c in setting.phase_classes)
+    moved = 2 * actor + reference_bytes(setting, s)  # the critic loads as the actor does here: (2, 1)
+    assert timing.offload_s == pytest.approx(2 * moved / job.gpu.host_bandwidth, rel=1e-9)
+    grpo, grpo_plan = _skyrl("grpo", "colocated")
+    assert rl_step_time(grpo, grpo_plan)[0].offload_s < timing.offload_s
+
+
+def test_verls_fsdp_reference_streams_its_weights_in_and_writes_none_back():
+    """verl's FSDP reference sits on the host under FSDP CPU offload (reference_pass_weights per_unit): its pass copies
+    each unit's shard to the GPU and frees it, no copy back, so its weights count once one way, not a round trip."""
+    from meshplan.rl.memory import phase_setting, reference_bytes
+    from meshplan.rl.step_time import phase_offload_bytes, rl_step_time
+
+    job, plan = resolve(parse_request(dict(
+        model="qwen2.5-7b", gpu="h20", framework="verl", job="rl", algorithm="grpo", num_gpus=16, zero_stage=3,
+        prompts_per_step=48, prompts_per_mini_batch=24, samples_per_prompt=4, prompt_length=1024,
+        response_length=2048, rollout_tp=2, micro_batch_size=1)))
+    setting = phase_setting(job, plan)
+    assert setting.ref_per_unit
+    timing, _, _, memory = rl_step_time(job, plan)
+    stage = max(memory.stages, key=lambda s: s.total_bytes)
+    round_trip, one_way = phase_offload_bytes(job, plan, setting, stage)
+    assert one_way == pytest.approx(reference_bytes(setting, stage)) and one_way > 0
+    assert timing.offload_s == pytest.approx((2 * round_trip + one_way) / job.gpu.host_bandwidth, rel=1e-9)

@@ -83,6 +83,19 @@ class FrameworkOffload(_Card):
     frees: list[StateClass] = Field(default_factory=list, description="Classes it releases, no host copy")
 
 
+class StepPhase(_Card):
+    """One phase of the trainer's RL step: the model it runs and what it does with it."""
+
+    model: Literal["actor", "reference", "critic", "rollout"] = Field(
+        description="The model the phase runs (rollout: the colocated engine, which takes the GPUs from the trainer's "
+                    "models and moves no trainer state itself)")
+    runs: Literal["generate", "sync", "forward", "update"] = Field(
+        description="generate (the engine's), sync (the actor's weights exported to the engine), forward (a log-prob "
+                    "or value pass: the weights), update (the weights and the states only an update needs: "
+                    "gradients, optimizer)")
+    placement: Placement | None = Field(None, description="The one rollout placement the phase runs at; None: both")
+
+
 class RLCard(_Card):
     """The `rl` section of a framework card."""
 
@@ -169,13 +182,16 @@ class RLCard(_Card):
                                           "reduction). Each micro-batch then waits for its slowest rank there "
                                           "(rl/stragglers.py micro_batch_max); an engine left out: none")
     micro_batch_sync_source: str = ""
-    weight_loads_per_step: dict[Engine, int] = Field(
-        default_factory=dict, description="Per trainer engine, how many times a colocated RL step loads the actor's "
-                                          "phase-offloaded weights back to the GPU and offloads them again: once "
-                                          "for each phase that runs them (the weight sync to the rollout, the old "
-                                          "policy's log-prob pass, the update). A rollout placed apart syncs from "
-                                          "where the weights are, one load fewer. An engine left out: once")
-    weight_loads_source: str = ""
+    step_phases: list[StepPhase] = Field(
+        default_factory=list, description="The trainer's phases of one RL step in the order its loop runs them, each "
+                                          "the model it runs (what moves its phase-offloaded states to the GPU, "
+                                          "rl/step_time.state_loads); left empty: each model's states move once")
+    phase_offload: Literal["around", "swap"] = Field(
+        "around", description="How the trainer moves a model's phase-offloaded states: around, loaded before each "
+                              "phase that runs the model and offloaded after it (verl's param_offload / "
+                              "optimizer_offload); swap, left on the GPU until another model sharing the GPUs runs "
+                              "(SkyRL's WorkerDispatch _ensure_on_gpu), so a model's consecutive phases load it once")
+    step_phases_source: str = ""
     logged_mfu_flops: Literal["model", "flops_counter"] = Field(
         "model", description="Whose FLOP count the trainer's logged actor MFU divides by the update's seconds: model "
                              "(meshplan's own, Megatron-LM's formula) or flops_counter (verl's utils/flops_counter.py: "

@@ -158,14 +158,62 @@ def critic_apart(job, plan: Plan) -> bool:
     return job.rl_card.critic_on_own_gpus(job.rl.algorithm, plan.placement)
 
 
+class StateLoads(NamedTuple):
+    """How many times one RL step moves one model's phase-offloaded states to the GPU (and, each but a per-unit
+    reference, back out): its weights, and the states only its update needs (gradients, optimizer)."""
+
+    weights: int
+    update: int
+
+
+def state_loads(job, plan: Plan) -> dict[str, StateLoads]:
+    """Per trainer model (actor, reference, critic), the loads of its phase-offloaded states in one RL step, from the
+    card's rl.step_phases: the phases at the plan's placement of the models the algorithm has (PPO's critic only
+    beside the actor: on GPUs of its own, `critic_apart`, it is not moved). rl.phase_offload around (verl): a load
+    for each phase that runs the model, its update states for each update; swap (SkyRL): the states stay until
+    another model of those phases runs, so a load for each run of the model's consecutive phases, taken round the
+    step as the loop repeats it, its update states for each run holding an update, none where one model alone runs.
+    A card with no phases: once each. A model the step does not run: (0, 0)."""
+    card, algorithm = job.rl_card, job.rl.algorithm
+    present = {"actor": True, "rollout": True, "reference": card.reference_model[algorithm],
+               "critic": card.critic[algorithm] and not critic_apart(job, plan)}
+    models = ("actor", "reference", "critic")
+    if not card.step_phases:
+        return {m: StateLoads(int(present[m]), int(present[m])) for m in models}
+    phases = [p for p in card.step_phases
+              if present[p.model] and p.placement in (None, plan.placement)]
+    loads = {m: [0, 0] for m in models}
+    if card.phase_offload == "around":
+        for p in phases:
+            if p.model in loads:
+                loads[p.model][0] += 1
+                loads[p.model][1] += p.runs == "update"
+    elif len({p.model for p in phases}) > 1:
+        runs: list[list] = []  # each run of one model's consecutive phases, the last joined to the first (the loop)
+        for p in phases:
+            if runs and runs[-1][0].model == p.model:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        if len(runs) > 1 and runs[0][0].model == runs[-1][0].model:
+            runs[0] += runs.pop()
+        for run in runs:
+            if run[0].model in loads:
+                loads[run[0].model][0] += 1
+                loads[run[0].model][1] += any(p.runs == "update" for p in run)
+    return {m: StateLoads(*n) for m, n in loads.items()}
+
+
 def phase_setting(job, plan: Plan) -> PhaseSetting:
     card = job.rl_card
     rl = job.rl
     off = offload_plan(job.card, plan)
     knob_classes = off.phase - off.phase_freed
     # SkyRL's colocate_all offloads every model around the rollout; placed apart, colocate_policy_ref still swaps the
-    # policy and the reference through the host
-    auto = card.colocated_offload and (plan.placement == "colocated" or card.separate_offload)
+    # policy and the reference through the host; the actor alone there (no reference) swaps with nothing, so no
+    # state of it leaves the GPU, the knobs' neither (SkyRL's offload_after_step acts in offload_to_cpu alone)
+    swapped = state_loads(job, plan)["actor"].weights > 0
+    auto = card.colocated_offload and (plan.placement == "colocated" or card.separate_offload) and swapped
     own_moves, own_frees = framework_offload(job, plan.zero_stage) if auto else (frozenset(), frozenset())
     freed = freed_classes(job, plan.zero_stage) | off.phase_freed | own_frees
     mem = memory_card()
@@ -175,7 +223,8 @@ def phase_setting(job, plan: Plan) -> PhaseSetting:
     ref_on_host = ref_host == "always" or plan.param_offload or auto
     has_critic = card.critic[rl.algorithm]
     return PhaseSetting(
-        knob_classes=knob_classes, phase_classes=(knob_classes | own_moves) - freed, freed=freed, auto=auto,
+        knob_classes=knob_classes, phase_classes=(knob_classes | own_moves) - freed if swapped else frozenset(),
+        freed=freed, auto=auto,
         has_ref=card.reference_model[rl.algorithm],
         ref_on_host=ref_on_host, ref_per_unit=ref_on_host and card.reference_pass_weights.get(engine) == "per_unit",
         has_critic=has_critic, critic_apart=critic_apart(job, plan), mem=mem,
@@ -276,12 +325,14 @@ def stage_host_extra(setting: PhaseSetting, s) -> float:
     `s`'s host_bytes): the reference model's bf16 weights where they are on the host (reference_bytes), PPO's
     critic where it shares the actor's GPUs (its host share as the actor's; on GPUs of its own it is never offloaded),
     the states the framework offloads by itself (SkyRL's colocate_all) less those the engine frees after the update
-    (FSDP's gradients: setting.freed)."""
+    (FSDP's gradients: setting.freed). Less what the knobs put there where no state leaves the GPU between phases
+    (phase_setting: SkyRL's policy with no model to swap with, its offload_after_step never acting): negative."""
     x = setting
     states = state_bytes(s)
     auto_host = sum(v for cls, v in states.items() if cls in x.phase_classes - x.knob_classes)
+    unmoved = s.detail.get("host_between_phases", 0) if x.knob_classes and not x.phase_classes else 0.0
     return ((reference_bytes(x, s) if x.ref_on_host else 0.0)
-            + ((s.host_bytes + auto_host) if x.critic_beside_actor else 0.0) + auto_host)
+            + ((s.host_bytes + auto_host) if x.critic_beside_actor else 0.0) + auto_host - unmoved)
 
 
 def rl_host_bytes(job, plan: Plan, update, setting: PhaseSetting | None = None) -> int:
@@ -289,10 +340,8 @@ def rl_host_bytes(job, plan: Plan, update, setting: PhaseSetting | None = None) 
     knobs put there) plus the most any stage's GPU adds beyond them (stage_host_extra), ranks_per_node of them. The
     one home of that rule: rl_memory's host, and the RL recommend's actor search (search/rl_actor.py) per layout."""
     setting = setting or phase_setting(job, plan)
-    host_extra = 0.0
-    for s in update.stages:
-        host_extra = max(host_extra, stage_host_extra(setting, s))
-    return update.host_bytes_per_node + int(host_extra * ranks_per_node(job))
+    host_extra = max(stage_host_extra(setting, s) for s in update.stages)
+    return max(0, update.host_bytes_per_node + int(host_extra * ranks_per_node(job)))
 
 
 def least_framework_host(job, plan: Plan, state_bytes: float, params: float) -> float:

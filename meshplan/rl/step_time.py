@@ -31,6 +31,7 @@ from meshplan.rl.memory import (
     rank_mini_batch,
     reference_bytes,
     rl_memory,
+    state_loads,
 )
 from meshplan.rl.stragglers import packed_slowest_share, slowest_rank_share
 from meshplan.schema.plan import Plan
@@ -369,15 +370,23 @@ def logged_update_mfu(job, timing: RLStepTime) -> float:
     return timing.update_mfu
 
 
-def weight_loads(job, plan: Plan) -> int:
-    """How many times an RL step moves the actor's phase-offloaded weights back to the GPU and out again: the card's
-    rl.weight_loads_per_step for the plan's engine (a phase that runs them each: the weight sync, the old policy's
-    log-prob pass, the update), one fewer with the rollout placed apart (its sync reads the weights where they are);
-    once where the card states none."""
-    loads = job.rl_card.weight_loads_per_step.get(job.card.engine_at(plan.zero_stage))
-    if loads is None:
-        return 1
-    return max(1, loads - (plan.placement == "separate"))
+def phase_offload_bytes(job, plan: Plan, setting, stage) -> tuple[float, float]:
+    """One GPU's phase-offload traffic of an RL step on stage report `stage`: (bytes copied out and back, bytes
+    copied in alone). Each load of a model's states (rl/memory.state_loads) moves the classes on the host between
+    phases (setting.phase_classes), the weights at every load, the gradients and optimizer at an update's; PPO's
+    critic beside the actor as a copy of the actor's states; the reference's weights where they are on the host,
+    out and back each load, or where its pass brings them one FSDP unit at a time (setting.ref_per_unit: verl's
+    FSDP CPU offload) copied in alone, the host copy never written back."""
+    loads = state_loads(job, plan)
+
+    def model_bytes(model: str) -> float:
+        n = loads[model]
+        return sum(getattr(stage, f"{cls}_bytes") * (n.weights if cls == "weights" else n.update)
+                   for cls in setting.phase_classes)
+
+    both = model_bytes("actor") + (model_bytes("critic") if setting.critic_beside_actor else 0.0)
+    ref = reference_bytes(setting, stage) * loads["reference"].weights if setting.ref_on_host else 0.0
+    return (both, ref) if setting.ref_per_unit else (both + ref, 0.0)
 
 
 def overlaps(job, plan: Plan) -> bool:
@@ -400,8 +409,8 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     in rollout order (`slowest_rank`; the log-prob passes run each rank's balanced share whole), or cuts every pass
     into unbalanced chunks (`log_prob_slowest` too).
     Resharding moves the bf16 weights once over the slowest link the trainer's model-parallel group or the rollout
-    pool spans. Phase offloads move their states out and back over the host link, the actor's weights around each
-    phase that runs them (`weight_loads`). Colocated parts add; a separate
+    pool spans. Phase offloads move their states over the host link at each load the trainer's loop makes of them
+    (`phase_offload_bytes`: the actor's, PPO's critic's beside it, the reference's). Colocated parts add; a separate
     rollout pool generates the next batch while the trainer trains where the framework's trainer runs one step off
     (its card's rl.separate_overlaps: verl's one-step-off recipe), else its parts add too (SkyRL's
     RayPPOTrainer generates, then trains, then syncs the weights)."""
@@ -439,11 +448,8 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     reshard = weights / link
     setting = phase_setting(job, plan)  # what rl_memory moves between phases: the same states, the same reference
     update_stage = max(memory.stages, key=lambda s: s.total_bytes)
-    moved = sum(getattr(update_stage, f"{cls}_bytes") * (weight_loads(job, plan) if cls == "weights" else 1)
-                for cls in setting.phase_classes)
-    if setting.ref_on_host:
-        moved += reference_bytes(setting, update_stage)
-    offload = 2 * moved / gpu.host_bandwidth
+    round_trip, one_way = phase_offload_bytes(job, plan, setting, update_stage)
+    offload = (2 * round_trip + one_way) / gpu.host_bandwidth
     train_side = log_prob + update_s + offload
     if overlaps(job, plan):
         total = max(generation, train_side) + reshard
