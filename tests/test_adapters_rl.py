@@ -28,6 +28,7 @@ JOBS = [  # (framework, variant, request fields)
     ("verl", "megatron", {**GRPO, "framework": "verl", "algorithm": "dapo", "rollout_tp": 2, "rollout_dp": 4,
                           "rollout_ep": 8, "optimizer_offload_fraction": 1.0}),
     ("verl", "fsdp", {**GRPO, "framework": "verl", "zero_stage": 3, "ep": 1, "etp": None}),
+    ("verl", "fsdp", {**GRPO, "framework": "verl", "algorithm": "ppo", "zero_stage": 3, "ep": 1, "etp": None}),
     # LoRA on the routed experts: PEFT's target_parameters, which verl 0.9.1's packaged YAML does not declare
     ("verl", "fsdp", {**GRPO, "framework": "verl", "zero_stage": 3, "ep": 1, "etp": None, "lora_rank": 16,
                       "lora_target_parameters": ["gate_up_proj", "down_proj"]}),
@@ -70,6 +71,31 @@ def test_rl_renderings_carry_the_rollout_and_drop_the_critic_unless_ppo():
         assert keys["trainer.placement.colocate_all"] == str(plan.placement == "colocated").lower()
         assert ("trainer.critic.model.path" in keys) == (job.rl.algorithm == "ppo")
 
+CRITIC_AS_ACTOR = {  # verl 0.9.1: the critic's own key for each the actor's plan sets (their defaults differ)
+    "megatron": {"actor_rollout_ref.actor.megatron.param_offload": "critic.megatron.param_offload",
+                 "actor_rollout_ref.actor.megatron.optimizer_offload": "critic.megatron.optimizer_offload"},
+    "fsdp": {"actor_rollout_ref.actor.fsdp_config.param_offload": "critic.fsdp.param_offload",
+             "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "critic.fsdp.optimizer_offload",
+             "actor_rollout_ref.model.enable_gradient_checkpointing": "critic.model.enable_gradient_checkpointing"},
+}
+
+
+def test_verls_critic_is_rendered_as_the_actors_plan():
+    """PPO's critic is estimated as the actor's plan (its offloads, its recompute), so its keys say so: verl's
+    packaged critic keeps its states on the GPU and checkpoints the FSDP model whatever the actor's are set to, and
+    the rendered critic ran resident where meshplan counted it offloaded."""
+    seen = set()
+    for job, plan, result in renderings("verl"):
+        keys = overrides(shell_tokens(result.text))
+        if job.rl.algorithm != "ppo":
+            continue
+        seen.add(result.variant)
+        for actor, critic in CRITIC_AS_ACTOR[result.variant].items():
+            assert keys.get(critic) == keys.get(actor), (critic, keys.get(critic), keys.get(actor))
+        assert plan.param_offload and plan.optimizer_offload and keys[critic] is not None
+    assert seen == {"megatron", "fsdp"}
+
+
 def test_verl_separate_placement_is_refused_with_the_reason():
     job, plan = resolve(parse_request({**GRPO, "framework": "verl", "placement": "separate", "rollout_gpus": 8}))
     with pytest.raises(MeshplanError, match="one-step-off"):
@@ -78,7 +104,9 @@ def test_verl_separate_placement_is_refused_with_the_reason():
 PROBES = ["actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.n",
           "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.expert_parallel_size",
           "actor_rollout_ref.rollout.name", "data.max_response_length", "algorithm.adv_estimator",
-          "actor_rollout_ref.actor.megatron.param_offload"]
+          "actor_rollout_ref.actor.megatron.param_offload", "critic.megatron.param_offload",
+          "critic.megatron.optimizer_offload", "critic.fsdp.param_offload", "critic.fsdp.optimizer_offload",
+          "critic.model.enable_gradient_checkpointing"]
 
 @pytest.mark.slow
 def test_verl_rl_overrides_compose_with_the_packaged_yaml():
@@ -103,6 +131,12 @@ def test_verl_rl_overrides_compose_with_the_packaged_yaml():
         assert values["actor_rollout_ref.rollout.name"] == plan.rollout_engine
         assert values["data.max_response_length"] == job.rl.response_length
         assert values["algorithm.adv_estimator"] == ("gae" if job.rl.algorithm == "ppo" else "grpo")
+        if job.rl.algorithm == "ppo":  # the critic composed with the actor's offloads (and FSDP's checkpointing)
+            engine = "megatron" if result.variant == "megatron" else "fsdp"
+            assert values[f"critic.{engine}.param_offload"] == plan.param_offload
+            assert values[f"critic.{engine}.optimizer_offload"] == plan.optimizer_offload
+            if engine == "fsdp":
+                assert values["critic.model.enable_gradient_checkpointing"] == (plan.recompute == "full")
 
 @pytest.mark.slow
 def test_skyrl_rl_keys_exist_in_its_config_dataclasses():

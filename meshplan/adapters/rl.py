@@ -212,6 +212,12 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
             ("actor_rollout_ref.model.enable_activation_offload", plan.activation_offload),
             ("actor_rollout_ref.actor.fsdp_config.param_offload", plan.param_offload),
             ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", plan.optimizer_offload)) if on]
+        if _has_critic(job):  # the critic runs as the actor's plan (rl/memory, rl/step_time): its own keys say so,
+            # its packaged defaults being checkpointing on, offloads off (0.9.1 _generated_ppo_trainer.yaml critic:)
+            o.append(("critic.model.enable_gradient_checkpointing", plan.recompute == "full"))
+            o += [(key, True) for key, on in (("critic.model.enable_activation_offload", plan.activation_offload),
+                                              ("critic.fsdp.param_offload", plan.param_offload),
+                                              ("critic.fsdp.optimizer_offload", plan.optimizer_offload)) if on]
         o += fsdp_reduce_dtype("++actor_rollout_ref.actor.fsdp_config.mixed_precision", plan)
         if _has_critic(job):  # as the Megatron engine's optim fields, the critic's too (its engine: critic.fsdp)
             o += fsdp_reduce_dtype("++critic.fsdp.mixed_precision", plan)
@@ -255,16 +261,19 @@ def fsdp_group(plan: Plan) -> int:
 
 
 def _verl_megatron_offload(job: Job, plan: Plan) -> list[Override]:
-    """The actor's offloads on verl's Megatron backend: the phase offloads (engine/megatron.yaml), the in-step CPU
-    optimizer through override_optimizer_config, activation offloading through override_transformer_config."""
-    actor = "actor_rollout_ref.actor"
-    o: list[Override] = [(f"{actor}.megatron.{knob}", True) for knob, on in (
-        ("param_offload", plan.param_offload), ("optimizer_offload", plan.optimizer_offload)) if on]
-    o += [(f"++{actor}.optim.override_optimizer_config.{k}", v)
-          for k, v in megatron_cpu_optimizer(job, plan).items()]
-    if plan.activation_offload:
-        o += [(f"++{actor}.megatron.override_transformer_config.fine_grained_activation_offloading", True),
-              (f"++{actor}.megatron.override_transformer_config.offload_modules", offload_modules(job, plan))]
+    """The trained models' offloads on verl's Megatron backend: the phase offloads (engine/megatron.yaml), the
+    in-step CPU optimizer through override_optimizer_config, activation offloading through
+    override_transformer_config; the actor's, and PPO's critic's, which meshplan runs as the actor's plan
+    (rl/memory, rl/step_time) and whose keys verl 0.9.1 leaves off by default (critic/megatron_critic.yaml)."""
+    o: list[Override] = []
+    for role in ("actor_rollout_ref.actor", "critic")[:2 if _has_critic(job) else 1]:
+        o += [(f"{role}.megatron.{knob}", True) for knob, on in (
+            ("param_offload", plan.param_offload), ("optimizer_offload", plan.optimizer_offload)) if on]
+        o += [(f"++{role}.optim.override_optimizer_config.{k}", v)
+              for k, v in megatron_cpu_optimizer(job, plan).items()]
+        if plan.activation_offload:
+            o += [(f"++{role}.megatron.override_transformer_config.fine_grained_activation_offloading", True),
+                  (f"++{role}.megatron.override_transformer_config.offload_modules", offload_modules(job, plan))]
     return o
 
 
