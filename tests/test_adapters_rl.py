@@ -96,6 +96,22 @@ def test_verls_critic_is_rendered_as_the_actors_plan():
     assert seen == {"megatron", "fsdp"}
 
 
+def test_skyrls_critic_is_rendered_as_the_policys_plan():
+    """SkyRL's critic (FSDP) takes the policy's sequence parallel size, shard group, offloads and reduce dtype in
+    its own CriticConfig keys: left at their defaults it ran another plan than the one meshplan estimated."""
+    pairs = {"trainer.policy.sequence_parallel_size": "trainer.critic.sequence_parallel_size",
+             "trainer.policy.fsdp_config.fsdp_size": "trainer.critic.fsdp_config.fsdp_size",
+             "trainer.policy.fsdp_config.cpu_offload": "trainer.critic.fsdp_config.cpu_offload",
+             "trainer.policy.optimizer_config.offload_after_step": "trainer.critic.optimizer_config.offload_after_step"}
+    ppo = [(plan, overrides(shell_tokens(result.text))) for job, plan, result in renderings("skyrl")
+           if job.rl.algorithm == "ppo"]
+    assert ppo
+    for plan, keys in ppo:
+        for policy, critic in pairs.items():
+            assert keys.get(critic) == keys.get(policy), (critic, keys.get(critic), keys.get(policy))
+        assert keys["trainer.critic.sequence_parallel_size"] == str(plan.cp)
+
+
 def test_verl_separate_placement_is_refused_with_the_reason():
     job, plan = resolve(parse_request({**GRPO, "framework": "verl", "placement": "separate", "rollout_gpus": 8}))
     with pytest.raises(MeshplanError, match="one-step-off"):

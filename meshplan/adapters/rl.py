@@ -472,6 +472,16 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
             o.append(("trainer.flash_attn", True))
         if not plan.optimizer_offload:  # SkyRL's default is on (cards/frameworks/skyrl.yaml offload)
             o.append(("trainer.policy.optimizer_config.offload_after_step", False))
+        if job.rl is not None and job.rl.algorithm == "ppo":
+            # the critic (FSDP only) is estimated as the policy's plan: its own CriticConfig keys say so, whose
+            # defaults (0.4.0 config.py: sequence_parallel_size 1, cpu_offload off, offload_after_step on) are not it
+            o += [("trainer.critic.sequence_parallel_size", plan.cp),
+                  ("trainer.critic.fsdp_config.fsdp_size", fsdp_group(plan))]
+            if plan.param_offload:
+                o.append(("trainer.critic.fsdp_config.cpu_offload", True))
+            o += fsdp_reduce_dtype("trainer.critic.fsdp_config.mixed_precision", plan)
+            if not plan.optimizer_offload:
+                o.append(("trainer.critic.optimizer_config.offload_after_step", False))
         notes.append("FSDP strategy: context parallelism is Ulysses sequence parallelism (sequence_parallel_size).")
         return o, notes
     roles = [prefix] if variant == "sft" else [prefix, "trainer.ref.megatron_config"]
