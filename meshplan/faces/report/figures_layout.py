@@ -189,7 +189,10 @@ def schedule_figure(report: PlanReport) -> Figure | None:
     if shape.order in ("interleaved_1f1b", "interleaved_zero_bubble", "combined_1f1b"):
         rows.append(["micro-batches per chunk in turn", str(shape.group)])
     if bd is not None and report.throughput is not None:
-        rows += [["bubble", seconds(bd.bubble_s)], ["step time", seconds(report.throughput.step_time_s)]]
+        rows += [["bubble", seconds(bd.bubble_s)], *([["actor step", seconds(report.throughput.actor_step_s())]]
+                                                      if report.throughput.rl is not None else []),
+                 ["RL step time" if report.throughput.rl is not None else "step time",
+                  seconds(report.throughput.step_time_s)]]
     caption = (f"The {name} schedule on {plan.pp} pipeline ranks as the step-time estimate replays it: F forward, "
                "B backward, I and W its input- and weight-gradient halves where the schedule runs them apart "
                "(colour: virtual chunk); hatched gaps are the pipeline bubble.")
