@@ -163,3 +163,16 @@ def test_skyrl_trains_ppos_critic_only_on_its_fsdp_strategy():
     assert plan.zero_stage == 1  # no critic: SkyRL's default strategy
     _, plan = resolve(Request(**BASE, framework="verl", num_gpus=16, algorithm="ppo"))
     assert plan.zero_stage == 1
+
+
+def test_the_critics_zero_stage_is_said_with_its_reason_not_as_the_requests():
+    """SkyRL PPO's zero_stage 3 is the resolver's (the critic trains only on FSDP), which the search keeps. Before:
+    recommend dropped its note with the searched fields' defaults (its rows all ZeRO 3, no word why), and min-gpus
+    said 'Fixed by the request: zero_stage=3' of a request that set no zero_stage."""
+    fields = dict(BASE, framework="skyrl", algorithm="ppo", prompts_per_step=16, samples_per_prompt=4)
+    note = "zero_stage not given: 3, as skyrl trains PPO's critic only on its fsdp engine."
+    assert note in api.recommend(Request(**fields, num_gpus=8), top_k=1).assumptions
+    said = api.minimum_gpus(Request(**fields)).assumptions
+    assert note in said and not any(a.startswith("Fixed by the request") for a in said)
+    said = api.minimum_gpus(Request(**fields, zero_stage=3)).assumptions
+    assert "Fixed by the request: zero_stage=3." in said and note not in said

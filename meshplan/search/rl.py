@@ -11,6 +11,7 @@ carry the rollout fields.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from meshplan.core.errors import MeshplanError
@@ -50,10 +51,19 @@ SEARCHED = (*OPEN_FOR_SEARCH, "zero_stage", "micro_batch_size", "recompute", "ro
 and recompute (the training search), the rollout's shape and memory fraction (_rank_actor)."""
 
 
-def held_notes(notes: list[str]) -> list[str]:
+def held_notes(notes: list[str], settled: Iterable[str] = ()) -> list[str]:
     """The resolver's notes that hold for every candidate: the default it noted for a field the search chooses
-    ('rollout_tp not given: 2, the verl default') names a value the candidates need not have."""
-    return [n for n in notes if n.split(" not given:", 1)[0] not in SEARCHED]
+    ('rollout_tp not given: 2, the verl default') names a value the candidates need not have; a field the resolver
+    `settled` for the search (resolver_settled: SkyRL's PPO critic's zero_stage 3) holds for every one, and its note
+    says why."""
+    kept = set(settled)
+    return [n for n in notes if (field := n.split(" not given:", 1)[0]) not in SEARCHED or field in kept]
+
+
+def resolver_settled(req: Request, training: Request) -> list[str]:
+    """The searched fields the request leaves out which the RL resolver sets in the trainer's request, so the search
+    keeps them (rl/job._critic_engine: an algorithm's critic on the engines that train one)."""
+    return [n for n in SEARCHED if getattr(req, n, None) is None and getattr(training, n, None) is not None]
 
 
 def _fixed(req: Request) -> dict:
@@ -222,7 +232,7 @@ def recommend_rl(req: Request, top_k: int = 5, *, rows_only: bool = False) -> Re
 def _recommend_rl(req: Request, top_k: int, rows_only: bool = False) -> Recommendation:
     training = _training(req)
     job, base = resolve(req)
-    job = job.model_copy(update={"notes": held_notes(job.notes)})  # the answer's assumptions
+    job = job.model_copy(update={"notes": held_notes(job.notes, resolver_settled(req, training))})  # its assumptions
     quiet = job.model_copy(update={"notes": []})  # the candidates' reports, as the training search's: no resolver note
     refuse_host(job, base, training)
     headroom = headroom_for(req)
