@@ -136,6 +136,20 @@ def test_the_rendered_critic_takes_the_policys_gpus_and_the_step_counts_them():
     assert report.tokens_per_s_per_gpu == pytest.approx(report.tokens_per_s / 24, rel=1e-9)
 
 
+def test_the_rendered_files_header_and_a_refusal_name_the_jobs_gpus_not_the_trainers():
+    """SkyRL PPO placed apart on 24 GPUs rendered '# Qwen3-8B on 8 x NVIDIA H100 ...' (the trainer's share), and a
+    refused layout of it said 'on 8 x': both name the job's 24 with its pools."""
+    req = Request(**BASE, framework="skyrl", num_gpus=24, zero_stage=3, algorithm="ppo", placement="separate",
+                  rollout_gpus=8)
+    header = api.render_config("skyrl", req, force=True).text.splitlines()[1]
+    assert header.startswith("# Qwen3-8B on 24 (the trainer's 8, PPO's critic 8, the rollout engine's 8) x ")
+    with pytest.raises(MeshplanError, match=r"on 24 \(the trainer's 8, PPO's critic 8, the rollout engine's 8\) x"):
+        api.render_config("skyrl", req.model_copy(update={"micro_batch_size": 64, "recompute": "none"}))
+    colocated = api.render_config("verl", Request(**BASE, framework="verl", num_gpus=8, param_offload=True,
+                                                  optimizer_offload=True), force=True)
+    assert colocated.text.splitlines()[1].startswith("# Qwen3-8B on 8 x ")
+
+
 def test_min_gpus_counts_the_critics_gpus_beside_the_policys_and_the_rollouts():
     """The smallest SkyRL PPO job placed apart: each trainer count is taken twice (policy, critic) plus the rollout's,
     and the plan it answers is the RL recommend's #1 at that count, whose policy has half of what the rollout
