@@ -85,7 +85,23 @@ def _memory(job: Any, plan: Any, config: ImportedConfig | None) -> MemoryReport:
 
     with refused_as_check_words(job, plan):
         report = with_band(estimate(job, plan), job, plan)  # the band: cards/accuracy.yaml
+        said = _engine_cannot_start(report, plan)
+        if said:
+            report = report.model_copy(update={"warnings": [f"{said}.", *report.warnings]})
         return _warn_misspelt(_warn_no_effect(report, job, plan), config)
+
+
+def _engine_cannot_start(memory: MemoryReport, plan: Any) -> str:
+    """An RL job whose rollout engine holds no sequence's KV cache (rule RL006: vLLM and SGLang refuse to start),
+    in words, '' otherwise: the memory face said 'fits' and the step time decoded one sequence at a time (Qwen2.5-7B
+    on 8 H100 with SGLang at fraction 0.5: 851 s of generation) with no word of it; check alone said RL006."""
+    rollout = next((p for p in memory.phases if p.phase == "rollout"), None)
+    engine = rollout.engine if rollout is not None else None
+    if engine is None or engine.sequences_at_once >= 1:
+        return ""
+    return (f"The rollout engine cannot start: at rollout_memory_fraction {plan.rollout_memory_fraction:g} its "
+            "budget holds no sequence's KV cache once its weights and activations are in (rule RL006; `meshplan "
+            "check` names the fraction or rollout_tp that holds one)")
 
 
 class Estimates(NamedTuple):
@@ -163,6 +179,11 @@ def _warn_unfit(report: ThroughputReport, job: Any, plan: Any, memory: MemoryRep
         memory = memory if memory is not None else job_memory(job, plan)
     except MeshplanError:  # not estimable as memory: the throughput's own answer stands
         return report
+    engine = _engine_cannot_start(memory, plan)
+    if engine:
+        report = report.model_copy(update={"warnings": [
+            f"{engine}. The step time is what the layout would take decoding one sequence at a time.",
+            *report.warnings]})
     if memory.fits:
         return report
     said = (f"This layout does not fit: its memory estimate peaks at {memory.fit_bytes / GIB:,.1f} GiB of the GPU's "

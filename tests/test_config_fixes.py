@@ -82,6 +82,17 @@ def test_no_edit_writes_the_value_the_layout_already_has():
     assert edits and not [c.text for c in edits if c.field in plan and plan[c.field] == c.value]
 
 
+def test_a_dp_the_file_leaves_to_the_gpu_count_follows_without_an_edit():
+    """CP002's 'Use cp=1 (dp=16)' on a verl script stating ulysses_sequence_parallel_size 2 and no dp (verl derives
+    it) wrote 'dp=16  # meshplan knows no verl key for dp' as a line to paste: the dp follows from the GPU count."""
+    text = ("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct \\\n"
+            "  actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 trainer.n_gpus_per_node=8 trainer.nnodes=2\n")
+    imported = api.import_config(text, path="run.sh")
+    change = file_change(imported, "dp", 16)
+    assert change.key is None and change.text == "(dp 16 follows: verl derives it from the GPU count, no key to set)"
+    assert file_change(imported, "cp", 1).text.startswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1")
+
+
 def test_a_dropped_field_is_the_files_key_removed_at_its_line():
     text = ("torchrun --nproc_per_node 8 pretrain_gpt.py --pipeline-model-parallel-size 2 \\\n"
             "  --decoder-first-pipeline-num-layers 31\n")

@@ -90,6 +90,16 @@ def test_a_script_with_another_pattern_matches_no_catalog_model():
     assert any("states a hybrid model's layers" in u for u in read.unresolved)
 
 
+def test_a_hybrid_script_of_another_width_is_told_the_nearest_hybrids():
+    """A pretrain_mamba.py script of a 3,072-wide hybrid matched no catalog model, and its nearest were Nemotron-4
+    340B and Llama 3 8B, two plain transformers: the nearest are now the catalog's hybrids, as an MoE script's are
+    MoE models."""
+    text = api.render_config("megatron-core", _req(tp=2)).text.replace("--hidden-size 4096", "--hidden-size 3072")
+    line = next(u for u in api.import_config(text).unresolved if "nearest:" in u)
+    assert "this hybrid architecture" in line and "nearest: nemotron-h-" in line
+    assert "nemotron-4-340b" not in line and "llama" not in line
+
+
 def test_bridge_names_nemotron_3_nano_by_its_recipes_name():
     """Megatron-Bridge's recipes call NVIDIA-Nemotron-3-Nano-30B-A3B nemotron_3_nano (recipes/nemotronh/
     nemotron_3_nano.py nemotron_3_nano_pretrain_config): the catalog model of that alias, not 'not in the catalog'."""

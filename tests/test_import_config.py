@@ -351,8 +351,21 @@ torchrun --nnodes $NNODES --nproc-per-node 8 pretrain_gpt.py \\
     assert not marker.exists()  # nothing in a file is ever run
     assert result.request["tp"] == 4 and result.sources["tp"] == "job.sh:8 --tensor-model-parallel-size ($TP at line 2)"
     assert result.request["num_gpus"] == 16
-    assert any("$MISSING is not set in the script" in u for u in result.unresolved)
+    # the comment line ends the command: line 8 sets nothing meshplan reads, so its unset $MISSING is a note
+    assert any("$MISSING is not set in the script" in n and "sets nothing meshplan reads" in n for n in result.notes)
     assert any("command's output: not run" in u for u in result.unresolved)
+
+
+def test_an_unset_variable_on_a_line_meshplan_does_not_read_is_a_note():
+    """verl's and SkyRL's scripts set data.train_files=$HOME/data/...: every RL script in tests/configs listed its
+    $HOME lines as 'not read (pass these as flags)' and check as what it could not read. A line that sets nothing
+    meshplan reads says it in the notes; one whose variable feeds a read key ($MODEL_PATH) stays unresolved."""
+    text = ("MODEL_PATH=$HOME/models/Qwen2.5-7B\npython3 -m verl.trainer.main_ppo \\\n"
+            "    data.train_files=$HOME/data/gsm8k/train.parquet \\\n    actor_rollout_ref.model.path=$MODEL_PATH \\\n"
+            "    trainer.n_gpus_per_node=8 trainer.nnodes=1\n")
+    result = import_config(text, "run.sh")
+    assert result.unresolved == ["run.sh:1 $HOME is not set in the script: left empty"]
+    assert "run.sh:3 $HOME is not set in the script: left empty; the line sets nothing meshplan reads" in result.notes
 
 
 def test_shell_forms_of_2021_launch_scripts():

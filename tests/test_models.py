@@ -36,6 +36,12 @@ def test_deepseek_v3_total_active_and_mtp():
     assert sum(c.params for c in r.components) == r.total_params
 
 
+def test_a_component_count_of_one_reads_in_the_singular():
+    """DeepSeek-V2-Lite's one dense layer (first_k_dense_replace 1) read '1 dense FFN layers'."""
+    notes = {c.name: c.note for c in describe_model("deepseek-v2-lite").components}
+    assert notes["dense_mlp"] == "1 dense FFN layer" and notes["routed_experts"].startswith("26 MoE layers x 64")
+
+
 @pytest.mark.parametrize("key", catalog_keys())
 def test_every_catalog_total_matches_published(key):
     report = describe_model(key)

@@ -172,6 +172,17 @@ def test_upstream_deepseek_v3_script_reads_every_recompute_module():
     assert imported.request["recompute_modules"] == ["mlp", "moe", "mla_up_proj", "layernorm"]
 
 
+def test_upstream_deepseek_v3_scripts_rope_position_embedding_is_the_models_own():
+    """Megatron-LM's DeepSeek scripts pass --position-embedding-type rope beside --multi-latent-attention (left out,
+    GPTModel adds a learned table of max_position_embeddings rows): read as the model's, not 'not deepseek-v3's'; and
+    meshplan's own MLA render writes it, so the render imports back without the note."""
+    imported = api.import_file(str(CONFIGS / "megatron_deepseek_v3_excerpt.sh"))
+    assert not any("--position-embedding-type" in u for u in imported.unsupported)
+    rendered = api.render_config("megatron-core", Request(model="deepseek-v2-lite", num_gpus=32, tp=2, pp=2, ep=8,
+                                                          etp=1, first_stage_layers=14, last_stage_layers=13))
+    assert "--position-embedding-type rope" in rendered.text
+
+
 SKYRL_CUSTOM_ENTRY = """\
 uv run --isolated --extra fsdp -m examples.train.multiply.main_multiply \\
   trainer.strategy=fsdp2 \\

@@ -249,8 +249,11 @@ def test_mla_models_carry_their_yarn_or_plain_rope_and_the_lora_norms():
                                   "--mscale-all-dim", "--qk-layernorm")} == {
         "--rotary-base": "10000", "--rope-type": "yarn", "--rotary-scaling-factor": "40.0", "--mscale": "1.0",
         "--mscale-all-dim": "1.0", "--qk-layernorm": True}
-    assert "--position-embedding-type" not in flags  # MLA takes its rope from rope_type
+    # MLA takes its rope from rope_type, and rope as position_embedding_type all the same: left at Megatron-LM's
+    # learned_absolute, GPTModel adds a learned table of max_position_embeddings rows (its DeepSeek scripts pass rope)
+    assert flags["--position-embedding-type"] == "rope"
     flags, _ = _core("moonlight-16b-a3b", ep=8)  # no rope scaling: Megatron's MLA default is yarn x40
+    assert flags["--position-embedding-type"] == "rope"
     assert flags["--rope-type"] == "rope" and flags["--no-rope-fusion"] and flags["--rotary-base"] == "50000"
     _, kimi = _core("kimi-k2", num_gpus=64, ep=8)  # beta_fast 1, not MLA's 32: only a config field can say so
     assert any(n.startswith("pretrain_gpt.py has no flag for beta_fast=1.0") for n in kimi.notes)

@@ -477,3 +477,23 @@ def test_an_rl_step_on_a_separate_pool_says_its_drawn_parts_overlap():
     assert apart.throughput.rl.overlap_words() in picture.notes
     together = gather(parse_request({**base, "num_gpus": 2}))
     assert not any("more than the step" in n for n in rl_figure(together.memory, together.throughput).notes)
+
+
+def test_rl_candidates_name_their_rollout_and_no_split_that_tells_nothing_apart():
+    """Qwen2.5-7B on 8 H100 with verl: recommend's #1 and #5 differ only in the rollout TP (2, 4); the page's plan
+    cells read 'TP1 PP1 DP8 the even split' for both (check/split.layout_cells added the split, the same one, where
+    rows read alike) and named no rollout. Each RL row now carries its rollout engine and offloads, and a split is
+    added only where it differs between rows that read alike."""
+    from meshplan.check.split import layout_cells
+    from meshplan.faces.report.figures_layout import candidates_figure
+    from meshplan.schema.plan import Plan
+
+    a, b = Plan(tp=1, pp=1, dp=8, rollout_engine="vllm", rollout_tp=2), Plan(tp=1, pp=1, dp=8, rollout_engine="vllm",
+                                                                              rollout_tp=4)
+    assert layout_cells([a, b]) == ["TP1 PP1 DP8", "TP1 PP1 DP8"]
+    rec = gather(parse_request({"model": "qwen2.5-7b", "framework": "verl", "job": "rl", "num_gpus": 8}),
+                 recommend=True).recommendation
+    cells = [row[1] for row in candidates_figure(rec).tables[0].rows]
+    assert not any("the even split" in cell for cell in cells)
+    for cell, c in zip(cells, rec.candidates, strict=False):
+        assert f"rollout vllm TP{c.plan.rollout_tp} DP{c.plan.rollout_dp} at {c.plan.rollout_memory_fraction:g}" in cell

@@ -136,6 +136,20 @@ def test_the_rendered_critic_takes_the_policys_gpus_and_the_step_counts_them():
     assert report.tokens_per_s_per_gpu == pytest.approx(report.tokens_per_s / 24, rel=1e-9)
 
 
+def test_the_rendered_files_header_and_a_refusal_name_the_jobs_gpus_not_the_trainers():
+    """SkyRL PPO placed apart on 24 GPUs rendered '# Qwen3-8B on 8 x NVIDIA H100 ...' (the trainer's share), and a
+    refused layout of it said 'on 8 x': both name the job's 24 with its pools."""
+    req = Request(**BASE, framework="skyrl", num_gpus=24, zero_stage=3, algorithm="ppo", placement="separate",
+                  rollout_gpus=8)
+    header = api.render_config("skyrl", req, force=True).text.splitlines()[1]
+    assert header.startswith("# Qwen3-8B on 24 (the trainer's 8, PPO's critic 8, the rollout engine's 8) x ")
+    with pytest.raises(MeshplanError, match=r"on 24 \(the trainer's 8, PPO's critic 8, the rollout engine's 8\) x"):
+        api.render_config("skyrl", req.model_copy(update={"micro_batch_size": 64, "recompute": "none"}))
+    colocated = api.render_config("verl", Request(**BASE, framework="verl", num_gpus=8, param_offload=True,
+                                                  optimizer_offload=True), force=True)
+    assert colocated.text.splitlines()[1].startswith("# Qwen3-8B on 8 x ")
+
+
 def test_min_gpus_counts_the_critics_gpus_beside_the_policys_and_the_rollouts():
     """The smallest SkyRL PPO job placed apart: each trainer count is taken twice (policy, critic) plus the rollout's,
     and the plan it answers is the RL recommend's #1 at that count, whose policy has half of what the rollout
@@ -163,3 +177,16 @@ def test_skyrl_trains_ppos_critic_only_on_its_fsdp_strategy():
     assert plan.zero_stage == 1  # no critic: SkyRL's default strategy
     _, plan = resolve(Request(**BASE, framework="verl", num_gpus=16, algorithm="ppo"))
     assert plan.zero_stage == 1
+
+
+def test_the_critics_zero_stage_is_said_with_its_reason_not_as_the_requests():
+    """SkyRL PPO's zero_stage 3 is the resolver's (the critic trains only on FSDP), which the search keeps. Before:
+    recommend dropped its note with the searched fields' defaults (its rows all ZeRO 3, no word why), and min-gpus
+    said 'Fixed by the request: zero_stage=3' of a request that set no zero_stage."""
+    fields = dict(BASE, framework="skyrl", algorithm="ppo", prompts_per_step=16, samples_per_prompt=4)
+    note = "zero_stage not given: 3, as skyrl trains PPO's critic only on its fsdp engine."
+    assert note in api.recommend(Request(**fields, num_gpus=8), top_k=1).assumptions
+    said = api.minimum_gpus(Request(**fields)).assumptions
+    assert note in said and not any(a.startswith("Fixed by the request") for a in said)
+    said = api.minimum_gpus(Request(**fields, zero_stage=3)).assumptions
+    assert "Fixed by the request: zero_stage=3." in said and note not in said

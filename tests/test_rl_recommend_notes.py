@@ -35,3 +35,12 @@ def test_a_rollout_field_the_request_fixes_is_kept_and_each_report_is_its_candid
     assert rec.candidates and any(c.plan.rollout_tp > 1 for c in rec.candidates)  # not the first shape tried, TP1
     for cand in rec.candidates:
         assert cand.plan.rollout_memory_fraction == 0.6 and cand.throughput.plan == cand.plan
+
+
+def test_an_rl_rows_rationale_names_every_part_beside_the_largest():
+    """Qwen2.5-7B on 8 H100: '(update the largest part: generation 4 s, update 10 s)' left out the log-prob passes'
+    7 s, longer than the generation it named; the rationale now lists generation, log-prob passes and update."""
+    best = api.recommend(Request(model="qwen2.5-7b", framework="verl", job="rl", num_gpus=8), top_k=1).candidates[0]
+    rl = best.throughput.rl
+    assert (f"its largest part the {rl.limited_by} (generation {rl.generation_s:,.0f} s, log-prob passes "
+            f"{rl.log_prob_s:,.0f} s, update {rl.update_s:,.0f} s)") in best.rationale

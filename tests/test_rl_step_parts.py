@@ -35,3 +35,34 @@ def test_the_cli_and_mcp_word_an_rl_steps_parts():
     assert "generation" in step_table and "compute" not in step_table
     summary = call_tool("estimate_throughput", RL).structured_content["summary"]
     assert "besides compute" not in summary and "Parts: generation" in summary and "(the actor update's)" in summary
+
+
+PPO = dict(model="qwen2.5-7b", framework="verl", job="rl", algorithm="ppo", num_gpus=8, samples_per_prompt=4,
+           prompts_per_step=64, prompts_per_mini_batch=16)
+
+
+def test_an_rl_steps_breakdown_is_named_the_actors_step_where_the_update_is_more():
+    """The breakdown of an RL report is the actor's training step over the batch once (rl/step_time.rl_step_time's
+    `update`); PPO's update adds the critic's and the mini-batches' steps. Before: the CLI titled it 'share of update'
+    (PPO on 16 GPUs: compute 41.8 s '99.7% of update' beside an update of 83.9 s) and the HTML step-time figure drew
+    it against the whole RL step's mark (5.3 s of bars under 'step 20.33 s')."""
+    from meshplan.faces.report.figures import steptime_figure
+    from meshplan.faces.report.gather import gather
+    from meshplan.request.parse import parse_request
+
+    report = api.estimate_throughput(Request(**PPO))
+    assert report.rl.update_s > 1.5 * report.actor_step_s()
+    words = report.actor_step_words()
+    assert f"{report.actor_step_s():,.3g} s" in words and f"{report.rl.update_s:,.3g} s" in words
+    assert api.estimate_throughput(Request(**RL)).actor_step_words() == ""  # GRPO, one mini-batch: the update itself
+    out = io.StringIO()
+    with redirect_stdout(out):
+        cli.main(["throughput", *[f"--{k.replace('_', '-')}={v}" for k, v in PPO.items() if k != "model"],
+                  "qwen2.5-7b"])
+    text = out.getvalue()
+    assert "share of actor step" in text and "share of update" not in text and "the update by part" in text
+    assert "The update by part" in call_tool("estimate_throughput", PPO).structured_content["summary"]
+    picture = steptime_figure(gather(parse_request(PPO)).throughput)
+    marks = [s.text for s in picture.shapes if s.kind == "text" and "step" in (s.text or "")]
+    assert [m for m in marks if m.startswith(("step ", "actor step "))] == [m for m in marks if "actor step" in m]
+    assert len([m for m in marks if m.startswith("actor step ")]) == 1 and words in picture.notes

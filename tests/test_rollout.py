@@ -388,3 +388,21 @@ def test_recommend_keeps_a_phase_offload_the_user_fixed_on_skyrl():
     best = rec.candidates[0].plan
     check = api.check_config(parse_request({**req, **{k: getattr(best, k) for k in ("tp", "pp", "dp", "zero_stage")}}))
     assert not any(f.id == "OF001" for f in check.findings)
+
+
+def test_an_engine_that_cannot_start_is_said_by_the_memory_and_the_step_time():
+    """Qwen2.5-7B on 8 H100, verl with SGLang at its default fraction 0.5: check says RL006 (no sequence's KV cache
+    once the engine's weights are in), but the memory face said 'fits' and the step time decoded one sequence at a
+    time (851 s of generation) without a word. Both now lead their warnings with it; an engine that starts says
+    nothing."""
+    from meshplan import api
+    from meshplan.schema.request import Request
+
+    fields = dict(model="qwen2.5-7b", framework="verl", job="rl", num_gpus=8, rollout_engine="sglang",
+                  prompt_length=256, response_length=1024)
+    assert "RL006" in {f.id for f in api.check_config(Request(**fields)).findings}
+    said = "The rollout engine cannot start: at rollout_memory_fraction 0.5"
+    assert api.estimate_memory(Request(**fields)).warnings[0].startswith(said)
+    assert api.estimate_throughput(Request(**fields)).warnings[0].startswith(said)
+    started = Request(**fields, rollout_memory_fraction=0.85, param_offload=True, optimizer_offload=True)
+    assert not any("cannot start" in w for w in api.estimate_throughput(started).warnings)

@@ -186,7 +186,8 @@ def test_vl002_names_the_key_of_the_trainer_render_writes(job, key):
                       micro_batch_size=1, global_batch_size=64)
     job_, plan = resolve(request)
     (finding,) = [f for f in structural_findings(job_, plan) if f.id == "VL002"]
-    assert f"requires {key}=True" in finding.message and finding.fix.startswith(f"Set {key}=True")
+    assert f"requires {key}=True, that key's default" in finding.message  # said where a file sets it True already
+    assert finding.fix.startswith(f"Leave {key} at True")
     assert f" {key}=true" in render("verl", job_, plan).text
 
 

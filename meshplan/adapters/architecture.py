@@ -76,14 +76,18 @@ class Setting:
 
 def _rope(m: Architecture, rope: RopeSpec) -> tuple[list[Setting], list[str]]:
     """Rope base, share and scaling. MLA models take yarn by default in Megatron (MLATransformerConfig
-    rope_type), so an unscaled MLA model says rope_type rope; other models say position_embedding_type."""
+    rope_type), so an unscaled MLA model says rope_type rope; their position_embedding_type is rope all the same:
+    left at Megatron-LM's default, learned_absolute, GPTModel's LanguageModelEmbedding adds a learned table of
+    max_position_embeddings rows beside MLA's own rotary (Megatron-LM d98e8a6 language_model_embedding.py
+    add_position_embedding; its DeepSeek-V2-Lite, DeepSeek-R1 and DeepSeek-V3 scripts,
+    examples/post_training/modelopt/conf/deepseek-ai/*.sh and examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh, pass
+    --position-embedding-type rope beside --multi-latent-attention). Other models say yarn there where scaled so."""
     out: list[Setting] = []
     notes: list[str] = []
     mla = m.mla is not None
     kind = rope.scaling
-    if not mla:
-        embedding = "yarn" if kind == "yarn" else "rope"
-        out.append(Setting("position_embedding_type", embedding, ("--position-embedding-type", embedding)))
+    embedding = "yarn" if kind == "yarn" and not mla else "rope"
+    out.append(Setting("position_embedding_type", embedding, ("--position-embedding-type", embedding)))
     if rope.theta is None:
         notes.append(f"meshplan does not know {m.name}'s rope base (no rope_theta in its config as given): Megatron "
                      "uses 10000 unless told; add --rotary-base (cfg.model.rotary_base) with the model's rope_theta.")

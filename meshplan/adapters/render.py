@@ -20,6 +20,7 @@ import jinja2
 from meshplan.adapters import automodel, megatron, rl, torchnative
 from meshplan.adapters.capabilities import refuse_missing, renderable_frameworks, resolve_version
 from meshplan.adapters.common import Builder
+from meshplan.arithmetic.mesh import rl_job_gpus
 from meshplan.check.headline import layout_text
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import either_or, gib
@@ -33,6 +34,7 @@ from meshplan.knowledge.adapter_knobs import (
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.releases import resolve_release
 from meshplan.request.parse import parse_request
+from meshplan.rl.memory import critic_apart
 from meshplan.rules.engine import memory_rules, unwritable_rules
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
@@ -199,7 +201,7 @@ class RefusedLayout(MeshplanError):
             why.append(f"it does not fit: {peak_words(memory)} against {gib(memory.capacity_bytes)} of memory")
         else:  # a memory rule of its own where the step fits (RL006: the rollout engine cannot start): its title
             why += [f.title for f in self.findings if f.id in memory_rules() and f.title]
-        headline = (f"Not rendered: {job.model.name} {layout_text(report)} on {job.num_gpus} x {job.gpu.name} breaks "
+        headline = (f"Not rendered: {job.model.name} {layout_text(report)} on {job_gpus_words(job, plan)} x {job.gpu.name} breaks "
                     f"{len(ids)} rule{'s' if len(ids) > 1 else ''} ({', '.join(ids)}): {' and '.join(why)}.")
         fix = ("Apply the fixes above, or take a layout from `meshplan recommend`, which passes every rule; to write "
                "this one anyway, pass --force (MCP: force=true).")
@@ -240,6 +242,18 @@ def refuse_other_engine(framework: str, version: str, variant: str, job: Job, pl
             f"{plan.zero_stage}, or zero_stage {either_or(stages)} with variant {variant}.")
 
 
+def job_gpus_words(job: Job, plan: Plan) -> str:
+    """The GPU count a rendered file's header names: the job's, which for an RL job placed apart is more than the
+    trainer's (Job.num_gpus): the policy's, PPO's critic's where it runs on its own, and the rollout engine's
+    (arithmetic/mesh.rl_job_gpus). SkyRL PPO on 24 GPUs read '# Qwen3-8B on 8 x NVIDIA H100'."""
+    if job.rl is None or plan.placement != "separate":
+        return str(job.num_gpus)
+    apart = critic_apart(job, plan)
+    total = rl_job_gpus(job.num_gpus, apart, plan.placement, plan.rollout_gpus)
+    critic = f", PPO's critic {job.num_gpus}" if apart else ""
+    return f"{total} (the trainer's {job.num_gpus}{critic}, the rollout engine's {plan.rollout_gpus})"
+
+
 def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
            version: str | None = None) -> RenderResult:
     """The plan as `framework`'s config snippet; a knob the framework lacks is a MeshplanError."""
@@ -256,7 +270,7 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
     built = builder(job, plan, variant, version)
     env, note = allocator_setting(framework, job, plan, built.format == "shell" or built.exports_env)
     context = {"job": job, "plan": plan, "version": release_written(job, version), "variant": variant,
-               "allocator_env": env, **built.context}
+               "allocator_env": env, "job_gpus": job_gpus_words(job, plan), **built.context}
     text = environment().get_template(built.template).render(**context)
     return RenderResult(
         framework=framework, variant=variant, version=version, format=built.format, text=text,

@@ -179,8 +179,12 @@ def layout_cells(plans: list[Plan]) -> list[str]:
     def cells(p: Plan) -> tuple:
         return p.short(), p.micro_batch_size, p.zero_stage, p.recompute
 
-    seen = [cells(p) for p in plans]
-    return [f"{p.short()} {split_words(p).replace(', ', ' ')}" if seen.count(cells(p)) > 1 else p.short()
+    # only where the split tells such rows apart: two RL rows alike but for the rollout engine both ran the even split
+    # of one stage, and each read 'TP1 PP1 DP8 the even split'
+    splits: dict[tuple, set[str]] = {}
+    for p in plans:
+        splits.setdefault(cells(p), set()).add(split_words(p))
+    return [f"{p.short()} {split_words(p).replace(', ', ' ')}" if len(splits[cells(p)]) > 1 else p.short()
             for p in plans]
 
 

@@ -325,15 +325,17 @@ def throughput_report(report: ThroughputReport) -> None:
     console.print(_parts_table(report.parts(), report.step_time_s, "step"))
     if report.rl is not None and report.rl.overlap_words():
         console.print(Text(report.rl.overlap_words()))
-    if report.rl is not None:  # the breakdown is the actor update's, one of the RL step's parts
-        update = report.breakdown.model_dump()
-        console.print(_parts_table(update, sum(update.values()), "update"))
+    if report.rl is not None:  # the breakdown is the actor's training step, which the RL step's update part runs
+        update, words = report.breakdown.model_dump(), report.actor_step_words()
+        console.print(_parts_table(update, report.actor_step_s(), "actor step" if words else "update"))
+        if words:
+            console.print(Text(words))
     _notes(console, "warnings", report.warnings)
     _notes(console, "assumptions", report.assumptions)
 
 
 def _parts_table(parts: dict[str, float], whole: float, of: str):
-    """Seconds per part and each part's share of `whole` (the step, or an RL step's update)."""
+    """Seconds per part and each part's share of `whole` (the step, or an RL step's update or actor step)."""
     table = _table("part", _col("seconds", right=True), _col(f"share of {of}", right=True))
     for name, value in parts.items():
         share = value / whole if whole else 0.0

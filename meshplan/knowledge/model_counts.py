@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from meshplan.core.units import plural
 from meshplan.schema.model import Architecture, ComponentCount
 
 T = TypeVar("T")
@@ -249,24 +250,25 @@ def count_components(arch: Architecture) -> list[ComponentCount]:
         comps.append(ComponentCount(name="position_embedding", params=n, active_params=n, note="learned positions"))
     comps.append(
         ComponentCount(name="attention", params=sums["attention"], active_params=sums["attention"],
-                       note=f"{kinds.count('*') if kinds else arch.num_layers} layers" + (", MLA" if arch.mla else "")
+                       note=plural(kinds.count('*') if kinds else arch.num_layers, "layer")
+                       + (", MLA" if arch.mla else "")
                        + (f", each with a DSA indexer of {indexer_params(arch):,}" if arch.dsa else ""))
     )
     if sums.get("mamba"):
         comps.append(ComponentCount(name="mamba", params=sums["mamba"], active_params=sums["mamba"],
-                                    note=f"{kinds.count('M')} Mamba-2 mixers"))
+                                    note=plural(kinds.count('M'), "Mamba-2 mixer")))
     if sums.get("gdn"):
         comps.append(ComponentCount(name="gated_deltanet", params=sums["gdn"], active_params=sums["gdn"],
-                                    note=f"{kinds.count('G')} Gated DeltaNet mixers"))
+                                    note=plural(kinds.count('G'), "Gated DeltaNet mixer")))
     if sums["dense_mlp"]:
         n_dense = kinds.count("-") if kinds else arch.num_layers - moe_layers
         comps.append(ComponentCount(name="dense_mlp", params=sums["dense_mlp"], active_params=sums["dense_mlp"],
-                                    note=f"{n_dense} dense FFN layers"))
+                                    note=plural(n_dense, "dense FFN layer")))
     if arch.moe:
         routed = sums["routed_experts"]
         comps.append(ComponentCount(
             name="routed_experts", params=routed, active_params=routed - inactive,
-            note=f"{moe_layers} MoE layers x {arch.moe.num_experts} experts, top-{arch.moe.top_k} active"))
+            note=f"{plural(moe_layers, 'MoE layer')} x {arch.moe.num_experts} experts, top-{arch.moe.top_k} active"))
         if sums["shared_experts"]:
             comps.append(ComponentCount(name="shared_experts", params=sums["shared_experts"],
                                         active_params=sums["shared_experts"]))

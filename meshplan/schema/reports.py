@@ -183,7 +183,9 @@ class ThroughputReport(StrictModel):
     tokens_per_s: float
     mfu: float
     model_flops_per_step: float
-    breakdown: ThroughputBreakdown
+    breakdown: ThroughputBreakdown = Field(description="Where the training step's time goes; an RL job's: the actor's "
+                                           "training step over the RL step's batch, one optimizer step "
+                                           "(actor_step_words)")
     assumptions: list[str]
     warnings: list[str] = []
     rl: RLStepTime | None = Field(None, description="RL job: the step's parts; step_time_s is the whole RL step")
@@ -202,13 +204,34 @@ class ThroughputReport(StrictModel):
 
     def parts(self) -> dict[str, float]:
         """Where step_time_s goes, part by part (seconds, keyed by field name): an RL step's phases (`rl`: the
-        rollout's generation, the log-prob passes, the update, resharding, phase offloads), of which `breakdown` is
-        the update's alone; else the training step's breakdown. What the CLI's table and the MCP summary word."""
+        rollout's generation, the log-prob passes, the update, resharding, phase offloads), `breakdown` being the
+        actor's training step beside them (actor_step_words); else the training step's breakdown. What the CLI's
+        table and the MCP summary word."""
         if self.rl is None:
             return self.breakdown.model_dump()
         r = self.rl
         return {"generation_s": r.generation_s, "log_prob_s": r.log_prob_s, "update_s": r.update_s,
                 "reshard_s": r.reshard_s, "offload_s": r.offload_s}
+
+    def actor_step_s(self) -> float:
+        """The seconds `breakdown` adds to: the training step's, or for an RL step the actor's training step over the
+        RL step's whole batch at its longest lengths, one optimizer step (rl/step_time.rl_step_time's `update`)."""
+        return sum(self.breakdown.model_dump().values())
+
+    def actor_step_words(self) -> str:
+        """What a reader of an RL step's breakdown needs where it does not add to the update part: it is the actor's
+        training step over the batch once, which the RL step's update takes at the responses' mean lengths, once per
+        epoch and mini-batch (each its own optimizer step and pipeline flush), with a critic's update beside it where
+        the algorithm trains one (rl/step_time.rl_step_time); '' for a training step or where the two agree."""
+        if self.rl is None:
+            return ""
+        actor = self.actor_step_s()
+        if abs(self.rl.update_s - actor) <= 1e-6 * max(actor, 1e-9):
+            return ""
+        return (f"the update by part is the actor's training step over the RL step's batch as one optimizer step, "
+                f"{actor:,.3g} s; the RL step's update, {self.rl.update_s:,.3g} s, is that step at the responses' "
+                "mean lengths, once per epoch and mini-batch, with a critic's update beside the actor's where the "
+                "algorithm trains one (PPO)")
 
 
 class Finding(StrictModel):

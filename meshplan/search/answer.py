@@ -64,9 +64,14 @@ def fixed_text(fixed: Fixed) -> str:
     return ", ".join(f"{k}={v}" for k, v in fixed.values.items())
 
 
-def fixed_assumption(fixed: Fixed) -> list[str]:
-    """The assumption naming what the request fixed, when it fixed anything."""
-    return [f"Fixed by the request: {fixed_text(fixed)}."] if fixed.values else []
+def fixed_assumption(fixed: Fixed, settled: dict[str, str] | None = None) -> list[str]:
+    """The assumption naming what the request fixed, when it fixed anything; a field the resolver set for the search
+    (`settled`: the field and the resolver's note, 'zero_stage not given: 3, as skyrl trains PPO's critic only on its
+    fsdp engine.') is said in that note, not as the request's."""
+    settled = settled or {}
+    given = {k: v for k, v in fixed.values.items() if k not in settled}
+    words = [f"Fixed by the request: {', '.join(f'{k}={v}' for k, v in given.items())}."] if given else []
+    return words + [note for k, note in settled.items() if k in fixed.values]
 
 
 def carried_assumption(fixed: Fixed, left_out: tuple[LeftOut, ...]) -> list[str]:

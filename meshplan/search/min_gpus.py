@@ -25,7 +25,7 @@ from meshplan.search.job import job_at, search_job
 from meshplan.search.policy import headroom_for, search_limits
 from meshplan.search.ranking import collector_paused, recommend
 from meshplan.search.refusal import HostRefused
-from meshplan.search.rl import recommend_rl
+from meshplan.search.rl import recommend_rl, resolver_settled
 from meshplan.search.space import Fixed
 
 
@@ -78,7 +78,8 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     trainer count is taken twice."""
     # twice a node: a critic of its own halves what the rollout leaves (rl/job.py _critic_split)
     probe_gpus = node * (2 if req.placement == "separate" else 1) + (req.rollout_gpus or 0)
-    probe, rl = resolve_rl(req.model_copy(update={"num_gpus": probe_gpus}), [])
+    resolver_notes: list[str] = []
+    probe, rl = resolve_rl(req.model_copy(update={"num_gpus": probe_gpus}), resolver_notes)
     total = rl.job_gpus if rl is not None else (lambda trainer: trainer)  # the job's GPUs per trainer count
     # read off that one count (arithmetic/mesh.rl_job_gpus, linear in the trainer's): the rollout GPUs beside every
     # count, and the job's GPUs per trainer GPU (2 where PPO's critic runs on as many of its own): the scan's limit
@@ -93,6 +94,10 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     job, _ = search_job(training.model_copy(update={"num_gpus": node}))
     engine = default_engine(job.framework)
     fixed = Fixed.from_request(training, job)
+    # a field the RL resolver set for the search (SkyRL's PPO critic's zero_stage 3) is said with its reason, not as
+    # the request's
+    settled = {name: note for name in resolver_settled(req, training) for note in resolver_notes
+               if note.startswith(f"{name} not given:")}
     answers: dict[int, Recommendation] = {}
 
     def ranks(trainer_gpus: int, _: Job) -> bool:
@@ -119,11 +124,11 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
         warnings = rec.warnings
     else:  # no count settled: the job's own, the RL recommend's at any count (the RL job at the probe's count)
         warnings = job_warnings(resolve(req.model_copy(update={"num_gpus": probe_gpus}))[0])
-    return _answer(req, job, fixed, scan, rec, limit, batch, warnings)
+    return _answer(req, job, fixed, scan, rec, limit, batch, warnings, settled)
 
 
 def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendation | None, limit: int,
-            batch: str, warnings: list[str]) -> MinimumGpus:
+            batch: str, warnings: list[str], settled: dict[str, str] | None = None) -> MinimumGpus:
     """The MinimumGpus for a finished scan, with recommend's best layout at its count and `warnings`: recommend's
     answer's there, else the job's own (search/answer.job_warnings), what recommend says at any count."""
     headroom = headroom_for(req)
@@ -152,7 +157,7 @@ def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendatio
         "search there, so the count and `recommend --num-gpus` agree.",
         batch,
         *cluster_gpu(req)[1],  # the request's network, where it states one
-        *fixed_assumption(fixed),
+        *fixed_assumption(fixed, settled or {}),
     ]
     if scan.proof is not None:
         assumptions.append(scan.proof.assumption())

@@ -11,6 +11,7 @@ carry the rollout fields.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from meshplan.core.errors import MeshplanError
@@ -50,10 +51,19 @@ SEARCHED = (*OPEN_FOR_SEARCH, "zero_stage", "micro_batch_size", "recompute", "ro
 and recompute (the training search), the rollout's shape and memory fraction (_rank_actor)."""
 
 
-def held_notes(notes: list[str]) -> list[str]:
+def held_notes(notes: list[str], settled: Iterable[str] = ()) -> list[str]:
     """The resolver's notes that hold for every candidate: the default it noted for a field the search chooses
-    ('rollout_tp not given: 2, the verl default') names a value the candidates need not have."""
-    return [n for n in notes if n.split(" not given:", 1)[0] not in SEARCHED]
+    ('rollout_tp not given: 2, the verl default') names a value the candidates need not have; a field the resolver
+    `settled` for the search (resolver_settled: SkyRL's PPO critic's zero_stage 3) holds for every one, and its note
+    says why."""
+    kept = set(settled)
+    return [n for n in notes if (field := n.split(" not given:", 1)[0]) not in SEARCHED or field in kept]
+
+
+def resolver_settled(req: Request, training: Request) -> list[str]:
+    """The searched fields the request leaves out which the RL resolver sets in the trainer's request, so the search
+    keeps them (rl/job._critic_engine: an algorithm's critic on the engines that train one)."""
+    return [n for n in SEARCHED if getattr(req, n, None) is None and getattr(training, n, None) is not None]
 
 
 def _fixed(req: Request) -> dict:
@@ -193,9 +203,11 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
                 continue
             timing, update, words, _ = rl_step_time(job, plan, reports, update)
             report = rl_report(job, plan, timing, update, words)
-            why = (f"{rl_plan_words(plan, job.model.is_moe)}: RL step {timing.step_s:,.0f} s ({timing.limited_by} "
-                   f"the largest part: generation "
-                   f"{timing.generation_s:,.0f} s, update {timing.update_s:,.0f} s); {memory.peak_phase} "
+            # every part the step's table lists beside the largest (the log-prob passes were left out, though they
+            # may take longer than the generation named: 7 s beside 4 s on Qwen2.5-7B's 8 H100s)
+            why = (f"{rl_plan_words(plan, job.model.is_moe)}: RL step {timing.step_s:,.0f} s, its largest part the "
+                   f"{timing.limited_by} (generation {timing.generation_s:,.0f} s, log-prob passes "
+                   f"{timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s); {memory.peak_phase} "
                    f"peaks at {peak_words(memory)}")
             out.ranked.append((timing.step_s, Candidate(rank=0, plan=plan, memory=memory_summary(memory),
                                                         throughput=report, rationale=why)))
@@ -222,7 +234,7 @@ def recommend_rl(req: Request, top_k: int = 5, *, rows_only: bool = False) -> Re
 def _recommend_rl(req: Request, top_k: int, rows_only: bool = False) -> Recommendation:
     training = _training(req)
     job, base = resolve(req)
-    job = job.model_copy(update={"notes": held_notes(job.notes)})  # the answer's assumptions
+    job = job.model_copy(update={"notes": held_notes(job.notes, resolver_settled(req, training))})  # its assumptions
     quiet = job.model_copy(update={"notes": []})  # the candidates' reports, as the training search's: no resolver note
     refuse_host(job, base, training)
     headroom = headroom_for(req)

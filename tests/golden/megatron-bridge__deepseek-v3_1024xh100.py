@@ -3,6 +3,7 @@
 cfg.model.normalization = 'RMSNorm'
 cfg.model.layernorm_epsilon = 1e-06
 cfg.model.gated_linear_unit = True
+cfg.model.position_embedding_type = 'rope'
 cfg.model.rotary_base = 10000
 cfg.model.rope_type = 'yarn'
 cfg.model.rotary_scaling_factor = 40.0

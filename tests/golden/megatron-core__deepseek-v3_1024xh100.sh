@@ -14,6 +14,7 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --normalization RMSNorm \
   --norm-epsilon 1e-06 \
   --swiglu \
+  --position-embedding-type rope \
   --rotary-base 10000 \
   --rope-type yarn \
   --rotary-scaling-factor 40.0 \

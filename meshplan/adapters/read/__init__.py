@@ -269,6 +269,7 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     target_parameters_read(reading)  # PEFT's target_parameters, once the file's LoRA rank is read
     decoder_split = read_decoder_split(reading)  # a GPTModel's stage sizes, decoder layers of a GDN hybrid
     hybrid_model = hybrid_model_assumed(reading)  # pretrain_mamba.py's HybridModel: said where it plans otherwise
+    unset_where_unread(reading)
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
                           misspelt=reading.misspelt, unresolved=reading.unresolved,
@@ -278,6 +279,29 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
                           batch_per_dp=reading.batch_per_dp,
                           stage_sizes_in_decoder_layers=decoder_split,
                           builds_hybrid_model=hybrid_model)
+
+
+UNSET = re.compile(r"^(?P<where>.+):(?P<line>\d+) \$\w+ is not set in the script: left empty$")
+
+
+def unset_where_unread(reading: Reading) -> None:
+    """A variable the script leaves unset (shell.py: '$HOME is not set in the script: left empty') on a line that sets
+    nothing meshplan reads (verl's and SkyRL's data.train_files=$HOME/data/...) moves from the lines not read, which
+    ask for a flag, to the notes: every RL script in tests/configs listed its $HOME lines as 'not read (pass these as
+    flags)', and check as what it 'cannot express or could not read'. Where the line sets a field, or another line
+    not read is on it, or a variable set on it feeds a setting read, it stays."""
+    kept: list[str] = []
+    for said in reading.unresolved:
+        found = UNSET.match(said)
+        # the line itself, or a variable set on it that a read setting names (`($MODEL_PATH at line 33)`)
+        at = re.compile(rf"{re.escape(found.group('where'))}:{found.group('line')}\b|at line "
+                        rf"{found.group('line')}\b") if found else None
+        if at is None or any(at.search(v) for v in reading.sources.values()) or any(
+                at.search(u) for u in reading.unresolved if u != said):
+            kept.append(said)
+        else:
+            reading.notes.append(f"{said}; the line sets nothing meshplan reads")
+    reading.unresolved[:] = kept
 
 
 def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus: bool = False) -> dict[str, Any]:

@@ -212,6 +212,13 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
         return FileChange(field=field, value=value, key="activation_checkpoint",
                           text=f"config.activation_checkpoint = {ac}.Config()")
     key, why = _card_key(imported, field, value)
+    if key is None and field == "dp" and field not in imported.sources:
+        # a file that states no dp, for a framework with no key for it, runs the dp its GPU count leaves (Megatron's
+        # world / (tp x pp x cp), verl's and SkyRL's too): the fix's dp follows from its other changes, no edit
+        # ('dp=16  # meshplan knows no verl key for dp' was written as a line to paste)
+        return FileChange(field=field, value=value, key=None,
+                          text=f"(dp {value} follows: {framework_card(imported.framework).display_name} derives it "
+                               "from the GPU count, no key to set)")
     if key is None:
         stated = imported.sources.get(field)
         why = f"the file states it as {stated}" if stated and field not in ("zero_stage", "recompute") else why

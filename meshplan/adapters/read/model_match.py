@@ -361,12 +361,16 @@ def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple
         if len(hits) > 1:
             reading.notes.append(f"model: {', '.join(hits)} share this architecture; {hits[0]} taken")
         return False
-    kind = "MoE " if moe else ""
-    def nearness(key: str) -> tuple[bool, bool, int, float, str]:
-        """The named model, then those of the script's kind (dense or MoE), then the fewest fields that differ,
-        then depth and width."""
+    pattern = stated.get("layer_pattern")
+    hybrid = pattern is not None and bool(pattern.value)
+    kind = ("hybrid " if hybrid else "") + ("MoE " if moe else "")
+    def nearness(key: str) -> tuple[bool, bool, bool, int, float, str]:
+        """The named model, then those of the script's kind (a hybrid's layer pattern or none: a pretrain_mamba.py
+        script's nearest were Nemotron-4 340B and Llama 3 8B; then dense or MoE), then the fewest fields that
+        differ, then depth and width."""
         arch = catalog_architecture(key)
-        return key != named, arch.is_moe != moe, len(misses[key]), _distance(arch, stated), key
+        return (key != named, (arch.layer_pattern is not None) != hybrid, arch.is_moe != moe, len(misses[key]),
+                _distance(arch, stated), key)
     nearest = sorted(misses, key=nearness)[:2]
     reading.leave(
         ("model",), f"model: no catalog model has this {kind}architecture ({said}); nearest: "

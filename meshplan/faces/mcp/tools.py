@@ -349,11 +349,11 @@ def estimate_throughput(**args: Any) -> ThroughputAnswer:
         f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {report.mfu:.1%}"
         + (" (the actor update's)." if report.rl is not None else ".")
     )
-    if report.rl is not None:  # an RL step: its phases, of which the breakdown is the update's alone
+    if report.rl is not None:  # an RL step: its phases, the breakdown the actor's training step beside them
         summary += " Parts: " + ", ".join(f"{RL_PARTS[name]} {value:.3g} s"
                                            for name, value in report.parts().items() if value > 0) + "."
-        overlap = report.rl.overlap_words()
-        summary += f" {overlap[:1].upper()}{overlap[1:]}." if overlap else ""
+        for words in (report.rl.overlap_words(), report.actor_step_words()):
+            summary += f" {words[:1].upper()}{words[1:]}." if words else ""
     else:
         costs = {name: getattr(report.breakdown, name) for name in _OVERHEADS}
         worst = max(costs, key=costs.get)

@@ -139,10 +139,15 @@ STEP_PARTS = [("compute_s", "compute", "#0072B2"), ("tp_comm_s", "TP comm", "#E6
 
 
 def steptime_figure(report: ThroughputReport) -> Figure:
-    """Where one step's time goes: the breakdown as one stacked bar, the step time marked."""
+    """Where one step's time goes: the breakdown as one stacked bar, the step time marked. An RL step's breakdown is
+    the actor's training step over its batch (ThroughputReport.actor_step_words), drawn against that step, not the
+    RL step, whose parts the RL figure draws."""
     width, left, bar_w = 860.0, 20.0, 800.0
     parts = [(key, name, colour, getattr(report.breakdown, key)) for key, name, colour in STEP_PARTS]
-    total = max(report.step_time_s, sum(p[3] for p in parts)) or 1.0
+    rl = report.rl is not None
+    step = report.actor_step_s() if rl else report.step_time_s
+    mark = "actor step" if rl else "step"
+    total = max(step, sum(p[3] for p in parts)) or 1.0
     shapes, x = [], left
     for key, name, colour, value in parts:
         if value <= 0:
@@ -150,24 +155,32 @@ def steptime_figure(report: ThroughputReport) -> Figure:
         w = bar_w * value / total
         shapes.append(rect(x, 30, w, 40, colour, "step-part", f"{name}: {seconds(value)}", part=key, seconds=value))
         x += w
-    step_x = left + bar_w * report.step_time_s / total
+    step_x = left + bar_w * step / total
     shapes += [line(step_x, 22, step_x, 78, "#000", "step-time"),
-               text(step_x, 18, f"step {seconds(report.step_time_s)}", "label", anchor="middle")]
+               text(step_x, 18, f"{mark} {seconds(step)}", "label",  # near the right edge: ends at the mark
+                    anchor="end" if step_x > width - 80 else "middle")]
     for i, (_, name, colour, value) in enumerate(p for p in parts if p[3] > 0):
         shapes += [rect(left + (i % 5) * 160, 90 + (i // 5) * 18, 10, 10, colour, "legend"),
                    text(left + (i % 5) * 160 + 14, 99 + (i // 5) * 18, f"{name} {seconds(value)}", "label")]
     rows = [[name, seconds(value)] for _, name, _, value in parts]
-    rows += [["step time", seconds(report.step_time_s)], ["tokens/s per GPU", f"{report.tokens_per_s_per_gpu:,.1f}"],
-             ["MFU", f"{report.mfu:.2%}"]]
+    rows += [*([["actor step", seconds(step)]] if rl else []),
+             ["RL step time" if rl else "step time", seconds(report.step_time_s)],
+             ["tokens/s per GPU", f"{report.tokens_per_s_per_gpu:,.1f}"],
+             ["MFU (the actor update's)" if rl else "MFU", f"{report.mfu:.2%}"]]
     caption = (f"One step of {report.plan.short()}: {seconds(report.step_time_s)}, "
-               f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {report.mfu:.1%}.")
+               f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {report.mfu:.1%}." if not rl else
+               f"The actor's training step of {report.plan.short()} over the RL step's batch: {seconds(step)} of the "
+               f"RL step's {seconds(report.step_time_s)} (the RL figure draws the step's parts); "
+               f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU over the RL step, MFU {report.mfu:.1%} (the "
+               "actor update's).")
     notes = [report.error_band.text] if report.error_band is not None else []
-    return Figure("steptime", "Step-time breakdown", width, 140, shapes, caption, [Table(["part", "seconds"], rows)],
-                  notes)
+    notes += [report.actor_step_words()] if report.actor_step_words() else []
+    return Figure("steptime", "Actor step-time breakdown" if rl else "Step-time breakdown", width, 140, shapes,
+                  caption, [Table(["part", "seconds"], rows)], notes)
 
 
 RL_PARTS = [("generation_s", "generation (rollout)", "rollout"), ("reshard_s", "reshard weights", None),
-            ("log_prob_s", "log-prob passes", "log_prob"), ("update_s", "actor update", "actor_update"),
+            ("log_prob_s", "log-prob passes", "log_prob"), ("update_s", "update", "actor_update"),  # PPO's: + critic
             ("offload_s", "phase offloads", None)]
 
 

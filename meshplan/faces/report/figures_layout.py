@@ -26,7 +26,9 @@ from meshplan.faces.report.shapes import (
     text,
 )
 from meshplan.knowledge.cards import framework_card
+from meshplan.rl.engine import ep_words
 from meshplan.schema.reports import Candidate, NearMiss, Recommendation
+from meshplan.search.answer import offload_words
 
 MAX_DRAWN_RANKS = 256  # a larger world is drawn by its first ranks (whole groups of the inner axes), and says so
 
@@ -189,7 +191,10 @@ def schedule_figure(report: PlanReport) -> Figure | None:
     if shape.order in ("interleaved_1f1b", "interleaved_zero_bubble", "combined_1f1b"):
         rows.append(["micro-batches per chunk in turn", str(shape.group)])
     if bd is not None and report.throughput is not None:
-        rows += [["bubble", seconds(bd.bubble_s)], ["step time", seconds(report.throughput.step_time_s)]]
+        rows += [["bubble", seconds(bd.bubble_s)], *([["actor step", seconds(report.throughput.actor_step_s())]]
+                                                      if report.throughput.rl is not None else []),
+                 ["RL step time" if report.throughput.rl is not None else "step time",
+                  seconds(report.throughput.step_time_s)]]
     caption = (f"The {name} schedule on {plan.pp} pipeline ranks as the step-time estimate replays it: F forward, "
                "B backward, I and W its input- and weight-gradient halves where the schedule runs them apart "
                "(colour: virtual chunk); hatched gaps are the pipeline bubble.")
@@ -232,6 +237,12 @@ def candidates_figure(rec: Recommendation) -> Figure:
     ranked += [(f"miss {i + 1}", m) for i, m in enumerate(rec.closest)]
     fastest = max([c.throughput.tokens_per_s_per_gpu for _, c in ranked if isinstance(c, Candidate)], default=0.0)
     layouts = layout_cells([c.plan for _, c in ranked])  # a split where two rows would read alike
+    # an RL row: the rollout engine and the offloads beside the actor's layout, which RL rows share (the CLI's columns;
+    # a rollout_ep above 1 is a MoE model's alone, rule RL007)
+    layouts = [layout + (f"; rollout {c.plan.rollout_engine} TP{c.plan.rollout_tp} DP{c.plan.rollout_dp}"
+                         f"{ep_words(True, c.plan)} at {c.plan.rollout_memory_fraction:g}; offload "
+                         f"{offload_words(c.plan)}" if c.plan.rollout_engine is not None else "")
+               for (_, c), layout in zip(ranked, layouts, strict=True)]
     for i, ((label, c), layout) in enumerate(zip(ranked, layouts, strict=True)):
         speed = c.throughput.tokens_per_s_per_gpu if isinstance(c, Candidate) else 0.0
         css = "candidate" if isinstance(c, Candidate) and label.startswith("#") else "near-miss"
