@@ -201,7 +201,8 @@ class RefusedLayout(MeshplanError):
             why.append(f"it does not fit: {peak_words(memory)} against {gib(memory.capacity_bytes)} of memory")
         else:  # a memory rule of its own where the step fits (RL006: the rollout engine cannot start): its title
             why += [f.title for f in self.findings if f.id in memory_rules() and f.title]
-        headline = (f"Not rendered: {job.model.name} {layout_text(report)} on {job_gpus_words(job, plan)} x {job.gpu.name} breaks "
+        headline = (f"Not rendered: {job.model.name} {layout_text(report)} on {job_gpus_words(job, plan)} x "
+                    f"{job.gpu.name} breaks "
                     f"{len(ids)} rule{'s' if len(ids) > 1 else ''} ({', '.join(ids)}): {' and '.join(why)}.")
         fix = ("Apply the fixes above, or take a layout from `meshplan recommend`, which passes every rule; to write "
                "this one anyway, pass --force (MCP: force=true).")
