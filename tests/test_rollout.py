@@ -403,6 +403,8 @@ def test_an_engine_that_cannot_start_is_said_by_the_memory_and_the_step_time():
     assert "RL006" in {f.id for f in api.check_config(Request(**fields)).findings}
     said = "The rollout engine cannot start: at rollout_memory_fraction 0.5"
     assert api.estimate_memory(Request(**fields)).warnings[0].startswith(said)
-    assert api.estimate_throughput(Request(**fields)).warnings[0].startswith(said)
+    timed = api.estimate_throughput(Request(**fields))
+    assert timed.warnings[0].startswith(said)
+    assert "1 sequence at once" in timed.model_dump_json()  # the step's note in the singular (was '1 sequences')
     started = Request(**fields, rollout_memory_fraction=0.85, param_offload=True, optimizer_offload=True)
     assert not any("cannot start" in w for w in api.estimate_throughput(started).warnings)

@@ -487,7 +487,7 @@ def rl_report(job, plan: Plan, timing, update, words: StepWords):
             f"{timing.prefill_s:,.0f} s{prompts}, decode {timing.decode_s:,.0f} s: "
             f"{plural(timing.replicas, 'replica')} of rollout "
             f"TP{plan.rollout_tp}{f' DP{plan.rollout_dp}' if plan.rollout_dp > 1 else ''}"
-            f"{ep_words(job.model.moe is not None, plan)}, {timing.sequences_at_once} sequences at once, "
+            f"{ep_words(job.model.moe is not None, plan)}, {plural(timing.sequences_at_once, 'sequence')} at once, "
             + (f"{plural(timing.decode_waves, 'wave')} of {rl.response_length:,} steps of "
                if rl.mean_response >= rl.response_length
                else "steps at the full batch of ")
