@@ -230,3 +230,40 @@ def test_a_fix_keeping_expert_tp_beside_a_wider_tp_writes_it_where_the_file_leav
     assert "cfg.model.expert_tensor_parallel_size = 1" in widened
     assert fix_changes("tp=2, etp=1", {}, {"tp": 1, "etp": 1}) == [{"tp": 2, "etp": 1}]
     assert fix_changes("no ep tiles 8 GPUs at pp=16, etp=1", {}, {"pp": 16, "etp": 1}) == []
+
+
+AUTOMODEL_RECIPE = """step_scheduler:
+  global_batch_size: 32
+  local_batch_size: 4
+model:
+  pretrained_model_name_or_path: meta-llama/Llama-3.1-8B
+distributed:
+  strategy: fsdp2
+  dp_size: 8
+  tp_size: 1
+  cp_size: 1
+  pp_size: 1
+  ep_size: 1
+dataset:
+  seq_length: 4096
+"""
+
+
+def test_a_key_that_carries_its_value_is_written_as_the_files_setting():
+    """AutoModel's knobs whose card key carries the value ('distributed.activation_checkpointing selective',
+    'distributed.strategy ddp') were printed as that key, a line that sets nothing; each is the key set to it in the
+    file's syntax, as the fix beside it ('distributed.activation_checkpointing=full')."""
+    imported = api.import_config(AUTOMODEL_RECIPE, path="recipe.yaml")
+    assert file_change(imported, "recompute", "selective").text == "distributed.activation_checkpointing=selective"
+    assert file_change(imported, "zero_stage", 2).text == "distributed.reshard_after_forward=false"
+
+
+def test_an_automodel_recipe_stating_its_mesh_states_its_gpus():
+    """A recipe at dp_size 8 and tp / pp / cp 1 was checked on 8 GPUs while its reading said 'num_gpus: the file does
+    not say how many GPUs': AutoModel's mesh is the world, so the sizes give the count, said with its lines."""
+    imported = api.import_config(AUTOMODEL_RECIPE, path="recipe.yaml")
+    assert imported.request["num_gpus"] == 8
+    assert "dp x cp x tp x pp" in imported.sources["num_gpus"]
+    assert not any("how many GPUs" in line for line in imported.unresolved)
+    unstated = api.import_config(AUTOMODEL_RECIPE.replace("  dp_size: 8\n", ""), path="recipe.yaml")
+    assert "num_gpus" not in unstated.request  # dp left to the world: the count is the launcher's

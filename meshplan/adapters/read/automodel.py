@@ -179,8 +179,24 @@ def read_automodel_yaml(text: str, path: str) -> Reading:
     _read_settings(reading, recipe_settings(text, path))
     _ci_world(reading, text)
     usage_comment_world(reading, text)
-    world(reading)
+    _mesh_world(reading)
+    if "num_gpus" not in reading.request:
+        world(reading)
     return reading
+
+
+def _mesh_world(reading: Reading) -> None:
+    """num_gpus where the recipe states dp_size beside tp, pp and cp and nothing else says the count: AutoModel builds
+    one device mesh of dp x cp x tp x pp ranks over the world (the card's mesh_utils source: dp left unset is the
+    world / (tp x cp x pp)), and torch's init_device_mesh refuses a mesh that is not the world, so the sizes say it.
+    A recipe at dp_size 8, tp/pp/cp 1 was checked on 8 GPUs while its reading said the file gives no count."""
+    sizes = {name: reading.request.get(name) for name in ("dp", "cp", "tp", "pp")}
+    if "num_gpus" in reading.request or "gpus_per_node" in reading.extra or "gpus_per_node" in reading.request:
+        return
+    if not all(isinstance(value, int) and value >= 1 for value in sizes.values()):
+        return
+    count = sizes["dp"] * sizes["cp"] * sizes["tp"] * sizes["pp"]
+    reading.state("num_gpus", count, f"dp x cp x tp x pp ({reading.sources['dp']}: AutoModel's mesh is the world)")
 
 
 def automodel_entry() -> str:

@@ -14,6 +14,8 @@ import json
 import re
 from typing import Any
 
+import yaml
+
 from meshplan.adapters.read.keys import SWITCH_KNOBS, VALUE_KNOBS, convert, read_section
 from meshplan.adapters.read.pyconfig import AC_MODES
 from meshplan.knowledge.adapter_card import AdapterKnob
@@ -226,7 +228,13 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
     if fmt == "toml" and key.startswith("--") and "." in key:  # torchtitan: a --section.key override is that TOML key
         key = key[2:]
     flag = key.startswith("--")
-    if (" " in key.strip() and not key.startswith("[")) or (flag and field in ("zero_stage", "recompute")):
+    if " " in key.strip() and not flag and not key.startswith(("[", "(")):
+        # a knob whose key carries its value ('distributed.strategy ddp', AutoModel's): the key set to it in the
+        # file's syntax, as every other fix line ('distributed.strategy ddp' read as a line to paste into YAML)
+        key, _, carried = key.strip().partition(" ")
+        text = written(key, yaml.safe_load(carried), fmt, imported.variant, imported.framework,
+                       imported.config_variable)
+    elif (" " in key.strip() and not key.startswith("[")) or (flag and field in ("zero_stage", "recompute")):
         text = key  # the knob's key carries its value ('--recompute-granularity selective'), or is a switch
     else:
         text = written(key, _card_value(imported, field, value), "shell" if flag else fmt, imported.variant,
