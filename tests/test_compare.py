@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from meshplan import api
-from meshplan.adapters.logs import detect_log, read_log, read_log_file
+from meshplan.adapters.logs import READERS, detect_log, read_log, read_log_file
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
@@ -630,3 +630,12 @@ def test_each_measured_rate_says_how_it_was_taken():
     figures = {f.figure: f for f in api.compare_run(parse_request(LLAMA_8B_ON_8), megatron_iterations()).figures}
     assert figures["step_time"].basis == "as logged", figures["step_time"].basis
     assert figures["tokens_per_s_per_gpu"].basis.startswith("tokens/s per GPU = "), figures["tokens_per_s_per_gpu"]
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "kempnerforge", "megatron-core", "skyrl", "torchtitan", "verl"])
+def test_a_log_with_no_line_a_reader_knows_says_what_such_lines_look_like(framework):
+    """The refusal named the reader's regular expression ('memory \\(MB\\) \\| allocated:|\\biteration\\s+...'); it
+    now shows lines as the framework prints them."""
+    with pytest.raises(MeshplanError) as refused:
+        read_log("hello world\nnothing here\n", "x.log", framework=framework)
+    assert READERS[framework].LOOKS_LIKE in refused.value.fix and "\\" not in refused.value.fix

@@ -64,7 +64,7 @@ def read_log(text: str, path: str = "<log_text>", framework: str | None = None) 
         other = f"; it looks like a {found} log" if found and READERS.get(found) is not module else ""
         raise MeshplanError(f"{path}: no {name} step or memory line found{other}.",
                             fix=f"Pass the {name} run's own log, or the config of the run this log is from "
-                                f"(lines looked for: {module.DETECT.pattern}).")
+                                f"(lines looked for: {module.LOOKS_LIKE}).")
     return summarise(reading)
 
 

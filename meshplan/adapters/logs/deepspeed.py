@@ -20,6 +20,10 @@ TIMER = re.compile(rf"global_step=(\d+), RunningAvgSamplesPerSec=({NUMBER}), Cur
                    rf"MemAllocated=({NUMBER})GB, MaxMemAllocated=({NUMBER})GB")
 SEE_MEMORY = re.compile(rf"\bMA ({NUMBER}) GB\s+Max_MA ({NUMBER}) GB\s+CA ({NUMBER}) GB\s+Max_CA ({NUMBER}) GB")
 DETECT = re.compile(r"CurrSamplesPerSec=|\bMax_MA [\d.]+ GB")
+LOOKS_LIKE = (  # what DETECT finds, in an error's words
+    "'[Rank 0] ... CurrSamplesPerSec=..., MemAllocated=...' or "
+    "'MA ... Max_MA 12.3 GB ...'"
+)
 
 
 def read(text: str, path: str, framework: str = "deepspeed") -> LogReading:

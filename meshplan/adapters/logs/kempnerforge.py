@@ -14,6 +14,7 @@ from meshplan.core.units import GIB
 
 LINE = re.compile(r"\[step (\d+)\]\s+(.*)")
 DETECT = re.compile(r"\[step \d+\].*\btok/s=")
+LOOKS_LIKE = "'[step 10] loss=... tok/s=...'"  # what DETECT finds, in an error's words
 
 
 def read(text: str, path: str, framework: str = "kempnerforge") -> LogReading:

@@ -19,6 +19,10 @@ MEMORY = re.compile(rf"memory \(MB\) \| allocated: ({NUMBER}) \| max allocated: 
                     rf" \| max reserved: ({NUMBER})")
 ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
 DETECT = re.compile(r"memory \(MB\) \| allocated:|\biteration\s+\d+\s*/\s*\d+\s*\|.*elapsed time per iteration")
+LOOKS_LIKE = (  # what DETECT finds, in an error's words
+    "' iteration       10/     100 | ... elapsed time per iteration (ms): ...' or "
+    "'[Rank 0] (after 10 iterations) memory (MB) | allocated: ...'"
+)
 
 # The iteration line's fields meshplan reads: (Megatron's name, StepFigures field, scale to meshplan's unit)
 FIELDS = {

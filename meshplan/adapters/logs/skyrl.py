@@ -28,6 +28,11 @@ SFT = re.compile(rf"\bStep (\d+): loss=.*\btokens_per_second=({NUMBER})")
 # timer itself); the SFT trainer's step has no such phase
 RL_STEP = re.compile(r"'timing/generate'|Finished: 'generate'")
 DETECT = re.compile(r"'timing/step':|Finished: 'step', time cost:|\bStep \d+: loss=.*tokens_per_second=")
+LOOKS_LIKE = (  # what DETECT finds, in an error's words
+    '"{... \'timing/step\': ...}" or '
+    '"Finished: \'step\', time cost: ..." or '
+    "'Step 10: loss=... tokens_per_second=...'"
+)
 
 KEYS = {"timing/step": "step_time_s", "timing/policy_train": "actor_update_s",
         "trainer/tokens_per_second_per_gpu": "tokens_per_s_per_gpu",

@@ -19,6 +19,7 @@ TPS = re.compile(rf"\btps:\s*({NUMBER})")
 TFLOPS = re.compile(rf"\b(?:est_)?tflops:\s*({NUMBER})")
 MFU = re.compile(rf"\b(?:est_)?mfu:\s*({NUMBER})%")
 DETECT = re.compile(r"\bstep:\s*\d+\s+loss:.*\bmemory:\s*[\d.]+GiB")
+LOOKS_LIKE = "'step: 10  loss: ...  memory: 30.2GiB(...) ...'"  # what DETECT finds, in an error's words
 
 
 def read(text: str, path: str, framework: str = "torchtitan") -> LogReading:

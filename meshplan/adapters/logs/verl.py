@@ -25,6 +25,7 @@ from meshplan.core.units import GIB
 RECORD = re.compile(r"(?<![\w/])step:(\d+) - ")
 VALUE = re.compile(rf"(?:^|\s)([\w/@.\-]+):(?:np\.float\d+\()?({NUMBER})")
 DETECT = re.compile(r"(?<![\w/])step:\d+ - .*(?:timing_s/|perf/)")
+LOOKS_LIKE = "'step:10 - ... timing_s/step:... perf/...'"  # what DETECT finds, in an error's words
 
 STEP_KEYS = {"timing_s/step": "step_time_s", "perf/throughput": "tokens_per_s_per_gpu", "perf/mfu/actor": "mfu",
              "train/mfu": "mfu", "timing_s/update_actor": "actor_update_s"}
