@@ -323,6 +323,6 @@ def test_verls_fsdp_reference_streams_its_weights_in_and_writes_none_back():
     assert setting.ref_per_unit
     timing, _, _, memory = rl_step_time(job, plan)
     stage = max(memory.stages, key=lambda s: s.total_bytes)
-    round_trip, one_way = phase_offload_bytes(job, plan, setting, stage)
+    round_trip, one_way = phase_offload_bytes(setting, stage)
     assert one_way == pytest.approx(reference_bytes(setting, stage)) and one_way > 0
     assert timing.offload_s == pytest.approx((2 * round_trip + one_way) / job.gpu.host_bandwidth, rel=1e-9)

@@ -185,7 +185,7 @@ class RLCard(_Card):
     step_phases: list[StepPhase] = Field(
         default_factory=list, description="The trainer's phases of one RL step in the order its loop runs them, each "
                                           "the model it runs (what moves its phase-offloaded states to the GPU, "
-                                          "rl/step_time.state_loads); left empty: each model's states move once")
+                                          "rl/memory.state_loads); left empty: each model's states move once")
     phase_offload: Literal["around", "swap"] = Field(
         "around", description="How the trainer moves a model's phase-offloaded states: around, loaded before each "
                               "phase that runs the model and offloaded after it (verl's param_offload / "

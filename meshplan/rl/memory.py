@@ -101,6 +101,14 @@ def trainer_reports(job, plan: Plan) -> tuple:
     return estimate_memory(packed, plan), estimate_memory(passes, _forward_only(plan))
 
 
+class StateLoads(NamedTuple):
+    """How many times one RL step moves one model's phase-offloaded states to the GPU (and, each but a per-unit
+    reference, back out): its weights, and the states only its update needs (gradients, optimizer)."""
+
+    weights: int
+    update: int
+
+
 @dataclass(frozen=True)
 class PhaseSetting:
     """What every pipeline stage's phases share: the states that leave the GPU between phases, the models the
@@ -120,6 +128,7 @@ class PhaseSetting:
     colocated: bool
     capacity: float
     graphs: float
+    loads: dict[str, StateLoads]  # state_loads: each trainer model's loads in one step, the step time's traffic too
 
     @property
     def critic_beside_actor(self) -> bool:
@@ -156,14 +165,6 @@ def critic_apart(job, plan: Plan) -> bool:
     the rollout placed apart (the card's rl.critic_apart_when_separate, with its source: SkyRL), not beside the actor
     (verl's trainer pool)."""
     return job.rl_card.critic_on_own_gpus(job.rl.algorithm, plan.placement)
-
-
-class StateLoads(NamedTuple):
-    """How many times one RL step moves one model's phase-offloaded states to the GPU (and, each but a per-unit
-    reference, back out): its weights, and the states only its update needs (gradients, optimizer)."""
-
-    weights: int
-    update: int
 
 
 def state_loads(job, plan: Plan) -> dict[str, StateLoads]:
@@ -212,7 +213,8 @@ def phase_setting(job, plan: Plan) -> PhaseSetting:
     # SkyRL's colocate_all offloads every model around the rollout; placed apart, colocate_policy_ref still swaps the
     # policy and the reference through the host; the actor alone there (no reference) swaps with nothing, so no
     # state of it leaves the GPU, the knobs' neither (SkyRL's offload_after_step acts in offload_to_cpu alone)
-    swapped = state_loads(job, plan)["actor"].weights > 0
+    loads = state_loads(job, plan)
+    swapped = loads["actor"].weights > 0
     auto = card.colocated_offload and (plan.placement == "colocated" or card.separate_offload) and swapped
     own_moves, own_frees = framework_offload(job, plan.zero_stage) if auto else (frozenset(), frozenset())
     freed = freed_classes(job, plan.zero_stage) | off.phase_freed | own_frees
@@ -229,7 +231,7 @@ def phase_setting(job, plan: Plan) -> PhaseSetting:
         ref_on_host=ref_on_host, ref_per_unit=ref_on_host and card.reference_pass_weights.get(engine) == "per_unit",
         has_critic=has_critic, critic_apart=critic_apart(job, plan), mem=mem,
         fixed=mem.fixed_overhead_bytes + mem.cuda_context_bytes, colocated=colocated, capacity=job.gpu.memory_bytes,
-        graphs=graph_bytes(plan) if colocated else 0.0,
+        graphs=graph_bytes(plan) if colocated else 0.0, loads=loads,
     )
 
 

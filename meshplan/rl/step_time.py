@@ -31,7 +31,6 @@ from meshplan.rl.memory import (
     rank_mini_batch,
     reference_bytes,
     rl_memory,
-    state_loads,
 )
 from meshplan.rl.stragglers import packed_slowest_share, slowest_rank_share
 from meshplan.schema.plan import Plan
@@ -370,22 +369,21 @@ def logged_update_mfu(job, timing: RLStepTime) -> float:
     return timing.update_mfu
 
 
-def phase_offload_bytes(job, plan: Plan, setting, stage) -> tuple[float, float]:
+def phase_offload_bytes(setting, stage) -> tuple[float, float]:
     """One GPU's phase-offload traffic of an RL step on stage report `stage`: (bytes copied out and back, bytes
-    copied in alone). Each load of a model's states (rl/memory.state_loads) moves the classes on the host between
-    phases (setting.phase_classes), the weights at every load, the gradients and optimizer at an update's; PPO's
-    critic beside the actor as a copy of the actor's states; the reference's weights where they are on the host,
-    out and back each load, or where its pass brings them one FSDP unit at a time (setting.ref_per_unit: verl's
-    FSDP CPU offload) copied in alone, the host copy never written back."""
-    loads = state_loads(job, plan)
+    copied in alone). Each load of a model's states (rl/memory.state_loads, which the setting holds) moves the
+    classes on the host between phases (setting.phase_classes), the weights at every load, the gradients and
+    optimizer at an update's; PPO's critic beside the actor as a copy of the actor's states; the reference's weights
+    where they are on the host, out and back each load, or where its pass brings them one FSDP unit at a time
+    (setting.ref_per_unit: verl's FSDP CPU offload) copied in alone, the host copy never written back."""
 
     def model_bytes(model: str) -> float:
-        n = loads[model]
+        n = setting.loads[model]
         return sum(getattr(stage, f"{cls}_bytes") * (n.weights if cls == "weights" else n.update)
                    for cls in setting.phase_classes)
 
     both = model_bytes("actor") + (model_bytes("critic") if setting.critic_beside_actor else 0.0)
-    ref = reference_bytes(setting, stage) * loads["reference"].weights if setting.ref_on_host else 0.0
+    ref = reference_bytes(setting, stage) * setting.loads["reference"].weights if setting.ref_on_host else 0.0
     return (both, ref) if setting.ref_per_unit else (both + ref, 0.0)
 
 
@@ -448,7 +446,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     reshard = weights / link
     setting = phase_setting(job, plan)  # what rl_memory moves between phases: the same states, the same reference
     update_stage = max(memory.stages, key=lambda s: s.total_bytes)
-    round_trip, one_way = phase_offload_bytes(job, plan, setting, update_stage)
+    round_trip, one_way = phase_offload_bytes(setting, update_stage)
     offload = (2 * round_trip + one_way) / gpu.host_bandwidth
     train_side = log_prob + update_s + offload
     if overlaps(job, plan):
