@@ -95,9 +95,7 @@ def _engine_cannot_start(memory: MemoryReport, plan: Any) -> str:
     """An RL job whose rollout engine holds no sequence's KV cache (rule RL006: vLLM and SGLang refuse to start),
     in words, '' otherwise: the memory face said 'fits' and the step time decoded one sequence at a time (Qwen2.5-7B
     on 8 H100 with SGLang at fraction 0.5: 851 s of generation) with no word of it; check alone said RL006."""
-    rollout = next((p for p in memory.phases if p.phase == "rollout"), None)
-    engine = rollout.engine if rollout is not None else None
-    if engine is None or engine.sequences_at_once >= 1:
+    if not memory.rollout_starved:
         return ""
     return (f"The rollout engine cannot start: at rollout_memory_fraction {plan.rollout_memory_fraction:g} its "
             "budget holds no sequence's KV cache once its weights and activations are in (rule RL006; `meshplan "

@@ -230,7 +230,7 @@ def judged(ctx: Context, label: str, change: dict[str, Any], keep: float = 0.0,
     host, host_capacity = report.host_bytes_per_node, ctx.job.cpu_memory_per_node
     host_short = host_capacity is not None and host > host_capacity  # MEM003 would refuse it
     # an RL job's rollout engine left no KV cache for one sequence: vLLM and SGLang refuse to start (RL006)
-    starved = any(p.engine is not None and p.engine.sequences_at_once < 1 for p in report.phases)
+    starved = report.rollout_starved
     tried = f"{label}: {gib(report.fit_bytes)}" + (
         f" but {gib(host)} host per node of {gib(host_capacity)}" if host_short else "") + (
         " but the rollout engine holds no sequence" if starved else "")

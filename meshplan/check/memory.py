@@ -275,10 +275,10 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
     """The engine's fraction leaves no KV cache for one sequence (vLLM and SGLang refuse to start): what the RL search
     counts under this rule too, said by check instead of a step estimated at one sequence the engine cannot hold."""
     report = ctx.memory_report
-    rollout = next((p for p in report.phases if p.phase == "rollout"), None) if report is not None else None
-    engine = rollout.engine if rollout is not None else None
-    if engine is None or engine.sequences_at_once >= 1:
+    if report is None or not report.rollout_starved:
         return None
+    rollout = next(p for p in report.phases if p.phase == "rollout")
+    engine = rollout.engine
     job, plan = ctx.job, ctx.plan
     length = job.rl.prompt_length + job.rl.response_length
     need, weights, working, sequence = _engine_needs(job, plan, length)

@@ -110,6 +110,13 @@ class MemoryReport(StrictModel):
     error_band: ErrorBand | None = Field(
         None, description="The error measured in this regime (meshplan/estimate/accuracy.py)")
 
+    @property
+    def rollout_starved(self) -> bool:
+        """An RL job's rollout engine holds no sequence's KV cache (vLLM and SGLang refuse to start): rule RL006's
+        condition, one home for the rule, the faces' warning and check's alternatives."""
+        return any(p.phase == "rollout" and p.engine is not None and p.engine.sequences_at_once < 1
+                   for p in self.phases)
+
 
 class ThroughputBreakdown(StrictModel):
     compute_s: float
