@@ -5,7 +5,8 @@ One module per format: detect.py (which format a pasted text is, from its conten
 read, not run), settings.py (files as key/value/line settings),
 keys.py (which request field a framework key sets, from the framework cards), launch.py (Megatron-LM,
 Megatron-DeepSpeed, Megatron-Bridge), model_match.py (the catalog model a script's architecture flags describe),
-hydra.py (verl, SkyRL), verl_sft.py (verl's SFT trainer: its launch scripts and YAML),
+hydra.py (verl, SkyRL), bridge_yaml.py (a Megatron-Bridge override YAML over its recipe),
+verl_sft.py (verl's SFT trainer: its launch scripts and YAML),
 files.py (torchtitan, KempnerForge, DeepSpeed JSON), automodel.py (a NeMo AutoModel recipe YAML),
 pyconfig.py (torchtitan's Python config registry, parsed with ast), mlm_test.py (Megatron-LM's functional-test
 model_config.yaml, its MODEL_ARGS read as the launch line); fixes.py (check's fixes in the file's keys).
@@ -20,6 +21,7 @@ from typing import Any
 
 from meshplan.adapters.read.automodel import automodel_entry, read_automodel_launch, read_automodel_yaml
 from meshplan.adapters.read.bridge_recipe import DETECT as BRIDGE_RECIPE
+from meshplan.adapters.read.bridge_yaml import read_bridge_yaml
 from meshplan.adapters.read.decoder_split import (
     STAGE_SIZES,
     hybrid_model_assumed,
@@ -148,6 +150,7 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
     ("megatron-bridge", "shell"): lambda t, p: (read_bridge_module if BRIDGE_RECIPE.search(t) else read_bridge_python
                                                 if _bridge_script(t) and "run_recipe.py" not in t
                                                 else read_bridge)(t, p),
+    ("megatron-bridge", "yaml"): read_bridge_yaml,
     ("verl", "shell"): lambda t, p: (read_verl_sft if VERL_SFT.search(t) else read_verl)(t, p),
     ("verl", "yaml"): lambda t, p: (read_verl_yaml if yaml_kind(t) == "verl" else read_verl_sft_yaml)(t, p),
     ("skyrl", "shell"): read_skyrl,
@@ -170,7 +173,8 @@ def _yaml_reader(text: str, path: str) -> Callable[[str, str], Reading]:
     kind = yaml_kind(text)
     if kind is not None:
         return {"verl-sft": read_verl_sft_yaml, "verl": read_verl_yaml, "skyrl": read_skyrl_yaml,
-                "megatron-test": read_megatron_test_yaml}.get(kind, read_automodel_yaml)
+                "megatron-test": read_megatron_test_yaml, "megatron-bridge": read_bridge_yaml}.get(kind,
+                                                                                   read_automodel_yaml)
     yaml_settings(text, path, YAML_CONFIGS, YAML_FIX)  # a syntax error or no mapping: said in every reader's words
     raise unknown_yaml(text, path)
 

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 import yaml
 
+from meshplan.adapters.read.bridge_yaml import is_bridge_yaml
 from meshplan.adapters.read.hydra import HYDRA_YAML
 from meshplan.adapters.read.keys import read_section
 from meshplan.adapters.read.mlm_test import MARK as MLM_TEST
@@ -26,10 +27,12 @@ _HYDRA_NAMES = {"verl": "verl's RL trainer config", "skyrl": "SkyRL's RL trainer
 _MARKED = [f"a NeMo AutoModel recipe (`{AUTOMODEL_MARKERS[0]}:` or `{AUTOMODEL_MARKERS[1]}:`)",
            *(f"{_HYDRA_NAMES[framework]} (" + " and ".join(f"`{m}:`" for m in marks) + ")"
              for framework, marks in HYDRA_YAML.items()),
-           f"Megatron-LM's functional-test model_config.yaml (`{MLM_TEST}:`)"]
+           f"Megatron-LM's functional-test model_config.yaml (`{MLM_TEST}:`)",
+           "a Megatron-Bridge override YAML (ConfigContainer sections: `model:`, `train:`, `optimizer:`, `ddp:` ...)"]
 """Every YAML config yaml_kind tells by a top-level key, with that key: what a refusal says meshplan reads."""
 YAML_CONFIGS = ("each YAML config meshplan reads (a NeMo AutoModel recipe, verl's or SkyRL's RL trainer config, "
-                "Megatron-LM's functional-test model_config.yaml, verl's SFT trainer config)")
+                "Megatron-LM's functional-test model_config.yaml, verl's SFT trainer config, a Megatron-Bridge "
+                "override YAML)")
 YAML_FIX = (f"Pass {', '.join(_MARKED)} or verl's SFT trainer config (sft_trainer_engine.yaml or a copy), or the "
             "launch script that runs the training.")
 _BROKEN_VERL = re.compile(r"(?m)^[ \t]+partial_pretrain:|^ulysses_sequence_parallel_size:|^engine:")
@@ -65,7 +68,8 @@ def verl_sft_sections() -> list[str]:
 
 def yaml_kind(text: str) -> str | None:
     """'automodel', 'megatron-test' (Megatron-LM's functional-test MODEL_ARGS), 'verl' / 'skyrl' (an RL trainer's Hydra
-    config: hydra.HYDRA_YAML's sections) or 'verl-sft' for the
+    config: hydra.HYDRA_YAML's sections), 'verl-sft' or 'megatron-bridge' (an override YAML of ConfigContainer
+    sections, bridge_yaml.is_bridge_yaml) for the
     YAML config the text is, by its top-level keys (an AutoModel section first; verl's SFT config when every key is one
     of an SFT entry point's sections); a file that does not parse, by its lines, so its
     reader names the bad one; None: neither."""
@@ -83,6 +87,8 @@ def yaml_kind(text: str) -> str | None:
             return framework
     if set(keys) - {"defaults"} and any(set(keys) <= set(e.sections) for e in verl_sft_entries()):
         return "verl-sft"
+    if is_bridge_yaml(keys):  # ConfigContainer's sections (model:, train:, ddp: ...), after every other config's marks
+        return "megatron-bridge"
     return None
 
 
@@ -96,8 +102,8 @@ def unknown_yaml(text: str, path: str) -> MeshplanError:
         f"({', '.join(keys)}) match none of the YAML configs it reads: {', '.join(_MARKED)}, or verl's SFT trainer "
         f"config (only {', '.join(verl)}"
         + (f"; not {', '.join(other)}" if other and len(other) < len(keys) else "") + ").",
-        fix="If it is one of theirs, pass --framework nemo-automodel, verl, skyrl or megatron-core (the tools' "
-            "framework argument). " + YAML_FIX)
+        fix="If it is one of theirs, pass --framework nemo-automodel, verl, skyrl, megatron-core or megatron-bridge "
+            "(the tools' framework argument). " + YAML_FIX)
 
 
 def detect_format(text: str) -> str:

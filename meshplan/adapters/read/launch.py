@@ -747,7 +747,7 @@ def read_bridge_python(text: str, path: str) -> Reading:
         raise MeshplanError(f"{path}: no `cfg.<section>.<field> = value` line and no run_recipe.py command.",
                             fix="Pass the run_recipe.py launch script, or the cfg assignments of your recipe.")
     section = read_section("megatron-bridge")
-    _bridge_settings(reading, layout_settings(settings, section))
+    bridge_settings(reading, layout_settings(settings, section))
     restated_architecture(reading, settings, section)
     if recipe is None:
         reading.leave(("model", "num_gpus"), "model, num_gpus: cfg assignments apply to a recipe's config (pass "
@@ -801,7 +801,10 @@ def recipe_call(text: str) -> RecipeCall | None:
     return RecipeCall(recipe, line, name, settings)
 
 
-def _bridge_settings(reading: Reading, settings: list[Setting]) -> None:
+def bridge_settings(reading: Reading, settings: list[Setting]) -> None:
+    """A Megatron-Bridge file's ConfigContainer keys (`model.tensor_model_parallel_size`) applied through the card's
+    key table, whichever spelling wrote them: a recipe's cfg assignments, run_recipe.py's KEY=VALUE overrides or an
+    override YAML's leaves (bridge_yaml.py)."""
     left = apply(reading, settings, key_table("megatron-bridge", variant=reading.variant),
                  frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "fp8", "uneven_pp", "optimizer"}))
     for s, m in left:
@@ -849,7 +852,7 @@ def read_bridge(text: str, path: str) -> Reading:
     """Megatron-Bridge's run_recipe.py: --recipe NAME and KEY=VALUE overrides of the recipe's ConfigContainer."""
     reading, settings = read_launch(text, path, "megatron-bridge", variant="run_recipe")[3:]
     section = read_section("megatron-bridge")  # the model's keys: compared with the recipe's model, never applied
-    _bridge_settings(reading, layout_settings(settings, section))
+    bridge_settings(reading, layout_settings(settings, section))
     world(reading)
     recipe = reading.value("recipe")
     if recipe is not None:
@@ -867,4 +870,4 @@ def read_bridge(text: str, path: str) -> Reading:
 
 def read_bridge_module(text: str, path: str) -> Reading:
     """A Megatron-Bridge recipe module: one recipe function read through its chain (bridge_recipe.py)."""
-    return read_bridge_recipe(text, path, _bridge_settings)
+    return read_bridge_recipe(text, path, bridge_settings)
