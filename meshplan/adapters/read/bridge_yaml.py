@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
+import yaml
+
 from meshplan.adapters.read.bridge_recipe import name_facts, read_bridge_recipe, sets_comm_overlap, state_name_facts
 from meshplan.adapters.read.keys import Reading, key_table, lookup, read_section
 from meshplan.adapters.read.launch import BRIDGE_RECIPES, bridge_settings
@@ -31,6 +33,7 @@ from meshplan.adapters.read.model_match import layout_settings, recipe_overrides
 from meshplan.adapters.read.settings import Setting, yaml_settings
 from meshplan.core import server_files
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.allocator_card import ALLOC_ENV
 from meshplan.knowledge.catalog import resolve_model
 
 FRAMEWORK = "megatron-bridge"
@@ -136,7 +139,9 @@ def read_bridge_yaml(text: str, path: str) -> Reading:
     reading = _paired_reading(paired, path) if paired is not None else Reading(FRAMEWORK, path, variant="run_recipe")
     if reading.path != path:  # read over a recipe module: each YAML setting cites the YAML, the recipe's its module
         settings = [replace(s, file=path) for s in settings]
-    settings = _sections(reading, settings)
+    root = yaml.compose(text)  # parsed by yaml_settings already: each top-level key's own line
+    tops = {str(k.value): k.start_mark.line + 1 for k, _ in root.value} if isinstance(root, yaml.MappingNode) else {}
+    settings = _sections(reading, settings, tops)
     section = read_section(FRAMEWORK)
     table = key_table(FRAMEWORK, variant=reading.variant)
     for s in settings:  # the recipe's value of a key the YAML sets is the YAML's (zero_stage is stated only once)
@@ -196,7 +201,7 @@ def _paired_reading(paired: Paired, path: str) -> Reading:
     return reading
 
 
-def _sections(reading: Reading, settings: list[Setting]) -> list[Setting]:
+def _sections(reading: Reading, settings: list[Setting], tops: dict[str, int]) -> list[Setting]:
     """The settings Bridge applies: a key under no ConfigContainer section said as Bridge skips it (with the section
     it is one slip from, and the sections there are), Bridge's instantiate keys and OmegaConf's MISSING taken out."""
     sections = read_section(FRAMEWORK).sections
@@ -207,6 +212,10 @@ def _sections(reading: Reading, settings: list[Setting]) -> list[Setting]:
         top, _, rest = s.key.partition(".")
         if top not in sections:
             skipped.setdefault(top, s)
+            continue
+        if top == "env_vars":  # ConfigContainer.env_vars, set before the trainer imports torch: the allocator's read
+            if rest in ALLOC_ENV:
+                reading.allocator_env.append(replace(s, key=rest))
             continue
         if rest.rsplit(".", 1)[-1] in INSTANTIATE or s.key in INSTANTIATE:
             if s.key == "model._target_":  # the provider class: a family's (GPTModelProvider), never a model's size
@@ -222,9 +231,9 @@ def _sections(reading: Reading, settings: list[Setting]) -> list[Setting]:
         kept.append(s)
     for top, s in skipped.items():
         near = difflib.get_close_matches(top, sections, n=1)
-        said = (f"{s.file or reading.path}:{s.line} {top}: not a ConfigContainer section, so Megatron-Bridge skips "
-                f"it and everything under it ('Key {top!r} in overrides not found in config object ConfigContainer. "
-                f"Skipping.')" + (f"; did you mean {near[0]}?" if near else "")
+        said = (f"{s.file or reading.path}:{tops.get(top, s.line)} {top}: not a ConfigContainer section, so "
+                f"Megatron-Bridge skips it and everything under it (its warning: \"Key '{top}' in overrides not "
+                f"found in config object ConfigContainer. Skipping.\")" + (f"; did you mean {near[0]}?" if near else "")
                 + f" Its sections: {', '.join(sections)}")
         reading.unsupported.append(said)
         if near:

@@ -168,7 +168,7 @@ def _own_launch_default(reading: Reading, facts: AllocatorSetting | None) -> Non
 
 
 def _where(reading: Reading, s: Setting) -> str:
-    return f"{reading.path}:{s.line} {s.key}={s.value}"
+    return f"{s.file or reading.path}:{s.line} {s.key}={s.value}"
 
 
 def _expandable(reading: Reading, s: Setting) -> bool | None:
