@@ -232,3 +232,30 @@ def test_every_face_checks_an_override_yaml_the_same(capsys):
     assert json.loads(out)["plan"] == report.plan.model_dump(mode="json")
     with pytest.raises(ToolError, match="names no model"):  # the MCP tool without a model: said, no traceback
         tools.check_config(config_text=path.read_text(), num_gpus=8)
+
+
+def test_a_launch_of_a_yaml_script_reads_the_recipe_the_yaml_and_the_command_line_in_that_order(tmp_path):
+    """`torchrun ... SCRIPT.py --config-file conf/x.yaml key=value`, as Bridge's tutorials run them: the recipe the
+    script starts from, the YAML over it, the Hydra-style overrides over both, the GPUs torchrun starts."""
+    recipe = "llama3_70b_pretrain_64gpu_h100_bf16_config"
+    path = _bridge_checkout(tmp_path, "model:\n  tensor_model_parallel_size: 8\ntrain:\n  micro_batch_size: 2\n",
+                            recipe)
+    run = path.parent.parent / "run.sh"
+    run.write_text("torchrun --nproc_per_node=8 --nnodes=2 train_with_yaml.py \\\n  --config-file conf/job.yaml \\\n"
+                   "  model.tensor_model_parallel_size=2 +rng.seed=3\n")
+    got = import_file(str(run))
+    assert got.framework == "megatron-bridge" and got.config_format == "shell"
+    assert got.request["tp"] == 2 and got.sources["tp"] == f"{run}:3 model.tensor_model_parallel_size"
+    assert got.request["micro_batch_size"] == 2 and got.sources["micro_batch_size"].startswith(f"{path}:4 ")
+    assert got.request["pp"] == 4 and got.request["model"] == "llama-3-70b"  # the recipe's
+    assert got.request["num_gpus"] == 16
+    assert not got.left_to_request
+    # a top-level key Bridge does not have: refused as its struct-mode Hydra parse refuses it; added with +, said
+    run.write_text("torchrun --nproc_per_node=8 train_with_yaml.py --config-file conf/job.yaml optimiser.lr=1\n")
+    with pytest.raises(MeshplanError, match=r"optimiser is not a ConfigContainer section, and Megatron-Bridge "
+                                            r"refuses the override .*did you mean optimizer\?") as exc:
+        import_file(str(run))
+    assert "ddp" in exc.value.fix
+    run.write_text("torchrun --nproc_per_node=8 train_with_yaml.py --config-file conf/job.yaml +optimiser.lr=1\n")
+    assert any("+optimiser.lr = 1: not a ConfigContainer section" in u for u in import_file(str(run)).unsupported)
+    assert main(["check", "--config", str(run), "--gpu", "h100"]) in (0, 1)  # the CLI face on the launch

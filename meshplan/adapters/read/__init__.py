@@ -21,7 +21,8 @@ from typing import Any
 
 from meshplan.adapters.read.automodel import automodel_entry, read_automodel_launch, read_automodel_yaml
 from meshplan.adapters.read.bridge_recipe import DETECT as BRIDGE_RECIPE
-from meshplan.adapters.read.bridge_yaml import read_bridge_yaml
+from meshplan.adapters.read.bridge_yaml import LAUNCH as BRIDGE_YAML_LAUNCH
+from meshplan.adapters.read.bridge_yaml import read_bridge_yaml, read_bridge_yaml_launch
 from meshplan.adapters.read.decoder_split import (
     STAGE_SIZES,
     hybrid_model_assumed,
@@ -136,6 +137,7 @@ def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
                             (r"run_recipe\.py", read_bridge), (r"torchtitan\.train", read_torchtitan_cli),
                             (automodel_entry(), read_automodel_launch),
                             (r"(?:^|[\s/])scripts/train\.py\s", read_kempnerforge_launch),
+                            (BRIDGE_YAML_LAUNCH.pattern, read_bridge_yaml_launch),
                             (r"pretrain_\w+\.py|finetune_llama\.py", _megatron_or_deepspeed)):
         if re.search(pattern, text):
             return reader
@@ -149,7 +151,8 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
     ("deepspeed", "json"): read_deepspeed_json,
     ("megatron-bridge", "shell"): lambda t, p: (read_bridge_module if BRIDGE_RECIPE.search(t) else read_bridge_python
                                                 if _bridge_script(t) and "run_recipe.py" not in t
-                                                else read_bridge)(t, p),
+                                                else read_bridge_yaml_launch if BRIDGE_YAML_LAUNCH.search(t)
+                                                and "run_recipe.py" not in t else read_bridge)(t, p),
     ("megatron-bridge", "yaml"): read_bridge_yaml,
     ("verl", "shell"): lambda t, p: (read_verl_sft if VERL_SFT.search(t) else read_verl)(t, p),
     ("verl", "yaml"): lambda t, p: (read_verl_yaml if yaml_kind(t) == "verl" else read_verl_sft_yaml)(t, p),

@@ -28,7 +28,7 @@ import yaml
 
 from meshplan.adapters.read.bridge_recipe import name_facts, read_bridge_recipe, sets_comm_overlap, state_name_facts
 from meshplan.adapters.read.keys import Reading, key_table, lookup, read_section
-from meshplan.adapters.read.launch import BRIDGE_RECIPES, bridge_settings
+from meshplan.adapters.read.launch import BRIDGE_RECIPES, bridge_settings, named_file, read_launch, world
 from meshplan.adapters.read.model_match import layout_settings, recipe_overrides, restated_architecture
 from meshplan.adapters.read.settings import Setting, yaml_settings
 from meshplan.core import server_files
@@ -42,6 +42,10 @@ FIX = ("Start from the ConfigContainer's sections (model:, train:, optimizer:, d
        "conf/*.yaml files do.")
 INSTANTIATE = ("_target_", "_call_", "_partial_")
 """The keys Bridge's instantiate reads in a mapping (utils/instantiate_utils.py): no field of the config it builds."""
+CONFIG_FILE = "--config-file"  # what Bridge's YAML scripts take the override file by (argparse: --config_file too)
+CONFIG_SPELLINGS = (CONFIG_FILE, "--config_file")
+LAUNCH = re.compile(r"\.py\b[^\n]*(?:\\\n[^\n]*)*?\s--config[-_]file[= ]\s*\S+\.ya?ml\b")
+"""A command line running a Python script with a YAML --config-file (a Bridge YAML script's launch)."""
 MISSING = "???"  # OmegaConf's mandatory value: Bridge refuses to run until it is set
 MAX_SCRIPTS = 64  # the .py files beside a YAML a pairing looks through (a conf/ folder's parent holds a few)
 MAX_RECIPE_FILES = 2000  # the recipe modules of a Bridge checkout searched for a recipe's definition
@@ -134,17 +138,29 @@ def recipe_module(script: str, name: str) -> tuple[str, str] | None:
 def read_bridge_yaml(text: str, path: str) -> Reading:
     """A Bridge override YAML, over the recipe it is paired with where one is found (the YAML wins, as OmegaConf.merge
     gives it), else on its own: its model and GPU count then left to the request unless the file states them."""
+    reading = _yaml_over_recipe(text, path, paired_script(path))
+    _left(reading, "a Bridge override YAML runs on the GPUs torchrun starts its script on")
+    return reading
+
+
+def _yaml_over_recipe(text: str, path: str, paired: Paired | None) -> Reading:
+    """The YAML's settings over the recipe reading of the script that pairs it (or none), each key the YAML sets
+    taking the recipe's place."""
     settings = yaml_settings(text, path, KIND, FIX, refuses_duplicates="Megatron-Bridge's loader (OmegaConf)")
-    paired = paired_script(path)
     reading = _paired_reading(paired, path) if paired is not None else Reading(FRAMEWORK, path, variant="run_recipe")
-    if reading.path != path:  # read over a recipe module: each YAML setting cites the YAML, the recipe's its module
-        settings = [replace(s, file=path) for s in settings]
     root = yaml.compose(text)  # parsed by yaml_settings already: each top-level key's own line
     tops = {str(k.value): k.start_mark.line + 1 for k, _ in root.value} if isinstance(root, yaml.MappingNode) else {}
-    settings = _sections(reading, settings, tops)
+    _over(reading, _sections(reading, [replace(s, file=path) for s in settings], tops))
+    return reading
+
+
+def _over(reading: Reading, settings: list[Setting]) -> None:
+    """Settings applied over what the reading holds (the recipe's, then the YAML's): the earlier value of each key
+    they set dropped first (zero_stage, say, is stated only where not stated yet), then read through the one Bridge
+    key table, the model's keys compared with the model read."""
     section = read_section(FRAMEWORK)
     table = key_table(FRAMEWORK, variant=reading.variant)
-    for s in settings:  # the recipe's value of a key the YAML sets is the YAML's (zero_stage is stated only once)
+    for s in settings:
         for name, source in list(reading.sources.items()):
             if name != "framework" and lookup(table, s.key) and re.search(rf"\s{re.escape(s.key)}\b", source):
                 reading.request.pop(name, None)
@@ -153,12 +169,67 @@ def read_bridge_yaml(text: str, path: str) -> Reading:
     _hf_model(reading)
     recipe_overrides(reading, settings, section)
     restated_architecture(reading, settings, section)
+
+
+def _left(reading: Reading, gpus: str | None) -> None:
+    """The model and (`gpus`: why not) the GPU count, where the files read state neither, left to the request."""
     if "model" not in reading.request and not any("model" in left.fields for left in reading.left_to_request):
         reading.leave(("model",), "model: the YAML names no model (a Bridge override file takes it from the recipe "
                                   "its script starts from; pass --model)")
-    if "num_gpus" not in reading.request:
-        reading.leave(("num_gpus",), "num_gpus: a Bridge override YAML runs on the GPUs torchrun starts its script "
-                                     "on (pass --num-gpus)")
+    if gpus is not None and "num_gpus" not in reading.request:
+        reading.leave(("num_gpus",), f"num_gpus: {gpus} (pass --num-gpus)")
+
+
+def read_bridge_yaml_launch(text: str, path: str) -> Reading:
+    """A script launching a Bridge YAML script (`torchrun --nproc_per_node=8 02_pretrain_with_yaml.py --config-file
+    conf/x.yaml model.tensor_model_parallel_size=2`, the usage its tutorials and examples give): the YAML it names over
+    the recipe the launched script starts from, then the command's Hydra-style overrides over both (Bridge's
+    parse_hydra_overrides, struct mode: a top-level key that is no ConfigContainer section is refused, as Bridge
+    refuses it), and the GPU count from the launcher."""
+    launch = read_launch(text, path, FRAMEWORK, variant="run_recipe", marker=CONFIG_FILE)
+    command, k = launch.command, launch.k
+    at = next(i for i, w in enumerate(command.words) if i > k and w.text.split("=", 1)[0] in CONFIG_SPELLINGS)
+    word = command.words[at]
+    if "=" in word.text:
+        word = replace(word, text=word.text.split("=", 1)[1])
+    elif at + 1 < len(command.words):
+        word = command.words[at + 1]
+    yaml_path, yaml_text = named_file(launch.reading, word, command.words[at].text.split("=", 1)[0], (".yaml", ".yml"),
+                                      "the script's")
+    paired = None
+    try:
+        script, script_text = named_file(launch.reading, command.words[k], "", (".py",), "the launched script's")
+    except MeshplanError:
+        launch.reading.notes.append(f"{path}:{command.line} {command.words[k].text}: the launched script is not "
+                                    "found beside this one, so the recipe it starts from is not read")
+    else:
+        calls = recipe_calls(script_text)
+        paired = Paired(script, calls) if calls else None
+    reading = _yaml_over_recipe(yaml_text, yaml_path, paired if paired is not None else paired_script(yaml_path))
+    for name in ("unresolved", "assumed", "notes", "allocator_env"):
+        setattr(reading, name, getattr(launch.reading, name) + getattr(reading, name))
+    reading.launch_line = launch.reading.launch_line
+    sections = read_section(FRAMEWORK).sections
+    overrides: list[Setting] = []
+    for s in launch.settings:
+        if s.key.split("=", 1)[0] in CONFIG_SPELLINGS:
+            continue
+        if s.key.lstrip("+~").split(".", 1)[0] in sections or s.key.startswith("-"):
+            overrides.append(s)
+        elif s.key.startswith("+"):  # added to the OmegaConf dict, then skipped by _apply_overrides with a warning
+            reading.unsupported.append(f"{s.where(path)} = {s.value}: not a ConfigContainer section, so "
+                                       "Megatron-Bridge adds it to the merged config and then skips it (no field of "
+                                       "ConfigContainer)")
+        else:  # struct mode: Hydra refuses a key the config lacks, unless added with +
+            near = difflib.get_close_matches(s.key.split(".", 1)[0], sections, n=1)
+            raise MeshplanError(
+                f"{s.where(path)}={s.value}: {s.key.split('.', 1)[0]} is not a ConfigContainer section, and "
+                "Megatron-Bridge refuses the override (parse_hydra_overrides, struct mode: 'Could not override "
+                f"{s.key!r}')" + (f"; did you mean {near[0]}?" if near else "") + ".",
+                fix=f"Set a key of one of its sections: {', '.join(sections)}.")
+    _over(reading, [replace(s, file=path, key=s.key.lstrip("+")) for s in overrides])
+    world(reading)
+    _left(reading, None)
     return reading
 
 

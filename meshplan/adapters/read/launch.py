@@ -51,10 +51,12 @@ class Launch(NamedTuple):
     settings: list[Setting]
 
 
-def read_launch(text: str, path: str, framework: str, variant: str | None = None) -> Launch:
-    """The training command of a `framework` launch script (its card's read.launcher), read once for every reader."""
+def read_launch(text: str, path: str, framework: str, variant: str | None = None, marker: str | None = None
+                ) -> Launch:
+    """The training command of a `framework` launch script (its card's read.launcher, or with `marker` the Python
+    command passing that flag: a Bridge YAML script's --config-file), read once for every reader."""
     script = read_script(text, path)
-    command, k, custom = launch_command(script, framework)
+    command, k, custom = marked_command(script, marker) if marker else launch_command(script, framework)
     reading = Reading(framework, path, variant=variant)
     reading.unresolved += script.unresolved
     reading.assumed += script.loops + ([command.call] if command.call else [])
@@ -314,6 +316,21 @@ def wrapper_script(path: str, called: list[tuple[str, int]], what: str = WRAPPER
     return MeshplanError(f"{path}: {what} calls {names}, which holds the launch.",
                          fix=f"Pass {one}, with this file's overrides added to its command line (meshplan reads one "
                              "file).")
+
+
+def marked_command(script: Script, marker: str) -> tuple[Command, int, bool]:
+    """The last command that runs a Python entry point and passes `marker` (`--config-file conf/x.yaml`, either
+    spelling of its dashes), with its entry point's index; NoLaunch where none does."""
+    spellings = {marker, "--" + marker[2:].replace("-", "_")}
+    found = None
+    for command in [*script.commands, *_shell_c_commands(script)]:
+        k = _entry_point(command)
+        if k is not None and any(w.text.split("=", 1)[0] in spellings for w in command.words[k + 1:]):
+            found = (command, k, False)
+    if found is None:
+        raise NoLaunch(f"{script.path}: no Python command passes {marker}.",
+                       fix="Pass the YAML file itself, or the script whose launch line passes it.")
+    return found
 
 
 def _entry_point(command: Command) -> int | None:
