@@ -12,7 +12,9 @@ read.sections) is said so, with the sections there are, and nothing under it rea
 (model.extra_checkpoint_metadata.hf_model_id), else from the recipe the YAML is paired with, the script beside it that
 names the file and calls a Bridge recipe (tutorials/recipes/llama/02_pretrain_with_yaml.py: DEFAULT_CONFIG_FILE
 conf/llama32_1b_pretrain.yaml, llama32_1b_pretrain_config()); where that recipe's module is in the same checkout it is
-read through its chain (bridge_recipe.py) and the YAML applied over it; else the model is left to the request.
+read through its chain (bridge_recipe.py) and the YAML applied over it; else the model is left to the request. A
+script launching one (`torchrun ... SCRIPT.py --config-file conf/x.yaml key=value`) is read as the recipe, the YAML and
+the command's Hydra-style overrides in that order, with torchrun's GPUs.
 """
 
 from __future__ import annotations
@@ -42,9 +44,8 @@ FIX = ("Start from the ConfigContainer's sections (model:, train:, optimizer:, d
        "conf/*.yaml files do.")
 INSTANTIATE = ("_target_", "_call_", "_partial_")
 """The keys Bridge's instantiate reads in a mapping (utils/instantiate_utils.py): no field of the config it builds."""
-CONFIG_FILE = "--config-file"  # what Bridge's YAML scripts take the override file by (argparse: --config_file too)
-CONFIG_SPELLINGS = (CONFIG_FILE, "--config_file")
-LAUNCH = re.compile(r"\.py\b[^\n]*(?:\\\n[^\n]*)*?\s--config[-_]file[= ]\s*\S+\.ya?ml\b")
+CONFIG_FILE = "--config-file"  # the flag every Bridge YAML script declares (13 scripts at 067f987; no other spelling)
+LAUNCH = re.compile(r"\.py\b[^\n]*(?:\\\n[^\n]*)*?\s--config-file[= ]\s*\S+\.ya?ml\b")
 """A command line running a Python script with a YAML --config-file (a Bridge YAML script's launch)."""
 MISSING = "???"  # OmegaConf's mandatory value: Bridge refuses to run until it is set
 MAX_SCRIPTS = 64  # the .py files beside a YAML a pairing looks through (a conf/ folder's parent holds a few)
@@ -111,10 +112,11 @@ def paired_script(path: str) -> Paired | None:
     return found[0] if len(distinct) == 1 else None
 
 
-def recipe_module(script: str, name: str) -> tuple[str, str] | None:
-    """(module path, function) defining the recipe in the Bridge checkout the script sits in (the first folder above
-    it holding src/megatron/bridge/recipes): a `def NAME(`, else the function a module re-exports as NAME (Bridge's
-    recipes/llama/llama3.py: `llama32_1b_pretrain_1gpu_h100_bf16_config as llama32_1b_pretrain_config`)."""
+def recipe_module(script: str, name: str) -> tuple[str, str, str] | None:
+    """(module path, function, module text) defining the recipe in the Bridge checkout the script sits in (the
+    first folder above it holding src/megatron/bridge/recipes): a `def NAME(`, else the function a module re-exports
+    as NAME (Bridge's recipes/llama/llama3.py: `llama32_1b_pretrain_1gpu_h100_bf16_config as
+    llama32_1b_pretrain_config`)."""
     root = next((folder / "src/megatron/bridge/recipes" for folder in Path(script).resolve().parents
                  if server_files.is_dir(folder / "src/megatron/bridge/recipes")), None)
     if root is None:
@@ -131,7 +133,7 @@ def recipe_module(script: str, name: str) -> tuple[str, str] | None:
                            for m in re.finditer(rf"\b(\w+)\s+as\s+{re.escape(name)}\b", text))):
         for file, text in texts.items():
             if re.search(rf"^def {re.escape(wanted)}\(", text, re.M):
-                return str(file), wanted
+                return str(file), wanted, text
     return None
 
 
@@ -188,7 +190,7 @@ def read_bridge_yaml_launch(text: str, path: str) -> Reading:
     refuses it), and the GPU count from the launcher."""
     launch = read_launch(text, path, FRAMEWORK, variant="run_recipe", marker=CONFIG_FILE)
     command, k = launch.command, launch.k
-    at = next(i for i, w in enumerate(command.words) if i > k and w.text.split("=", 1)[0] in CONFIG_SPELLINGS)
+    at = next(i for i, w in enumerate(command.words) if i > k and w.text.split("=", 1)[0] == CONFIG_FILE)
     word = command.words[at]
     if "=" in word.text:
         word = replace(word, text=word.text.split("=", 1)[1])
@@ -212,7 +214,7 @@ def read_bridge_yaml_launch(text: str, path: str) -> Reading:
     sections = read_section(FRAMEWORK).sections
     overrides: list[Setting] = []
     for s in launch.settings:
-        if s.key.split("=", 1)[0] in CONFIG_SPELLINGS:
+        if s.key.split("=", 1)[0] == CONFIG_FILE:
             continue
         if s.key.lstrip("+~").split(".", 1)[0] in sections or s.key.startswith("-"):
             overrides.append(s)
@@ -250,8 +252,7 @@ def _paired_reading(paired: Paired, path: str) -> Reading:
         return reading
     module = recipe_module(paired.script, names[0])
     if module is not None:
-        recipe_text = Path(module[0]).read_text(encoding="utf-8", errors="replace")
-        reading = read_bridge_recipe(recipe_text, f"{module[0]}:{module[1]}", bridge_settings)
+        reading = read_bridge_recipe(module[2], f"{module[0]}:{module[1]}", bridge_settings)
         for name in ("num_gpus", "gpu"):  # the recipe's tuned run, not this script's: torchrun's GPUs
             if name in reading.sources and "recipe name" in reading.sources[name]:
                 reading.request.pop(name)

@@ -319,13 +319,12 @@ def wrapper_script(path: str, called: list[tuple[str, int]], what: str = WRAPPER
 
 
 def marked_command(script: Script, marker: str) -> tuple[Command, int, bool]:
-    """The last command that runs a Python entry point and passes `marker` (`--config-file conf/x.yaml`, either
-    spelling of its dashes), with its entry point's index; NoLaunch where none does."""
-    spellings = {marker, "--" + marker[2:].replace("-", "_")}
+    """The last command that runs a Python entry point and passes `marker` (`--config-file conf/x.yaml`), with its
+    entry point's index; NoLaunch where none does."""
     found = None
     for command in [*script.commands, *_shell_c_commands(script)]:
         k = _entry_point(command)
-        if k is not None and any(w.text.split("=", 1)[0] in spellings for w in command.words[k + 1:]):
+        if k is not None and any(w.text.split("=", 1)[0] == marker for w in command.words[k + 1:]):
             found = (command, k, False)
     if found is None:
         raise NoLaunch(f"{script.path}: no Python command passes {marker}.",
