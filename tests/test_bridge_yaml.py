@@ -259,3 +259,21 @@ def test_a_launch_of_a_yaml_script_reads_the_recipe_the_yaml_and_the_command_lin
     run.write_text("torchrun --nproc_per_node=8 train_with_yaml.py --config-file conf/job.yaml +optimiser.lr=1\n")
     assert any("+optimiser.lr = 1: not a ConfigContainer section" in u for u in import_file(str(run)).unsupported)
     assert main(["check", "--config", str(run), "--gpu", "h100"]) in (0, 1)  # the CLI face on the launch
+
+
+def test_zero_stage_fixes_write_megatron_fsdp_as_bridge_reads_it(tmp_path):
+    """A MEM001 fix of zero_stage on a Megatron-Bridge file writes the sharding strategy's word with the switch it is
+    read beside (ddp.use_megatron_fsdp, Bridge 067f987 config.py) and the distributed optimizer as a boolean: it wrote
+    ddp.data_parallel_sharding_strategy=3 and ddp.use_distributed_optimizer=1."""
+    path = tmp_path / "override.yaml"
+    path.write_text("model:\n  tensor_model_parallel_size: 1\n  pipeline_model_parallel_size: 1\n"
+                    "  seq_length: 4096\ntrain:\n  global_batch_size: 64\n  micro_batch_size: 1\n"
+                    "ddp:\n  use_distributed_optimizer: false\n")
+    imported = api.import_file(str(path))
+    given = {"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100"}
+    report = api.check_config(api.request_from_config(imported, given), config=imported)
+    options = [[c.text for c in option] for fix in report.config_fixes for option in fix.options]
+    assert ["ddp.use_distributed_optimizer=true  # line 9, was false"] in options
+    assert ["ddp.data_parallel_sharding_strategy=optim_grads_params", "ddp.use_megatron_fsdp=true",
+            "checkpoint.ckpt_format=fsdp_dtensor"] in options
+    assert not any("sharding_strategy=3" in text or "=1 " in text for option in options for text in option)

@@ -46,6 +46,10 @@ class AdapterKnob(_Card):
         None, description="The ZeRO stages at which the key takes effect, where not all (verl's bf16 gradient buffer: "
                           "through Megatron's precision-aware optimizer, inside the distributed optimizer only); "
                           "'instead' says what to do at the others")
+    beside: dict[str, str] | None = Field(
+        None, description="Keys the framework reads this knob's value only beside (Megatron-Bridge's "
+                          "data_parallel_sharding_strategy takes effect with ddp.use_megatron_fsdp on), each with its "
+                          "value as a YAML word: a fix that sets the knob writes them too")
     reason: str | None = Field(None, description="A missing knob a request gets when it leaves the field out "
                                                  "(REASON_KNOBS): what the run does instead, the words of the note "
                                                  "that says so (no final period)")

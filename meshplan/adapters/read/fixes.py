@@ -130,7 +130,24 @@ def _card_value(imported: ImportedConfig, field: str, value: Any) -> Any:
     knob = _card_knob(imported, field, value)
     word = "true" if value is True else "false" if value is False else str(value)
     theirs = (knob.values or {}).get(word) if knob is not None else None
-    return value if theirs is None else theirs
+    return value if theirs is None else _word_value(theirs)
+
+
+def _word_value(word: str) -> Any:
+    """A card's value word as the key takes it: 'true' / 'false' a switch's boolean (Megatron-Bridge's
+    ddp.use_distributed_optimizer for zero_stage 1 / 0), any other word as written ('optim_grads_params')."""
+    return {"true": True, "false": False}.get(word, word)
+
+
+def beside_changes(imported: ImportedConfig, field: str, value: Any) -> list[FileChange]:
+    """The keys the framework reads the field's new value only beside (AdapterKnob.beside), in the file's syntax: a
+    fix of zero_stage=3 on a Megatron-Bridge file wrote ddp.data_parallel_sharding_strategy alone, which
+    Megatron-Core reads only with ddp.use_megatron_fsdp on."""
+    knob = _card_knob(imported, field, value) if value is not None else None
+    fmt = imported.config_format or "shell"
+    return [FileChange(field=field, value=value, key=key, text=written(
+        key, _word_value(word), fmt, imported.variant, imported.framework, imported.config_variable))
+        for key, word in ((knob.beside or {}).items() if knob is not None else ())]
 
 
 def _card_knob(imported: ImportedConfig, field: str, value: Any) -> AdapterKnob | None:
@@ -206,6 +223,9 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
         text = written(key, _card_value(imported, field, value), fmt, imported.variant, imported.framework,
                        imported.config_variable)
         was = imported.request.get(field)
+        if field in ("zero_stage", "recompute"):  # the file's own word for it (use_distributed_optimizer false, not 0)
+            was = _card_value(imported, field, was)
+            was = str(was).lower() if isinstance(was, bool) else was
         via = f", through ${source.group('via')}" if source.group("via") else ""
         return FileChange(field=field, value=value, key=key, line=int(source.group("line")),
                           text=f"{text}  # line {source.group('line')}, was {was}{via}")
@@ -279,5 +299,7 @@ def config_fixes(imported: ImportedConfig, findings: list[Finding],
         options = [_dp_through_released(imported, o) for o in fix_changes(finding.fix, imported.request, in_effect)]
         if options:
             out.append(ConfigFix(finding=finding.id, fix=finding.fix, options=[
-                [file_change(imported, field, value) for field, value in option.items()] for option in options]))
+                [change for field, value in option.items()
+                 for change in (file_change(imported, field, value), *beside_changes(imported, field, value))]
+                for option in options]))
     return out
