@@ -267,3 +267,20 @@ def test_an_automodel_recipe_stating_its_mesh_states_its_gpus():
     assert not any("how many GPUs" in line for line in imported.unresolved)
     unstated = api.import_config(AUTOMODEL_RECIPE.replace("  dp_size: 8\n", ""), path="recipe.yaml")
     assert "num_gpus" not in unstated.request  # dp left to the world: the count is the launcher's
+
+
+def test_megatron_fsdp_fix_writes_the_checkpoint_format_megatron_asserts(tmp_path):
+    """Megatron-LM's validate_args asserts --ckpt-format fsdp_dtensor beside --use-megatron-fsdp: a zero_stage 3 fix
+    on a pretrain_gpt script writes it (the card's AdapterKnob.beside), as render does."""
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "torchrun --nproc_per_node 8 pretrain_gpt.py \\\n"
+        "  --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 \\\n"
+        "  --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --num-query-groups 8 --ffn-hidden-size 14336 \\\n"
+        "  --seq-length 4096 --max-position-embeddings 131072 --micro-batch-size 1 --global-batch-size 64 \\\n"
+        "  --bf16 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --vocab-size 128256\n")
+    imported = api.import_file(str(script))
+    report = api.check_config(api.request_from_config(imported, {"gpu": "a100-40gb"}), config=imported)
+    options = [[c.text for c in option] for fix in report.config_fixes for option in fix.options]
+    fsdp = [option for option in options if any("--use-megatron-fsdp" in text for text in option)]
+    assert fsdp and all("--ckpt-format fsdp_dtensor" in option for option in fsdp)
