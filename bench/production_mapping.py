@@ -65,14 +65,18 @@ from meshplan.knowledge.hardware import get_gpu, with_node_network
 from meshplan.knowledge.published_runs import bridge_perf_tp_overlap, torchtitan_pipeline_microbatches
 from meshplan.schema.request import Request
 
+ESTIMATE_NEEDS = ("seq_length",)  # a row's memory and step time are per sequence: a row stating none is not scored
 
-def map_row(raw: dict[str, Any], workdir: Path) -> Mapping:
+
+def map_row(raw: dict[str, Any], workdir: Path, needs: tuple[str, ...] = ESTIMATE_NEEDS) -> Mapping:
     """The row as a Request, or the reason it cannot be one; never an exception (a field the readers cannot take
-    is a reason too)."""
+    is a reason too). `needs`: the workload fields the caller's figure reads, a row stating none of one unmapped;
+    a figure that reads none of them (the CPU optimizer step, per parameter: bench/rl_jobs.offload_study) passes
+    (), and a field the row leaves is meshplan's default, which resolve writes to the Job's notes."""
     row, read_notes, read_knobs = read_row(raw)
     out = Mapping(row_id=row["id"], stated_memory=stated_memory_settings(row), ran=ran(row))
     try:
-        req, knobs, notes, capacity, source, network = _request(row, workdir)
+        req, knobs, notes, capacity, source, network = _request(row, workdir, needs)
     except Unmapped as exc:
         out.unmapped = str(exc)
         return out
@@ -87,12 +91,13 @@ def map_row(raw: dict[str, Any], workdir: Path) -> Mapping:
     return out
 
 
-def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str], list[str], int, str, str]:
+def _request(row: dict[str, Any], workdir: Path,
+             needs: tuple[str, ...]) -> tuple[Request, dict[str, str], list[str], int, str, str]:
     """(Request, knobs, notes, capacity, model source, network_for's reading) of a row read by read_row; Unmapped with
-    the reason else."""
+    the reason else (a workload field in `needs` the row does not state: map_row)."""
     w, p = row["workload"], row["parallelism"]
-    if w["seq_length"] is None:
-        raise Unmapped("sequence length not stated")
+    if missing := [k for k in needs if w.get(k) is None]:
+        raise Unmapped(f"{' and '.join(missing)} not stated")
     if not row["hardware"]["num_gpus"] or row["hardware"]["gpu_memory_gb"] is None:
         raise Unmapped("GPU count or GPU memory not stated")
     framework, knobs = framework_for(row["framework"])
@@ -212,7 +217,8 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     req = Request(
         model=model, gpu=gpu, num_gpus=row["hardware"]["num_gpus"], gpus_per_node=row["hardware"]["gpus_per_node"],
         network_gbps_per_node=network,
-        seq_length=w["seq_length"], global_batch_size=w["global_batch_size"],
+        **({"seq_length": w["seq_length"]} if w["seq_length"] is not None else {}),  # none: needs allowed it
+        global_batch_size=w["global_batch_size"],
         micro_batch_size=w["micro_batch_size"],
         precision=precision, framework=framework, tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"],
         ep=p["ep"], etp=p["etp"], dp=p["dp"], sequence_parallel=p["sequence_parallel"], zero_stage=zero,

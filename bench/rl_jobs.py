@@ -33,10 +33,11 @@ import argparse
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
-from production_mapping import offload_fields
+from production_mapping import map_row, offload_fields
 from production_sources import stage_layers
 
 from meshplan import api
@@ -138,7 +139,9 @@ def one_step_off(data: dict) -> dict:
 
 def offload_study(validation: Path) -> dict:
     """Each dev row whose notes give 'optimizer CPU offload A/B/..%: Xx/Yx/.. step time': per share, meshplan's CPU
-    optimizer seconds at the row's layout (step_offload_time) against the row's step_time_s x (multiplier - 1)."""
+    optimizer seconds at the row's layout (step_offload_time) against the row's step_time_s x (multiplier - 1). The
+    row is mapped as every scored row is (production_mapping.map_row), needing no workload field: the CPU step is per
+    parameter shard, whatever the sequence length the row leaves to meshplan's default."""
     data = yaml.safe_load((validation / "production_configs_dev.yaml").read_text(encoding="utf-8"))
     out: dict = {}
     for row in data if isinstance(data, list) else []:
@@ -147,19 +150,20 @@ def offload_study(validation: Path) -> dict:
         step = ((row or {}).get("outcome") or {}).get("step_time_s")
         if not m or not step:
             continue
-        hw, par = row["hardware"], row.get("parallelism") or {}
-        fields = {"model": row["model"]["id"].split("/")[-1].lower(), "num_gpus": hw["num_gpus"],
-                  "gpu": str(hw["gpu_type"]).split("-")[0].lower(),
-                  "framework": str(row.get("framework")).split(" ")[0].lower(),
-                  **{k: v for k, v in par.items() if k in ("tp", "pp", "ep", "etp", "cp") and v}}
+        with tempfile.TemporaryDirectory() as tmp:
+            mapping = map_row(row, Path(tmp), needs=())
+        if mapping.request is None:
+            out[row["id"]] = {"not_scored": mapping.unmapped}
+            continue
         shares = [int(x) / 100 for x in m.group(1).split("/")]
         factors = [float(x.rstrip("x")) for x in m.group(2).split("/")]
         res = []
         for share, factor in zip(shares, factors, strict=True):
-            job, plan = resolve(parse_request({**fields, "optimizer_offload_fraction": share}))
+            job, plan = resolve(parse_request({**mapping.request.model_dump(exclude_unset=True),
+                                                "optimizer_offload_fraction": share}))
             seconds, _ = step_offload_time(job, plan, compute_s=0.0)
             res.append({"share": share, "cpu_step_s": round(seconds, 2), "measured_s": round(step * (factor - 1), 2)})
-        out[row["id"]] = {"gpus_per_node": hw.get("gpus_per_node"), "shares": res}
+        out[row["id"]] = {"gpus_per_node": row["hardware"].get("gpus_per_node"), "shares": res}
     return out
 
 
@@ -220,6 +224,9 @@ def report(res: dict) -> None:
               f"{p['log_prob_measured_s']}, update {p['update_s']} vs {p['update_measured_s']}")
     print(f"  ratio: {o['ratio']} vs {o['ratio_measured']} measured")
     for rid, d in res["cpu_optimizer"].items():
+        if "not_scored" in d:
+            print(f"CPU optimizer step, {rid}: not scored: {d['not_scored']}")
+            continue
         print(f"CPU optimizer step, {rid} ({d['gpus_per_node']} ranks a node stepping at once): "
               + ", ".join(f"{x['share']:.0%} {x['cpu_step_s']} s vs {x['measured_s']} "
                           f"({err(x['cpu_step_s'], x['measured_s'])})" for x in d["shares"]))

@@ -112,6 +112,28 @@ def test_skyrls_critic_is_rendered_as_the_policys_plan():
         assert keys["trainer.critic.sequence_parallel_size"] == str(plan.cp)
 
 
+def test_skyrls_critic_lines_are_the_policys_in_their_order():
+    """The critic's CriticConfig lines are the policy's FSDP lines written again under trainer.critic, one loop
+    (adapters/rl.skyrl_overrides): same keys, same values, same order, the reduce dtype included, for PPO at cp 1
+    and 2, with and without each offload and an fp32 or bf16 reduce; GRPO writes none."""
+    base = {"model": "qwen3-8b", "framework": "skyrl", "num_gpus": 16, "job": "rl", "samples_per_prompt": 8,
+            "prompts_per_step": 64, "response_length": 2048, "zero_stage": 3}
+    seen = set()
+    for algorithm, cp, offload, reduce32 in [("ppo", 1, False, False), ("ppo", 2, True, True),
+                                             ("ppo", 2, False, True), ("grpo", 1, True, False)]:
+        job, plan = resolve(parse_request({**base, "algorithm": algorithm, "cp": cp, "param_offload": offload,
+                                           "optimizer_offload": offload, "grad_reduce_in_fp32": reduce32}))
+        lines = [t.split("=", 1) for t in shell_tokens(render("skyrl", job, plan, variant="fsdp").text)
+                 if t.startswith(("trainer.policy.", "trainer.critic.")) and "=" in t]
+        fsdp = [(k, v) for k, v in lines if not k.startswith(("trainer.policy.model.", "trainer.critic.model."))]
+        policy = [(k.removeprefix("trainer.policy."), v) for k, v in fsdp if k.startswith("trainer.policy.")]
+        critic = [(k.removeprefix("trainer.critic."), v) for k, v in fsdp if k.startswith("trainer.critic.")]
+        assert critic == (policy if algorithm == "ppo" else []), (algorithm, cp, offload, reduce32)
+        seen |= {k for k, _ in critic}
+    assert {"sequence_parallel_size", "fsdp_config.fsdp_size", "fsdp_config.cpu_offload",
+            "fsdp_config.mixed_precision.reduce_dtype", "optimizer_config.offload_after_step"} <= seen
+
+
 def test_verl_separate_placement_is_refused_with_the_reason():
     job, plan = resolve(parse_request({**GRPO, "framework": "verl", "placement": "separate", "rollout_gpus": 8}))
     with pytest.raises(MeshplanError, match="one-step-off"):

@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from meshplan.estimate.memory import step_offload_time
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import pairwise_comparisons as pw
 import production_configs as pconf
@@ -256,6 +260,30 @@ def test_an_rl_row_runs_its_own_split_and_offloads(production_rows):
         assert res["num_gpus"] == 128
         hosts.append(res["host_tb_per_node"])
     assert hosts[0] < hosts[1]  # half the optimizer on the host holds less of it there
+
+
+def test_the_cpu_optimizer_study_maps_its_row_as_every_row(production_rows, tmp_path):
+    """bench/rl_jobs.offload_study reads the CPU optimizer step, which needs no sequence length: it maps its row with
+    production_mapping.map_row stating so (needs=()), as every scored row is mapped, where an estimate's caller (the
+    default) still finds the row unmapped, naming the field the row leaves out. The study's seconds are the
+    shared mapping's: the row's own layout, its framework and GPU, at each share the row states."""
+    import production_mapping as pmap
+    import rl_jobs
+
+    row = production_rows["mbridge_card_qwen3_offload_16_h100"]
+    assert row["workload"]["seq_length"] is None
+    assert pmap.map_row(row, tmp_path).unmapped == "seq_length not stated"
+    req = pmap.map_row(row, tmp_path, needs=()).request
+    assert (req.tp, req.pp, req.ep, req.num_gpus) == (2, 2, 4, 16)
+    assert req.framework == prow.framework_for(row["framework"])[0]  # the shared reader's, not a hand split
+    study = rl_jobs.offload_study(rl_jobs.DEFAULT_VALIDATION)[row["id"]]
+    assert [s["share"] for s in study["shares"]] == [0.25, 0.5, 0.75, 1.0]
+    for s in study["shares"]:
+        job, plan = resolve(parse_request({**req.model_dump(exclude_unset=True),
+                                           "optimizer_offload_fraction": s["share"]}))
+        assert s["cpu_step_s"] == round(step_offload_time(job, plan, compute_s=0.0)[0], 2)
+    seconds = [s["cpu_step_s"] for s in study["shares"]]
+    assert seconds == sorted(seconds) and seconds[0] > 0  # more of the optimizer on the host, a longer CPU step
 
 
 def test_no_fit_reads_the_held_out_bridge_rows():

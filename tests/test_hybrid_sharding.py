@@ -120,6 +120,27 @@ def test_import_reads_megatron_instances():
     assert api.import_config(text, framework="megatron-core").request["dp_replicate"] == 4
 
 
+def test_torchtitan_shard_degree_one_at_cp_over_one_is_read_as_sharded_over_cp():
+    """torchtitan's FSDP2 shards over the data-shard x CP ranks whenever cp > 1 (ParallelDims.fsdp_enabled, the
+    card's engine.torch_cp.shards_over_cp): recommend's Gemma-2-27B pick on 16 H100, TP2 PP4 CP2 DP1 at ZeRO 3,
+    renders data_parallel_shard_degree 1, which import read back as zero_stage 0 (replicas), 72.6 GiB where the plan
+    is 68.2; it reads zero_stage 3 over the CP ranks, with its reason, and check of the file is the plan again. At
+    cp 1 a shard degree of 1 beside replicas is still plain data parallelism."""
+    req = Request(model="gemma-2-27b", gpu="h100", num_gpus=16, framework="torchtitan", tp=2, pp=4, cp=2, dp=1,
+                  zero_stage=3, micro_batch_size=1, recompute="none", first_stage_layers=11, last_stage_layers=11)
+    text = api.render_config("torchtitan", req).text
+    assert "--parallelism.data_parallel_shard_degree 1 " in text and "context_parallel_degree 2 " in text
+    imported = api.import_config(text, framework="torchtitan")
+    assert (imported.request["zero_stage"], imported.request["dp"]) == (3, 1)
+    assert any("shards over the data-shard x CP ranks" in n for n in imported.notes)
+    back = api.request_from_config(imported, {"model": "gemma-2-27b", "gpu": "h100", "num_gpus": 16})
+    assert api.estimate_memory(back).peak_bytes == api.estimate_memory(req).peak_bytes
+    flat = text.replace("context_parallel_degree 2 ", "context_parallel_degree 1 ").replace(
+        "data_parallel_replicate_degree 1 ", "data_parallel_replicate_degree 2 ")
+    plain = api.import_config(flat, framework="torchtitan").request
+    assert (plain["zero_stage"], plain["dp"]) == (0, 2)
+
+
 def test_recommend_keeps_a_given_dp_replicate():
     rec = api.recommend(Request(framework="megatron-core", dp_replicate=2, **DENSE))
     assert rec.candidates and all(c.plan.dp_replicate == 2 and c.plan.dp % 2 == 0 for c in rec.candidates)

@@ -650,3 +650,19 @@ def test_deepspeed_accumulation_pass_in_the_step():
     extra = double.breakdown.other_s - estimate_throughput(job, plan).breakdown.other_s
     hbm = job.gpu.hbm_bandwidth * calibration("deepspeed").hbm_efficiency
     assert extra == pytest.approx(added * 18 * total_params(job.model) / hbm, rel=1e-6)
+
+
+def test_the_pipeline_assumption_is_said_only_where_there_is_a_pipeline():
+    """At pp 1 the throughput's assumptions said 'the step replayed ... each waiting for its neighbour stage and one
+    p2p hop; slowest stage 0', of a job with no neighbour stage: they say its micro-batches run one after another with
+    the gradients accumulated; at pp > 1 the pipeline's words stay, with the same micro-batch count (step_microbatches
+    per data-parallel rank: 1,024 sequences over dp 4 at micro-batch 1)."""
+    from meshplan import api
+    from meshplan.schema.request import Request
+
+    flat = api.estimate_throughput(Request(model="llama-3.1-8b", num_gpus=8, tp=2)).assumptions
+    piped = api.estimate_throughput(Request(model="llama-3.1-8b", num_gpus=8, pp=2)).assumptions
+    assert not any("neighbour stage" in a for a in flat)
+    assert ("No pipeline (pp 1): 256 micro-batches per step, each rank's forward and backward run one after another, "
+            "the gradients accumulated over them.") in flat
+    assert any(a.startswith("Pipeline: 256 micro-batches;") and "neighbour stage" in a for a in piped)

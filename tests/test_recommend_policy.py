@@ -294,6 +294,34 @@ def test_a_zero_stage_timed_the_same_with_a_higher_peak_is_left_out_and_named():
     assert not any(r.plan.pp == 7 and r.plan.dp == 1 and r.plan.zero_stage == 3 for r in oracle)
 
 
+def test_a_zero_stage_slower_with_a_higher_peak_is_folded_into_its_twin():
+    """Llama-3.1-8B on 8 H100 (Megatron-Core): TP1 PP4 VPP3 DP2 at ZeRO 0 (46.092 s, 62.9 GiB) was listed as its own
+    row beside the same layout at ZeRO 1 (46.078 s, 50.2 GiB), which is faster and lighter: a user gains nothing by
+    it, so it is folded into the ZeRO 1 row, which names its step and peak (policy.heavier_twin); no two rows left
+    are such twins, a twin faster with more memory (a trade) stays a row of its own, and the oracle's top K is the
+    same."""
+    from meshplan.search.oracle import exhaustive_top_k
+    from meshplan.search.policy import HEAVIER_STAGE, heavier_twin
+
+    req = Request(model="llama-3.1-8b", num_gpus=8, gpu="h100", framework="megatron-core")
+    rec = api.recommend(req, top_k=8)
+    rows = rec.candidates
+    for a in rows:
+        for b in rows:
+            if a is not b and a.plan.model_copy(update={"zero_stage": b.plan.zero_stage}) == b.plan:
+                assert not heavier_twin(a.throughput.step_time_s, a.memory.peak_bytes,
+                                        b.throughput.step_time_s, b.memory.peak_bytes), (a.plan.short(), b.plan.short())
+    pp4 = [c for c in rows if (c.plan.pp, c.plan.vpp, c.plan.cp, c.plan.dp, c.plan.micro_batch_size) == (4, 3, 1, 2, 1)]
+    assert [c.plan.zero_stage for c in pp4] == [1]
+    assert rec.rejected[HEAVIER_STAGE] >= 1
+    assert "ZeRO 0 runs this layout at a slower predicted step, 46.092 s against 46.078 s, with a higher peak, " \
+           "62.9 GiB reserved, so it is not listed (SEARCH-HEAVIER-STAGE)" in pp4[0].rationale
+    assert [(r.step_time_s, r.peak_bytes) for r in exhaustive_top_k(req, len(rows))] == [
+        (c.throughput.step_time_s, c.memory.peak_bytes) for c in rows]
+    assert not heavier_twin(1.0, 2, 1.0 + 1e-6, 1)  # faster with more memory: a trade, not folded
+    assert heavier_twin(1.0 + 1e-6, 2, 1.0, 1) and heavier_twin(1.0, 2, 1.0, 1) and not heavier_twin(1.0, 1, 1.0, 1)
+
+
 def test_min_gpus_picks_the_stage_a_user_would_run():
     """Llama-3.1-70B LoRA with Megatron-Bridge: the smallest count, 4 H100, is picked at TP4 DP1 at ZeRO 1; ZeRO 3 at
     the same layout (Megatron-FSDP, 74.9 GiB against 71.9 at the same step) is said as left out, not offered."""

@@ -66,3 +66,16 @@ def test_an_rl_steps_breakdown_is_named_the_actors_step_where_the_update_is_more
     marks = [s.text for s in picture.shapes if s.kind == "text" and "step" in (s.text or "")]
     assert [m for m in marks if m.startswith(("step ", "actor step "))] == [m for m in marks if "actor step" in m]
     assert len([m for m in marks if m.startswith("actor step ")]) == 1 and words in picture.notes
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_the_rl_mfu_says_what_it_divides_and_names_no_other_framework(framework):
+    """An RL report's mfu is meshplan's model FLOPs over the actor update's seconds (RLStepTime.update_mfu), on every
+    RL framework: its assumption said 'as verl reports it' on SkyRL too, and verl's own log counts the FLOPs another
+    way (its flops_counter, rl/step_time.logged_update_mfu, which compare reads)."""
+    report = api.estimate_throughput(Request(**{**RL, "framework": framework}))
+    said = [a for a in report.assumptions if a.startswith("mfu is")]
+    assert said == ["mfu is the actor update's: its model FLOPs over the update's seconds and the actor's GPUs "
+                    "(verl's own log counts the FLOPs with its flops_counter, which `meshplan compare` reads as verl "
+                    "counts them)."]
+    assert report.mfu == report.rl.update_mfu

@@ -398,3 +398,17 @@ def test_a_blocker_is_asked_per_what_decides_its_verdict_not_per_plan(monkeypatc
         engine.blocking_rules.cache_clear()
     assert answer.num_gpus is None and answer.stopped_by == "rules" and "AD001" in answer.rationale
     assert 0 < len(runs) < 1_000
+
+
+def test_fp001_fix_names_every_catalog_gpu_with_fp8():
+    """FP001's fix listed seven GPUs of its own (H100, H200, H800, H20, B200, GB200, MI300X), leaving out the catalog's
+    B300, GB300, B200-750W and the H100 variants, which run FP8: it names the catalog's GPUs that state FP8
+    throughput (cards/hardware.yaml fp8_flops), so a GPU added there is named too."""
+    from meshplan.knowledge.hardware import gpu_catalog
+
+    report = api.check_config(Request(model="llama-3.1-8b", gpu="a100-80gb", num_gpus=8, precision="fp8"))
+    fix = next(f.fix for f in report.findings if f.id == "FP001")
+    fp8 = [key for key, spec in gpu_catalog().items() if spec.fp8_flops is not None]
+    assert {"b300", "gb300", "b200-750w", "h100-pcie"} <= set(fp8)
+    assert fix == f"Use precision=bf16, or a GPU of the catalog with FP8 tensor cores: {', '.join(fp8)}."
+    assert "a100-80gb" not in fix and "a100-40gb" not in fix

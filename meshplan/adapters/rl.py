@@ -456,6 +456,7 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
                   + (" on their own GPUs (colocate_all false)." if plan.placement == "separate" else
                      " on the same GPUs (colocate_all needs num_engines x TP x DP = policy GPUs).")]
     if not megatron:
+        start = len(o)
         o += [("trainer.policy.sequence_parallel_size", plan.cp), ("trainer.ref.sequence_parallel_size", plan.cp),
               ("trainer.policy.fsdp_config.fsdp_size", fsdp_group(plan)),
               ("trainer.gradient_checkpointing", plan.recompute == "full")]
@@ -468,14 +469,10 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
             o.append(("trainer.policy.optimizer_config.offload_after_step", False))
         if job.rl is not None and job.rl.algorithm == "ppo":
             # the critic (FSDP only) is estimated as the policy's plan: its own CriticConfig keys say so, whose
-            # defaults (0.4.0 config.py: sequence_parallel_size 1, cpu_offload off, offload_after_step on) are not it
-            o += [("trainer.critic.sequence_parallel_size", plan.cp),
-                  ("trainer.critic.fsdp_config.fsdp_size", fsdp_group(plan))]
-            if plan.param_offload:
-                o.append(("trainer.critic.fsdp_config.cpu_offload", True))
-            o += fsdp_reduce_dtype("trainer.critic.fsdp_config.mixed_precision", plan)
-            if not plan.optimizer_offload:
-                o.append(("trainer.critic.optimizer_config.offload_after_step", False))
+            # defaults (0.4.0 config.py: sequence_parallel_size 1, cpu_offload off, offload_after_step on) are not
+            # it; CriticConfig has the policy's shape, so each policy key above is written again under the critic
+            o += [("trainer.critic." + key.removeprefix("trainer.policy."), value) for key, value in o[start:]
+                  if key.startswith("trainer.policy.")]
         notes.append("FSDP strategy: context parallelism is Ulysses sequence parallelism (sequence_parallel_size).")
         return o, notes
     roles = [prefix] if variant == "sft" else [prefix, "trainer.ref.megatron_config"]

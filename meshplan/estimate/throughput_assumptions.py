@@ -256,12 +256,14 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
         "Model FLOPs: Megatron-LM num_floating_point_operations (causal attention halved, GQA, SwiGLU, top-k "
         "routed + shared experts, MLA, MTP, logits); MFU = model FLOPs / (step x GPUs x dense "
         f"{peak} peak), recompute not counted.",
-        f"Pipeline: {m} micro-batches; the step replayed op by op under the framework's schedule (each rank's "
-        f"forward and backward chunks in order, each waiting for its neighbour stage and one p2p hop); slowest "
-        f"stage {worst}"
-        + ("; layers split nanotron's way (cost-balanced, LM head counted as vocab x hidden)."
-           if convention(job.card, plan.zero_stage)[1].pipeline_partition == "compute_balanced"
-           and plan.pp > 1 else "."),
+        (f"Pipeline: {m} micro-batches; the step replayed op by op under the framework's schedule (each rank's "
+         f"forward and backward chunks in order, each waiting for its neighbour stage and one p2p hop); slowest "
+         f"stage {worst}"
+         + ("; layers split nanotron's way (cost-balanced, LM head counted as vocab x hidden)."
+            if convention(job.card, plan.zero_stage)[1].pipeline_partition == "compute_balanced" else ".")
+         if plan.pp > 1 else
+         f"No pipeline (pp 1): {m} micro-batch{'es' if m != 1 else ''} per step, each rank's forward and backward "
+         "run one after another, the gradients accumulated over them."),
         f"GEMM time = {TRAINING_PASSES_PER_FORWARD:g} x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod "
         f"d/(d+{cal.gemm_half_dim:.0f}) "
         "over its three dimensions); "

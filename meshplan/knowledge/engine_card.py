@@ -27,11 +27,15 @@ class TorchRingCp(_Card):
     queries against each rank's block in turn with head-tail load balancing, each block's output merged into an fp32
     running output by its log-sum-exp, dK/dV accumulated in fp32 and passed rank to rank
     (context_parallel.torch_ring_time prices it). `repeated_kv_releases`: the releases whose model repeats K and V to
-    every query head before SDPA (repeat_kv), so the ring moves and accumulates them at the query heads' width."""
+    every query head before SDPA (repeat_kv), so the ring moves and accumulates them at the query heads' width.
+    `shards_over_cp`: the framework's FSDP2 shards over the data-shard and CP ranks together whenever cp > 1, so a
+    data-shard degree of 1 at cp > 1 still shards the states over the CP ranks (zero_stage 3, not replication)."""
 
     engines: list[Engine]
     repeated_kv_releases: list[str] = []
     source: str
+    shards_over_cp: bool = False
+    shards_over_cp_source: str | None = None
 
     def repeats_kv(self, release: str | None) -> bool:
         """Whether `release`'s model hands SDPA K and V repeated to every query head (repeated_kv_releases)."""

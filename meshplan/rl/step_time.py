@@ -502,7 +502,11 @@ def rl_report(job, plan: Plan, timing, update, words: StepWords):
                                                                      plan.placement, plan.rollout_gpus),
         "mfu": timing.update_mfu,
         "model_flops_per_step": update.model_flops_per_step * (flops_share(job) if share < 1 else 1.0) * rl.epochs,
-        "rl": timing, "assumptions": [note, "mfu is the actor update's, as verl reports it.", *update.assumptions],
+        "rl": timing, "assumptions": [
+            note, "mfu is the actor update's: its model FLOPs over the update's seconds and the actor's GPUs (verl's "
+                  "own log counts the FLOPs with its flops_counter, which `meshplan compare` reads as verl counts "
+                  "them).",
+            *update.assumptions],
     })
 
 

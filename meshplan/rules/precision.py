@@ -12,15 +12,19 @@ from meshplan.arithmetic.offload import optimizer_share
 from meshplan.knowledge.adapter_card import AdapterKnob
 from meshplan.knowledge.adapter_knobs import rendered_knob
 from meshplan.knowledge.cards import FrameworkCard
+from meshplan.knowledge.hardware import gpu_catalog
 from meshplan.knowledge.releases import numbers
 from meshplan.rules.engine import Context, Values, rule
 
 
 @rule("FP001", reads=())
 def fp8_needs_hardware(ctx: Context) -> Values:
+    """The fix names the catalog's GPUs that state FP8 throughput (cards/hardware.yaml fp8_flops), not a list of
+    its own that a GPU added to the catalog would miss."""
     if ctx.job.precision != "fp8" or ctx.job.gpu.fp8_flops is not None:
         return None
-    return {"gpu": ctx.job.gpu.name}
+    return {"gpu": ctx.job.gpu.name,
+            "fp8_gpus": ", ".join(key for key, spec in gpu_catalog().items() if spec.fp8_flops is not None)}
 
 
 

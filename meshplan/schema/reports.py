@@ -150,7 +150,8 @@ class RLStepTime(StrictModel):
                     "max_num_seqs hold")
     decode_waves: int = Field(description="Rounds of sequences_at_once each replica decodes to finish its share")
     decode_step_s: float = Field(description="One decode step at that batch: weights and KV read, all-reduces")
-    update_mfu: float = Field(description="The actor update's MFU (what verl reports as MFU)")
+    update_mfu: float = Field(description="The actor update's MFU: its model FLOPs over the update's seconds and "
+                                          "the actor's GPUs (verl logs it with its own FLOP count)")
     limited_by: str = Field(description="The part that takes longest")
 
     def overlap_words(self) -> str:

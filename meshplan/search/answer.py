@@ -200,9 +200,9 @@ def same_stage_text(job: Job, engine: Engine, plan: Plan, zeros: tuple[int, ...]
 
 def heavier_text(job: Job, found: Found) -> str:
     """The row's twins the search left out as SEARCH-HEAVIER-STAGE (Found.heavier: the same layout, micro-batch and
-    recompute at another ZeRO stage, timed the same with a higher peak), in words: each stage with its byte preset
-    where it differs from the row's (memory_states.convention_name: Megatron-FSDP at Megatron-Core's ZeRO 3), its
-    peak, and that it shards nothing where dp x cp is 1; "" where there are none."""
+    recompute at another ZeRO stage, timed the same or slower with a higher peak), in words: each stage with its byte
+    preset where it differs from the row's (memory_states.convention_name: Megatron-FSDP at Megatron-Core's ZeRO 3),
+    its step where slower, its peak, and that it shards nothing where dp x cp is 1; "" where there are none."""
     if not found.heavier:
         return ""
     card, version, plan = job.card, job.framework_version, found.plan
@@ -215,7 +215,9 @@ def heavier_text(job: Job, found: Found) -> str:
     for other in sorted(found.heavier, key=lambda f: f.plan.zero_stage):
         theirs = convention_name(card, other.plan.zero_stage, version)
         preset = f" (byte preset {theirs}, the row's {mine})" if theirs != mine else ""
-        parts.append(f" ZeRO {other.plan.zero_stage}{preset} runs this layout at the same predicted step with a "
+        step = ("the same predicted step" if same_numbers(other.time, 0) == same_numbers(found.time, 0) else
+                f"a slower predicted step, {other.time:.3f} s against {found.time:.3f} s,")
+        parts.append(f" ZeRO {other.plan.zero_stage}{preset} runs this layout at {step} with a "
                      f"higher peak, {peak_words(other.memory)}{nothing}, so it is not listed (SEARCH-HEAVIER-STAGE).")
     return "".join(parts)
 

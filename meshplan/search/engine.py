@@ -65,7 +65,7 @@ class Found:
     plan: Plan
     memory: MemoryReport
     throughput: ThroughputReport
-    # the same layout, micro-batch and recompute at other ZeRO stages, timed the same with a higher peak
+    # the same layout, micro-batch and recompute at other ZeRO stages, timed no faster with a higher peak
     # (policy.heavier_twin): left out as SEARCH-HEAVIER-STAGE, named in this row's words
     heavier: list[Found] = field(default_factory=list)
 
@@ -375,9 +375,10 @@ class BestFirstSearch(StepTimeBounds, Seeding):
 
     def rank(self, new: Found, twin_key: tuple) -> None:
         """Rank a plan, or leave it out where its twin at another ZeRO stage (the same layout, micro-batch and
-        recompute: `twin_key`) is timed the same with a lower peak (policy.heavier_twin), counted SEARCH-HEAVIER-STAGE
-        and named by the twin's row; a twin ranked before it that it dominates leaves the ranking the same way (the
-        two pop in either order at the same key), and the rows wanted are counted again without it."""
+        recompute: `twin_key`) is timed the same or faster with a lower peak (policy.heavier_twin), counted
+        SEARCH-HEAVIER-STAGE and named by the twin's row; a twin ranked before it that it dominates leaves the ranking
+        the same way (the two pop in either order at the same key), and the rows wanted are counted again without
+        it."""
         twins = self.twins.setdefault(twin_key, [])
         for twin in twins:
             if heavier_twin(new.time, new.memory.peak_bytes, twin.time, twin.memory.peak_bytes):

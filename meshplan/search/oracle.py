@@ -42,7 +42,7 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
     (zero_stages.search_ladder), so a stage left out that some plan could take shows as a miss. A plan at a stage
     that is one plan with a stage offered before it at its layout (zero_stages.offered_before: Megatron's ZeRO 0 and
     1 at dp x cp 1) is left out where the rules pass that stage, as the search leaves it out; so is a plan whose twin
-    at another ZeRO stage (the same layout, micro-batch and recompute) is timed the same with a lower peak
+    at another ZeRO stage (the same layout, micro-batch and recompute) is timed the same or faster with a lower peak
     (policy.heavier_twin: Megatron-FSDP beside the distributed optimizer at dp x cp 1), as the search does."""
     with shared_layers():  # the cost model's memos (module docstring), dropped on return
         job, _ = search_job(req)
@@ -99,7 +99,7 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
                     timed.append((recompute, row))
                     break  # heavier recompute of the same plan is dominated
             for recompute, row in timed:
-                # its twin at another ZeRO stage timed the same with a lower peak: left out as the search leaves it
+                # its twin at another ZeRO stage timed the same or faster with a lower peak: left out as the search does
                 if any(r == recompute and heavier_twin(row.step_time_s, row.peak_bytes, o.step_time_s, o.peak_bytes)
                        for r, o in timed):
                     continue

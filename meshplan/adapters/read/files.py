@@ -38,7 +38,9 @@ def _data_parallel(reading: Reading, shard_key: str, replicate_key: str) -> None
     degree of -1 (the GPUs left over) leaves dp to the GPU count. dp is shard x replicate (torchtitan parallel_dims.py
     dp_replicate * dp_shard): the replicate degree is the request's dp_replicate where the card's knob states it
     (torchtitan), else the reader's extra (KempnerForge); read from the extra alone it was 1, and dp lost it. With a
-    shard degree of 1 the replicas are plain data parallelism (render's zero_stage 0), not hybrid sharding."""
+    shard degree of 1 the replicas are plain data parallelism (render's zero_stage 0), not hybrid sharding, unless
+    the file's cp is over 1 on a framework whose FSDP2 shards over the CP ranks too (the card's
+    engine.torch_cp.shards_over_cp: torchtitan), which runs zero_stage 3 over them."""
     shard = reading.extra.get(shard_key)
     rep = int(reading.request.get(replicate_key) or reading.whole(replicate_key) or 1)
     if shard is None:
@@ -47,6 +49,15 @@ def _data_parallel(reading: Reading, shard_key: str, replicate_key: str) -> None
     if degree == 0:
         raise MeshplanError(f"{shard[1].where(reading.path)}: 0 is not a shard degree.",
                             fix="Use -1 (the GPUs left over) or a whole number of at least 1.")
+    ring = framework_card(reading.framework).engine.torch_cp
+    if degree == 1 and ring is not None and ring.shards_over_cp and int(reading.request.get("cp") or 1) > 1:
+        cp = int(reading.request["cp"])
+        reading.state("zero_stage", 3, shard[1])
+        reading.notes.append(f"{shard[1].where(reading.path)} = 1 at context_parallel_degree {cp}: "
+                             f"{reading.framework}'s FSDP2 shards over the data-shard x CP ranks whenever cp > 1 "
+                             f"(ParallelDims.fsdp_enabled), so the states are sharded over {cp} ranks: zero_stage 3")
+        reading.state("dp", rep, shard[1])
+        return
     reading.state("zero_stage", 3 if degree != 1 else 0, shard[1])
     if degree == 1 and replicate_key in reading.request:  # replicas of unsharded states: dp itself, no HSDP
         reading.notes.append(f"{reading.sources.pop(replicate_key)} = {rep} with {shard[1].where(reading.path)} = 1: "
