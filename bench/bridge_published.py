@@ -91,7 +91,8 @@ micro-batch's compute, and NCCL's all-to-all holds its p2p channels' CTAs (pow2U
 backend its own 20 or 32) for as long as it runs, so the hidden all-to-all costs that share of its seconds
 (moe_time.overlapped_a2a, comm.alltoall_sm_share; the B300 row 3,817 plain -> 4,114 overlapped, was 4,219). On the one
 measured pair (64 GB200, GPT-OSS-120B, EP 64, alltoall, 15,754 -> 16,640, +5.6%; read without recompute) the overlap
-now gains +7.5% (23,916 -> 25,698), was +9.7%. It does not explain the in-node rows, and no cost the overlap adds can:
+now gains +7.5% (23,916 -> 25,698), was +9.7%; +8.0% (25,617 -> 27,672) after the joint refit it needed
+(2026-12-07, lane a2a62: 0.64 / 6 / 1.50 ms). It does not explain the in-node rows, and no cost the overlap adds can:
 a cost bounded by the all-to-all it runs beside is larger across nodes (that is where the rows moved most), and the
 in-node rows read fast without the overlap already (plain: B300 Qwen3-235B 3,817 against 2,691 measured, +42%; 25.11
 B200 3,712, +14%; H100 Qwen3-30B-A3B 5,923, +16%, and 8,994, +70%), where the overlap gains them 5-8%: to match, it
@@ -125,7 +126,8 @@ GPT-OSS-120B on Blackwell reads 23-46% fast here (the EP 64 rows across InfiniBa
 out (2026-12-07): the EP all-to-all, the open candidate on NVL72 (the same 64-GB200 EP 64 layout measured 15,754 with
 the alltoall dispatcher at 26.02.01, 15,938 with HybridEP and moe_a2a_overlap at 26.04 (v0.4.0
 GPT_OSS_120B_PRETRAIN_CONFIG_GB200_BF16_V2) and 16,640 with alltoall and the overlap at 26.04.01, where meshplan moves
-23,916 -> 26,379 / 25,698 (27,270 / 26,237 before the all-to-all's SMs were counted): the time is not in the
+25,617 -> 28,464 / 27,672 (23,916 -> 27,270 / 26,237 before the all-to-all's SMs were counted and the
+constants refitted): the time is not in the
 all-to-all), and NVL72 itself (the later B200 and B300 rows at EP 8
 inside one node read +22..+34% without their presets' recompute). What is left is a cost per token, not per
 micro-batch nor per attention score: with the fitted per-micro-batch sync (cards/calibration.yaml moe_host_sync_s)
