@@ -79,16 +79,36 @@ moe_a2a_overlap=True with no flex backend, as the table prints (VP 4), and 26.02
 NVIDIA then withdrew both settings for B300, "disabling VP and moe_a2a_overlap" to match B200's preset (PR #2669,
 592711afc, and #2706 on the release branch, 6f5e31aab, in v0.3.1); without them 26.04 and 26.04.01 ran B300 at
 4,865 and 5,936 tokens/s (micro-batch 2), and 26.02's B200 row, the same layout without VPP or the overlap, 3,805
-(-5%) where B300 with them ran 2,691. So the row measures a configuration its maintainers found slow, and the
-mechanism meshplan misprices is the EP overlap, not the GPU: the estimate counts moe_a2a_overlap only as hidden
-all-to-all time (moe_time.overlapped_a2a; here 3,817 -> 4,219 tokens/s), and every Bridge row that runs it with an
-EP group inside one node reads fast (26.02 B300 Qwen3-235B +57%, 25.11 B200 Qwen3-235B +25%, H100 Qwen3-30B-A3B
-+24% / +86%), while those whose EP spans nodes do not (H100 Qwen3-235B EP32 -5% / -6%, DeepSeek-V3 EP64 +10%).
-Megatron-Bridge's docs say as much without a figure ("small-EP `alltoall` runs can be correct but flat or slower",
-docs/training/communication-overlap.md at 067f987df); Megatron-Core's combined 1F1B (core_v0.16.0
-models/common/model_chunk_schedule_plan.py) pairs each layer's forward of one micro-batch with another's backward on
-two streams, and no published measurement prices what that costs where there is little to hide. Left unpriced (no
-term from a source; no per-row setting changed).
+(-5%) where B300 with them ran 2,691. So the row measures a configuration its maintainers found slow: every Bridge
+row that runs the overlap with an EP group inside one node reads fast (26.02 B300 Qwen3-235B +53%, 25.11 B200
+Qwen3-235B +22%, H100 Qwen3-30B-A3B +22% / +80%), those whose EP spans nodes do not (H100 Qwen3-235B EP32 -10% / -10%,
+DeepSeek-V3 EP64 +6%). Megatron-Bridge's docs say as much without a figure ("small-EP `alltoall` runs can be correct
+but flat or slower", docs/training/communication-overlap.md at 067f987df). What the overlap costs, priced since
+2026-12-07 (lane a2a61): Megatron-Core's combined 1F1B (core_v0.16.0 models/common/model_chunk_schedule_plan.py
+TransformerLayerSchedulePlan.run) runs each layer's dispatch and combine on a communication stream beside the other
+micro-batch's compute, and NCCL's all-to-all holds its p2p channels' CTAs (pow2Up of the ring's channels, NVIDIA/nccl
+5067397c graph/paths.cc ncclTopoComputeP2pChannels: 32 of an H100's 132 SMs in a node, 16 across nodes; the flex
+backend its own 20 or 32) for as long as it runs, so the hidden all-to-all costs that share of its seconds
+(moe_time.overlapped_a2a, comm.alltoall_sm_share; the B300 row 3,817 plain -> 4,114 overlapped, was 4,219). On the one
+measured pair (64 GB200, GPT-OSS-120B, EP 64, alltoall, 15,754 -> 16,640, +5.6%; read without recompute) the overlap
+now gains +7.5% (23,916 -> 25,698), was +9.7%; +8.0% (25,617 -> 27,672) after the joint refit it needed
+(2026-12-07, lane a2a62: 0.64 / 6 / 1.50 ms). It does not explain the in-node rows, and no cost the overlap adds can:
+a cost bounded by the all-to-all it runs beside is larger across nodes (that is where the rows moved most), and the
+in-node rows read fast without the overlap already (plain: B300 Qwen3-235B 3,817 against 2,691 measured, +42%; 25.11
+B200 3,712, +14%; H100 Qwen3-30B-A3B 5,923, +16%, and 8,994, +70%), where the overlap gains them 5-8%: to match, it
+would have to cost 14-42% of the step, more than the whole all-to-all it hides. Read and ruled out in core_v0.16.0:
+the four stream pairings (combine backward beside attention forward, dispatch forward beside the experts' backward,
+dispatch backward beside their weight gradients and the experts' forward, combine forward beside attention backward:
+with an all-to-all shorter than its partner every cross-stream wait is covered); the dispatcher's host sync
+(token_dispatcher.py: the device-to-host copy at before_permutation_1 inside the attention node, the sync in the
+dispatch node after the other micro-batch's expert backward is issued, so more GPU work is queued across it than in
+plain 1F1B, not less); what the overlap forbids (transformer_config.py __post_init__: full recompute and
+recompute_method, moe / mlp CUDA-graph scopes, moe_shared_expert_overlap, MTP > 1: none of them set by these rows'
+presets, Qwen3 has neither shared experts nor MTP); delay_wgrad_compute (the same weight-gradient GEMMs, run later);
+the split layer's nodes (pipeline_parallel/utils.py ScheduleNode: an event wait and record per node, one
+run_backward per node; no device synchronize). What is left is in the plain estimate of those layouts (PP2-PP8 with
+VPP 2-24 at micro-batch 1-2: the same H100 Qwen3-30B-A3B layout ran 1.77x faster at 26.02.01, below), not the
+overlap.
 One row's micro-batch is not the table's: 25.11 H100 GPT-OSS-120B prints MBS 4 and GA 2 at GBS 512, PP 4, 64 GPUs,
 which cannot both hold (GA = GBS / (MBS x DP): MBS 4 at DP 16 is GA 8; every other row of the 25.11 tables satisfies
 it; both figures are the B200 row's above it). The preset of that release leaves BASE_GPT_OSS_120B_CONFIG's
@@ -106,7 +126,9 @@ GPT-OSS-120B on Blackwell reads 23-46% fast here (the EP 64 rows across InfiniBa
 out (2026-12-07): the EP all-to-all, the open candidate on NVL72 (the same 64-GB200 EP 64 layout measured 15,754 with
 the alltoall dispatcher at 26.02.01, 15,938 with HybridEP and moe_a2a_overlap at 26.04 (v0.4.0
 GPT_OSS_120B_PRETRAIN_CONFIG_GB200_BF16_V2) and 16,640 with alltoall and the overlap at 26.04.01, where meshplan moves
-23,916 -> 27,270 / 26,237: the time is not in the all-to-all), and NVL72 itself (the later B200 and B300 rows at EP 8
+25,617 -> 28,464 / 27,672 (23,916 -> 27,270 / 26,237 before the all-to-all's SMs were counted and the
+constants refitted): the time is not in the
+all-to-all), and NVL72 itself (the later B200 and B300 rows at EP 8
 inside one node read +22..+34% without their presets' recompute). What is left is a cost per token, not per
 micro-batch nor per attention score: with the fitted per-micro-batch sync (cards/calibration.yaml moe_host_sync_s)
 taken out, the GB200 rows miss 0.72-0.92 us per token per layer at micro-batch 1 and sequence 8192 (25.11) as at

@@ -101,19 +101,6 @@ def loss(errs: list[float]) -> float:
     return statistics.median(abs(e) for e in errs) if errs else math.inf
 
 
-def fit(data: list[Row]) -> dict[str, float]:
-    """Grid search on the pooled rows' median |log error| (see the module docstring for why not per data set)."""
-    best: tuple[float, dict[str, float]] | None = None
-    for rows_ in GRID["moe_gemm_half_ridges"]:
-        for sync in GRID["moe_host_sync_s"]:
-            ov = {"moe_gemm_half_ridges": rows_, "moe_host_sync_s": sync}
-            value = loss(log_errors(data, **ov))
-            if best is None or value < best[0] - 1e-12:
-                best = (value, ov)
-    assert best is not None
-    return best[1]
-
-
 # --------------------------------------------------------------------------- leave one source out
 
 
@@ -245,31 +232,33 @@ def main() -> int:
     print(f"card constants ({show(card)}): all {pct(log_errors(data, **card))}")
     for src in ("bridge", "dev"):
         print(f"  {src:6s} {pct(log_errors([r for r in data if r.source == src], **card))}")
-    every = fit(data)
-    print(f"fitted on all rows: {show(every)}: {pct(log_errors(data, **every))}")
+    # every fit below is a median over a part of one error table (fit_on), built once
+    table, points = error_table(data), grid()
+
+    def fitted(keep: list[bool], score: list[bool]) -> tuple[dict[str, float], list[float]]:
+        best = fit_on(table, keep)
+        return points[best], [e for e, s in zip(table[best], score, strict=True) if s and e is not None]
+
+    every, errs = fitted([True] * len(data), [True] * len(data))
+    print(f"fitted on all rows: {show(every)}: {pct(errs)}")
     held: list[float] = []
     print("| held-out model | rows | fitted on the others | held-out median abs error (signed) |")
     print("|---|---|---|---|")
     for model in sorted({r.model for r in data}):
-        train = [r for r in data if r.model != model]
-        test = [r for r in data if r.model == model]
-        ov = fit(train)
-        errs = log_errors(test, **ov)
+        ov, errs = fitted([r.model != model for r in data], [r.model == model for r in data])
         held += errs
-        print(f"| {model} | {len(test)} | {show(ov)} | {pct(errs)} |")
+        print(f"| {model} | {sum(r.model == model for r in data)} | {show(ov)} | {pct(errs)} |")
     print(f"leave-one-model-out, pooled: {pct(held)}")
-    table = error_table(data)
     print("| held-out source | dev rows | fitted on the other sources | held-out median abs error (signed) |")
     print("|---|---|---|---|")
     pooled: list[float] = []
-    for source, (ov, errs) in held_out(data, table).items():
-        pooled += errs.values()
-        print(f"| {source} | {len(errs)} | {show(ov)} | {pct(list(errs.values()))} |")
+    for source, (ov, by_row) in held_out(data, table).items():
+        pooled += by_row.values()
+        print(f"| {source} | {len(by_row)} | {show(ov)} | {pct(list(by_row.values()))} |")
     print(f"leave-one-source-out, pooled over the dev rows: {pct(pooled)}")
     for train_src, test_src in (("bridge", "dev"), ("dev", "bridge")):
-        ov = fit([r for r in data if r.source == train_src])
-        print(f"fitted on {train_src} ({show(ov)}), scored on {test_src}: "
-              f"{pct(log_errors([r for r in data if r.source == test_src], **ov))}")
+        ov, errs = fitted([r.source == train_src for r in data], [r.source == test_src for r in data])
+        print(f"fitted on {train_src} ({show(ov)}), scored on {test_src}: {pct(errs)}")
     return 0
 
 

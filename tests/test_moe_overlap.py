@@ -79,3 +79,44 @@ def test_overlap_shortens_the_step_only_where_there_is_an_all_to_all():
     off, on = (estimate_throughput(Request(**fields, moe_a2a_overlap=v)) for v in (False, True))
     assert on.breakdown.ep_comm_s < off.breakdown.ep_comm_s
     assert on.breakdown.compute_s == off.breakdown.compute_s
+
+
+def test_the_all_to_all_holds_nccls_p2p_channels_or_its_flex_backends_sms():
+    """alltoall_sm_share: NCCL's p2p channels are the communicator's channels rounded up to a power of two
+    (ncclTopoComputeP2pChannels), the flex dispatcher's its backend's SMs (cards/calibration.yaml flex_dispatch sms)."""
+    from meshplan.arithmetic.comm import alltoall_sm_share, links
+    from meshplan.knowledge.calibration import calibration
+    from meshplan.knowledge.hardware import get_gpu
+
+    def lk(gpu: str, backend: str | None = None):
+        part = get_gpu(gpu)
+        return links(part, part.gpus_per_node, calibration("megatron-core"), backend=backend)
+
+    h100, b200 = lk("h100"), lk("b200")
+    assert alltoall_sm_share(8, 1, h100) == pytest.approx(32 / 132)  # 24 ring channels in a node -> 32
+    assert alltoall_sm_share(32, 1, h100) == pytest.approx(16 / 132)  # across nodes: 16, a power of two already
+    assert alltoall_sm_share(8, 1, b200) == pytest.approx(32 / 148)
+    assert alltoall_sm_share(8, 1, lk("h100", "deepep"), flex=True) == pytest.approx(20 / 132)
+    assert alltoall_sm_share(8, 1, lk("gb200", "hybridep"), flex=True) == pytest.approx(32 / 148)
+    assert alltoall_sm_share(1, 1, h100) == 0.0 and alltoall_sm_share(1, 1, h100, flex=True) == 0.0
+
+
+def test_hidden_all_to_all_slows_the_compute_beside_it():
+    """With `share` of the SMs held, a direction whose all-to-all the other chunk hides costs share x its seconds
+    (comm.beside_compute), one it does not hide its part beyond the window; never more than the plain all-to-all."""
+    one, share = 1.0, 0.25
+    assert overlapped_a2a(one, 5.0, 5.0, steady=1.0, share=share) == pytest.approx(2 * share * 2.0)
+    assert overlapped_a2a(one, 0.5, 1.0, steady=1.0, share=share) == pytest.approx(1.0 + 1.5)  # beyond > slowed
+    for fwd, bwd in ((0.1, 0.2), (1.0, 3.0), (9.0, 9.0)):
+        assert overlapped_a2a(one, fwd, bwd, 1.0, share) <= EP_ALL_TO_ALLS_PER_LAYER * one
+        assert overlapped_a2a(one, fwd, bwd, 1.0, share) >= overlapped_a2a(one, fwd, bwd, 1.0)
+
+
+def test_the_overlap_gains_less_than_the_all_to_all_it_hides():
+    """Qwen3-30B-A3B at EP8 inside one H100 node, 32 micro-batches: the first forward's all-to-all exposed, every
+    steady one hidden, and the step still pays the compute slowed by NCCL's 32 CTAs of 132 SMs beside them."""
+    fields = dict(Q30, ep=8, num_gpus=8, micro_batch_size=4)
+    off, on = (estimate_throughput(Request(**fields, moe_a2a_overlap=v)) for v in (False, True))
+    steady = 31 / 32
+    assert on.breakdown.ep_comm_s == pytest.approx(off.breakdown.ep_comm_s * ((1 - steady) + steady * 32 / 132),
+                                                   rel=1e-3)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import pytest
 
 from meshplan import api
-from meshplan.arithmetic.comm import links
+from meshplan.arithmetic.comm import alltoall_sm_share, hidden_beside, links
 from meshplan.arithmetic.gemm import gemm_terms
+from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_time import layer_gemms, layer_time
 from meshplan.estimate.moe_time import EP_ALL_TO_ALLS_PER_LAYER, shared_overlap_windows
 from meshplan.estimate.perf import _peaks, layer_context
@@ -109,8 +110,8 @@ def _moe_layer(framework: str, **kw):
 
 def test_each_all_to_all_is_hidden_up_to_the_shared_gemms_beside_it():
     """fc1's forward beside the dispatch, fc2's beside the combine, their backward (two thirds of each) beside the
-    gradients' all-to-alls: the layer's exposed EP time drops by the sum of min(one all-to-all, those GEMMs), and
-    nothing else moves."""
+    gradients' all-to-alls: the layer's exposed EP time drops by what those GEMMs hide of each all-to-all at the SMs
+    its CTAs leave them (comm.hidden_beside), and nothing else moves."""
     ctx_on, on = _moe_layer("megatron-bridge")
     ctx_off, off = _moe_layer("megatron-bridge", moe_shared_expert_overlap=False)
     assert ctx_on.shared_expert_overlap and not ctx_off.shared_expert_overlap
@@ -122,7 +123,10 @@ def test_each_all_to_all_is_hidden_up_to_the_shared_gemms_beside_it():
     fc2 = sum(t for g, t in zip(gemms, terms, strict=True) if g.name == "shared_expert_fc2")
     windows = shared_overlap_windows(ctx_on, gemms, terms)
     assert windows == pytest.approx((fc1 / 3, fc2 / 3, fc2 * 2 / 3, fc1 * 2 / 3))
-    assert off.ep - on.ep == pytest.approx(sum(min(one, w) for w in windows))
+    ep = mesh_groups(ctx_on.plan, law=ctx_on.law).ep  # each window's GEMMs on the SMs NCCL's all-to-all leaves
+    share = alltoall_sm_share(ep.size, ep.stride, ctx_on.lk)
+    assert share == pytest.approx(16 / 132)  # EP32 over four H100 nodes
+    assert off.ep - on.ep == pytest.approx(sum(hidden_beside(one, w, share) for w in windows))
     assert 0 < off.ep - on.ep < off.ep
     assert (on.gemm, on.attention, on.elementwise, on.tp) == (off.gemm, off.attention, off.elementwise, off.tp)
 

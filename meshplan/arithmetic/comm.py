@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshplan.arithmetic.mesh import fast_domain, flex_backend, job_domain, per_domain, wired_node
-from meshplan.knowledge.calibration import Calibration, at_ranks, flex_dispatch_points
+from meshplan.knowledge.calibration import Calibration, at_ranks, flex_dispatch_points, flex_sms
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.plan import Job
 
@@ -40,6 +40,7 @@ class Links:
     # CTAs an NCCL ring holds (GpuSpec.nccl_ring_ctas): inside one NVLink domain, across nodes per GPU of a node in the
     # group, the most across nodes; (): none counted
     ring_ctas: tuple[int, int, int] = ()
+    flex_sms: int = 0  # SMs the flex dispatcher's backend runs its kernels on (flex_sms); 0: none counted
 
     def nvlink_bw(self, k: int) -> float:
         """NVLink bytes/s one rank reaches in a collective of `k` members on its node: all its links behind an
@@ -68,7 +69,8 @@ def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None
     the flex dispatcher's `backend` (a job's Job.moe_flex_backend; None: the machine's, mesh.flex_backend) reaches in
     one NVLink domain on its generation, by the ranks it spans where the card measures that (cards/calibration.yaml
     flex_dispatch; none listed: NVLink's, as HybridEP on Hopper)."""
-    flex = flex_dispatch_points(backend or flex_backend(gpu, gpus_per_node), gpu.arch)
+    backend = backend or flex_backend(gpu, gpus_per_node)
+    flex = flex_dispatch_points(backend, gpu.arch)
     ctas = gpu.nccl_ring_ctas
     return Links(
         domain=fast_domain(gpu, gpus_per_node) if domain is None else domain,
@@ -82,6 +84,7 @@ def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None
         flex_bw=flex,
         sms=gpu.sm_count or 0,
         ring_ctas=(ctas.nvlink, ctas.network_per_node_gpu, ctas.network) if ctas is not None else (),
+        flex_sms=flex_sms(backend),
     )
 
 
@@ -105,14 +108,49 @@ def ring_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
 
 def ring_sm_share(size: int, stride: int, lk: Links) -> float:
     """The share of a GPU's SMs an NCCL ring collective over a group of `size` ranks `stride` apart holds while it
-    runs: one CTA per channel on an SM of its own, as many as the GPU's card gives (Links.ring_ctas, from NCCL's
-    topology search): inside one NVLink domain its figure there, across domains its figure per GPU of a domain in the
-    group (per_domain), up to its most; 0 for a group of one, or where the card counts none."""
-    if size <= 1 or not lk.ring_ctas or lk.sms <= 0:
-        return 0.0
+    runs: one CTA per channel on an SM of its own (ring_channels); 0 for a group of one, or where the card counts
+    none."""
+    return _sm_share(ring_channels(size, stride, lk), lk)
+
+
+def ring_channels(size: int, stride: int, lk: Links) -> int:
+    """The channels NCCL's topology search gives a ring over `size` ranks `stride` apart, as the GPU's card counts
+    them (Links.ring_ctas): inside one NVLink domain its figure there, across domains its figure per GPU of a domain
+    in the group (per_domain), up to its most; 0 for a group of one, or where the card counts none."""
+    if size <= 1 or not lk.ring_ctas:
+        return 0
     nvlink, per_gpu, most = lk.ring_ctas
     k = per_domain(size, stride, lk.domain)
-    ctas = nvlink if k >= size else min(most, per_gpu * k)
+    return nvlink if k >= size else min(most, per_gpu * k)
+
+
+NCCL_MAX_CHANNELS = 64
+"""NVIDIA/nccl 5067397c src/include/device.h MAXCHANNELS, the default of NCCL_MAX_P2P_NCHANNELS (graph/paths.cc)."""
+
+
+def alltoall_sm_share(size: int, stride: int, lk: Links, flex: bool = False) -> float:
+    """The share of a GPU's SMs an EP all-to-all over `size` ranks `stride` apart holds while it runs, which compute
+    launched beside it (moe_a2a_overlap) cannot use. NCCL's (the alltoall dispatcher's all_to_all_single, grouped
+    send/recv): its p2p channels, one CTA each, the communicator's collective channels rounded up to a power of two
+    (NVIDIA/nccl 5067397c src/graph/paths.cc ncclTopoComputeP2pChannels: p2pnChannels = pow2Up(min(nChannels,
+    NCCL_MAX_P2P_NCHANNELS = MAXCHANNELS))), every one of them busy once the group's peers spread over them (each
+    peer takes p2pnChannelsPerPeer channels from a base that rotates with the peer); so 32 of an H100's 132 SMs in
+    one node (24 ring channels), 16 across nodes. The flex dispatcher's (`flex`): the SMs its backend is run on
+    (Links.flex_sms: DeepEP 20, HybridEP 32), whatever the group. 0 for a group of one, or where the card counts
+    none."""
+    if size <= 1:
+        return 0.0
+    if flex:
+        return _sm_share(lk.flex_sms, lk)
+    channels = ring_channels(size, stride, lk)
+    return _sm_share(min(NCCL_MAX_CHANNELS, 1 << (channels - 1).bit_length()) if channels else 0, lk)
+
+
+def _sm_share(ctas: int, lk: Links) -> float:
+    """`ctas` CTAs, each on an SM of its own, as a share of the GPU's SMs (at most all but one); 0 where either is
+    unknown."""
+    if ctas <= 0 or lk.sms <= 0:
+        return 0.0
     return min(ctas, lk.sms - 1) / lk.sms
 
 

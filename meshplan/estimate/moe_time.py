@@ -8,6 +8,8 @@ from dataclasses import replace
 from meshplan.arithmetic.comm import (
     Links,
     allreduce_time,
+    alltoall_sm_share,
+    beside_compute,
     dispatch_time,
     ring_time,
 )
@@ -179,8 +181,8 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float, shared
     the most loaded rank receiving (and sending back) routed_load times the mean while every rank waits for it;
     with moe_a2a_overlap, what the other chunk's compute hides (overlapped_a2a); with the shared experts beside them
     (`shared`: shared_overlap_windows' seconds per all-to-all), each all-to-all and the shared experts' GEMMs in its
-    window take the longer of the two, not their sum: the all-to-all hidden up to those GEMMs' length, the GEMMs
-    beyond it still on the critical path."""
+    window take the GEMMs' seconds and what the all-to-all adds to them (comm.beside_compute): the all-to-all hidden
+    up to those GEMMs' length, which run meanwhile on the SMs its kernels leave (comm.alltoall_sm_share)."""
     arch, plan = ctx.arch, ctx.plan
     if arch.moe is None or plan.ep <= 1:
         return 0.0
@@ -193,9 +195,10 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float, shared
     one = dispatch_time(sent, arch.moe.top_k, ep.size, ep.stride, ctx.lk, dedup=plan.moe_token_dispatcher == "flex",
                         experts=arch.moe.num_experts, num_groups=arch.moe.num_groups, group_topk=arch.moe.group_topk,
                         consecutive=ctx.consecutive_routing)
+    share = alltoall_sm_share(ep.size, ep.stride, ctx.lk, flex=plan.moe_token_dispatcher == "flex")
     if plan.moe_a2a_overlap:
-        return overlapped_a2a(one, fwd_compute, bwd_compute, ctx.a2a_steady_share)
-    return EP_ALL_TO_ALLS_PER_LAYER * one - sum(min(one, seconds) for seconds in shared)
+        return overlapped_a2a(one, fwd_compute, bwd_compute, ctx.a2a_steady_share, share)
+    return (EP_ALL_TO_ALLS_PER_LAYER - len(shared)) * one + sum(beside_compute(one, s, share) for s in shared)
 
 
 def gather_ep(local_bytes: float, ep: int, stride: int, lk: Links) -> float:
@@ -220,11 +223,18 @@ def a2a_steady_share(m: int, pp: int, vpp: int) -> float:
     return max(0, chunks - warmup) / chunks
 
 
-def overlapped_a2a(one: float, fwd_compute: float, bwd_compute: float, steady: float) -> float:
+def overlapped_a2a(one: float, fwd_compute: float, bwd_compute: float, steady: float, share: float = 0.0) -> float:
     """Exposed EP all-to-all of one MoE layer per micro-batch with moe_a2a_overlap: in the steady state, the
     forward's dispatch and combine run beside the other chunk's backward of the layer, and the backward's beside
     its forward (delay_wgrad_compute moves the weight gradients after the dispatch so the backward has them to
-    offer), each hidden up to that compute; outside the steady state all four are exposed."""
+    offer), each hidden up to that compute, which runs meanwhile on the SMs the all-to-all's kernels leave (`share`
+    of them held: comm.alltoall_sm_share), so each direction costs comm.beside_compute: its part beyond the window,
+    or the compute it slowed, whichever is longer. Megatron-Core core_v0.16.0 (3bec9aa9)
+    models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run launches the dispatch and combine
+    on a communication stream beside the compute stream's attention and expert nodes, and
+    models/gpt/fine_grained_callables.py submodule_combine_forward starts the combine before the residual add so that
+    add does not 'compete for SM resources with another microbatch's computation': the kernels share the GPU's SMs
+    for as long as the all-to-all runs. Outside the steady state all four are exposed."""
     comm = FORWARD_AND_BACKWARD * one  # per direction: dispatch + combine
-    exposed = max(0.0, comm - bwd_compute) + max(0.0, comm - fwd_compute)
+    exposed = beside_compute(comm, bwd_compute, share) + beside_compute(comm, fwd_compute, share)
     return steady * exposed + (1.0 - steady) * EP_ALL_TO_ALLS_PER_LAYER * one

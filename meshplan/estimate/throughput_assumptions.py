@@ -378,7 +378,8 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
                "all-to-all dispatcher: every routed copy travels to its expert's rank; ")
             + (_flex_copies(job, plan) if plan.moe_token_dispatcher == "flex" else "")
             + ("expert all-to-all hidden behind the other micro-batch's compute of the layer in the 1F1B "
-               "steady state (moe_a2a_overlap), exposed in warm-up and cool-down."
+               "steady state (moe_a2a_overlap), that compute slowed meanwhile by the SMs the all-to-all's kernels "
+               "hold (NCCL's p2p channels, or the flex backend's SMs), exposed in warm-up and cool-down."
                if plan.moe_a2a_overlap else "expert all-to-all exposed (moe_a2a_overlap off)."))
 
 

@@ -117,6 +117,10 @@ class FlexBackend(BaseModel):
                           "dispatcher runs on this backend outside its dispatch and combine kernels (its permute and "
                           "unpermute); what the alltoall dispatcher's moe_dispatch_passes counts for it")
     permute_source: str = Field(description="Where permute_passes is counted from")
+    sms: int = Field(ge=1, description="SMs the backend's dispatch and combine kernels run on (Megatron's setting), "
+                                       "which compute beside them under moe_a2a_overlap cannot use "
+                                       "(arithmetic/comm.alltoall_sm_share)")
+    sms_source: str = Field(description="Where sms is read from")
     meaning: str
     source: str
 
@@ -428,6 +432,16 @@ def flex_permute_passes(backend: str) -> float:
         raise CardError(f"No flex dispatcher backend {backend!r} in cards/calibration.yaml flex_dispatch.",
                         fix=f"The backends are: {', '.join(sorted(backends))}.")
     return backends[backend].permute_passes
+
+
+def flex_sms(backend: str) -> int:
+    """SMs the flex dispatcher's `backend` runs its dispatch and combine kernels on (cards/calibration.yaml
+    flex_dispatch sms: DeepEP at Megatron-Core's 20, HybridEP at Megatron-Bridge's 32)."""
+    backends = calibration_card().flex_dispatch
+    if backend not in backends:
+        raise CardError(f"No flex dispatcher backend {backend!r} in cards/calibration.yaml flex_dispatch.",
+                        fix=f"The backends are: {', '.join(sorted(backends))}.")
+    return backends[backend].sms
 
 
 def flex_dispatch_bandwidth(backend: str, arch: str | None, ranks: int = 8) -> float | None:
