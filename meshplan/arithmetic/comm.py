@@ -234,16 +234,29 @@ def _missed(lo: int, hi: int, experts: int, top_k: int, num_groups: int, group_t
     experts drawn uniformly without replacement (hypergeometric: C(pool - held, top_k) / C(pool, top_k)) from the
     whole pool, or, group-limited (Megatron-Core moe_utils.group_limited_topk: `group_topk` of `num_groups` equal
     contiguous groups, then the top_k among their experts), from the picked groups' experts, every choice of groups
-    equally likely: _group_limited_misses over the block's experts in each group it touches."""
+    equally likely: _group_limited_misses over the block's experts in each group it touches. The chance reads of the
+    block only what it holds (of each group it touches), so it is worked out once per that (_held_missed):
+    learned_routing asks it of every EP rank's block and every domain's, blocks of one size that hold alike."""
     if num_groups <= 1 or group_topk >= num_groups or experts % num_groups:
-        return math.comb(experts - (hi - lo), top_k) / math.comb(experts, top_k)
+        return _held_missed((hi - lo,), experts, top_k, 1, 1)
+    per_group = experts // num_groups
+    touched = range(lo // per_group, min(num_groups, (hi - 1) // per_group + 1)) if hi > lo else ()  # its groups
+    return _held_missed(tuple(min(hi, (g + 1) * per_group) - max(lo, g * per_group) for g in touched), experts,
+                        top_k, num_groups, group_topk)
+
+
+@lru_cache(maxsize=4096)  # small ints: a few block shapes per (experts, top_k, groups) of a job's EP degrees
+def _held_missed(held: tuple[int, ...], experts: int, top_k: int, num_groups: int, group_topk: int) -> float:
+    """_missed of a block holding `held` experts of each group it touches (one figure, of the whole pool, where
+    routing is not group-limited: num_groups 1): the hypergeometric chance, or the group-limited count over the
+    choices of groups and experts, each one correctly rounded division of exact integers."""
+    if num_groups == 1:
+        return math.comb(experts - held[0], top_k) / math.comb(experts, top_k)
     per_group = experts // num_groups
     pool = group_topk * per_group
     if top_k > pool:
         raise ValueError(f"top_k {top_k} exceeds the {pool} experts of {group_topk} groups of {per_group}")
-    touched = range(lo // per_group, min(num_groups, (hi - 1) // per_group + 1)) if hi > lo else ()  # its groups
-    held = [min(hi, (g + 1) * per_group) - max(lo, g * per_group) for g in touched]
-    misses = _group_limited_misses(held, num_groups - len(held), pool, group_topk, top_k)
+    misses = _group_limited_misses(list(held), num_groups - len(held), pool, group_topk, top_k)
     return misses / (math.comb(num_groups, group_topk) * math.comb(pool, top_k))
 
 

@@ -72,8 +72,11 @@ def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
 def op_sac_recomputes_attention(job: Job, backend: str = "auto", zero_stage: int | None = None) -> bool:
     """Whether the framework's op-level SAC recomputes the job's attention: its release's save list lacks the kernel
     the job runs (the card's recompute.unsaved_attention: torchtitan 0.1.x's list has no cuDNN attention, which it
-    runs on Blackwell)."""
-    return job.card.recompute.recomputes_attention(job.framework_version, attention_kernel(job, backend, zero_stage))
+    runs on Blackwell). The kernel is looked up only where the card lists any (a list without one recomputes none:
+    the stages' Recompute asks this of every estimate, perf.recompute_of)."""
+    recompute = job.card.recompute
+    kernel = attention_kernel(job, backend, zero_stage) if recompute.unsaved_attention else None
+    return recompute.recomputes_attention(job.framework_version, kernel)
 
 
 def op_sac_may_recompute_attention(job: Job) -> bool:
