@@ -87,7 +87,7 @@ def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
     lk, law = kept_links(job, cal), job.card.world_size_law
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if job.model.moe else 1,
                              law=law)
-    return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan).per_step,
+    return SyncRates(job, plan, cal, lk, dp_traffic(job, plan, lk, groups, cal), sharding_schedule(job, plan).per_step,
                      time_rank_parts(job, plan))
 
 

@@ -189,10 +189,10 @@ def mesh_product(ctx: Context, derive: str) -> Values:
 
 
 
-@rule("WS005", reads=("tp", "cp", "dp", "dp_replicate", "ep"))
+@rule("WS005", reads=("tp", "cp", "dp", "dp_replicate", "ep", "zero_stage"))
 def torchtitan_ep_divides(ctx: Context) -> Values:
     p = ctx.plan
-    shard = p.dp // p.dp_replicate  # data_parallel_shard_degree (dp_replicate: hybrid sharding's replicas)
+    shard = mesh.torch_dp_degrees(p)[1]  # data_parallel_shard_degree as rendered: 1 at zero_stage 0
     room = shard * p.cp * p.tp
     if p.ep == 1 or room % p.ep == 0:
         return None
