@@ -384,9 +384,13 @@ def state_replicas(job: Job, plan: Plan) -> int:
     dp_replicate (hybrid sharding), or every data-parallel rank where ZeRO-0 is fully_shard over a shard of one
     (replicates_by_sharding). Every reader of the shard groups and the replicas' all-reduce takes it (memory.
     state_shards, perf.dp_traffic, the assumptions)."""
-    if replicates_by_sharding(job.card, plan.zero_stage, job.framework_version):
-        return plan.dp
-    return plan.dp_replicate
+    return replicas_at(job, plan.zero_stage, plan.dp, plan.dp_replicate)
+
+
+def replicas_at(job: Job, zero_stage: int, dp: int, dp_replicate: int = 1) -> int:
+    """state_replicas at a ZeRO stage and data-parallel degree, before a plan is made (the search's memory floors,
+    search/floors.py, shard the states over dp x cp / these replicas as memory.state_shards does)."""
+    return dp if replicates_by_sharding(job.card, zero_stage, job.framework_version) else dp_replicate
 
 
 def optimizer_sharded(card: FrameworkCard, zero_stage: int, version: str | None = None) -> bool:
