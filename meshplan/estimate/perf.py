@@ -159,8 +159,7 @@ def compiled_blocks(job: Job, plan: Plan) -> bool:
 def hf_eager_code(job: Job, plan: Plan) -> bool:
     """Whether the plan's engine trains transformers' modeling code as eager PyTorch ops (the card's
     eager_model_code: verl's and SkyRL's FSDP engines): its memory-bound passes are hf_eager_*."""
-    facts = job.card.eager_model_code
-    return facts is not None and job.card.engine.by_zero_stage[plan.zero_stage] in facts.engines
+    return job.card.eager_model_at(plan.zero_stage)
 
 
 def experts_fused(job: Job) -> bool:

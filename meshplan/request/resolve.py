@@ -239,7 +239,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         # the request's, which rule EP012 holds to the model, dispatcher and recompute; else the framework's default
         moe_shared_expert_overlap=_shared_overlap(req, card, arch, notes),
         moe_shared_expert_overlap_asked=req.moe_shared_expert_overlap is not None,
-        bias_activation_fusion=_activation_fusion(req, card, arch, version, notes),
+        bias_activation_fusion=_activation_fusion(req, card, arch, version, zero, notes),
         **_cross_entropy(req, card, arch.model_type, notes),
         moe_flex_backend=flex_backend(req, gpu, gpn, plan.moe_token_dispatcher == "flex" and arch.is_moe, notes),
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
@@ -672,13 +672,17 @@ def _cross_entropy(req: Request, card, model_type: str, notes: list[str]) -> dic
     return {"cross_entropy_loss_fusion": fusion, "cross_entropy_fusion_impl": impl}
 
 
-def _activation_fusion(req: Request, card, arch, version: str | None, notes: list[str]) -> bool:
+def _activation_fusion(req: Request, card, arch, version: str | None, zero: int, notes: list[str]) -> bool:
     """bias_activation_fusion as the job runs it: the request's, else the framework's default for this model
     (activation_passes.default_activation_fusion), noted where that default is off for a gated MLP Megatron-Core
     could fuse; true (the fused count) on a framework without the switch, where a value given is an error naming the
     field, as is true on an activation Megatron-Core's TransformerConfig refuses to fuse (Gemma 2's fast_gelu,
-    squared ReLU; activation_passes.activation_fusable)."""
+    squared ReLU; activation_passes.activation_fusable). Left out on a stage whose engine trains transformers' own
+    model code (verl's FSDP engine: FrameworkCard.eager_model_at), true too: no Megatron-Core MLP runs there (a
+    value given is the adapter's to refuse, rule AD001)."""
     default = default_activation_fusion(card.defaults, arch, version)  # the job's release's (verl 0.5: its converter)
+    if default is not None and req.bias_activation_fusion is None and card.eager_model_at(zero):
+        return True
     if default is None:
         if req.bias_activation_fusion is not None:
             raise MeshplanError(
