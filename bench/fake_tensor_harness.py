@@ -285,9 +285,11 @@ def _tensors(masks):
 _PG_WORLD: int | None = None
 
 
-def fake_fsdp_mesh(world: int):
+def fake_fsdp_mesh(world: int, shard: int | None = None):
     """A one-dimensional "fsdp" device mesh over a fake process group of `world` ranks, this process rank 0; a
-    process holds one such group, so every step case of a run keeps the same `world`."""
+    process holds one such group, so every step case of a run keeps the same `world`. With `shard` under `world`, the
+    (dp_replicate, fsdp) mesh of world / shard replicas of `shard` ranks, which fully_shard runs as HSDP (torchtitan
+    0.3.0 passes it at data_parallel_shard_degree 1 too: models/llama3/parallelize.py)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -298,6 +300,8 @@ def fake_fsdp_mesh(world: int):
         _PG_WORLD = world
     if _PG_WORLD != world:
         raise ValueError("one fake process group per run: keep `world` the same in every step case")
+    if shard is not None and shard != world:
+        return init_device_mesh("cpu", (world // shard, shard), mesh_dim_names=("dp_replicate", "fsdp"))
     return init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
 
 
@@ -328,7 +332,8 @@ def step_peak(case: dict, wheel: Path | None) -> dict:
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
     world = case["world"]
-    mesh = fake_fsdp_mesh(world)
+    shard = case.get("dp_shard", world)  # 1: torchtitan 0.3.0's ZeRO-0, fully_shard over a shard of one (HSDP)
+    mesh = fake_fsdp_mesh(world, shard)
     arch, seq, batch = case["arch"], case["seq"], case["batch"]
     cfg = model_config(arch, case["layers"], seq)
     with FakeTensorMode():
@@ -364,7 +369,8 @@ def step_peak(case: dict, wheel: Path | None) -> dict:
                     tracker.reset_mod_stats()
                     reset_peak(tracker)
         by_kind = peak_by_category(tracker)
-    return {"peak": by_kind, "world": world, "chunked_loss": chunked, "set_to_none": case.get("set_to_none", False)}
+    return {"peak": by_kind, "world": world, "dp_shard": shard, "chunked_loss": chunked,
+            "set_to_none": case.get("set_to_none", False)}
 
 
 class _LossScope:

@@ -71,6 +71,9 @@ POLICIES = {
     "selective-2@0.2.2": ("selective", "0.2.2 selective, option '2' (its default): every 2nd block full AC"),
 }
 STEP_POLICIES = ["none", "full", "selective"]
+# ... and at data_parallel_shard_degree 1 with 8 replicas (meshplan's zero_stage 0): torchtitan 0.3.0 still applies
+# fully_shard there, over a (dp_replicate 8, fsdp 1) mesh (cards/frameworks/torchtitan.yaml engine.replica_shard)
+REPLICATE_STEPS = ["llama3-8b"]
 # The step runs torchtitan 0.3.0's default trainer's zero_grad(set_to_none=training.disable_cuda_graphs = False):
 # the sharded grads stay allocated between steps (cards/memory.yaml fsdp2_chunked_loss grads_set_to_none)
 STEP_SET_TO_NONE = False
@@ -105,6 +108,10 @@ def cases(step: bool) -> list[dict]:
                  "batch": spec["batch"], "policy": policy, "world": WORLD, "set_to_none": STEP_SET_TO_NONE,
                 "fused": STEP_FUSED}
                 for arch, spec in ARCHS.items() for policy in STEP_POLICIES]
+        out += [{"kind": "step", "arch": arch, "layers": ARCHS[arch]["step_layers"], "seq": ARCHS[arch]["seq"],
+                 "batch": ARCHS[arch]["batch"], "policy": policy, "world": WORLD, "dp_shard": 1,
+                 "set_to_none": STEP_SET_TO_NONE, "fused": STEP_FUSED}
+                for arch in REPLICATE_STEPS for policy in STEP_POLICIES]
     return out
 
 
@@ -122,10 +129,12 @@ def cut(arch: Architecture, moe_flags: list[bool]) -> Architecture:
 
 
 def meshplan_report(arch: Architecture, spec: dict, recompute: str, moe_flags: list[bool],
-                    selective_ac_option: str | None = None):
+                    selective_ac_option: str | None = None, zero_stage: int = 3):
+    """estimate_memory of the cut at dp 8: zero_stage 3 (FSDP over the 8 ranks), or 0 (data_parallel_shard_degree 1,
+    which torchtitan 0.3.0 runs as fully_shard over a shard of one with 8 replicas)."""
     job = carry_cards(Job(model=cut(arch, moe_flags), gpu=get_gpu("h100"), num_gpus=WORLD, gpus_per_node=8,
                           seq_length=spec["seq"], global_batch_size=WORLD * spec["batch"], framework="torchtitan"))
-    plan = Plan(dp=WORLD, zero_stage=3, micro_batch_size=spec["batch"], recompute=recompute,
+    plan = Plan(dp=WORLD, zero_stage=zero_stage, micro_batch_size=spec["batch"], recompute=recompute,
                 selective_ac_option=selective_ac_option)
     return estimate_memory(job, plan)
 
@@ -138,11 +147,12 @@ def meshplan_layer(arch: Architecture, spec: dict, recompute: str, moe: bool,
     return report.stages[0].detail["layer_activations"] / layers
 
 
-def meshplan_allocated_peak(arch: Architecture, spec: dict, recompute: str, moe_flags: list[bool]) -> int:
+def meshplan_allocated_peak(arch: Architecture, spec: dict, recompute: str, moe_flags: list[bool],
+                            zero_stage: int = 3) -> int:
     """The estimate's allocated peak (at its own moment: memory.stage_allocated) as torch's allocator would count it:
     less the CUDA context and the calibrated fixed overhead, which a tracker of tensor storages does not see."""
     card = memory_card()
-    stage = meshplan_report(arch, spec, recompute, moe_flags).stages[0]
+    stage = meshplan_report(arch, spec, recompute, moe_flags, zero_stage=zero_stage).stages[0]
     return stage_allocated(stage) - card.cuda_context_bytes - card.fixed_overhead_bytes
 
 
@@ -190,6 +200,11 @@ def layer_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
+def step_zero_stage(row: dict) -> int:
+    """meshplan's zero_stage of a step row: 0 where the harness ran a shard of one (dp_replicate 8), else 3."""
+    return 0 if row.get("dp_shard", row["world"]) == 1 else 3
+
+
 def step_rows(results: list[dict]) -> list[dict]:
     rows = []
     for res in (r for r in results if r["kind"] == "step"):
@@ -200,9 +215,11 @@ def step_rows(results: list[dict]) -> list[dict]:
         moe_flags = [arch.is_moe_layer(i) for i in res["layers"]]
         recompute = POLICIES[res["policy"]][0]
         framework = res["peak"]["Total"]
-        ours = meshplan_allocated_peak(arch, spec, recompute, moe_flags)
+        zero = step_zero_stage(res)
+        ours = meshplan_allocated_peak(arch, spec, recompute, moe_flags, zero_stage=zero)
         rows.append({"arch": res["arch"], "policy": res["policy"], "meshplan_recompute": recompute,
                      "layers": len(moe_flags), "moe_layers": sum(moe_flags), "world": res["world"],
+                     "dp_shard": res.get("dp_shard", res["world"]), "meshplan_zero_stage": zero,
                      "seq": spec["seq"], "micro_batch": spec["batch"], "set_to_none": res.get("set_to_none"),
                      "framework_peak_bytes": framework,
                      "framework_peak_by_kind": res["peak"], "meshplan_allocated_bytes": ours,
@@ -229,13 +246,14 @@ def print_tables(layers: list[dict], steps: list[dict]) -> None:
         print(f"\nPeak through one training step (rank 0 of {WORLD}, torchtitan FSDP2 on a fake process group, "
               "4 decoder layers + embedding + chunked loss + AdamW, zero_grad(set_to_none="
               f"{STEP_SET_TO_NONE})) vs meshplan's estimate as allocated memory")
-        print(f"{'architecture':18} {'policy':10} {'framework':>11} {'meshplan':>11} {'diff':>7}")
+        print(f"{'architecture':18} {'policy':10} {'dp_shard':>8} {'framework':>11} {'meshplan':>11} {'diff':>7}")
         for r in steps:
             if "error" in r:
                 print(f"{r['arch']:18} {r['policy']:10} ERROR {r['error'][:120]}")
                 continue
-            print(f"{r['arch']:18} {r['policy']:10} {r['framework_peak_bytes'] / GIB:7.2f} GiB "
-                  f"{r['meshplan_allocated_bytes'] / GIB:7.2f} GiB {r['diff_pct']:+6.1f}%")
+            print(f"{r['arch']:18} {r['policy']:10} {r.get('dp_shard', r['world']):8} "
+                  f"{r['framework_peak_bytes'] / GIB:7.2f} GiB "
+                  f"{r['meshplan_allocated_bytes'] / GIB:7.2f} GiB {r['diff_pct']:+6.2f}%")
 
 
 def main() -> None:
@@ -252,7 +270,9 @@ def main() -> None:
         "torchtitan": {"model_code_and_policies": "0.3.0", "era_a_policies": "0.2.2"},
         "method": __doc__.split("\n\n")[1].replace("\n", " "),
         "layers": layers, "steps": steps,
-        "harness_seconds": {f"{r['kind']} {r['arch']} {r['policy']}": r["seconds"] for r in result["results"]},
+        "harness_seconds": {f"{r['kind']} {r['arch']} {r['policy']}"
+                            + (f" dp_shard {r['dp_shard']}" if r.get("dp_shard", WORLD) != WORLD else ""): r["seconds"]
+                            for r in result["results"]},
     }, indent=1) + "\n")
     print(f"\nwrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
 

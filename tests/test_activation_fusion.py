@@ -196,3 +196,70 @@ def test_the_search_finds_the_oracles_top_k_unfused():
     assert oracle
     assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
         [r.step_time_s for r in oracle[:3]], rel=1e-12)
+
+
+VERL = DENSE | dict(framework="verl", zero_stage=1)  # verl 0.9.1's Megatron engine (zero_stage 0-2)
+
+
+def test_verl_megatron_engine_runs_its_bridge_providers_default():
+    """verl 0.9.1 builds the Megatron engine's model from Megatron-Bridge's provider and sets no bias_activation_fusion
+    over it (cards/frameworks/verl.yaml defaults.bias_activation_fusion_why): off for Qwen2/3 and Mistral (said in a
+    note), on for the Llama, DeepSeek, GLM, Kimi and gpt-oss bridges; the request's field is taken."""
+    job, _ = _job(VERL)
+    assert job.bias_activation_fusion is False
+    assert any("bias_activation_fusion not given: off" in n and "verl" in n for n in job.notes)
+    assert _job(VERL, model="mistral-7b")[0].bias_activation_fusion is False
+    assert _job(VERL, model="llama-3.1-8b")[0].bias_activation_fusion is True
+    assert _job(VERL, model="qwen3-30b-a3b", num_gpus=16, tp=1, ep=8)[0].bias_activation_fusion is False
+    assert _job(VERL, bias_activation_fusion=True)[0].bias_activation_fusion is True
+    # verl 0.5's own config converter (use_mbridge False): its MoE converters fuse, hf_to_mcore_config_dense does not
+    old = dict(framework_version="0.5.0")
+    assert _job(VERL, model="qwen3-30b-a3b", num_gpus=16, tp=1, ep=8, **old)[0].bias_activation_fusion is True
+    assert _job(VERL, model="llama-3.1-8b", **old)[0].bias_activation_fusion is False
+    assert _job(VERL, **old)[0].bias_activation_fusion is False
+
+
+def test_a_verl_qwen3_job_saves_the_unfused_activation_and_its_passes():
+    """The Megatron engine's unfused glu() keeps 4 B per element of the FFN width beyond the fused kernel and moves
+    twelve more bytes-wide passes (the Megatron-Bridge Qwen3 row's figures, now on verl's engine)."""
+    card = memory_card().unfused_glu
+    job_off, plan = _job(VERL)
+    job_on, _ = _job(VERL, bias_activation_fusion=True)
+    assert unfused_glu_bytes(job_off) == (card.mlp_bytes, card.routed_bytes) and unfused_glu_bytes(job_on) == (0, 0)
+    tokens = job_on.seq_length * plan.micro_batch_size
+    layouts = [_layer_layout(j, plan, convention(j.card, plan.zero_stage)[1], tokens) for j in (job_on, job_off)]
+    shape = shape_of(job_on.model)
+    on, off = (sum(layer_activations(shape, lay, False, "none").values()) for lay in layouts)
+    assert off - on == pytest.approx(card.mlp_bytes * tokens * job_on.model.ffn_hidden_size / plan.tp)
+    ctx_off, ctx_on = step_terms(job_off, plan).ctx, step_terms(job_on, plan).ctx
+    assert (activation_code(ctx_on, routed=False), activation_code(ctx_off, routed=False)) == (
+        "fused_functions", "unfused_functions")
+    load = elementwise_load(ctx_off, moe=False)
+    assert elementwise_seconds(ctx_off, load) - elementwise_seconds(ctx_on, load) == pytest.approx(
+        12 * BF16 * load.dense_ffn / ctx_off.hbm)
+    peaks = [api.estimate_memory(Request(**VERL, bias_activation_fusion=f)).peak_bytes for f in (True, False)]
+    assert peaks[1] > peaks[0]
+
+
+def test_verls_fsdp_engine_runs_transformers_mlp_whatever_the_switch():
+    """zero_stage 3 is verl's FSDP engine (transformers' own MLP): the switch moves neither its memory nor its step."""
+    fsdp = VERL | dict(zero_stage=3, tp=1)
+    on, off = (Request(**fsdp, bias_activation_fusion=f) for f in (True, False))
+    assert api.estimate_memory(on).peak_bytes == api.estimate_memory(off).peak_bytes
+    assert api.estimate_throughput(on).step_time_s == api.estimate_throughput(off).step_time_s
+
+
+@pytest.mark.parametrize(("rl", "key"), [
+    (False, "++engine.override_transformer_config.bias_activation_fusion=true"),
+    (True, "++actor_rollout_ref.actor.megatron.override_transformer_config.bias_activation_fusion=true"),
+])
+def test_verl_render_writes_it_over_the_provider_and_import_reads_it(rl, key):
+    fields = VERL | dict(seq_length=2048, recompute="full", bias_activation_fusion=True)
+    if rl:
+        fields = {k: v for k, v in fields.items() if k not in ("seq_length", "global_batch_size")} | dict(
+            prompts_per_step=32, samples_per_prompt=8, prompt_length=512, response_length=1024)
+    text = api.render_config("verl", Request(**fields), force=True).text
+    assert key in text
+    assert api.import_config(text, framework="verl").request["bias_activation_fusion"] is True
+    default = api.render_config("verl", Request(**fields | dict(bias_activation_fusion=None)), force=True).text
+    assert "bias_activation_fusion" not in default

@@ -116,6 +116,11 @@ def test_rule_numbers_name_automodels_own_limits():
     job, plan = resolve(Request(model="mixtral-8x7b", framework="nemo-automodel", num_gpus=12, tp=2, ep=8))
     (f,) = [f for f in check_config(job, plan, include_memory=False).findings if f.id == "AM002"]
     assert "dp*cp*tp = 6*1*2 = 12" in f.message and "ep in" in f.fix
+    # non_pp_size = dp_size*cp*tp counts dp_replicate_size's replicas too (mesh_utils.py): ep 8 divides 16 ranks, not
+    # one replica's 4 (torchtitan's WS005 reads its rendered shard degree instead)
+    job, plan = resolve(Request(model="qwen3-30b-a3b", framework="nemo-automodel", num_gpus=16, ep=8, dp_replicate=4,
+                                zero_stage=3))
+    assert "AM002" not in {f.id for f in check_config(job, plan, include_memory=False).findings}
     job, plan = resolve(Request(model="llama-3.1-8b", framework="nemo-automodel", num_gpus=8, tp=2, pp=2,
                                 zero_stage=0))
     (f,) = [f for f in check_config(job, plan, include_memory=False).findings if f.id == "AM004"]

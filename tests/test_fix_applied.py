@@ -86,8 +86,10 @@ def test_a_step_fix_names_the_mini_batch_the_new_step_needs(step, words):
 MEM002_CASES = [
     dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, micro_batch_size=1, tp=1),
     dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=32, micro_batch_size=4, tp=2),
+    # responses of 3,072 tokens: verl 0.9.1 runs Qwen2.5 with Megatron-Core's unfused glu() (its Megatron-Bridge
+    # provider), whose update at 4,096 takes 87.4 GiB (77.3 fused): over the H100, MEM001 in place of MEM002
     dict(model="qwen2.5-7b", framework="verl", gpu="h100", num_gpus=16, job="rl", zero_stage=1, micro_batch_size=1,
-         prompts_per_step=64, samples_per_prompt=8, response_length=4096, param_offload=True),
+         prompts_per_step=64, samples_per_prompt=8, response_length=3072, param_offload=True),
     dict(model="gpt-oss-20b", framework="skyrl", gpu="h200", num_gpus=32, job="rl", zero_stage=1,
          optimizer_offload=True),  # 32 GPUs: at 16 Megatron-Core's clamped GLU (8 B) puts it 0.6 GiB over
     # peaks in its rollout: 'param_offload=true and optimizer_offload=true' was named and kept the warning (the
@@ -340,7 +342,10 @@ def what_breaks(found, fixed: dict, before) -> list[str]:
 @pytest.mark.parametrize("req", [
     dict(model="qwen2.5-72b", framework="verl", gpu="h200", num_gpus=32, job="rl", zero_stage=3, prompt_length=2048,
          rollout_tp=1, rollout_memory_fraction=0.7),
-    dict(model="qwen3-8b", framework="verl", gpu="h100", num_gpus=8, job="rl", rollout_memory_fraction=0.01)])
+    # fused, as verl's own Megatron scripts set it: verl 0.9.1's default for Qwen3 is unfused (its Megatron-Bridge
+    # provider), 82.1 GiB, which fits no H100 (80.3 GiB fused, which fits by its allocated bytes)
+    dict(model="qwen3-8b", framework="verl", gpu="h100", num_gpus=8, job="rl", rollout_memory_fraction=0.01,
+         bias_activation_fusion=True)])
 def test_a_rollout_fix_on_a_plan_that_fits_keeps_it_fitting(req):
     """RL006 (the engine holds no sequence) named the least fraction that holds one, 'rollout_memory_fraction=0.99',
     on a plan that fits: applied, the rollout phase overflowed (MEM001, RL005). Where the plan fits, each change it

@@ -117,7 +117,9 @@ def test_v_order_floors_stay_under_the_first_stages_estimate(model, gpus, seq):
     lays = [lay for lay in enumerate_layouts(job, Fixed())[0] if lay.schedule and lay.pp > 1
             and schedule_order(lay.schedule, lay.vpp) in V_ORDERS and not (no_cp and lay.cp > 1)]
     checked = 0
-    for lay in rng.sample(lays, min(30, len(lays))):
+    # 36 layouts: at data_parallel_shard_degree 1 (ZeRO 0 and 1) torchtitan's EP borrows from cp x tp alone (rule
+    # WS005, parallel_dims.py efsdp), which refuses most of Maverick's ZeRO-0 V layouts: 30 left 38 estimates
+    for lay in rng.sample(lays, min(36, len(lays))):
         own, sizes = own_memory(job, lay, zeros, memo), micro_batches(job, lay, Fixed())
         for zero in zeros:
             recompute, mbs = rng.choice(("none", "selective", "full")), rng.choice(sizes[:3])

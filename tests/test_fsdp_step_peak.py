@@ -208,7 +208,10 @@ def test_step_peaks_agree_with_torchtitans_step():
     """Re-reads the FakeTensorMode step peaks of torchtitan 0.3.0 + FSDP2 (bench/data/fake_tensor_memory.json: 4-layer
     cuts of Llama-3.1-8B and DeepSeek-V3, dp=8, none / full / selective, the trainer's default zero_grad) and recomputes
     meshplan's allocated estimate: within 1% on every row (were -8.6% to +18.3% with the worst unit added to every
-    activation)."""
+    activation). The Llama cut at data_parallel_shard_degree 1 (meshplan's zero_stage 0, which torchtitan 0.3.0 runs
+    as fully_shard over a shard of one with 8 replicas: cards/frameworks/torchtitan.yaml engine.replica_shard) is
+    under by 4-9% (was 14-17% under with the DDP states alone): its 'Temp' holds 1.7-5.0 GiB more than at dp 8,
+    unit-sized fp32 buffers meshplan does not count at a shard of one."""
     import json
     import sys
     from pathlib import Path
@@ -218,11 +221,15 @@ def test_step_peaks_agree_with_torchtitans_step():
     from fake_tensor_memory import ARCHS, catalog, meshplan_allocated_peak
 
     data = json.loads((root / "bench" / "data" / "fake_tensor_memory.json").read_text())
-    assert len(data["steps"]) == 6
+    assert len(data["steps"]) == 9
     for row in data["steps"]:
         spec = ARCHS[row["arch"]]
         arch = catalog(spec["model"])
         ours = meshplan_allocated_peak(arch, spec, row["meshplan_recompute"],
-                                       [arch.is_moe_layer(i) for i in spec["step_layers"]])
+                                       [arch.is_moe_layer(i) for i in spec["step_layers"]],
+                                       zero_stage=row["meshplan_zero_stage"])
         diff = 100 * (ours - row["framework_peak_bytes"]) / row["framework_peak_bytes"]
-        assert abs(diff) <= 1.0, (row["arch"], row["policy"], diff)
+        if row["dp_shard"] == 1:
+            assert row["meshplan_zero_stage"] == 0 and -9.0 <= diff < 0, (row["policy"], diff)
+        else:
+            assert abs(diff) <= 1.0, (row["arch"], row["policy"], diff)

@@ -218,7 +218,7 @@ def test_megatron_fsdp_zero2_exposes_only_the_gather_after_the_optimizer(replica
     _, plan_on, on = _mfsdp("megatron-core", 2, replicas, True, **batch)
     cal = calibration("megatron-core")
     lk = links(job.gpu, job.gpus_per_node, cal)
-    traffic = dp_traffic(plan, lk, mesh_groups(plan, law=job.card.world_size_law), cal)
+    traffic = dp_traffic(job, plan, lk, mesh_groups(plan, law=job.card.world_size_law), cal)
     dense = total_params(job.model)
     sync_off = step_sync(job, plan, cal, lk, traffic, dense, 0.0, True)
     sync_on = step_sync(job, plan_on, cal, lk, traffic, dense, 0.0, True)

@@ -60,16 +60,16 @@ def test_replica_allreduce_by_hand():
     job, plan = resolve(Request(framework="megatron-core", zero_stage=1, tp=2, dp_replicate=4, **DENSE))
     lk = links(job.gpu, job.gpus_per_node, calibration())
     groups = mesh.mesh_groups(plan, law=job.card.world_size_law)
-    traffic = dp_traffic(plan, lk, groups, calibration())
+    traffic = dp_traffic(job, plan, lk, groups, calibration())
     assert (traffic.dense, traffic.replicas[0]) == (Group(4, 2), Group(4, 8))  # dp 16 / 4 replicas, stride tp 2
     dense, nbytes = 1.0e9, 4.0
     expected = allreduce_time(dense / 4 * nbytes, 4, 8, lk)  # each rank's quarter of the gradients, over replicas
     assert traffic.replica_allreduce(dense, 0.0, nbytes) == pytest.approx(expected)
     # Megatron-FSDP all-reduces across replicas in the last micro-batch only; FSDP2 with each unit's reduce-scatter
     assert not traffic.replicas_with_each_reduce and traffic.reduce(dense, 0.0, nbytes) == traffic(dense, 0.0, nbytes)
-    fsdp2 = dp_traffic(plan, lk, groups, calibration("torchtitan"))
+    fsdp2 = dp_traffic(job, plan, lk, groups, calibration("torchtitan"))
     assert fsdp2.reduce(dense, 0.0, nbytes) == pytest.approx(fsdp2(dense, 0.0, nbytes) + expected)
-    plain = dp_traffic(plan.model_copy(update={"dp_replicate": 1}), lk, groups, calibration())
+    plain = dp_traffic(job, plan.model_copy(update={"dp_replicate": 1}), lk, groups, calibration())
     assert plain.replicas is None and plain.dense == groups.dp_cp
     assert plain.replica_allreduce(dense, 0.0, nbytes) == 0.0
     assert DpTraffic(plan=plan, lk=lk, dense=Group(4, 2), expert=Group(1, 1)).replica_allreduce(1.0, 1.0, 2.0) == 0

@@ -68,7 +68,8 @@ EXPECTED = {
         "model": "Qwen/Qwen3-30B-A3B-Base", "num_gpus": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 8, "etp": 1,
         "param_offload": True, "optimizer_offload": True, "optimizer_offload_fraction": 1.0,
         "micro_batch_size": 1,  # use_dynamic_bsz: a budget of prompt + response tokens, not the script's 2
-        "samples_per_prompt": 16, "prompt_length": 2048, "response_length": 8192, "rollout_tp": 4}),
+        "samples_per_prompt": 16, "prompt_length": 2048, "response_length": 8192, "rollout_tp": 4,
+        "bias_activation_fusion": True}),  # override_transformer_config.bias_activation_fusion=True
     # verl's one-step-off recipe (verl.experimental.one_step_off_policy.main_ppo): the rollout on a pool of its own,
     # rollout.nnodes x rollout.n_gpus_per_node (2 nodes x 2), beside the trainer's 2 x 6; once refused (no launcher)
     "verl_one_step_off_dapo_7b_megatron.sh": ("verl", {
@@ -1523,8 +1524,7 @@ def test_a_colocated_skyrl_engine_count_that_does_not_fill_the_policy_gpus_is_sa
     assert not [u for u in import_config(SKYRL_TRAIN_FLAT, "run_gsm8k.sh").unsupported if "validate_cfg" in u]
 
 
-VERL_FUSIONS = {"bias_activation_fusion": "Megatron-Core's fused bias + SwiGLU/GELU kernel",
-                "masked_softmax_fusion": "no effect on the step's memory or time",
+VERL_FUSIONS = {"masked_softmax_fusion": "no effect on the step's memory or time",
                 "apply_rope_fusion": "a kernel choice meshplan neither times nor counts apart",
                 "bias_dropout_fusion": "the same saves fused or not",
                 "gradient_accumulation_fusion": "which meshplan times as on",
@@ -1542,10 +1542,13 @@ def test_verl_megatron_fusion_switches_are_said_not_unknown(launch, prefix):
     shell/grpo_30b_a3b_base_math_megatron_96_32.sh) set Megatron-Core's fusion switches through
     override_transformer_config; import listed each as 'no meshplan field'. Each is said: what it switches on the
     model verl's Megatron engine builds and what meshplan counts or assumes instead (the SFT trainer's engine.
-    keys the same)."""
-    keys = " ".join(f"{prefix}.override_transformer_config.{key}=True" for key in VERL_FUSIONS)
+    keys the same); bias_activation_fusion is read, over the Megatron-Bridge Qwen2 provider's off (the card's
+    defaults.bias_activation_fusion)."""
+    keys = " ".join(f"{prefix}.override_transformer_config.{key}=True"
+                    for key in (*VERL_FUSIONS, "bias_activation_fusion"))
     result = import_config(f"{launch} {keys}\n", "run.sh")
     assert not any("fusion" in u or "persist_layer_norm" in u for u in result.unsupported), result.unsupported
+    assert result.request["bias_activation_fusion"] is True
     for key, words in VERL_FUSIONS.items():
         said = [n for n in result.notes if f"override_transformer_config.{key} = True: " in n]
         assert len(said) == 1 and words in said[0], (key, result.notes)

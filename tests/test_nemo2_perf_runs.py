@@ -52,7 +52,7 @@ def test_the_step_s_parameter_gather_shrinks_with_fp8_param_gather():
     _, off = _zero1(False)
     cal = calibration("megatron-core")
     lk = links(job.gpu, job.gpus_per_node, cal)
-    traffic = dp_traffic(on, lk, mesh_groups(on, law=job.card.world_size_law), cal)
+    traffic = dp_traffic(job, on, lk, mesh_groups(on, law=job.card.world_size_law), cal)
     dense = 1.0e9
     sync_on = step_sync(job, on, cal, lk, traffic, dense, 0.0, False)
     sync_off = step_sync(job, off, cal, lk, traffic, dense, 0.0, False)

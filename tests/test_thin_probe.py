@@ -25,6 +25,10 @@ NEAR_CAPACITY = [  # MoE jobs whose fastest layouts fit only with a thin headroo
     (Request(model="mixtral-8x7b", num_gpus=8, gpu="h100", headroom=0.2), 3),
     (Request(model="deepseek-v2-lite", num_gpus=16, gpu="a100-80gb", framework="megatron-core", headroom=0.3), 2),
     (Request(model="moonlight-16b-a3b", num_gpus=16, gpu="a100-80gb", framework="skyrl", headroom=0.2), 2),
+    # (its probe names TP1 EP8 DP8; it keeps the sample's named probes at its share since OLMoE on one B200 with
+    # torchtitan names none: its ZeRO 0, faster as DDP in the thin headroom, is fully_shard over one rank on 0.3.0,
+    # ZeRO 3's plan)
+    (Request(model="qwen3-30b-a3b", num_gpus=8, gpu="h100", headroom=0.2), 2),
 ]
 
 

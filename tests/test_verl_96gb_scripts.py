@@ -12,20 +12,21 @@ from meshplan import api
 from meshplan.estimate.memory import stage_allocated
 from meshplan.request.parse import parse_request
 
-# the fields `meshplan import` reads from each script (its stated lines), with --gpu h20
+# the fields `meshplan import` reads from each script (its stated lines), with --gpu h20 (both set
+# override_transformer_config.bias_activation_fusion=True, over the Qwen3-MoE provider's off in verl 0.9.1)
 QWEN3_30B = {"model": "qwen3-30b-a3b", "framework": "verl", "gpu": "h20", "num_gpus": 8, "job": "rl",
              "algorithm": "dapo", "prompts_per_step": 512, "prompts_per_mini_batch": 128, "samples_per_prompt": 16,
              "prompt_length": 2048, "response_length": 8192, "micro_batch_size": 1, "tp": 1, "pp": 1, "cp": 1,
              "ep": 8, "etp": 1, "moe_token_dispatcher": "flex", "param_offload": True, "optimizer_offload": True,
              "optimizer_offload_fraction": 1.0, "rollout_engine": "vllm", "rollout_tp": 4,
-             "rollout_memory_fraction": 0.7, "rollout_enforce_eager": True}
+             "rollout_memory_fraction": 0.7, "rollout_enforce_eager": True, "bias_activation_fusion": True}
 QWEN3_235B = {"model": "qwen3-235b-a22b", "framework": "verl", "gpu": "h20", "num_gpus": 32, "job": "rl",
               "algorithm": "grpo", "prompts_per_step": 32, "prompts_per_mini_batch": 16, "samples_per_prompt": 8,
               "prompt_length": 2048, "response_length": 9632, "micro_batch_size": 1, "tp": 4, "pp": 8, "cp": 1,
               "ep": 4, "etp": 1, "moe_token_dispatcher": "flex", "account_for_embedding": True,
               "account_for_loss": True, "param_offload": True, "optimizer_offload": True,
               "optimizer_offload_fraction": 1.0, "rollout_engine": "vllm", "rollout_tp": 8,
-              "rollout_memory_fraction": 0.85, "rollout_enforce_eager": True}
+              "rollout_memory_fraction": 0.85, "rollout_enforce_eager": True, "bias_activation_fusion": True}
 
 
 @pytest.mark.parametrize("fields", [QWEN3_30B, QWEN3_235B], ids=["qwen3-30b-8xh20", "qwen3-235b-32xh20"])

@@ -42,7 +42,10 @@ CASES = [
     ("llama-3.1-8b", "megatron-bridge", 2, 2, 1, 1, 1, (1, 2)),
     ("llama-3.1-8b", "verl", 4, 1, 1, 1, 1, (1, 2)),  # its Megatron engine; ZeRO 3 is its FSDP engine
     ("llama-3.1-8b", "deepspeed", 4, 1, 1, 1, 1, ()),  # BF16_Optimizer's fp32 buffer at ZeRO-0, none at ZeRO-1
-    ("llama-3.1-8b", "torchtitan", 4, 1, 1, 1, 1, ()),  # replicate vs fully_shard: ZeRO-3 gathers per unit
+    # torchtitan 0.3.0's ZeRO-0 is fully_shard over a shard of one with dp replicas (engine.replica_shard): at dp 1
+    # it is ZeRO-3 over one rank, the same TOML (data_parallel_replicate_degree 1, data_parallel_shard_degree 1)
+    ("llama-3.1-8b", "torchtitan", 4, 1, 1, 1, 1, (3,)),
+    ("llama-3.1-8b", "torchtitan", 2, 1, 1, 1, 2, ()),  # dp 2: two replicas of one rank vs one shard of two
     ("qwen3-30b-a3b", "megatron-core", 4, 1, 1, 1, 1, ()),  # the routed experts shard over expert-dp = 4
     ("qwen3-30b-a3b", "megatron-core", 4, 1, 1, 4, 1, (1, 2)),  # expert-dp 1 too
 ]

@@ -349,7 +349,7 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
         s += [("model.mtp_num_layers", job.model.num_mtp_layers or None),
               ("model.mtp_use_repeated_layer", job.model.mtp_repeated_layer)]
     s.append(("model.sequence_parallel", plan.sequence_parallel))
-    if job.bias_activation_fusion != default_activation_fusion(job.card.defaults, job.model):
+    if job.bias_activation_fusion != default_activation_fusion(job.card.defaults, job.model, job.framework_version):
         s.append(("model.bias_activation_fusion", job.bias_activation_fusion))  # not the model provider's default
     if (job.cross_entropy_loss_fusion, job.cross_entropy_fusion_impl) != job.card.defaults.cross_entropy(
             job.model.model_type):  # TransformerConfig fields of the provider, where not the provider's own

@@ -25,6 +25,7 @@ from meshplan.adapters.common import (
     split_fields,
 )
 from meshplan.adapters.lora import skyrl_lora, verl_lora
+from meshplan.arithmetic.activation_passes import default_activation_fusion
 from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.plan import Job, Plan
@@ -46,7 +47,8 @@ def _model_path(job: Job) -> str:
 
 
 def _transformer_overrides(job: Job, plan: Plan) -> list[Override]:
-    """Megatron TransformerConfig fields that verl and SkyRL pass through (recompute, uneven PP, CP comm)."""
+    """Megatron TransformerConfig fields that verl and SkyRL pass through (recompute, uneven PP, CP comm, and verl's
+    bias_activation_fusion where the job's is not its Megatron-Bridge provider's)."""
     split = split_fields(job, plan)
     out: list[Override] = list(megatron_recompute(plan).items())
     if split.first is not None:
@@ -65,6 +67,10 @@ def _transformer_overrides(job: Job, plan: Plan) -> list[Override]:
         out.append(("attention_backend", backend))
     if plan.dropout:
         out += [("attention_dropout", DROPOUT_ON), ("hidden_dropout", DROPOUT_ON)]
+    # the provider's (verl's card, of the job's release); None: the framework has no switch
+    default = default_activation_fusion(job.card.defaults, job.model, job.framework_version)
+    if default is not None and job.bias_activation_fusion != default:
+        out.append(("bias_activation_fusion", job.bias_activation_fusion))
     return out
 
 

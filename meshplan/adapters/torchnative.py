@@ -12,7 +12,7 @@ from typing import Any
 
 from meshplan.adapters.common import Built, attention_value, nodes, split_fields, split_fix
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.memory_states import cuda_graphs_off, fp8_recipe
+from meshplan.arithmetic.memory_states import cuda_graphs_off, fp8_recipe, replicates_by_sharding
 from meshplan.arithmetic.pipeline_timeline import schedule_order
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
@@ -22,8 +22,9 @@ from meshplan.schema.plan import Job, Plan
 
 def _dp(plan: Plan) -> tuple[int, int]:
     """(replicate, shard) degrees: FSDP2 shards for zero_stage 3 (over dp / dp_replicate, HSDP with dp_replicate
-    replicas), replicates (DDP) for 0."""
-    return (plan.dp_replicate, plan.dp // plan.dp_replicate) if plan.zero_stage == 3 else (plan.dp, 1)
+    replicas), replicates for 0 (mesh.torch_dp_degrees: DDP on torchtitan <= 0.2, fully_shard over a shard of one on
+    0.3)."""
+    return mesh.torch_dp_degrees(plan)
 
 
 def torchtitan_pipeline(job: Job, plan: Plan) -> list[tuple[str, Any]]:
@@ -146,6 +147,12 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
     notes = [f"local_batch_size is the per-rank batch of one gradient-accumulation step ({training[0][1]}); with PP "
              f"it is cut into micro-batches of pipeline_parallel_microbatch_size={plan.micro_batch_size}, one run of "
              "the schedule; torchtitan accumulates such steps until global_batch_size."]
+    if replicates_by_sharding(job.card, plan.zero_stage, version):  # the card's engine.replica_shard
+        notes.append(f"data_parallel_shard_degree = 1: torchtitan {version} still wraps each block in fully_shard, "
+                     f"a shard of {plan.cp} rank{'s' if plan.cp > 1 else ''} with {replicate} replicas (HSDP, not "
+                     "DDP): fp32 sharded states, each block's bf16 parameters copied in and freed around its "
+                     "forward and backward, each block's fp32 gradient all-reduced across the replicas as its "
+                     "backward ends; meshplan estimates it as zero_stage 3 at dp_replicate = dp.")
     registry = torchtitan_registry(job)
     # torch.compile of each block and the loss (0.3.0 CompileConfig / 0.2.2 Compile; components default both)
     compile_keys = [("enable", True)] if plan.torch_compile else []

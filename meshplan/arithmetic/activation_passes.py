@@ -80,10 +80,11 @@ def activation_fusable(arch: Architecture) -> bool:
     return activation_key(arch) in calibration_card().activation_passes.fusable
 
 
-def default_activation_fusion(defaults: FrameworkDefaults, arch: Architecture) -> bool | None:
+def default_activation_fusion(defaults: FrameworkDefaults, arch: Architecture,
+                              release: str | None = None) -> bool | None:
     """bias_activation_fusion as the framework runs the model when the request leaves it out (its card's default for
-    the model's type: Megatron-LM's flags, Megatron-Bridge's provider), off where Megatron-Core cannot fuse the
-    activation (Megatron-LM's arguments.py and those providers leave it off there); None: the framework has no
-    switch."""
-    default = defaults.activation_fusion(arch.model_type)
+    the model's type in `release`: Megatron-LM's flags, Megatron-Bridge's provider, verl's Megatron engine), off where
+    Megatron-Core cannot fuse the activation (Megatron-LM's arguments.py and those providers leave it off there);
+    None: the framework has no switch."""
+    default = defaults.activation_fusion(arch.model_type, release)
     return None if default is None else default and activation_fusable(arch)

@@ -369,6 +369,30 @@ def uses_fsdp(card: FrameworkCard, zero_stage: int) -> bool:
     return card.memory_convention.startswith("fsdp2") or zero_stage == 3
 
 
+def replicates_by_sharding(card: FrameworkCard, zero_stage: int, version: str | None = None) -> bool:
+    """Whether the framework runs this ZeRO-0 as FSDP2's fully_shard over a shard of one data-parallel rank with every
+    data-parallel rank a replica (HSDP), not as DDP (the card's engine.replica_shard: torchtitan 0.3.0, whose
+    parallelize always calls apply_fsdp_to_decoder): the estimate takes it as ZeRO-3 at dp_replicate = dp (its
+    states and transient, convention; its shard groups and replicas, state_replicas; its units' traffic,
+    sharding_traffic.sharding_schedule)."""
+    facts = card.engine.replica_shard
+    return zero_stage == 0 and facts is not None and facts.shards(card.engine_at(0), version)
+
+
+def state_replicas(job: Job, plan: Plan) -> int:
+    """The data-parallel replicas the model states are copied over, each sharding them over its own ranks: the plan's
+    dp_replicate (hybrid sharding), or every data-parallel rank where ZeRO-0 is fully_shard over a shard of one
+    (replicates_by_sharding). Every reader of the shard groups and the replicas' all-reduce takes it (memory.
+    state_shards, perf.dp_traffic, the assumptions)."""
+    return replicas_at(job, plan.zero_stage, plan.dp, plan.dp_replicate)
+
+
+def replicas_at(job: Job, zero_stage: int, dp: int, dp_replicate: int = 1) -> int:
+    """state_replicas at a ZeRO stage and data-parallel degree, before a plan is made (the search's memory floors,
+    search/floors.py, shard the states over dp x cp / these replicas as memory.state_shards does)."""
+    return dp if replicates_by_sharding(job.card, zero_stage, job.framework_version) else dp_replicate
+
+
 def optimizer_sharded(card: FrameworkCard, zero_stage: int, version: str | None = None) -> bool:
     """Whether the engine at this ZeRO stage keeps its optimizer states (fp32 master, moments) on a dp shard, so its
     step updates that shard and all-gathers the updated weights: ZeRO-1 and up, and DeepSpeed's bf16 ZeRO-0, whose
@@ -379,9 +403,9 @@ def optimizer_sharded(card: FrameworkCard, zero_stage: int, version: str | None 
 def convention(card: FrameworkCard, zero_stage: int,
                version: str | None = None) -> tuple[str, Convention, list[StateTensor]]:
     """The preset and its tensor list for this ZeRO stage; an unsupported stage is a clear error."""
-    name = convention_name(card, zero_stage, version)
+    stage = 3 if replicates_by_sharding(card, zero_stage, version) else zero_stage  # fully_shard over a shard of one
+    name = convention_name(card, stage, version)
     conv = memory_card().conventions[name]
-    stage = zero_stage
     if name.startswith("fsdp2") and stage == 1:
         stage = 2  # FSDP has no optimizer-only sharding; SHARD_GRAD_OP is the nearest
     if stage not in conv.zero:

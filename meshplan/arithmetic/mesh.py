@@ -358,6 +358,15 @@ def _mesh_groups(tp: int, cp: int, dp: int, pp: int, etp: int, ep: int, edp: int
                       dp_cp=Group(dp * cp, tp), etp=Group(etp, 1), ep=Group(ep, etp), edp=Group(edp, ep * etp))
 
 
+def torch_dp_degrees(plan: Plan) -> tuple[int, int]:
+    """(data_parallel_replicate_degree, data_parallel_shard_degree) of a torch-native FSDP2 framework's mesh
+    (torchtitan, KempnerForge), as their renders write them: zero_stage 3 shards over dp / dp_replicate (HSDP with
+    dp_replicate replicas), zero_stage 0 replicates over dp with a shard degree of 1 (which torchtitan 0.3 still runs
+    as fully_shard: memory_states.replicates_by_sharding). Rule WS005 reads the shard degree torchtitan borrows EP
+    ranks from."""
+    return (plan.dp_replicate, plan.dp // plan.dp_replicate) if plan.zero_stage == 3 else (plan.dp, 1)
+
+
 def replica_groups(group: Group, replicas: int) -> tuple[Group, Group]:
     """Hybrid sharding (Plan.dp_replicate): a data-parallel `group` split into `replicas` replicas, as (the shard
     group one replica's states are sharded over: group.size / replicas consecutive members, the same stride; the

@@ -52,6 +52,8 @@ from meshplan.arithmetic.memory_states import (
     optimizer_implementation,
     output_activations,
     pipeline_held,
+    replicates_by_sharding,
+    state_replicas,
     swiglu_input_bytes,
     unfused_glu_bytes,
     with_precision,
@@ -118,12 +120,14 @@ def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
 def state_shards(job: Job, plan: Plan, expert_dp: float | None = None) -> tuple[int, float]:
     """The ranks a layout's sharded model states are split over (LayoutTerms.dense_dp, expert_dp): the dense
     parameters' over dp x cp, the routed experts' over expert-dp (mesh.expert_dp, `expert_dp` where the caller has
-    it), each over one replica's ranks under hybrid sharding (dp_replicate). The search reads them to find the ZeRO
-    stages that are one plan at a layout (search/zero_stages.one_plan_key)."""
+    it), each over one replica's ranks under hybrid sharding (memory_states.state_replicas: dp_replicate, or every
+    data-parallel rank where ZeRO-0 is fully_shard over a shard of one, torchtitan 0.3). The search reads them to
+    find the ZeRO stages that are one plan at a layout (search/zero_stages.one_plan_key)."""
     if expert_dp is None:
         law = job.card.world_size_law
         expert_dp = mesh.expert_dp(mesh.world_size(law, plan), plan, law)
-    return plan.dp * plan.cp // plan.dp_replicate, expert_dp / plan.dp_replicate
+    replicas = state_replicas(job, plan)  # dp_replicate, or dp where ZeRO-0 is fully_shard over a shard of one
+    return plan.dp * plan.cp // replicas, expert_dp / replicas
 
 
 # --------------------------------------------------------------------------- the estimate
@@ -157,6 +161,8 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
     capacity = job.gpu.memory_bytes
     fit_bytes, fit_basis = fit_figure(stages, plan, terms.card)
     assumptions = _assumptions(terms)
+    if replicates_by_sharding(job.card, plan.zero_stage, job.framework_version):
+        assumptions.append(replica_shard_assumption(job, plan))
     if job.lora is not None:
         assumptions.append(lora_assumption(job, plan))
     moment = rows[peak.stage].moment
@@ -542,6 +548,18 @@ def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str
             + (f" of {job.cpu_memory_per_node / GIB:,.0f} GiB." if job.cpu_memory_per_node else "."))
 
 
+def replica_shard_assumption(job: Job, plan: Plan) -> str:
+    """What a ZeRO-0 the framework runs as fully_shard over a shard of one is estimated as (memory_states.
+    replicates_by_sharding; the card's engine.replica_shard)."""
+    release = job.framework_version or job.card.version
+    return (f"zero_stage 0 on {job.card.display_name} {release} (data_parallel_shard_degree 1, "
+            f"data_parallel_replicate_degree {plan.dp}) is FSDP2's fully_shard over a shard of "
+            f"{plan.cp} rank{'s' if plan.cp > 1 else ''} (cp) with {plan.dp} replicas, not DDP: estimated as "
+            f"zero_stage 3 at dp_replicate {plan.dp} (its states, each unit's bf16 parameters gathered and its fp32 "
+            "reduce input, fully_shard's copies, the replicas' fp32 all-reduce with each unit's reduce; "
+            f"cards/frameworks/{job.framework}.yaml engine.replica_shard).")
+
+
 def lora_assumption(job: Job, plan: Plan) -> str:
     """What the LoRA estimate kept and left out."""
     assert job.lora is not None
@@ -567,13 +585,15 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
     job, plan, conv_name, tensors, lay, m = terms.job, terms.plan, terms.conv_name, terms.tensors, terms.lay, terms.m
     vocab, expert_dp, dense_dp, card = terms.vocab, terms.expert_dp, terms.dense_dp, terms.card
     sp = "/tp (sequence parallel)" if lay.sp else "replicated over TP (no sequence parallelism)"
+    replicas = state_replicas(job, plan)
+    over = "/dp" if replicas != plan.dp_replicate else "/dp_replicate"
     out = [
         f"Model states per parameter ({conv_name} convention, zero_stage {plan.zero_stage}): "
         f"{describe_tensors(tensors)}; 'sharded' = over dp*cp"
-        + (f"/dp_replicate (hybrid sharding, {plan.dp_replicate} replicas)" if plan.dp_replicate > 1 else "")
+        + (f"{over} (hybrid sharding, {replicas} replicas)" if replicas > 1 else "")
         + f" = {dense_dp}"
         + (f" for dense parameters and over expert-dp = {mesh.expert_dp_formula(job.card.world_size_law)}"
-           f"{'/dp_replicate' if plan.dp_replicate > 1 else ''} = {expert_dp:g} for routed experts."
+           f"{over if replicas > 1 else ''} = {expert_dp:g} for routed experts."
            if job.model.moe else "."),
         "Parameters per stage: its decoder layers (attention, MLP and shared experts / tp; norms and router "
         "replicated; routed experts / (ep*etp)); embedding on the first stage; output layer (a tied copy when "

@@ -40,6 +40,7 @@ from meshplan.arithmetic.memory_states import (
     optimizer_sharded,
     optimizer_step_bytes,
     rl_loss,
+    state_replicas,
     swiglu_store_cast_bytes,
     uses_fsdp,
 )
@@ -158,8 +159,7 @@ def compiled_blocks(job: Job, plan: Plan) -> bool:
 def hf_eager_code(job: Job, plan: Plan) -> bool:
     """Whether the plan's engine trains transformers' modeling code as eager PyTorch ops (the card's
     eager_model_code: verl's and SkyRL's FSDP engines): its memory-bound passes are hf_eager_*."""
-    facts = job.card.eager_model_code
-    return facts is not None and job.card.engine.by_zero_stage[plan.zero_stage] in facts.engines
+    return job.card.eager_model_at(plan.zero_stage)
 
 
 def experts_fused(job: Job) -> bool:
@@ -623,7 +623,7 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         # time and GPU time is serialised behind the longer one instead of hidden under it.
         host_sync=cal.pp_host_sync if plan.pp > 1 else 0.0,
         sharding=sharding_schedule(job, plan),
-        traffic=dp_traffic(plan, lk, groups, cal),
+        traffic=dp_traffic(job, plan, lk, groups, cal),
         # Muon (Megatron-Core's emerging optimizer; the framework card's muon section says how it runs): None = Adam
         muon=job.card.muon if plan.optimizer == "muon" and job.lora is None else None,
         parts=time_rank_parts(job, plan))
@@ -637,14 +637,16 @@ def recompute_of(job: Job, plan: Plan) -> Recompute:
                      attention=op_sac_recomputes_attention(job, plan.attention_backend, plan.zero_stage))
 
 
-def dp_traffic(plan: Plan, lk: Links, groups: mesh.MeshGroups, cal: Calibration) -> DpTraffic:
-    """The data-parallel collectives' groups: DP x CP and expert-DP, or with hybrid sharding (plan.dp_replicate > 1)
-    one replica's shard groups, the replicas' groups beside them (mesh.replica_groups), and whether the replicas'
+def dp_traffic(job: Job, plan: Plan, lk: Links, groups: mesh.MeshGroups, cal: Calibration) -> DpTraffic:
+    """The data-parallel collectives' groups: DP x CP and expert-DP, or with hybrid sharding (memory_states.
+    state_replicas over 1: the plan's dp_replicate, or dp where ZeRO-0 is fully_shard over a shard of one) one
+    replica's shard groups, the replicas' groups beside them (mesh.replica_groups), and whether the replicas'
     all-reduce runs with each FSDP unit's reduce-scatter (cal.fsdp_hybrid_allreduce_last_microbatch)."""
-    if plan.dp_replicate == 1:
+    replicas = state_replicas(job, plan)
+    if replicas == 1:
         return DpTraffic(plan=plan, lk=lk, dense=groups.dp_cp, expert=groups.edp)
-    dense, dense_replicas = mesh.replica_groups(groups.dp_cp, plan.dp_replicate)
-    expert, expert_replicas = mesh.replica_groups(groups.edp, plan.dp_replicate)
+    dense, dense_replicas = mesh.replica_groups(groups.dp_cp, replicas)
+    expert, expert_replicas = mesh.replica_groups(groups.edp, replicas)
     return DpTraffic(plan=plan, lk=lk, dense=dense, expert=expert, replicas=(dense_replicas, expert_replicas),
                      replicas_with_each_reduce=cal.fsdp_hybrid_allreduce_last_microbatch < 0.5)
 

@@ -44,7 +44,7 @@ def sharding_floor(job: Job, plan: Plan) -> float:
     arch, law = job.model, job.card.world_size_law
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if arch.moe else 1,
                              law=law)
-    traffic = dp_traffic(plan, kept_links(job, cal), groups, cal)
+    traffic = dp_traffic(job, plan, kept_links(job, cal), groups, cal)
     grad_bytes = grad_reduce_bytes(plan, cal)
     # every decoder layer gathered forward and, resharded after it (the schedule's regathered), backward
     total = _layers_traffic(job, plan, traffic, (gathered + sched.regathered, 1 if reduced else 0), grad_bytes)

@@ -17,6 +17,7 @@ from meshplan.arithmetic.memory_states import (
     holds_grads,
     keeps_gathered,
     keeps_units,
+    replicates_by_sharding,
     uses_fsdp,
 )
 from meshplan.arithmetic.mesh import Group
@@ -368,7 +369,9 @@ def sharding_schedule(job: Job, plan: Plan) -> ShardingSchedule:
     """FSDP2 (torchtitan, KempnerForge), Megatron-FSDP and DeepSpeed ZeRO-3 shard parameters; ZeRO-2 gradients
     too; ZeRO-1 only the optimizer (its traffic stays once per step, in the step's DP term)."""
     fsdp = uses_fsdp(job.card, plan.zero_stage)
-    params = fsdp and plan.zero_stage != 0  # FSDP2 at zero_stage 0 is dp_replicate
+    # FSDP2 at zero_stage 0 is dp_replicate: DDP, or fully_shard over a shard of one (torchtitan 0.3), whose units
+    # gather and reduce as ZeRO-3's (memory_states.replicates_by_sharding)
+    params = fsdp and (plan.zero_stage != 0 or replicates_by_sharding(job.card, 0, job.framework_version))
     grads = params or plan.zero_stage >= 2
     through = params and keeps_gathered(job.card, plan.pp)  # under PP, gathered through every forward too
     # kept gathered from a backward to the next micro-batch (keeps_units, zero_stage 3: each forward still reshards):

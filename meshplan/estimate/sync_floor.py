@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.comm import Links
+from meshplan.arithmetic.memory_states import state_replicas
 from meshplan.estimate.memory_terms import RankParts, time_rank_parts
 from meshplan.estimate.perf import StepSync, chunked_share, dp_traffic, kept_links, step_sync, sync_chunks
 from meshplan.estimate.sharding_traffic import DpTraffic, sharding_schedule
@@ -73,7 +74,11 @@ class SyncRates:
 
     def at(self, plan: Plan) -> SyncRates:
         """The SyncRates of a plan of the same grid (degrees and the request's fields) at another ZeRO stage: the same
-        groups and links, its own sharding schedule."""
+        groups and links, its own sharding schedule; its own groups where the stage splits them into other replicas
+        (memory_states.state_replicas: torchtitan 0.3's ZeRO-0 is fully_shard with dp replicas, its ZeRO-3 one
+        shard)."""
+        if state_replicas(self.job, plan) != state_replicas(self.job, self.plan):
+            return sync_rates(self.job, plan)  # type: ignore[return-value]  # (not a LoRA job: self exists)
         return SyncRates(self.job, plan, self.cal, self.lk, self.traffic,
                          sharding_schedule(self.job, plan).per_step, time_rank_parts(self.job, plan))
 
@@ -87,7 +92,7 @@ def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
     lk, law = kept_links(job, cal), job.card.world_size_law
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if job.model.moe else 1,
                              law=law)
-    return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan).per_step,
+    return SyncRates(job, plan, cal, lk, dp_traffic(job, plan, lk, groups, cal), sharding_schedule(job, plan).per_step,
                      time_rank_parts(job, plan))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
-from meshplan.arithmetic.memory_states import convention, fp8_recipe, optimizer_sharded
+from meshplan.arithmetic.memory_states import convention, fp8_recipe, optimizer_sharded, state_replicas
 from meshplan.arithmetic.mesh import job_domain, mesh_groups, own_ep_ranks_note
 from meshplan.estimate.attention_time import INDEXER_PASSES_PER_FORWARD, op_sac_recomputes_attention
 from meshplan.estimate.layer_records import LayerContext
@@ -160,12 +160,21 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
             "sharding_overlap_off).")
 
 
-def hybrid_sharding_assumption(plan: Plan) -> str:
-    """With dp_replicate replicas: which group the DP collectives above run over, and the step's extra all-reduce
-    (estimate/perf.dp_traffic, sharding_traffic.DpTraffic.replica_allreduce); empty without replicas."""
-    n = plan.dp_replicate
+def hybrid_sharding_assumption(job: Job, plan: Plan) -> str:
+    """With replicas (memory_states.state_replicas: dp_replicate, or dp where ZeRO-0 is fully_shard over a shard of
+    one): which group the DP collectives above run over, and the step's extra all-reduce (estimate/perf.dp_traffic,
+    sharding_traffic.DpTraffic.replica_allreduce); empty without replicas."""
+    n = state_replicas(job, plan)
     if n == 1:
         return ""
+    if n != plan.dp_replicate:  # ZeRO-0 as fully_shard over a shard of one (the card's engine.replica_shard)
+        shard = plan.dp * plan.cp // n
+        return (f" zero_stage 0 on {job.card.display_name} is fully_shard over a shard of {shard} with {n} "
+                f"replicas (HSDP, not DDP: cards/frameworks/{job.framework}.yaml engine.replica_shard): 'dp x cp' "
+                f"above is one replica's {shard} rank{'s' if shard > 1 else ''}"
+                + (" (over one, fully_shard's copies in place of the gather and reduce-scatter)" if shard == 1 else "")
+                + f"; each unit's fp32 gradient is all-reduced across the {n} replicas with its reduce, hidden as "
+                "the gradient reduction is.")
     return (f" Hybrid sharding, {n} replicas: 'dp x cp' above is one replica's {plan.dp * plan.cp // n} ranks "
             f"(expert-DP / {n} likewise); then each rank's gradient shard is all-reduced across the {n} replicas once "
             "per step, hidden as the gradient reduction is.")
@@ -276,7 +285,7 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
         tp_collectives_text(ctx, plan) + TP_OVERLAP_TEXT[ctx.tp_overlap_mode].format(share=cal.tp_overlap),
         f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
         "to issue its kernels; GPU work shorter than that is launch-bound (counted in other_s with the optimizer).",
-        dp_assumption(job, plan, cal) + hybrid_sharding_assumption(plan),
+        dp_assumption(job, plan, cal) + hybrid_sharding_assumption(job, plan),
         "Links: NVLink inside the domain, the GPU's NIC across domains (rings use every NIC of the domain); "
         f"{cal.nvlink_efficiency:.0%} / {cal.network_efficiency:.0%} of datasheet bandwidth.",
         f"Constants: cards/calibration.yaml ({calibration_summary(job.framework)}; errors in bench/README.md).",

@@ -385,6 +385,11 @@ class FrameworkCard(_Card):
     def engine_at(self, zero_stage: int) -> Engine:
         return self.engine.by_zero_stage[zero_stage]
 
+    def eager_model_at(self, zero_stage: int) -> bool:
+        """Whether the engine this ZeRO stage runs trains transformers' modeling code eagerly (eager_model_code:
+        verl's and SkyRL's FSDP engines), not Megatron-Core's layers and their fusion switches."""
+        return self.eager_model_code is not None and self.engine_at(zero_stage) in self.eager_model_code.engines
+
     def allocator_for(self, rl: bool) -> AllocatorSetting | None:
         """How the launcher of an RL job (`rl`) or a training job sets the allocator (None: PyTorch's default)."""
         return None if self.allocator is None else self.allocator.for_job(rl)

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from meshplan.knowledge.release_lines import longest_line
 from meshplan.schema.choices import CrossEntropyFusionImpl, Fp8Recipe, Recompute
 from meshplan.schema.model import Architecture
 
@@ -45,6 +46,10 @@ class FrameworkDefaults(_Card):
         default_factory=list, description="model_types whose model provider sets the opposite of "
                                           "bias_activation_fusion (Megatron-Bridge's Llama, DeepSeek, GLM, gpt-oss, "
                                           "Kimi and GPT-3 providers turn it on)")
+    bias_activation_fusion_flipped_by_release: dict[str, list[str]] = Field(
+        default_factory=dict, description="Per release line, the model_types flipped there in place of "
+                                          "bias_activation_fusion_flipped_for (verl 0.5's own config converter turns "
+                                          "it on for its MoE models only)")
     bias_activation_fusion_why: str | None = None
     cross_entropy_loss_fusion: bool | None = Field(
         None, description="Megatron-Core's cross_entropy_loss_fusion where the request leaves it out (None: the "
@@ -81,7 +86,8 @@ class FrameworkDefaults(_Card):
                              "fp8_recipe_reaches_optimizer_why (the framework source that hands it over)")
         if self.bias_activation_fusion is not None and not self.bias_activation_fusion_why:
             raise ValueError("bias_activation_fusion needs bias_activation_fusion_why (the framework source)")
-        if self.bias_activation_fusion_flipped_for and self.bias_activation_fusion is None:
+        if (self.bias_activation_fusion_flipped_for or self.bias_activation_fusion_flipped_by_release) \
+                and self.bias_activation_fusion is None:
             raise ValueError("bias_activation_fusion_flipped_for qualifies a bias_activation_fusion default")
         if self.cross_entropy_loss_fusion is not None and not self.cross_entropy_why:
             raise ValueError("cross_entropy_loss_fusion needs cross_entropy_why (the framework source)")
@@ -104,12 +110,16 @@ class FrameworkDefaults(_Card):
                or ("tied_embeddings" in self.sequence_parallel_off_for and arch.tie_word_embeddings))
         return self.sequence_parallel_when_tp and not off and self.sequence_parallel_in_pipeline(pp)
 
-    def activation_fusion(self, model_type: str) -> bool | None:
+    def activation_fusion(self, model_type: str, release: str | None = None) -> bool | None:
         """Whether the framework runs Megatron-Core's fused bias + activation for a model of this type when the request
-        leaves bias_activation_fusion out (the provider's default on Megatron-Bridge); None where it has no switch."""
+        leaves bias_activation_fusion out (the provider's default on Megatron-Bridge), in `release` (its line's
+        bias_activation_fusion_flipped_by_release, else the card's own); None where it has no switch."""
         if self.bias_activation_fusion is None:
             return None
-        return self.bias_activation_fusion != (model_type in self.bias_activation_fusion_flipped_for)
+        line = longest_line(release, self.bias_activation_fusion_flipped_by_release)
+        flipped = self.bias_activation_fusion_flipped_for if line is None else \
+            self.bias_activation_fusion_flipped_by_release[line]
+        return self.bias_activation_fusion != (model_type in flipped)
 
     def cross_entropy(self, model_type: str) -> tuple[bool, CrossEntropyFusionImpl] | None:
         """(cross_entropy_loss_fusion, cross_entropy_fusion_impl) the framework runs a model of this type with when

@@ -42,6 +42,23 @@ class TorchRingCp(_Card):
         return in_any_line(release, self.repeated_kv_releases)
 
 
+class ReplicaShard(_Card):
+    """The engines whose ZeRO-0 (data-parallel replication, data_parallel_shard_degree 1) is FSDP2's fully_shard over
+    a shard group of one data-parallel rank (x cp) with every data-parallel rank a replica (HSDP): the model states,
+    the units' gathers and reduces and their transients of ZeRO-3 at dp_replicate = dp, the replicas' all-reduce
+    with each unit's reduce (memory_states.replicates_by_sharding reads it). `ddp_releases`: the releases that ran
+    DDP there instead (torch's replicate over the whole model, the states replicated, no unit's transient)."""
+
+    engines: list[Engine]
+    ddp_releases: list[str] = []
+    source: str
+
+    def shards(self, engine: Engine, release: str | None) -> bool:
+        """Whether `engine` of `release` runs its ZeRO-0 as fully_shard over a shard of one (not one of ddp_releases;
+        a release left out is the card's own)."""
+        return engine in self.engines and not in_any_line(release, self.ddp_releases)
+
+
 class RlLossPasses(_Card):
     """An RL engine's loss path as its actor runs it, HBM bytes per logit of the vocabulary shard a rank holds (the
     card's engine.rl_loss, counted from the engine's code there): the temperature division, the log-probs kernel
@@ -81,6 +98,8 @@ class EngineFacts(_Card):
     ulysses: list[Engine] = []  # engines whose cp is Ulysses sequence parallelism: all-to-alls, any cp_comm_type
     cp_padding: dict[Engine, CpPadding] = {}  # engines padding a micro-batch to their cp split (no length refused)
     torch_cp: TorchRingCp | None = None  # engines whose cp is torch's context_parallel ring (TorchRingCp)
+    # engines whose ZeRO-0 is fully_shard over a shard of one with dp replicas (ReplicaShard: torchtitan 0.3)
+    replica_shard: ReplicaShard | None = None
     builds_model_mtp: dict[Engine, bool]  # whether the engine trains a checkpoint's own MTP blocks when not asked
     # where given, the model types (config.json model_type) whose own model code those engines build the MTP blocks
     # of; any other model trains none (NeMo AutoModel: its deepseek_v3 code builds none, its nemotron_v3 does)
@@ -107,6 +126,9 @@ class EngineFacts(_Card):
             raise ValueError(f"megatron_loss names an engine no ZeRO stage runs: {sorted(self.megatron_loss)}")
         if self.megatron_loss and not self.megatron_loss_source:
             raise ValueError("megatron_loss needs megatron_loss_source (the engine's code that calls the loss)")
+        if self.replica_shard is not None and self.by_zero_stage[0] not in self.replica_shard.engines:
+            raise ValueError(f"replica_shard names the engines whose ZeRO-0 it describes; ZeRO-0 runs "
+                             f"{self.by_zero_stage[0]!r}, not among {self.replica_shard.engines}")
         if set(self.rl_loss) - set(self.by_zero_stage.values()):
             raise ValueError(f"rl_loss names an engine no ZeRO stage runs: {sorted(self.rl_loss)}")
         return self

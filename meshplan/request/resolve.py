@@ -239,7 +239,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         # the request's, which rule EP012 holds to the model, dispatcher and recompute; else the framework's default
         moe_shared_expert_overlap=_shared_overlap(req, card, arch, notes),
         moe_shared_expert_overlap_asked=req.moe_shared_expert_overlap is not None,
-        bias_activation_fusion=_activation_fusion(req, card, arch, notes),
+        bias_activation_fusion=_activation_fusion(req, card, arch, version, zero, notes),
         **_cross_entropy(req, card, arch.model_type, notes),
         moe_flex_backend=flex_backend(req, gpu, gpn, plan.moe_token_dispatcher == "flex" and arch.is_moe, notes),
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
@@ -672,21 +672,25 @@ def _cross_entropy(req: Request, card, model_type: str, notes: list[str]) -> dic
     return {"cross_entropy_loss_fusion": fusion, "cross_entropy_fusion_impl": impl}
 
 
-def _activation_fusion(req: Request, card, arch, notes: list[str]) -> bool:
+def _activation_fusion(req: Request, card, arch, version: str | None, zero: int, notes: list[str]) -> bool:
     """bias_activation_fusion as the job runs it: the request's, else the framework's default for this model
     (activation_passes.default_activation_fusion), noted where that default is off for a gated MLP Megatron-Core
     could fuse; true (the fused count) on a framework without the switch, where a value given is an error naming the
     field, as is true on an activation Megatron-Core's TransformerConfig refuses to fuse (Gemma 2's fast_gelu,
-    squared ReLU; activation_passes.activation_fusable)."""
-    default = default_activation_fusion(card.defaults, arch)
+    squared ReLU; activation_passes.activation_fusable). Left out on a stage whose engine trains transformers' own
+    model code (verl's FSDP engine: FrameworkCard.eager_model_at), true too: no Megatron-Core MLP runs there (a
+    value given is the adapter's to refuse, rule AD001)."""
+    default = default_activation_fusion(card.defaults, arch, version)  # the job's release's (verl 0.5: its converter)
+    if default is not None and req.bias_activation_fusion is None and card.eager_model_at(zero):
+        return True
     if default is None:
         if req.bias_activation_fusion is not None:
             raise MeshplanError(
                 f"bias_activation_fusion={str(req.bias_activation_fusion).lower()}: {card.display_name} has no "
-                "switch for Megatron-Core's fused bias + activation kernel (only megatron-core and megatron-bridge "
+                f"switch for Megatron-Core's fused bias + activation kernel (only {', '.join(_fusion_frameworks())} "
                 "have one); its own activation code runs.",
-                fix="Leave bias_activation_fusion unset for this framework, or use framework megatron-core or "
-                    "megatron-bridge.", fields=("bias_activation_fusion",))
+                fix=f"Leave bias_activation_fusion unset for this framework, or use framework "
+                    f"{' or '.join(_fusion_frameworks())}.", fields=("bias_activation_fusion",))
         return True
     if req.bias_activation_fusion and not activation_fusable(arch):
         raise MeshplanError(
@@ -700,9 +704,15 @@ def _activation_fusion(req: Request, card, arch, notes: list[str]) -> bool:
         return req.bias_activation_fusion
     if not default and activation_fusable(arch):
         notes.append(f"bias_activation_fusion not given: off, as {card.display_name}'s {arch.model_type} model "
-                     "provider leaves it (Megatron-Core's unfused glu(); its performance recipes turn it on: pass "
-                     "bias_activation_fusion=true for a run of one).")
+                     "provider leaves it (Megatron-Core's unfused glu(); cards/frameworks/"
+                     f"{card.name}.yaml defaults.bias_activation_fusion_why; pass bias_activation_fusion=true for a "
+                     "run that turns it on, as Megatron-Bridge's performance recipes do).")
     return default
+
+
+def _fusion_frameworks() -> list[str]:
+    """The frameworks whose card has a bias_activation_fusion default (Megatron-Core's switch on their engine)."""
+    return [name for name in FRAMEWORKS if framework_card(name).defaults.bias_activation_fusion is not None]
 
 
 def _shared_overlap(req: Request, card, arch, notes: list[str]) -> bool:

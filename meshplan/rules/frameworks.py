@@ -23,7 +23,7 @@ from meshplan.knowledge.releases import numbers
 from meshplan.rules.engine import Context, Values, rule, rule_specs
 from meshplan.rules.fix_values import BATCH_READS, fmt_set, layout_words
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
-from meshplan.rules.world import mesh_product, torchtitan_ep_divides, working_ep
+from meshplan.rules.world import ep_borrows, mesh_product, working_ep
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
 
@@ -257,10 +257,11 @@ def automodel_mesh_product(ctx: Context) -> Values:
 
 
 
-@rule("AM002", reads=("tp", "cp", "dp", "dp_replicate", "ep"))
+@rule("AM002", reads=("tp", "cp", "dp", "ep"))
 def automodel_ep_divides(ctx: Context) -> Values:
-    """_create_fsdp2_device_mesh: dp*cp*tp must be a multiple of ep (the EP mesh reshapes those ranks)."""
-    return torchtitan_ep_divides(ctx)
+    """_create_fsdp2_device_mesh: non_pp_size = dp_size*cp*tp must be a multiple of ep (the EP mesh reshapes those
+    ranks; dp_size is the whole data-parallel degree, dp_replicate_size's replicas included, at any ZeRO stage)."""
+    return ep_borrows(ctx, ctx.plan.dp)
 
 
 

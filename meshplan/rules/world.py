@@ -189,16 +189,20 @@ def mesh_product(ctx: Context, derive: str) -> Values:
 
 
 
-@rule("WS005", reads=("tp", "cp", "dp", "dp_replicate", "ep"))
+@rule("WS005", reads=("tp", "cp", "dp", "dp_replicate", "ep", "zero_stage"))
 def torchtitan_ep_divides(ctx: Context) -> Values:
+    return ep_borrows(ctx, mesh.torch_dp_degrees(ctx.plan)[1])  # data_parallel_shard_degree as rendered: 1 at ZeRO-0
+
+
+def ep_borrows(ctx: Context, dp: int) -> Values:
+    """EP reshapes the ranks of `dp` x cp x tp (a framework's own dp factor: torchtitan's shard degree, NeMo
+    AutoModel's whole dp_size): a finding where ep does not divide them, with the ep values that do."""
     p = ctx.plan
-    shard = p.dp // p.dp_replicate  # data_parallel_shard_degree (dp_replicate: hybrid sharding's replicas)
-    room = shard * p.cp * p.tp
+    room = dp * p.cp * p.tp
     if p.ep == 1 or room % p.ep == 0:
         return None
     eps = working_ep(ctx, room)
-    return {"ep": p.ep, "room": room, "dp": shard, "cp": p.cp, "tp": p.tp,
-            "eps": fmt_set(eps) if eps else "none"}
+    return {"ep": p.ep, "room": room, "dp": dp, "cp": p.cp, "tp": p.tp, "eps": fmt_set(eps) if eps else "none"}
 
 
 

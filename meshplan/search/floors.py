@@ -32,6 +32,7 @@ from meshplan.arithmetic.memory_states import (
     memory_card,
     mixer_rows,
     output_activations,
+    replicas_at,
     state_bytes,
     state_classes,
     state_sums,
@@ -607,8 +608,9 @@ def _rank_rates(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
         no_grads = conv.step_peak == "backward_walk" and conv.grads_set_to_none
         kept = [t for t in tensors if not (no_grads and t.tensor_class == "gradients")]
         card = _card(memo)
-        hit = memo[key] = (sum(state_bytes(kept, 1.0, lay.dp * lay.cp).values()),
-                           sum(state_bytes(kept, 1.0, _expert_dp(job, lay, memo)).values()),
+        replicas = replicas_at(job, zero_stage, lay.dp)  # each replica shards the states over its own ranks
+        hit = memo[key] = (sum(state_bytes(kept, 1.0, lay.dp * lay.cp // replicas).values()),
+                           sum(state_bytes(kept, 1.0, _expert_dp(job, lay, memo) / replicas).values()),
                            card.fixed_overhead_bytes + card.cuda_context_bytes)
     return hit
 
@@ -696,7 +698,8 @@ def _part_states(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv:
     key = ("states", zero_stage, params, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, one)
     states = part.states[one] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
         job, lay, params, tensors, part.vocab, part.walk and conv.grads_set_to_none and one,
-        _expert_dp(job, lay, memo) if degrees is None else degrees.expert_dp, memo))
+        _expert_dp(job, lay, memo) if degrees is None else degrees.expert_dp, memo,
+        replicas_at(job, zero_stage, lay.dp)))  # each replica shards the states over its own ranks
     return states
 
 
@@ -808,12 +811,14 @@ def _span_params(arch, spans: list[tuple[int, int]]) -> tuple[int, int, int]:
 
 
 def _first_stage_states(job: Job, lay: Layout, params: tuple[int, int, int], tensors: list[StateTensor],
-                        vocab: int, no_grads: bool, expert_dp: float | None = None, memo: dict | None = None) -> float:
+                        vocab: int, no_grads: bool, expert_dp: float | None = None, memo: dict | None = None,
+                        replicas: int = 1) -> float:
     """first_stage_floor's model states: the first stage's layers and the embedding, dense split tp ways and sharded
-    over dp x cp, experts split ep x etp ways and sharded over the expert data-parallel group; `no_grads`: less the
-    gradients (FSDP2 sets them to None before a one-micro-batch backward). `expert_dp`: that group's size where the
-    caller has it (_Degrees: the same call). Each sum is state_bytes' (memory_states.state_sums: its operations in its
-    order)."""
+    over dp x cp, experts split ep x etp ways and sharded over the expert data-parallel group, each over one of
+    `replicas` replicas (memory_states.replicas_at: dp where ZeRO-0 is fully_shard over a shard of one, as memory.
+    state_shards); `no_grads`: less the gradients (FSDP2 sets them to None before a one-micro-batch backward).
+    `expert_dp`: that group's size where the caller has it (_Degrees: the same call). Each sum is state_bytes'
+    (memory_states.state_sums: its operations in its order)."""
     arch = job.model
     tp = lay.tp
     sharded, replicated, routed = params  # the first rank's layers' (_span_params)
@@ -822,8 +827,8 @@ def _first_stage_states(job: Job, lay: Layout, params: tuple[int, int, int], ten
     if expert_dp is None:
         expert_dp = _expert_dp(job, lay)
     classes = state_classes(tensors, {} if memo is None else memo)
-    states, dense_grads = state_sums(classes, dense, lay.dp * lay.cp)
-    expert_states, expert_grads = state_sums(classes, experts, expert_dp)
+    states, dense_grads = state_sums(classes, dense, lay.dp * lay.cp // replicas)
+    expert_states, expert_grads = state_sums(classes, experts, expert_dp / replicas)
     states += expert_states
     if no_grads:
         states -= dense_grads

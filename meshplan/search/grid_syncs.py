@@ -7,7 +7,8 @@ What they read (estimate/sync_floor.py sync_rates and SyncRates.floor, estimate/
 the grid plan (bounds.grid_plan) its tp, pp, ep and etp (the rank's parameters, RankParts, and the layers' gathered
 weights), its sequence parallelism and TP overlap (the search sets both from tp), the ZeRO stage, the request's fields
 (the same for every grid), the dense and expert data-parallel groups (DpTraffic's two groups: mesh_groups' dp_cp and
-edp, whose sizes and strides are all the collectives read of them) and the sharding schedule
+edp, whose sizes and strides are all the collectives read of them, and the replicas they split into where ZeRO-0 is
+fully_shard over a shard of one: memory_states.replicas_at) and the sharding schedule
 (sharding_traffic.sharding_schedule, which reads the step's micro-batches through the grid's dp); and the first
 rank's parameters. Those are the key; another Engine's estimators are asked per grid (bounds.first_rank_step and
 sharding_per_micro)."""
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from meshplan.arithmetic import mesh
+from meshplan.arithmetic.memory_states import replicas_at
 from meshplan.estimate.perf import StepSync
 from meshplan.estimate.sharding_floor import sharding_floor
 from meshplan.estimate.sharding_traffic import sharding_schedule
@@ -75,7 +77,10 @@ def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
         return stage_parts(bounds, lay, zero, least).at(vpp)
     memo = bounds.bounds_memo
     dp_cp, edp = _dp_groups(bounds, lay)
-    alike = (zero, least, lay.tp, lay.pp, lay.ep, lay.etp, dp_cp, edp, _schedule(bounds, lay, zero))
+    # the replicas the groups split into (perf.dp_traffic's state_replicas: dp where ZeRO-0 is fully_shard over a
+    # shard of one, so grids of one dp x cp group but another dp shard and all-reduce over other groups)
+    replicas = replicas_at(bounds.job, zero, lay.dp)
+    alike = (zero, least, lay.tp, lay.pp, lay.ep, lay.etp, dp_cp, edp, replicas, _schedule(bounds, lay, zero))
     key = ("stage sync", vpp, alike)
     hit = memo.get(key)
     if hit is None:

@@ -26,6 +26,7 @@ from meshplan.arithmetic.memory_states import (
     bytes_per_param,
     convention,
     memory_card,
+    replicates_by_sharding,
     with_precision,
 )
 from meshplan.arithmetic.offload import offload_plan
@@ -123,7 +124,9 @@ def search_card() -> SearchCard:
 
 def zero_ladder(card: FrameworkCard) -> tuple[int, ...]:
     """ZeRO / FSDP stages worth searching, most memory first: those with a byte preset (cards/memory.yaml),
-    skipping a stage whose tensors are identical to a lower stage's (Megatron has no distinct stage 2)."""
+    skipping a stage whose tensors are identical to a lower stage's (Megatron has no distinct stage 2). A ZeRO-0 run
+    as fully_shard over a shard of one (memory_states.replicates_by_sharding: torchtitan 0.3) has ZeRO-3's tensors
+    but shards them over one replica's ranks, not over dp: a stage of its own."""
     seen: list[tuple] = []
     stages: list[int] = []
     for stage in range(4):
@@ -131,7 +134,8 @@ def zero_ladder(card: FrameworkCard) -> tuple[int, ...]:
             name, _, tensors = convention(card, stage)
         except MeshplanError:
             continue
-        signature = (name, tuple((t.tensor_class, t.bytes, t.shard) for t in tensors))
+        signature = (name, tuple((t.tensor_class, t.bytes, t.shard) for t in tensors),
+                     replicates_by_sharding(card, stage))
         if signature in seen:
             continue
         seen.append(signature)
