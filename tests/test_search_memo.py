@@ -135,13 +135,13 @@ def test_the_thinner_headroom_probe_pushes_the_ranked_searchs_seeds_without_work
     worked: list[int] = []
     real_seed, real_sized = BestFirstSearch.seed, BestFirstSearch.sized
 
-    def seed(self, layouts, ideal, tier=None):
+    def seed(self, layouts, ideal, tier=None, runs=None):
         tiers.append(tier)
-        real_seed(self, layouts, ideal, tier)
+        real_seed(self, layouts, ideal, tier, runs)
 
-    def sized(self, layouts):
+    def sized(self, layouts, runs=None):
         worked.append(len(layouts))
-        return real_sized(self, layouts)
+        return real_sized(self, layouts, runs)
 
     monkeypatch.setattr(BestFirstSearch, "seed", seed)
     monkeypatch.setattr(BestFirstSearch, "sized", sized)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
+from dataclasses import replace
 
 import pytest
 from test_search_oracle import sampled_request
@@ -111,9 +112,9 @@ def test_a_light_shape_of_any_bubble_takes_the_groups_least_bubble_to_none():
     s). Without a light shape, the least bubble of all shapes. Fails before the fix: a light shape was asked only
     where its bubble was under the least so far (1/31 here)."""
     def group(light_vpp):
-        one = SeedGroup(sizes=(1,), first=0, states=0.0)
-        for index, vpp in enumerate((31, 16, 8)):
-            lay = Layout(tp=128, pp=2, cp=1, ep=1, etp=128, dp=1, vpp=vpp)
+        lays = [Layout(tp=128, pp=2, cp=1, ep=1, etp=128, dp=1, vpp=vpp) for vpp in (31, 16, 8)]
+        one = SeedGroup(sizes=(1,), first=0, states=0.0, example=lays[0])
+        for index, (vpp, lay) in enumerate(zip((31, 16, 8), lays, strict=True)):
             one.add(lay, index, (vpp, 1.0 / vpp) if vpp == 31 else (vpp, 1.0 / vpp, f"ranks {vpp}"))
         return one.least_bubble(lambda lay, ranks: ranks == f"ranks {light_vpp}")
 
@@ -180,6 +181,58 @@ def test_the_space_split_counts_per_dp_what_each_layout_counts(req):
     assert tiers.considered - sum(n for k, n in tiers.rejected.items() if k not in rules) == (
         sum(search.plans_of(lay) for lay in layouts) + refused)
     assert refused > 0 or job.framework not in ("torchtitan", "skyrl", "verl")
+
+
+@pytest.mark.parametrize("req", [JOBS[0], JOBS[3], Request(model="llama-3.1-70b", num_gpus=64, gpu="h100")],
+                         ids=lambda r: r.model)
+def test_the_seeding_by_runs_is_the_seeding_layout_by_layout(req):
+    # split_space gives each tier the runs its layouts come in (space.LayoutRun: alike but in their (ep, etp) and
+    # schedule), and sized reads them a block at a time (seed_groups.SeedBlock: each (ep, etp) after the first follows
+    # the first's group, its members made only when read): the same groups in the same order, with the same members,
+    # node indices, shapes' entries, pick, bubbles and layouts kept per vpp and chained shape, as sizing the tier one
+    # layout at a time; on a MoE model most groups' members are not made by the seeding. A dense model's space has no
+    # runs (each would hold one (ep, etp)): its tiers are seeded a layout at a time, as before the runs
+    job, _ = search_job(req)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
+    tiers = split_space(search)
+    if job.model.moe is None:
+        assert tiers.inside_runs is None and tiers.across_runs is None and search.caches.space[2] == ()
+        return
+    followed = 0
+    for layouts, runs in ((tiers.inside, tiers.inside_runs), (tiers.across, tiers.across_runs)):
+        at = 0
+        for run in runs:  # the runs tile the tier, in order
+            assert run.start == at
+            plain = replace(layouts[run.start], ep=1, etp=1, schedule="")
+            for e, (ep, etp) in enumerate(run.experts):
+                for s, schedule in enumerate(run.schedules):
+                    lay = layouts[run.at(e, s)]
+                    assert (lay.ep, lay.etp, lay.schedule) == (ep, etp, schedule)
+                    assert replace(lay, ep=1, etp=1, schedule="") == plain
+            at = run.stop
+        assert at == len(layouts)
+        by_runs = search.sized(layouts, runs)
+        lazy = ["members" not in group.__dict__ for group in by_runs.groups]
+        one_by_one = search.sized(layouts)
+        assert by_runs.nodes == one_by_one.nodes
+        assert not any("members" not in group.__dict__ for group in one_by_one.groups)
+        for a, b in zip(by_runs.groups, one_by_one.groups, strict=True):
+            assert (a.sizes, a.first, a.states, a.nodes, a.pick, a.pick_bubble, a.bubble, a.chained_shapes) == (
+                b.sizes, b.first, b.states, b.nodes, b.pick, b.pick_bubble, b.bubble, b.chained_shapes)
+            assert a.example is b.members[0][0] is b.example
+            assert [id(lay) for lay in a.chained] == [id(lay) for lay in b.chained]
+            assert {vpp: id(lay) for vpp, lay in a.by_vpp.items()} == {vpp: id(lay) for vpp, lay in b.by_vpp.items()}
+            made = [(id(lay), index) for lay, _, index in a.members]
+            assert made == [(id(lay), index) for lay, _, index in b.members]
+            assert a.shapes == b.shapes and list(a.shapes) == list(b.shapes)
+            assert all(entry is a.shapes[shape] for (_, entry, _), shape in zip(
+                a.members, [next(k for k, v in b.shapes.items() if v is entry) for _, entry, _ in b.members],
+                strict=True))
+        followed += sum(lazy)
+        assert sum(lazy) == 0 or sum(lazy) > len(lazy) / 2
+    assert followed > 0
+    with pytest.raises(AttributeError):  # (only what a following group makes when read is made: no other name)
+        by_runs.groups[0].made  # noqa: B018
 
 
 @pytest.mark.parametrize("part", range(2))

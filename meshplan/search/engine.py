@@ -687,7 +687,7 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
         tiers = search.caches.tiers = split_space(search)
     search.rejected.update(tiers.rejected)
     ideal = ideal_time(job, engine)
-    search.seed(tiers.inside, ideal, tier=0)
+    search.seed(tiers.inside, ideal, tier=0, runs=tiers.inside_runs)
     search.run()
     if not search.found and not search.stopped_by_budget and tiers.across:
         search.drain(SLOWER)
@@ -696,7 +696,7 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
             # (dead seeds too); only the thinner-headroom probe's cutoff is finite, and its counts are not read.
             search.beyond_cutoff += tiers.across_plans
         else:
-            search.seed(tiers.across, ideal, tier=1)
+            search.seed(tiers.across, ideal, tier=1, runs=tiers.across_runs)
             search.run()
         if search.found:
             warnings.append("No layout with TP inside one NVLink domain fits; the ranked layouts use TP across "

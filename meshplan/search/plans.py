@@ -40,6 +40,7 @@ from meshplan.search.seed_groups import Seeds
 from meshplan.search.space import (
     Fixed,
     Layout,
+    LayoutRun,
     Prefiltered,
     Tiers,
     layout_sequence_parallel,
@@ -86,7 +87,7 @@ class Caches:
     per_param: dict[tuple[int, int], float] = field(default_factory=dict)  # its bytes per parameter per (ZeRO, shard)
     # per layout: its model states' bound per ZeRO stage and its layout floors as asked (SearchPlans.stage_over)
     stage_floors: dict[Layout, tuple[list[float], list[float | None]]] = field(default_factory=dict)
-    space: tuple[list[Layout], list[Prefiltered]] | None = None  # enumerate_layouts of the job
+    space: tuple[list[Layout], list[Prefiltered], tuple[LayoutRun, ...]] | None = None  # enumerate_space of the job
     tiers: Tiers | None = None  # run_search's split of the space
     seeds: dict[int, Seeds] = field(default_factory=dict)  # per tier (0 inside the NVLink domain, 1 across)
     # Per layout and micro-batch: the least recompute (index) that fits at the lightest ZeRO stage; len(recomputes)

@@ -19,16 +19,47 @@ INF = float("inf")  # a seed entry's least key until its keys are worked out (on
 
 
 @dataclass
+class SeedBlock:
+    """Runs of a tier's seeding in a row alike in all a seed group reads of a layout but its (ep, etp) (seeding.sized:
+    their tp, pp, cp and dp, and their (ep, etp) list, space.LayoutRun): each (ep, etp)'s layouts, one per run and
+    schedule, are one seed group's, with the same shapes in the same order. Per member of such a group (its place in
+    the group's order), where its layout and its first node are: the index of the first (ep, etp)'s and what the next
+    (ep, etp) adds to it (a run's layouts go (ep, etp) by (ep, etp), its schedules within each), and its seed_shape."""
+
+    layouts: list[Layout]  # the tier's
+    places: list[tuple[int, int, int, int]]  # per member: layout index, its step per (ep, etp), node index, its step
+    shapes: list[tuple]  # per member: its seed_shape
+    # per shape with last ranks, and per vpp, where its first layout is (the same member in every group of the block:
+    # the first (ep, etp)'s layout index and its step per (ep, etp)), once the block's first group is made (follow)
+    chained: list[tuple[int, int]] = field(default_factory=list)
+    by_vpp: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def layout(self, expert: int, member: int) -> Layout:
+        """The member's layout in the group of the `expert`-th (ep, etp)."""
+        at, per_expert, _, _ = self.places[member]
+        return self.layouts[at + expert * per_expert]
+
+
+# what a following group (SeedGroup.follow) makes when one of them is first read (SeedGroup.__getattr__)
+_MADE_WHEN_READ = frozenset(("members", "shapes", "chained", "by_vpp"))
+
+
+@dataclass
 class SeedGroup:
     """The layouts of one degrees tuple in a tier's seeding (engine.BestFirstSearch.sized), in seeding order, each
     with its shape's entry (Seeds: the shape is the degrees, vpp and bubble_stages) and the index of its first
     node among the tier's (layout, micro-batch) nodes (which orders its nodes' ties in the queue as if every node had
     been pushed at seeding). They share the micro-batches (space.micro_batches reads dp) and the model-state bound
-    (states_bound reads the degrees)."""
+    (states_bound reads the degrees). A group that follows the first of its block (`follow`: the seeding by runs of a
+    MoE model, whose runs hold several (ep, etp)) has no members, shapes, chained or by_vpp of its own until one is
+    first read (__getattr__: at its opening, for most never); every other group's are its attributes."""
 
     sizes: tuple[int, ...]
     first: int  # the index of the group's first node
     states: float  # the model-state bound at the lightest ZeRO stage
+    # its first layout (members[0][0]: what reads only the degrees reads it of any of them, a following group's
+    # members not made)
+    example: Layout
     members: list[tuple[Layout, list, int]] = field(default_factory=list)  # (layout, shape entry, first node index)
     nodes: int = 0  # (layout, micro-batch) nodes, one per layout without a micro-batch (the batch rule's)
     bubble: float = float("inf")  # the least bubble_stages of its layouts without last ranks (add)
@@ -48,6 +79,8 @@ class SeedGroup:
     # budget-free, under each of its nodes' keys; 0 until then (note_keys)
     least: float = 0.0
     step: int = field(init=False)  # (layout, micro-batch) nodes per layout: len(sizes), or 1 without a micro-batch
+    block: SeedBlock | None = field(default=None, repr=False)  # a following group's: where its members are made from
+    expert: int = 0  # a following group's (ep, etp)'s position in its block's runs
 
     def __post_init__(self) -> None:
         self.step = len(self.sizes) or 1  # nodes per layout (add, and the seeding's running index)
@@ -73,6 +106,50 @@ class SeedGroup:
         self.members.append((lay, entry, index))
         self.nodes += self.step
         return entry
+
+    def follow(self, lead: SeedGroup, block: SeedBlock, expert: int) -> None:
+        """Take the shapes' bookkeeping `add` did for the block's first group, `lead` (the same shapes in the same
+        order: all it reads of a layout but its degrees), with this group's own layouts in the same places (what it
+        keeps per shape with last ranks and per vpp: SeedBlock.chained, by_vpp), and leave its members, shapes,
+        chained and by_vpp to be made when first read (__getattr__)."""
+        if not block.by_vpp:
+            places = {id(lay): block.places[k][:2] for k, (lay, _, _) in enumerate(lead.members)}
+            block.chained = [places[id(lay)] for lay in lead.chained]
+            block.by_vpp = {vpp: places[id(lay)] for vpp, lay in lead.by_vpp.items()}
+        self.nodes, self.bubble, self.pick, self.pick_bubble = lead.nodes, lead.bubble, lead.pick, lead.pick_bubble
+        self.chained_shapes = list(lead.chained_shapes)
+        del self.members, self.shapes, self.chained, self.by_vpp
+        self.block, self.expert = block, expert
+
+    def __getattr__(self, name: str) -> object:
+        """A following group's members, shapes, chained or by_vpp (follow), made at their first read: its layouts of
+        its (ep, etp) in the block's places, so as `add` would have made them layout by layout; its members with their
+        shapes' entries in the block's order (both at once), its chained and by_vpp alone (what its key reads:
+        bounds.group_key; most keyed groups never open). Called only for an attribute the group lacks: a group made
+        by `add` reads its own at no call."""
+        block = self.__dict__.get("block")
+        if block is None or name not in _MADE_WHEN_READ:
+            raise AttributeError(name)
+        expert, layouts = self.expert, block.layouts
+        if name == "chained":
+            made: object = [layouts[at + expert * step] for at, step in block.chained]
+        elif name == "by_vpp":
+            made = {vpp: layouts[at + expert * step] for vpp, (at, step) in block.by_vpp.items()}
+        else:
+            states = self.states
+            shapes: dict[tuple, list] = {}
+            members = []
+            for (lay_at, per_expert, node_at, per_node), shape in zip(block.places, block.shapes, strict=True):
+                entry = shapes.get(shape)
+                if entry is None:
+                    entry = shapes[shape] = [states, None, INF, False, shape[2] if len(shape) == 3 else None]
+                members.append((layouts[lay_at + expert * per_expert], entry, node_at + expert * per_node))
+            self.shapes = shapes
+            made = self.members = members
+            if name == "shapes":
+                made = shapes
+        setattr(self, name, made)
+        return made
 
     def note_keys(self) -> None:
         """Keep the least seed key of the group's shapes (`least`) where each has its keys worked out: a search of the

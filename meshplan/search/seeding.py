@@ -11,26 +11,30 @@ from operator import itemgetter
 
 from meshplan.core.cancel import checkpoint
 from meshplan.search.levels import GROUP, RULES
-from meshplan.search.seed_groups import SeedGroup, Seeds, SuperGroup, seed_shape, super_floor
-from meshplan.search.space import Layout
+from meshplan.search.seed_groups import SeedBlock, SeedGroup, Seeds, SuperGroup, seed_shape, super_floor
+from meshplan.search.space import Layout, LayoutRun
 
-# what the seeding's loop reads of each layout (its fields' own dict, at C speed): its degrees, and its pipeline's
-# fields, all that seed_shape and bounds.last_ranks read of it
+# what the seeding reads of each layout (its fields' own dict, at C speed): its degrees (of a run's first layout: its
+# degrees but ep and etp, a block's: SeedBlock), and its pipeline's fields, all that seed_shape and bounds.last_ranks
+# read of it
 _DEGREES = itemgetter("tp", "pp", "cp", "ep", "etp", "dp")
+_BLOCK = itemgetter("tp", "pp", "cp", "dp")
 _PIPE = itemgetter("pp", "vpp", "first", "last", "split", "schedule")
 
 
 class Seeding:
     """BestFirstSearch's seeding (its queue, counts, cutoff and memos; the bounds are StepTimeBounds')."""
 
-    def seed(self, layouts: list[Layout], ideal: float, tier: int | None = None) -> None:
+    def seed(self, layouts: list[Layout], ideal: float, tier: int | None = None,
+             runs: tuple[LayoutRun, ...] | None = None) -> None:
         """Seed the queue with the layouts' micro-batches, a group per degrees tuple (push_seeds). What a seed key
         reads of a layout is its degrees and bubble (space.Layout.shape), so the keys and the model-state bound are
         worked out once per shape, the keys only when a group of the shape is opened. A `tier` of run_search is sized
-        once per job (Caches.seeds): a search at another budget (the thinner-headroom probe) reads the same keys."""
+        once per job (Caches.seeds): a search at another budget (the thinner-headroom probe) reads the same keys.
+        `runs`: the runs the layouts come in (sized)."""
         seeds = self.caches.seeds.get(tier) if tier is not None else None
         if seeds is None:
-            seeds = self.sized(layouts)
+            seeds = self.sized(layouts, runs)
             if tier is not None:
                 self.caches.seeds[tier] = seeds
         else:
@@ -38,10 +42,14 @@ class Seeding:
             self.work_mbs.update(seeds.work_mbs)
         self.push_seeds(seeds, ideal)
 
-    def sized(self, layouts: list[Layout]) -> Seeds:
+    def sized(self, layouts: list[Layout], runs: tuple[LayoutRun, ...] | None = None) -> Seeds:
         """What seeding these layouts reads before any budget: their micro-batches, the largest per shard
         (cp_mbs, work_mbs: the non-exact token bounds' references), each shape's model-state bound, the groups per
-        degrees tuple and each layout's index among the tier's (layout, micro-batch) nodes."""
+        degrees tuple and each layout's index among the tier's (layout, micro-batch) nodes. `runs`: the runs the
+        layouts come in (space.LayoutRun), where the space has them (a MoE model's, whose runs hold several (ep,
+        etp)): read a block at a time (by_runs); without, a layout at a time."""
+        if runs is not None:
+            return self.by_runs(layouts, runs)
         groups: dict[tuple, SeedGroup] = {}  # per degrees, all that the sizes and the states bound read
         shapes: dict[tuple, tuple] = {}  # seed_shape per what it reads of a layout
         nodes = 0
@@ -50,13 +58,7 @@ class Seeding:
             degrees = _DEGREES(fields)
             group = groups.get(degrees)
             if group is None:
-                sizes = self.sizes(lay)
-                if sizes:
-                    key = (lay.tp, lay.cp)
-                    self.cp_mbs[key] = max(self.cp_mbs.get(key, 1), sizes[-1])
-                    work = (lay.tp, lay.ep, lay.etp)
-                    self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
-                group = groups[degrees] = SeedGroup(sizes, nodes, self.states_bound(lay, self.zeros[-1]))
+                group = groups[degrees] = self.new_group(lay, self.sizes(lay), nodes)
             pipe = _PIPE(fields)
             shape = shapes.get(pipe)
             if shape is None:
@@ -64,6 +66,65 @@ class Seeding:
             group.add(lay, nodes, shape)
             nodes += group.step
         return Seeds(dict(self.cp_mbs), dict(self.work_mbs), list(groups.values()), nodes)
+
+    def by_runs(self, layouts: list[Layout], runs: tuple[LayoutRun, ...]) -> Seeds:
+        """sized a block of runs at a time: runs in a row alike but in their (ep, etp) (seed_groups.SeedBlock) give
+        each (ep, etp) a group of as many layouts, with the same shapes in the same order: the first (ep, etp)'s group
+        is made layout by layout (SeedGroup.add) and the others follow it (SeedGroup.follow), their members made when
+        read (at their opening: most never open; DeepSeek-V3 on 2,048 H100 seeds 19,314 layouts in 3,688 groups of 288
+        blocks). The same groups, in the same order, with the same members, as a layout at a time
+        (tests/test_search_passes.py)."""
+        groups: dict[tuple, SeedGroup] = {}  # per degrees, all that the sizes and the states bound read
+        shapes: dict[tuple, tuple] = {}  # seed_shape per what it reads of a layout
+        nodes, at, count = 0, 0, len(runs)
+        while at < count:
+            start, experts, _ = runs[at]
+            lay = layouts[start]
+            alike = _BLOCK(lay.__dict__)
+            end = at + 1
+            while end < count and runs[end][1] == experts and _BLOCK(layouts[runs[end][0]].__dict__) == alike:
+                end += 1
+            sizes = self.sizes(lay)
+            step = len(sizes) or 1
+            places, block_shapes = [], []
+            for one, _, schedules in runs[at:end]:
+                per_expert = len(schedules)
+                for schedule in range(per_expert):
+                    first = layouts[one + schedule]  # (the first (ep, etp)'s: its pipeline is the run's)
+                    pipe = _PIPE(first.__dict__)
+                    shape = shapes.get(pipe)
+                    if shape is None:
+                        shape = shapes[pipe] = seed_shape(first, self.last_ranks(first))
+                    places.append((one + schedule, per_expert, nodes + schedule * step, per_expert * step))
+                    block_shapes.append(shape)
+                nodes += len(experts) * per_expert * step
+            block = SeedBlock(layouts, places, block_shapes)
+            lead = None
+            for expert, (ep, etp) in enumerate(experts):
+                degrees = (*alike[:3], ep, etp, alike[3])
+                group = groups.get(degrees)
+                if group is None:
+                    group = groups[degrees] = self.new_group(block.layout(expert, 0), sizes,
+                                                             places[0][2] + expert * places[0][3])
+                    if lead is not None:
+                        group.follow(lead, block, expert)
+                        continue
+                    lead = group
+                add = group.add  # (a degrees tuple of an earlier block: added to; block.layout inlined)
+                for (lay_at, per_expert, node_at, per_node), shape in zip(places, block_shapes, strict=True):
+                    add(layouts[lay_at + expert * per_expert], node_at + expert * per_node, shape)
+            at = end
+        return Seeds(dict(self.cp_mbs), dict(self.work_mbs), list(groups.values()), nodes)
+
+    def new_group(self, lay: Layout, sizes: tuple[int, ...], first: int) -> SeedGroup:
+        """The seed group of the layout's degrees, its first node at `first`, with its shard's largest micro-batch
+        noted (cp_mbs, work_mbs)."""
+        if sizes:
+            key = (lay.tp, lay.cp)
+            self.cp_mbs[key] = max(self.cp_mbs.get(key, 1), sizes[-1])
+            work = (lay.tp, lay.ep, lay.etp)
+            self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
+        return SeedGroup(sizes, first, self.states_bound(lay, self.zeros[-1]), lay)
 
     def push_seeds(self, seeds: Seeds, ideal: float) -> None:
         """Seed the queue, a group of layouts per degrees tuple (seed_groups.py): one whose model states are over
@@ -78,7 +139,7 @@ class Seeding:
         supers: dict[tuple[int, int, int, int], list[SeedGroup]] = {}  # the groups without a key, per (tp, cp, ep, etp)
         for group in seeds.groups:
             checkpoint()
-            lay = group.members[0][0]
+            lay = group.example
             bound = group.states
             if bound > self.budget:
                 # even the most sharded model states do not fit: no variant of these layouts can
@@ -121,7 +182,7 @@ class Seeding:
                         overlap = self.pipeline_overlaps(one)
                         if overlap not in rated:
                             rated[overlap] = self.seed_rate(one, group.sizes[0], rates, overlap)[1]
-                lay = group.members[0][0]
+                lay = group.example
                 most, nodes = max(most, lay.dp * lay.pp), nodes + group.nodes
             if key is None:
                 key = kept[(*degrees, ideal)] = super_floor(s, gbs, degrees[1], most, min(rated.values()), ideal)
@@ -136,7 +197,7 @@ class Seeding:
         it (its rates are cached)."""
         key = group.floor.get(ideal)
         if key is None:
-            key = group.floor[ideal] = self.group_key(group, group.members[0][0], ideal, self.seed_rates)
+            key = group.floor[ideal] = self.group_key(group, group.example, ideal, self.seed_rates)
         return key
 
     def push_group(self, group: SeedGroup, key: float, base: int, ideal: float) -> None:

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, partial
-from typing import get_args
+from typing import NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -478,6 +478,15 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
     Inside a shared_layers scope (one recommend or min-gpus request: one set of cards) the space is enumerated once
     per what it reads (space_key) and each caller gets its own lists of the same Layout objects (SPACES_KEPT kept).
     """
+    layouts, dropped, _ = enumerate_space(job, fixed)
+    return layouts, dropped
+
+
+def enumerate_space(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefiltered], tuple[LayoutRun, ...]]:
+    """enumerate_layouts with the runs its layouts come in (LayoutRun: what the search's tiers and seeding read a run
+    at a time instead of a layout at a time), from the same scope memo; none where no run holds more than one (ep,
+    etp) (a dense model's space: a run then saves the seeding nothing, and the tiers and seeding read its layouts one
+    at a time, tiers.split_space, seeding.sized)."""
     memo = scope_memo("layouts")
     key = space_key(job, fixed) if memo is not None else None
     if key is None:
@@ -487,7 +496,7 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
         if len(memo) >= SPACES_KEPT:  # type: ignore[arg-type]
             memo.clear()  # type: ignore[union-attr]
         hit = memo[key] = (job.model, *_enumerate_layouts(job, fixed))  # type: ignore[index]
-    return list(hit[1]), list(hit[2])
+    return list(hit[1]), list(hit[2]), hit[3]
 
 
 def space_key(job: Job, fixed: Fixed) -> tuple | None:
@@ -502,13 +511,16 @@ def space_key(job: Job, fixed: Fixed) -> tuple | None:
     return key
 
 
-def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefiltered]]:
+def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefiltered], tuple[LayoutRun, ...]]:
     law = job.card.world_size_law
     kn = job.card.search
     arch = job.model
     W, L = job.num_gpus, arch.num_layers
     moe = arch.moe
     found: list[Layout] = []
+    runs: list[tuple] = []  # found as variants' runs, in order: LayoutRun's fields
+    keep_runs = moe is not None  # (a dense model's runs hold one (ep, etp) each: none kept)
+    several = False  # whether a run holds more than one (ep, etp) (else no runs are returned: enumerate_space)
     dropped: dict[str, list] = {}
 
     def drop(reason: str, layout: Layout) -> None:
@@ -557,13 +569,15 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
                         drop("cp-seq", base)
                         continue
                     if mesh.ep_has_own_ranks(law):
-                        experts = [(ep_k, 1)]
+                        experts = ((ep_k, 1),)
                     else:
-                        experts = list(_expert_options(job, law, W, tp, pp, cp, dp, kn, fixed))
+                        experts = tuple(_expert_options(job, law, W, tp, pp, cp, dp, kn, fixed))
                     if not experts:  # no (ep, etp) the law holds here: counted, so a rule can say why
                         drop("expert-grid", Layout(tp=tp, pp=pp, cp=cp, ep=int(fixed.values.get("ep", 1)),  # type: ignore[call-overload]
                                                    etp=int(fixed.values.get("etp", 1)), dp=dp))  # type: ignore[call-overload]
                         continue
+                    if len(experts) > 1:
+                        several = True
                     if "vpp" in fixed and all(fixed.values["vpp"] != o.vpp for o in options):
                         # A fixed interleaving the layers cannot fill: count it, so a rule can say why.
                         _, first, last, _ = options[0]
@@ -574,14 +588,37 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
                     for vpp, first, last, split in options:
                         if not fixed.allows("vpp", vpp):
                             continue
-                        runs = schedule_options(job.card, pp, vpp, fixed)  # once per option, not per ep
+                        schedules = schedule_options(job.card, pp, vpp, fixed)  # once per option, not per ep
+                        if keep_runs:
+                            runs.append((len(found), experts, schedules))
                         found += variants(Layout(tp=tp, pp=pp, cp=cp, ep=1, etp=1, dp=dp, vpp=vpp, first=first,
-                                                 last=last, split=split), experts, runs)
+                                                 last=last, split=split), experts, schedules)
     groups = [Prefiltered(reason, example, count) for reason, (example, count) in dropped.items()]
-    return found, groups
+    return found, groups, tuple(LayoutRun._make(run) for run in runs) if several else ()
 
 
-def variants(template: Layout, experts: list[tuple[int, int]], schedules: tuple[str, ...]) -> list[Layout]:
+class LayoutRun(NamedTuple):
+    """Layouts that differ only in their (ep, etp) and schedule: those of a list from `start`, one per (ep, etp) of
+    `experts` and, within it, per schedule of `schedules`, in that order (variants' own); their degrees but ep and
+    etp, and their pipeline but the schedule, are the same. enumerate_space makes its layouts so, one run per degrees
+    and pipeline option, and the runs of one (tp, pp, cp) share their `experts`: the search's tiers split a run at
+    once (tiers.split_space) and its seeding groups the runs of a block of them per degrees (seeding.sized). A tuple
+    (made at C speed: DeepSeek-V3 on 2,048 H100 has some 7,000)."""
+
+    start: int
+    experts: tuple[tuple[int, int], ...]
+    schedules: tuple[str, ...]
+
+    @property
+    def stop(self) -> int:
+        return self.start + len(self.experts) * len(self.schedules)
+
+    def at(self, expert: int, schedule: int) -> int:
+        """The index in the list of the layout of experts[expert] and schedules[schedule]."""
+        return self.start + expert * len(self.schedules) + schedule
+
+
+def variants(template: Layout, experts: tuple[tuple[int, int], ...], schedules: tuple[str, ...]) -> list[Layout]:
     """The template's layouts at each (ep, etp) and schedule, in that order: each the template's fields with those
     three replaced, equal (and hashing equal) to the Layout built from them. A copy of the template's fields rather
     than Layout(...) per layout: a frozen dataclass sets each field through object.__setattr__, two thirds of
@@ -709,3 +746,8 @@ class Tiers:
     considered: int
     rejected: Counter
     across_plans: int
+    # the runs each tier's layouts come in (LayoutRun: a run of the space whose (ep, etp) all fall in the tier, or
+    # those of them that do): what the seeding reads instead of each layout (seeding.sized); None where the space has
+    # no runs (enumerate_space: none holds more than one (ep, etp)), its layouts then read one at a time
+    inside_runs: tuple[LayoutRun, ...] | None = None
+    across_runs: tuple[LayoutRun, ...] | None = None
