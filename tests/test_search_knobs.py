@@ -53,9 +53,11 @@ def test_overlap_is_chosen_where_the_rule_allows_it_and_said_with_its_price():
 def test_the_overlap_is_off_where_pp015_refuses_it():
     """Megatron-Core refuses the EP overlap (its combined 1F1B) with Megatron-FSDP over virtual stages (PP015), so
     there the valid plan is the one without it; the search took the overlap wherever EP009 allowed it, and every
-    ZeRO-3 plan over virtual stages broke PP015. Qwen3-30B-A3B on 32 H100 at PP2 now ranks ZeRO-3 interleaved plans
-    without the overlap first (the oracle's top 4), faster than the ZeRO-1 overlapped ones it answered before."""
-    req = Request(model="qwen3-30b-a3b", num_gpus=32, seq_length=1024, tp=1, cp=1, pp=2, global_batch_size=256)
+    ZeRO-3 plan over virtual stages broke PP015. Qwen3-30B-A3B on 32 H100 at PP2 and ZeRO-3 ranks interleaved plans
+    without the overlap (the oracle's top 4). Since the joint refit of 2026-12-07 (the all-to-all's SM share, host
+    sync 3.25 -> 1.50 ms) the ZeRO-1 overlapped plans are the faster ones when the stage is left open."""
+    req = Request(model="qwen3-30b-a3b", num_gpus=32, seq_length=1024, tp=1, cp=1, pp=2, global_batch_size=256,
+                  zero_stage=3)
     rec = recommend(req, top_k=4)
     oracle = exhaustive_top_k(req, 4)
     assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
@@ -67,7 +69,7 @@ def test_the_overlap_is_off_where_pp015_refuses_it():
         moe_a2a_overlap=True))
     assert "PP015" in {f.id for f in check_config(job, plan, include_memory=False).findings if f.severity == "error"}
     zero1 = recommend(req.model_copy(update={"zero_stage": 1}), top_k=1).candidates[0]
-    assert zero1.plan.moe_a2a_overlap and zero1.throughput.step_time_s > rec.candidates[0].throughput.step_time_s
+    assert zero1.plan.moe_a2a_overlap and zero1.plan.vpp > 1
 
 
 def test_the_optimizer_is_kept_never_searched():

@@ -109,8 +109,10 @@ def test_the_bench_scores_a_cpu_optimizer_study_as_the_cards_rate_times_the_shar
     from meshplan.knowledge.model_counts import total_params
 
     row = {"id": "synthetic_offload_study", "category": "pretrain", "framework": "Megatron-Core",
-           "model": {"id": "Qwen/Qwen3-30B-A3B"},
-           "hardware": {"num_gpus": 16, "gpu_type": "H100-SXM", "gpus_per_node": 8},
+           "model": {"id": "Qwen/Qwen3-30B-A3B", "family": "qwen3_moe", "arch_type": "moe",
+                     "num_layers": 48, "hidden_size": 2048, "num_attention_heads": 32, "num_kv_heads": 4,
+                     "num_experts": 128, "top_k": 8, "moe_ffn_hidden_size": 768, "vocab_size": 151936},
+           "hardware": {"num_gpus": 16, "gpu_type": "H100-SXM5-80GB", "gpu_memory_gb": 80, "gpus_per_node": 8},
            "parallelism": {"tp": 1, "pp": 1, "ep": 8, "etp": 1},
            "outcome": {"step_time_s": 2.0, "other": "optimizer CPU offload 50/100%: 1.5x/3.0x step time, saves ..."}}
     other = {"id": "no_study", "outcome": {"step_time_s": 1.0, "other": "nothing"}}
