@@ -276,7 +276,8 @@ def test_megatron_fsdp_fix_writes_the_checkpoint_format_megatron_asserts(tmp_pat
     script.write_text(
         "torchrun --nproc_per_node 8 pretrain_gpt.py \\\n"
         "  --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 \\\n"
-        "  --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --num-query-groups 8 --ffn-hidden-size 14336 \\\n"
+        "  --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --num-query-groups 8 \\\n"
+        "  --ffn-hidden-size 14336 \\\n"
         "  --seq-length 4096 --max-position-embeddings 131072 --micro-batch-size 1 --global-batch-size 64 \\\n"
         "  --bf16 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --vocab-size 128256\n")
     imported = api.import_file(str(script))

@@ -296,10 +296,10 @@ def test_a_zero_stage_timed_the_same_with_a_higher_peak_is_left_out_and_named():
 
 def test_a_zero_stage_slower_with_a_higher_peak_is_folded_into_its_twin():
     """Llama-3.1-8B on 8 H100 (Megatron-Core): TP1 PP4 VPP3 DP2 at ZeRO 0 (47.296 s, 62.9 GiB; 46.092 s before the
-    joint refit of 2026-12-07) was listed as its own row beside the same layout at ZeRO 1 (47.283 s, 50.2 GiB), which is faster and lighter: a user gains nothing by
-    it, so it is folded into the ZeRO 1 row, which names its step and peak (policy.heavier_twin); no two rows left
-    are such twins, a twin faster with more memory (a trade) stays a row of its own, and the oracle's top K is the
-    same."""
+    joint refit of 2026-12-07) was listed as its own row beside the same layout at ZeRO 1 (47.283 s, 50.2 GiB), which
+    is faster and lighter: a user gains nothing by it, so it is folded into the ZeRO 1 row, which names its step and
+    peak (policy.heavier_twin); no two rows left are such twins, a twin faster with more memory (a trade) stays a row
+    of its own, and the oracle's top K is the same."""
     from meshplan.search.oracle import exhaustive_top_k
     from meshplan.search.policy import HEAVIER_STAGE, heavier_twin
 
