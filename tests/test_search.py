@@ -50,9 +50,9 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
     opened: list[bool] = []
     real_seed, real_push, real_pop = BestFirstSearch.seed, heapq.heappush, heapq.heappop
 
-    def seed(self, layouts, ideal, tier=None):
+    def seed(self, layouts, ideal, tier=None, runs=None):
         at[0] = None
-        real_seed(self, layouts, ideal, tier)
+        real_seed(self, layouts, ideal, tier, runs)
 
     def push(heap, entry):
         if at[0] == entry[1] == Level.FLOOR:  # a held seed released: after the node popping, of the same layout
