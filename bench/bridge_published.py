@@ -363,11 +363,53 @@ def run_fit() -> None:
               f"{ov['moe_host_sync_s'] * 1e3:.1f} ms | {m} (held out, {len(errs)}) | {median_abs(errs):.1%} |")
 
 
+# The columns that make two rows the same run on two systems: release, model, precision and every layout and
+# dispatcher setting the table or its presets give (the measured figure and its MFU aside).
+SAME_RUN_COLUMNS = ("release", "model", "mtp", "gpus", "precision", "gbs", "mbs", "seq", "fsdp", "tp", "pp", "cp",
+                    "vp", "ep", "dispatcher", "tp_comm_overlap", "moe_a2a_overlap", "flex_backend")
+
+
+def same_run_pairs(rows: list[dict[str, str]]) -> list[tuple[dict[str, str], dict[str, str]]]:
+    """Pairs of rows that ran the same release, model, precision and layout on two systems (SAME_RUN_COLUMNS equal,
+    `system` not), each pair once, in the file's order: what sets a part's measured speed beside another's with
+    nothing else changed, so a per-part term the estimate lacks shows as measured / predicted ratios that differ."""
+    pairs = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if a["system"] != b["system"] and all(a[c] == b[c] for c in SAME_RUN_COLUMNS):
+                pairs.append((a, b))
+    return pairs
+
+
+def print_pairs() -> None:
+    """Each same-run pair (same_run_pairs): its measured tokens/s per GPU ratio beside the predicted one."""
+    predicted: dict[int, float] = {}
+    table = []
+    for r, job, plan in cases():
+        try:
+            predicted[id(r)] = estimate_throughput(job, plan).tokens_per_s_per_gpu
+        except MeshplanError:
+            continue
+        table.append(r)
+    print("Same run on two systems (tokens/s per GPU, second / first):")
+    for a, b in same_run_pairs(table):
+        measured = float(b["tokens_per_s_per_gpu"]) / float(a["tokens_per_s_per_gpu"])
+        pred = predicted[id(b)] / predicted[id(a)]
+        print(f"  {a['release']} {a['model']:16s} {a['precision']:6s} {b['system']:6s}/{a['system']:6s} "
+              f"measured {measured:5.2f} predicted {pred:5.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="refit the Megatron-family constants, with held-out splits")
-    if parser.parse_args().fit:
+    parser.add_argument("--pairs", action="store_true",
+                        help="the rows that ran the same layout on two systems: measured and predicted ratios")
+    args = parser.parse_args()
+    if args.fit:
         run_fit()
+        return 0
+    if args.pairs:
+        print_pairs()
         return 0
     rows = []
     for r, job, plan in cases():

@@ -41,3 +41,28 @@ def test_published_tflops_match_meshplan_flops_per_token(row, job):
         assert ours < full
     else:
         assert implied == pytest.approx(ours, rel=5e-3)
+
+
+def test_same_run_pairs_pair_only_rows_that_differ_in_system_alone():
+    """bridge_published.same_run_pairs: two systems' rows of one release, model, precision and layout pair once; a
+    row differing in any other column (here the micro-batch) pairs with none."""
+    from bridge_published import SAME_RUN_COLUMNS, same_run_pairs
+
+    base = {c: "1" for c in SAME_RUN_COLUMNS}
+    a, b = base | {"system": "gb200"}, base | {"system": "gb300"}
+    c = base | {"system": "b300", "mbs": "2"}
+    d = base | {"system": "gb200"}
+    pairs = same_run_pairs([a, b, c, d])
+    assert [(x["system"], y["system"]) for x, y in pairs] == [("gb200", "gb300"), ("gb300", "gb200")]
+    assert all(c not in pair for pair in pairs)
+
+
+def test_same_run_pairs_of_the_table_include_the_blackwell_ultra_siblings():
+    """The table's GB300 / GB200 and B300 / B200 rows of one layout are found as pairs (what --pairs prints)."""
+    from bridge_published import same_run_pairs
+
+    found = {(a["release"], a["model"], frozenset((a["system"], b["system"]))) for a, b in same_run_pairs(
+        [r for r, _, _ in ROWS])}
+    assert ("25.11", "llama-3.1-8b", frozenset({"gb200", "gb300"})) in found
+    assert ("26.02", "deepseek-v3", frozenset({"b200", "b300"})) in found
+    assert ("26.02", "gpt-oss-120b", frozenset({"b200", "b300"})) in found
