@@ -651,4 +651,4 @@ def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: boo
     return (f"FSDP2 step peak walked unit by unit through the backward (cards/memory.yaml step_peak): stage "
             f"{stage.stage} peaks at the {moment} moment, {stage.activations_bytes / GIB:.2f} GiB of activations "
             f"and {stage.detail.get('gathered_layers', 0) / GIB:.2f} GiB of gathered parameters, unsharded gradients "
-            f"and reduce-scatter input; {grads}.")
+            f"and reduce-scatter buffers; {grads}.")
