@@ -210,8 +210,10 @@ def test_step_peaks_agree_with_torchtitans_step():
     meshplan's allocated estimate: within 1% on every row (were -8.6% to +18.3% with the worst unit added to every
     activation). The Llama cut at data_parallel_shard_degree 1 (meshplan's zero_stage 0, which torchtitan 0.3.0 runs
     as fully_shard over a shard of one with 8 replicas: cards/frameworks/torchtitan.yaml engine.replica_shard) is
-    under by 4-9% (was 14-17% under with the DDP states alone): its 'Temp' holds 1.7-5.0 GiB more than at dp 8,
-    unit-sized fp32 buffers meshplan does not count at a shard of one."""
+    under by under 3% (was 14-17% under with the DDP states alone, 4-9% without the reduce outputs,
+    fsdp_walk.reduce_output_bytes): what is left is the bf16 gradient of the reducing unit's last parameter (0.98 GiB,
+    the embedding's or lm_head's) that FSDPMemTracker's own post_backward wrapper keeps referenced
+    (torch/distributed/_tools/fsdp2_mem_tracker.py: its loop variable `unsharded_grad`), which a GPU frees."""
     import json
     import sys
     from pathlib import Path
@@ -230,6 +232,6 @@ def test_step_peaks_agree_with_torchtitans_step():
                                        zero_stage=row["meshplan_zero_stage"])
         diff = 100 * (ours - row["framework_peak_bytes"]) / row["framework_peak_bytes"]
         if row["dp_shard"] == 1:
-            assert row["meshplan_zero_stage"] == 0 and -9.0 <= diff < 0, (row["policy"], diff)
+            assert row["meshplan_zero_stage"] == 0 and -3.0 <= diff < 0, (row["policy"], diff)
         else:
             assert abs(diff) <= 1.0, (row["arch"], row["policy"], diff)

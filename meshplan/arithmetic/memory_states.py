@@ -95,6 +95,9 @@ class Convention(_Card):
     output_held_bytes: float = Field(0, ge=0)
     embedding_in_root: bool = False  # the embedding is a parameter of that root unit (its output layer's stage's)
     retained_reduce_bytes: float = Field(0, ge=0)  # per parameter of the last reduced unit, kept into the next unit
+    # the framework sets fully_shard's gradient_divide_factor, so over a shard of one rank foreach_reduce writes its
+    # output from a quotient of the input, a reduce_dtype copy of the unit's size (fsdp_walk.reduce_output_bytes)
+    reduce_divide_copy: bool = False
     # of gathered_bytes and of prefetched_bytes, the unsharded main-grad bucket at fp32 (Megatron-FSDP), which
     # grad_reduce_in_fp32 False allocates in bf16 (with_precision)
     main_grad_bucket_bytes: float = Field(0, ge=0)

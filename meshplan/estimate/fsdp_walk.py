@@ -17,6 +17,7 @@ from meshplan.arithmetic.memory_states import (
     loss_logits,
     pipeline_held,
     state_bytes,
+    state_replicas,
     unsharded_grad_bytes,
 )
 from meshplan.core.units import GIB
@@ -40,6 +41,8 @@ class FsdpUnit(NamedTuple):
     grads_last: float = 0.0  # of its params, those whose gradient the graph's last backward writes (a root's embedding)
     own_grads: float = 0.0  # of its grads, those of parameters outside the unit (full-EP experts: their own .grad,
     # written in its backward and accumulated in place, there from the step's first backward through the unit)
+    sharded: float = 0.0  # of its params, what one rank holds of them over its shard group (reduce_output_bytes)
+    alone: float = 0.0  # of its params, those whose shard group is one rank (no reduce-scatter: reduce_output_bytes)
 
 
 class StepMoment(NamedTuple):
@@ -71,7 +74,8 @@ NO_ACCUMULATION = Accumulation()
 
 
 def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_absent: bool,
-                          accumulation: Accumulation = NO_ACCUMULATION) -> list[StepMoment]:
+                          accumulation: Accumulation = NO_ACCUMULATION,
+                          output: ReduceOutput | None = None) -> list[StepMoment]:
     """Every moment of the backward, unit by unit in reverse forward order, as torch's fully_shard runs it
     (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): in pre_backward the unit is all-gathered
     (`unsharded_param_bytes`) and the unit before it prefetched (`prefetched_bytes`), while its own saved activations
@@ -84,9 +88,12 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
     its outputs) fires, so nothing is prefetched yet; its parameters stay gathered from its forward
     (reshard_after_forward=False in torchtitan's apply_fsdp_to_decoder), unless the trainer resharded it after the
     forward (`output_resharded_at_loss`); a root output unit's pre_backward then gathers it again for the head's
-    backward, with the logits' gradient alive (head_moments). A unit that reduces inside the chunked loss
-    (`in_loss`) does so once per chunk with its parameters gathered, the previous chunk's reduce-scatter input held and
-    the chunk's `kept` logits alive; its buffers are gone by the time the decoder's backward starts. With
+    backward, with the logits' gradient alive (head_moments). After each unit's copy-in its reduce output
+    (reduce_output_bytes, with `output`): the input, the output and any quotient, the unsharded gradients freed; with
+    replicas every unit reduced in the backward keeps its output to its end (an in-loss unit's, to the loss's). A
+    unit that reduces inside the chunked loss (`in_loss`) does so once per chunk with its parameters gathered, the
+    previous chunk's reduce-scatter input held and the chunk's `kept` logits alive; its buffers are gone by the time
+    the decoder's backward starts. With
     `grads_absent` (the trainer set the gradients to None; one micro-batch per step) a unit's sharded gradient exists
     only after its own reduce-scatter, so the units not yet reduced are absent. With `output_held_bytes` the output
     unit is the root module, whose forward inputs (token ids) need no gradient, so its post_backward waits for the
@@ -99,12 +106,14 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
     out, at = [], []
     root = units[-1] if units and units[-1].loss and conv.output_held_bytes else None
     stored, grads = prefix_sums([v.stored for v in units]), prefix_sums([v.grads for v in units])
+    kept = 0.0  # the reduce outputs the replicas' all-reduce keeps, of the units reduced in this backward
     for k in range(len(units) - 1, -1, -1):
         u = units[k]
         before = held_other + stored[k]
         prefetch = conv.prefetched_bytes * units[k - 1].params if k else 0.0
-        held = root_held(conv, root) if root and u is not root else 0.0
-        absent = (grads[k + 1] + (root.grads if held else 0.0)) if grads_absent else 0.0
+        rooted = root_held(conv, root) if root and u is not root else 0.0
+        held = rooted + kept
+        absent = (grads[k + 1] + (root.grads if rooted else 0.0)) if grads_absent else 0.0
         gathered = 0.0 if u.loss and conv.output_resharded_at_loss else conv.unsharded_param_bytes * u.params
         # the last reduce-scatter input still held: this unit's previous chunk, or the unit reduced just before
         last = u if u.in_loss else units[k + 1] if k + 1 < len(units) and not units[k + 1].in_loss else None
@@ -134,15 +143,61 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         out.append(StepMoment(f"{u.name} reduce-scatter", before + u.kept,
                               reduce + (gathered + retained if u.in_loss else 0.0) + held, absent))
         at.append(k)
+        if output is not None:
+            written, apart = output_moment(conv, u, output, grads_absent)
+            if written:
+                # the previous unit's input was recycled before this reduce (retained), its gradients freed
+                out.append(StepMoment(f"{u.name} reduce output", before + u.kept,
+                                      written + prefetch + (gathered if u.in_loss else 0.0) + held,
+                                      absent - (0.0 if apart or not grads_absent else u.grads - u.own_grads)))
+                at.append(k)
+            if output.replicas and not u.in_loss:  # the loss's own backward ends before the decoder's
+                kept += reduce_output_bytes(conv, u, apart)[0]
     if root:
         retained = conv.retained_reduce_bytes * units[0].params if len(units) > 1 else 0.0
         out.append(StepMoment(f"{root.name} reduce-scatter (end of backward)", held_other,
-                              conv.gathered_layers * conv.gathered_bytes * root.params + retained,
+                              conv.gathered_layers * conv.gathered_bytes * root.params + retained + kept,
                               root.grads if grads_absent else 0.0))
         at.append(-1)
+        written, apart = output_moment(conv, root, output, grads_absent) if output is not None else (0.0, True)
+        if written:
+            out.append(StepMoment(f"{root.name} reduce output (end of backward)", held_other, written + kept,
+                                  root.grads if grads_absent and apart else 0.0))
+            at.append(-1)
     if not accumulation.bytes_per_param:
         return out
     return accumulated_moments(out, at, units, root, accumulation, grads_absent)
+
+
+class ReduceOutput(NamedTuple):
+    """What a stage's units' reduce outputs are (reduce_output_bytes): `cast`, whether the sharded gradient is of
+    another dtype than reduce_dtype, so the output is cast into a new one and is never the gradient itself; `replicas`,
+    whether replicas all-reduce it and keep it to the end of the backward (HSDP)."""
+
+    cast: bool
+    replicas: bool
+
+
+def reduce_output_bytes(conv, unit: FsdpUnit, apart: bool) -> tuple[float, float]:
+    """A unit's foreach_reduce output and quotient, bytes (cards/memory.yaml fsdp2, reduce_divide_copy, with the torch
+    2.13 lines): the output, in reduce_dtype (the input's `retained_reduce_bytes`) per parameter one rank holds of
+    the unit over its shard group (`sharded`), where it is a buffer of its own (`apart`; else it is the sharded
+    gradient, counted there); and, where the framework sets a gradient_divide_factor, the quotient of the input that a
+    shard of one rank copies into it (`alone`: the parameters no reduce-scatter splits), the input's own size."""
+    out = conv.retained_reduce_bytes * unit.sharded if apart else 0.0
+    return out, conv.retained_reduce_bytes * unit.alone if conv.reduce_divide_copy else 0.0
+
+
+def output_moment(conv, unit: FsdpUnit, output: ReduceOutput, grads_absent: bool) -> tuple[float, bool]:
+    """The FSDP bytes of a unit's reduce-output moment (0: no moment, nothing written beside the input) and whether the
+    output is apart from the sharded gradient: the fp32 reduce-scatter input, the output (the sharded gradient
+    itself where it is not apart and the trainer freed the gradients: counted as a gradient no longer absent) and the
+    quotient; the unit's unsharded gradients are freed by then."""
+    apart = output.cast or not grads_absent  # else the output becomes the sharded gradient
+    out, quotient = reduce_output_bytes(conv, unit, apart)
+    if not (out or quotient or (unit.sharded and grads_absent)):
+        return 0.0, apart
+    return conv.gathered_layers * conv.retained_reduce_bytes * unit.params + out + quotient, apart
 
 
 def head_moments(conv, root: FsdpUnit, before: float, prefetch: float, absent: float) -> list[StepMoment]:
@@ -426,16 +481,26 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     # objects they were worked out from), the other activations, the switches and the reserve; the entry keeps those
     # objects alive, so their ids stay their own
     reserve = terms.card.allocator_reserve_fraction
+    output = stage_output(terms)
     memo = scope_memo("fsdp_walks")
-    key = (id(terms.conv), reserve, held, absent, accumulation, units.key)
+    key = (id(terms.conv), reserve, held, absent, accumulation, output, units.key)
     hit = memo.get(key) if memo is not None else None
     if hit is not None:
         return hit[-1]
-    moments = fsdp_backward_moments(terms.conv, units.walked(), held, absent, accumulation)
+    moments = fsdp_backward_moments(terms.conv, units.walked(), held, absent, accumulation, output)
     picks = peaks(terms.conv, moments, reserve)
     if memo is not None:
         memo[key] = (terms.conv, terms.table, terms.per_kind, terms.tensors, picks)
     return picks
+
+
+def stage_output(terms: MemoryTerms) -> ReduceOutput:
+    """The stage's reduce outputs (ReduceOutput): cast where the sharded gradient's bytes per parameter (the states'
+    dp-sharded gradients) differ from the reduce_dtype's (the input's retained_reduce_bytes); kept with replicas
+    (memory_states.state_replicas over 1: dp_replicate, or torchtitan 0.3's ZeRO-0 over a shard of one)."""
+    grad = next((t.bytes for t in terms.tensors if t.tensor_class == "gradients" and t.shard == "dp"), None)
+    cast = grad is not None and grad != terms.conv.retained_reduce_bytes
+    return ReduceOutput(cast, state_replicas(terms.job, terms.plan) > 1)
 
 
 class StageUnits(NamedTuple):
@@ -466,9 +531,10 @@ def stage_units(stage: WalkStage) -> StageUnits:
     pre: tuple[FsdpUnit, ...] = ()
     post: tuple[FsdpUnit, ...] = ()
     emb, in_root = params.embedding, embedding_in_root(stage)
+    dp = terms.dense_dp
     if params.first and not in_root:
-        pre = (FsdpUnit("embedding", emb, stage.emb_acts, grads=unit_grads(terms.tensors, terms.dense_dp,
-                                                                            terms.expert_dp, emb)),)
+        pre = (FsdpUnit("embedding", emb, stage.emb_acts, grads=unit_grads(terms.tensors, dp, terms.expert_dp, emb),
+                        **unit_shards(dp, terms.expert_dp, emb)),)
     if params.last:
         head = params.output_layer + terms.norm_width
         logits = loss_logits(conv, terms.tokens, terms.vocab, plan.tp)
@@ -480,12 +546,13 @@ def stage_units(stage: WalkStage) -> StageUnits:
             if conv.head_backward_bytes_per_element else 0.0
         if in_root:
             post = (FsdpUnit("embedding, output layer and loss", emb + head, stage.out_acts,
-                             grads=unit_grads(terms.tensors, terms.dense_dp, terms.expert_dp, emb + head), kept=kept,
-                             loss=True, grads_last=emb, head=at_head),)
+                             grads=unit_grads(terms.tensors, dp, terms.expert_dp, emb + head), kept=kept,
+                             loss=True, grads_last=emb, head=at_head, **unit_shards(dp, terms.expert_dp, emb + head)),)
         else:
             post = (FsdpUnit("output layer and loss", head, stage.out_acts,
-                             grads=unit_grads(terms.tensors, terms.dense_dp, terms.expert_dp, head),
-                             in_loss=conv.output_reduce_in_loss, kept=kept, loss=True, head=at_head),)
+                             grads=unit_grads(terms.tensors, dp, terms.expert_dp, head),
+                             in_loss=conv.output_reduce_in_loss, kept=kept, loss=True, head=at_head,
+                             **unit_shards(dp, terms.expert_dp, head)),)
     return StageUnits(pre, args, post, max(0.0, stage.layer_acts - one_batch), (layers_key, pre, post))
 
 
@@ -535,8 +602,15 @@ def layer_units(table, per_kind: dict, tensors: list, dense_dp: int, expert_dp: 
             grads = worked[(dense, experts)] = unit_grads(tensors, dense_dp, expert_dp, dense, experts)
         own = 0.0 if experts_in else state_bytes(tensors, experts, expert_dp)["gradients"]
         units.append(FsdpUnit(f"layer {i}", dense + experts if experts_in else dense, stored, working, grads,
-                              own_grads=own))
+                              own_grads=own, **unit_shards(dense_dp, expert_dp, dense, experts if experts_in else 0.0)))
     return tuple(units), one_batch
+
+
+def unit_shards(dense_dp: int, expert_dp: float, dense: float, experts: float = 0.0) -> dict[str, float]:
+    """A unit's FsdpUnit.sharded and .alone: what one rank holds of its dense parameters over the dense shard group and
+    of its routed experts over the expert one, and those of them whose group is one rank (no reduce-scatter)."""
+    return {"sharded": dense / dense_dp + experts / expert_dp,
+            "alone": (dense if dense_dp == 1 else 0.0) + (experts if expert_dp == 1 else 0.0)}
 
 
 def unit_grads(tensors: list, dense_dp: int, expert_dp: float, dense: float, experts: float = 0.0) -> float:
@@ -577,4 +651,4 @@ def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: boo
     return (f"FSDP2 step peak walked unit by unit through the backward (cards/memory.yaml step_peak): stage "
             f"{stage.stage} peaks at the {moment} moment, {stage.activations_bytes / GIB:.2f} GiB of activations "
             f"and {stage.detail.get('gathered_layers', 0) / GIB:.2f} GiB of gathered parameters, unsharded gradients "
-            f"and reduce-scatter input; {grads}.")
+            f"and reduce-scatter buffers; {grads}.")
