@@ -140,8 +140,6 @@ CASES: dict[str, tuple[dict, dict]] = {
     # settings with no effect on the plan (warnings, the rules card's no_effect: tests/test_unread_knobs.py)
     "CP008": ({**L8B, "num_gpus": 8, "cp_comm_type": "a2a"}, {**L8B, "num_gpus": 8, "cp": 2, "cp_comm_type": "a2a"}),
     "EP010": ({**L8B, "num_gpus": 8, "tp": 2, "etp": 2}, {**L8B, "num_gpus": 8, "tp": 2}),
-    "EP011": ({**L8B, "num_gpus": 8, "moe_token_dispatcher": "alltoall"},
-              {**MIX, "num_gpus": 8, "ep": 8, "moe_token_dispatcher": "alltoall"}),
     # Moonlight's shared experts overlapped beside the alltoall dispatcher (its Bridge 8-H100 recipe), and refused
     # beside a recomputed shared_experts module (Megatron-Core's ValueError)
     "EP012": ({"model": "moonlight-16b-a3b", "num_gpus": 8, "tp": 2, "ep": 8, "etp": 1, "sequence_parallel": True,
