@@ -297,7 +297,8 @@ def test_a_beside_key_the_file_states_is_not_written_again(tmp_path, ckpt):
     """The zero_stage 3 fix wrote ddp.use_megatron_fsdp=true and checkpoint.ckpt_format=fsdp_dtensor (Bridge) and
     --ckpt-format fsdp_dtensor (Megatron-Core) beside the sharding strategy though the file stated them: a second
     line for a key the file has. A key it states with the value is left; one with another value is changed on its
-    own line (ImportedConfig.beside_stated)."""
+    own line (ImportedConfig.beside_stated). Megatron-Core's strategy itself was the card's whole key,
+    '--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params', beside the file's line 7."""
     yaml_path = tmp_path / "override.yaml"
     yaml_path.write_text(BRIDGE_FSDP_YAML.format(ckpt=ckpt))
     bridge = _zero3_options(yaml_path, {"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "a100-40gb"})
@@ -310,7 +311,9 @@ def test_a_beside_key_the_file_states_is_not_written_again(tmp_path, ckpt):
         ckpt_lines = [text for text in option if text.startswith("checkpoint.ckpt_format")]
         assert ckpt_lines == ([] if ckpt == "fsdp_dtensor" else
                               ["checkpoint.ckpt_format=fsdp_dtensor  # line 13, was torch_dist"])
-    for option in core:
+    for option in core:  # the strategy changed on its own line, --use-megatron-fsdp not written a second time
+        assert "--data-parallel-sharding-strategy optim_grads_params  # line 7, was optim_grads" in option
+        assert not any("--use-megatron-fsdp" in text for text in option)
         ckpt_lines = [text for text in option if text.startswith("--ckpt-format")]
         assert ckpt_lines == ([] if ckpt == "fsdp_dtensor" else
                               ["--ckpt-format fsdp_dtensor  # line 7, was torch_dist"])

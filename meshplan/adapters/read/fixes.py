@@ -227,6 +227,25 @@ def _same_key(imported: ImportedConfig, field: str, value: Any, key: str) -> boo
     return len(keys) == 1 and (keys.pop() or "").split()[0].lstrip("[").endswith(key.rsplit(".", 1)[-1])
 
 
+def _flag_words(imported: ImportedConfig, field: str, value: Any, key: str) -> tuple[str, str] | None:
+    """(new, old): the words the file's flag `key` takes for the field's new value and has for its own, where the
+    card's key for each value (a knob per value: zero_stage, recompute) is flags carrying it, the same but for that
+    word (Megatron-Core's '--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads[_params]'): the file's
+    own line changed, not the card's key written whole beside it (its --use-megatron-fsdp a second time). None
+    otherwise."""
+    if field not in ("zero_stage", "recompute") or not key.startswith("--"):
+        return None
+    new, old = (_card_key(imported, field, v)[0] for v in (value, imported.request.get(field)))
+    new_words, old_words = (new or "").split(), (old or "").split()
+    if key not in new_words or len(new_words) != len(old_words) or new_words == old_words:
+        return None
+    at = new_words.index(key) + 1
+    if at == len(new_words) or new_words[at].startswith("-") or new_words[:at] + new_words[at + 1:] != \
+            old_words[:at] + old_words[at + 1:]:
+        return None
+    return new_words[at], old_words[at]
+
+
 def file_change(imported: ImportedConfig, field: str, value: Any, knob: AdapterKnob | None = LOOK_UP) -> FileChange:
     """The field's new value as an edit of the file's own key, else the card's `knob` for it (looked up where not
     given), in the file's syntax."""
@@ -244,6 +263,10 @@ def file_change(imported: ImportedConfig, field: str, value: Any, knob: AdapterK
         return FileChange(field=field, value=value, key=through[0], line=through[1],
                           text=f"(remove {through[0]})  # line {through[1]}: "
                                f"{framework_card(imported.framework).display_name} derives it, dp {value}")
+    if source is not None and (words := _flag_words(imported, field, value, source.group("key"))) is not None:
+        key, line = source.group("key"), int(source.group("line"))
+        return FileChange(field=field, value=value, key=key, line=line,
+                          text=f"{key} {words[0]}  # line {line}, was {words[1]}")
     if source is not None and _same_key(imported, field, value, source.group("key")):
         key = source.group("key")
         text = written(key, _card_value(imported, field, value, knob), fmt, imported.variant, imported.framework,
