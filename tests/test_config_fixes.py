@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from meshplan import api
+from meshplan.adapters.read import fixes
 from meshplan.adapters.read.fixes import config_fixes, file_change, fix_changes, written
 from meshplan.faces import cli
 from meshplan.schema.reports import Finding
@@ -267,6 +268,66 @@ def test_an_automodel_recipe_stating_its_mesh_states_its_gpus():
     assert not any("how many GPUs" in line for line in imported.unresolved)
     unstated = api.import_config(AUTOMODEL_RECIPE.replace("  dp_size: 8\n", ""), path="recipe.yaml")
     assert "num_gpus" not in unstated.request  # dp left to the world: the count is the launcher's
+
+
+MEGATRON_FSDP_SCRIPT = (
+    "torchrun --nproc_per_node 8 pretrain_gpt.py \\\n"
+    "  --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 \\\n"
+    "  --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --num-query-groups 8 \\\n"
+    "  --ffn-hidden-size 14336 \\\n"
+    "  --seq-length 4096 --max-position-embeddings 131072 --micro-batch-size 1 --global-batch-size 64 \\\n"
+    "  --bf16 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights --vocab-size 128256 \\\n"
+    "  --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --ckpt-format {ckpt}\n")
+BRIDGE_FSDP_YAML = ("model:\n  tensor_model_parallel_size: 1\n  pipeline_model_parallel_size: 1\n  seq_length: 4096\n"
+                    "train:\n  global_batch_size: 64\n  micro_batch_size: 1\nddp:\n  use_distributed_optimizer: true\n"
+                    "  use_megatron_fsdp: true\n  data_parallel_sharding_strategy: optim_grads\ncheckpoint:\n"
+                    "  ckpt_format: {ckpt}\n")
+
+
+def _zero3_options(path: Path, given: dict) -> list[list[str]]:
+    """The lines of each fix option that moves the file to zero_stage 3 (MEM001's on 8 A100-40GB)."""
+    imported = api.import_file(str(path))
+    report = api.check_config(api.request_from_config(imported, given), config=imported)
+    options = [[c.text for c in option] for fix in report.config_fixes for option in fix.options]
+    return [option for option in options if any("optim_grads_params" in text for text in option)]
+
+
+@pytest.mark.parametrize("ckpt", ["fsdp_dtensor", "torch_dist"])
+def test_a_beside_key_the_file_states_is_not_written_again(tmp_path, ckpt):
+    """The zero_stage 3 fix wrote ddp.use_megatron_fsdp=true and checkpoint.ckpt_format=fsdp_dtensor (Bridge) and
+    --ckpt-format fsdp_dtensor (Megatron-Core) beside the sharding strategy though the file stated them: a second
+    line for a key the file has. A key it states with the value is left; one with another value is changed on its
+    own line (ImportedConfig.beside_stated). Megatron-Core's strategy itself was the card's whole key,
+    '--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params', beside the file's line 7."""
+    yaml_path = tmp_path / "override.yaml"
+    yaml_path.write_text(BRIDGE_FSDP_YAML.format(ckpt=ckpt))
+    bridge = _zero3_options(yaml_path, {"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "a100-40gb"})
+    script = tmp_path / "train.sh"
+    script.write_text(MEGATRON_FSDP_SCRIPT.format(ckpt=ckpt))
+    core = _zero3_options(script, {"gpu": "a100-40gb"})
+    assert bridge and core
+    for option in bridge:
+        assert not any(text.startswith("ddp.use_megatron_fsdp") for text in option)  # line 10 says true
+        ckpt_lines = [text for text in option if text.startswith("checkpoint.ckpt_format")]
+        assert ckpt_lines == ([] if ckpt == "fsdp_dtensor" else
+                              ["checkpoint.ckpt_format=fsdp_dtensor  # line 13, was torch_dist"])
+    for option in core:  # the strategy changed on its own line, --use-megatron-fsdp not written a second time
+        assert "--data-parallel-sharding-strategy optim_grads_params  # line 7, was optim_grads" in option
+        assert not any("--use-megatron-fsdp" in text for text in option)
+        ckpt_lines = [text for text in option if text.startswith("--ckpt-format")]
+        assert ckpt_lines == ([] if ckpt == "fsdp_dtensor" else
+                              ["--ckpt-format fsdp_dtensor  # line 7, was torch_dist"])
+
+
+def test_a_fixed_fields_card_knob_is_looked_up_once(monkeypatch):
+    """beside_changes looked the card's knob up again after file_change had: one look-up per field and value now,
+    for a field the file leaves out (recompute on a Bridge override)."""
+    imported = api.import_config(BRIDGE_FSDP_YAML.format(ckpt="torch_dist"), path="override.yaml")
+    calls = []
+    looked_up = fixes._card_knob
+    monkeypatch.setattr(fixes, "_card_knob", lambda *args: calls.append(args[1:]) or looked_up(*args))
+    changes = fixes._changes(imported, "recompute", "full")
+    assert [c.text for c in changes] == ["model.recompute_granularity=full"] and calls == [("recompute", "full")]
 
 
 def test_megatron_fsdp_fix_writes_the_checkpoint_format_megatron_asserts(tmp_path):

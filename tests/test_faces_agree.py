@@ -431,34 +431,34 @@ async def test_min_gpus_gives_recommends_warnings_on_every_face(max_gpus):
         assert await via_mcp(client, "minimum_gpus", args) == via_api("minimum_gpus", args)
 
 
-# moe_token_dispatcher=alltoall for a dense model (EP011, a warning no layout field decides): check and the estimates
+# moe_shared_expert_overlap for a dense model (EP014, a warning no layout field decides): check and the estimates
 # said it, the training recommend and min-gpus (which copies recommend's warnings) did not
-DENSE_DISPATCHER = {**L8, "moe_token_dispatcher": "alltoall"}
+DENSE_OVERLAP = {**L8, "moe_shared_expert_overlap": True}
 
 
-def _ep011_line() -> str:
-    """EP011 in check's words (schema/reports.finding_line), for the dense model given a dispatcher."""
+def _ep014_line() -> str:
+    """EP014 in check's words (schema/reports.finding_line), for the dense model given shared-expert overlap."""
     from meshplan.schema.reports import finding_line
 
-    found = [f for f in api.check_config(parse_request({**DENSE_DISPATCHER, "num_gpus": 8})).findings
-             if f.id == "EP011"]
+    found = [f for f in api.check_config(parse_request({**DENSE_OVERLAP, "num_gpus": 8})).findings
+             if f.id == "EP014"]
     assert len(found) == 1
     return finding_line(found[0])
 
 
 async def test_recommend_gives_the_job_warnings_on_every_face():
-    """The training recommend says the warnings of the rules that read no plan field (EP011 here) once, in check's
+    """The training recommend says the warnings of the rules that read no plan field (EP014 here) once, in check's
     words, at every GPU count, in the answer's warnings and not again in each row's rationale: on the api, the CLI's
     --json and text, and the MCP tool alike."""
     from meshplan.faces.mcp.server import app
 
-    line = _ep011_line()
-    args = {**DENSE_DISPATCHER, "num_gpus": 8, "top_k": 2}
+    line = _ep014_line()
+    args = {**DENSE_OVERLAP, "num_gpus": 8, "top_k": 2}
     rec = api.recommend(parse_request({k: v for k, v in args.items() if k != "top_k"}), top_k=2)
     assert rec.candidates and rec.warnings.count(line) == 1 and rec.warnings[-1] == line
     message = line.split(": ", 1)[1].split(" Fix: ")[0]
     assert not any(message in c.rationale for c in rec.candidates) and message not in rec.rationale
-    sixteen = api.recommend(parse_request({**DENSE_DISPATCHER, "num_gpus": 16}), top_k=1)
+    sixteen = api.recommend(parse_request({**DENSE_OVERLAP, "num_gpus": 16}), top_k=1)
     assert sixteen.warnings[-1] == line  # the rule reads no GPU count: neither does the warning
     assert via_cli("recommend_parallelism", args) == via_api("recommend_parallelism", args) == ("ok", without_words(
         rec.model_dump(mode="json")))
@@ -476,13 +476,13 @@ async def test_min_gpus_gives_a_training_jobs_warnings_on_every_face(max_gpus):
     there) and where it finds none (max_gpus 1: a dense 8B's states fit no single H100), on every face."""
     from meshplan.faces.mcp.server import app
 
-    line = _ep011_line()
-    args = {**DENSE_DISPATCHER, **({} if max_gpus is None else {"max_gpus": max_gpus})}
-    found = api.minimum_gpus(parse_request(DENSE_DISPATCHER), max_gpus=max_gpus)
+    line = _ep014_line()
+    args = {**DENSE_OVERLAP, **({} if max_gpus is None else {"max_gpus": max_gpus})}
+    found = api.minimum_gpus(parse_request(DENSE_OVERLAP), max_gpus=max_gpus)
     assert (found.num_gpus is None) == (max_gpus is not None)
     assert found.warnings.count(line) == 1
     if found.num_gpus is not None:
-        at = api.recommend(parse_request({**DENSE_DISPATCHER, "num_gpus": found.num_gpus}), top_k=1)
+        at = api.recommend(parse_request({**DENSE_OVERLAP, "num_gpus": found.num_gpus}), top_k=1)
         assert found.warnings == at.warnings
     assert via_cli("minimum_gpus", args) == via_api("minimum_gpus", args) == ("ok", without_words(found.model_dump(
         mode="json")))

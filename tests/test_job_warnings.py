@@ -1,8 +1,8 @@
 """The warnings that hold whatever the layout (the `no_effect` rules that read no plan field: rules/engine
 job_no_effect_findings) on every answer of recommend and min-gpus, through one function, search/answer.job_warnings.
-Before, the training recommend never said them (EP011, a token dispatcher given for a dense model; EP014,
-moe_shared_expert_overlap for a model without shared experts) though check and the estimates did, and min-gpus, which
-copies recommend's warnings, did not either."""
+Before, the training recommend never said them (EP014, moe_shared_expert_overlap for a model without shared experts;
+EP011, a token dispatcher given for a dense model, since retired) though check and the estimates did, and min-gpus,
+which copies recommend's warnings, did not either."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from meshplan.search.answer import job_warnings
 from meshplan.search.ranking import recommend
 
 DENSE = {"model": "llama-3.1-8b", "gpu": "h100"}
-BOTH = {**DENSE, "moe_token_dispatcher": "alltoall", "moe_shared_expert_overlap": True}  # EP011 and EP014
+BOTH = {**DENSE, "moe_shared_expert_overlap": True}  # EP014
 
 
 def _check_lines(fields: dict) -> list[str]:
@@ -43,7 +43,7 @@ def test_job_warnings_are_checks_words_on_any_plan():
         fields = {**BOTH, **layout}
         job, _ = resolve(parse_request(fields))
         assert job_warnings(job) == _check_lines(fields)
-        assert [w[:6] for w in job_warnings(job)] == ["EP011 ", "EP014 "]
+        assert [w[:6] for w in job_warnings(job)] == ["EP014 "]
 
 
 def test_recommend_says_them_on_every_answer_path():
@@ -51,15 +51,15 @@ def test_recommend_says_them_on_every_answer_path():
     at every GPU count, and not again in a row's rationale."""
     lines = _check_lines({**BOTH, "num_gpus": 8})
     found = api.recommend(parse_request({**BOTH, "num_gpus": 8}), top_k=3)
-    assert found.candidates and found.warnings[-2:] == lines and len(set(found.warnings)) == len(found.warnings)
+    assert found.candidates and found.warnings[-1:] == lines and len(set(found.warnings)) == len(found.warnings)
     for line in lines:
         message = line.split(": ", 1)[1].split(" Fix: ")[0]
         assert not any(message in c.rationale for c in found.candidates)
     rows = recommend(parse_request({**BOTH, "num_gpus": 8}), top_k=1, rows_only=True)
-    assert rows.warnings[-2:] == lines
+    assert rows.warnings[-1:] == lines
     big = {**BOTH, "model": "llama-3.1-70b", "num_gpus": 1}
     none = api.recommend(parse_request(big), top_k=1)
-    assert not none.candidates and none.warnings[-2:] == _check_lines(big)
+    assert not none.candidates and none.warnings[-1:] == _check_lines(big)
 
 
 def test_a_request_without_them_warns_as_before():
@@ -78,9 +78,9 @@ def test_min_gpus_says_them_where_a_rule_refuses_every_count():
 
 
 def test_the_rl_recommend_says_each_once():
-    """The RL recommend's actor search now ends its warnings with the trainer job's (EP011 here), which the RL job's
-    hold in the same words: EP011 once, then RL008, the RL job's alone."""
-    rl = {**DENSE, "num_gpus": 8, "framework": "verl", "job": "rl", "algorithm": "grpo", "samples_per_prompt": 1,
-          "moe_token_dispatcher": "alltoall"}
+    """The RL recommend's actor search ends its warnings with the trainer job's, which the RL job's hold in the same
+    words: each once. Its job-wide rule here is RL008 (GRPO over one response), the RL job's own; the trainer's were
+    EP011 (retired) and EP014, which verl's Megatron engine refuses (EP012, no key), so RL008 alone, once."""
+    rl = {**DENSE, "num_gpus": 8, "framework": "verl", "job": "rl", "algorithm": "grpo", "samples_per_prompt": 1}
     rec = api.recommend(parse_request(rl), top_k=1)
-    assert [w[:6] for w in rec.warnings] == ["EP011 ", "RL008 "]
+    assert [w[:6] for w in rec.warnings] == ["RL008 "]

@@ -61,7 +61,7 @@ def test_a_setting_the_written_config_has_no_key_for_is_refused_as_that_not_as_t
     headline = str(exc.value).splitlines()[0]
     assert "RC006" in headline and "would reject it" not in headline
     assert "the skyrl config meshplan writes has no key for a setting it uses" in headline
-    assert unwritable_rules() == {"AD001", "RC005", "RC006"}
+    assert unwritable_rules() == {"AD001", "RC005", "RC006", "TT004"}
 
 
 def test_a_layout_that_does_not_fit_is_refused_with_its_peak_against_the_capacity():

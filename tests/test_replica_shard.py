@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from meshplan import api
+from meshplan.adapters.render import RefusedLayout
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import convention, replicates_by_sharding, state_replicas
+from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import state_shards
 from meshplan.estimate.sharding_traffic import sharding_schedule
 from meshplan.knowledge.cards import framework_card
@@ -107,3 +109,50 @@ def test_render_says_it():
     assert any("still wraps each block in fully_shard" in n for n in notes)
     old = api.render_config("torchtitan", req.model_copy(update={"framework_version": "0.2.2"}), force=True).notes
     assert not any("fully_shard" in n for n in old)
+
+
+OLD_CP = dict(BASE, num_gpus=16, cp=2, seq_length=8192, recompute="selective")
+
+
+@pytest.mark.parametrize("release", ["0.1.0", "0.2.2"])
+def test_zero0_at_cp_is_refused_where_the_release_runs_it_as_zero3_over_cp(release):
+    """torchtitan 0.1/0.2 run ZeRO-0 as DDP (ddp_releases), but at cp > 1 ParallelDims.fsdp_enabled (dp_shard > 1 or
+    cp > 1) sends them to fully_shard over dp_shard x cp with dp replicas: the file meshplan writes would run ZeRO-3
+    over the CP ranks, not the replicated states it estimates. TT004 refuses it on check, render and the estimates;
+    its first fix is the ZeRO-3 plan that file is (the same degrees, estimated as it runs), its second cp=1."""
+    req = Request(**OLD_CP, zero_stage=0, framework_version=release)
+    found = {f.id: f for f in api.check_config(req).findings}["TT004"]
+    assert found.severity == "error"
+    assert "runs fully_shard over the 2 CP ranks with 8 replicas" in found.message
+    assert "8 B of model states per parameter on each GPU" in found.message and "replicated, 16 B" in found.message
+    assert found.fix.startswith("Use zero_stage=3 with dp_replicate=8 ")
+    with pytest.raises(RefusedLayout, match="TT004"):
+        api.render_config("torchtitan", req)
+    with pytest.raises(MeshplanError, match="TT004"):
+        api.estimate_memory(req)
+    fixed = Request(**OLD_CP, zero_stage=3, dp_replicate=8, framework_version=release)
+    assert "TT004" not in {f.id for f in api.check_config(fixed).findings}
+    forced = api.render_config("torchtitan", req, force=True).text
+    assert len(_parallelism(forced)) >= 4
+    assert _parallelism(api.render_config("torchtitan", fixed).text) == _parallelism(forced)
+    states = api.estimate_memory(fixed).stages[0]
+    assert states.optimizer_bytes == pytest.approx(8 / 2 * states.detail["params_on_gpu"], rel=1e-6)  # over cp
+    for passing in (dict(cp=1, seq_length=8192), dict(zero_stage=3)):
+        fields = {**OLD_CP, "zero_stage": 0, "framework_version": release, **passing}
+        assert "TT004" not in {f.id for f in api.check_config(Request(**fields)).findings}
+
+
+def test_zero0_at_cp_passes_on_0_3_where_it_is_estimated_as_it_runs():
+    """0.3.0's ZeRO-0 is fully_shard over dp_shard x cp at every cp (replica_shard), which the estimate takes."""
+    assert "TT004" not in {f.id for f in api.check_config(Request(**OLD_CP, zero_stage=0)).findings}
+
+
+def test_the_search_drops_zero0_at_cp_on_0_2():
+    """recommend's candidates at a given cp on 0.2.2 hold no ZeRO-0 plan (on main before TT004: 0 and 3 both)."""
+    report = api.recommend(Request(**OLD_CP, framework_version="0.2.2"), top_k=50)
+    assert report.candidates and {c.plan.zero_stage for c in report.candidates} == {3}
+
+
+def _parallelism(config: str) -> list[str]:
+    """The parallel degrees' lines of a rendered torchtitan file (0.2's TOML, or the 0.3 flags a 0.1 job renders)."""
+    return [line.strip(" \\") for line in config.splitlines() if "_degree" in line]

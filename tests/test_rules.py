@@ -140,8 +140,6 @@ CASES: dict[str, tuple[dict, dict]] = {
     # settings with no effect on the plan (warnings, the rules card's no_effect: tests/test_unread_knobs.py)
     "CP008": ({**L8B, "num_gpus": 8, "cp_comm_type": "a2a"}, {**L8B, "num_gpus": 8, "cp": 2, "cp_comm_type": "a2a"}),
     "EP010": ({**L8B, "num_gpus": 8, "tp": 2, "etp": 2}, {**L8B, "num_gpus": 8, "tp": 2}),
-    "EP011": ({**L8B, "num_gpus": 8, "moe_token_dispatcher": "alltoall"},
-              {**MIX, "num_gpus": 8, "ep": 8, "moe_token_dispatcher": "alltoall"}),
     # Moonlight's shared experts overlapped beside the alltoall dispatcher (its Bridge 8-H100 recipe), and refused
     # beside a recomputed shared_experts module (Megatron-Core's ValueError)
     "EP012": ({"model": "moonlight-16b-a3b", "num_gpus": 8, "tp": 2, "ep": 8, "etp": 1, "sequence_parallel": True,
@@ -173,6 +171,12 @@ CASES: dict[str, tuple[dict, dict]] = {
                "recompute": "selective"},
               {"model": "llama-4-scout", "framework": "torchtitan", "num_gpus": 16, "framework_version": "0.1.0",
                "recompute": "full"}),
+    # torchtitan 0.2.x's FSDP2 shards over dp_shard x cp at cp > 1: its ZeRO-0 file there runs ZeRO-3 over CP (HSDP with
+    # dp replicas), which zero_stage 3 at dp_replicate = dp states and meshplan estimates as it runs
+    "TT004": ({**L8B, "framework": "torchtitan", "num_gpus": 16, "cp": 2, "seq_length": 8192, "zero_stage": 0,
+               "framework_version": "0.2.2"},
+              {**L8B, "framework": "torchtitan", "num_gpus": 16, "cp": 2, "seq_length": 8192, "zero_stage": 3,
+               "dp_replicate": 8, "framework_version": "0.2.2"}),
     # Llama 4's chunked layers (8,192 tokens) on verl's FSDP engine: transformers' flash_attention_2 refuses them
     # past the chunk; at the chunk chunked and full causal attention are the same
     "CH001": ({"model": "llama-4-scout", "framework": "verl", "zero_stage": 3, "num_gpus": 16, "seq_length": 16384},

@@ -1,5 +1,5 @@
 """Settings a plan has nothing for: refused where the framework refuses them, else accepted with a warning naming them
-(the rules card's no_effect rules EP006, EP010, EP011, EP014, SP001, RC009, PP019, CP008), the estimates those without
+(the rules card's no_effect rules EP006, EP010, EP014, SP001, RC009, PP019, CP008), the estimates those without
 them, in the same words on every face (the API, the CLI's check and estimates, the MCP tools in process)."""
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ CASES = [
     ("PP019", {"framework": "torchtitan", "pipeline_schedule": "gpipe", "account_for_loss": True},
      {"framework": "torchtitan"}),
     ("PP019", {"account_for_embedding": True}, {}),
-    ("EP011", {"moe_token_dispatcher": "alltoall"}, {}),
-    ("EP011", {"framework": "torchtitan", "moe_token_dispatcher": "alltoall"}, {"framework": "torchtitan"}),
     ("EP006", {"moe_token_dispatcher": "flex"}, {}),  # memory and throughput said nothing (check warned)
     ("EP006", {"framework": "megatron-bridge", "moe_token_dispatcher": "flex"}, {"framework": "megatron-bridge"}),
     ("SP001", {"sequence_parallel": True}, {}),  # Megatron-LM's validate_args turns it off at tp 1
@@ -79,7 +77,7 @@ def test_a_setting_with_no_effect_is_warned_and_priced_as_without_it(rule, given
     ("PP019", {"pp": 2, "pipeline_schedule": "1f1b"}),
     ("PP019", {"framework": "torchtitan", "pp": 2, "pipeline_microbatches": 2}),
     ("CP008", {"cp": 2, "cp_comm_type": "a2a"}),
-    ("EP011", {"model": "mixtral-8x7b", "ep": 8, "moe_token_dispatcher": "alltoall"}),
+    ("CP008", {"cp_comm_type": "p2p"}),  # the default, which every plan meshplan answers with states at cp 1
     ("EP006", {"model": "mixtral-8x7b", "ep": 8, "moe_token_dispatcher": "flex"}),
     ("SP001", {"tp": 2, "sequence_parallel": True}),
 ])
@@ -96,7 +94,7 @@ def test_the_fix_of_each_warning_passes_check():
             most = int(finding.fix.split("recompute_layers=")[1].split(" ")[0])
             fixed = {**given, "recompute_layers": most}
         else:
-            knobs = {"EP010": ("etp",), "CP008": ("cp_comm_type",), "EP011": ("moe_token_dispatcher",),
+            knobs = {"EP010": ("etp",), "CP008": ("cp_comm_type",),
                      "EP014": ("moe_shared_expert_overlap",),
                      "EP006": ("moe_token_dispatcher",), "SP001": ("sequence_parallel",),
                      "PP019": ("pipeline_microbatches", "pipeline_schedule", "account_for_embedding",

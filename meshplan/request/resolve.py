@@ -195,7 +195,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         recompute=recompute, recompute_layers=req.recompute_layers, selective_ac_option=req.selective_ac_option,
         recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
         cp_comm_type=_cp_comm_type(req, arch, card, cp, unread),
-        moe_token_dispatcher=_dispatcher(req, arch, unread),
+        moe_token_dispatcher=_dispatcher(req),
         moe_a2a_overlap=_a2a_overlap(req, notes), pipeline_schedule=req.pipeline_schedule,
         pipeline_microbatches=_pipeline_microbatches(req, card, pp=pp, m=step_microbatches(gbs, mbs, dp), notes=notes,
                                                      unread=unread),
@@ -444,11 +444,10 @@ def _pipeline_microbatches(req: Request, card, *, pp: int, m: int, notes: list[s
     return None if k == m else k
 
 
-def _dispatcher(req: Request, arch: Architecture, unread: list[str]) -> str:
-    """moe_token_dispatcher as given, else alltoall; alltoall given for a dense model, which builds no MoE layer to
-    read it, named in `unread` for rule EP011 (flex there is EP006's refusal)."""
-    if req.moe_token_dispatcher == "alltoall" and not arch.is_moe:
-        unread.append("moe_token_dispatcher=alltoall")
+def _dispatcher(req: Request) -> str:
+    """moe_token_dispatcher as given, else alltoall. alltoall given for a dense model is not named unread: it is the
+    dispatcher every plan meshplan answers with states, a dense model's too, so a plan passed back whole (recommend's,
+    an estimate's) gives it; flex there is EP006's refusal. Rule EP011, which warned of it, is retired."""
     return req.moe_token_dispatcher or "alltoall"
 
 
@@ -483,10 +482,13 @@ def flex_backend(req: Request, gpu, gpus_per_node: int, flex_moe: bool, notes: l
 
 def _cp_comm_type(req: Request, arch: Architecture, card, cp: int, unread: list[str]) -> str:
     """cp_comm_type as given, else the model's and framework's default; given at cp 1, where no context-parallel
-    group exists for it to shape, named in `unread` for rule CP008 (the plan keeps the value: nothing reads it)."""
+    group exists for it to shape, named in `unread` for rule CP008 (the plan keeps the value: nothing reads it), but
+    for the default itself: every plan meshplan answers with states it at cp 1 too, so a plan passed back whole gives
+    it, and it is what leaving the field out runs."""
+    default = cp_comm_type_default(arch, card.attention)
     if req.cp_comm_type is None:
-        return cp_comm_type_default(arch, card.attention)
-    if cp == 1:
+        return default
+    if cp == 1 and req.cp_comm_type != default:
         unread.append(f"cp_comm_type={req.cp_comm_type}")
     return req.cp_comm_type
 

@@ -122,17 +122,6 @@ def etp_on_dense_model(ctx: Context) -> Values:
 
 
 
-@rule("EP011", reads=())
-def dispatcher_on_dense_model(ctx: Context) -> Values:
-    """moe_token_dispatcher=alltoall given for a dense model (Job.given_unread: the plan cannot tell it from the
-    default), which Megatron-Core starts and ignores: a warning, the estimates those without it."""
-    given = [knob for knob in ctx.job.given_unread if knob.startswith("moe_token_dispatcher=")]
-    if not given or ctx.arch.is_moe:
-        return None
-    return {"knob": given[0], "model": ctx.arch.name}
-
-
-
 @rule("EP012", reads=("moe_token_dispatcher", "moe_a2a_overlap", "recompute", "recompute_modules"))
 def shared_expert_overlap_preconditions(ctx: Context) -> Values:
     """moe_shared_expert_overlap where Megatron-Core runs it as meshplan estimates it (Megatron-LM 24bad8e677

@@ -1,12 +1,13 @@
-"""The rules one framework adds (HY001-HY004, DSA001-DSA003, TT001, TT003, DS*, KF*, AM*, SK002, VL002): no hybrid
-Mamba-2 or Gated DeltaNet model, nor DeepSeek Sparse Attention, where its model code builds none or meshplan does
-not model it, DSA's CP all-gather; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline micro-batches and
-dispatcher of NeMo AutoModel, and the padding its sequence splits need; and AD001, a setting the framework's
-adapter cannot write."""
+"""The rules one framework adds (HY001-HY004, DSA001-DSA003, TT001, TT003, TT004, DS*, KF*, AM*, SK002, VL002): no
+hybrid Mamba-2 or Gated DeltaNet model, nor DeepSeek Sparse Attention, where its model code builds none or meshplan
+does not model it, DSA's CP all-gather; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline micro-batches and
+dispatcher of NeMo AutoModel, and the padding its sequence splits need; a ZeRO-0 that torchtitan 0.1/0.2 shard over
+CP; and AD001, a setting the framework's adapter cannot write."""
 
 from __future__ import annotations
 
 from meshplan.arithmetic.lora import lora_frameworks
+from meshplan.arithmetic.memory_states import bytes_per_param, convention, replicates_by_sharding
 from meshplan.core.identity_memo import IdentityMemo
 from meshplan.core.units import either_or
 from meshplan.knowledge.adapter_knobs import (
@@ -130,6 +131,28 @@ def release_without_the_model(ctx: Context) -> Values:
     return {"framework": ctx.card.display_name, "release": release, "model": arch.name, "type": arch.model_type,
             "series": either_or([f"{s}.x" for s in att.chunked_releases]), "release_fix": shipping[-1],
             "others": either_or(others)}
+
+
+@rule("TT004", reads=("cp", "zero_stage", "dp"), words=BATCH_READS)
+def zero_zero_sharded_over_cp(ctx: Context) -> Values:
+    """ZeRO-0 at cp > 1 on a release whose FSDP2 shards over the data-shard x CP ranks whenever cp > 1 (the card's
+    engine.torch_cp.shards_over_cp) but whose ZeRO-0 meshplan estimates as DDP's replicated states (not
+    memory_states.replicates_by_sharding: torchtitan 0.1 and 0.2.x, the card's engine.replica_shard.ddp_releases):
+    the file render writes runs ZeRO-3 over the CP ranks, so the estimate would not be what runs. The fix names the
+    ZeRO-3 plan that file is (dp_replicate = dp) and cp=1, where those releases run DDP."""
+    p, card = ctx.plan, ctx.card
+    ring = card.engine.torch_cp
+    version = ctx.job.framework_version
+    if (p.cp == 1 or p.zero_stage != 0 or ring is None or not ring.shards_over_cp
+            or replicates_by_sharding(card, 0, version)):
+        return None
+    follows = layout_words(ctx, {"cp": 1})
+    return {"cp": p.cp, "dp": p.dp, "replica_count": f"{p.dp} replica{'s' if p.dp > 1 else ''}",
+            "framework": card.display_name, "release": version or card.version,
+            "sharded": bytes_per_param(convention(card, 3, version)[2], p.cp),
+            "replicated": bytes_per_param(convention(card, 0, version)[2], p.cp),
+            "replicas": f" with dp_replicate={p.dp}" if p.dp > 1 else "",
+            "follows": f" with {follows}" if follows else ""}
 
 
 @rule("TT001", reads=("etp",))

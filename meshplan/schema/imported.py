@@ -17,6 +17,14 @@ class LeftToRequest(StrictModel):
     said: str = Field(description="The line, as ImportedConfig.unresolved says it")
 
 
+class StatedKey(StrictModel):
+    """A key the file states, as it writes it, with its value and line."""
+
+    key: str = Field(description="The key as the file writes it")
+    value: Any = Field(description="Its value as read (True for a flag given alone)")
+    line: int = Field(description="The file's line that states it")
+
+
 class ImportedConfig(StrictModel):
     """A framework config or launch script read into request fields, each with the file's line and key."""
 
@@ -56,6 +64,12 @@ class ImportedConfig(StrictModel):
         False, description="Where the file's first/last stage sizes count a Megatron-Core GPTModel's TransformerLayers "
                            "and its model was not known when read: a Gated DeltaNet hybrid's are decoder layers, "
                            "two pattern layers each, doubled once the model is given")
+    beside_stated: dict[str, StatedKey] = Field(
+        default_factory=dict, description="The keys a fix writes beside a field's own key (the framework card's "
+                                          "AdapterKnob.beside: Megatron-Bridge's ddp.use_megatron_fsdp and "
+                                          "checkpoint.ckpt_format beside the sharding strategy) that the file states, "
+                                          "by the card's key: a fix writes one only where the file lacks the value it "
+                                          "needs, and changes the file's own line where it states another")
     builds_hybrid_model: bool = Field(
         False, description="Where the file's launcher builds Megatron-Core's HybridModel from --hybrid-layer-pattern "
                            "(pretrain_mamba.py: the card's read.gated_delta_net.pattern_launchers), which cuts a Gated "

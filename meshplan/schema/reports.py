@@ -344,7 +344,7 @@ class Recommendation(StrictModel):
     rationale: str = ""
     warnings: list[str] = Field(
         [], description="What the answer warns of: the search's own, then the job's, true of every layout (the rules "
-                    "that read no layout field, in check's words: EP011, EP014, RL008), said here once; each row's "
+                    "that read no layout field, in check's words: EP014, RL008), said here once; each row's "
                     "rationale names its own plan's")
     assumptions: list[str] = []
     evaluated: int = Field(0, description="Memory and throughput estimates the search computed")
@@ -410,7 +410,7 @@ class MinimumGpus(StrictModel):
     warnings: list[str] = Field(
         default_factory=list,
         description="What recommend warns of for this request: its answer's at the count found; where none is found, "
-                    "the job's own, which recommend says at any count (the rules that read no layout field: EP011, "
+                    "the job's own, which recommend says at any count (the rules that read no layout field: "
                     "EP014, RL008)")
     assumptions: list[str] = []
 

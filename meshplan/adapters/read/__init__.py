@@ -89,7 +89,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.model_config import is_model_config_json
 from meshplan.request.parse import checked_fields
 from meshplan.schema.choices import FRAMEWORKS
-from meshplan.schema.imported import ImportedConfig
+from meshplan.schema.imported import ImportedConfig, StatedKey
 
 FORMATS = ("shell", "toml", "json", "yaml")
 
@@ -285,6 +285,8 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
                           config_format=fmt, config_variable=reading.config_variable,
                           batch_per_dp=reading.batch_per_dp,
                           stage_sizes_in_decoder_layers=decoder_split,
+                          beside_stated={key: StatedKey(key=s.written or s.key, value=s.value, line=s.line)
+                                         for key, s in reading.beside.items()},
                           builds_hybrid_model=hybrid_model)
 
 

@@ -123,11 +123,14 @@ def written(key: str, value: Any, fmt: str, variant: str | None, framework: str 
     return f"{key}={_value_text(value, 'hydra')}"
 
 
-def _card_value(imported: ImportedConfig, field: str, value: Any) -> Any:
+LOOK_UP: Any = object()  # a knob argument left to the function to look up (_card_knob)
+
+
+def _card_value(imported: ImportedConfig, field: str, value: Any, knob: AdapterKnob | None = LOOK_UP) -> Any:
     """The value as the framework's key takes it: the card's word for it where the knob has a vocabulary
     (AdapterKnob.values: DeepSpeed's offload device 'cpu' for true, KempnerForge's 'adamw' for adam), else as is.
     A fix wrote {"offload_optimizer": {"device": true}}, which DeepSpeed's OffloadDeviceEnum refuses."""
-    knob = _card_knob(imported, field, value)
+    knob = _card_knob(imported, field, value) if knob is LOOK_UP else knob
     word = "true" if value is True else "false" if value is False else str(value)
     theirs = (knob.values or {}).get(word) if knob is not None else None
     return value if theirs is None else _word_value(theirs)
@@ -139,15 +142,33 @@ def _word_value(word: str) -> Any:
     return {"true": True, "false": False}.get(word, word)
 
 
-def beside_changes(imported: ImportedConfig, field: str, value: Any) -> list[FileChange]:
-    """The keys the framework reads the field's new value only beside (AdapterKnob.beside), in the file's syntax: a
-    fix of zero_stage=3 on a Megatron-Bridge file wrote ddp.data_parallel_sharding_strategy alone, which
-    Megatron-Core reads only with ddp.use_megatron_fsdp on."""
-    knob = _card_knob(imported, field, value) if value is not None else None
+def beside_changes(imported: ImportedConfig, field: str, value: Any, knob: AdapterKnob | None) -> list[FileChange]:
+    """The keys the framework reads the field's new value only beside (`knob`'s AdapterKnob.beside, the card's knob
+    for that value), in the file's syntax: a fix of zero_stage=3 on a Megatron-Bridge file wrote
+    ddp.data_parallel_sharding_strategy alone, which Megatron-Core reads only with ddp.use_megatron_fsdp on. Only
+    where the file does not state the value already (ImportedConfig.beside_stated): a key it states with another value
+    is changed on its own line, not written a second time."""
+    if value is None or knob is None:
+        return []
     fmt = imported.config_format or "shell"
-    return [FileChange(field=field, value=value, key=key, text=written(
-        key, _word_value(word), fmt, imported.variant, imported.framework, imported.config_variable))
-        for key, word in ((knob.beside or {}).items() if knob is not None else ())]
+    out = []
+    for key, word in (knob.beside or {}).items():
+        stated = imported.beside_stated.get(key)
+        if stated is not None and _word_of(stated.value) == word:
+            continue  # the file says it already
+        text = written(stated.key if stated else key, _word_value(word), fmt, imported.variant, imported.framework,
+                       imported.config_variable)
+        if stated is None:
+            out.append(FileChange(field=field, value=value, key=key, text=text))
+        else:
+            out.append(FileChange(field=field, value=value, key=stated.key, line=stated.line,
+                                  text=f"{text}  # line {stated.line}, was {_word_of(stated.value)}"))
+    return out
+
+
+def _word_of(value: Any) -> str:
+    """A file's value as a card's value word: a boolean (a YAML true, a flag given alone) 'true' / 'false'."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _card_knob(imported: ImportedConfig, field: str, value: Any) -> AdapterKnob | None:
@@ -165,10 +186,11 @@ def _card_knob(imported: ImportedConfig, field: str, value: Any) -> AdapterKnob 
     return table.get(knob) if knob else None
 
 
-def _card_key(imported: ImportedConfig, field: str, value: Any) -> tuple[str | None, str | None]:
+def _card_key(imported: ImportedConfig, field: str, value: Any,
+              knob: AdapterKnob | None = LOOK_UP) -> tuple[str | None, str | None]:
     """(the card's key for the field's knob, why there is none): the knob named after the field, or zero_<stage> /
     recompute_<mode> for the fields a knob per value sets."""
-    spec = _card_knob(imported, field, value)
+    spec = _card_knob(imported, field, value) if knob is LOOK_UP else knob
     if spec is None:
         return None, f"meshplan knows no {imported.framework} key for {field}"
     if not spec.key or spec.key.startswith("("):
@@ -205,8 +227,31 @@ def _same_key(imported: ImportedConfig, field: str, value: Any, key: str) -> boo
     return len(keys) == 1 and (keys.pop() or "").split()[0].lstrip("[").endswith(key.rsplit(".", 1)[-1])
 
 
-def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
+def _flag_words(imported: ImportedConfig, field: str, value: Any, key: str) -> tuple[str, str] | None:
+    """(new, old): the words the file's flag `key` takes for the field's new value and has for its own, where the
+    card's key for each value (a knob per value: zero_stage, recompute) is flags carrying it, the same but for that
+    word (Megatron-Core's '--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads[_params]'): the file's
+    own line changed, not the card's key written whole beside it (its --use-megatron-fsdp a second time). None
+    otherwise."""
+    if field not in ("zero_stage", "recompute") or not key.startswith("--"):
+        return None
+    new, old = (_card_key(imported, field, v)[0] for v in (value, imported.request.get(field)))
+    new_words, old_words = (new or "").split(), (old or "").split()
+    if key not in new_words or len(new_words) != len(old_words) or new_words == old_words:
+        return None
+    at = new_words.index(key) + 1
+    if at == len(new_words) or new_words[at].startswith("-") or new_words[:at] + new_words[at + 1:] != \
+            old_words[:at] + old_words[at + 1:]:
+        return None
+    return new_words[at], old_words[at]
+
+
+def file_change(imported: ImportedConfig, field: str, value: Any, knob: AdapterKnob | None = LOOK_UP) -> FileChange:
+    """The field's new value as an edit of the file's own key, else the card's `knob` for it (looked up where not
+    given), in the file's syntax."""
     fmt = imported.config_format or "shell"
+    if knob is LOOK_UP:
+        knob = _card_knob(imported, field, value) if value is not None else None
     source = SOURCE.match(imported.sources.get(field, ""))
     if value is None:  # a field the fix drops: the file's own key taken out, so the framework's default holds
         where = (source.group("key"), int(source.group("line"))) if source is not None else _stated_through(
@@ -218,9 +263,13 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
         return FileChange(field=field, value=value, key=through[0], line=through[1],
                           text=f"(remove {through[0]})  # line {through[1]}: "
                                f"{framework_card(imported.framework).display_name} derives it, dp {value}")
+    if source is not None and (words := _flag_words(imported, field, value, source.group("key"))) is not None:
+        key, line = source.group("key"), int(source.group("line"))
+        return FileChange(field=field, value=value, key=key, line=line,
+                          text=f"{key} {words[0]}  # line {line}, was {words[1]}")
     if source is not None and _same_key(imported, field, value, source.group("key")):
         key = source.group("key")
-        text = written(key, _card_value(imported, field, value), fmt, imported.variant, imported.framework,
+        text = written(key, _card_value(imported, field, value, knob), fmt, imported.variant, imported.framework,
                        imported.config_variable)
         was = imported.request.get(field)
         if field in ("zero_stage", "recompute"):  # the file's own word for it (use_distributed_optimizer false, not 0)
@@ -233,7 +282,7 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
         ac = {mode: name for name, mode in AC_MODES.items()}[value]  # activation_checkpoint=SelectiveAC.Config()
         return FileChange(field=field, value=value, key="activation_checkpoint",
                           text=f"config.activation_checkpoint = {ac}.Config()")
-    key, why = _card_key(imported, field, value)
+    key, why = _card_key(imported, field, value, knob)
     if key is None and field == "dp" and field not in imported.sources:
         # a file that states no dp, for a framework with no key for it, runs the dp its GPU count leaves (Megatron's
         # world / (tp x pp x cp), verl's and SkyRL's too): the fix's dp follows from its other changes, no edit
@@ -257,7 +306,7 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
     elif (" " in key.strip() and not key.startswith("[")) or (flag and field in ("zero_stage", "recompute")):
         text = key  # the knob's key carries its value ('--recompute-granularity selective'), or is a switch
     else:
-        text = written(key, _card_value(imported, field, value), "shell" if flag else fmt, imported.variant,
+        text = written(key, _card_value(imported, field, value, knob), "shell" if flag else fmt, imported.variant,
                        imported.framework, imported.config_variable)
     if flag and fmt in ("toml", "json"):  # a ds_config's Megatron-DeepSpeed flags: the launcher's, not the file's
         text += "  # on the launch command line, not in this file"
@@ -288,6 +337,13 @@ def _dp_through_released(imported: ImportedConfig, option: dict[str, Any]) -> di
     return option | {"dp": None}
 
 
+def _changes(imported: ImportedConfig, field: str, value: Any) -> list[FileChange]:
+    """A field's new value as the file's lines: its own key's change, then the keys the card writes beside it, the
+    card's knob for the value looked up once for both."""
+    knob = _card_knob(imported, field, value) if value is not None else None
+    return [file_change(imported, field, value, knob), *beside_changes(imported, field, value, knob)]
+
+
 def config_fixes(imported: ImportedConfig, findings: list[Finding],
                  in_effect: dict[str, Any] | None = None) -> list[ConfigFix]:
     """Each finding whose fix names field values, as edits of the imported file (none that writes a value the
@@ -300,6 +356,6 @@ def config_fixes(imported: ImportedConfig, findings: list[Finding],
         if options:
             out.append(ConfigFix(finding=finding.id, fix=finding.fix, options=[
                 [change for field, value in option.items()
-                 for change in (file_change(imported, field, value), *beside_changes(imported, field, value))]
+                 for change in _changes(imported, field, value)]
                 for option in options]))
     return out

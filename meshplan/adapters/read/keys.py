@@ -12,6 +12,7 @@ import math
 import re
 import types
 from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import ValidationError
@@ -116,6 +117,16 @@ def key_table(framework: str, version: str | None = None, variant: str | None = 
     for key, target in (read_section(framework).keys if read_keys is None else read_keys).items():
         table.setdefault(normalize(key), []).append(Meaning(target))
     return table
+
+
+@cache
+def beside_keys(framework: str) -> dict[str, str]:
+    """The keys the framework's card writes beside a knob's own (AdapterKnob.beside, of every version and variant),
+    normalized, each with the card's spelling: what a reader keeps of the file (ImportedConfig.beside_stated) so a fix
+    writes none the file already states."""
+    section = adapter_section(framework_card(framework))
+    tables = [spec.knobs for spec in section.versions.values()] + list(section.variant_knobs.values())
+    return {normalize(key): key for table in tables for knob in table.values() for key in knob.beside or {}}
 
 
 def _knob_keys(framework: str, version: str, variant: str) -> dict[str, list[Meaning]]:
@@ -254,6 +265,7 @@ class Reading:
     allocator_env: list[Setting] = field(default_factory=list)  # PYTORCH_(CUDA_)ALLOC_CONF the launch sets (launch.py)
     launch_line: str | None = None  # `path:line launcher` of the training command a launch script runs (launch.py)
     config_variable: str | None = None  # ImportedConfig.config_variable
+    beside: dict[str, Setting] = field(default_factory=dict)  # ImportedConfig.beside_stated, by the card's key
 
     def leave(self, fields: tuple[str, ...], said: str) -> None:
         """An unresolved line that these request fields, given beside the file, settle."""
@@ -329,10 +341,13 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
     the settings left for the framework's own reader (`special` knobs, composed values, zero stage ...)."""
     left: list[tuple[Setting, Meaning]] = []
     section = read_section(reading.framework)
+    beside = beside_keys(reading.framework)
     for s in settings:
         if old := section.old_names.get(normalize(s.key)):  # an older release's name: read as the key it became
             reading.notes.append(f"{s.where(reading.path)} = {s.value}: {old.said}")
             s = replace(s, key=old.key, written=s.written or s.key)
+        if (card_key := beside.get(normalize(s.key))) is not None:  # a key a fix writes beside a field's own
+            reading.beside[card_key] = s
         meanings = lookup(table, s.key)
         if not meanings:
             if section.quantized_base is not None and normalize(s.key) in section.quantized_base.keys:

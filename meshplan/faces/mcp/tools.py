@@ -573,7 +573,7 @@ def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
 
 def warnings_words(warnings: list[str]) -> str:
     """The summary's sentence for an answer with warnings (render's, recommend's, minimum_gpus'): an agent reading the
-    summary alone launched a recommended layout without a word of its EP011 / budget-cut warnings. Empty without."""
+    summary alone launched a recommended layout without a word of its EP014 / budget-cut warnings. Empty without."""
     return f" {len(warnings)} warning(s): read `warnings` before launching." if warnings else ""
 
 
