@@ -22,6 +22,8 @@ lines are copied here verbatim, with the file and commit):
   @torch.compile'd experts' activation): one kernel, gated (gpt-oss's clamped GLU as torchtitan writes it) or not.
 - `eager`: the same math as separate PyTorch kernels (torchtitan/KempnerForge with compile off): torchtitan's
   FeedForward (w2(F.silu(w1(x)) * w3(x))) and models/gpt_oss/model/moe.py swiglu (v0.2.2).
+- `rotary`: Megatron-Core's unfused RoPE (rope_utils.py _apply_rotary_pos_emb_bshd, core_v0.16.0 3bec9aa9) per
+  rotated query or key element, which gpt-oss's YaRN runs (cards/calibration.yaml unfused_rope_passes).
 - `hf_eager`: transformers 5.9.0's own code: ACT2FN[hidden_act](gate) * up (LlamaMLP) or ACT2FN[hidden_act](x)
   (GPT2MLP, NemotronMLP), and GptOssExperts._apply_gate.
 
@@ -31,6 +33,7 @@ lines are copied here verbatim, with the file and commit):
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 import torch.nn.functional as F
@@ -232,6 +235,34 @@ def megatron_routed_weighting(x, probs):
     return (x * probs).to(original_dtype)
 
 
+def megatron_rotate_half(x):  # megatron/core/models/common/embeddings/rope_utils.py _rotate_half, not interleaved
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def megatron_rope_unfused(t, freqs, mscale):
+    """rope_utils.py _apply_rotary_pos_emb_bshd (core_v0.16.0 3bec9aa9), what apply_rotary_pos_emb runs where it
+    does not take TE's fused kernel (apply_rope_fusion off, or a YaRN concentration factor mscale != 1), not MLA."""
+    rot_dim = freqs.shape[-1]
+    t, t_pass = t[..., :rot_dim], t[..., rot_dim:]
+    cos_ = (torch.cos(freqs) * mscale).to(t.dtype)
+    sin_ = (torch.sin(freqs) * mscale).to(t.dtype)
+    t = (t * cos_) + (megatron_rotate_half(t) * sin_)
+    return torch.cat((t, t_pass), dim=-1)
+
+
+def rope_count(seq: int = 64, batch: int = 4, heads: int = 64, head_dim: int = 64) -> dict:
+    """Bytes per rotated element (seq x batch x heads x head_dim) of Megatron-Core's unfused RoPE on bf16 queries,
+    forward and backward; its cos / sin of the [seq, 1, 1, head_dim] frequencies (1 / (batch x heads) of a pass
+    each) left in, a few thousandths of a pass."""
+    torch.manual_seed(0)
+    t = torch.randn(seq, batch, heads, head_dim).to(torch.bfloat16).requires_grad_()
+    freqs = torch.randn(seq, 1, 1, head_dim)
+    mscale = 0.1 * math.log(32.0) + 1.0  # gpt-oss's YaRN factor 32, no mscale given: _yarn_get_mscale(32)
+    return forward_and_backward(Census(), lambda: megatron_rope_unfused(t, freqs, mscale),
+                                seq * batch * heads * head_dim)
+
+
 # -- torchtitan (v0.2.2) ------------------------------------------------------------------------------------------
 
 def torchtitan_swiglu(x, alpha: float = 1.702, limit: float = 7.0):  # models/gpt_oss/model/moe.py swiglu
@@ -338,6 +369,7 @@ def main() -> None:
             **{name: count(ACT2FN[name], False) for name in ("gelu", "gelu_new", "gelu_fast", "relu2")},
         },
         "expert_bias": {"fused_functions": expert_bias_count()},
+        "rotary": {"unfused_functions": rope_count()},
     }
     print("RESULT " + json.dumps(result))
 

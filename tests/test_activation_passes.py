@@ -94,7 +94,8 @@ def test_swiglu_keeps_each_codes_base_and_the_others_move_by_their_difference():
 
 def test_gpt_oss_on_bridge_pays_the_clamps_and_the_expert_bias_loop():
     """One MoE layer of the GB200 EP64 row: the routed copies (tokens x top_k on the rank) over the expert width at
-    the clamped GLU's passes, and over hidden at the bias loop's (TEGroupedMLP._apply_bias)."""
+    the clamped GLU's passes, over hidden at the bias loop's (TEGroupedMLP._apply_bias), and its unfused YaRN rotary
+    over the queries and keys (tests/test_unfused_rope.py)."""
     ctx = _ctx()
     assert activation_code(ctx, routed=True) == "fused_functions"
     load = elementwise_load(ctx, True)
@@ -102,7 +103,9 @@ def test_gpt_oss_on_bridge_pays_the_clamps_and_the_expert_bias_loop():
     assert load.routed_ffn == pytest.approx(copies * 2880) and load.expert_bias == pytest.approx(copies * 2880)
     cal = ctx.cal
     want = BF16 * (cal.elementwise_passes * load.hidden + (cal.elementwise_passes + 23) * load.routed_ffn
-                   + 14 * load.expert_bias) + load.dispatch_bytes + load.router_bytes
+                   + 14 * load.expert_bias + cal.unfused_rope_passes * load.rotated) + load.dispatch_bytes \
+        + load.router_bytes
+    assert load.rotated == 4 * 4096 * (64 + 8) * 64
     assert elementwise_seconds(ctx, load) == pytest.approx(want / ctx.hbm, rel=1e-12)
     assert sum(expert_bias_passes("fused_functions")) == 14 and sum(expert_bias_passes("hf_eager")) == 0
 

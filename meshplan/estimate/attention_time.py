@@ -3,6 +3,8 @@ unfused attention's batched GEMMs and memory-bound passes over the full scores."
 
 from __future__ import annotations
 
+import math
+
 from meshplan.arithmetic.flops import Gemm, attention_core_flops, dsa_loss_target_flops, indexer_score_flops
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.estimate.layer_records import LayerContext
@@ -13,7 +15,7 @@ from meshplan.knowledge.calibration import (
     attention_tiles,
 )
 from meshplan.knowledge.releases import job_attention_kernel as attention_kernel
-from meshplan.schema.model import Architecture
+from meshplan.schema.model import Architecture, RopeSpec
 from meshplan.schema.plan import Job
 
 # The indexer's scores with its KL loss on: the forward, and a backward that recomputes them (FusedDSAIndexerLoss
@@ -48,6 +50,32 @@ def trained_model(job: Job) -> Architecture:
             "sliding_window": None, "sliding_window_layers": None, "attention_chunk_size": None,
             "chunked_attention_layers": None}))
     return hit[1]
+
+
+def yarn_concentration(rope: RopeSpec) -> float:
+    """The YaRN concentration factor Megatron-Core scales cos and sin by (NVIDIA/Megatron-LM core_v0.16.0
+    yarn_rotary_pos_embedding.py _yarn_get_concentration_factor): _yarn_get_mscale(factor) = 0.1 ln(factor) + 1
+    where mscale or mscale_all_dim is unset, else the ratio of the two at the factor (1 at a factor of 1 or less)."""
+    factor = rope.factor or 1.0
+
+    def mscale(scale: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
+
+    if rope.mscale is None or rope.mscale_all_dim is None:
+        return mscale(1.0)
+    return mscale(rope.mscale) / mscale(rope.mscale_all_dim)
+
+
+def runs_unfused_rope(job: Job) -> bool:
+    """Whether the job's attention applies its rotary embedding with Megatron-Core's unfused ops, not Transformer
+    Engine's fused kernel (the elementwise passes cards/calibration.yaml unfused_rope_passes counts over the rotated
+    queries and keys): a non-MLA YaRN model on a framework whose card says its attention does so for any such model
+    (Megatron-Bridge: its provider turns apply_rope_fusion off beside position_embedding_type yarn) or for one whose
+    concentration factor is not 1 (Megatron-Core: TE's fused RoPE takes no mscale). Why: gpt-oss trains so."""
+    card, rope = job.card.attention, job.model.rope
+    if card is None or card.unfused_yarn_rope is None or rope is None or rope.scaling != "yarn" or job.model.mla:
+        return False
+    return card.unfused_yarn_rope == "any" or yarn_concentration(rope) != 1.0
 
 
 def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,

@@ -106,6 +106,8 @@ class LayerContext:
     # Megatron-Core's fused bias + activation runs the MLP's activation (Job.bias_activation_fusion); false: its
     # unfused glu(), activation_code's unfused_functions
     bias_activation_fusion: bool = True
+    # the rotary embedding runs Megatron-Core's unfused ops (attention_time.runs_unfused_rope): unfused_rope_passes
+    unfused_rope: bool = False
     fp8_casts: Fp8Casts | None = None  # Transformer Engine's FP8 quantize passes (fp8_casts.fp8_casts); None: none
     # the shared experts on their own stream beside the EP all-to-alls (adapter_knobs.shared_expert_overlap;
     # moe_time.shared_overlap_windows)
@@ -148,6 +150,7 @@ class ElementwiseLoad(NamedTuple):
     query: float = 0.0  # attention's query elements (heads x head width; transformers' eager code: hf_eager_*)
     key_value: float = 0.0  # its key and value elements
     normed: float = 0.0  # elements under a per-head Q/K norm or an MLA latent norm (fp32 RMSNorm in eager code)
+    rotated: float = 0.0  # query and key elements an unfused rotary embedding passes over (unfused_rope)
 
 
 @dataclass

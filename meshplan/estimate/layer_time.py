@@ -152,6 +152,8 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
     t_sp = plan.tp if plan.sequence_parallel else 1
     hidden = sh.tokens * arch.hidden_size / t_sp
     attention = attention_widths(ctx) if ctx.hf_eager else {}
+    if ctx.unfused_rope:
+        attention["rotated"] = rotated_elements(ctx)
     if moe and arch.moe is not None:
         block = sh.moe_view()  # the MoE block's cut: the layer's, or where TP leaves it whole every token and weight
         copies = block.moe_tokens * arch.moe.top_k * ctx.routed_load  # the routed copies the rank's tokens make
@@ -170,6 +172,15 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
                                dispatch_bytes=dispatch_bytes, router_bytes=router_bytes, weight_copy_bytes=copy,
                                expert_bias=bias, **attention)
     return ElementwiseLoad(hidden=hidden, dense_ffn=sh.tokens * arch.ffn_hidden_size / plan.tp, **attention)
+
+
+def rotated_elements(ctx: LayerContext) -> float:
+    """The query and key elements on this rank a rotary embedding passes over per micro-batch: tokens x (local query
+    heads + local KV heads, replicated past their count) x the head width (a non-MLA model's: the only one
+    attention_time.runs_unfused_rope takes)."""
+    arch, sh = ctx.arch, ctx.shard
+    heads = arch.num_attention_heads / sh.tp + -(-arch.num_kv_heads // sh.tp)
+    return sh.tokens * heads * arch.head_dim
 
 
 def attention_widths(ctx: LayerContext) -> dict[str, float]:
@@ -201,7 +212,8 @@ def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
     experts' weights a framework makes each forward (read and written). An engine that trains transformers' modeling
     code eagerly (ctx.hf_eager) moves that code's own counts (bench/step_op_census.py): hf_eager_hidden_passes over
     the hidden elements, hf_eager_query_passes and hf_eager_key_value_passes over attention's (attention_widths),
-    hf_eager_qk_norm_passes over those a Q/K or latent norm runs on."""
+    hf_eager_qk_norm_passes over those a Q/K or latent norm runs on. Where the rotary embedding runs unfused
+    (ctx.unfused_rope), unfused_rope_passes over the rotated queries and keys besides."""
     cal = ctx.cal
     key = activation_key(ctx.arch)
     ffn = ffn_passes(cal, activation_code(ctx, routed=False), key) * (load.shared_ffn + load.dense_ffn)
@@ -215,6 +227,7 @@ def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
         passes = cal.eager_elementwise_passes if ctx.eager else cal.elementwise_passes
         elem_bytes = BF16 * (passes * load.hidden + ffn)
     elem_bytes += BF16 * sum(expert_bias_passes(routed_code)) * load.expert_bias
+    elem_bytes += BF16 * cal.unfused_rope_passes * load.rotated  # Megatron-Core's unfused RoPE beyond TE's kernel
     elem_bytes += load.dispatch_bytes + load.router_bytes + load.weight_copy_bytes
     # the SwiGLU input's fp8 store: its casts over fc1's output, two FFN widths (Megatron-Core stores it for SwiGLU
     # only, rule PR006)

@@ -55,6 +55,7 @@ from meshplan.estimate.attention_time import (
     attention_efficiency,
     attention_seconds,
     op_sac_recomputes_attention,
+    runs_unfused_rope,
     trained_model,
 )
 from meshplan.estimate.context_parallel import cp_time
@@ -476,6 +477,7 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         attention_kernel=kernel, ulysses=runs_ulysses(job.card, plan.zero_stage), mla_v_pad=flash and conv.mla_v_pad,
         torch_cp=runs_torch_cp(job.card, plan.zero_stage), kv_repeated=ring_repeats_kv(job, plan.zero_stage),
         qkv_separate=qkv_separate,
+        unfused_rope=runs_unfused_rope(job),
         gather_dispatch=job.card.moe_dispatch is not None and job.card.moe_dispatch.alltoall_as == "allgather",
         tp_overlap_mode=tp_overlap_mode(job.card, plan), tp_rs_splits=overlap.rs_splits,
         async_tp_unfused=async_tp_unfused(overlap, tp_overlap_mode(job.card, plan), qkv_separate, job.model.gated_mlp),

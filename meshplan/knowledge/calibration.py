@@ -262,6 +262,7 @@ class Calibration:
     gdn_chunk_passes: float
     gdn_state_passes: float
     gdn_norm_passes: float
+    unfused_rope_passes: float
     eager_elementwise_passes: float
     hf_eager_hidden_passes: float
     hf_eager_query_passes: float

@@ -136,6 +136,13 @@ class AttentionSemantics(_Card):
                                           "softcap * tanh(scores / softcap), tanh keeping its output (b x heads x s x "
                                           "s) for the backward beside the softmax's. Empty: none")
     unfused_softcap_source: str = ""
+    unfused_yarn_rope: Literal["any", "scaled"] | None = Field(
+        None, description="Where the framework's attention applies a non-MLA YaRN model's rotary embedding unfused "
+                          "(Megatron-Core's _apply_rotary_pos_emb_bshd, cards/calibration.yaml unfused_rope_passes), "
+                          "not through Transformer Engine's fused kernel: 'any' every such model, 'scaled' one whose "
+                          "YaRN concentration factor (estimate/attention_time.yarn_concentration) is not 1. None: "
+                          "the fused kernel, or a model code of its own")
+    unfused_yarn_rope_source: str = ""
     source: str
 
     def builds_window(self, model_type: str) -> bool:
