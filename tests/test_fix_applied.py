@@ -174,6 +174,19 @@ def test_a_gpu_count_fix_names_the_batch_the_count_divides():
         "Use num_gpus = 24 or 48 (multiples of 24), ")
 
 
+def test_an_expert_grid_count_fix_names_the_batch_the_count_divides():
+    """WS002 on verl at ep=16 on 1 GPU with a 1-sequence global batch (bench/random_requests.py fixes 1 1000) named
+    'num_gpus = 16': dp 16 there, which verl's SFT trainer refuses for the batch (VL003). Like WS001's, its counts are
+    those the batch rules pass at, else the first with the batch change beside it (fix_values.kept_counts)."""
+    req = dict(model="qwen3-235b-a22b", framework="verl", gpu="h200", num_gpus=1, ep=16, global_batch_size=1,
+               micro_batch_size=1)
+    assert _errors(req)["WS002"].fix.startswith("Use num_gpus = 16 with global_batch_size = 16 (multiples of ")
+    for fixed in _each_fix_applied(req, "WS002"):
+        assert not {"WS002", "VL003"} & set(_errors(fixed)), fixed
+    # a batch the count divides is named alone
+    assert _errors(req | {"global_batch_size": 32})["WS002"].fix.startswith("Use num_gpus = 16 (multiples of ")
+
+
 def test_a_degree_fix_keeps_the_world_size_rules_passing():
     """TP004 on torchtitan at tp=8, ep=8 on 12 H20 (4-GPU NVLink domains; tests/test_fix_applied.py's draws, seed 13)
     named 'tp in {2, 4}': at tp=2 dp_shard is 6 and ep 8 does not divide dp_shard*tp = 12 (WS005), at tp=4 neither.

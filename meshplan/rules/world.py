@@ -105,11 +105,13 @@ def _etp_one_fix(ctx: Context) -> str:
 
 
 
-@rule("WS002", reads=("tp", "pp", "cp", "ep", "etp", "dp", "placement", "rollout_gpus"), words=("moe_a2a_overlap",))
+@rule("WS002", reads=("tp", "pp", "cp", "ep", "etp", "dp", "placement", "rollout_gpus"), words=BATCH_READS)
 def expert_grid_divides_world(ctx: Context) -> Values:
     """The eps it names leave 1 out beside moe_a2a_overlap, which EP009 then refuses (no all-to-all to hide: 'ep in
     {1, 2, 4}' applied as ep=1, bench/random_requests.py fixes 4 and 7); where 1 is the only one, with the overlap
-    off."""
+    off. The counts it names are those at which the batch rules pass at the dp each derives, else the first with the
+    batch change beside it (fix_values.kept_counts, as WS001's): 'num_gpus = 16' for a 1-sequence global batch on
+    verl left dp 16, which VL003 refused (bench/random_requests.py fixes 1)."""
     p = ctx.plan
     grid = ctx.expert_grid
     if ctx.world % grid == 0:
@@ -121,10 +123,17 @@ def expert_grid_divides_world(ctx: Context) -> Values:
     said = fmt_set(wider) if wider else f"{fmt_set(eps)} with moe_a2a_overlap=false"
     return {"world": ctx.world, "count": ctx.world_words(), "grid": grid, "etp": p.etp, "ep": p.ep, "pp": p.pp,
             "minimum": minimum, "etp_one": _etp_one_fix(ctx),
-            "gpus": ctx.gpus_fix(minimum, multiples=False),
+            "gpus": _grid_counts_fix(ctx, minimum),
             "eps": f", or ep in {said} at this GPU count" if eps
             else f"; no ep tiles {ctx.world} GPUs at pp={p.pp}, etp={p.etp}"}
 
+
+
+def _grid_counts_fix(ctx: Context, minimum: int) -> str:
+    """WS002's GPU counts (multiples of `minimum`, listed without the word), with the batch change beside the first
+    where the batch rules refuse every one (kept_counts). Reads BATCH_READS."""
+    counts, beside = kept_counts(ctx, ctx.gpu_counts(minimum))
+    return ctx.gpus_fix(minimum, multiples=False, counts=counts) + beside
 
 
 @rule("WS003", reads=("tp", "pp", "cp", "dp", "placement", "rollout_gpus"), words=BATCH_READS)
