@@ -82,14 +82,15 @@ def first_stage_spans(job: Job, lay: Layout, zero_stage: int) -> list[tuple[int,
     (Llama-4-Maverick's alternate dense and MoE: on PP4 VPP12 rank 0 holds dense layers only). Where no estimate
     takes the stages (the rules say why): the split's virtual stages 0, pp, 2 pp, ..., else none, which keeps a floor
     a floor."""
-    return _first_rank_layers(job, lay, zero_stage)[0]
+    return _first_rank_layers(job, lay, zero_stage, {})[0]
 
 
-def _first_rank_layers(job: Job, lay: Layout, zero_stage: int) -> tuple[list[tuple[int, int]], tuple | None]:
+def _first_rank_layers(job: Job, lay: Layout, zero_stage: int,
+                       memo: dict) -> tuple[list[tuple[int, int]], tuple | None]:
     """first_stage_spans, with the first rank's layers per virtual chunk in the estimate's order, each (layers, MoE
     layers), empty chunks kept (what the estimate's in-flight counts multiply: memory_stage.held_activations); None
     where no estimate takes the stages or the rank holds one chunk."""
-    stages = estimate_stages(job, lay, zero_stage)
+    stages = _kept_stages(job, lay, zero_stage, memo)
     if stages is not None:
         moe = _prefix(job.model).moe
         chunks = tuple((len(c), moe[c[-1] + 1] - moe[c[0]]) if c else (0, 0) for c in stages.chunks[0])
@@ -103,6 +104,17 @@ def _first_rank_layers(job: Job, lay: Layout, zero_stage: int) -> tuple[list[tup
     except MeshplanError:
         return [], None
     return ([(0, n0)] if n0 else []), None
+
+
+def _kept_stages(job: Job, lay: Layout, zero_stage: int, memo: dict) -> Stages | None:
+    """estimate_stages, kept in `memo` per (layout, ZeRO stage): a layout's first rank (_first_rank_layers), its
+    ranks' kinds at every ZeRO stage (own_memory) and its later ranks (_rank_params) read the same stages
+    (Llama-3.1-70B on 64 H100: 451 asks, 239 distinct)."""
+    key = ("stages", lay, zero_stage)
+    if key in memo:
+        return memo[key]
+    hit = memo[key] = estimate_stages(job, lay, zero_stage)
+    return hit
 
 
 def estimate_stages(job: Job, lay: Layout, zero_stage: int) -> Stages | None:
@@ -144,16 +156,17 @@ def own_memory(job: Job, lay: Layout, zeros: tuple[int, ...], memo: dict) -> Lay
         key = ("own", lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.schedule, zeros)
         same = memo.get(key)
         if same is None:
-            same = memo[key] = all(_rank_kinds(job, lay, zero) == _rank_kinds(job, own, zero) for zero in zeros)
+            same = memo[key] = all(_rank_kinds(job, lay, zero, memo) == _rank_kinds(job, own, zero, memo)
+                                   for zero in zeros)
         own = own if same else lay
     memo[("own", lay)] = own
     return own
 
 
-def _rank_kinds(job: Job, lay: Layout, zero_stage: int) -> tuple | None:
+def _rank_kinds(job: Job, lay: Layout, zero_stage: int, memo: dict) -> tuple | None:
     """Per pipeline rank the kinds of its decoder layers in order (MoE or dense), with the output layer's and the MTP
     blocks' ranks, in the stages the estimate weighs; None where no estimate takes them."""
-    stages = estimate_stages(job, lay, zero_stage)
+    stages = _kept_stages(job, lay, zero_stage, memo)
     if stages is None:
         return None
     arch = job.model
@@ -624,7 +637,7 @@ def _rank_params(job: Job, lay: Layout, zero_stage: int, partition: str,
     key = ("rank_params", partition, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
     hit = memo.get(key)
     if hit is None:
-        stages = estimate_stages(job, lay, zero_stage)
+        stages = _kept_stages(job, lay, zero_stage, memo)
         # each virtual chunk is a run of consecutive layers (schedule.stages_from_counts): a span of _span_params
         hit = memo[key] = frozenset() if stages is None else frozenset(
             _span_params(job.model, [(chunk[0], chunk[-1] + 1) for chunk in stages.chunks[rank] if chunk])
@@ -735,7 +748,7 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
         spans_key = ("spans", *key[1:3], *key[4:])  # (what _first_rank_layers reads: not the expert split)
         hit = memo.get(spans_key)
         if hit is None:
-            spans, chunks = _first_rank_layers(job, lay, zero_stage)
+            spans, chunks = _first_rank_layers(job, lay, zero_stage, memo)
             hit = memo[spans_key] = (tuple(spans), chunks)
         spans, chunks = hit
         n0 = sum(b - a for a, b in spans)

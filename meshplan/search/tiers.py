@@ -17,13 +17,16 @@ from meshplan.search.zero_stages import left_out_counts
 def across_floor(search: StepTimeBounds, tiers: Tiers) -> float:
     """tier_floor of the layouts across the NVLink domain, once per job (kept with the search's bounds, which a
     search of the job at another budget shares); 0 (no bound) for an engine other than the cost model's own, which
-    the bound reads."""
+    the bound reads. Where the tier comes in runs (Tiers.across_runs), their first layouts stand for it: a run's
+    layouts share the (tp, pp, cp, dp) tier_floor reads, and the first layout of each of those is a run's first."""
     if search.engine.terms is not step_terms:
         return 0.0
     key = ("tier_floor", 1)
     hit = search.bounds_memo.get(key)
     if hit is None:
-        hit = search.bounds_memo[key] = tier_floor(search.job, tiers.across, search.sizes, search.tp_overlap)
+        across, runs = tiers.across, tiers.across_runs
+        layouts = across if runs is None else [across[run.start] for run in runs]
+        hit = search.bounds_memo[key] = tier_floor(search.job, layouts, search.sizes, search.tp_overlap)
     return hit  # type: ignore[return-value]
 
 
