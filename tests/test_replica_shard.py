@@ -9,7 +9,7 @@ import pytest
 from meshplan import api
 from meshplan.adapters.render import RefusedLayout
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.memory_states import convention, replicates_by_sharding, state_replicas
+from meshplan.arithmetic.memory_states import convention, replicas_at, replicates_by_sharding, state_replicas
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import state_shards
 from meshplan.estimate.sharding_traffic import sharding_schedule
@@ -67,6 +67,24 @@ def test_states_are_sharded_over_cp_with_dp_replicas():
     old = job.model_copy(update={"framework_version": "0.2.2"})
     assert state_replicas(old, plan) == 1  # DDP: nothing to replicate over, nothing sharded
     assert all(t.shard == "none" for t in convention(job.card, 0, "0.2.2")[2])
+
+
+@pytest.mark.parametrize("version", [None, "0.2.2"])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_replicas_at_every_stage_follow_the_card(zero, version):
+    """replicas_at and state_replicas read the ZeRO stage before the card (the search asks them per grid): dp where
+    the card's ZeRO-0 shards over one (0.3), else the plan's dp_replicate, at every stage and replica count; the
+    convention's preset is ZeRO-3's exactly there."""
+    job, _ = resolve(Request(**{**BASE, "num_gpus": 16, "zero_stage": 3}))
+    job = job.model_copy(update={"framework_version": version})
+    card, shards = job.card, replicates_by_sharding(job.card, zero, version)
+    assert shards == (zero == 0 and version is None)
+    for dp_replicate in (1, 2, 4):
+        want = 16 if shards else dp_replicate
+        assert replicas_at(job, zero, 16, dp_replicate) == want
+        plan = resolve(Request(**{**BASE, "num_gpus": 16, "zero_stage": 3, "dp_replicate": dp_replicate}))[1]
+        assert state_replicas(job, plan.model_copy(update={"zero_stage": zero})) == want
+    assert (convention(card, zero, version)[0] == convention(card, 3, version)[0]) or not shards
 
 
 def test_memory_holds_the_units_transient():

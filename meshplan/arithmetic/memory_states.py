@@ -387,13 +387,20 @@ def state_replicas(job: Job, plan: Plan) -> int:
     dp_replicate (hybrid sharding), or every data-parallel rank where ZeRO-0 is fully_shard over a shard of one
     (replicates_by_sharding). Every reader of the shard groups and the replicas' all-reduce takes it (memory.
     state_shards, perf.dp_traffic, the assumptions)."""
-    return replicas_at(job, plan.zero_stage, plan.dp, plan.dp_replicate)
+    zero_stage = plan.zero_stage
+    if zero_stage:  # (replicas_at's, without its call: ZeRO-0 alone may shard over one)
+        return plan.dp_replicate
+    return replicas_at(job, zero_stage, plan.dp, plan.dp_replicate)
 
 
 def replicas_at(job: Job, zero_stage: int, dp: int, dp_replicate: int = 1) -> int:
     """state_replicas at a ZeRO stage and data-parallel degree, before a plan is made (the search's memory floors,
-    search/floors.py, shard the states over dp x cp / these replicas as memory.state_shards does)."""
-    return dp if replicates_by_sharding(job.card, zero_stage, job.framework_version) else dp_replicate
+    search/floors.py, shard the states over dp x cp / these replicas as memory.state_shards does). The ZeRO stage is
+    read first: the search asks this of thousands of grids an ask, most at a stage that cannot shard over one, and
+    the job's card is not read for those."""
+    if zero_stage:
+        return dp_replicate
+    return dp if replicates_by_sharding(job.card, 0, job.framework_version) else dp_replicate
 
 
 def optimizer_sharded(card: FrameworkCard, zero_stage: int, version: str | None = None) -> bool:
@@ -406,7 +413,8 @@ def optimizer_sharded(card: FrameworkCard, zero_stage: int, version: str | None 
 def convention(card: FrameworkCard, zero_stage: int,
                version: str | None = None) -> tuple[str, Convention, list[StateTensor]]:
     """The preset and its tensor list for this ZeRO stage; an unsupported stage is a clear error."""
-    stage = 3 if replicates_by_sharding(card, zero_stage, version) else zero_stage  # fully_shard over a shard of one
+    # fully_shard over a shard of one (replicates_by_sharding, asked of ZeRO-0 alone: the search asks this per plan)
+    stage = 3 if zero_stage == 0 and replicates_by_sharding(card, 0, version) else zero_stage
     name = convention_name(card, stage, version)
     conv = memory_card().conventions[name]
     if name.startswith("fsdp2") and stage == 1:

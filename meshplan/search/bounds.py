@@ -93,8 +93,8 @@ class StepTimeBounds(SearchPlans):
         """ideal_time per micro-batch size (what does not change with the micro-batch read once)."""
         if not lay.bubble_stages():
             return [ideal * (1.0 + 0.0)] * len(sizes)
-        microbatches, pp, vpp = self.microbatches, lay.pp, lay.vpp
-        return [ideal * (1.0 + (pp - 1) / (microbatches(lay, mbs) * vpp)) for mbs in sizes]
+        gbs, dp, pp, vpp = self.job.global_batch_size, lay.dp, lay.pp, lay.vpp  # (microbatches', without its call)
+        return [ideal * (1.0 + (pp - 1) / (step_microbatches(gbs, mbs, dp) * vpp)) for mbs in sizes]
 
     def pp_unit(self, lay: Layout, mbs: int) -> float:
         """Exposed pipeline send/receive per stage per micro-batch without interleaving, read from the
@@ -366,7 +366,9 @@ class StepTimeBounds(SearchPlans):
         has them (the seeding keeps them with each shape's entry)."""
         s, pp = self.job.seq_length, lay.pp
         cp = lay.cp
-        sync = self.moe_sync_s()
+        sync = self.sync_s
+        if sync is None:
+            sync = self.moe_sync_s()
         light = heavy = None
         if refs is not None and ranks is False:
             light = self.light_ranks(lay, (b_tok, per_token, exposed, refs))
@@ -503,14 +505,19 @@ class StepTimeBounds(SearchPlans):
                                                                                                    float, int]]:
         """Per micro-batch size, what the bounds read of the layout's pipeline: m + its bubble stages, the share of
         its micro-batches outside the EP overlap's steady state (1 - moe_time.a2a_steady_share), ideal_time and m;
-        once per (dp, pp, vpp, schedule, sizes, ideal), all they read (the bubble stages read pp, vpp and schedule)."""
+        once per (dp, pp, vpp, schedule, sizes, ideal), all they read (the bubble stages read pp, vpp and schedule).
+        A dense model's outside share is 0.0, not worked out: no plan of it has an all-to-all, so every reader
+        multiplies the share by an exposed all-to-all of 0.0 (stretch, group_floor), the same 0.0 at any share."""
         key = (lay.dp, lay.pp, lay.vpp, lay.schedule, sizes, ideal)
         hit = self.factors.get(key)
         if hit is None:
             bubble = lay.bubble_stages()
-            ms = [self.microbatches(lay, mbs) for mbs in sizes]
-            hit = self.factors[key] = [(m + bubble, 1.0 - a2a_steady_share(m, lay.pp, lay.vpp), low, m) for m, low in
-                                       zip(ms, self.ideal_times(lay, sizes, ideal), strict=True)]
+            gbs, dp, pp, vpp = self.job.global_batch_size, lay.dp, lay.pp, lay.vpp
+            ms = [step_microbatches(gbs, mbs, dp) for mbs in sizes]  # (microbatches', without its call)
+            lows = self.ideal_times(lay, sizes, ideal)
+            dense = self.job.model.moe is None
+            hit = self.factors[key] = [(m + bubble, 0.0 if dense else 1.0 - a2a_steady_share(m, pp, vpp), low, m)
+                                       for m, low in zip(ms, lows, strict=True)]
         return hit
 
     def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False,
@@ -739,13 +746,15 @@ class StepTimeBounds(SearchPlans):
             syncs = self.group_syncs([lay])
         if not syncs:
             return [pipe] * len(self.zeros)
-        return self.synced([pipe], [self.microbatches(lay, mbs)], syncs, True)  # type: ignore[arg-type]
+        m = step_microbatches(self.job.global_batch_size, mbs, lay.dp)  # (microbatches', without its call)
+        return self.synced([pipe], [m], syncs, True)  # type: ignore[arg-type]
 
     def raise_to_sync(self, group: SeedGroup, members: list) -> None:
         """Raise the seed keys of these members of an opened seed group (engine.open_group: where one of its layouts
         may fit) to the once-per-step DP bound (group_syncs, synced), once per shape entry: a budget-free bound, so
         kept with the keys (a search of the job at another budget reads them raised)."""
-        ms = [self.microbatches(members[0][0], mbs) for mbs in group.sizes]  # (they read the group's dp)
+        gbs, dp = self.job.global_batch_size, members[0][0].dp  # (they read the group's dp)
+        ms = [step_microbatches(gbs, mbs, dp) for mbs in group.sizes]  # (microbatches', without its call)
         if group.syncs is None:  # (its members' keys unraised until now)
             least = list(members[0][1][1])  # per micro-batch size, the least of the members' keys
             for _, entry, _ in members:
