@@ -79,7 +79,7 @@ def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
     dp_cp, edp = _dp_groups(bounds, lay)
     # the replicas the groups split into (perf.dp_traffic's state_replicas: dp where ZeRO-0 is fully_shard over a
     # shard of one, so grids of one dp x cp group but another dp shard and all-reduce over other groups)
-    replicas = replicas_at(bounds.job, zero, lay.dp)
+    replicas = _replicas(bounds, zero, lay.dp)
     alike = (zero, least, lay.tp, lay.pp, lay.ep, lay.etp, dp_cp, edp, replicas, _schedule(bounds, lay, zero))
     key = ("stage sync", vpp, alike)
     hit = memo.get(key)
@@ -90,6 +90,20 @@ def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
             parts = memo[chunk_free] = stage_parts(bounds, lay, zero, least)
         hit = memo[key] = parts.at(vpp)  # type: ignore[union-attr]
     return hit  # type: ignore[return-value]
+
+
+def _replicas(bounds: GridBounds, zero: int, dp: int) -> int:
+    """memory_states.replicas_at of the search's job (no hybrid sharding: a grid's dp_replicate is 1), whose card is
+    read once a job: whether its ZeRO-0 is fully_shard over a shard of one is a pure function of the job, kept in the
+    bounds memo, where replicas_at read the card at every ZeRO-0 grid (846 asks on Llama-3.1-70B on 64 H100)."""
+    if zero:
+        return 1
+    memo = bounds.bounds_memo
+    key = ("zero-0 replicas",)
+    every = memo.get(key)
+    if every is None:
+        every = memo[key] = replicas_at(bounds.job, 0, 2) == 2  # type: ignore[assignment]
+    return dp if every else 1
 
 
 def stage_parts(bounds: GridBounds, lay: Layout, zero: int, least: tuple[float, float, float] | None) -> StageParts:
