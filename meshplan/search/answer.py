@@ -314,7 +314,7 @@ SPACE_ASSUMPTIONS = [
 
 def job_warnings(job: Job) -> list[str]:
     """What every search's answer warns of whatever it ranks: the findings of the `no_effect` rules that read no plan
-    field (rules/engine.job_no_effect_findings: EP011, a token dispatcher given for a dense model; EP014,
+    field (rules/engine.job_no_effect_findings: EP014,
     moe_shared_expert_overlap for a model without shared experts; RL008, GRPO over one sample per prompt), in the
     words check gives them. They read the job alone (never its GPU count) and apply on every engine
     (tests/test_job_warnings.py), so any plan of the job answers the same: asked on the default Plan, so the answer
