@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.memory_states import replicas_at
+from meshplan.arithmetic.memory_states import replicates_by_sharding
 from meshplan.estimate.perf import StepSync
 from meshplan.estimate.sharding_floor import sharding_floor
 from meshplan.estimate.sharding_traffic import sharding_schedule
@@ -93,16 +93,17 @@ def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
 
 
 def _replicas(bounds: GridBounds, zero: int, dp: int) -> int:
-    """memory_states.replicas_at of the search's job (no hybrid sharding: a grid's dp_replicate is 1), whose card is
-    read once a job: whether its ZeRO-0 is fully_shard over a shard of one is a pure function of the job, kept in the
-    bounds memo, where replicas_at read the card at every ZeRO-0 grid (846 asks on Llama-3.1-70B on 64 H100)."""
+    """memory_states.replicas_at of the search's job (no hybrid sharding: a grid's dp_replicate is 1), its card read
+    once a job: whether its ZeRO-0 is fully_shard over a shard of one (replicates_by_sharding) is a pure function of
+    the job, kept in the bounds memo, where replicas_at read the card at every ZeRO-0 grid (846 asks on
+    Llama-3.1-70B on 64 H100)."""
     if zero:
         return 1
     memo = bounds.bounds_memo
     key = ("zero-0 replicas",)
     every = memo.get(key)
     if every is None:
-        every = memo[key] = replicas_at(bounds.job, 0, 2) == 2  # type: ignore[assignment]
+        every = memo[key] = replicates_by_sharding(bounds.job.card, 0, bounds.job.framework_version)  # type: ignore[assignment]
     return dp if every else 1
 
 
