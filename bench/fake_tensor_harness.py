@@ -24,6 +24,10 @@ CPU stand-ins for GPU kernels (each keeps what the GPU path saves; none changes 
   input and of the normalised output (7 extra s*b*h*2 units per Llama block). Registering a CPU kernel for
   the op (never run: fake tensors only reach meta functions) makes the CPU use the CUDA autograd formula.
 - MemTracker does not pass higher-order operators (flex attention) through; a subclass lets them through.
+- FSDPMemTracker's post_backward wrapper keeps one unsharded gradient referenced (its marking loop's variable)
+  while FSDP2 frees it; the subclass marks the gradients without keeping one, so the peak counts what a run holds
+  (_post_backward_without_stray_reference; torchtitan 0.3.0's Llama-3.1-8B cut: the lm_head's bf16 gradient,
+  0.98 GiB, at its reduce in the chunked loss's last chunk).
 - fp32 autocast: torchtitan's MoE router runs its gate under `torch.autocast(device_type, dtype=float32)`
   (models/common/moe.py TokenChoiceTopKRouter.forward). CUDA autocast accepts float32 and casts the gate's
   bf16 input and weight to fp32 copies, which the linear saves, and the scores, the sigmoid output and the
@@ -93,7 +97,45 @@ def tracker_class(fsdp: bool):
     from torch.distributed._tools.mem_tracker import MemTracker
 
     base = FSDPMemTracker if fsdp else MemTracker
-    return type(f"HigherOrder{base.__name__}", (base,), {"supports_higher_order_operators": True})
+    attrs = {"supports_higher_order_operators": True}
+    if fsdp:
+        attrs["_fsdp_param_group_post_backward"] = _post_backward_without_stray_reference
+    return type(f"HigherOrder{base.__name__}", (base,), attrs)
+
+
+def _post_backward_without_stray_reference(self, fsdp_mod, orig_post_backward):
+    """FSDPMemTracker's wrapper of FSDPParamGroup.post_backward (torch 2.13 torch/distributed/_tools/
+    fsdp2_mem_tracker.py `_fsdp_param_group_post_backward`): the same snapshots and categories, without its stray
+    reference. torch's wrapper marks the unsharded gradients in a loop in its own frame (line 339, `unsharded_grad =
+    fsdp_param._unsharded_param.grad`), so the loop variable keeps the group's last gradient alive through the
+    post_backward it wraps (line 352), where FSDP2 frees it: accumulate_unsharded_grad_if_needed and
+    to_accumulated_grad_if_needed drop `.grad` into the reduce_dtype accumulator (_fsdp_param.py:820-821, a unit
+    not reducing this backward or reducing an accumulated gradient: the chunked loss's lm_head), and foreach_reduce
+    clears its list after the copy-in (_fsdp_collectives.py:606; with one rank per shard its loop at line 580, whose
+    variable keeps the last gradient to the end of the call in a real run too, does not run). A run holds no such
+    reference; here the marking loop runs in a function of its own, so no gradient outlives it."""
+    import functools
+
+    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPModState, _FSDPRefType, _FSDPState
+
+    def mark_grads(attr: str, reftype, **kwargs) -> None:
+        group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+        for fsdp_param in group.fsdp_params if group else ():
+            grad = getattr(fsdp_param, attr).grad
+            if grad is not None:
+                self._update_and_maybe_create_winfos(grad, reftype, **kwargs)
+
+    @functools.wraps(orig_post_backward)
+    def inner(*args, **kwargs) -> None:
+        mark_grads("_unsharded_param", _FSDPRefType.UNSHARDED_GRAD, update_existing=True)
+        mod_stat = self.memory_tracking[fsdp_mod]
+        mod_stat.snapshots.setdefault(_FSDPModState.BEF_POST_BW, []).append(self.get_tracker_snapshot())
+        self._fsdp_state = _FSDPState.POST_BW
+        orig_post_backward(*args, **kwargs)
+        mark_grads("sharded_param", _FSDPRefType.SHARDED_GRAD)
+        mod_stat.snapshots.setdefault(_FSDPModState.AFT_POST_BW, []).append(self.get_tracker_snapshot())
+
+    return inner
 
 
 # --------------------------------------------------------------------------- models
