@@ -95,6 +95,6 @@ def test_torchtitan_zero0_peaks_at_the_embeddings_reduce_beside_the_layers_kept_
     stage = report.stages[0]
     assert any("peaks at the embedding reduce output moment" in a for a in report.assumptions)
     assert stage.detail["gathered_layers"] == 3 * 4 * vocab * h + 4 * 4 * layer
-    # sharded over 8 with no replicas the peak stays the loss's copy-in, where no output is kept
+    # sharded over 8 with no replicas the peak stays in the loss, at its last chunk's reduce: no unit's output is kept
     sharded = titan_zero0_cut("full", 3)
-    assert any("peaks at the output layer and loss reduce-scatter moment" in a for a in sharded.assumptions)
+    assert any("peaks at the output layer and loss reduce output moment" in a for a in sharded.assumptions)

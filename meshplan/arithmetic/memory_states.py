@@ -89,7 +89,9 @@ class Convention(_Card):
     # ... where CUDA graphs are off (cuda_graphs_off): torchtitan 0.3's zero_grad(set_to_none=disable_cuda_graphs)
     grads_set_to_none_without_cuda_graphs: bool = False
     freed_grads_stay_reserved: bool = False  # those freed gradients stay cached in the reduce-scatter stream's pool
-    output_reduce_in_loss: bool = False  # the output unit reduce-scatters inside the (chunked) loss's backward
+    # the output unit reduces inside the chunked loss, in its last chunk, the earlier chunks' gradients accumulated
+    # unsharded in reduce_dtype (fsdp_walk.in_loss_moments)
+    output_reduce_in_loss: bool = False
     output_resharded_at_loss: bool = False  # the output unit's params were freed after its forward (none at the loss)
     # per output-unit parameter held from its backward to the end of the backward (root unit: params and grads)
     output_held_bytes: float = Field(0, ge=0)
@@ -108,7 +110,8 @@ class Convention(_Card):
     compute_stream_copies: Literal["none", "fully_shard"] = "none"
     loss_reduce_bytes_per_element: float = Field(0, ge=0)  # per logit of a chunk, alive at the output unit's reduce
     # per logit alive at the backward of a root output unit's head, gathered again after the loss's peak (its copy-out
-    # and the head's matmul; fsdp_walk.head_moments); 0: not derived, the walk lists no such moment
+    # and the head's matmul; fsdp_walk.head_moments), or of an output unit reducing in the loss (the matmul writing its
+    # weight gradient; fsdp_walk.in_loss_moments); 0: not derived, the walk lists no root's such moment
     head_backward_bytes_per_element: float = Field(0, ge=0)
     pipeline_partition: Literal["even", "compute_balanced"] = "even"
     # activations.MOE_BYTES: what a MoE layer keeps; under the flex (DeepEP/HybridEP) dispatcher the engine's own,

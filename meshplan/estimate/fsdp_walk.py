@@ -34,10 +34,11 @@ class FsdpUnit(NamedTuple):
     stored: float  # what one micro-batch keeps for its backward (the output unit: the loss at its peak)
     working: float = 0.0  # what its backward rebuilds on top (recompute)
     grads: float = 0.0  # its sharded gradients (allocated by its reduce-scatter when the trainer freed them)
-    in_loss: bool = False  # its reduce-scatter runs inside the chunked loss, once per chunk, its params gathered
+    in_loss: bool = False  # it reduces inside the chunked loss, in the last chunk, its gradient accumulated before
     kept: float = 0.0  # what of its activations is alive at its reduce-scatter (in_loss: the chunk's logits)
     loss: bool = False  # its `stored` is the loss, which peaks before the unit's pre_backward hook fires
-    head: float = 0.0  # what of its activations is alive at its head's backward, the loss's peak passed (root unit)
+    head: float = 0.0  # what of its activations is alive at its head's backward, the loss's peak passed (root unit,
+    # or in_loss: at the head's matmul backward, which writes its weight gradient)
     grads_last: float = 0.0  # of its params, those whose gradient the graph's last backward writes (a root's embedding)
     own_grads: float = 0.0  # of its grads, those of parameters outside the unit (full-EP experts: their own .grad,
     # written in its backward and accumulated in place, there from the step's first backward through the unit)
@@ -91,9 +92,9 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
     backward, with the logits' gradient alive (head_moments). After each unit's copy-in its reduce output
     (reduce_output_bytes, with `output`): the input, the output and any quotient, the unsharded gradients freed; with
     replicas every unit reduced in the backward keeps its output to its end (an in-loss unit's, to the loss's). A
-    unit that reduces inside the chunked loss (`in_loss`) does so once per chunk with its parameters gathered, the
-    previous chunk's reduce-scatter input held and the chunk's `kept` logits alive; its buffers are gone by the time
-    the decoder's backward starts. With
+    unit that reduces inside the chunked loss (`in_loss`) is walked by in_loss_moments, its reduce output after them;
+    its buffers are gone by the time the decoder's backward starts (the root's post-backward callback after the last
+    chunk's backward clears the retained reduce-scatter input). With
     `grads_absent` (the trainer set the gradients to None; one micro-batch per step) a unit's sharded gradient exists
     only after its own reduce-scatter, so the units not yet reduced are absent. With `output_held_bytes` the output
     unit is the root module, whose forward inputs (token ids) need no gradient, so its post_backward waits for the
@@ -115,10 +116,26 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         held = rooted + kept
         absent = (grads[k + 1] + (root.grads if rooted else 0.0)) if grads_absent else 0.0
         gathered = 0.0 if u.loss and conv.output_resharded_at_loss else conv.unsharded_param_bytes * u.params
-        # the last reduce-scatter input still held: this unit's previous chunk, or the unit reduced just before
-        last = u if u.in_loss else units[k + 1] if k + 1 < len(units) and not units[k + 1].in_loss else None
+        if u.in_loss:
+            moments = in_loss_moments(conv, u, before, gathered, prefetch, held, absent)
+            out += moments
+            at += [k] * len(moments)
+            if output is not None:
+                written, apart = output_moment(conv, u, output, grads_absent)
+                if written:
+                    # the accumulated gradient, the last of foreach_reduce's gradients, outlives its copy-in where the
+                    # shard group has more than one rank (torch 2.13 _fsdp_collectives.py:580-606: the loop that runs
+                    # there keeps its variable to the end of the call; over a shard of one it does not run)
+                    accumulated = 0.0 if u.alone else conv.retained_reduce_bytes * u.params
+                    out.append(StepMoment(f"{u.name} reduce output", before + u.kept,
+                                          written + prefetch + gathered + accumulated + held,
+                                          absent - (0.0 if apart or not grads_absent else u.grads - u.own_grads)))
+                    at.append(k)
+            continue
+        # the last reduce-scatter input still held: the unit reduced just before's
+        last = units[k + 1] if k + 1 < len(units) and not units[k + 1].in_loss else None
         retained = conv.retained_reduce_bytes * last.params if last and last is not root else 0.0
-        if not u.loss and not u.in_loss and k + 1 < len(units):
+        if not u.loss and k + 1 < len(units):
             # its pre_backward's copy-out: prefetched by the unit after it, its all-gather output is copied into the
             # unsharded parameters before it is freed, then the unit before it is prefetched (copy_out)
             out.append(StepMoment(f"{u.name} gathered", before + u.stored,
@@ -127,7 +144,7 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         out.append(StepMoment(f"{u.name} backward", before + u.stored + u.working,
                               gathered + (0.0 if u.loss else prefetch) + retained + held, absent))
         at.append(k)
-        if not u.loss and not u.in_loss:
+        if not u.loss:
             # the end of its backward, before its post_backward hook: every unsharded gradient written beside its
             # gathered params, its activations used up
             out.append(StepMoment(f"{u.name} gradients", before,
@@ -140,18 +157,16 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
             at += [k] * len(head)
             continue
         reduce = conv.gathered_layers * conv.gathered_bytes * u.params + prefetch
-        out.append(StepMoment(f"{u.name} reduce-scatter", before + u.kept,
-                              reduce + (gathered + retained if u.in_loss else 0.0) + held, absent))
+        out.append(StepMoment(f"{u.name} reduce-scatter", before + u.kept, reduce + held, absent))
         at.append(k)
         if output is not None:
             written, apart = output_moment(conv, u, output, grads_absent)
             if written:
                 # the previous unit's input was recycled before this reduce (retained), its gradients freed
-                out.append(StepMoment(f"{u.name} reduce output", before + u.kept,
-                                      written + prefetch + (gathered if u.in_loss else 0.0) + held,
+                out.append(StepMoment(f"{u.name} reduce output", before + u.kept, written + prefetch + held,
                                       absent - (0.0 if apart or not grads_absent else u.grads - u.own_grads)))
                 at.append(k)
-            if output.replicas and not u.in_loss:  # the loss's own backward ends before the decoder's
+            if output.replicas:
                 kept += reduce_output_bytes(conv, u, apart)[0]
     if root:
         retained = conv.retained_reduce_bytes * units[0].params if len(units) > 1 else 0.0
@@ -198,6 +213,27 @@ def output_moment(conv, unit: FsdpUnit, output: ReduceOutput, grads_absent: bool
     if not (out or quotient or (unit.sharded and grads_absent)):
         return 0.0, apart
     return conv.gathered_layers * conv.retained_reduce_bytes * unit.params + out + quotient, apart
+
+
+def in_loss_moments(conv, u: FsdpUnit, before: float, gathered: float, prefetch: float, held: float, absent: float,
+                    when: str = "", accumulated_other: float = 0.0) -> list[StepMoment]:
+    """The moments of a unit that reduces inside the chunked loss (`in_loss`, cards/memory.yaml output_reduce_in_loss:
+    torchtitan 0.3.0's ChunkedLossWrapper turns the unit's gradient sync off for every chunk but the last, its
+    parameters gathered throughout), each after the first chunk: the loss's peak, beside the gradient the earlier
+    chunks left in the reduce_dtype accumulator (torch 2.13 FSDPParam.to_accumulated_grad_if_needed, then
+    accumulate_unsharded_grad_if_needed: the reduce input's `retained_reduce_bytes` per parameter; in bf16 the
+    gradient itself); the head's matmul backward (`head` alive: the chunk's logits and their gradient), its new
+    unsharded gradient beside the accumulated one; and in the last chunk the reduce-scatter, that gradient added into
+    the accumulator and freed first, the accumulator beside the reduce input it is copied into (the chunk's `kept`
+    logits alive). `when` names the micro-batch; `accumulated_other`, other units' held gradients (pipeline)."""
+    accumulated = conv.retained_reduce_bytes * u.params
+    loaded = gathered + accumulated + held
+    return [StepMoment(f"{u.name} backward{when}", before + u.stored + u.working, loaded, absent, accumulated_other),
+            StepMoment(f"{u.name} gradients{when}", before + u.head,
+                       loaded + unsharded_grad_bytes(conv) * u.params + prefetch, absent, accumulated_other),
+            StepMoment(f"{u.name} reduce-scatter{when}", before + u.kept,
+                       loaded + conv.gathered_layers * conv.retained_reduce_bytes * u.params + prefetch, absent,
+                       accumulated_other)]
 
 
 def head_moments(conv, root: FsdpUnit, before: float, prefetch: float, absent: float) -> list[StepMoment]:
@@ -278,11 +314,11 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
     the backwards, each keeps its gathered parameters (`unsharded_param_bytes`) and its unsharded gradient in
     reduce_dtype (FSDPParam.to_accumulated_grad_if_needed) to the end of the step. Every backward is walked as one
     that follows earlier ones (every unit's gradient held, no sharded gradient written yet); a unit that reduces inside
-    the chunked loss (`in_loss`) reduce-scatters in every micro-batch, so it holds neither. Where the forward reshards
-    (not `through_forward`) a backward right after a forward holds gathered the units it has passed, and one right
-    after another backward (`cooldown_other`) all of them, and a loss unit resharded after its forward is gathered
-    again for its head's backward, its all-gather output beside its copy-out (where the convention says what the loss
-    leaves alive then, FsdpUnit.head); then the _post_backward moments (stage_post_backward)."""
+    the chunked loss (`in_loss`) reduce-scatters in every micro-batch's last chunk, so it holds neither. Where the
+    forward reshards (not `through_forward`) a backward right after a forward holds gathered the units it has passed,
+    and one right after another backward (`cooldown_other`) all of them, and a loss unit resharded after its forward
+    is gathered again for its head's backward, its all-gather output beside its copy-out (where the convention says
+    what the loss leaves alive then, FsdpUnit.head); then the _post_backward moments (stage_post_backward)."""
     held = [u for u in units if not u.in_loss]
     every = accumulation.bytes_per_param * sum(u.params for u in held)
     gathered_all = conv.unsharded_param_bytes * sum(u.params for u in held)
@@ -313,12 +349,9 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
                 # the all-gather output beside it, is listed below (as head_moments lists it without a pipeline)
                 gathered = conv.unsharded_param_bytes * (passed[gathered_before[k]] + u.params) + prefetch
             name = f"{u.name} backward (a middle micro-batch{when})"
-            if u.in_loss:  # its reduce-scatter per chunk, as fsdp_backward_moments counts it
-                retained = conv.retained_reduce_bytes * u.params
-                out.append(StepMoment(name, before + u.stored + u.working, gathered + retained, absent, every))
-                reduce = conv.gathered_layers * conv.gathered_bytes * u.params + retained
-                out.append(StepMoment(f"{u.name} reduce-scatter (a middle micro-batch{when})", before + u.kept,
-                                      gathered + reduce, absent, every))
+            if u.in_loss:  # its accumulation over the chunks and its reduce, as fsdp_backward_moments walks them
+                out += in_loss_moments(conv, u, before, gathered, 0.0, 0.0, absent, f" (a middle micro-batch{when})",
+                                       every)
                 continue
             out.append(StepMoment(name, before + u.stored + u.working, gathered, absent, every))
             if u.loss and u.head and conv.output_resharded_at_loss and not all_gathered:
