@@ -28,6 +28,9 @@ CPU stand-ins for GPU kernels (each keeps what the GPU path saves; none changes 
   while FSDP2 frees it; the subclass marks the gradients without keeping one, so the peak counts what a run holds
   (_post_backward_without_stray_reference; torchtitan 0.3.0's Llama-3.1-8B cut: the lm_head's bf16 gradient,
   0.98 GiB, at its reduce in the chunked loss's last chunk).
+- Its module tracker's multi-gradient hook on a module's inputs keeps a leaf input alive through a reference cycle
+  (the chunked loss's detached chunks of the final norm's output, every step's kept to the end of the run); the
+  harness registers it without that cycle (_multi_grad_hook_without_leaf_cycle).
 - fp32 autocast: torchtitan's MoE router runs its gate under `torch.autocast(device_type, dtype=float32)`
   (models/common/moe.py TokenChoiceTopKRouter.forward). CUDA autocast accepts float32 and casts the gate's
   bf16 input and weight to fp32 copies, which the linear saves, and the scores, the sigmoid output and the
@@ -93,14 +96,58 @@ def _never_run_rms_norm(*args, **kwargs):
 
 
 def tracker_class(fsdp: bool):
+    from torch.distributed._tools import mod_tracker
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
     base = FSDPMemTracker if fsdp else MemTracker
+    mod_tracker.register_multi_grad_hook = _multi_grad_hook_without_leaf_cycle
     attrs = {"supports_higher_order_operators": True}
     if fsdp:
         attrs["_fsdp_param_group_post_backward"] = _post_backward_without_stray_reference
     return type(f"HigherOrder{base.__name__}", (base,), attrs)
+
+
+def _multi_grad_hook_without_leaf_cycle(tensors, fn, *, mode: str = "all"):
+    """torch.autograd.graph.register_multi_grad_hook as the trackers' ModTracker calls it on every module's inputs
+    (torch 2.13 torch/distributed/_tools/mod_tracker.py `_fw_pre_hook`, mode "all"), without the reference cycle it
+    makes through a leaf input: its hooks, registered on each tensor, close over the tensors' grad_fns, and a leaf's is
+    its AccumulateGrad node, which holds the leaf (torch/autograd/graph.py: `grad_fns = list(map(
+    _get_grad_fn_or_grad_acc, tensors))`), a cycle through C++ that Python's collector cannot free, so the leaf
+    outlives every reference a run holds: torchtitan 0.3.0's chunked loss feeds lm_head detached leaf chunks of the
+    final norm's output (components/loss.py `h_chunks`), kept to the end of the run, one set per step. Here a leaf's
+    AccumulateGrad is looked up from a weak reference when its first gradient arrives; the rest is torch's."""
+    import weakref
+
+    from torch.autograd.graph import _get_grad_fn_or_grad_acc, _MultiHandle, register_multi_grad_hook
+
+    if mode != "all" or not any(t.is_leaf for t in tensors):
+        return register_multi_grad_hook(tensors, fn, mode=mode)
+    nodes = [weakref.ref(t) if t.is_leaf else t.grad_fn for t in tensors]
+    tasks: dict[int, list] = {}  # graph task id -> [gradients arrived, gradients awaited, the gradients]
+
+    def node(entry):
+        if isinstance(entry, weakref.ref):
+            tensor = entry()
+            return None if tensor is None else _get_grad_fn_or_grad_acc(tensor)
+        return entry
+
+    def hook_of(index: int):
+        def hook(grad) -> None:
+            task = torch._C._current_graph_task_id()
+            state = tasks.get(task)
+            if state is None:
+                awaited = sum(torch._C._will_engine_execute_node(n) for n in map(node, nodes) if n is not None)
+                state = tasks[task] = [0, awaited, [None] * len(nodes)]
+            state[2][index] = grad
+            state[0] += 1
+            if state[0] == state[1]:
+                del tasks[task]
+                fn(state[2])
+
+        return hook
+
+    return _MultiHandle(tuple(t.register_hook(hook_of(i)) for i, t in enumerate(tensors)))
 
 
 def _post_backward_without_stray_reference(self, fsdp_mod, orig_post_backward):
