@@ -255,6 +255,12 @@ NEW_RULE_CASES = [
                    job="sft")),
     ("CH001", dict(model="llama-4-scout", framework="skyrl", gpu="h200", num_gpus=16, zero_stage=3, seq_length=32768,
                    job="sft")),
+    # TT003's release (0.2.2) refuses cp > 1 (CP007): its 'cp=1 there' left dp 4 against a stated batch of 1 (BS001,
+    # bench/random_requests.py fixes 3 1000); it names cp=1 and the batch with the release
+    ("TT003", dict(model="llama-4-scout", framework="torchtitan", gpu="a100-80gb", num_gpus=4, cp=4,
+                   global_batch_size=1, seq_length=131072)),
+    ("TT003", dict(model="llama-4-scout", framework="torchtitan", gpu="h100", num_gpus=16, cp=2)),
+    ("TT003", dict(model="llama-4-scout", framework="torchtitan", gpu="h100", num_gpus=16)),
 ]
 
 
@@ -278,9 +284,10 @@ def test_the_newer_rules_name_fixes_that_apply(rule_id, req):
     """CP007, CG001-CG003 and CH001 named changes check --config could not apply ('Drop the MoE modules from
     cuda_graph_modules', 'Keep one: moe_router ... or moe', 'seq_length <= 8192'), a change that brought in the next
     assert ('recompute=selective' beside local graphs and activation_offload) or the batch rules (CP007's 'cp=1' at a
-    stated batch of 4 on 8 GPUs: BS001). Each names values (cuda_graph_modules="attn" written whole), every CUDA-graph
-    rule passing at each alternative (rules/cuda_graphs.graph_fix), CP007 the batch beside cp=1 (layout_words); each
-    alternative applied passes its rule and brings no error in."""
+    stated batch of 4 on 8 GPUs: BS001; TT003's 'framework_version=0.2.2 (cp=1 there)' at cp=4 and a stated batch of 1
+    on 4 GPUs, the same). Each names values (cuda_graph_modules="attn" written whole), every CUDA-graph
+    rule passing at each alternative (rules/cuda_graphs.graph_fix), CP007 and TT003 the batch beside cp=1
+    (layout_words); each alternative applied passes its rule and brings no error in."""
     assert_each_fix_applies(rule_id, req)
 
 
