@@ -261,6 +261,10 @@ NEW_RULE_CASES = [
                    global_batch_size=1, seq_length=131072)),
     ("TT003", dict(model="llama-4-scout", framework="torchtitan", gpu="h100", num_gpus=16, cp=2)),
     ("TT003", dict(model="llama-4-scout", framework="torchtitan", gpu="h100", num_gpus=16)),
+    # PP003 named 'pp in {2, 4, 8} with vpp=2' at NeMo AutoModel's ZeRO-0, whose DDP strategy builds no pipeline
+    # (AM004; bench/random_requests.py fixes 4 1000); at ZeRO-3 (FSDP2) the pipeline is named still
+    ("PP003", dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, zero_stage=0, vpp=2)),
+    ("PP003", dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, zero_stage=3, vpp=2)),
 ]
 
 
@@ -289,6 +293,15 @@ def test_the_newer_rules_name_fixes_that_apply(rule_id, req):
     rule passing at each alternative (rules/cuda_graphs.graph_fix), CP007 and TT003 the batch beside cp=1
     (layout_words); each alternative applied passes its rule and brings no error in."""
     assert_each_fix_applies(rule_id, req)
+
+
+def test_pp003_names_a_pipeline_only_where_the_engine_builds_one():
+    """NeMo AutoModel's DDP strategy (ZeRO-0) refuses any pp > 1 (AM004): PP003's fix there is vpp=1 alone; its FSDP2
+    strategy (ZeRO-3) takes a pipeline, so the fix names the pps that split the layers there."""
+    req = dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, vpp=2)
+    fixes = {z: _errors({**req, "zero_stage": z})["PP003"].fix for z in (0, 3)}
+    assert fixes[0] == "Set vpp=1.", fixes[0]
+    assert fixes[3] == "Set vpp=1, or pp in {2, 4, 8} with vpp=2.", fixes[3]
 
 
 def test_ws002_names_the_gpu_count_as_an_assignment_check_config_applies():

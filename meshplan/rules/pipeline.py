@@ -110,6 +110,9 @@ MICROBATCH_RULES = ("PP005", "PP010", "PP011", "PP014", "AM003")
 # (and dp: microbatch_refusals sets the plan's dp to the derived one, which those rules then read back, so the verdict
 # does not turn on the given dp, but its reads are declared as read)
 MICROBATCH_READS = ("micro_batch_size", "pipeline_microbatches", "pipeline_schedule", "global_batch_size", "dp")
+# The rules that refuse any pipeline on the engine the plan's ZeRO stage selects, whatever its size (NeMo AutoModel's
+# DDP strategy, AM004): a fix names no pp > 1 there
+NO_PIPELINE_RULES = ("AM004",)
 
 
 def _pipeline_or_no_vpp(values: dict, job: Job) -> bool:
@@ -164,12 +167,14 @@ def interleaved_pps(ctx: Context, vpp: int) -> list[int]:
 
 def splitting_pps(ctx: Context, vpp: int) -> list[int]:
     """pp values over 1 that take `vpp` virtual stages on this job's layers and GPUs: the framework interleaves, the
-    layers split evenly over pp*vpp chunks, and the GPU count stays tiled (world.tiled). Reads tp, pp, cp, ep, etp,
-    zero_stage."""
+    layers split evenly over pp*vpp chunks, the GPU count stays tiled (world.tiled), and the engine the ZeRO stage
+    selects builds a pipeline at all (NO_PIPELINE_RULES: PP003's 'pp in {2, 4, 8} with vpp=2' at NeMo AutoModel's
+    ZeRO-0 brought AM004 in). Reads tp, pp, cp, ep, etp, zero_stage."""
     if not interleaves(ctx):
         return []
     layers = ctx.arch.num_layers
-    return tiled(ctx, "pp", [d for d in divisors(layers, upto=MAX_LISTED_PP) if d > 1 and layers % (d * vpp) == 0])
+    pps = tiled(ctx, "pp", [d for d in divisors(layers, upto=MAX_LISTED_PP) if d > 1 and layers % (d * vpp) == 0])
+    return [d for d in pps if not refusals_at(at_layout(ctx, {"pp": d, "vpp": vpp}), NO_PIPELINE_RULES)]
 
 
 def microbatch_refusals(ctx: Context, pp: int, vpp: int) -> list[str]:
