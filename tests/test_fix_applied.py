@@ -265,6 +265,10 @@ NEW_RULE_CASES = [
     # (AM004; bench/random_requests.py fixes 4 1000); at ZeRO-3 (FSDP2) the pipeline is named still
     ("PP003", dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, zero_stage=0, vpp=2)),
     ("PP003", dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, zero_stage=3, vpp=2)),
+    # an etp left out follows tp (Megatron-Core's default on verl): 'tp in {2, 4, 8}' at tp=3, ep=8 on 24 GPUs moved
+    # etp with tp, etp*ep no longer divided 24 (WS002; fixes 9 1000)
+    ("TP002", dict(model="llama-4-maverick", framework="verl", gpu="h20", num_gpus=24, ep=8, tp=3,
+                   tp_comm_overlap=True)),
 ]
 
 
@@ -302,6 +306,21 @@ def test_pp003_names_a_pipeline_only_where_the_engine_builds_one():
     fixes = {z: _errors({**req, "zero_stage": z})["PP003"].fix for z in (0, 3)}
     assert fixes[0] == "Set vpp=1.", fixes[0]
     assert fixes[3] == "Set vpp=1, or pp in {2, 4, 8} with vpp=2.", fixes[3]
+
+
+@pytest.mark.parametrize("etp", [None, 3])
+def test_a_tp_fix_moves_an_etp_left_out_with_tp(etp):
+    """verl leaves etp to Megatron-Core, which sets it to tp: at tp=3, ep=8 on 24 GPUs (etp*ep = 24) TP001 named
+    'tp in {1, 2, 4, 8}' ({2, 4, 8} beside tp_comm_overlap), and 2, 4 and 8 moved etp with them (etp*ep = 16, 32, 64
+    do not divide 24: WS002). Every tp it names now passes WS002 as the request with it resolves; with etp=3 stated,
+    etp stays and every tp tiles."""
+    req = dict(model="llama-4-maverick", framework="verl", gpu="h20", num_gpus=24, ep=8, tp=3)
+    req |= {"etp": etp} if etp else {}
+    found = _errors(req)["TP001"]
+    tps = [int(t) for t in re.search(r"tp in \{([\d, ]+)\}", found.fix).group(1).split(", ")]
+    assert tps == ([1] if etp is None else [1, 2, 4, 8]), found.fix
+    for tp in tps:
+        assert "WS002" not in _errors({**req, "tp": tp}), (found.fix, tp)
 
 
 def test_ws002_names_the_gpu_count_as_an_assignment_check_config_applies():

@@ -52,12 +52,13 @@ def tiled(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterabl
 
     def tiles(v: int) -> bool:
         d = {**degrees, degree: v}
+        etp = v if degree == "tp" and ctx.job.etp_follows_tp else p.etp  # an etp left out follows tp (at_layout)
         replica = mesh.replica_size(ctx.law, d["tp"], d["pp"], d["cp"], d["ep"])
-        world = mesh.smallest_world(ctx.law, d["tp"], d["pp"], d["cp"], p.dp, d["ep"], p.etp) \
+        world = mesh.smallest_world(ctx.law, d["tp"], d["pp"], d["cp"], p.dp, d["ep"], etp) \
             if ctx.job.world_follows_layout else ctx.world
         if world % replica:
             return False
-        return mesh.expert_grid_fits(ctx.law, world, d["tp"], d["pp"], d["cp"], world // replica, d["ep"], p.etp)
+        return mesh.expert_grid_fits(ctx.law, world, d["tp"], d["pp"], d["cp"], world // replica, d["ep"], etp)
 
     return [v for v in values if tiles(v)]
 
