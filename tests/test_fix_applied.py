@@ -265,6 +265,10 @@ NEW_RULE_CASES = [
     # (AM004; bench/random_requests.py fixes 4 1000); at ZeRO-3 (FSDP2) the pipeline is named still
     ("PP003", dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, zero_stage=0, vpp=2)),
     ("PP003", dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, zero_stage=3, vpp=2)),
+    # NT001's 'use cp=1' moved dp against a stated batch (BS001; fixes 9 and 10 1000): the batch is named beside it
+    ("NT001", dict(model="llama-3-70b", framework="nanotron", gpu="a100-40gb", num_gpus=256, cp=4, zero_stage=2,
+                   global_batch_size=64)),
+    ("NT001", dict(model="qwen3-8b", framework="nanotron", gpu="a100-40gb", num_gpus=32, cp=2, global_batch_size=16)),
     # an etp left out follows tp (Megatron-Core's default on verl): 'tp in {2, 4, 8}' at tp=3, ep=8 on 24 GPUs moved
     # etp with tp, etp*ep no longer divided 24 (WS002; fixes 9 1000)
     ("TP002", dict(model="llama-4-maverick", framework="verl", gpu="h20", num_gpus=24, ep=8, tp=3,

@@ -324,17 +324,19 @@ def automodel_torch_dispatcher(ctx: Context) -> Values:
 
 
 
-@rule("NT001", reads=("cp", "ep", "etp"))
+@rule("NT001", reads=("cp", "ep", "etp"), words=BATCH_READS)
 def nanotron_degree_not_modelled(ctx: Context) -> Values:
     """cp, ep or etp over 1 where the card's cannot_run (a card without an adapter: nanotron's) says the framework
-    cannot run it: the first, in that order."""
+    cannot run it: the first, in that order. Its degree of 1 can move dp: what must follow is named beside it
+    (fix_values.layout_words; 'use cp=1' at cp=4 and a stated batch of 64 on 256 GPUs left dp 256, BS001)."""
     cannot_run = ctx.card.cannot_run
     for name in ("cp", "ep", "etp"):
         value = getattr(ctx.plan, name)
         instead = cannot_run.get(name) if value > 1 else None
         if instead is not None:
+            follows = layout_words(ctx, {name: 1})
             return {"setting": f"{name}={value}", "framework": ctx.card.display_name,
-                    "instead": instead}
+                    "instead": instead, "follows": f" With {name}=1: {follows}." if follows else ""}
     return None
 
 
