@@ -265,6 +265,9 @@ NEW_RULE_CASES = [
     # (AM004; bench/random_requests.py fixes 4 1000); at ZeRO-3 (FSDP2) the pipeline is named still
     ("PP003", dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, zero_stage=0, vpp=2)),
     ("PP003", dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, zero_stage=3, vpp=2)),
+    # ... nor where combined 1F1B (moe_a2a_overlap) over Megatron-FSDP refuses virtual stages (PP015; fixes 10 1000)
+    ("PP003", dict(model="qwen3-30b-a3b", framework="megatron-bridge", gpu="h100", num_gpus=32, ep=8, vpp=2,
+                   zero_stage=3, moe_a2a_overlap=True)),
     # NT001's 'use cp=1' moved dp against a stated batch (BS001; fixes 9 and 10 1000): the batch is named beside it
     ("NT001", dict(model="llama-3-70b", framework="nanotron", gpu="a100-40gb", num_gpus=256, cp=4, zero_stage=2,
                    global_batch_size=64)),
