@@ -276,6 +276,11 @@ NEW_RULE_CASES = [
     # etp with tp, etp*ep no longer divided 24 (WS002; fixes 9 1000)
     ("TP002", dict(model="llama-4-maverick", framework="verl", gpu="h20", num_gpus=24, ep=8, tp=3,
                    tp_comm_overlap=True)),
+    # DS002's 'pp=1 with ZeRO-2/3' kept vpp=2 (PP003; fixes 12 1000) and moved dp against a stated batch (BS001)
+    ("DS002", dict(model="gpt-oss-20b", framework="deepspeed", gpu="a100-80gb", num_gpus=12, zero_stage=2, pp=2,
+                   vpp=2)),
+    ("DS002", dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=16, zero_stage=3, pp=2,
+                   global_batch_size=8)),
 ]
 
 

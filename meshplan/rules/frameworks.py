@@ -180,12 +180,17 @@ def deepspeed_ep_divides_dp(ctx: Context) -> Values:
 
 
 
-@rule("DS002", reads=("pp", "zero_stage"))
+@rule("DS002", reads=("pp", "zero_stage"), words=("vpp", *BATCH_READS))
 def deepspeed_zero_with_pp(ctx: Context) -> Values:
+    """DeepSpeed's pipeline engine refuses ZeRO-2/3. The pp=1 alternative names vpp=1 beside it where the plan has
+    virtual stages (pp=1 at vpp=2 brought PP003 in) and what must follow its dp (fix_values.layout_words)."""
     p = ctx.plan
     if p.pp == 1 or p.zero_stage < 2:
         return None
-    return {"zero": p.zero_stage, "pp": p.pp}
+    single = {"pp": 1} | ({"vpp": 1} if p.vpp > 1 else {})
+    follows = layout_words(ctx, single)
+    return {"zero": p.zero_stage, "pp": p.pp,
+            "single": ", ".join([f"{name}=1" for name in single] + ([follows] if follows else []))}
 
 
 
