@@ -281,6 +281,9 @@ NEW_RULE_CASES = [
                    vpp=2)),
     ("DS002", dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=16, zero_stage=3, pp=2,
                    global_batch_size=8)),
+    # EP002's 'ep in {1, 2, 4, 8}' beside moe_a2a_overlap: ep=1 leaves no all-to-all to hide (EP009; fixes 18 1000)
+    ("EP002", dict(model="mixtral-8x22b", framework="megatron-bridge", gpu="h20", num_gpus=16, ep=16,
+                   moe_a2a_overlap=True)),
 ]
 
 
