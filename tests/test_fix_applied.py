@@ -255,6 +255,35 @@ NEW_RULE_CASES = [
                    job="sft")),
     ("CH001", dict(model="llama-4-scout", framework="skyrl", gpu="h200", num_gpus=16, zero_stage=3, seq_length=32768,
                    job="sft")),
+    # TT003's release (0.2.2) refuses cp > 1 (CP007): its 'cp=1 there' left dp 4 against a stated batch of 1 (BS001,
+    # bench/random_requests.py fixes 3 1000); it names cp=1 and the batch with the release
+    ("TT003", dict(model="llama-4-scout", framework="torchtitan", gpu="a100-80gb", num_gpus=4, cp=4,
+                   global_batch_size=1, seq_length=131072)),
+    ("TT003", dict(model="llama-4-scout", framework="torchtitan", gpu="h100", num_gpus=16, cp=2)),
+    ("TT003", dict(model="llama-4-scout", framework="torchtitan", gpu="h100", num_gpus=16)),
+    # PP003 named 'pp in {2, 4, 8} with vpp=2' at NeMo AutoModel's ZeRO-0, whose DDP strategy builds no pipeline
+    # (AM004; bench/random_requests.py fixes 4 1000); at ZeRO-3 (FSDP2) the pipeline is named still
+    ("PP003", dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, zero_stage=0, vpp=2)),
+    ("PP003", dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, zero_stage=3, vpp=2)),
+    # ... nor where combined 1F1B (moe_a2a_overlap) over Megatron-FSDP refuses virtual stages (PP015; fixes 10 1000)
+    ("PP003", dict(model="qwen3-30b-a3b", framework="megatron-bridge", gpu="h100", num_gpus=32, ep=8, vpp=2,
+                   zero_stage=3, moe_a2a_overlap=True)),
+    # NT001's 'use cp=1' moved dp against a stated batch (BS001; fixes 9 and 10 1000): the batch is named beside it
+    ("NT001", dict(model="llama-3-70b", framework="nanotron", gpu="a100-40gb", num_gpus=256, cp=4, zero_stage=2,
+                   global_batch_size=64)),
+    ("NT001", dict(model="qwen3-8b", framework="nanotron", gpu="a100-40gb", num_gpus=32, cp=2, global_batch_size=16)),
+    # an etp left out follows tp (Megatron-Core's default on verl): 'tp in {2, 4, 8}' at tp=3, ep=8 on 24 GPUs moved
+    # etp with tp, etp*ep no longer divided 24 (WS002; fixes 9 1000)
+    ("TP002", dict(model="llama-4-maverick", framework="verl", gpu="h20", num_gpus=24, ep=8, tp=3,
+                   tp_comm_overlap=True)),
+    # DS002's 'pp=1 with ZeRO-2/3' kept vpp=2 (PP003; fixes 12 1000) and moved dp against a stated batch (BS001)
+    ("DS002", dict(model="gpt-oss-20b", framework="deepspeed", gpu="a100-80gb", num_gpus=12, zero_stage=2, pp=2,
+                   vpp=2)),
+    ("DS002", dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=16, zero_stage=3, pp=2,
+                   global_batch_size=8)),
+    # EP002's 'ep in {1, 2, 4, 8}' beside moe_a2a_overlap: ep=1 leaves no all-to-all to hide (EP009; fixes 18 1000)
+    ("EP002", dict(model="mixtral-8x22b", framework="megatron-bridge", gpu="h20", num_gpus=16, ep=16,
+                   moe_a2a_overlap=True)),
 ]
 
 
@@ -278,10 +307,35 @@ def test_the_newer_rules_name_fixes_that_apply(rule_id, req):
     """CP007, CG001-CG003 and CH001 named changes check --config could not apply ('Drop the MoE modules from
     cuda_graph_modules', 'Keep one: moe_router ... or moe', 'seq_length <= 8192'), a change that brought in the next
     assert ('recompute=selective' beside local graphs and activation_offload) or the batch rules (CP007's 'cp=1' at a
-    stated batch of 4 on 8 GPUs: BS001). Each names values (cuda_graph_modules="attn" written whole), every CUDA-graph
-    rule passing at each alternative (rules/cuda_graphs.graph_fix), CP007 the batch beside cp=1 (layout_words); each
-    alternative applied passes its rule and brings no error in."""
+    stated batch of 4 on 8 GPUs: BS001; TT003's 'framework_version=0.2.2 (cp=1 there)' at cp=4 and a stated batch of 1
+    on 4 GPUs, the same). Each names values (cuda_graph_modules="attn" written whole), every CUDA-graph
+    rule passing at each alternative (rules/cuda_graphs.graph_fix), CP007 and TT003 the batch beside cp=1
+    (layout_words); each alternative applied passes its rule and brings no error in."""
     assert_each_fix_applies(rule_id, req)
+
+
+def test_pp003_names_a_pipeline_only_where_the_engine_builds_one():
+    """NeMo AutoModel's DDP strategy (ZeRO-0) refuses any pp > 1 (AM004): PP003's fix there is vpp=1 alone; its FSDP2
+    strategy (ZeRO-3) takes a pipeline, so the fix names the pps that split the layers there."""
+    req = dict(model="llama-3-70b", framework="nemo-automodel", gpu="mi300x", num_gpus=24, vpp=2)
+    fixes = {z: _errors({**req, "zero_stage": z})["PP003"].fix for z in (0, 3)}
+    assert fixes[0] == "Set vpp=1.", fixes[0]
+    assert fixes[3] == "Set vpp=1, or pp in {2, 4, 8} with vpp=2.", fixes[3]
+
+
+@pytest.mark.parametrize("etp", [None, 3])
+def test_a_tp_fix_moves_an_etp_left_out_with_tp(etp):
+    """verl leaves etp to Megatron-Core, which sets it to tp: at tp=3, ep=8 on 24 GPUs (etp*ep = 24) TP001 named
+    'tp in {1, 2, 4, 8}' ({2, 4, 8} beside tp_comm_overlap), and 2, 4 and 8 moved etp with them (etp*ep = 16, 32, 64
+    do not divide 24: WS002). Every tp it names now passes WS002 as the request with it resolves; with etp=3 stated,
+    etp stays and every tp tiles."""
+    req = dict(model="llama-4-maverick", framework="verl", gpu="h20", num_gpus=24, ep=8, tp=3)
+    req |= {"etp": etp} if etp else {}
+    found = _errors(req)["TP001"]
+    tps = [int(t) for t in re.search(r"tp in \{([\d, ]+)\}", found.fix).group(1).split(", ")]
+    assert tps == ([1] if etp is None else [1, 2, 4, 8]), found.fix
+    for tp in tps:
+        assert "WS002" not in _errors({**req, "tp": tp}), (found.fix, tp)
 
 
 def test_ws002_names_the_gpu_count_as_an_assignment_check_config_applies():

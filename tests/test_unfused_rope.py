@@ -1,5 +1,6 @@
-"""gpt-oss's rotary embedding as Megatron-Core and Megatron-Bridge run it: unfused (its YaRN concentration factor,
-which Transformer Engine's fused RoPE does not take; Bridge turns the fusion off beside position_embedding_type yarn),
+"""gpt-oss's rotary embedding as Megatron-Core and Megatron-Bridge run it (verl's and SkyRL's Megatron engines through
+Bridge's providers): unfused (its YaRN concentration factor, which Transformer Engine's fused RoPE does not take; Bridge
+turns the fusion off beside position_embedding_type yarn),
 its passes counted from Megatron-Core's code (bench/activation_census.py) and timed over the rotated queries and
 keys (estimate/attention_time.runs_unfused_rope, layer_time.elementwise_seconds)."""
 
@@ -53,18 +54,38 @@ def test_yarn_concentration_is_megatron_cores():
     ("torchtitan", "gpt-oss-120b", False),       # its own model code, no such card fact
 ])
 def test_which_jobs_run_the_unfused_rope(framework, model, unfused):
-    job = resolve(Request(model=model, framework=framework, num_gpus=64, gpu="gb200"))[0]
-    assert runs_unfused_rope(job) is unfused
+    job, plan = resolve(Request(model=model, framework=framework, num_gpus=64, gpu="gb200"))
+    assert runs_unfused_rope(job, plan.zero_stage) is unfused
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+@pytest.mark.parametrize("job_kind", ["rl", "sft"])
+@pytest.mark.parametrize(("zero_stage", "unfused"), [
+    (1, True),   # the Megatron engine: Bridge's gpt-oss provider (position_embedding_type yarn) turns the fusion off
+    (3, False),  # the FSDP engine: transformers' modeling code, its rotary in the hf_eager_* passes
+])
+def test_rl_frameworks_run_the_unfused_rope_on_their_megatron_engine_only(framework, job_kind, zero_stage, unfused):
+    job, plan = resolve(Request(model="gpt-oss-20b", framework=framework, num_gpus=8, gpu="h100", job=job_kind,
+                                zero_stage=zero_stage))
+    ctx = step_terms(job, plan).ctx
+    assert job.card.engine_at(zero_stage) == ("megatron" if unfused else "fsdp")
+    assert ctx.unfused_rope is unfused and runs_unfused_rope(job, plan.zero_stage) is unfused
+    load = elementwise_load(ctx, True)
+    assert load.rotated == (rotated_elements(ctx) if unfused else 0.0)
+    fused = replace(ctx, unfused_rope=False)
+    extra = elementwise_seconds(ctx, load) - elementwise_seconds(fused, elementwise_load(fused, True))
+    assert extra == pytest.approx(BF16 * calibration().unfused_rope_passes * load.rotated / ctx.hbm)
+    assert (extra > 0) is unfused
 
 
 def test_megatron_core_keeps_the_fused_kernel_at_a_concentration_of_one():
     job = _job("megatron-core")
     rope = job.model.rope.model_copy(update={"mscale": 1.0, "mscale_all_dim": 1.0})
     flat = job.model_copy(update={"model": job.model.model_copy(update={"rope": rope})})
-    assert not runs_unfused_rope(flat)
+    assert not runs_unfused_rope(flat, 1)
     bridge = _job()
     flat_bridge = bridge.model_copy(update={"model": bridge.model.model_copy(update={"rope": rope})})
-    assert runs_unfused_rope(flat_bridge)  # Bridge refuses the fusion for any position_embedding_type but rope
+    assert runs_unfused_rope(flat_bridge, 1)  # Bridge refuses the fusion for any position_embedding_type but rope
 
 
 def test_the_passes_are_timed_over_the_rotated_queries_and_keys():

@@ -66,14 +66,19 @@ def yarn_concentration(rope: RopeSpec) -> float:
     return mscale(rope.mscale) / mscale(rope.mscale_all_dim)
 
 
-def runs_unfused_rope(job: Job) -> bool:
+def runs_unfused_rope(job: Job, zero_stage: int) -> bool:
     """Whether the job's attention applies its rotary embedding with Megatron-Core's unfused ops, not Transformer
     Engine's fused kernel (the elementwise passes cards/calibration.yaml unfused_rope_passes counts over the rotated
     queries and keys): a non-MLA YaRN model on a framework whose card says its attention does so for any such model
-    (Megatron-Bridge: its provider turns apply_rope_fusion off beside position_embedding_type yarn) or for one whose
-    concentration factor is not 1 (Megatron-Core: TE's fused RoPE takes no mscale). Why: gpt-oss trains so."""
+    (Megatron-Bridge, and verl's and SkyRL's Megatron engines on its providers: the provider turns apply_rope_fusion
+    off beside position_embedding_type yarn) or for one whose concentration factor is not 1 (Megatron-Core: TE's fused
+    RoPE takes no mscale). Not on the engine `zero_stage` selects where that engine trains transformers' own modeling
+    code (the card's eager_model_code: verl's and SkyRL's FSDP engines), whose rotary hf_eager_* passes count. Why:
+    gpt-oss trains so."""
     card, rope = job.card.attention, job.model.rope
     if card is None or card.unfused_yarn_rope is None or rope is None or rope.scaling != "yarn" or job.model.mla:
+        return False
+    if job.card.eager_model_at(zero_stage):  # transformers' rotary, in the hf_eager_* query and key passes
         return False
     return card.unfused_yarn_rope == "any" or yarn_concentration(rope) != 1.0
 

@@ -140,8 +140,9 @@ class AttentionSemantics(_Card):
         None, description="Where the framework's attention applies a non-MLA YaRN model's rotary embedding unfused "
                           "(Megatron-Core's _apply_rotary_pos_emb_bshd, cards/calibration.yaml unfused_rope_passes), "
                           "not through Transformer Engine's fused kernel: 'any' every such model, 'scaled' one whose "
-                          "YaRN concentration factor (estimate/attention_time.yarn_concentration) is not 1. None: "
-                          "the fused kernel, or a model code of its own")
+                          "YaRN concentration factor (estimate/attention_time.yarn_concentration) is not 1; on the "
+                          "framework's Megatron-Core engines only, not one that trains transformers' modeling code "
+                          "(eager_model_code). None: the fused kernel, or a model code of its own")
     unfused_yarn_rope_source: str = ""
     source: str
 

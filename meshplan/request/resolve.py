@@ -218,6 +218,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     job = Job(
         model=arch, gpu=gpu, num_gpus=num_gpus, world_follows_layout=req.num_gpus is None, gpus_per_node=gpn,
         dp_stated=req.dp is not None,
+        etp_follows_tp=req.etp is None and arch.is_moe and card.defaults.etp == "tp",
         batch_follows_layout=rl is None and req.global_batch_size is None and gbs == default_global_batch(
             req.seq_length, num_gpus, mbs, dp),
         rl_step_stated=step_stated if rl else (),

@@ -12,7 +12,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import BATCH_READS, divisors, kept_degrees, layout_words
 from meshplan.rules.precision import default_version_knob, keyless_refusal, lacks_key
-from meshplan.rules.world import tiling
+from meshplan.rules.world import eps_beside_overlap, tiling
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job
 
@@ -30,10 +30,15 @@ def ep_needs_moe(ctx: Context) -> Values:
 
 @rule("EP002", reads=("tp", "pp", "cp", "ep", "etp"), words=BATCH_READS)
 def experts_divisible(ctx: Context) -> Values:
+    """The eps it names leave 1 out beside moe_a2a_overlap, as WS002's do (world.eps_beside_overlap: 'ep in {1, 2, 4,
+    8}' applied as ep=1 brought EP009 in, bench/random_requests.py fixes 18 1000); where 1 is the only one, with the
+    overlap off."""
     if not ctx.arch.is_moe or ctx.num_experts % ctx.plan.ep == 0:
         return None
     working = tiling(ctx, "ep", divisors(ctx.num_experts))
-    return {"ep": ctx.plan.ep, "experts": ctx.num_experts, "working": kept_degrees(ctx, "ep", working)}
+    wider = eps_beside_overlap(ctx, working)
+    said = kept_degrees(ctx, "ep", wider) if wider else f"{kept_degrees(ctx, 'ep', working)} with moe_a2a_overlap=false"
+    return {"ep": ctx.plan.ep, "experts": ctx.num_experts, "working": said}
 
 
 

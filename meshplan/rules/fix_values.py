@@ -144,9 +144,12 @@ def step_words(ctx: Context, prompts: int) -> str:
 
 def at_layout(ctx: Context, degrees: dict[str, int]) -> Context:
     """The check's context at the plan with `degrees` changed, as the request with that change resolves: the GPU count
-    the degrees imply where the request left it out (Job.world_follows_layout), dp derived from it (a dp the request
-    stated is named beside the change: layout_words), a default global batch moved with dp (batch_at)."""
+    the degrees imply where the request left it out (Job.world_follows_layout), etp with tp where the request left etp
+    to follow it (Job.etp_follows_tp), dp derived from it (a dp the request stated is named beside the change:
+    layout_words), a default global batch moved with dp (batch_at)."""
     p, job = ctx.plan, ctx.job
+    if job.etp_follows_tp and "tp" in degrees and "etp" not in degrees:  # an etp left out is tp's, as resolve sets it
+        degrees = {**degrees, "etp": degrees["tp"]}
     d = {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "etp": p.etp, **degrees}
     world = ctx.world
     if job.world_follows_layout:

@@ -114,11 +114,13 @@ def dsa_cp_allgather(ctx: Context) -> Values:
     return {"cp": p.cp, "comm": p.cp_comm_type}
 
 
-@rule("TT003", reads=())
+@rule("TT003", reads=(), words=BATCH_READS)
 def release_without_the_model(ctx: Context) -> Values:
     """A chunked model (Llama 4) on a release of the framework whose model code has none (the card's
     attention.chunked_releases: torchtitan's llama4 in its 0.1.x and 0.2.x releases only); the fix names the newest
-    known release that ships it and the frameworks whose current model code runs its chunks."""
+    known release that ships it and the frameworks whose current model code runs its chunks. That release's model
+    code refuses cp > 1 (CP007), so at cp > 1 the fix names cp=1 with it and what must follow (fix_values.layout_words:
+    'framework_version=0.2.2' at cp=4, a stated batch of 1 on 4 GPUs, took cp=1 from CP007 and left dp 4, BS001)."""
     att, arch = ctx.card.attention, ctx.arch
     if att is None or arch.model_type not in att.chunked_model_types:
         return None
@@ -128,9 +130,11 @@ def release_without_the_model(ctx: Context) -> Values:
     shipping = sorted((v for v in ctx.card.known_versions() if att.ships_chunked(v)), key=lambda v: numbers(v) or ())
     others = [f for f in FRAMEWORKS if (a := framework_card(f).attention) is not None
               and a.builds_chunks(arch.model_type) and a.ships_chunked(framework_card(f).version)]
+    follows = layout_words(ctx, {"cp": 1}) if ctx.plan.cp > 1 else ""
+    cp_one = f" with cp=1{', ' + follows if follows else ''}" if ctx.plan.cp > 1 else ""
     return {"framework": ctx.card.display_name, "release": release, "model": arch.name, "type": arch.model_type,
             "series": either_or([f"{s}.x" for s in att.chunked_releases]), "release_fix": shipping[-1],
-            "others": either_or(others)}
+            "cp_one": cp_one, "others": either_or(others)}
 
 
 @rule("TT004", reads=("cp", "zero_stage", "dp"), words=BATCH_READS)
@@ -176,12 +180,17 @@ def deepspeed_ep_divides_dp(ctx: Context) -> Values:
 
 
 
-@rule("DS002", reads=("pp", "zero_stage"))
+@rule("DS002", reads=("pp", "zero_stage"), words=("vpp", *BATCH_READS))
 def deepspeed_zero_with_pp(ctx: Context) -> Values:
+    """DeepSpeed's pipeline engine refuses ZeRO-2/3. The pp=1 alternative names vpp=1 beside it where the plan has
+    virtual stages (pp=1 at vpp=2 brought PP003 in) and what must follow its dp (fix_values.layout_words)."""
     p = ctx.plan
     if p.pp == 1 or p.zero_stage < 2:
         return None
-    return {"zero": p.zero_stage, "pp": p.pp}
+    single = {"pp": 1} | ({"vpp": 1} if p.vpp > 1 else {})
+    follows = layout_words(ctx, single)
+    return {"zero": p.zero_stage, "pp": p.pp,
+            "single": ", ".join([f"{name}=1" for name in single] + ([follows] if follows else []))}
 
 
 
@@ -320,17 +329,19 @@ def automodel_torch_dispatcher(ctx: Context) -> Values:
 
 
 
-@rule("NT001", reads=("cp", "ep", "etp"))
+@rule("NT001", reads=("cp", "ep", "etp"), words=BATCH_READS)
 def nanotron_degree_not_modelled(ctx: Context) -> Values:
     """cp, ep or etp over 1 where the card's cannot_run (a card without an adapter: nanotron's) says the framework
-    cannot run it: the first, in that order."""
+    cannot run it: the first, in that order. Its degree of 1 can move dp: what must follow is named beside it
+    (fix_values.layout_words; 'use cp=1' at cp=4 and a stated batch of 64 on 256 GPUs left dp 256, BS001)."""
     cannot_run = ctx.card.cannot_run
     for name in ("cp", "ep", "etp"):
         value = getattr(ctx.plan, name)
         instead = cannot_run.get(name) if value > 1 else None
         if instead is not None:
+            follows = layout_words(ctx, {name: 1})
             return {"setting": f"{name}={value}", "framework": ctx.card.display_name,
-                    "instead": instead}
+                    "instead": instead, "follows": f" With {name}=1: {follows}." if follows else ""}
     return None
 
 

@@ -110,6 +110,10 @@ MICROBATCH_RULES = ("PP005", "PP010", "PP011", "PP014", "AM003")
 # (and dp: microbatch_refusals sets the plan's dp to the derived one, which those rules then read back, so the verdict
 # does not turn on the given dp, but its reads are declared as read)
 MICROBATCH_READS = ("micro_batch_size", "pipeline_microbatches", "pipeline_schedule", "global_batch_size", "dp")
+# The rules that refuse a pipeline beside the plan's other settings, whatever its size: NeMo AutoModel's DDP strategy
+# (AM004, its ZeRO-0), Megatron-Core's combined 1F1B with Megatron-FSDP over virtual stages (PP015, moe_a2a_overlap at
+# ZeRO-3): a fix names no pp that brings one in (splitting_pps)
+PIPELINE_REFUSALS = ("AM004", "PP015")
 
 
 def _pipeline_or_no_vpp(values: dict, job: Job) -> bool:
@@ -117,7 +121,7 @@ def _pipeline_or_no_vpp(values: dict, job: Job) -> bool:
     return values["vpp"] == 1 or values["pp"] > 1
 
 
-@rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS),
+@rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "moe_a2a_overlap", *MICROBATCH_READS),
       screen=_pipeline_or_no_vpp)
 def vpp_needs_pp(ctx: Context) -> Values:
     """Megatron-Core refuses virtual stages without a pipeline; torchtitan, KempnerForge and NeMo AutoModel build no
@@ -158,18 +162,25 @@ def interleaves(ctx: Context) -> bool:
 
 def interleaved_pps(ctx: Context, vpp: int) -> list[int]:
     """pp values over 1 at which this job runs `vpp` virtual stages: splitting_pps, and the micro-batch rules pass
-    (microbatch_refusals); none where nothing does. Reads tp, pp, cp, ep, etp, zero_stage and MICROBATCH_READS."""
+    (microbatch_refusals); none where nothing does. Reads tp, pp, cp, ep, etp, zero_stage, moe_a2a_overlap and
+    MICROBATCH_READS."""
     return [d for d in splitting_pps(ctx, vpp) if not microbatch_refusals(ctx, d, vpp)]
 
 
 def splitting_pps(ctx: Context, vpp: int) -> list[int]:
     """pp values over 1 that take `vpp` virtual stages on this job's layers and GPUs: the framework interleaves, the
-    layers split evenly over pp*vpp chunks, and the GPU count stays tiled (world.tiled). Reads tp, pp, cp, ep, etp,
-    zero_stage."""
+    layers split evenly over pp*vpp chunks, the GPU count stays tiled (world.tiled), and no rule of
+    PIPELINE_REFUSALS that passes now refuses the pipeline (PP003's 'pp in {2, 4, 8} with vpp=2' brought AM004 in at
+    NeMo AutoModel's ZeRO-0, and PP015 beside moe_a2a_overlap at Megatron-Bridge's ZeRO-3). Reads tp, pp, cp, ep, etp,
+    zero_stage, pipeline_schedule, moe_a2a_overlap."""
     if not interleaves(ctx):
         return []
     layers = ctx.arch.num_layers
-    return tiled(ctx, "pp", [d for d in divisors(layers, upto=MAX_LISTED_PP) if d > 1 and layers % (d * vpp) == 0])
+    pps = tiled(ctx, "pp", [d for d in divisors(layers, upto=MAX_LISTED_PP) if d > 1 and layers % (d * vpp) == 0])
+    if not pps:
+        return []
+    passing = [r for r in PIPELINE_REFUSALS if r not in refusals_at(ctx, PIPELINE_REFUSALS)]
+    return [d for d in pps if not refusals_at(at_layout(ctx, {"pp": d, "vpp": vpp}), passing)]
 
 
 def microbatch_refusals(ctx: Context, pp: int, vpp: int) -> list[str]:
@@ -452,7 +463,7 @@ def _schedule_and_chunks(values: dict, job: Job) -> tuple:
     return values["pipeline_schedule"], values["pp"] > 1, min(values["vpp"], 3)
 
 
-@rule("PP013", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS),
+@rule("PP013", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "moe_a2a_overlap", *MICROBATCH_READS),
       screen=_schedule_and_chunks)
 def schedule_chunks(ctx: Context) -> Values:
     """gpipe and 1f1b run one chunk per rank, interleaved_1f1b and zero_bubble two or more, dualpipev exactly two. A

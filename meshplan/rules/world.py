@@ -52,12 +52,13 @@ def tiled(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterabl
 
     def tiles(v: int) -> bool:
         d = {**degrees, degree: v}
+        etp = v if degree == "tp" and ctx.job.etp_follows_tp else p.etp  # an etp left out follows tp (at_layout)
         replica = mesh.replica_size(ctx.law, d["tp"], d["pp"], d["cp"], d["ep"])
-        world = mesh.smallest_world(ctx.law, d["tp"], d["pp"], d["cp"], p.dp, d["ep"], p.etp) \
+        world = mesh.smallest_world(ctx.law, d["tp"], d["pp"], d["cp"], p.dp, d["ep"], etp) \
             if ctx.job.world_follows_layout else ctx.world
         if world % replica:
             return False
-        return mesh.expert_grid_fits(ctx.law, world, d["tp"], d["pp"], d["cp"], world // replica, d["ep"], p.etp)
+        return mesh.expert_grid_fits(ctx.law, world, d["tp"], d["pp"], d["cp"], world // replica, d["ep"], etp)
 
     return [v for v in values if tiles(v)]
 
@@ -105,6 +106,13 @@ def _etp_one_fix(ctx: Context) -> str:
 
 
 
+def eps_beside_overlap(ctx: Context, eps: list[int]) -> list[int]:
+    """Of the eps a fix names, those the plan's moe_a2a_overlap keeps: over 1 where it is on, as EP009 refuses the
+    overlap at ep=1 (no expert all-to-all to hide); empty where 1 is the only one (the fix then names it with the
+    overlap off). Reads moe_a2a_overlap."""
+    return [e for e in eps if e > 1] if ctx.plan.moe_a2a_overlap else eps
+
+
 @rule("WS002", reads=("tp", "pp", "cp", "ep", "etp", "dp", "placement", "rollout_gpus"), words=BATCH_READS)
 def expert_grid_divides_world(ctx: Context) -> Values:
     """The eps it names leave 1 out beside moe_a2a_overlap, which EP009 then refuses (no all-to-all to hide: 'ep in
@@ -119,7 +127,7 @@ def expert_grid_divides_world(ctx: Context) -> Values:
     minimum = mesh.smallest_world(ctx.law, p.tp, p.pp, p.cp, 1, p.ep, p.etp)
     room = ctx.world // (p.pp * p.etp) if ctx.world % (p.pp * p.etp) == 0 else 0
     eps = working_ep(ctx, room)
-    wider = [e for e in eps if e > 1] if p.moe_a2a_overlap else eps
+    wider = eps_beside_overlap(ctx, eps)
     said = fmt_set(wider) if wider else f"{fmt_set(eps)} with moe_a2a_overlap=false"
     return {"world": ctx.world, "count": ctx.world_words(), "grid": grid, "etp": p.etp, "ep": p.ep, "pp": p.pp,
             "minimum": minimum, "etp_one": _etp_one_fix(ctx),

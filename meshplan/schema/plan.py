@@ -144,6 +144,10 @@ class Job(StrictModel):
         False, description="The request stated dp (a KempnerForge file's dp_shard, a ds_config's batch keys): a fix "
                            "that changes a degree names the dp it leaves beside it, or the request keeps the old one "
                            "(rules/fix_values.layout_words)")
+    etp_follows_tp: bool = Field(
+        False, description="The request left etp out on an MoE model whose framework defaults it to tp (request/"
+                           "resolve._expert_tp: Megatron-Core's unset expert_tensor_parallel_size): a fix that changes "
+                           "tp changes etp with it (rules/fix_values.at_layout, world.tiled)")
     batch_follows_layout: bool = Field(
         False, description="A training job's global_batch_size was left out: it is request/resolve."
                            "default_global_batch for the GPU count and the plan's micro-batch x dp, so a fix that "
