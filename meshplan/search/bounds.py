@@ -352,8 +352,8 @@ class StepTimeBounds(SearchPlans):
 
     def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float, exposed: float = 0.0,
                 refs: tuple | None = None, factors: list[tuple[float, float, float, int]] | None = None,
-                ideal: bool = False, plain: list[float] | None = None, ranks: Ranks | bool | None = False
-                ) -> list[float]:
+                ideal: bool = False, plain: list[float] | None = None, ranks: Ranks | bool | None = False,
+                whole: list[bool] | None = None) -> list[float]:
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
         `exposed` more per token, as the estimate charges them. Where the last rank may hold less than 1/pp of the
@@ -363,20 +363,26 @@ class StepTimeBounds(SearchPlans):
         (rank_chains.heavy_chains). `factors`: the layout's stretch_factors; `ideal`: each bound the larger of it and
         their ideal_time (the seed keys); `plain`: where given, each bound without the chains is appended to it (the
         stretch without `refs`, the same floats: chained reads both); `ranks`: the layout's last_ranks where the caller
-        has them (the seeding keeps them with each shape's entry)."""
+        has them (the seeding keeps them with each shape's entry); `whole`: where given, whether every stages is light
+        (whole_light, of the ranks and light read here: pipeline_bound reads it) is appended to it."""
         s, pp = self.job.seq_length, lay.pp
         cp = lay.cp
         sync = self.sync_s
         if sync is None:
             sync = self.moe_sync_s()
-        light = heavy = None
+        light = heavy = last = None
         if refs is not None and ranks is False:
-            light = self.light_ranks(lay, (b_tok, per_token, exposed, refs))
+            last = self.last_ranks(lay)  # (light_ranks, its ranks kept for whole_light below)
+            if last is not None:
+                light = self.ranks_light(last, lay, (b_tok, per_token, exposed, refs))
             if light is None and not ideal:  # (not the seeds': their keys are many, their chains seldom over)
                 heavy = heavy_chains(self.bounds_memo, self.job, lay, self.zeros, refs, self.token_parts)
         elif refs is not None and ranks is not None:
             light = self.ranks_light(ranks, lay, (b_tok, per_token, exposed, refs))  # type: ignore[arg-type]
-        whole_light = light is not None and not ideal and ranks is False and self.whole_light(lay, light)
+        # (whole_light of the ranks just read)
+        whole_light = light is not None and not ideal and ranks is False and len(light) == len(last.flat)  # type: ignore[union-attr, arg-type]
+        if whole is not None:
+            whole.append(whole_light)
         fixed, vpp, ref_tokens = self.engine.moe_layer_fixed_s, lay.vpp, b_tok * s  # (an int: the same product)
         bounds = []
         for mbs, (stages, outside, low, m) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
@@ -495,11 +501,12 @@ class StepTimeBounds(SearchPlans):
         return self.sync_s
 
     def stretch_one(self, lay: Layout, mbs: int, b_tok: int, per_token: float, exposed: float,
-                    refs: tuple | None = None, plain: list[float] | None = None) -> float:
+                    refs: tuple | None = None, plain: list[float] | None = None,
+                    whole: list[bool] | None = None) -> float:
         """stretch of one micro-batch size (token_bound's and the exact one pipeline_bound adds to)."""
         sizes = (mbs,)
         return self.stretch(lay, sizes, b_tok, per_token, exposed, refs, self.stretch_factors(lay, sizes),
-                            plain=plain)[0]
+                            plain=plain, whole=whole)[0]
 
     def stretch_factors(self, lay: Layout, sizes: tuple[int, ...], ideal: float = 0.0) -> list[tuple[float, float,
                                                                                                    float, int]]:
@@ -543,13 +550,14 @@ class StepTimeBounds(SearchPlans):
         else:
             rate = self.shard_rate(lay, mbs, recompute, None, None, exposed_a2a)
             plain: list[float] | None = [] if interleave else None
-            bound = self.stretch_one(lay, mbs, *rate, plain=plain)  # exact token_bound
+            flags: list[bool] = []  # whole_light at the rate, as the stretch read it
+            bound = self.stretch_one(lay, mbs, *rate, plain=plain, whole=flags)  # exact token_bound
             if plain:  # the stretch's m + bubble transfers, a chain's m (it holds a rank's m micro-batches): the
                 # chains under the stretch (chained) or over it (heavy_chains: the larger, the stretch's held)
                 m, unit = self.microbatches(lay, mbs), lay.vpp * self.pp_unit(lay, mbs)
                 stretched = plain[0] + (unit := unit * self.blocking_p2p_share(lay, mbs)) * (m + lay.bubble_stages())
                 chains = bound
-                if whole := self.whole_light(lay, self.light_ranks(lay, rate)):  # (the chains over it: as capped)
+                if whole := flags[0]:  # (the chains over it: as capped)
                     bound = min(bound, plain[0])
                 if bound == plain[0]:
                     bound = stretched
