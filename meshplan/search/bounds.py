@@ -19,7 +19,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory_terms import job_layer_sums
 from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork, StepSync, sync_chunks
-from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys
+from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys, unraised_from
 from meshplan.knowledge.adapter_knobs import shared_overlap_in_some_plan
 from meshplan.rules.context import rank_tokens
 from meshplan.rules.engine import EstimateBlocked
@@ -773,9 +773,10 @@ class StepTimeBounds(SearchPlans):
             group.syncs = self.group_syncs([lay for lay, _, _ in group.members], seeds)
         if not group.syncs:
             return
+        unraised = unraised_from(ms, group.syncs)  # (the same counts and stages for every member)
         for _, entry, _ in members:
             if not entry[3]:
-                keys = entry[1] = self.synced(entry[1], ms, group.syncs)
+                keys = entry[1] = self.synced(entry[1], ms, group.syncs, False, unraised)
                 entry[2], entry[3] = min(keys), True
         group.note_keys()
 
