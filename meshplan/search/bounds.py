@@ -45,7 +45,14 @@ def pow2_at_least(x: float) -> int:
 def by_key(keys: list[float], items: object) -> list[tuple[float, tuple]]:
     """The items (one per key) per distinct key, in the keys' order and the items' own within each: a node split by
     the keys of its ZeRO stages (engine.refine_shard, carry)."""
-    return [(k, tuple(item for item, kz in zip(items, keys, strict=True) if kz == k)) for k in sorted(set(keys))]
+    per: dict[float, list] = {}  # (one pass: a node's ZeRO stages mostly each have a key of their own)
+    for item, k in zip(items, keys, strict=True):  # type: ignore[call-overload]
+        at = per.get(k)
+        if at is None:
+            per[k] = [item]
+        else:
+            at.append(item)
+    return [(k, tuple(per[k])) for k in sorted(per)]
 
 
 @dataclass(kw_only=True)
