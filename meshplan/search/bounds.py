@@ -88,6 +88,7 @@ class StepTimeBounds(SearchPlans):
     kept_token_bounds: dict[tuple, float] = field(default_factory=dict)
     kept_pipe_bounds: dict[tuple, float] = field(default_factory=dict)
     kept_seed_keys: dict[tuple, tuple[float, ...]] = field(default_factory=dict)
+    parts_by_refs: dict[tuple, tuple[float, ...]] = field(default_factory=dict)  # token_parts per references
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
         return step_microbatches(self.job.global_batch_size, mbs, lay.dp)
@@ -494,11 +495,16 @@ class StepTimeBounds(SearchPlans):
         """Per token at a rate's references (shard_rate's last element): one dense layer's work, one MoE layer's, one
         dense and one MoE decoder layer's recompute, the head's (perf.stage_work's parts of the work reference, kept
         by _per_token), and the CP reference's seconds (every layer's). Zeros where the references have no parts (an
-        engine without stage_work, a refused reference): no share of the work."""
-        tp, ep, etp, recompute, b_tok, may_overlap, cp, b_cp = refs
-        work = self.caches.token_parts.get(("work", tp, ep, etp, recompute, b_tok, may_overlap))
-        cp_s = self.caches.token_time.get(("cp", tp, cp, b_cp), 0.0) if cp > 1 else 0.0
-        return (*(work or (0.0, 0.0, 0.0, 0.0, 0.0)), cp_s)  # type: ignore[return-value]
+        engine without stage_work, a refused reference): no share of the work. Kept per references in this search
+        (parts_by_refs): a rate's references are all estimated, and their parts final, before any caller has the rate
+        (shard_rate), and some 10,000 light_ranks asks on DeepSeek-V3/2,048 read a few hundred."""
+        hit = self.parts_by_refs.get(refs)
+        if hit is None:
+            tp, ep, etp, recompute, b_tok, may_overlap, cp, b_cp = refs
+            work = self.caches.token_parts.get(("work", tp, ep, etp, recompute, b_tok, may_overlap))
+            cp_s = self.caches.token_time.get(("cp", tp, cp, b_cp), 0.0) if cp > 1 else 0.0
+            hit = self.parts_by_refs[refs] = (*(work or (0.0, 0.0, 0.0, 0.0, 0.0)), cp_s)
+        return hit  # type: ignore[return-value]
 
     def moe_sync_s(self) -> float:
         """The MoE layers' host sync per micro-batch (Engine.moe_layer_fixed_s each), 0 for a dense model."""
