@@ -150,7 +150,8 @@ def synced_keys(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...],
     if not syncs:
         return pipes
     raised, inf = [], math.inf
-    for pipe, m, floor in zip(pipes, ms, unraised or [inf] * len(ms), strict=True):
+    # (without `unraised`, a NaN floor for each: no bound, not even an infinite one, is at or over it)
+    for pipe, m, floor in zip(pipes, ms, unraised or [math.nan] * len(ms), strict=True):
         if pipe >= floor:  # (unraised_from: some stage raises it nothing)
             raised.append(pipe)
             continue
