@@ -4,11 +4,14 @@ hides it; none for LoRA (issue 23: the search's bounds must never over-count).""
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import stage_layers, step_terms
-from meshplan.estimate.sync_floor import SyncFloor, sync_floor
+from meshplan.estimate.sync_floor import StageSync, SyncFloor, sync_floor, synced_keys, unraised_from
 from meshplan.schema.plan import Plan
 from meshplan.schema.request import Request
 from meshplan.search import search_job
@@ -74,3 +77,30 @@ def test_no_dp_floor_for_lora():
                                 lora_rank=16))
     plan = Plan(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1)
     assert sync_floor(job, plan, stage_layers(job, plan).layers(0)) == SyncFloor()
+
+
+def test_a_key_at_or_over_its_unraised_floor_is_kept_and_the_rest_raised_as_without_it():
+    """unraised_from: a pipeline bound at or over its micro-batch count's floor is one some ZeRO stage raises nothing
+    (synced_keys without the floor gives it back to the last bit), one well under it is raised by every stage, and
+    synced_keys given the floors gives every key it gives without them; a stage whose DP traffic nothing hides
+    (hidden 0) raises every key, so it sets no floor."""
+    rng = random.Random(23)
+    checked = kept = 0
+    for _ in range(300):
+        syncs = tuple(StageSync(rng.choice((0.0, rng.uniform(0.0, 0.05))), rng.choice((0.0, rng.uniform(0.0, 2.0))),
+                                rng.choice((0.0, rng.uniform(0.01, 0.5)))) for _ in range(rng.randint(1, 4)))
+        ms = [rng.choice((1, 2, 3, 8, 31, 64)) for _ in range(5)]
+        floors = unraised_from(ms, syncs)
+        for m, floor in zip(ms, floors, strict=True):
+            if all(seconds > 0.0 and hidden <= 0.0 for _, seconds, hidden in syncs):
+                assert floor == math.inf
+            if math.isfinite(floor):
+                assert synced_keys([floor], [m], syncs) == [floor]
+                if floor > 0.0:  # (a floor is where some stage stops raising: a key well under it, every one does)
+                    assert synced_keys([floor * 0.99], [m], syncs)[0] > floor * 0.99
+        pipes = [rng.choice((0.0, rng.uniform(0.0, 10.0), floor, math.nextafter(floor, 0.0) if floor > 0.0 else 0.0))
+                 if math.isfinite(floor) else rng.uniform(0.0, 10.0) for floor in floors]
+        assert synced_keys(pipes, ms, syncs, False, floors) == synced_keys(pipes, ms, syncs)
+        checked += len(pipes)
+        kept += sum(pipe >= floor for pipe, floor in zip(pipes, floors, strict=True))
+    assert checked == 1500 and kept > 200

@@ -111,7 +111,33 @@ def sync_floor(job: Job, plan: Plan, layers: Sequence[int]) -> SyncFloor:
     return SyncFloor() if rates is None else rates.floor(rates.parts.sums(layers), plan.vpp)
 
 
-def synced_keys(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...], each: bool = False) -> list[float]:
+def unraised_from(ms: list[int], syncs: tuple[StageSync, ...]) -> list[float]:
+    """Per micro-batch count of `ms`, the least pipeline bound synced_keys keeps as it is (it raises nothing from
+    there up; inf where every ZeRO stage of `syncs` raises any bound): a stage whose sharding traffic m x per_micro is
+    at most the bound B leaves B as the pipeline's, and, with DP traffic (seconds > 0) and a share of it hidden
+    (hidden > 0), caps B + the exposed term at max(m x seconds / hidden, B), which is B where B is at least that ratio;
+    so from the least over the stages of max(m x per_micro, m x seconds / hidden) one stage gives B and the least over
+    them is B, to the last bit (the same products as synced_keys'). What a caller raising many keys of the same counts
+    and stages works out once (search/bounds.py raise_to_sync: about half of a seed group's keys stay as they are)."""
+    floors = []
+    for m in ms:
+        least = math.inf
+        for per_micro, seconds, hidden in syncs:
+            floor = m * per_micro
+            if seconds > 0.0:
+                if hidden <= 0.0:
+                    continue  # its whole traffic exposed: it raises any bound
+                at_sync = m * seconds / hidden
+                if at_sync > floor:
+                    floor = at_sync
+            if floor < least:
+                least = floor
+        floors.append(least)
+    return floors
+
+
+def synced_keys(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...], each: bool = False,
+                unraised: list[float] | None = None) -> list[float]:
     """search/bounds.py's synced: per (pipeline bound, micro-batches) of `pipes` and `ms`, a bound of every plan of a
     group_syncs' layouts with that many micro-batches, where the pipeline bound holds: the least over the ZeRO stages
     of the pipeline (at least the bound B and m x the sharding traffic per micro-batch) plus the once-per-step DP term
@@ -119,11 +145,16 @@ def synced_keys(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...],
     pipeline, that sum is at least max(B, m u) + max(0, seconds - hidden u) (SyncFloor): convex and piecewise linear
     in u, least at a break, u = B / m or seconds / hidden. It only grows with B and with m. (The seeds' hot loop:
     written out, no calls.) `each`: per ZeRO stage of `syncs` in turn, its own (what this gives of that stage alone;
-    search/bounds.py grid_stage_keys, a node's key at each stage, in one call)."""
+    search/bounds.py grid_stage_keys, a node's key at each stage, in one call). `unraised`: unraised_from(ms, syncs),
+    where the caller has it (not with `each`): a bound at or over its count's is kept without the stages' terms."""
     if not syncs:
         return pipes
     raised, inf = [], math.inf
-    for pipe, m in zip(pipes, ms, strict=True):
+    # (without `unraised`, a NaN floor for each: no bound, not even an infinite one, is at or over it)
+    for pipe, m, floor in zip(pipes, ms, unraised or [math.nan] * len(ms), strict=True):
+        if pipe >= floor:  # (unraised_from: some stage raises it nothing)
+            raised.append(pipe)
+            continue
         least = inf
         for per_micro, seconds, hidden in syncs:
             bound = m * per_micro

@@ -19,7 +19,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory_terms import job_layer_sums
 from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork, StepSync, sync_chunks
-from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys
+from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys, unraised_from
 from meshplan.knowledge.adapter_knobs import shared_overlap_in_some_plan
 from meshplan.rules.context import rank_tokens
 from meshplan.rules.engine import EstimateBlocked
@@ -45,7 +45,14 @@ def pow2_at_least(x: float) -> int:
 def by_key(keys: list[float], items: object) -> list[tuple[float, tuple]]:
     """The items (one per key) per distinct key, in the keys' order and the items' own within each: a node split by
     the keys of its ZeRO stages (engine.refine_shard, carry)."""
-    return [(k, tuple(item for item, kz in zip(items, keys, strict=True) if kz == k)) for k in sorted(set(keys))]
+    per: dict[float, list] = {}  # (one pass: a node's ZeRO stages mostly each have a key of their own)
+    for item, k in zip(items, keys, strict=True):  # type: ignore[call-overload]
+        at = per.get(k)
+        if at is None:
+            per[k] = [item]
+        else:
+            at.append(item)
+    return [(k, tuple(per[k])) for k in sorted(per)]
 
 
 @dataclass(kw_only=True)
@@ -81,6 +88,7 @@ class StepTimeBounds(SearchPlans):
     kept_token_bounds: dict[tuple, float] = field(default_factory=dict)
     kept_pipe_bounds: dict[tuple, float] = field(default_factory=dict)
     kept_seed_keys: dict[tuple, tuple[float, ...]] = field(default_factory=dict)
+    parts_by_refs: dict[tuple, tuple[float, ...]] = field(default_factory=dict)  # token_parts per references
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
         return step_microbatches(self.job.global_batch_size, mbs, lay.dp)
@@ -352,8 +360,8 @@ class StepTimeBounds(SearchPlans):
 
     def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float, exposed: float = 0.0,
                 refs: tuple | None = None, factors: list[tuple[float, float, float, int]] | None = None,
-                ideal: bool = False, plain: list[float] | None = None, ranks: Ranks | bool | None = False
-                ) -> list[float]:
+                ideal: bool = False, plain: list[float] | None = None, ranks: Ranks | bool | None = False,
+                whole: list[bool] | None = None) -> list[float]:
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
         `exposed` more per token, as the estimate charges them. Where the last rank may hold less than 1/pp of the
@@ -363,20 +371,26 @@ class StepTimeBounds(SearchPlans):
         (rank_chains.heavy_chains). `factors`: the layout's stretch_factors; `ideal`: each bound the larger of it and
         their ideal_time (the seed keys); `plain`: where given, each bound without the chains is appended to it (the
         stretch without `refs`, the same floats: chained reads both); `ranks`: the layout's last_ranks where the caller
-        has them (the seeding keeps them with each shape's entry)."""
+        has them (the seeding keeps them with each shape's entry); `whole`: where given, whether every stages is light
+        (whole_light, of the ranks and light read here: pipeline_bound reads it) is appended to it."""
         s, pp = self.job.seq_length, lay.pp
         cp = lay.cp
         sync = self.sync_s
         if sync is None:
             sync = self.moe_sync_s()
-        light = heavy = None
+        light = heavy = last = None
         if refs is not None and ranks is False:
-            light = self.light_ranks(lay, (b_tok, per_token, exposed, refs))
+            last = self.last_ranks(lay)  # (light_ranks, its ranks kept for whole_light below)
+            if last is not None:
+                light = self.ranks_light(last, lay, (b_tok, per_token, exposed, refs))
             if light is None and not ideal:  # (not the seeds': their keys are many, their chains seldom over)
                 heavy = heavy_chains(self.bounds_memo, self.job, lay, self.zeros, refs, self.token_parts)
         elif refs is not None and ranks is not None:
             light = self.ranks_light(ranks, lay, (b_tok, per_token, exposed, refs))  # type: ignore[arg-type]
-        whole_light = light is not None and not ideal and ranks is False and self.whole_light(lay, light)
+        # (whole_light of the ranks just read)
+        whole_light = light is not None and not ideal and ranks is False and len(light) == len(last.flat)  # type: ignore[union-attr, arg-type]
+        if whole is not None:
+            whole.append(whole_light)
         fixed, vpp, ref_tokens = self.engine.moe_layer_fixed_s, lay.vpp, b_tok * s  # (an int: the same product)
         bounds = []
         for mbs, (stages, outside, low, m) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
@@ -481,11 +495,16 @@ class StepTimeBounds(SearchPlans):
         """Per token at a rate's references (shard_rate's last element): one dense layer's work, one MoE layer's, one
         dense and one MoE decoder layer's recompute, the head's (perf.stage_work's parts of the work reference, kept
         by _per_token), and the CP reference's seconds (every layer's). Zeros where the references have no parts (an
-        engine without stage_work, a refused reference): no share of the work."""
-        tp, ep, etp, recompute, b_tok, may_overlap, cp, b_cp = refs
-        work = self.caches.token_parts.get(("work", tp, ep, etp, recompute, b_tok, may_overlap))
-        cp_s = self.caches.token_time.get(("cp", tp, cp, b_cp), 0.0) if cp > 1 else 0.0
-        return (*(work or (0.0, 0.0, 0.0, 0.0, 0.0)), cp_s)  # type: ignore[return-value]
+        engine without stage_work, a refused reference): no share of the work. Kept per references in this search
+        (parts_by_refs): a rate's references are all estimated, and their parts final, before any caller has the rate
+        (shard_rate), and some 10,000 light_ranks asks on DeepSeek-V3/2,048 read a few hundred."""
+        hit = self.parts_by_refs.get(refs)
+        if hit is None:
+            tp, ep, etp, recompute, b_tok, may_overlap, cp, b_cp = refs
+            work = self.caches.token_parts.get(("work", tp, ep, etp, recompute, b_tok, may_overlap))
+            cp_s = self.caches.token_time.get(("cp", tp, cp, b_cp), 0.0) if cp > 1 else 0.0
+            hit = self.parts_by_refs[refs] = (*(work or (0.0, 0.0, 0.0, 0.0, 0.0)), cp_s)
+        return hit  # type: ignore[return-value]
 
     def moe_sync_s(self) -> float:
         """The MoE layers' host sync per micro-batch (Engine.moe_layer_fixed_s each), 0 for a dense model."""
@@ -495,11 +514,12 @@ class StepTimeBounds(SearchPlans):
         return self.sync_s
 
     def stretch_one(self, lay: Layout, mbs: int, b_tok: int, per_token: float, exposed: float,
-                    refs: tuple | None = None, plain: list[float] | None = None) -> float:
+                    refs: tuple | None = None, plain: list[float] | None = None,
+                    whole: list[bool] | None = None) -> float:
         """stretch of one micro-batch size (token_bound's and the exact one pipeline_bound adds to)."""
         sizes = (mbs,)
         return self.stretch(lay, sizes, b_tok, per_token, exposed, refs, self.stretch_factors(lay, sizes),
-                            plain=plain)[0]
+                            plain=plain, whole=whole)[0]
 
     def stretch_factors(self, lay: Layout, sizes: tuple[int, ...], ideal: float = 0.0) -> list[tuple[float, float,
                                                                                                    float, int]]:
@@ -543,13 +563,14 @@ class StepTimeBounds(SearchPlans):
         else:
             rate = self.shard_rate(lay, mbs, recompute, None, None, exposed_a2a)
             plain: list[float] | None = [] if interleave else None
-            bound = self.stretch_one(lay, mbs, *rate, plain=plain)  # exact token_bound
+            flags: list[bool] = []  # whole_light at the rate, as the stretch read it
+            bound = self.stretch_one(lay, mbs, *rate, plain=plain, whole=flags)  # exact token_bound
             if plain:  # the stretch's m + bubble transfers, a chain's m (it holds a rank's m micro-batches): the
                 # chains under the stretch (chained) or over it (heavy_chains: the larger, the stretch's held)
                 m, unit = self.microbatches(lay, mbs), lay.vpp * self.pp_unit(lay, mbs)
                 stretched = plain[0] + (unit := unit * self.blocking_p2p_share(lay, mbs)) * (m + lay.bubble_stages())
                 chains = bound
-                if whole := self.whole_light(lay, self.light_ranks(lay, rate)):  # (the chains over it: as capped)
+                if whole := flags[0]:  # (the chains over it: as capped)
                     bound = min(bound, plain[0])
                 if bound == plain[0]:
                     bound = stretched
@@ -765,9 +786,10 @@ class StepTimeBounds(SearchPlans):
             group.syncs = self.group_syncs([lay for lay, _, _ in group.members], seeds)
         if not group.syncs:
             return
+        unraised = unraised_from(ms, group.syncs)  # (the same counts and stages for every member)
         for _, entry, _ in members:
             if not entry[3]:
-                keys = entry[1] = self.synced(entry[1], ms, group.syncs)
+                keys = entry[1] = self.synced(entry[1], ms, group.syncs, False, unraised)
                 entry[2], entry[3] = min(keys), True
         group.note_keys()
 

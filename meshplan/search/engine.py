@@ -17,6 +17,8 @@ import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter
 
 from meshplan.arithmetic import mesh
 from meshplan.core.cancel import checkpoint
@@ -55,6 +57,9 @@ from meshplan.search.space import (
 )
 from meshplan.search.tiers import across_floor, split_space
 from meshplan.search.zero_stages import bound_preset, first_valid, search_ladder
+
+_LEVEL = itemgetter(1)  # a queue entry's level
+_COVERED = frozenset(level for level in Level if level not in (FLOOR, SHARD))  # drain: counted node by node (covered)
 
 
 @dataclass
@@ -645,9 +650,13 @@ class BestFirstSearch(StepTimeBounds, Seeding):
             self.beyond_cutoff = 0
         if not self.heap:
             return
-        variants = self.variants()  # what every node before RULES stands for (a RULES node: its stages, covered)
-        self.rejected[bucket] += sum(variants if FLOOR <= level < RULES else self.covered(level, payload)
-                                     for _, level, _, payload in self.heap)
+        # what every FLOOR and SHARD node stands for (the variants), counted by level at C speed: most of what is left
+        # (DeepSeek-V3/2,048: 9,166 of 15,834 nodes); the others each by what it covers (a RULES node: its stages)
+        levels = list(map(_LEVEL, self.heap))
+        plain = levels.count(FLOOR) + levels.count(SHARD)
+        self.rejected[bucket] += self.variants() * plain + sum(
+            self.covered(level, payload) for _, level, _, payload in compress(self.heap, map(_COVERED.__contains__,
+                                                                                               levels)))
         self.heap.clear()
 
 
