@@ -6,6 +6,8 @@ the same function."""
 
 from __future__ import annotations
 
+from functools import cache
+
 from meshplan.arithmetic.activations import ulysses_heads
 from meshplan.arithmetic.comm import alltoall_time, p2p_time, ring_time
 from meshplan.arithmetic.mesh import Group, hierarchical_cp_groups, mesh_groups
@@ -153,6 +155,7 @@ def te_gather_passes(ctx: LayerContext) -> tuple[float, float]:
     return fwd_bytes / ctx.hbm, bwd_bytes / ctx.hbm
 
 
+@cache  # a pure function of two small integers: each layer of each plan with a p2p ring asks every rank's
 def te_ring_pass_bytes(c: int, rank: int) -> tuple[float, float, float, float]:
     """Bytes per element of CP rank `rank`'s whole chunk that Transformer Engine's causal p2p ring of `c` ranks moves
     on the compute stream besides its attention kernels, as (attention output forward, K/V forward, dQ backward,
