@@ -121,8 +121,8 @@ def _pipeline_or_no_vpp(values: dict, job: Job) -> bool:
     return values["vpp"] == 1 or values["pp"] > 1
 
 
-@rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "moe_a2a_overlap", *MICROBATCH_READS),
-      screen=_pipeline_or_no_vpp)
+@rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS),
+      words=("moe_a2a_overlap",), screen=_pipeline_or_no_vpp)
 def vpp_needs_pp(ctx: Context) -> Values:
     """Megatron-Core refuses virtual stages without a pipeline; torchtitan, KempnerForge and NeMo AutoModel build no
     pipeline at pp=1 and run the model whole, so the vpp named is not the layout they run. vpp=1 always works; pp
@@ -463,8 +463,8 @@ def _schedule_and_chunks(values: dict, job: Job) -> tuple:
     return values["pipeline_schedule"], values["pp"] > 1, min(values["vpp"], 3)
 
 
-@rule("PP013", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "moe_a2a_overlap", *MICROBATCH_READS),
-      screen=_schedule_and_chunks)
+@rule("PP013", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS),
+      words=("moe_a2a_overlap",), screen=_schedule_and_chunks)
 def schedule_chunks(ctx: Context) -> Values:
     """gpipe and 1f1b run one chunk per rank, interleaved_1f1b and zero_bubble two or more, dualpipev exactly two. A
     fix names virtual stages only where the framework runs them (interleaves)."""
