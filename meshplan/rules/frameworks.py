@@ -130,8 +130,10 @@ def release_without_the_model(ctx: Context) -> Values:
     shipping = sorted((v for v in ctx.card.known_versions() if att.ships_chunked(v)), key=lambda v: numbers(v) or ())
     others = [f for f in FRAMEWORKS if (a := framework_card(f).attention) is not None
               and a.builds_chunks(arch.model_type) and a.ships_chunked(framework_card(f).version)]
-    follows = layout_words(ctx, {"cp": 1}) if ctx.plan.cp > 1 else ""
-    cp_one = f" with cp=1{', ' + follows if follows else ''}" if ctx.plan.cp > 1 else ""
+    cp_one = ""
+    if ctx.plan.cp > 1:  # the release named refuses cp > 1 (CP007): cp=1 with it, and what must follow
+        follows = layout_words(ctx, {"cp": 1})
+        cp_one = f" with cp=1, {follows}" if follows else " with cp=1"
     return {"framework": ctx.card.display_name, "release": release, "model": arch.name, "type": arch.model_type,
             "series": either_or([f"{s}.x" for s in att.chunked_releases]), "release_fix": shipping[-1],
             "cp_one": cp_one, "others": either_or(others)}

@@ -55,6 +55,12 @@ def by_key(keys: list[float], items: object) -> list[tuple[float, tuple]]:
     return [(k, tuple(per[k])) for k in sorted(per)]
 
 
+def every_stages_light(ranks: Ranks | None, light: tuple | None) -> bool:
+    """Whether every stages of a layout's last_ranks `ranks` is light at a rate (`light`: ranks_light's of them):
+    StepTimeBounds.whole_light, and the stretch on the ranks it has just read."""
+    return light is not None and ranks is not None and len(light) == len(ranks.flat)
+
+
 @dataclass(kw_only=True)
 class StepTimeBounds(SearchPlans):
     """The step-time bounds of a search's plans, with the references they share."""
@@ -387,8 +393,7 @@ class StepTimeBounds(SearchPlans):
                 heavy = heavy_chains(self.bounds_memo, self.job, lay, self.zeros, refs, self.token_parts)
         elif refs is not None and ranks is not None:
             light = self.ranks_light(ranks, lay, (b_tok, per_token, exposed, refs))  # type: ignore[arg-type]
-        # (whole_light of the ranks just read)
-        whole_light = light is not None and not ideal and ranks is False and len(light) == len(last.flat)  # type: ignore[union-attr, arg-type]
+        whole_light = not ideal and ranks is False and every_stages_light(last, light)  # (of the ranks just read)
         if whole is not None:
             whole.append(whole_light)
         fixed, vpp, ref_tokens = self.engine.moe_layer_fixed_s, lay.vpp, b_tok * s  # (an int: the same product)
@@ -464,7 +469,7 @@ class StepTimeBounds(SearchPlans):
 
     def whole_light(self, lay: Layout, light: tuple | None) -> bool:
         """Whether every stages of the layout's last_ranks is light (light_ranks: `light`)."""
-        return light is not None and len(light) == len(self.last_ranks(lay).flat)  # type: ignore[union-attr]
+        return every_stages_light(self.last_ranks(lay), light)
 
     def ranks_light(self, ranks: Ranks, lay: Layout, rate: tuple[int, float, float, tuple]) -> tuple | None:
         """light_ranks of a layout whose last_ranks the caller has (not None): the seeding keeps them per shape."""
