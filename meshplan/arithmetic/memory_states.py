@@ -88,6 +88,9 @@ class Convention(_Card):
     # fully_shard runs it and takes the largest moment (cards/memory.yaml fsdp2, with the sources).
     step_peak: Literal["worst_unit", "backward_walk"] = "worst_unit"
     unsharded_param_bytes: float = Field(0, ge=0)  # per parameter of a unit while it runs (backward_walk)
+    # per token x hidden (split by sequence parallelism): the hidden-state gradient a unit's backward receives and
+    # passes on, alive at every decoder unit's moment (backward_walk: fsdp_walk.hidden_grad)
+    hidden_grad_bytes: float = Field(0, ge=0)
     grads_set_to_none: bool = False  # the trainer frees the gradients before each step's backward (backward_walk)
     # ... where CUDA graphs are off (cuda_graphs_off): torchtitan 0.3's zero_grad(set_to_none=disable_cuda_graphs)
     grads_set_to_none_without_cuda_graphs: bool = False
