@@ -47,7 +47,8 @@ def test_estimate_drops_by_the_loss_formula_on_torchtitan_0_2():
     on = estimate_memory(job_c, plan_c).stages[-1]
     tokens, vocab, h = 2 * 8192, job.model.vocab_size, job.model.hidden_size
     conv_off, conv_on = with_precision(job, plan)[1], with_precision(job_c, plan_c)[1]
-    drop = output_activations(conv_off, tokens, vocab, 1, h, 1) - output_activations(conv_on, tokens, vocab, 1, h, 1)
+    drop = (output_activations(conv_off, tokens, vocab, 1, h, 1, 2)
+            - output_activations(conv_on, tokens, vocab, 1, h, 1, 2))
     assert drop == (12 - 4) * tokens * vocab
     assert off.detail["logits_and_loss"] - on.detail["logits_and_loss"] == drop
     assert on.total_bytes < off.total_bytes

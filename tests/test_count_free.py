@@ -98,7 +98,7 @@ def test_the_floor_is_the_memory_models_logits_term():
     floor = count_free_floor(job, Fixed.from_request(req, job), LIMIT)
     conv = state_preset(job, floor.zero, {})[0]
     assert floor.output == output_activations(conv, floor.tokens, floor.vocab, floor.tp, job.model.hidden_size,
-                                              floor.tp if floor.sp else 1)
+                                              floor.tp if floor.sp else 1, floor.mbs)
     held = max(floor.output, floor.layer)
     assert floor.floor == held + floor.reserve * held + floor.fixed_bytes
 

@@ -87,7 +87,8 @@ def test_memory_takes_the_loss_the_job_runs():
         job, plan = _job("megatron-bridge", cross_entropy_loss_fusion=fusion, cross_entropy_fusion_impl=impl)
         conv = with_precision(job, plan)[1]
         vocab = built_vocab(job.model.vocab_size, conv, tp)
-        seen[megatron_loss_name(job, plan)] = output_activations(conv, tokens, vocab, tp, job.model.hidden_size, tp)
+        seen[megatron_loss_name(job, plan)] = output_activations(conv, tokens, vocab, tp, job.model.hidden_size, tp,
+                                                                     plan.micro_batch_size)
     assert seen["unfused"] == seen["native"]
     assert seen["native"] - seen["te"] == pytest.approx((FP32 + BF16 - BF16) * tokens * vocab / tp)
     unfused = api.estimate_memory(Request(**BASE | dict(framework="megatron-bridge", cross_entropy_loss_fusion=False)))

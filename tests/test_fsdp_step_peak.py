@@ -53,6 +53,23 @@ def test_every_moment_by_hand():
     }
 
 
+def test_the_hidden_gradient_flows_between_units():
+    """The gradient of the hidden state (FsdpUnit.grad_out / grad_in: 7 here): a decoder unit's output's from its
+    pre_backward through its backward, its input's from the end of its backward through its reduce; the embedding's
+    up to its backward (its input, token ids, has none); the loss unit has neither. Every other figure as by hand."""
+    g = 7
+    units = [UNITS[0]._replace(grad_out=g), UNITS[1]._replace(grad_out=g, grad_in=g),
+             UNITS[2]._replace(grad_out=g, grad_in=g), UNITS[3]]
+    plain = {m.name: m for m in fsdp_backward_moments(conv(), UNITS, 0, False)}
+    walked = {m.name: m for m in fsdp_backward_moments(conv(), units, 0, False)}
+    assert walked.keys() == plain.keys()
+    adds = {"output backward": 0, "output reduce-scatter": 0, "embedding gradients": 0,
+            "embedding reduce-scatter": 0, "embedding gathered": g, "embedding backward": g}
+    for name, moment in walked.items():
+        assert moment.activations - plain[name].activations == adds.get(name, g), name
+        assert moment.transient == plain[name].transient
+
+
 def test_a_units_reduce_decides_after_its_activations_are_freed():
     """Layer 1's reduce-scatter (101 + 6,040) beats every moment holding its 300 of activations or the loss."""
     peak = fsdp_step_peak(conv(), UNITS, 0, grads_absent=False, reserve_fraction=0.0)
@@ -120,7 +137,8 @@ def cut_job(model: str, layers: int, seq: int, batch: int, framework: str = "tor
 def test_torchtitan_llama_cut_peaks_in_the_output_reduce_inside_the_loss():
     """Llama-3.1-8B, 4 layers, s=8192, dp=8, full AC, torchtitan 0.3.0 (fsdp2_chunked_loss): the output unit's
     reduce in the last loss chunk decides, at its output. Activations: every layer's kept input and the embedding's,
-    the loss's hidden-state copies and the chunk's bf16 logits (2 B per logit, not the 14 B of its backward peak);
+    the loss's fp32 hidden-state gradient accumulator (its chunks, of one sequence, are views), the chunk's bf16
+    logits (2 B per logit, not the 14 B of its backward peak) and its hidden-state gradient;
     transient 10.5 B per output-unit parameter (gathered 2, accumulated 4, reduce input 4, its output 4 over 8 ranks);
     all gradients allocated (0.3.0 zeroes them in place)."""
     job = cut_job("llama-3.1-8b", 4, 8192, 1)
@@ -130,8 +148,11 @@ def test_torchtitan_llama_cut_peaks_in_the_output_reduce_inside_the_loss():
     card = memory_card()
     c = card.conventions["fsdp2_chunked_loss"]
     logits = loss_logits(c, 8192, 128256, 1)
-    assert d["logits_and_loss"] == int(output_activations(c, 8192, 128256, 1, 4096, 1))
-    kept = d["logits_and_loss"] - (c.logits_bytes_per_element - c.loss_reduce_bytes_per_element) * logits
+    assert d["logits_and_loss"] == int(output_activations(c, 8192, 128256, 1, 4096, 1, 1))
+    # ... and the last chunk's bf16 input gradient (h_chunk.grad, 8 MiB: the trace's aten.mm [1024, 4096] at the peak)
+    chunk_grad = c.hidden_grad_bytes * 8192 * 4096 / c.loss_chunks
+    assert chunk_grad == 8 << 20
+    kept = d["logits_and_loss"] - (c.logits_bytes_per_element - c.loss_reduce_bytes_per_element) * logits + chunk_grad
     assert stage.activations_bytes == int(d["layer_activations"] + d["embedding_activations"] + kept)
     assert d["gathered_layers"] == int(10.5 * (d["output_layer_params"] + 4096))
     assert d["gradients_absent_at_peak"] == 0
@@ -142,9 +163,35 @@ def test_torchtitan_llama_cut_peaks_in_the_output_reduce_inside_the_loss():
     assert not any("at the worst unit's backward peak" in a for a in report.assumptions)
 
 
+def test_loss_chunks_of_one_sequence_are_views():
+    """torchtitan 0.3.0's ChunkedLossWrapper (components/loss.py _chunk_local) runs `c.contiguous() for c in
+    torch.split(t, [chunk_len] * num_chunks, dim=1)` on the [b, s, h] norm output: at b = 1 each chunk is contiguous,
+    so .contiguous() returns it, a view (the FakeTensorMode trace of the Llama-3.1-8B cut holds no chunk storage at
+    its step peak); at b > 1 a chunk is strided and copied, 2 B per token x hidden (cards/memory.yaml
+    fsdp2_chunked_loss loss_chunk_copy_bytes). Beside them, the fp32 GradAccumulator (loss_hidden_bytes 4) either way.
+    The estimate and the search's floors read the same figure per micro-batch size."""
+    from meshplan.search.floors import first_stage_floor
+    from meshplan.search.space import Layout
+
+    c = memory_card().conventions["fsdp2_chunked_loss"]
+    tokens, vocab, h = 8192, 128256, 4096
+    logits = c.logits_bytes_per_element * loss_logits(c, tokens, vocab, 1)
+    assert output_activations(c, tokens, vocab, 1, h, 1, 1) == logits + (4 + 4) * tokens * h
+    assert output_activations(c, tokens, vocab, 1, h, 1, 2) == logits + (4 + 4 + 2) * tokens * h
+    # the same 8,192 tokens per micro-batch as one sequence and as two: the two-sequence loss holds the copies
+    plan = Plan(dp=8, zero_stage=3, recompute="full")
+    one = estimate_memory(cut_job("llama-3.1-8b", 4, 8192, 1), plan.model_copy(update={"micro_batch_size": 1}))
+    two = estimate_memory(cut_job("llama-3.1-8b", 4, 4096, 2), plan.model_copy(update={"micro_batch_size": 2}))
+    assert two.stages[0].detail["logits_and_loss"] - one.stages[0].detail["logits_and_loss"] == 2 * tokens * h
+    lay = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=8)
+    for job, mbs, report in ((cut_job("llama-3.1-8b", 4, 8192, 1), 1, one), (cut_job("llama-3.1-8b", 4, 4096, 2), 2,
+                                                                             two)):
+        assert first_stage_floor(job, lay, 3, "full", mbs, False) <= report.stages[0].total_bytes
+
+
 def test_torchtitan_deepseek_cut_peaks_in_the_moe_units_reduce():
     """DeepSeek-V3, 3 dense + 1 MoE layer, ep=1: the MoE unit's reduce-scatter decides, with its own activations and
-    the loss freed: the activations are the three dense layers' and the embedding's."""
+    the loss freed: the activations are the three dense layers' and the embedding's, and the hidden-state gradient."""
     arch = resolve(Request(model="deepseek-v3", framework="torchtitan"))[0].model
     arch = arch.model_copy(update={"num_layers": 4, "num_mtp_layers": 0,
                                    "moe": arch.moe.model_copy(update={"moe_layers": [3]})})
@@ -156,7 +203,12 @@ def test_torchtitan_deepseek_cut_peaks_in_the_moe_units_reduce():
     dense = estimate_memory(job.model_copy(update={"model": arch.model_copy(update={
         "num_layers": 3, "moe": arch.moe.model_copy(update={"moe_layers": []})})}), plan).stages[0]
     stage = report.stages[0]
-    assert stage.activations_bytes == dense.detail["layer_activations"] + dense.detail["embedding_activations"]
+    # ... and the gradient of the MoE layer's input, bf16 [b, s, h] (the FakeTensorMode trace: 224 MiB, made by the
+    # residual add in its backward)
+    hidden = memory_card().conventions["fsdp2_chunked_loss"].hidden_grad_bytes * 4 * 4096 * arch.hidden_size
+    assert hidden == 224 << 20
+    assert stage.activations_bytes == (dense.detail["layer_activations"] + dense.detail["embedding_activations"]
+                                       + hidden)
     assert any("layer 3 reduce-scatter moment" in a for a in report.assumptions)
 
 

@@ -87,11 +87,11 @@ def test_logits_are_whole_on_every_tp_rank():
     conv = convention(framework_card("kempnerforge"), 3)[1]
     assert conv.logits_over_tp == "replicated"
     tokens, vocab, h = 4 * 4096, 128256, 4096
-    one, four = (output_activations(conv, tokens, vocab, tp, h, tp) for tp in (1, 4))
+    one, four = (output_activations(conv, tokens, vocab, tp, h, tp, 4) for tp in (1, 4))
     assert one - four == pytest.approx(conv.output_hidden_bytes * tokens * h * 3 / 4)
     titan = convention(framework_card("torchtitan"), 3, "0.2.2")[1]
     assert titan.logits_over_tp == "vocab_parallel"
-    assert output_activations(titan, tokens, vocab, 4, h, 4) == pytest.approx(
+    assert output_activations(titan, tokens, vocab, 4, h, 4, 4) == pytest.approx(
         (titan.logits_bytes_per_element * tokens * vocab + titan.output_hidden_bytes * tokens * h) / 4)
     kf = dict(model="llama-3-8b", num_gpus=12, gpu="h200", global_batch_size=96, micro_batch_size=4, seq_length=4096,
               tp=4, recompute="full")

@@ -39,7 +39,8 @@ def test_bf16_loss_keeps_the_same_three_tensors_at_two_bytes():
 def test_output_activations_move_by_the_logits_at_six_bytes():
     tokens, vocab, hidden = 4 * 4096, 151936, 2048
     on, off = _conv()[1], _conv(loss_fp32_upcast=False)[1]
-    drop = output_activations(on, tokens, vocab, 1, hidden, 1) - output_activations(off, tokens, vocab, 1, hidden, 1)
+    drop = (output_activations(on, tokens, vocab, 1, hidden, 1, 4)
+            - output_activations(off, tokens, vocab, 1, hidden, 1, 4))
     assert drop == (12 - 6) * tokens * vocab
 
 

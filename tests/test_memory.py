@@ -399,9 +399,10 @@ def test_fsdp2_gathered_units_include_embedding_and_output_layer():
 def test_torchtitan_chunked_loss_and_unchunked_fsdp2_loss():
     """torchtitan 0.3.0 ChunkedLossWrapper: one of 8 sequence chunks at 14 bytes per logit (bf16 logits 2 + saved
     fp32 log-softmax 4 + nll grad 4 + log-softmax grad 4) + final-norm input and output 4 + bf16 chunks and the
-    fp32 GradAccumulator 6 per token x h; the fsdp2 preset (torchtitan <= 0.2) stays unchunked, at its backward peak
-    12 (saved fp32 log-softmax 4 + nll grad 4 + log-softmax grad 4), and KempnerForge's (fsdp2_kempnerforge: no
-    upcast, the logits held) at 8 (bf16 logits 2 + saved log-softmax 2 + nll grad 2 + log-softmax grad 2)."""
+    fp32 GradAccumulator 6 per token x h at micro-batch 2 (4 at micro-batch 1, whose chunks are views); the fsdp2
+    preset (torchtitan <= 0.2) stays unchunked, at its backward peak 12 (saved fp32 log-softmax 4 + nll grad 4 +
+    log-softmax grad 4), and KempnerForge's (fsdp2_kempnerforge: no upcast, the logits held) at 8 (bf16 logits 2 +
+    saved log-softmax 2 + nll grad 2 + log-softmax grad 2)."""
     arch = resolve_model("llama-3.1-8b")
     tokens, vocab, h = 8192 * 2, 128256, 4096
     titan = estimate_memory(job_for(arch, 8, framework="torchtitan", seq=8192, gbs=16),
@@ -412,11 +413,11 @@ def test_torchtitan_chunked_loss_and_unchunked_fsdp2_loss():
     kempner = estimate_memory(job_for(arch, 8, framework="kempnerforge", seq=8192, gbs=16),
                               Plan(dp=8, zero_stage=3, micro_batch_size=2)).stages[0]
     assert kempner.detail["logits_and_loss"] == int(8 * tokens * vocab + 4 * tokens * h)
-    # tp=2 with sequence parallelism: logits split by the vocab-parallel loss, the norm tensors by SP, the
-    # chunked loss's copies of the hidden states replicated
+    # tp=2 with sequence parallelism, micro-batch 1: logits split by the vocab-parallel loss, the norm tensors by SP,
+    # the chunked loss's accumulator of the hidden-state gradient replicated, its chunks views of the norm output
     tp2 = estimate_memory(job_for(arch, 8, framework="torchtitan", seq=8192, gbs=8),
-                          Plan(tp=2, dp=4, zero_stage=3, sequence_parallel=True)).stages[0]
-    assert tp2.detail["logits_and_loss"] == int(14 * 8192 / 8 * vocab / 2 + 4 * 8192 * h / 2 + 6 * 8192 * h)
+                          Plan(tp=2, dp=4, zero_stage=3, sequence_parallel=True, micro_batch_size=1)).stages[0]
+    assert tp2.detail["logits_and_loss"] == int(14 * 8192 / 8 * vocab / 2 + 4 * 8192 * h / 2 + 4 * 8192 * h)
 
 
 def test_fp8_adds_weight_copies_and_shrinks_linear_inputs():

@@ -63,6 +63,9 @@ class Convention(_Card):
                                       "replicated: every TP rank holds the whole embedding")
     output_hidden_bytes: float = Field(4, ge=0)
     loss_hidden_bytes: float = Field(0, ge=0)
+    # per token x hidden (replicated over TP) where a micro-batch holds more than one sequence: the chunked loss's
+    # copies of its chunks (a sequence chunk of a [b, s, h] tensor is strided at b > 1, and copied; at b = 1 a view)
+    loss_chunk_copy_bytes: float = Field(0, ge=0)
     fp8_weight_bytes: float = Field(0, ge=0)
     fp8_weights: Literal["fixed", "transformer_engine"] = Field(
         "fixed", description="fixed: fp8_weight_bytes; transformer_engine: per recipe and GPU (precision section)")
@@ -85,6 +88,9 @@ class Convention(_Card):
     # fully_shard runs it and takes the largest moment (cards/memory.yaml fsdp2, with the sources).
     step_peak: Literal["worst_unit", "backward_walk"] = "worst_unit"
     unsharded_param_bytes: float = Field(0, ge=0)  # per parameter of a unit while it runs (backward_walk)
+    # per token x hidden (split by sequence parallelism): the hidden-state gradient a unit's backward receives and
+    # passes on, alive at every decoder unit's moment (backward_walk: fsdp_walk.hidden_grad)
+    hidden_grad_bytes: float = Field(0, ge=0)
     grads_set_to_none: bool = False  # the trainer frees the gradients before each step's backward (backward_walk)
     # ... where CUDA graphs are off (cuda_graphs_off): torchtitan 0.3's zero_grad(set_to_none=disable_cuda_graphs)
     grads_set_to_none_without_cuda_graphs: bool = False
@@ -938,12 +944,15 @@ def describe_tensors(tensors: list[StateTensor]) -> str:
     return "; ".join(parts)
 
 
-def output_activations(conv: Convention, tokens: float, vocab: float, tp: int, hidden: int, ts: int) -> float:
-    """Last-stage bytes of one micro-batch past the decoder: the loss at its peak over one of `loss_chunks`
-    pieces of the sequence (its logits: loss_logits), the final-norm/output-layer inputs (split by sequence
-    parallelism) and what a chunked loss keeps of the hidden states (replicated)."""
+def output_activations(conv: Convention, tokens: float, vocab: float, tp: int, hidden: int, ts: int,
+                       micro_batch: int) -> float:
+    """Last-stage bytes of one micro-batch of `micro_batch` sequences past the decoder: the loss at its peak over one
+    of `loss_chunks` pieces of the sequence (its logits: loss_logits), the final-norm/output-layer inputs (split by
+    sequence parallelism) and what a chunked loss keeps of the hidden states (replicated), with its chunks' copies
+    where the micro-batch holds more than one sequence (loss_chunk_copy_bytes: one sequence's chunks are views)."""
     logits = conv.logits_bytes_per_element * loss_logits(conv, tokens, vocab, tp)
-    return logits + conv.output_hidden_bytes * tokens * hidden / ts + conv.loss_hidden_bytes * tokens * hidden
+    kept = conv.loss_hidden_bytes + (conv.loss_chunk_copy_bytes if micro_batch > 1 else 0.0)
+    return logits + conv.output_hidden_bytes * tokens * hidden / ts + kept * tokens * hidden
 
 
 def built_vocab(vocab: int, conv: Convention, tp: int) -> int:

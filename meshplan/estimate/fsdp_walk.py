@@ -44,6 +44,11 @@ class FsdpUnit(NamedTuple):
     # written in its backward and accumulated in place, there from the step's first backward through the unit)
     sharded: float = 0.0  # of its params, what one rank holds of them over its shard group (reduce_output_bytes)
     alone: float = 0.0  # of its params, those whose shard group is one rank (no reduce-scatter: reduce_output_bytes)
+    # the hidden-state gradient flowing between units (the convention's hidden_grad_bytes): that of its output, alive
+    # from its pre_backward through its backward, and that of its input, from the end of its backward through its
+    # reduce (decoder layers; the embedding's input, token ids, has none)
+    grad_out: float = 0.0
+    grad_in: float = 0.0
 
 
 class StepMoment(NamedTuple):
@@ -138,16 +143,16 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         if not u.loss and k + 1 < len(units):
             # its pre_backward's copy-out: prefetched by the unit after it, its all-gather output is copied into the
             # unsharded parameters before it is freed, then the unit before it is prefetched (copy_out)
-            out.append(StepMoment(f"{u.name} gathered", before + u.stored,
+            out.append(StepMoment(f"{u.name} gathered", before + u.stored + u.grad_out,
                                   copy_out(conv, u.params) + retained + held, absent))
             at.append(k)
-        out.append(StepMoment(f"{u.name} backward", before + u.stored + u.working,
+        out.append(StepMoment(f"{u.name} backward", before + u.stored + u.working + u.grad_out,
                               gathered + (0.0 if u.loss else prefetch) + retained + held, absent))
         at.append(k)
         if not u.loss:
             # the end of its backward, before its post_backward hook: every unsharded gradient written beside its
             # gathered params, its activations used up
-            out.append(StepMoment(f"{u.name} gradients", before,
+            out.append(StepMoment(f"{u.name} gradients", before + u.grad_in,
                                   gathered + unsharded_grad_bytes(conv) * u.params + prefetch + retained + held,
                                   absent))
             at.append(k)
@@ -157,13 +162,14 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
             at += [k] * len(head)
             continue
         reduce = conv.gathered_layers * conv.gathered_bytes * u.params + prefetch
-        out.append(StepMoment(f"{u.name} reduce-scatter", before + u.kept, reduce + held, absent))
+        out.append(StepMoment(f"{u.name} reduce-scatter", before + u.kept + u.grad_in, reduce + held, absent))
         at.append(k)
         if output is not None:
             written, apart = output_moment(conv, u, output, grads_absent)
             if written:
                 # the previous unit's input was recycled before this reduce (retained), its gradients freed
-                out.append(StepMoment(f"{u.name} reduce output", before + u.kept, written + prefetch + held,
+                out.append(StepMoment(f"{u.name} reduce output", before + u.kept + u.grad_in,
+                                      written + prefetch + held,
                                       absent - (0.0 if apart or not grads_absent else u.grads - u.own_grads)))
                 at.append(k)
             if output.replicas:
@@ -353,7 +359,7 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
                 out += in_loss_moments(conv, u, before, gathered, 0.0, 0.0, absent, f" (a middle micro-batch{when})",
                                        every)
                 continue
-            out.append(StepMoment(name, before + u.stored + u.working, gathered, absent, every))
+            out.append(StepMoment(name, before + u.stored + u.working + u.grad_out, gathered, absent, every))
             if u.loss and u.head and conv.output_resharded_at_loss and not all_gathered:
                 # its copy-out when gathered again for the head's backward (head_moments): its all-gather output
                 # beside its unsharded parameters, the loss's peak passed
@@ -361,7 +367,7 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
                 out.append(StepMoment(f"{u.name} gathered again (a middle micro-batch{when})", before + u.head, copy,
                                       absent, every))
             # its post_backward: the bf16 unsharded gradient autograd wrote, added into the held one, then freed
-            out.append(StepMoment(f"{u.name} accumulate (a middle micro-batch{when})", before + u.kept,
+            out.append(StepMoment(f"{u.name} accumulate (a middle micro-batch{when})", before + u.kept + u.grad_in,
                                   gathered + conv.unsharded_param_bytes * u.params, absent, every))
     return out + stage_post_backward(conv, held, accumulation.bytes_per_param, grads_absent)
 
@@ -567,15 +573,18 @@ def stage_units(stage: WalkStage) -> StageUnits:
     dp = terms.dense_dp
     if params.first and not in_root:
         pre = (FsdpUnit("embedding", emb, stage.emb_acts, grads=unit_grads(terms.tensors, dp, terms.expert_dp, emb),
-                        **unit_shards(dp, terms.expert_dp, emb)),)
+                        grad_out=hidden_grad(terms), **unit_shards(dp, terms.expert_dp, emb)),)
     if params.last:
         head = params.output_layer + terms.norm_width
         logits = loss_logits(conv, terms.tokens, terms.vocab, plan.tp)
-        # a chunk's loss tensors are freed at its reduce-scatter but for its logits (and their gradient)
-        kept = loss_left(conv, stage.out_acts, logits, conv.loss_reduce_bytes_per_element) \
+        # a chunk's loss tensors are freed at its reduce-scatter but for its logits (and their gradient), and, from
+        # its head's matmul backward on, the gradient of the chunk's hidden state (its share of hidden_grad) until
+        # the loss adds it into its accumulator
+        chunk_grad = hidden_grad(terms) / conv.loss_chunks if conv.output_reduce_in_loss else 0.0
+        kept = loss_left(conv, stage.out_acts, logits, conv.loss_reduce_bytes_per_element) + chunk_grad \
             if conv.output_reduce_in_loss else 0.0
         # what the head's backward sees of the loss, where the root output unit is gathered again (head_moments)
-        at_head = loss_left(conv, stage.out_acts, logits, conv.head_backward_bytes_per_element) \
+        at_head = loss_left(conv, stage.out_acts, logits, conv.head_backward_bytes_per_element) + chunk_grad \
             if conv.head_backward_bytes_per_element else 0.0
         if in_root:
             post = (FsdpUnit("embedding, output layer and loss", emb + head, stage.out_acts,
@@ -598,7 +607,8 @@ def layer_units_of(terms: MemoryTerms, layers, modes: dict[int, str]) -> tuple[t
     layers = tuple(layers)
     ran = tuple(modes[i] for i in layers)
     args = (terms.table, terms.per_kind, terms.tensors, terms.dense_dp, terms.expert_dp, terms.selective, plan.tp,
-            plan.ep * plan.etp, layers, ran, experts_in_units(terms.job.card, plan.ep, terms.expert_dp))
+            plan.ep * plan.etp, layers, ran, experts_in_units(terms.job.card, plan.ep, terms.expert_dp),
+            hidden_grad(terms))
     memo = scope_memo("fsdp_layer_units")
     if memo is None:
         return args, layer_units(*args)[1], None
@@ -611,11 +621,12 @@ def layer_units_of(terms: MemoryTerms, layers, modes: dict[int, str]) -> tuple[t
 
 def layer_units(table, per_kind: dict, tensors: list, dense_dp: int, expert_dp: float, selective: str, tp: int,
                 ep_etp: int, layers: tuple[int, ...], modes: tuple[str, ...],
-                experts_in: bool = True) -> tuple[tuple[FsdpUnit, ...], float]:
+                experts_in: bool = True, grad: float = 0.0) -> tuple[tuple[FsdpUnit, ...], float]:
     """The decoder layers' FSDP units (`modes`: the recompute mode each ran in) and one micro-batch's activations of
     them all, from these arguments alone. Without `experts_in` (memory_states.experts_in_units: the framework's
     fully_shard ignores the routed experts at full EP) a unit's parameters, gathered, reduced and accumulated, are its
-    dense ones alone, while its gradients still count the experts' (their own .grad, written in its backward)."""
+    dense ones alone, while its gradients still count the experts' (their own .grad, written in its backward). `grad`:
+    the hidden-state gradient each layer's backward receives and passes on (hidden_grad)."""
     worked: dict[tuple[float, float], float] = {}  # the stage's layers repeat a few shapes: each worked out once
     units = []
     one_batch = 0.0
@@ -635,8 +646,17 @@ def layer_units(table, per_kind: dict, tensors: list, dense_dp: int, expert_dp: 
             grads = worked[(dense, experts)] = unit_grads(tensors, dense_dp, expert_dp, dense, experts)
         own = 0.0 if experts_in else state_bytes(tensors, experts, expert_dp)["gradients"]
         units.append(FsdpUnit(f"layer {i}", dense + experts if experts_in else dense, stored, working, grads,
-                              own_grads=own, **unit_shards(dense_dp, expert_dp, dense, experts if experts_in else 0.0)))
+                              own_grads=own, grad_out=grad, grad_in=grad,
+                              **unit_shards(dense_dp, expert_dp, dense, experts if experts_in else 0.0)))
     return tuple(units), one_batch
+
+
+def hidden_grad(terms: MemoryTerms) -> float:
+    """The gradient of the hidden state one micro-batch's backward passes from unit to unit, bytes per GPU: the
+    convention's hidden_grad_bytes per token and hidden unit, split by sequence parallelism as the residual stream is
+    (the FakeTensorMode trace of torchtitan 0.3.0's DeepSeek-V3 cut: at the MoE unit's reduce the bf16 gradient of
+    the layer's input, [b, s, h], made by the residual add in its backward)."""
+    return terms.conv.hidden_grad_bytes * terms.tokens * terms.job.model.hidden_size / terms.ts
 
 
 def unit_shards(dense_dp: int, expert_dp: float, dense: float, experts: float = 0.0) -> dict[str, float]:

@@ -379,7 +379,8 @@ def micro_batch_terms(job: Job, plan: Plan, base: LayoutTerms) -> tuple[int, Lay
             tokens, lay, _per_kind(job, lay, base.selective, modules, plan.zero_stage),
             # final-norm and output-layer inputs plus the logits and loss of one micro-batch (chunked where the loss
             # is)
-            output_activations(conv, tokens, base.vocab, plan.tp, arch.hidden_size, base.ts))
+            output_activations(conv, tokens, base.vocab, plan.tp, arch.hidden_size, base.ts,
+                               plan.micro_batch_size))
     return hit
 
 

@@ -154,7 +154,7 @@ def count_free_floor(job: Job, fixed: Fixed, limit: int, *, cps: tuple[int, ...]
             for cp in cps:
                 tokens = least_rank_tokens(job.seq_length, mbs, cp)
                 for sp in sps:
-                    output = output_activations(conv, tokens, vocab, tp, arch.hidden_size, tp if sp else 1)
+                    output = output_activations(conv, tokens, vocab, tp, arch.hidden_size, tp if sp else 1, mbs)
                     for etp in etps:
                         for recompute in reversed(recomputes):
                             layer = least_layer_bytes(job, conv, tokens, tp, sp, etp, recompute,

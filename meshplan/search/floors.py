@@ -308,7 +308,7 @@ def _row_figures(job: Job, lay: Layout, conv: Convention, part: _FloorPart,
         tokens = activations.least_rank_tokens(job.seq_length, mbs, lay.cp)  # padding not counted
         layers_held = None if fewer is None else fewer[at]
         held = 1 if pp == 1 else min(m, pp)
-        logits = output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1) \
+        logits = output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1, mbs) \
             if pp == 1 else 0.0
         all_sums = by_tokens.get(tokens)
         if all_sums is None:
