@@ -273,3 +273,20 @@ def test_kept_links_are_the_jobs_links_once_per_job_inside_a_scope():
         kept = perf.kept_links(job, cal)
         assert kept == job_links(job, cal) and perf.kept_links(job, cal) is kept
         assert perf.kept_links(other, cal) == job_links(other, cal) and perf.kept_links(other, cal) is not kept
+
+
+def test_layer_kinds_of_a_dense_model_without_mtp_keep_no_key():
+    """Every layer of a dense model without MTP (Llama) is dense: stage_time.layer_kinds gives [False] per layer
+    without building a key, so its shared_layers memo holds nothing (an MoE model's kinds are kept)."""
+    from meshplan.estimate import perf
+    from meshplan.estimate.layer_records import scope_memo
+    from meshplan.estimate.stage_time import layer_kinds
+
+    for case, kept in ((CASES[0], 0), (CASES[2], 1)):
+        job, plan, _ = contexts(case)
+        pipeline = perf.stage_layers(job, plan)
+        with shared_layers():
+            kinds = layer_kinds(0, pipeline.layers(0), job.model, pipeline)
+            assert len(scope_memo("layer_kinds")) == kept
+        if not kept:
+            assert kinds == [False] * len(pipeline.layers(0))

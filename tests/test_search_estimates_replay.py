@@ -183,7 +183,7 @@ def test_stage_work_shares_one_stage_inputs_across_recomputes(model, monkeypatch
             alone.append(str(e))
     built = []
     real = perf.stage_inputs
-    monkeypatch.setattr(perf, "stage_inputs", lambda *args: built.append(args) or real(*args))
+    monkeypatch.setattr(perf, "stage_inputs", lambda *args, **kw: built.append(args) or real(*args, **kw))
     shared = []
     with shared_layers():
         for one in plans:

@@ -331,7 +331,8 @@ _BUT_RECOMPUTE, _LISTS_AT = itemgetter(*_KEPT), tuple(k for k, name in enumerate
 def _one_stage_inputs(job: Job, plan: Plan) -> tuple[int, StageInputs, list[int], list[bool]]:
     """stage_work's micro-batches, StageInputs, layers and their kinds of a single-stage plan; inside a shared_layers
     scope once per job (by identity, kept alive by the entry) and plan fields but RECOMPUTE_FIELDS, the inputs of
-    another recompute with that plan and its Recompute in place (the search's references at each recompute)."""
+    another recompute with that plan and its Recompute in place (the search's references at each recompute). Its
+    inputs without once_per_step (stage_inputs)."""
     memo, fields = scope_memo("one_stage_inputs"), _BUT_RECOMPUTE(plan.__dict__)
     if any(isinstance(fields[k], list) for k in _LISTS_AT):  # a list field set: its values, as a tuple
         fields = tuple(tuple(v) if isinstance(v, list) else v for v in fields)
@@ -342,7 +343,7 @@ def _one_stage_inputs(job: Job, plan: Plan) -> tuple[int, StageInputs, list[int]
             inputs = replace(inputs, plan=plan, recompute=recompute_of(job, plan))
         return m, inputs, layers, kinds
     m, _, ctx = _step_context(job, plan, calibration(job.framework))
-    inputs = stage_inputs(job, plan, ctx)
+    inputs = stage_inputs(job, plan, ctx, once_per_step=False)
     layers = inputs.pipeline.layers(0)
     hit = (job, m, inputs, layers, stage_kinds(0, layers, inputs))
     if memo is not None:
@@ -594,10 +595,11 @@ def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
     return head
 
 
-def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
+def stage_inputs(job: Job, plan: Plan, ctx: LayerContext, once_per_step: bool = True) -> StageInputs:
     """One layer of each kind the model has (a hybrid's: one per letter of its pattern, hybrid_time.hybrid_layers),
     the stages' layers, the head, the pipeline's p2p, the sharding schedule and its DP groups, Muon: what every
-    stage's time reads."""
+    stage's time reads. Without `once_per_step`, what stage_work reads (its layers' sums, no sharding windows): no
+    sharding schedule, DP groups, rank parameters or Muon (None), its head kept_head's."""
     arch, cal, lk = job.model, ctx.cal, ctx.lk
     hybrid = hybrid_layers(ctx) if arch.layer_pattern is not None else None
     if hybrid is not None and plan.optimizer == "muon":
@@ -610,11 +612,17 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     pipeline = stage_layers(job, plan)
     recompute = recompute_of(job, plan)
     # Logits and cross-entropy on the last stage, again per MTP depth; MTP blocks (if the model has them) there too.
-    head = head_with_mtp(head_seconds(job, plan, ctx), arch, ctx, pipeline)
+    head = kept_head(job, plan, ctx, pipeline) if not once_per_step else \
+        head_with_mtp(head_seconds(job, plan, ctx), arch, ctx, pipeline)
     p2p = pipeline_p2p(job, plan, cal, lk)
     pp_hop = p2p.hop
-    law = ctx.law
-    groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if arch.moe else 1, law=law)
+    if once_per_step:
+        law = ctx.law
+        groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if arch.moe else 1, law=law)
+        sharding, traffic, parts = sharding_schedule(job, plan), dp_traffic(job, plan, lk, groups, cal), \
+            time_rank_parts(job, plan)
+    else:
+        sharding = traffic = parts = None
     return StageInputs(
         job=job, plan=plan, ctx=ctx, dense=dense_lt, moe=moe_lt, hybrid=hybrid, pipeline=pipeline, recompute=recompute,
         head=head,
@@ -624,11 +632,48 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         # the host running ahead of the GPU: per micro-batch, pp_host_sync of the shorter of host issue
         # time and GPU time is serialised behind the longer one instead of hidden under it.
         host_sync=cal.pp_host_sync if plan.pp > 1 else 0.0,
-        sharding=sharding_schedule(job, plan),
-        traffic=dp_traffic(job, plan, lk, groups, cal),
+        sharding=sharding, traffic=traffic,
         # Muon (Megatron-Core's emerging optimizer; the framework card's muon section says how it runs): None = Adam
-        muon=job.card.muon if plan.optimizer == "muon" and job.lora is None else None,
-        parts=time_rank_parts(job, plan))
+        muon=job.card.muon if once_per_step and plan.optimizer == "muon" and job.lora is None else None,
+        parts=parts)
+
+
+HEAD_UNREAD = frozenset({"dp", "ep", "etp", "moe_token_dispatcher", "moe_a2a_overlap", *RECOMPUTE_FIELDS})
+"""Plan fields head_seconds and head_with_mtp never read (tests/test_head_memo.py holds it): kept_head's key leaves
+them out."""
+_HEAD_KEPT = tuple(name for name in Plan.model_fields if name not in HEAD_UNREAD)
+_HEAD_VALUES, _HEAD_LISTS_AT = itemgetter(*_HEAD_KEPT), tuple(k for k, name in enumerate(_HEAD_KEPT)
+                                                              if name in PLAN_LIST_FIELDS)
+
+
+def kept_head(job: Job, plan: Plan, ctx: LayerContext, pipeline: Stages) -> float:
+    """head_with_mtp(head_seconds(...)), inside a shared_layers scope once per job_family, calibration and plan fields
+    but HEAD_UNREAD (the references stage_work gives differ in their expert grid and global batch); the entry keeps
+    the job and calibration alive, so the ids in the key stay theirs."""
+    memo = scope_memo("heads")
+    if memo is None:
+        return head_with_mtp(head_seconds(job, plan, ctx), ctx.arch, ctx, pipeline)
+    fields = _HEAD_VALUES(plan.__dict__)
+    if any(isinstance(fields[k], list) for k in _HEAD_LISTS_AT):  # a list field set: its values, as a tuple
+        fields = tuple(tuple(v) if isinstance(v, list) else v for v in fields)
+    key = (job_family(job), id(ctx.cal), fields)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (job, ctx.cal, head_with_mtp(head_seconds(job, plan, ctx), ctx.arch, ctx, pipeline))
+    return hit[2]
+
+
+def job_family(job: Job) -> tuple:
+    """The job's card and values but its global batch (an object's by identity: model_copy's copies share them),
+    kept per job (kept alive) inside a shared_layers scope."""
+    memo = scope_memo("job_families")
+    hit = memo.get(id(job)) if memo is not None else None
+    if hit is None:
+        hit = (job, (id(job.card), *(v if type(v) in (int, float, str, bool, type(None)) else id(v)
+                                     for name, v in job.__dict__.items() if name != "global_batch_size")))
+        if memo is not None:
+            memo[id(job)] = hit
+    return hit[1]
 
 
 def recompute_of(job: Job, plan: Plan) -> Recompute:

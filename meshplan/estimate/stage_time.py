@@ -84,10 +84,10 @@ class StageInputs:
     pp_hop: float = 0.0  # one p2p transfer of a micro-batch's activation (or its gradient) between stages
     pp_cross_layer: float  # per layer, where stages cross NVLink domains with host-synchronous p2p (nanotron)
     host_sync: float  # share of the shorter of host and GPU time serialised behind the other (blocking p2p)
-    sharding: ShardingSchedule
-    traffic: DpTraffic
+    sharding: ShardingSchedule | None  # these three None in stage_work's inputs (perf.stage_inputs' once_per_step)
+    traffic: DpTraffic | None
     muon: MuonFacts | None  # None: Adam
-    parts: RankParts  # which parameters a rank holds (the memory's too)
+    parts: RankParts | None  # which parameters a rank holds (the memory's too)
     seen: dict[tuple[ShardUnit, ...], ShardingExposed] = field(default_factory=dict)  # stages repeat layers
 
 
@@ -280,6 +280,8 @@ def layer_kinds(s: int, layers: Sequence[int], arch: Architecture, pipeline: Sta
     """stage_kinds of the model `arch` split as `pipeline`: inside a shared_layers scope once per model (by identity,
     kept alive by the entry), layers and whether the stage trains the MTP blocks (a copy: the caller's own list)."""
     mtp = s == pipeline.mtp_at and bool(arch.num_mtp_layers) and pipeline.mtp_trained
+    if not (mtp or arch.moe or arch.layer_pattern):  # every layer dense (_layer_kinds' own), no key to build
+        return [False] * len(layers)
     memo = scope_memo("layer_kinds")
     if memo is None:
         return _layer_kinds(layers, arch, mtp)
@@ -391,8 +393,9 @@ def kind_sums(parts: Iterable[tuple[Any, LayerTime | None, int, int, bool]], mod
         ep += count * lt.ep
         rec = recomputed * recompute_time(lt, mode, cal, rc.selective, rc.modules, rc.attention) if recomputed else 0.0
         recompute += rec
-        side_fwd, side_bwd = other_link_collectives(lt, inp, is_moe) if inp.sharding.per_step else (0.0, 0.0)
-        windows[key] = (lt.fwd_compute + side_fwd, lt.compute - lt.fwd_compute + rec / count + side_bwd)
+        if inp.sharding is not None:  # (none in stage_work's inputs: only the stage's sharding reads the windows)
+            side_fwd, side_bwd = other_link_collectives(lt, inp, is_moe) if inp.sharding.per_step else (0.0, 0.0)
+            windows[key] = (lt.fwd_compute + side_fwd, lt.compute - lt.fwd_compute + rec / count + side_bwd)
     return LayerSums(compute, fwd, tp, cp, ep, recompute, windows)
 
 
