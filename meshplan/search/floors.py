@@ -240,7 +240,9 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
     fixed terms: layouts alike in those (a seed group's splits whose first ranks hold the same layers) have the same
     column, kept in `memo` per those and the budget (the memo is shared by a search at another budget)."""
     conv, tensors = preset
-    part = _part(job, lay, zero_stage, conv, tensors, memo)
+    part = memo.get((lay, zero_stage))  # (_part's own entry: most rows' layout floor read it first)
+    if part is None:
+        part = _part(job, lay, zero_stage, conv, tensors, memo)
     figures = _row_figures(job, lay, conv, part, recomputes, sizes, sp, activation_offload, memo)
     dp, gbs = lay.dp, job.global_batch_size
     ones = _single_microbatch(gbs, dp, sizes, memo)
@@ -254,14 +256,24 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
            budget, walks)
     hit = memo.get(key)
     if hit is None:
+        # each floor worked out only where compared, as _floor_sum works it out (its operations in its order, here
+        # inline: some 45,000 floors on DeepSeek-V3/2,048's first ask)
+        gathered, fraction, (overhead, context) = part.gathered, part.reserve_fraction, part.fixed
         n_r, column, last = len(recomputes), [], len(recomputes) - 1
-        for j, (one, row) in enumerate(zip(ones, figures, strict=True)):  # each floor worked out only where compared
+        for j, (one, row) in enumerate(zip(ones, figures, strict=True)):
             held = states[one]
             if walks is not None and walks[j] > budget:  # the FSDP walk's floor alone is over: every recompute is
                 column.append(n_r)
                 continue
-            i = n_r if _floor_sum(part, held, row[last], reserved) > budget else 0  # the heaviest first
-            while i < last and _floor_sum(part, held, row[i], reserved) > budget:  # it stops at the heaviest
+            transient = row[last] if gathered is None else row[last] + gathered  # the heaviest first
+            if held + transient + (fraction * transient if reserved else 0.0) + overhead + context > budget:
+                column.append(n_r)
+                continue
+            i = 0
+            while i < last:  # it stops at the heaviest
+                transient = row[i] if gathered is None else row[i] + gathered
+                if held + transient + (fraction * transient if reserved else 0.0) + overhead + context <= budget:
+                    break
                 i += 1
             column.append(i)
         hit = memo[key] = tuple(column)
@@ -477,7 +489,8 @@ def _floor_sums(part: _FloorPart, states: float, figures: list[float], reserved:
 
 
 def _floor_sum(part: _FloorPart, states: float, acts: float, reserved: bool) -> float:
-    """One floor of _floor_sums (first_stage_needs compares them one at a time)."""
+    """One floor of _floor_sums (first_stage_needs works out the same operations inline, one floor at a time as it
+    compares them: a change here is a change there)."""
     transient = acts if part.gathered is None else acts + part.gathered  # FSDP / ZeRO-3 gathers whole layers
     # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
     reserve = part.reserve_fraction * transient if reserved else 0.0
@@ -532,7 +545,7 @@ def _layout_sum(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: 
     if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
         states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo, degrees))
     # the FSDP walk's floor at one micro-batch per step, the least of its figures (no accumulated gradients)
-    plain = _floor_sums(part, states, [0.0], reserved)[0]
+    plain = _floor_sum(part, states, 0.0, reserved)  # (_floor_sums' of [0.0])
     return max(plain, _walk_floor(job, lay, zero_stage, part, conv, tensors, 1, False, memo, degrees)) if part.walk \
         else plain
 
