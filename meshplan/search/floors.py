@@ -245,11 +245,18 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
         part = _part(job, lay, zero_stage, conv, tensors, memo)
     figures = _row_figures(job, lay, conv, part, recomputes, sizes, sp, activation_offload, memo)
     dp, gbs = lay.dp, job.global_batch_size
-    ones = _single_microbatch(gbs, dp, sizes, memo)
+    ones = memo.get(("one microbatch", gbs, dp, sizes))  # (_single_microbatch's own entry)
+    if ones is None:
+        ones = _single_microbatch(gbs, dp, sizes, memo)
     states = [part.states[False], part.states[True]]
-    for one in (False, True):
-        if states[one] is None and one in ones:
-            states[one] = _part_states(job, lay, zero_stage, part, conv, tensors, one, memo)
+    if not (part.walk and conv.grads_set_to_none):  # one micro-batch's states are more's figure (_part_states)
+        if states[False] is None:
+            states[False] = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo)
+        states[True] = states[False]
+    else:
+        for one in (False, True):
+            if states[one] is None and one in ones:
+                states[one] = _part_states(job, lay, zero_stage, part, conv, tensors, one, memo)
     walks = tuple(_walk_floor(job, lay, zero_stage, part, conv, preset[1], step_microbatches(gbs, mbs, dp),
                               activation_offload, memo) for mbs in sizes) if part.walk else None
     key = ("needs", id(figures), states[0], states[1], part.gathered, part.reserve_fraction, part.fixed, reserved,
@@ -398,12 +405,13 @@ def _chunks_held(job: Job, lay: Layout, sizes: tuple[int, ...], memo: dict) -> t
 def _layers_held(job: Job, lay: Layout, chunks: tuple, sizes: tuple[int, ...], memo: dict) -> tuple | None:
     """Per micro-batch of `sizes`, _held_layers of the first rank's `chunks` where _chunks_held has counts, else None;
     None where it has none. Kept in `memo` per the chunks and what _chunks_held reads."""
+    counts = _chunks_held(job, lay, sizes, memo)
+    if counts is None:  # (most interleaved layouts: their chunks are not read)
+        return None
     key = ("layers held", lay.pp, lay.vpp, lay.dp, lay.schedule, sizes, chunks)
     if key in memo:
         return memo[key]
-    counts = _chunks_held(job, lay, sizes, memo)
-    hit = memo[key] = None if counts is None else tuple(None if held is None else _held_layers(chunks, held)
-                                                        for held in counts)
+    hit = memo[key] = tuple(None if held is None else _held_layers(chunks, held) for held in counts)
     return hit
 
 
@@ -533,7 +541,9 @@ def _kept_layout_floor(job: Job, lay: Layout, zero_stage: int, conv: Convention,
     key = ("layout", lay, zero_stage)
     hit = memo.get(key)
     if hit is None:
-        part = _part(job, lay, zero_stage, conv, tensors, memo, degrees)
+        part = memo.get((lay, zero_stage))  # (_part's own entry)
+        if part is None:
+            part = _part(job, lay, zero_stage, conv, tensors, memo, degrees)
         hit = memo[key] = _layout_sum(job, lay, zero_stage, part, conv, tensors, reserved, memo, degrees)
     return hit
 
@@ -618,8 +628,8 @@ def _ranks_sum(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors
         return 0.0
     dense_rate, expert_rate, fixed = _rank_rates(job, lay, zero_stage, conv, tensors, memo)
     tp, experts_split = lay.tp, lay.ep * lay.etp
-    return max(dense_rate * (sharded / tp + replicated) + expert_rate * (routed / experts_split)
-               for sharded, replicated, routed in params) + fixed
+    return max([dense_rate * (sharded / tp + replicated) + expert_rate * (routed / experts_split)
+                for sharded, replicated, routed in params]) + fixed
 
 
 def _rank_rates(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
