@@ -189,14 +189,14 @@ class BestFirstSearch(StepTimeBounds, Seeding):
         if held:
             self.release(lay, held)
         n_r = len(self.recomputes)
-        if floor < 0:  # need_floor's row first (release read it for the layout's first node, as it popped)
+        if floor < 0:  # need_floor's row, where release read it
             row = self.floor_least.get(lay)
             floor = row.get(mbs, -1) if row is not None else -1
             if floor < 0:
                 floor = self.need_floor(lay, mbs)  # where it is len(recomputes), no known need can raise it further
         if floor < n_r:
             floor = max(self.need_range(lay, mbs)[0], floor)
-        # dead: open_group never queues it (is_dead's entry read first: open_group asked it of the layouts it queued)
+        # dead: open_group never queues it (is_dead's entry first)
         if floor >= n_r or (self.dead_layouts.get(lay) is not False and self.is_dead(lay)):
             self.rejected[self.engine.memory_rule] += self.variants()
             return

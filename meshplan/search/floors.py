@@ -240,16 +240,16 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
     fixed terms: layouts alike in those (a seed group's splits whose first ranks hold the same layers) have the same
     column, kept in `memo` per those and the budget (the memo is shared by a search at another budget)."""
     conv, tensors = preset
-    part = memo.get((lay, zero_stage))  # (_part's own entry: most rows' layout floor read it first)
+    part = memo.get((lay, zero_stage))  # (_part's entry)
     if part is None:
         part = _part(job, lay, zero_stage, conv, tensors, memo)
     figures = _row_figures(job, lay, conv, part, recomputes, sizes, sp, activation_offload, memo)
     dp, gbs = lay.dp, job.global_batch_size
-    ones = memo.get(("one microbatch", gbs, dp, sizes))  # (_single_microbatch's own entry)
+    ones = memo.get(("one microbatch", gbs, dp, sizes))  # (_single_microbatch's entry)
     if ones is None:
         ones = _single_microbatch(gbs, dp, sizes, memo)
     states = [part.states[False], part.states[True]]
-    if not (part.walk and conv.grads_set_to_none):  # one micro-batch's states are more's figure (_part_states)
+    if not (part.walk and conv.grads_set_to_none):  # one micro-batch's states are more's (_part_states)
         if states[False] is None:
             states[False] = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo)
         states[True] = states[False]
@@ -263,8 +263,7 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
            budget, walks)
     hit = memo.get(key)
     if hit is None:
-        # each floor worked out only where compared, as _floor_sum works it out (its operations in its order, here
-        # inline: some 45,000 floors on DeepSeek-V3/2,048's first ask)
+        # each floor only where compared, _floor_sum's operations in its order, inline
         gathered, fraction, (overhead, context) = part.gathered, part.reserve_fraction, part.fixed
         n_r, column, last = len(recomputes), [], len(recomputes) - 1
         for j, (one, row) in enumerate(zip(ones, figures, strict=True)):
@@ -406,7 +405,7 @@ def _layers_held(job: Job, lay: Layout, chunks: tuple, sizes: tuple[int, ...], m
     """Per micro-batch of `sizes`, _held_layers of the first rank's `chunks` where _chunks_held has counts, else None;
     None where it has none. Kept in `memo` per the chunks and what _chunks_held reads."""
     counts = _chunks_held(job, lay, sizes, memo)
-    if counts is None:  # (most interleaved layouts: their chunks are not read)
+    if counts is None:
         return None
     key = ("layers held", lay.pp, lay.vpp, lay.dp, lay.schedule, sizes, chunks)
     if key in memo:
@@ -497,8 +496,7 @@ def _floor_sums(part: _FloorPart, states: float, figures: list[float], reserved:
 
 
 def _floor_sum(part: _FloorPart, states: float, acts: float, reserved: bool) -> float:
-    """One floor of _floor_sums (first_stage_needs works out the same operations inline, one floor at a time as it
-    compares them: a change here is a change there)."""
+    """One floor of _floor_sums (first_stage_needs has its operations inline)."""
     transient = acts if part.gathered is None else acts + part.gathered  # FSDP / ZeRO-3 gathers whole layers
     # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
     reserve = part.reserve_fraction * transient if reserved else 0.0
@@ -541,7 +539,7 @@ def _kept_layout_floor(job: Job, lay: Layout, zero_stage: int, conv: Convention,
     key = ("layout", lay, zero_stage)
     hit = memo.get(key)
     if hit is None:
-        part = memo.get((lay, zero_stage))  # (_part's own entry)
+        part = memo.get((lay, zero_stage))  # (_part's entry)
         if part is None:
             part = _part(job, lay, zero_stage, conv, tensors, memo, degrees)
         hit = memo[key] = _layout_sum(job, lay, zero_stage, part, conv, tensors, reserved, memo, degrees)

@@ -479,14 +479,13 @@ class SearchPlans(HostCounts, OverlapChoice):
 
     @once
     def reserved_floors(self) -> bool:
-        """Whether the floors count the allocator reserve: the fit's figure has none with expandable segments (kept:
-        a search's fixed fields are its request's; every layout floor and row of floors reads it)."""
+        """Whether the floors count the allocator reserve: the fit's figure has none with expandable segments."""
         return not self.fixed.carried.get("expandable_segments")
 
     @once
     def offloaded_activations(self) -> bool:
         """Whether the request offloads the saved activations, fine-grained or layer-wise (the floors then count
-        none: a lower bound wherever some go to the host; kept, as reserved_floors)."""
+        none: a lower bound wherever some go to the host)."""
         return bool(self.fixed.carried.get("activation_offload")) or bool(self.job.activation_offload_layers)
 
     def floor_bytes(self, own: Layout, zero: int, recompute: str, mbs: int) -> float:
@@ -716,7 +715,7 @@ class SearchPlans(HostCounts, OverlapChoice):
         rank's floors (stage_over of its own_memory, `own` where the caller has it) or a later rank's states
         (ranks_bytes), from the most sharded stage down, stopping at one that may fit."""
         own, budget, zeros = self.own(lay) if own is None else own, self.budget, self.zeros
-        states, lows = self.stage_floors(own)  # stage_over's own steps, its entry read once for every stage
+        states, lows = self.stage_floors(own)  # stage_over's steps
         for index in reversed(range(len(zeros))):
             if states[index] > budget:
                 continue
@@ -733,7 +732,7 @@ class SearchPlans(HostCounts, OverlapChoice):
         """stages_over at the ZeRO stage zeros[index]: the model states' bound first, the layout floor only where
         that is within the budget. Both are the same at any budget, so they are kept once per job (Caches.
         stage_floors, per layout: the bounds per stage, the layout floors as asked) and a search at another budget
-        (the thinner-headroom probe) only compares. (layout_over takes the same steps inline.)"""
+        (the thinner-headroom probe) only compares."""
         states, lows = self.stage_floors(own)
         if states[index] > self.budget:
             return True
@@ -753,8 +752,7 @@ class SearchPlans(HostCounts, OverlapChoice):
         return entry
 
     def states_row(self, lay: Layout) -> tuple[float, ...]:
-        """states_bound of the layout at each ZeRO stage of `zeros`, once per degrees tuple (all it reads: a seed
-        group's layouts share it; stage_floors and group_over read it of every layout they enter)."""
+        """states_bound of the layout at each ZeRO stage of `zeros`, once per degrees tuple (all it reads)."""
         key = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
         hit = self.state_rows.get(key)
         if hit is None:
