@@ -315,3 +315,21 @@ def test_state_sums_are_state_bytes_sums_to_the_last_bit(req):
             for params, shard in ((1.3e9 / lay.tp + 7 * lay.pp, lay.dp * lay.cp), (4.1e10 / lay.ep, lay.dp / 3)):
                 plain = state_bytes(tensors, params, shard)
                 assert state_sums(classes, params, shard) == (sum(plain.values()), plain["gradients"]), (req, zero)
+
+
+@pytest.mark.parametrize("req", CASES[-3:], ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_a_layouts_row_of_states_bounds_is_each_stages_and_its_degrees_own(req):
+    """SearchPlans.states_row (what stage_floors and group_over enter for a layout) is states_bound at each ZeRO stage
+    of the search, in its order, for every sampled layout, and one row per degrees tuple (the layouts of a seed group
+    share it: the bound reads only the degrees)."""
+    shared = 0
+    for _job, layouts, search in searches(req):
+        rng = random.Random(7 + search.budget)
+        rows: dict = {}
+        for lay in rng.sample(layouts, min(60, len(layouts))):
+            row = search.states_row(lay)
+            assert row == tuple(search.states_bound(lay, zero) for zero in search.zeros), (req, lay)
+            degrees = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
+            shared += degrees in rows
+            assert rows.setdefault(degrees, row) is row
+    assert shared

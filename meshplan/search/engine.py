@@ -188,11 +188,16 @@ class BestFirstSearch(StepTimeBounds, Seeding):
             self.below.nodes.append((key, lay, mbs))
         if held:
             self.release(lay, held)
-        if floor < 0:
-            floor = self.need_floor(lay, mbs)  # where it is len(recomputes), no known need can raise it further
-        if floor < len(self.recomputes):
+        n_r = len(self.recomputes)
+        if floor < 0:  # need_floor's row, where release read it
+            row = self.floor_least.get(lay)
+            floor = row.get(mbs, -1) if row is not None else -1
+            if floor < 0:
+                floor = self.need_floor(lay, mbs)  # where it is len(recomputes), no known need can raise it further
+        if floor < n_r:
             floor = max(self.need_range(lay, mbs)[0], floor)
-        if floor >= len(self.recomputes) or self.is_dead(lay):  # dead: open_group never queues it
+        # dead: open_group never queues it (is_dead's entry first)
+        if floor >= n_r or (self.dead_layouts.get(lay) is not False and self.is_dead(lay)):
             self.rejected[self.engine.memory_rule] += self.variants()
             return
         if floor > 0:  # the per-token bound at that recompute, with the DP term after it at the least ZeRO stage's

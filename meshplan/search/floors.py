@@ -240,28 +240,46 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
     fixed terms: layouts alike in those (a seed group's splits whose first ranks hold the same layers) have the same
     column, kept in `memo` per those and the budget (the memo is shared by a search at another budget)."""
     conv, tensors = preset
-    part = _part(job, lay, zero_stage, conv, tensors, memo)
+    part = memo.get((lay, zero_stage))  # (_part's entry)
+    if part is None:
+        part = _part(job, lay, zero_stage, conv, tensors, memo)
     figures = _row_figures(job, lay, conv, part, recomputes, sizes, sp, activation_offload, memo)
     dp, gbs = lay.dp, job.global_batch_size
-    ones = _single_microbatch(gbs, dp, sizes, memo)
+    ones = memo.get(("one microbatch", gbs, dp, sizes))  # (_single_microbatch's entry)
+    if ones is None:
+        ones = _single_microbatch(gbs, dp, sizes, memo)
     states = [part.states[False], part.states[True]]
-    for one in (False, True):
-        if states[one] is None and one in ones:
-            states[one] = _part_states(job, lay, zero_stage, part, conv, tensors, one, memo)
+    if not (part.walk and conv.grads_set_to_none):  # one micro-batch's states are more's (_part_states)
+        if states[False] is None:
+            states[False] = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo)
+        states[True] = states[False]
+    else:
+        for one in (False, True):
+            if states[one] is None and one in ones:
+                states[one] = _part_states(job, lay, zero_stage, part, conv, tensors, one, memo)
     walks = tuple(_walk_floor(job, lay, zero_stage, part, conv, preset[1], step_microbatches(gbs, mbs, dp),
                               activation_offload, memo) for mbs in sizes) if part.walk else None
     key = ("needs", id(figures), states[0], states[1], part.gathered, part.reserve_fraction, part.fixed, reserved,
            budget, walks)
     hit = memo.get(key)
     if hit is None:
+        # each floor only where compared, _floor_sum's operations in its order, inline
+        gathered, fraction, (overhead, context) = part.gathered, part.reserve_fraction, part.fixed
         n_r, column, last = len(recomputes), [], len(recomputes) - 1
-        for j, (one, row) in enumerate(zip(ones, figures, strict=True)):  # each floor worked out only where compared
+        for j, (one, row) in enumerate(zip(ones, figures, strict=True)):
             held = states[one]
             if walks is not None and walks[j] > budget:  # the FSDP walk's floor alone is over: every recompute is
                 column.append(n_r)
                 continue
-            i = n_r if _floor_sum(part, held, row[last], reserved) > budget else 0  # the heaviest first
-            while i < last and _floor_sum(part, held, row[i], reserved) > budget:  # it stops at the heaviest
+            transient = row[last] if gathered is None else row[last] + gathered  # the heaviest first
+            if held + transient + (fraction * transient if reserved else 0.0) + overhead + context > budget:
+                column.append(n_r)
+                continue
+            i = 0
+            while i < last:  # it stops at the heaviest
+                transient = row[i] if gathered is None else row[i] + gathered
+                if held + transient + (fraction * transient if reserved else 0.0) + overhead + context <= budget:
+                    break
                 i += 1
             column.append(i)
         hit = memo[key] = tuple(column)
@@ -386,12 +404,13 @@ def _chunks_held(job: Job, lay: Layout, sizes: tuple[int, ...], memo: dict) -> t
 def _layers_held(job: Job, lay: Layout, chunks: tuple, sizes: tuple[int, ...], memo: dict) -> tuple | None:
     """Per micro-batch of `sizes`, _held_layers of the first rank's `chunks` where _chunks_held has counts, else None;
     None where it has none. Kept in `memo` per the chunks and what _chunks_held reads."""
+    counts = _chunks_held(job, lay, sizes, memo)
+    if counts is None:
+        return None
     key = ("layers held", lay.pp, lay.vpp, lay.dp, lay.schedule, sizes, chunks)
     if key in memo:
         return memo[key]
-    counts = _chunks_held(job, lay, sizes, memo)
-    hit = memo[key] = None if counts is None else tuple(None if held is None else _held_layers(chunks, held)
-                                                        for held in counts)
+    hit = memo[key] = tuple(None if held is None else _held_layers(chunks, held) for held in counts)
     return hit
 
 
@@ -477,7 +496,7 @@ def _floor_sums(part: _FloorPart, states: float, figures: list[float], reserved:
 
 
 def _floor_sum(part: _FloorPart, states: float, acts: float, reserved: bool) -> float:
-    """One floor of _floor_sums (first_stage_needs compares them one at a time)."""
+    """One floor of _floor_sums (first_stage_needs has its operations inline)."""
     transient = acts if part.gathered is None else acts + part.gathered  # FSDP / ZeRO-3 gathers whole layers
     # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
     reserve = part.reserve_fraction * transient if reserved else 0.0
@@ -520,7 +539,9 @@ def _kept_layout_floor(job: Job, lay: Layout, zero_stage: int, conv: Convention,
     key = ("layout", lay, zero_stage)
     hit = memo.get(key)
     if hit is None:
-        part = _part(job, lay, zero_stage, conv, tensors, memo, degrees)
+        part = memo.get((lay, zero_stage))  # (_part's entry)
+        if part is None:
+            part = _part(job, lay, zero_stage, conv, tensors, memo, degrees)
         hit = memo[key] = _layout_sum(job, lay, zero_stage, part, conv, tensors, reserved, memo, degrees)
     return hit
 
@@ -532,7 +553,7 @@ def _layout_sum(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: 
     if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
         states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo, degrees))
     # the FSDP walk's floor at one micro-batch per step, the least of its figures (no accumulated gradients)
-    plain = _floor_sums(part, states, [0.0], reserved)[0]
+    plain = _floor_sum(part, states, 0.0, reserved)  # (_floor_sums' of [0.0])
     return max(plain, _walk_floor(job, lay, zero_stage, part, conv, tensors, 1, False, memo, degrees)) if part.walk \
         else plain
 
@@ -605,8 +626,8 @@ def _ranks_sum(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors
         return 0.0
     dense_rate, expert_rate, fixed = _rank_rates(job, lay, zero_stage, conv, tensors, memo)
     tp, experts_split = lay.tp, lay.ep * lay.etp
-    return max(dense_rate * (sharded / tp + replicated) + expert_rate * (routed / experts_split)
-               for sharded, replicated, routed in params) + fixed
+    return max([dense_rate * (sharded / tp + replicated) + expert_rate * (routed / experts_split)
+                for sharded, replicated, routed in params]) + fixed
 
 
 def _rank_rates(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from meshplan.arithmetic.memory_states import accumulated_grad_bytes, bytes_per_param
 from meshplan.arithmetic.mesh import crosses_domains
+from meshplan.core.once import once
 from meshplan.estimate.memory import FitVerdict, memory_budget
 from meshplan.estimate.perf import StepTerms
 from meshplan.rules.engine import backend_of, verdicts
@@ -162,6 +163,7 @@ class SearchPlans(HostCounts, OverlapChoice):
     count_host: bool = True  # False where nothing reads the counts (the GPU-count scan): no plan is noted
     plain: Plan | None = None  # the first layout's plan without a split, validated: first_plan copies the others
     sp_by_pp: dict[tuple[bool, int], bool] = field(default_factory=dict)  # sequence_parallel's memo
+    state_rows: dict[tuple[int, ...], tuple[float, ...]] = field(default_factory=dict)  # states_row's, per degrees
     job_memo: dict = field(default_factory=dict)  # what its job's searches keep across requests (job_memo.py)
 
     def sequence_parallel(self, lay: Layout) -> bool:
@@ -475,12 +477,12 @@ class SearchPlans(HostCounts, OverlapChoice):
         """False when the first stage's memory floor alone is over capacity (no estimate needed)."""
         return self.floor_bytes(self.own(lay), zero, recompute, mbs) <= self.budget
 
-    @property
+    @once
     def reserved_floors(self) -> bool:
         """Whether the floors count the allocator reserve: the fit's figure has none with expandable segments."""
         return not self.fixed.carried.get("expandable_segments")
 
-    @property
+    @once
     def offloaded_activations(self) -> bool:
         """Whether the request offloads the saved activations, fine-grained or layer-wise (the floors then count
         none: a lower bound wherever some go to the host)."""
@@ -678,7 +680,7 @@ class SearchPlans(HostCounts, OverlapChoice):
             entry = kept.get(own)
             if entry is None:
                 if bounds is None:
-                    bounds = [self.states_bound(own, zero) for zero in zeros]
+                    bounds = self.states_row(own)
                 entry = kept[own] = (list(bounds), [None] * len(zeros))
             entries.append(entry)
         over = [True] * len(owns)
@@ -712,9 +714,17 @@ class SearchPlans(HostCounts, OverlapChoice):
         """Whether every ZeRO stage of the layout is over the budget at every micro-batch and recompute: its first
         rank's floors (stage_over of its own_memory, `own` where the caller has it) or a later rank's states
         (ranks_bytes), from the most sharded stage down, stopping at one that may fit."""
-        own, budget, zeros, over = self.own(lay) if own is None else own, self.budget, self.zeros, self.stage_over
+        own, budget, zeros = self.own(lay) if own is None else own, self.budget, self.zeros
+        states, lows = self.stage_floors(own)  # stage_over's steps
         for index in reversed(range(len(zeros))):
-            if not over(own, index) and self.ranks_bytes(lay, zeros[index]) <= budget:
+            if states[index] > budget:
+                continue
+            low = lows[index]
+            if low is None:
+                zero = zeros[index]
+                low = lows[index] = layout_floor(self.job, own, zero, self.presets[zero], memo=self.floor_parts,
+                                                 reserved=self.reserved_floors)
+            if low <= budget and self.ranks_bytes(lay, zeros[index]) <= budget:
                 return False
         return True
 
@@ -738,9 +748,16 @@ class SearchPlans(HostCounts, OverlapChoice):
         floors as asked (None until then)."""
         entry = self.caches.stage_floors.get(own)
         if entry is None:
-            entry = self.caches.stage_floors[own] = (
-                [self.states_bound(own, zero) for zero in self.zeros], [None] * len(self.zeros))
+            entry = self.caches.stage_floors[own] = (list(self.states_row(own)), [None] * len(self.zeros))
         return entry
+
+    def states_row(self, lay: Layout) -> tuple[float, ...]:
+        """states_bound of the layout at each ZeRO stage of `zeros`, once per degrees tuple (all it reads)."""
+        key = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
+        hit = self.state_rows.get(key)
+        if hit is None:
+            hit = self.state_rows[key] = tuple([self.states_bound(lay, zero) for zero in self.zeros])
+        return hit
 
     def need(self, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...]) -> int:
         """The least recompute index that fits at any of the `alive` ZeRO stages where the structural rules pass it
