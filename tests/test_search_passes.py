@@ -593,3 +593,21 @@ def test_a_process_that_keeps_objects_frozen_keeps_them_frozen_across_a_search()
         assert gc.get_freeze_count() >= len(built) and not any(id(item) in collected for item in built)
     finally:
         gc.unfreeze()  # this test process is not a server: give its objects back to the collector
+
+
+def test_pipeline_overlaps_is_each_layouts_own_kept_per_pipeline_and_schedule(monkeypatch):
+    """bounds.pipeline_overlaps keeps its verdict per (pp, vpp, schedule) of a layout with EP, all it reads of one (the
+    request's fields and the job's card are its memo's): each layout's is the one worked out for it alone
+    (_pipeline_overlaps), worked out once per key (the seeding asks it of some 27,000 layouts on DeepSeek-V3/2,048)."""
+    req = JOBS[0]
+    job, _ = search_job(req)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req, job), default_engine(job.framework), 1)
+    search.pipeline_overlap = {}  # (this search's own: none kept by another test's search of the job)
+    tiers = split_space(search)
+    layouts = [*tiers.inside, *tiers.across]
+    own, worked = search._pipeline_overlaps, []
+    monkeypatch.setattr(search, "_pipeline_overlaps", lambda lay: worked.append(lay) or own(lay))
+    verdicts = [search.pipeline_overlaps(lay) for lay in layouts]
+    assert len(worked) == len({(lay.pp, lay.vpp, lay.schedule) for lay in layouts if lay.ep > 1}) > 0
+    assert verdicts == [lay.ep > 1 and own(lay) for lay in layouts]
+    assert any(verdicts) and not all(verdicts)

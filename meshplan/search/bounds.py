@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.activations import least_rank_tokens
 from meshplan.arithmetic.pipeline_counts import steady_share
 from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
@@ -67,7 +66,8 @@ class StepTimeBounds(SearchPlans):
 
     cp_mbs: dict[tuple[int, int], int] = field(default_factory=dict)  # largest micro-batch per (tp, cp)
     work_mbs: dict[tuple[int, int, int], float] = field(default_factory=dict)  # most sequences per rank per shard
-    pipeline_overlap: dict[tuple[int, int], bool] = field(default_factory=dict)  # pipeline_overlaps per (pp, vpp)
+    # pipeline_overlaps per (pp, vpp, schedule), and the verdict of EP009 per (pp, vpp) it reads
+    pipeline_overlap: dict[tuple, bool] = field(default_factory=dict)
     # Per (dp, pp, vpp, schedule, micro-batch sizes, ideal time): per size, (m + bubble stages, the share of
     # micro-batches outside the EP overlap's steady state, ideal_time, m): what stretch and seed_keys read of a
     # layout's pipeline (stretch_factors).
@@ -261,10 +261,18 @@ class StepTimeBounds(SearchPlans):
         1F1B schedule, else where EP009 lets its pipeline shape overlap it (Megatron-Core wants virtual stages when
         pp > 1), asked once per (pp, vpp): a layout that cannot is bounded by a reference without it. A layout that may
         is bounded by the faster of the references with it and without it (_per_token): its plan may be either
-        (overlap_choice)."""
+        (overlap_choice). Kept per (pp, vpp, schedule) of a layout with EP, all it reads of one (the request's fields
+        and the job's card are the memo's): the seeding asks it of some 27,000 layouts on DeepSeek-V3/2,048."""
         if lay.ep <= 1:
             return False
-        fixed = self.fixed.values  # (its dict: the seeding asks this of some 25,000 layouts on DeepSeek-V3/2,048)
+        pipe = (lay.pp, lay.vpp, lay.schedule)  # (the (pp, vpp) keys below are pairs: no clash in the one memo)
+        hit = self.pipeline_overlap.get(pipe)
+        if hit is None:
+            hit = self.pipeline_overlap[pipe] = self._pipeline_overlaps(lay)  # type: ignore[index]
+        return hit
+
+    def _pipeline_overlaps(self, lay: Layout) -> bool:
+        fixed = self.fixed.values
         if "moe_a2a_overlap" in fixed:
             return bool(fixed["moe_a2a_overlap"])
         if lay.schedule == "combined_1f1b":
@@ -400,7 +408,7 @@ class StepTimeBounds(SearchPlans):
         bounds = []
         for mbs, (stages, outside, low, m) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
             # the hot loop of seeding: what does not change with the micro-batch read once
-            tokens = least_rank_tokens(s, mbs, cp)  # padding an engine may add not counted
+            tokens = -(-(s * mbs) // cp)  # least_rank_tokens' (without its call): padding an engine may add not counted
             per_stage = tokens * (per_token + outside * exposed if exposed else per_token) / pp
             rest = 1.0 - tokens / ref_tokens  # 1 - the share of b_tok sequences it holds
             if sync:
@@ -475,9 +483,11 @@ class StepTimeBounds(SearchPlans):
         """light_ranks of a layout whose last_ranks the caller has (not None): the seeding keeps them per shape."""
         refs = rate[3]  # (the rate is its references')
         hit = ranks.light.get(refs, False)
-        if hit is False:
-            hit = ranks.light[refs] = light_stages(ranks.flat, self.token_parts(refs), rate[1], rate[2],
-                                                   self.moe_sync_s(), lay.pp, lay.vpp)
+        if hit is False:  # (token_parts' and moe_sync_s' kept figures read without their calls where they are kept)
+            sync = self.sync_s
+            hit = ranks.light[refs] = light_stages(
+                ranks.flat, self.parts_by_refs.get(refs) or self.token_parts(refs), rate[1], rate[2],
+                self.moe_sync_s() if sync is None else sync, lay.pp, lay.vpp)
         return hit
 
     def _keep_parts(self, key: tuple, work: StageWork, tokens: float, alone_key: tuple | None) -> None:
@@ -573,7 +583,7 @@ class StepTimeBounds(SearchPlans):
             if plain:  # the stretch's m + bubble transfers, a chain's m (it holds a rank's m micro-batches): the
                 # chains under the stretch (chained) or over it (heavy_chains: the larger, the stretch's held)
                 m, unit = self.microbatches(lay, mbs), lay.vpp * self.pp_unit(lay, mbs)
-                stretched = plain[0] + (unit := unit * self.blocking_p2p_share(lay, mbs)) * (m + lay.bubble_stages())
+                stretched = plain[0] + (unit := unit * self.blocking_p2p_share(lay, m)) * (m + lay.bubble_stages())
                 chains = bound
                 if whole := flags[0]:  # (the chains over it: as capped)
                     bound = min(bound, plain[0])
@@ -767,7 +777,8 @@ class StepTimeBounds(SearchPlans):
         """Per ZeRO stage, synced of one node where `pipe` bounds its plans' pipeline, with its grid's group_syncs
         (its seed group's, kept when it opened; worked out for this layout otherwise): no estimate beyond the group's,
         so a node's stages are split at no cost (engine.refine_shard); `pipe` for each where none raises it."""
-        syncs = self.search_memo.get(self.syncs_key(lay, self.sync_vpp(lay.vpp)))
+        vpp = lay.vpp  # (sync_vpp's kept count read without its call where it is kept: some 5,000 asks of a few vpps)
+        syncs = self.search_memo.get(self.syncs_key(lay, self.chunks_by_vpp.get(vpp) or self.sync_vpp(vpp)))
         if syncs is None:
             syncs = self.group_syncs([lay])
         if not syncs:
@@ -800,13 +811,14 @@ class StepTimeBounds(SearchPlans):
 
     synced = staticmethod(synced_keys)  # (estimate/sync_floor.py)
 
-    def blocking_p2p_share(self, lay: Layout, mbs: int) -> float:
-        """The least share of a rank's pipeline transfers that block it (perf._exposed_p2p): 1, or where the
-        framework overlaps the steady state's (its card's pipeline.steady_p2p_overlap) the least over ranks of 1 -
-        steady_share, at the interleaved order's warm-up (combined 1F1B's is one longer: more blocks)."""
+    def blocking_p2p_share(self, lay: Layout, m: int) -> float:
+        """The least share of a rank's pipeline transfers that block it (perf._exposed_p2p) in the layout's plans of
+        `m` micro-batches (microbatches: the caller's): 1, or where the framework overlaps the steady state's (its
+        card's pipeline.steady_p2p_overlap) the least over ranks of 1 - steady_share, at the interleaved order's
+        warm-up (combined 1F1B's is one longer: more blocks)."""
         if lay.vpp == 1:
             return 1.0
-        key = (lay.pp, lay.vpp, self.microbatches(lay, mbs))
+        key = (lay.pp, lay.vpp, m)
         hit = self.p2p_shares.get(key)
         if hit is None:
             hit = self.p2p_shares[key] = 1.0

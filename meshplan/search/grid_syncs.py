@@ -76,11 +76,17 @@ def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
     if engine.sync_rates is not sync_rates or engine.sharding_floor is not sharding_floor:
         return stage_parts(bounds, lay, zero, least).at(vpp)
     memo = bounds.bounds_memo
-    dp_cp, edp = _dp_groups(bounds, lay)
-    # the replicas the groups split into (perf.dp_traffic's state_replicas: dp where ZeRO-0 is fully_shard over a
-    # shard of one, so grids of one dp x cp group but another dp shard and all-reduce over other groups)
-    replicas = _replicas(bounds, zero, lay.dp)
-    alike = (zero, least, lay.tp, lay.pp, lay.ep, lay.etp, dp_cp, edp, replicas, _schedule(bounds, lay, zero))
+    # what the grid's StageSync reads, kept per grid, ZeRO stage and first rank (its layouts of fewer virtual chunks
+    # ask it again at theirs: grid_stage_keys, some 4,000 of DeepSeek-V3/2,048's 6,400 asks)
+    grid = ("alike", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero, least)
+    alike = memo.get(grid)
+    if alike is None:
+        dp_cp, edp = _dp_groups(bounds, lay)
+        # the replicas the groups split into (perf.dp_traffic's state_replicas: dp where ZeRO-0 is fully_shard over a
+        # shard of one, so grids of one dp x cp group but another dp shard and all-reduce over other groups)
+        replicas = _replicas(bounds, zero, lay.dp)
+        alike = memo[grid] = (zero, least, lay.tp, lay.pp, lay.ep, lay.etp, dp_cp, edp, replicas,
+                              _schedule(bounds, lay, zero))
     key = ("stage sync", vpp, alike)
     hit = memo.get(key)
     if hit is None:
