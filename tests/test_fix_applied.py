@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from meshplan import api
-from meshplan.adapters.read.fixes import NO_FIX, fix_changes
+from meshplan.adapters.read.fixes import NO_FIX, fix_changes, spelled_out
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib
 from meshplan.request.resolve import resolve
@@ -115,7 +115,7 @@ def test_low_headroom_names_layouts_with_their_memory_that_each_keep_it(req):
     for label, figure in layouts:
         fixed = applied(req, label, in_effect)
         assert gib(api.check_config(Request(**fixed)).memory.fit_bytes) == figure, (label, figure)
-    for alternative in re.split(r",?\s+or\s+", found.fix.removeprefix("Keep at least 10% free: ")):
+    for alternative in alternatives(found.fix.removeprefix("Keep at least 10% free: "), "MEM002"):
         fixed = applied(req, alternative, in_effect)
         assert fixed, alternative
         report = api.check_config(Request(**fixed))
@@ -382,7 +382,7 @@ def fixes_applied(req: dict):
     for found in report.findings:
         if found.severity == "info" or NO_FIX.search(found.fix):
             continue
-        for alternative in re.split(r",?\s+or\s+", found.fix):
+        for alternative in (text for spelled in spelled_out(found.fix) for text in spelled):
             fixed = applied(req, alternative, in_effect)
             if fixed:
                 out.append((found, alternative, fixed))
