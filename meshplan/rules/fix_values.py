@@ -178,12 +178,13 @@ def at_world(ctx: Context, world: int) -> Context:
     return Context(job, p.model_copy(update={"dp": dp}))
 
 
-def kept_counts(ctx: Context, counts: list[int]) -> tuple[list[int], str]:
-    """Of the GPU counts a world-size fix names, those at which the batch rules pass at the dp each derives, with ''
-    beside them; where none does, the first with the batch change they pass there (' with global_batch_size = 8',
-    batch_words): WS001's 'num_gpus = 24' at tp=3 and a 1-sequence global batch left dp 8, which BS001 refuses. Reads
-    BATCH_READS."""
-    kept = [c for c in counts if not refusals_at(at_world(ctx, c), BATCH_RULES)]
+def kept_counts(ctx: Context, counts: list[int], also: tuple[str, ...] = ()) -> tuple[list[int], str]:
+    """Of the GPU counts a world-size fix names, those at which the batch rules (and the rules of `also` that pass
+    now: never the calling rule, whose fix this is) pass at the dp each derives, with '' beside them; where none
+    does, the first with the batch change they pass there (' with global_batch_size = 8', batch_words): WS001's
+    'num_gpus = 24' at tp=3 and a 1-sequence global batch left dp 8, which BS001 refuses. Reads BATCH_READS."""
+    rules = BATCH_RULES + tuple(r for r in also if r not in refusals_at(ctx, also))
+    kept = [c for c in counts if not refusals_at(at_world(ctx, c), rules)]
     if kept or not counts:
         return kept or counts, ""
     words = batch_words(at_world(ctx, counts[0]))
@@ -233,6 +234,25 @@ def dp_follows(ctx: Context, dp: int) -> list[str]:
     a fix's new degrees leave dp at N, not the plan's: the stated dp kept beside them no longer tiles the GPUs (WS003,
     WS006), so the fix names the one that follows (GPUs / the replica's size). Empty otherwise."""
     return [f"dp={dp}"] if ctx.job.dp_stated and dp != ctx.plan.dp else []
+
+
+def running_stages(ctx: Context, stages: Iterable[int]) -> list[int]:
+    """Of the ZeRO stages a fix names, those at which the world-size and batch rules pass (at_layout with the stage):
+    verl's 'use the Megatron backend (zero_stage 0 or 1)' at pp=8 on 4 GPUs (FS001, AD001) left a layout the
+    Megatron engine's world-size law refuses (WS002), which the FSDP engine's does not test, and tp=3 one whose
+    heads it does not divide (TP002); every error rule that passes now is held there (a fix need not mend what the
+    plan breaks already). Reads every Plan field."""
+    specs, conditions = rule_specs(), load_rules()
+    ids = [r for r, spec in specs.items()
+           if spec.severity == "error" and not spec.memory and r in conditions and r not in STAGE_NAMERS]
+    refused = set(refusals_at(ctx, ids))
+    rules = [r for r in ids if r not in refused]
+    return [z for z in stages if not refusals_at(at_layout(ctx, {"zero_stage": z}), rules)]
+
+
+# The rules not run inside running_stages: FS001 names its stages through it, and AD001's verdict on the Megatron
+# engine's stages is the one megatron_stages asks (unwritable) already
+STAGE_NAMERS = ("AD001", "FS001")
 
 
 def passing_world_rules(ctx: Context) -> tuple[str, ...]:

@@ -379,7 +379,15 @@ def fewer_microbatches_than_stages(ctx: Context) -> Values:
     gbs = ctx.job.global_batch_size
     mbs = gbs // (p.dp * p.pp) if gbs % (p.dp * p.pp) == 0 and gbs >= p.dp * p.pp else 0
     return {"m": m, "pp": p.pp, "target": unit, "unit": unit, "most": max(1, m),
-            "mbs": f", micro_batch_size={mbs} at this batch" if mbs else ""}
+            "mbs": f", micro_batch_size={mbs} {_this_batch(ctx)}" if mbs else ""}
+
+
+def _this_batch(ctx: Context) -> str:
+    """How a micro-batch fix keeps the global batch: 'at this batch' where the request states it; the batch named
+    where the request leaves it to its default (Job.batch_follows_layout), which moves with the micro-batch: PP010's
+    'micro_batch_size=2 at this batch' of a default 128 at dp 32 took a default 64 there, one micro-batch again."""
+    gbs = ctx.job.global_batch_size
+    return f"with global_batch_size = {gbs}" if ctx.job.batch_follows_layout else "at this batch"
 
 
 
@@ -518,7 +526,7 @@ def dualpipev_microbatches(ctx: Context) -> Values:
     unit = 2 * p.pp * p.dp
     mbs = gbs // unit if gbs % unit == 0 and gbs >= unit else 0
     return {"m": m, "pp": p.pp, "stages": 2 * p.pp, "target": target,
-            "mbs": f", micro_batch_size={mbs} at this batch" if mbs and mbs != p.micro_batch_size else ""}
+            "mbs": f", micro_batch_size={mbs} {_this_batch(ctx)}" if mbs and mbs != p.micro_batch_size else ""}
 
 
 def _named_with_overlap(values: dict, job: Job) -> tuple:

@@ -13,7 +13,7 @@ from meshplan.knowledge.adapter_knobs import unwritable
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.context import backend_of
 from meshplan.rules.engine import Context, Values, rule, rule_specs
-from meshplan.rules.fix_values import BATCH_READS, divisors, fmt_set, kept_degrees
+from meshplan.rules.fix_values import BATCH_READS, divisors, fmt_set, kept_degrees, running_stages
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
@@ -120,13 +120,18 @@ def tp_overlap_preconditions(ctx: Context) -> Values:
 
 
 
-@rule("FS001", reads=("tp", "pp", "ep"))
+@rule("FS001", reads=("tp", "pp", "ep"), words=tuple(Plan.model_fields))  # its words run every rule (running_stages)
 def fsdp_backend_degrees(ctx: Context) -> Values:
+    """The Megatron engine's stages are named where the layout runs there (fix_values.running_stages: pp=8 on 4 GPUs
+    tiles no Megatron engine, WS002); else only the FSDP alternative."""
     p = ctx.plan
     used = split_degrees(p.tp, p.pp, p.ep)
     if not used:
         return None
-    return {"framework": ctx.framework, "used": ", ".join(used), "stages": either_or(megatron_stages(ctx.job))}
+    stages = running_stages(ctx, megatron_stages(ctx.job))
+    return {"framework": ctx.framework, "used": ", ".join(used),
+            "megatron": f"Use zero_stage {either_or(stages)} for the Megatron engine (which has TP, PP and EP), or set "
+                        if stages else "Set "}
 
 
 def split_degrees(tp: int, pp: int, ep: int) -> list[str]:

@@ -88,13 +88,20 @@ def spelled_out(fix: str) -> list[list[str]]:
     for part in re.split(r",?\s+or\s+", fix):
         bare = BARE.match(part)
         listed = LISTED.search(groups[-1][-1]) if bare and groups else None
-        if listed is None or listed.group("name") not in Request.model_fields:
+        if listed is None or listed.group("name") not in Request.model_fields or _in_parentheses(
+                groups[-1][-1][:listed.start()]):
             groups.append(_choices(part))
             continue
         name, head, after = listed.group("name"), groups[-1][-1][:listed.start()], listed.group("after") or ""
         groups[-1][-1:] = [f"{head}{name}={value.strip()}{after}" for value in listed.group("values").split(",")]
         groups[-1].append(f"{name}={bare.group(1)}{part[bare.end():]}")
     return groups
+
+
+def _in_parentheses(text: str) -> bool:
+    """Whether `text` ends inside a parenthesis: a field's value there explains ('global_batch_size = 64 or 128
+    (prompts_per_step 64 or 128 x samples_per_prompt 1)', VL001's step in prompts), it offers no alternative."""
+    return text.count("(") > text.count(")")
 
 
 def _choices(text: str) -> list[str]:
