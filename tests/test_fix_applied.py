@@ -691,6 +691,13 @@ SPELLED_CASES = [
     # micro-batch 4 and dp 32, 64 at 2: one micro-batch again); it names the batch beside it
     ("PP010", dict(model="llama-3.1-8b", framework="torchtitan", gpu="a100-40gb", num_gpus=64, micro_batch_size=4,
                    seq_length=131072, pp=2)),
+    # PP003's 'pp in {2, 4, 8, 16} with vpp=2' on Qwen3-Next's 96 pattern layers (48 decoder layers): 16 x 2 chunks
+    # split no whole decoder layers (PP002, PP017)
+    ("PP003", dict(model="qwen3-next-80b-a3b", framework="megatron-bridge", gpu="a100-40gb", num_gpus=128, vpp=2,
+                   pp=1, ep=8, zero_stage=0)),
+    # CP007's '(dp=4 takes its ranks)' named the plan's dp x cp, not the dp cp=1 leaves (6 on 12 GPUs at tp=2): read
+    # as dp=4, WS003
+    ("CP007", dict(model="gemma-2-27b", framework="megatron-bridge", gpu="b200", num_gpus=12, tp=2, cp=4, job="sft")),
     # DS002's 'zero_stage 0 or 1' beside optimizer_offload: ZeRO-Offload needs a stage over 0 (OF001)
     ("DS002", dict(model="qwen3-next-80b-a3b", framework="deepspeed", gpu="mi300x", num_gpus=128, zero_stage=3,
                    optimizer_offload=True, pp=4)),
