@@ -698,6 +698,12 @@ SPELLED_CASES = [
     # CP007's '(dp=4 takes its ranks)' named the plan's dp x cp, not the dp cp=1 leaves (6 on 12 GPUs at tp=2): read
     # as dp=4, WS003
     ("CP007", dict(model="gemma-2-27b", framework="megatron-bridge", gpu="b200", num_gpus=12, tp=2, cp=4, job="sft")),
+    # TP005's 'Set sequence_parallel=true' at tp=3 on a 4,096-token sequence: SP004 (the sequence split over tp)
+    ("TP005", dict(model="nemotron-h-8b", framework="megatron-bridge", gpu="h200", num_gpus=8, sequence_parallel=False,
+                   tp_comm_overlap=True, tp=3)),
+    # DS004's 'tp = pp = ep = 1' at vpp=2: virtual stages without a pipeline (PP003)
+    ("DS004", dict(model="mixtral-8x22b", framework="deepspeed", gpu="h20", num_gpus=4, pp=4, zero_stage=3, cp=2,
+                   vpp=2)),
     # DS002's 'zero_stage 0 or 1' beside optimizer_offload: ZeRO-Offload needs a stage over 0 (OF001)
     ("DS002", dict(model="qwen3-next-80b-a3b", framework="deepspeed", gpu="mi300x", num_gpus=128, zero_stage=3,
                    optimizer_offload=True, pp=4)),

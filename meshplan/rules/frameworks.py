@@ -221,18 +221,22 @@ def deepspeed_etp(ctx: Context) -> Values:
 
 
 
-@rule("DS004", reads=("tp", "pp", "ep", "zero_stage"), words=OFFLOAD_READS)
+@rule("DS004", reads=("tp", "pp", "ep", "zero_stage"), words=("vpp", *BATCH_READS, *OFFLOAD_READS))
 def deepspeed_moe_zero3(ctx: Context) -> Values:
     """Megatron-DeepSpeed (which meshplan renders for tp, pp or ep over 1) builds a MoE model's expert layers as
     deepspeed.moe.layer.MoE, and DeepSpeed's engine asserts that no such layer runs under ZeRO-3; a plain ds_config
     (tp = pp = ep = 1) trains the user's own model code, which need not use DeepSpeed-MoE. The stages it names are
     those the pipeline engine takes at pp > 1 (DS002: 'zero_stage 1 or 2' read as zero_stage=2 at pp=2 brought it
-    in), 1 or 2 without a pipeline."""
+    in), 1 or 2 without a pipeline. Its plain ds_config's tp = pp = ep = 1 names vpp=1 beside it at vpp > 1 (PP003
+    at vpp=2 with no pipeline) and what must follow its dp (layout_words)."""
     p = ctx.plan
     if not ctx.arch.is_moe or p.zero_stage != 3 or max(p.tp, p.pp, p.ep) == 1:
         return None
     used = ", ".join(f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if value > 1)
-    return {"used": used, "model": ctx.arch.name, "stages": pipeline_zero_stages(ctx) if p.pp > 1 else "1 or 2"}
+    plain = {"tp": 1, "pp": 1, "ep": 1} | ({"vpp": 1} if p.vpp > 1 else {})
+    follows = layout_words(ctx, plain)
+    return {"used": used, "model": ctx.arch.name, "stages": pipeline_zero_stages(ctx) if p.pp > 1 else "1 or 2",
+            "plain": "tp = pp = ep = 1" + (", vpp=1" if p.vpp > 1 else "") + (f", {follows}" if follows else "")}
 
 
 

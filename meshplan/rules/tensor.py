@@ -13,7 +13,7 @@ from meshplan.knowledge.adapter_knobs import unwritable
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.context import backend_of
 from meshplan.rules.engine import Context, Values, rule, rule_specs
-from meshplan.rules.fix_values import BATCH_READS, divisors, fmt_set, kept_degrees, running_stages
+from meshplan.rules.fix_values import BATCH_READS, divisors, fmt_set, kept_degrees, refusals_at, running_stages
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
@@ -94,10 +94,16 @@ def tp_inside_nvlink(ctx: Context) -> Values:
 
 
 
-@rule("TP005", reads=("tp", "sequence_parallel", "tp_comm_overlap", "torch_compile"))
+# The rules sequence parallelism can bring in (their verdicts read it: the sequence split over tp x cp), which TP005's
+# 'Set sequence_parallel=true' must not (at tp=3 on a 4,096-token sequence: SP004)
+SP_SPLIT_RULES = ("SP004", "TT002")
+
+
+@rule("TP005", reads=("tp", "sequence_parallel", "tp_comm_overlap", "torch_compile"), words=("cp",))
 def tp_overlap_preconditions(ctx: Context) -> Values:
     """tp_comm_overlap on a framework without the switch, or without what its switch needs (the card's
-    tp_overlap: sequence parallelism for Transformer Engine's userbuffers, torch.compile for async TP)."""
+    tp_overlap: sequence parallelism for Transformer Engine's userbuffers, torch.compile for async TP). Sequence
+    parallelism is named only where the sequence splits over tp x cp (SP_SPLIT_RULES)."""
     p = ctx.plan
     if not p.tp_comm_overlap:
         return None
@@ -110,9 +116,11 @@ def tp_overlap_preconditions(ctx: Context) -> Values:
         return {"reason": f"tp={p.tp}: there is no TP communication to overlap",
                 "fix": "Use tp > 1, or tp_comm_overlap=false."}
     if facts.needs_sequence_parallel and not p.sequence_parallel:
+        split = refusals_at(Context(ctx.job, p.model_copy(update={"sequence_parallel": True})), SP_SPLIT_RULES)
         return {"reason": "sequence_parallel=false (the userbuffers overlap pipelines the sequence-parallel "
                           "all-gather and reduce-scatter)",
-                "fix": "Set sequence_parallel=true, or tp_comm_overlap=false."}
+                "fix": f"Set tp_comm_overlap=false (sequence parallelism breaks {', '.join(split)} here)." if split
+                else "Set sequence_parallel=true, or tp_comm_overlap=false."}
     if facts.needs_compile and not p.torch_compile:
         return {"reason": "torch_compile=false (async TP is a torch.compile pass)",
                 "fix": "Set torch_compile=true, or tp_comm_overlap=false."}
