@@ -9,7 +9,7 @@ from typing import Any
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.mesh import default_global_batch
-from meshplan.rules.engine import Context, load_rules, rule_specs
+from meshplan.rules.engine import Context, load_rules, rule_specs, verdicts
 from meshplan.schema.plan import Job
 
 # The rules that hold the global batch against dp (each framework's own law, rules/batch.py): a fix that moves dp (a
@@ -237,22 +237,19 @@ def dp_follows(ctx: Context, dp: int) -> list[str]:
 
 
 def running_stages(ctx: Context, stages: Iterable[int]) -> list[int]:
-    """Of the ZeRO stages a fix names, those at which the world-size and batch rules pass (at_layout with the stage):
-    verl's 'use the Megatron backend (zero_stage 0 or 1)' at pp=8 on 4 GPUs (FS001, AD001) left a layout the
-    Megatron engine's world-size law refuses (WS002), which the FSDP engine's does not test, and tp=3 one whose
-    heads it does not divide (TP002); every error rule that passes now is held there (a fix need not mend what the
-    plan breaks already). Reads every Plan field."""
-    specs, conditions = rule_specs(), load_rules()
-    ids = [r for r, spec in specs.items()
-           if spec.severity == "error" and not spec.memory and r in conditions and r not in STAGE_NAMERS]
-    refused = set(refusals_at(ctx, ids))
-    rules = [r for r in ids if r not in refused]
-    return [z for z in stages if not refusals_at(at_layout(ctx, {"zero_stage": z}), rules)]
-
-
-# The rules not run inside running_stages: FS001 names its stages through it, and AD001's verdict on the Megatron
-# engine's stages is the one megatron_stages asks (unwritable) already
-STAGE_NAMERS = ("AD001", "FS001")
+    """Of the ZeRO stages a fix names, those at which no error rule refuses the plan (at_layout with the stage) that
+    passes it now: verl's 'use the Megatron backend (zero_stage 0 or 1)' at pp=8 on 4 GPUs (FS001) left a layout the
+    Megatron engine's world-size law refuses (WS002), which the FSDP engine's does not test, and tp=3 one whose heads
+    it does not divide (TP002); a fix need not mend what the plan breaks already. The stage's verdicts are the job's
+    kept ones (engine.verdicts: a search that fires FS001 on every plan with tp, pp or ep over 1 at verl's ZeRO-3,
+    1,594 of Qwen3-30B-A3B's on 16 GPUs, asks the same plans at the Megatron stages too). Reads every Plan field."""
+    out, job = [], ctx.job
+    for z in stages:  # the stage moves no dp and no default batch: the plan with it (at_layout's, without its work)
+        plan = ctx.plan.model_copy(update={"zero_stage": z})
+        errors = {f.id for f in verdicts(job).findings(job, plan) if f.severity == "error"} - {"FS001"}
+        if not errors or set(refusals_at(ctx, errors)) == errors:
+            out.append(z)
+    return out
 
 
 def passing_world_rules(ctx: Context) -> tuple[str, ...]:

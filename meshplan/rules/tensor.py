@@ -8,6 +8,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.arithmetic import mesh
+from meshplan.core.identity_memo import IdentityMemo
 from meshplan.core.units import either_or
 from meshplan.knowledge.adapter_knobs import unwritable
 from meshplan.knowledge.cards import framework_card
@@ -160,9 +161,14 @@ def stage_refuses_degrees(job: Job, zero_stage: int, tp: int, ep: int) -> bool:
 def megatron_stages(job: Job) -> list[int]:
     """The ZeRO stages that select the framework's Megatron engine (its card's engine.by_zero_stage) and that its
     config as render writes it has a key for (verl has no ZeRO-2: AD001): the stages FS001's fix may name. Read from
-    the card alone, not the plan (FS001 reads tp, pp and ep only)."""
-    return [zero for zero in range(4) if backend_of(job.card, zero) == "megatron"
-            and unwritable(job.card, job, Plan(zero_stage=zero), f"zero_{zero}") is None]
+    the card alone, not the plan (FS001 reads tp, pp and ep only): kept per job (a search asks it on every plan FS001
+    fires on)."""
+    return _MEGATRON_STAGES.get((job,), None, lambda: [
+        zero for zero in range(4) if backend_of(job.card, zero) == "megatron"
+        and unwritable(job.card, job, Plan(zero_stage=zero), f"zero_{zero}") is None])
+
+
+_MEGATRON_STAGES: IdentityMemo[list[int]] = IdentityMemo(limit=64)
 
 
 
