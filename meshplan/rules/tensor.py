@@ -129,7 +129,7 @@ def tp_overlap_preconditions(ctx: Context) -> Values:
 
 
 
-@rule("FS001", reads=("tp", "pp", "ep"), words=tuple(Plan.model_fields))  # its words run every rule (running_stages)
+@rule("FS001", reads=("tp", "pp", "ep"), words=(*Plan.model_fields, "global_batch_size"))  # every rule (running_stages)
 def fsdp_backend_degrees(ctx: Context) -> Values:
     """The Megatron engine's stages are named where the layout runs there (fix_values.running_stages: pp=8 on 4 GPUs
     tiles no Megatron engine, WS002); else only the FSDP alternative."""
