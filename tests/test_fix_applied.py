@@ -704,6 +704,17 @@ SPELLED_CASES = [
     # DS004's 'tp = pp = ep = 1' at vpp=2: virtual stages without a pipeline (PP003)
     ("DS004", dict(model="mixtral-8x22b", framework="deepspeed", gpu="h20", num_gpus=4, pp=4, zero_stage=3, cp=2,
                    vpp=2)),
+    # BS001's 'global_batch_size = 96 or 104' at pp=2, vpp=2 on NeMo AutoModel: 104 leaves 26 micro-batches at dp 4,
+    # not a multiple of pp (PP011)
+    ("BS001", dict(model="mixtral-8x7b", framework="nemo-automodel", gpu="a100-80gb", num_gpus=16,
+                   global_batch_size=100, pp=2, vpp=2)),
+    # DS004's 'zero_stage 1 or 2' beside param_offload: DeepSpeed offloads parameters at ZeRO-3 only (OF001)
+    ("DS004", dict(model="mixtral-8x22b", framework="deepspeed", gpu="a100-40gb", num_gpus=128, param_offload=True,
+                   tp=8, zero_stage=3)),
+    # TP001's 'tp in {1, 2, 4, 5, 8}' at cp=4 on 24 NeMo AutoModel GPUs: tp 4, 5, 8 leave dp*cp*tp*pp off the count
+    # (AM001, which the world-size rules a degree's fix holds now count)
+    ("TP001", dict(model="llama-4-maverick", framework="nemo-automodel", gpu="a100-80gb", num_gpus=24, cp=4,
+                   optimizer="muon", tp=3, ep=16)),
     # DS002's 'zero_stage 0 or 1' beside optimizer_offload: ZeRO-Offload needs a stage over 0 (OF001)
     ("DS002", dict(model="qwen3-next-80b-a3b", framework="deepspeed", gpu="mi300x", num_gpus=128, zero_stage=3,
                    optimizer_offload=True, pp=4)),

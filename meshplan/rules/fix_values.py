@@ -17,7 +17,7 @@ from meshplan.schema.plan import Job
 BATCH_RULES = ("BS001", "VL001", "VL003", "VL004", "SK001")
 # The world-size rules a degree's fix can bring in (the GPUs no longer tile the new replica, or torchtitan's EP no
 # longer divides the ranks it borrows): a fix names values at which those passing now still pass, or the ep beside it.
-WORLD_RULES = ("WS001", "WS002", "WS004", "WS005", "WS006")
+WORLD_RULES = ("WS001", "WS002", "WS004", "WS005", "WS006", "AM001")  # AM001: NeMo AutoModel's dp*cp*tp*pp == world
 # What a rule whose fix calls kept_degrees or layout_words reads beside its own fields: the degrees that derive dp,
 # the ZeRO stage that picks the engine whose dp the batch rules count, the micro-batch and the batch, and what the
 # world-size rules read (hybrid sharding's replicas, an RL job's placement, WS002's words the EP overlap).

@@ -197,6 +197,14 @@ def pipeline_zero_stages(ctx: Context) -> str:
     return either_or(stages or [0, 1])
 
 
+def moe_zero_stages(ctx: Context) -> list[int]:
+    """DS004's stages: those the pipeline engine takes at pp > 1 (0 and 1), else 1 and 2, that the plan's offloads run
+    at (DeepSpeed's parameter offload is ZeRO-3's: 'zero_stage 1 or 2' beside param_offload brought OF001 in). Reads
+    pp and OFFLOAD_READS."""
+    return [z for z in ((0, 1) if ctx.plan.pp > 1 else (1, 2)) if not unsupported_offloads(
+        ctx.card, ctx.job, ctx.plan.model_copy(update={"zero_stage": z}))]
+
+
 @rule("DS002", reads=("pp", "zero_stage"), words=("vpp", *BATCH_READS, *OFFLOAD_READS))
 def deepspeed_zero_with_pp(ctx: Context) -> Values:
     """DeepSpeed's pipeline engine refuses ZeRO-2/3. The pp=1 alternative names vpp=1 beside it where the plan has
@@ -235,7 +243,9 @@ def deepspeed_moe_zero3(ctx: Context) -> Values:
     used = ", ".join(f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if value > 1)
     plain = {"tp": 1, "pp": 1, "ep": 1} | ({"vpp": 1} if p.vpp > 1 else {})
     follows = layout_words(ctx, plain)
-    return {"used": used, "model": ctx.arch.name, "stages": pipeline_zero_stages(ctx) if p.pp > 1 else "1 or 2",
+    stages = moe_zero_stages(ctx)
+    return {"used": used, "model": ctx.arch.name,
+            "stages": f"Use zero_stage {either_or(stages)}, or " if stages else "Use ",
             "plain": "tp = pp = ep = 1" + (", vpp=1" if p.vpp > 1 else "") + (f", {follows}" if follows else "")}
 
 
