@@ -715,6 +715,9 @@ SPELLED_CASES = [
     # (AM001, which the world-size rules a degree's fix holds now count)
     ("TP001", dict(model="llama-4-maverick", framework="nemo-automodel", gpu="a100-80gb", num_gpus=24, cp=4,
                    optimizer="muon", tp=3, ep=16)),
+    # DP002's 'zero_stage 1 (...) or 3 (...)' on torchtitan, which has no ZeRO-1 (AD001)
+    ("DP002", dict(model="mixtral-8x7b", framework="torchtitan", gpu="h100", num_gpus=24, tp=2, pp=4,
+                   global_batch_size=256, cp=2, dp_replicate=2, zero_stage=0)),
     # DS002's 'zero_stage 0 or 1' beside optimizer_offload: ZeRO-Offload needs a stage over 0 (OF001)
     ("DS002", dict(model="qwen3-next-80b-a3b", framework="deepspeed", gpu="mi300x", num_gpus=128, zero_stage=3,
                    optimizer_offload=True, pp=4)),

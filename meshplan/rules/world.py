@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from meshplan.arithmetic import mesh
+from meshplan.knowledge.adapter_knobs import unwritable
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import (
     BATCH_READS,
@@ -255,10 +256,21 @@ def dp_replicate_divides_dp(ctx: Context) -> Values:
     return {"n": n, "dp": p.dp, "edp": f"{edp:g}", "fits": fmt_set(common[-LISTED:])}
 
 
-@rule("DP002", reads=("zero_stage", "dp_replicate"))
+# The ZeRO stages whose replicas DP002's fix names, each with how the frameworks run it
+SHARDED_REPLICAS = {1: "1 (Megatron's distributed optimizer: --num-distributed-optimizer-instances)",
+                    3: "3 (FSDP: HSDP)"}
+
+
+@rule("DP002", reads=("zero_stage", "dp_replicate"), words=("tp", "pp", "vpp", "cp", "ep", "etp"))
 def dp_replicate_needs_sharding(ctx: Context) -> Values:
-    """dp_replicate > 1 replicates sharded states; at zero_stage 0 nothing is sharded."""
+    """dp_replicate > 1 replicates sharded states; at zero_stage 0 nothing is sharded. The stages named are those
+    the framework's config writes for this layout (knowledge/adapter_knobs.unwritable: torchtitan has no ZeRO-1,
+    'zero_stage 1 ... or 3' read as zero_stage=1 brought AD001 in)."""
     p = ctx.plan
     if p.dp_replicate == 1 or p.zero_stage > 0:
         return None
-    return {"n": p.dp_replicate}
+    stages = [z for z in SHARDED_REPLICAS if unwritable(
+        ctx.card, ctx.job, p.model_copy(update={"zero_stage": z}), f"zero_{z}") is None]
+    said = " or ".join(SHARDED_REPLICAS[z] for z in stages)
+    return {"n": p.dp_replicate,
+            "fix": f"Use zero_stage {said}, or drop dp_replicate." if stages else "Drop dp_replicate."}
