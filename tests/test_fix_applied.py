@@ -340,14 +340,16 @@ def test_a_tp_fix_moves_an_etp_left_out_with_tp(etp):
 
 def test_ws002_names_the_gpu_count_as_an_assignment_check_config_applies():
     """WS002 said 'use a multiple of it (16 or 32)', which no fix parser reads (only its 'ep in {...}' applied): the
-    GPU count is now 'num_gpus = 16 or 32', applied by check --config, and the count applied passes WS002."""
+    GPU count is now 'num_gpus = 16 or 32', each count applied by check --config (the first alone before
+    fixes.spelled_out), and each passes WS002."""
     req = dict(model="qwen3-30b-a3b", framework="megatron-core", gpu="h100", num_gpus=24, ep=16)
     found = next(f for f in api.check_config(Request(**req)).findings if f.id == "WS002")
     in_effect = resolve(Request(**req))[1].model_dump()
     counts = [fixed["num_gpus"] for fixed in (applied(req, a, in_effect) for a in alternatives(found.fix, "WS002"))
               if fixed and fixed["num_gpus"] != 24]
-    assert counts == [16], found.fix
-    assert "WS002" not in {f.id for f in api.check_config(Request(**{**req, "num_gpus": 16})).findings}
+    assert counts == [16, 32], found.fix
+    for count in counts:
+        assert "WS002" not in {f.id for f in api.check_config(Request(**{**req, "num_gpus": count})).findings}
 
 
 # --------------------------------------------------------------------------- every rule's fix, applied
