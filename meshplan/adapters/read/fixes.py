@@ -58,13 +58,12 @@ NOT_A_CHANGE = frozenset({"model", "framework"})
 FOLLOWS = {"etp": frozenset({"tp"}), "sequence_parallel": frozenset({"tp", "pp"})}
 
 
-def fix_changes(fix: str, current: dict[str, Any], in_effect: dict[str, Any] | None = None,
-                limit: int | None = MAX_OPTIONS) -> list[dict[str, Any]]:
+def fix_changes(fix: str, current: dict[str, Any], in_effect: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The request changes each alternative of a fix names (alternatives split at 'or', each value of a list spelled
     out: `spelled_out`); an alternative that names no field with a value the field accepts, or only the values already
     set (by the file, `current`, or in the checked layout, `in_effect`: WS002's 'no ep tiles 8 GPUs at pp=16, etp=1'
     on a file that leaves etp at 1), gives none. The first value of each alternative the words offer comes first, then
-    each one's further values (`tp in {1, 2, 4}, or cp=1`: tp=1, cp=1, tp=2), `limit` of them (None: all)."""
+    each one's further values (`tp in {1, 2, 4}, or cp=1`: tp=1, cp=1, tp=2), MAX_OPTIONS of them."""
     in_effect = in_effect or {}
     groups: list[list[dict[str, Any]]] = []
     for spelled in spelled_out(MISSES.sub("", fix)):
@@ -77,7 +76,7 @@ def fix_changes(fix: str, current: dict[str, Any], in_effect: dict[str, Any] | N
         for group in groups:
             if at < len(group) and group[at] not in options:
                 options.append(group[at])
-    return options[:limit]
+    return options[:MAX_OPTIONS]
 
 
 def spelled_out(fix: str) -> list[list[str]]:
