@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pydantic import ValidationError
 
 from meshplan import api
-from meshplan.adapters.read.fixes import NO_FIX, fix_changes, spelled_out
+from meshplan.adapters.read.fixes import NO_FIX, fix_changes
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib
 from meshplan.request.resolve import resolve
@@ -126,9 +126,7 @@ def alternatives(fix: str, rule: str) -> list[str]:
         # last_stage_layers=13) (57.5 GiB peak, ...)': cut at ' (' it was pp=2 alone, which PP001 refuses)
         return [re.sub(r" \([\d,.]+ GiB peak.*$", "", a) for a in fix.split("together, ")[-1].removesuffix(" fits.")
                 .removesuffix(" fit.").split(") or ")]
-    # every value the words offer, one alternative each ('tp in {1, 2, 4}': tp=1, tp=2, tp=4; 'zero_stage 0 or 1':
-    # both), as check --config offers them (fix_changes); each is applied and checked
-    return [alternative for spelled in spelled_out(fix) for alternative in spelled]
+    return re.split(r",?\s+or\s+", fix)
 
 
 def named_layouts(fix: str) -> list[tuple[str, str]]:

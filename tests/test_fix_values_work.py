@@ -11,7 +11,7 @@ import re
 import pytest
 
 from meshplan import api
-from meshplan.adapters.read.fixes import fix_changes, spelled_out
+from meshplan.adapters.read.fixes import fix_changes
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
 from meshplan.request.resolve import resolve
@@ -56,7 +56,7 @@ def structural(req: dict):
 def applied(fix: str, req: dict, current: dict) -> list[dict]:
     """Each alternative of the fix as the request it makes (fix_changes per alternative, `drop x` clearing x)."""
     out = []
-    for alternative in (text for spelled in spelled_out(fix) for text in spelled):
+    for alternative in re.split(r",?\s+or\s+", fix):
         change = (fix_changes(alternative, current) or [{}])[0]
         change |= {name: None for name in re.findall(r"\b[Dd]rop ([a-z][a-z0-9_]*)", alternative)
                    if name in Request.model_fields}

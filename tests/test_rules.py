@@ -830,9 +830,7 @@ def test_stage_sizes_at_pp1_are_refused_as_megatron_refuses_them_with_a_fix_that
     assert "pp=1 runs one stage, which holds all 32 layers" in f.message and "Mismatch" in f.message, f.message
     assert "pp in {1" not in f.fix and ("drop first_stage_layers" in f.fix or "drop last_stage_layers" in f.fix), f.fix
     changes = fix_changes(f.fix, fields)
-    # the sizes dropped, and each pp the list names at which they are kept (its first alone before fixes.spelled_out:
-    # pp 2 and 8 for one size, pp 4 for both)
-    assert changes[0] == {name: None for name in sizes} and len(changes) == (2 if len(sizes) == 2 else 3), changes
+    assert changes[0] == {name: None for name in sizes} and len(changes) == 2, changes
     for applied in changes:
         fixed = {k: v for k, v in {**fields, **applied}.items() if v is not None}
         errors = {g.id for g in check_config(*make(**fixed)).findings if g.severity == "error"}

@@ -10,8 +10,7 @@ from __future__ import annotations
 import math
 
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import divisors, fmt_set, neighbours, refusals_at, rl_batch_fix
-from meshplan.rules.pipeline import MICROBATCH_RULES
+from meshplan.rules.fix_values import divisors, fmt_set, neighbours, rl_batch_fix
 
 MAX_LISTED_MBS = 64  # micro-batch sizes listed up to 64: beyond, a micro-batch alone is a large global batch
 
@@ -22,32 +21,16 @@ def _mbs_options(per_rank: int) -> str:
 
 
 
-@rule("BS001", reads=("dp", "micro_batch_size", "global_batch_size"),
-      words=("pp", "vpp", "pipeline_microbatches", "pipeline_schedule"))
+@rule("BS001", reads=("dp", "micro_batch_size", "global_batch_size"))
 def batch_divisible(ctx: Context) -> Values:
-    """The batches it names are the multiples of micro-batch x dp nearest the stated one at which the pipeline's
-    micro-batch rules that pass now still pass (_kept_batches)."""
     p, gbs = ctx.plan, ctx.job.global_batch_size
     unit = p.micro_batch_size * p.dp
     if gbs % unit == 0:
         return None
     per_rank = gbs // p.dp if gbs % p.dp == 0 else 0
     options = _mbs_options(per_rank)  # "none" when dp does not divide the batch: no micro-batch size helps
-    return {"gbs": gbs, "mbs": p.micro_batch_size, "dp": p.dp, "unit": unit, "gbss": _kept_batches(ctx, gbs, unit),
+    return {"gbs": gbs, "mbs": p.micro_batch_size, "dp": p.dp, "unit": unit, "gbss": neighbours(gbs, unit),
             "mbss": f", or micro_batch_size in {options}" if options != "none" else ""}
-
-
-def _kept_batches(ctx: Context, gbs: int, unit: int) -> str:
-    """The multiples of `unit` just below and above `gbs` ('96 or 104') at which the micro-batch rules that pass now
-    (pipeline.MICROBATCH_RULES) pass; both where none does. NeMo AutoModel's 'global_batch_size = 96 or 104' at pp=2,
-    vpp=2 and dp 4: 104 leaves 26 micro-batches, not a multiple of pp (PP011). Reads pp, vpp, pipeline_microbatches,
-    pipeline_schedule beside the rule's reads."""
-    below = gbs // unit * unit
-    batches = [b for b in (below, below + unit) if b > 0]
-    rules = [r for r in MICROBATCH_RULES if r not in refusals_at(ctx, MICROBATCH_RULES)]
-    kept = [b for b in batches if not refusals_at(
-        Context(ctx.job.model_copy(update={"global_batch_size": b}), ctx.plan), rules)]
-    return " or ".join(map(str, kept or batches))
 
 
 

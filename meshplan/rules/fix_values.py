@@ -9,7 +9,7 @@ from typing import Any
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.mesh import default_global_batch
-from meshplan.rules.engine import Context, load_rules, rule_specs, verdicts
+from meshplan.rules.engine import Context, load_rules, rule_specs
 from meshplan.schema.plan import Job
 
 # The rules that hold the global batch against dp (each framework's own law, rules/batch.py): a fix that moves dp (a
@@ -17,7 +17,7 @@ from meshplan.schema.plan import Job
 BATCH_RULES = ("BS001", "VL001", "VL003", "VL004", "SK001")
 # The world-size rules a degree's fix can bring in (the GPUs no longer tile the new replica, or torchtitan's EP no
 # longer divides the ranks it borrows): a fix names values at which those passing now still pass, or the ep beside it.
-WORLD_RULES = ("WS001", "WS002", "WS004", "WS005", "WS006", "AM001")  # AM001: NeMo AutoModel's dp*cp*tp*pp == world
+WORLD_RULES = ("WS001", "WS002", "WS004", "WS005", "WS006")
 # What a rule whose fix calls kept_degrees or layout_words reads beside its own fields: the degrees that derive dp,
 # the ZeRO stage that picks the engine whose dp the batch rules count, the micro-batch and the batch, and what the
 # world-size rules read (hybrid sharding's replicas, an RL job's placement, WS002's words the EP overlap).
@@ -178,13 +178,12 @@ def at_world(ctx: Context, world: int) -> Context:
     return Context(job, p.model_copy(update={"dp": dp}))
 
 
-def kept_counts(ctx: Context, counts: list[int], also: tuple[str, ...] = ()) -> tuple[list[int], str]:
-    """Of the GPU counts a world-size fix names, those at which the batch rules (and the rules of `also` that pass
-    now: never the calling rule, whose fix this is) pass at the dp each derives, with '' beside them; where none
-    does, the first with the batch change they pass there (' with global_batch_size = 8', batch_words): WS001's
-    'num_gpus = 24' at tp=3 and a 1-sequence global batch left dp 8, which BS001 refuses. Reads BATCH_READS."""
-    rules = BATCH_RULES + tuple(r for r in also if r not in refusals_at(ctx, also))
-    kept = [c for c in counts if not refusals_at(at_world(ctx, c), rules)]
+def kept_counts(ctx: Context, counts: list[int]) -> tuple[list[int], str]:
+    """Of the GPU counts a world-size fix names, those at which the batch rules pass at the dp each derives, with ''
+    beside them; where none does, the first with the batch change they pass there (' with global_batch_size = 8',
+    batch_words): WS001's 'num_gpus = 24' at tp=3 and a 1-sequence global batch left dp 8, which BS001 refuses. Reads
+    BATCH_READS."""
+    kept = [c for c in counts if not refusals_at(at_world(ctx, c), BATCH_RULES)]
     if kept or not counts:
         return kept or counts, ""
     words = batch_words(at_world(ctx, counts[0]))
@@ -234,22 +233,6 @@ def dp_follows(ctx: Context, dp: int) -> list[str]:
     a fix's new degrees leave dp at N, not the plan's: the stated dp kept beside them no longer tiles the GPUs (WS003,
     WS006), so the fix names the one that follows (GPUs / the replica's size). Empty otherwise."""
     return [f"dp={dp}"] if ctx.job.dp_stated and dp != ctx.plan.dp else []
-
-
-def running_stages(ctx: Context, stages: Iterable[int]) -> list[int]:
-    """Of the ZeRO stages a fix names, those at which no error rule refuses the plan (at_layout with the stage) that
-    passes it now: verl's 'use the Megatron backend (zero_stage 0 or 1)' at pp=8 on 4 GPUs (FS001) left a layout the
-    Megatron engine's world-size law refuses (WS002), which the FSDP engine's does not test, and tp=3 one whose heads
-    it does not divide (TP002); a fix need not mend what the plan breaks already. The stage's verdicts are the job's
-    kept ones (engine.verdicts: a search that fires FS001 on every plan with tp, pp or ep over 1 at verl's ZeRO-3,
-    1,594 of Qwen3-30B-A3B's on 16 GPUs, asks the same plans at the Megatron stages too). Reads every Plan field."""
-    out, job = [], ctx.job
-    for z in stages:  # the stage moves no dp and no default batch: the plan with it (at_layout's, without its work)
-        plan = ctx.plan.model_copy(update={"zero_stage": z})
-        errors = {f.id for f in verdicts(job).findings(job, plan) if f.severity == "error"} - {"FS001"}
-        if not errors or set(refusals_at(ctx, errors)) == errors:
-            out.append(z)
-    return out
 
 
 def passing_world_rules(ctx: Context) -> tuple[str, ...]:

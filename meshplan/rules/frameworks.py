@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from meshplan.arithmetic.lora import lora_frameworks
 from meshplan.arithmetic.memory_states import bytes_per_param, convention, replicates_by_sharding
-from meshplan.arithmetic.offload import unsupported_offloads
 from meshplan.core.identity_memo import IdentityMemo
 from meshplan.core.units import either_or
 from meshplan.knowledge.adapter_knobs import (
@@ -18,7 +17,6 @@ from meshplan.knowledge.adapter_knobs import (
     default_render,
     missing_knob,
     missing_layout_knob,
-    unwritable,
 )
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.engine_card import ZERO_STAGES
@@ -184,38 +182,16 @@ def deepspeed_ep_divides_dp(ctx: Context) -> Values:
 
 
 
-OFFLOAD_READS = ("activation_offload", "param_offload", "grad_offload", "optimizer_offload",
-                 "optimizer_offload_fraction")
-
-
-def pipeline_zero_stages(ctx: Context) -> str:
-    """The ZeRO stages DeepSpeed's pipeline engine takes (0 and 1) that this plan's offloads run at (OF001's test,
-    arithmetic/offload.unsupported_offloads): DS002's 'zero_stage 0 or 1' applied as zero_stage=0 beside
-    optimizer_offload brought OF001 in (ZeRO-Offload needs a stage over 0). Reads OFFLOAD_READS."""
-    stages = [z for z in (0, 1) if not unsupported_offloads(
-        ctx.card, ctx.job, ctx.plan.model_copy(update={"zero_stage": z}))]
-    return either_or(stages or [0, 1])
-
-
-def moe_zero_stages(ctx: Context) -> list[int]:
-    """DS004's stages: those the pipeline engine takes at pp > 1 (0 and 1), else 1 and 2, that the plan's offloads run
-    at (DeepSpeed's parameter offload is ZeRO-3's: 'zero_stage 1 or 2' beside param_offload brought OF001 in). Reads
-    pp and OFFLOAD_READS."""
-    return [z for z in ((0, 1) if ctx.plan.pp > 1 else (1, 2)) if not unsupported_offloads(
-        ctx.card, ctx.job, ctx.plan.model_copy(update={"zero_stage": z}))]
-
-
-@rule("DS002", reads=("pp", "zero_stage"), words=("vpp", *BATCH_READS, *OFFLOAD_READS))
+@rule("DS002", reads=("pp", "zero_stage"), words=("vpp", *BATCH_READS))
 def deepspeed_zero_with_pp(ctx: Context) -> Values:
     """DeepSpeed's pipeline engine refuses ZeRO-2/3. The pp=1 alternative names vpp=1 beside it where the plan has
-    virtual stages (pp=1 at vpp=2 brought PP003 in) and what must follow its dp (fix_values.layout_words); the
-    stages it names are those the plan's offloads run at (pipeline_zero_stages)."""
+    virtual stages (pp=1 at vpp=2 brought PP003 in) and what must follow its dp (fix_values.layout_words)."""
     p = ctx.plan
     if p.pp == 1 or p.zero_stage < 2:
         return None
     single = {"pp": 1} | ({"vpp": 1} if p.vpp > 1 else {})
     follows = layout_words(ctx, single)
-    return {"zero": p.zero_stage, "pp": p.pp, "stages": pipeline_zero_stages(ctx),
+    return {"zero": p.zero_stage, "pp": p.pp,
             "single": ", ".join([f"{name}=1" for name in single] + ([follows] if follows else []))}
 
 
@@ -229,24 +205,16 @@ def deepspeed_etp(ctx: Context) -> Values:
 
 
 
-@rule("DS004", reads=("tp", "pp", "ep", "zero_stage"), words=("vpp", *BATCH_READS, *OFFLOAD_READS))
+@rule("DS004", reads=("tp", "pp", "ep", "zero_stage"))
 def deepspeed_moe_zero3(ctx: Context) -> Values:
     """Megatron-DeepSpeed (which meshplan renders for tp, pp or ep over 1) builds a MoE model's expert layers as
     deepspeed.moe.layer.MoE, and DeepSpeed's engine asserts that no such layer runs under ZeRO-3; a plain ds_config
-    (tp = pp = ep = 1) trains the user's own model code, which need not use DeepSpeed-MoE. The stages it names are
-    those the pipeline engine takes at pp > 1 (DS002: 'zero_stage 1 or 2' read as zero_stage=2 at pp=2 brought it
-    in), 1 or 2 without a pipeline. Its plain ds_config's tp = pp = ep = 1 names vpp=1 beside it at vpp > 1 (PP003
-    at vpp=2 with no pipeline) and what must follow its dp (layout_words)."""
+    (tp = pp = ep = 1) trains the user's own model code, which need not use DeepSpeed-MoE."""
     p = ctx.plan
     if not ctx.arch.is_moe or p.zero_stage != 3 or max(p.tp, p.pp, p.ep) == 1:
         return None
     used = ", ".join(f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if value > 1)
-    plain = {"tp": 1, "pp": 1, "ep": 1} | ({"vpp": 1} if p.vpp > 1 else {})
-    follows = layout_words(ctx, plain)
-    stages = moe_zero_stages(ctx)
-    return {"used": used, "model": ctx.arch.name,
-            "stages": f"Use zero_stage {either_or(stages)}, or " if stages else "Use ",
-            "plain": "tp = pp = ep = 1" + (", vpp=1" if p.vpp > 1 else "") + (f", {follows}" if follows else "")}
+    return {"used": used, "model": ctx.arch.name}
 
 
 
@@ -402,12 +370,7 @@ AD001_READS = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "dp_replicate
 _ZERO_INSTEAD: IdentityMemo[str] = IdentityMemo(limit=1 << 16)
 
 
-# The plan's settings beside its layout that a ZeRO stage's config must also write for AD001's fix to name the stage
-# (SkyRL's 'zero_stage=1 (megatron) or 3 (fsdp)' at recompute none: its FSDP strategy has no key for it, RC006)
-STAGE_WRITES = ("recompute", "recompute_layers")
-
-
-@rule("AD001", reads=AD001_READS, screen=_layout_knobs_used, words=(*BATCH_READS, *STAGE_WRITES))
+@rule("AD001", reads=AD001_READS, screen=_layout_knobs_used, words=BATCH_READS)
 def adapter_cannot_write(ctx: Context) -> Values:
     """A layout knob (degree or ZeRO stage) `render` would refuse: the same card function, on the version and variant
     it writes by default; and a pipeline split given to a framework that partitions the layers itself (SPLIT_KNOBS),
@@ -418,7 +381,7 @@ def adapter_cannot_write(ctx: Context) -> Values:
     (version, variant), missing = found
     instead = missing.instead
     if missing.knob.startswith("zero_"):
-        reads = tuple(getattr(ctx.plan, name) for name in (*AD001_READS, *STAGE_WRITES))
+        reads = tuple(getattr(ctx.plan, name) for name in AD001_READS)
         instead = _ZERO_INSTEAD.get((ctx.job,), (reads, missing.instead),
                                     lambda: _zero_stage_instead(ctx, missing.instead))
     elif missing.knob in DP_DEGREES and f"{missing.knob}=1" in instead:  # the card's 'use cp=1': dp grows with it
@@ -443,19 +406,6 @@ def _adapter_refusal(job: Job, plan: Plan) -> tuple[tuple[str, str], MissingKnob
     return None if missing is None else (target, missing)
 
 
-def _settings_unwritten(ctx: Context, zero_stage: int) -> list[str]:
-    """The plan's settings beside its layout (STAGE_WRITES, and an MTP depth the request asks for) that the config
-    render writes at `zero_stage` has no key for (RC005, RC006; request/mtp_depth.writable_mtp refuses the request):
-    as 'recompute=none'."""
-    plan = ctx.plan.model_copy(update={"zero_stage": zero_stage})
-    knobs = [(f"recompute_{plan.recompute}", f"recompute={plan.recompute}")]
-    if plan.recompute_layers is not None:
-        knobs.append(("recompute_layers", f"recompute_layers={plan.recompute_layers}"))
-    if ctx.job.mtp_asked:
-        knobs.append(("mtp_num_layers", f"mtp_num_layers={ctx.job.model.num_mtp_layers}"))
-    return [said for knob, said in knobs if unwritable(ctx.card, ctx.job, plan, knob) is not None]
-
-
 def _zero_stage_instead(ctx: Context, card_instead: str) -> str:
     """AD001's fix for a ZeRO stage the config cannot write: the card's words where every stage its config writes
     for a plain layout also writes this plan's degrees; else only the stages that write them (SkyRL's sft-fsdp
@@ -466,18 +416,8 @@ def _zero_stage_instead(ctx: Context, card_instead: str) -> str:
     writes = [z for z in ZERO_STAGES
               if _adapter_refusal(ctx.job, ctx.plan.model_copy(update={"zero_stage": z})) is None]
     plainly = [z for z in ZERO_STAGES if _adapter_refusal(ctx.job, plain.model_copy(update={"zero_stage": z})) is None]
-    unwritten = {z: _settings_unwritten(ctx, z) for z in writes}
-    if writes == plainly and not any(unwritten.values()):
+    if writes == plainly:
         return card_instead
-    if any(unwritten.values()):  # a stage whose config has no key for the plan's recompute (or MTP depth): left out
-        said = either_or([z for z in writes if unwritten[z]])
-        what = ", ".join(dict.fromkeys(w for z in writes for w in unwritten[z]))
-        writes = [z for z in writes if not unwritten[z]]
-        if not writes:
-            return f"No ZeRO stage of {ctx.card.display_name}'s config writes this plan; at zero_stage {said} it " \
-                   f"has no key for {what}."
-        return f"Use zero_stage={either_or(writes)}: {ctx.card.display_name}'s config at zero_stage {said} has no " \
-               f"key for {what}."
     used = ", ".join(f"{k}={getattr(ctx.plan, k)}" for k in LAYOUT_DEGREES if getattr(ctx.plan, k) > 1)
     if not writes:
         return f"No ZeRO stage of {ctx.card.display_name}'s config writes {used}; set them to 1."

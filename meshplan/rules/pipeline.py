@@ -114,12 +114,6 @@ MICROBATCH_READS = ("micro_batch_size", "pipeline_microbatches", "pipeline_sched
 # (AM004, its ZeRO-0), Megatron-Core's combined 1F1B with Megatron-FSDP over virtual stages (PP015, moe_a2a_overlap at
 # ZeRO-3): a fix names no pp that brings one in (splitting_pps)
 PIPELINE_REFUSALS = ("AM004", "PP015")
-# The rules that refuse how the layers split over the pipeline (PP002; PP017, a Gated DeltaNet hybrid's chunks of whole
-# decoder layers): splitting_pps holds them too (PP003's 'pp=16 with vpp=2' on Qwen3-Next's 96 pattern layers, 48
-# decoder layers, split none into whole decoder layers: PP002, PP017), with the split settings they read
-SPLIT_RULES = ("PP002", "PP017")
-SPLIT_READS = ("first_stage_layers", "last_stage_layers", "pipeline_layout", "account_for_embedding",
-               "account_for_loss")
 
 
 def _pipeline_or_no_vpp(values: dict, job: Job) -> bool:
@@ -128,7 +122,7 @@ def _pipeline_or_no_vpp(values: dict, job: Job) -> bool:
 
 
 @rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS),
-      words=("moe_a2a_overlap", *SPLIT_READS), screen=_pipeline_or_no_vpp)
+      words=("moe_a2a_overlap",), screen=_pipeline_or_no_vpp)
 def vpp_needs_pp(ctx: Context) -> Values:
     """Megatron-Core refuses virtual stages without a pipeline; torchtitan, KempnerForge and NeMo AutoModel build no
     pipeline at pp=1 and run the model whole, so the vpp named is not the layout they run. vpp=1 always works; pp
@@ -178,15 +172,14 @@ def splitting_pps(ctx: Context, vpp: int) -> list[int]:
     layers split evenly over pp*vpp chunks, the GPU count stays tiled (world.tiled), and no rule of
     PIPELINE_REFUSALS that passes now refuses the pipeline (PP003's 'pp in {2, 4, 8} with vpp=2' brought AM004 in at
     NeMo AutoModel's ZeRO-0, and PP015 beside moe_a2a_overlap at Megatron-Bridge's ZeRO-3). Reads tp, pp, cp, ep, etp,
-    zero_stage, pipeline_schedule, moe_a2a_overlap and SPLIT_READS."""
+    zero_stage, pipeline_schedule, moe_a2a_overlap."""
     if not interleaves(ctx):
         return []
     layers = ctx.arch.num_layers
     pps = tiled(ctx, "pp", [d for d in divisors(layers, upto=MAX_LISTED_PP) if d > 1 and layers % (d * vpp) == 0])
     if not pps:
         return []
-    held = PIPELINE_REFUSALS + SPLIT_RULES
-    passing = [r for r in held if r not in refusals_at(ctx, held)]
+    passing = [r for r in PIPELINE_REFUSALS if r not in refusals_at(ctx, PIPELINE_REFUSALS)]
     return [d for d in pps if not refusals_at(at_layout(ctx, {"pp": d, "vpp": vpp}), passing)]
 
 
@@ -386,15 +379,7 @@ def fewer_microbatches_than_stages(ctx: Context) -> Values:
     gbs = ctx.job.global_batch_size
     mbs = gbs // (p.dp * p.pp) if gbs % (p.dp * p.pp) == 0 and gbs >= p.dp * p.pp else 0
     return {"m": m, "pp": p.pp, "target": unit, "unit": unit, "most": max(1, m),
-            "mbs": f", micro_batch_size={mbs} {_this_batch(ctx)}" if mbs else ""}
-
-
-def _this_batch(ctx: Context) -> str:
-    """How a micro-batch fix keeps the global batch: 'at this batch' where the request states it; the batch named
-    where the request leaves it to its default (Job.batch_follows_layout), which moves with the micro-batch: PP010's
-    'micro_batch_size=2 at this batch' of a default 128 at dp 32 took a default 64 there, one micro-batch again."""
-    gbs = ctx.job.global_batch_size
-    return f"with global_batch_size = {gbs}" if ctx.job.batch_follows_layout else "at this batch"
+            "mbs": f", micro_batch_size={mbs} at this batch" if mbs else ""}
 
 
 
@@ -479,7 +464,7 @@ def _schedule_and_chunks(values: dict, job: Job) -> tuple:
 
 
 @rule("PP013", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS),
-      words=("moe_a2a_overlap", *SPLIT_READS), screen=_schedule_and_chunks)
+      words=("moe_a2a_overlap",), screen=_schedule_and_chunks)
 def schedule_chunks(ctx: Context) -> Values:
     """gpipe and 1f1b run one chunk per rank, interleaved_1f1b and zero_bubble two or more, dualpipev exactly two. A
     fix names virtual stages only where the framework runs them (interleaves)."""
@@ -533,7 +518,7 @@ def dualpipev_microbatches(ctx: Context) -> Values:
     unit = 2 * p.pp * p.dp
     mbs = gbs // unit if gbs % unit == 0 and gbs >= unit else 0
     return {"m": m, "pp": p.pp, "stages": 2 * p.pp, "target": target,
-            "mbs": f", micro_batch_size={mbs} {_this_batch(ctx)}" if mbs and mbs != p.micro_batch_size else ""}
+            "mbs": f", micro_batch_size={mbs} at this batch" if mbs and mbs != p.micro_batch_size else ""}
 
 
 def _named_with_overlap(values: dict, job: Job) -> tuple:

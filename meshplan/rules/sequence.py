@@ -9,7 +9,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import BATCH_READS, LISTED, at_layout, divisors, fmt_set, layout_words, lcm, neighbours
+from meshplan.rules.fix_values import BATCH_READS, LISTED, divisors, fmt_set, layout_words, lcm, neighbours
 from meshplan.rules.world import tiling
 
 
@@ -74,7 +74,7 @@ def cp_model_code_refuses(ctx: Context) -> Values:
         return None
     follows = layout_words(ctx, {"cp": 1})
     return {"cp": p.cp, "type": ctx.arch.model_type, "model": ctx.arch.name, "framework": ctx.card.display_name,
-            "dp": at_layout(ctx, {"cp": 1}).plan.dp, "follows": f" with {follows}" if follows else ""}
+            "dp": p.dp * p.cp, "follows": f" with {follows}" if follows else ""}
 
 
 @rule("CP004", reads=("cp",))

@@ -8,13 +8,12 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.arithmetic import mesh
-from meshplan.core.identity_memo import IdentityMemo
 from meshplan.core.units import either_or
 from meshplan.knowledge.adapter_knobs import unwritable
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.context import backend_of
 from meshplan.rules.engine import Context, Values, rule, rule_specs
-from meshplan.rules.fix_values import BATCH_READS, divisors, fmt_set, kept_degrees, refusals_at, running_stages
+from meshplan.rules.fix_values import BATCH_READS, divisors, fmt_set, kept_degrees
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
@@ -95,16 +94,10 @@ def tp_inside_nvlink(ctx: Context) -> Values:
 
 
 
-# The rules sequence parallelism can bring in (their verdicts read it: the sequence split over tp x cp), which TP005's
-# 'Set sequence_parallel=true' must not (at tp=3 on a 4,096-token sequence: SP004)
-SP_SPLIT_RULES = ("SP004", "TT002")
-
-
-@rule("TP005", reads=("tp", "sequence_parallel", "tp_comm_overlap", "torch_compile"), words=("cp",))
+@rule("TP005", reads=("tp", "sequence_parallel", "tp_comm_overlap", "torch_compile"))
 def tp_overlap_preconditions(ctx: Context) -> Values:
     """tp_comm_overlap on a framework without the switch, or without what its switch needs (the card's
-    tp_overlap: sequence parallelism for Transformer Engine's userbuffers, torch.compile for async TP). Sequence
-    parallelism is named only where the sequence splits over tp x cp (SP_SPLIT_RULES)."""
+    tp_overlap: sequence parallelism for Transformer Engine's userbuffers, torch.compile for async TP)."""
     p = ctx.plan
     if not p.tp_comm_overlap:
         return None
@@ -117,11 +110,9 @@ def tp_overlap_preconditions(ctx: Context) -> Values:
         return {"reason": f"tp={p.tp}: there is no TP communication to overlap",
                 "fix": "Use tp > 1, or tp_comm_overlap=false."}
     if facts.needs_sequence_parallel and not p.sequence_parallel:
-        split = refusals_at(Context(ctx.job, p.model_copy(update={"sequence_parallel": True})), SP_SPLIT_RULES)
         return {"reason": "sequence_parallel=false (the userbuffers overlap pipelines the sequence-parallel "
                           "all-gather and reduce-scatter)",
-                "fix": f"Set tp_comm_overlap=false (sequence parallelism breaks {', '.join(split)} here)." if split
-                else "Set sequence_parallel=true, or tp_comm_overlap=false."}
+                "fix": "Set sequence_parallel=true, or tp_comm_overlap=false."}
     if facts.needs_compile and not p.torch_compile:
         return {"reason": "torch_compile=false (async TP is a torch.compile pass)",
                 "fix": "Set torch_compile=true, or tp_comm_overlap=false."}
@@ -129,18 +120,13 @@ def tp_overlap_preconditions(ctx: Context) -> Values:
 
 
 
-@rule("FS001", reads=("tp", "pp", "ep"), words=(*Plan.model_fields, "global_batch_size"))  # every rule (running_stages)
+@rule("FS001", reads=("tp", "pp", "ep"))
 def fsdp_backend_degrees(ctx: Context) -> Values:
-    """The Megatron engine's stages are named where the layout runs there (fix_values.running_stages: pp=8 on 4 GPUs
-    tiles no Megatron engine, WS002); else only the FSDP alternative."""
     p = ctx.plan
     used = split_degrees(p.tp, p.pp, p.ep)
     if not used:
         return None
-    stages = running_stages(ctx, megatron_stages(ctx.job))
-    return {"framework": ctx.framework, "used": ", ".join(used),
-            "megatron": f"Use zero_stage {either_or(stages)} for the Megatron engine (which has TP, PP and EP), or set "
-                        if stages else "Set "}
+    return {"framework": ctx.framework, "used": ", ".join(used), "stages": either_or(megatron_stages(ctx.job))}
 
 
 def split_degrees(tp: int, pp: int, ep: int) -> list[str]:
@@ -161,14 +147,9 @@ def stage_refuses_degrees(job: Job, zero_stage: int, tp: int, ep: int) -> bool:
 def megatron_stages(job: Job) -> list[int]:
     """The ZeRO stages that select the framework's Megatron engine (its card's engine.by_zero_stage) and that its
     config as render writes it has a key for (verl has no ZeRO-2: AD001): the stages FS001's fix may name. Read from
-    the card alone, not the plan (FS001 reads tp, pp and ep only): kept per job (a search asks it on every plan FS001
-    fires on)."""
-    return _MEGATRON_STAGES.get((job,), None, lambda: [
-        zero for zero in range(4) if backend_of(job.card, zero) == "megatron"
-        and unwritable(job.card, job, Plan(zero_stage=zero), f"zero_{zero}") is None])
-
-
-_MEGATRON_STAGES: IdentityMemo[list[int]] = IdentityMemo(limit=64)
+    the card alone, not the plan (FS001 reads tp, pp and ep only)."""
+    return [zero for zero in range(4) if backend_of(job.card, zero) == "megatron"
+            and unwritable(job.card, job, Plan(zero_stage=zero), f"zero_{zero}") is None]
 
 
 

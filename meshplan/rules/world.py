@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from typing import Literal
 
 from meshplan.arithmetic import mesh
-from meshplan.knowledge.adapter_knobs import unwritable
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import (
     BATCH_READS,
@@ -20,6 +19,7 @@ from meshplan.rules.fix_values import (
     divisors,
     fmt_set,
     kept_counts,
+    neighbours,
 )
 
 PRODUCT_REACH = 4  # WS001 lists tp*pp*cp products up to 4x the requested one: two doublings of a degree away
@@ -168,11 +168,6 @@ def derived_dp_batch(ctx: Context) -> str:
 
 
 
-# The world-size rules a GPU count named by product_fix must not bring in (WS004's 'num_gpus = 30 or 33' at ep=2 on
-# torchtitan: 33 leaves ep 2 not dividing dp_shard x tp, WS005); none of them words its fix through product_fix
-COUNT_WORLD_RULES = ("WS001", "WS002", "WS005")
-
-
 def product_fix(ctx: Context, unit: int, formula: str, derive: str) -> dict[str, str]:
     """The fix of a mesh whose dp*`unit` is not the GPU count (WS004, WS006, AM001), naming only what works here.
     With dp as the law derives it (left out, or given as that), only the GPU count can change: the multiples of
@@ -182,12 +177,9 @@ def product_fix(ctx: Context, unit: int, formula: str, derive: str) -> dict[str,
     Reads tp, pp, cp, dp (and ep, where `unit` holds it: WS006)."""
     p = ctx.plan
     derived = max(1, ctx.world // unit)  # the rule's own replica (its framework's law): reads what the rule reads
-    if p.dp == derived:  # the counts at which the batch rules pass at the dp each derives (kept_counts): '3 or 6'
-        # at a 1-sequence batch named 6, dp 2, which BS001 refuses
-        below = ctx.world // unit * unit
-        counts, beside = kept_counts(ctx, [c for c in (below, below + unit) if c > 0], COUNT_WORLD_RULES)
-        return {"gpus": f"{' or '.join(map(str, counts))} (multiples of {formula} = {unit}; dp = num_gpus/{unit})"
-                        f"{beside}", "derive": ""}
+    if p.dp == derived:
+        return {"gpus": f"{neighbours(ctx.world, unit)} (multiples of {formula} = {unit}; dp = num_gpus/{unit})",
+                "derive": ""}
     batch = "" if ctx.world % unit else derived_dp_batch(ctx)
     return {"gpus": f"dp*{formula} = {p.dp}*{unit} = {p.dp * unit}",
             "derive": "" if ctx.world % unit else
@@ -256,21 +248,10 @@ def dp_replicate_divides_dp(ctx: Context) -> Values:
     return {"n": n, "dp": p.dp, "edp": f"{edp:g}", "fits": fmt_set(common[-LISTED:])}
 
 
-# The ZeRO stages whose replicas DP002's fix names, each with how the frameworks run it
-SHARDED_REPLICAS = {1: "1 (Megatron's distributed optimizer: --num-distributed-optimizer-instances)",
-                    3: "3 (FSDP: HSDP)"}
-
-
-@rule("DP002", reads=("zero_stage", "dp_replicate"), words=("tp", "pp", "vpp", "cp", "ep", "etp"))
+@rule("DP002", reads=("zero_stage", "dp_replicate"))
 def dp_replicate_needs_sharding(ctx: Context) -> Values:
-    """dp_replicate > 1 replicates sharded states; at zero_stage 0 nothing is sharded. The stages named are those
-    the framework's config writes for this layout (knowledge/adapter_knobs.unwritable: torchtitan has no ZeRO-1,
-    'zero_stage 1 ... or 3' read as zero_stage=1 brought AD001 in)."""
+    """dp_replicate > 1 replicates sharded states; at zero_stage 0 nothing is sharded."""
     p = ctx.plan
     if p.dp_replicate == 1 or p.zero_stage > 0:
         return None
-    stages = [z for z in SHARDED_REPLICAS if unwritable(
-        ctx.card, ctx.job, p.model_copy(update={"zero_stage": z}), f"zero_{z}") is None]
-    said = " or ".join(SHARDED_REPLICAS[z] for z in stages)
-    return {"n": p.dp_replicate,
-            "fix": f"Use zero_stage {said}, or drop dp_replicate." if stages else "Drop dp_replicate."}
+    return {"n": p.dp_replicate}

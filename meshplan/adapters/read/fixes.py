@@ -32,14 +32,7 @@ ASSIGN = re.compile(r"(?<![\w*/])([a-z][a-z0-9_]*)\s*=\s*((?:[\w.*+\-]+\s*=\s*)*
 # `name="value"`: a text value, quoted where it holds characters an ASSIGN value cannot (a pipeline layout's |, *, ())
 QUOTED = re.compile(r'(?<![\w*/])([a-z][a-z0-9_]*)="([^"]+)"')
 NAME = re.compile(r"[a-z][a-z0-9_]*")
-# `tp in {1, 2, 4}` (and `tp in 2, 4, 8`): one alternative per value
-CHOICE = re.compile(r"\b([a-z][a-z0-9_]*) in \{?\[?(\d[\d, ]*\d|\d)\]?\}?")
-# An alternative that is a bare value ('1 with pp>1' of DS002's 'zero_stage 0 or 1 with pp>1', '72 (...)' of BS001's
-# 'global_batch_size = 60 or 72 (...)', '1 (...)' of 'dp_replicate in {1, 2} (...), or 1 (...)') sets the field the
-# alternative before it ends with (`LISTED`: its value or values, a parenthesis after them), spaced or with '='
-BARE = re.compile(r"^\s*(\d[\d.]*)(?![\w.]|\s*[=*/])")
-LISTED = re.compile(r"(?<![\w*/])(?P<name>[a-z][a-z0-9_]*)(?:\s*=\s*|\s+)(?P<values>\d[\d.]*(?:,\s*\d[\d.]*)*)"
-                    r"(?P<after>\s*\([^()]*\))?\s*$")
+CHOICE = re.compile(r"\b([a-z][a-z0-9_]*) in \{?\[?(\d[\d, ]*)")
 SOURCE = re.compile(r"^(?P<path>\S+):(?P<line>\d+) (?P<key>\S+)(?: \(\$(?P<via>[^)]*)\))?$")
 NO_FIX = re.compile(r"\bnone of\b", re.I)
 # MEM001's near misses before the changes that fit together (check/memory.py does_not_fit: 'no single change fits
@@ -59,77 +52,35 @@ FOLLOWS = {"etp": frozenset({"tp"}), "sequence_parallel": frozenset({"tp", "pp"}
 
 
 def fix_changes(fix: str, current: dict[str, Any], in_effect: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The request changes each alternative of a fix names (alternatives split at 'or', each value of a list spelled
-    out: `spelled_out`); an alternative that names no field with a value the field accepts, or only the values already
-    set (by the file, `current`, or in the checked layout, `in_effect`: WS002's 'no ep tiles 8 GPUs at pp=16, etp=1'
-    on a file that leaves etp at 1), gives none. The first value of each alternative the words offer comes first, then
-    each one's further values (`tp in {1, 2, 4}, or cp=1`: tp=1, cp=1, tp=2), MAX_OPTIONS of them."""
+    """The request changes each alternative of a fix names (alternatives split at 'or'); an alternative that names
+    no field with a value the field accepts, or only the values already set (by the file, `current`, or in the
+    checked layout, `in_effect`: WS002's 'no ep tiles 8 GPUs at pp=16, etp=1' on a file that leaves etp at 1),
+    gives none."""
     in_effect = in_effect or {}
-    groups: list[list[dict[str, Any]]] = []
-    for spelled in spelled_out(MISSES.sub("", fix)):
-        elsewhere = OTHER_FRAMEWORK.match(spelled[0])
+    options: list[dict[str, Any]] = []
+    for alternative in re.split(r",?\s+or\s+", MISSES.sub("", fix)):
+        elsewhere = OTHER_FRAMEWORK.match(alternative)
         if elsewhere and elsewhere.group(1).lower() != str(current.get("framework", "")).lower():
             continue
-        groups.append([change for alternative in spelled if (change := _change(alternative, current, in_effect))])
-    options: list[dict[str, Any]] = []
-    for at in range(max(map(len, groups), default=0)):
-        for group in groups:
-            if at < len(group) and group[at] not in options:
-                options.append(group[at])
+        found = [(name, m.group(3)) for m in ASSIGN.finditer(alternative) for name in _assigned(m)]
+        found += [(m.group(1), m.group(2).split(",")[0]) for m in CHOICE.finditer(alternative)]
+        found += [(m.group(1), m.group(2)) for m in QUOTED.finditer(alternative)]
+        change: dict[str, Any] = {}
+        for name, text in found:
+            if name in Request.model_fields and name not in NOT_A_CHANGE and name not in change:
+                try:
+                    value = convert(name, text.rstrip("."))
+                except (ValueError, TypeError):
+                    continue
+                follows = bool(FOLLOWS.get(name, frozenset()) & change.keys())
+                if current.get(name) != value and (name in current or in_effect.get(name) != value or follows):
+                    change[name] = value
+        for name in DROP.findall(alternative):  # `pp=4 (drop first_stage_layers)`: a field the file set, cleared
+            if name in Request.model_fields and name not in NOT_A_CHANGE and current.get(name) is not None:
+                change.setdefault(name, None)
+        if change and change not in options:
+            options.append(change)
     return options[:MAX_OPTIONS]
-
-
-def spelled_out(fix: str) -> list[list[str]]:
-    """The fix's alternatives (split at 'or'), each as the texts that name one value per field: `tp in {1, 2, 4}`
-    as tp=1, tp=2, tp=4; 'zero_stage 0 or 1 with pp>1' as zero_stage=0, zero_stage=1 (its '1 with pp>1' read only
-    its first value, and the spaced 'zero_stage 0' none: DS002's zero_stage alternatives were never offered)."""
-    groups: list[list[str]] = []
-    for part in re.split(r",?\s+or\s+", fix):
-        bare = BARE.match(part)
-        listed = LISTED.search(groups[-1][-1]) if bare and groups else None
-        if listed is None or listed.group("name") not in Request.model_fields or _in_parentheses(
-                groups[-1][-1][:listed.start()]):
-            groups.append(_choices(part))
-            continue
-        name, head, after = listed.group("name"), groups[-1][-1][:listed.start()], listed.group("after") or ""
-        groups[-1][-1:] = [f"{head}{name}={value.strip()}{after}" for value in listed.group("values").split(",")]
-        groups[-1].append(f"{name}={bare.group(1)}{part[bare.end():]}")
-    return groups
-
-
-def _in_parentheses(text: str) -> bool:
-    """Whether `text` ends inside a parenthesis: a field's value there explains ('global_batch_size = 64 or 128
-    (prompts_per_step 64 or 128 x samples_per_prompt 1)', VL001's step in prompts), it offers no alternative."""
-    return text.count("(") > text.count(")")
-
-
-def _choices(text: str) -> list[str]:
-    """The text once per value of each `name in {...}` list it names, as `name=value`."""
-    choice = CHOICE.search(text)
-    if choice is None:
-        return [text]
-    return [spelled for value in choice.group(2).split(",") for spelled in _choices(
-        f"{text[:choice.start()]}{choice.group(1)}={value.strip()}{text[choice.end():]}")]
-
-
-def _change(alternative: str, current: dict[str, Any], in_effect: dict[str, Any]) -> dict[str, Any]:
-    """The request change one spelled-out alternative names (fix_changes)."""
-    found = [(name, m.group(3)) for m in ASSIGN.finditer(alternative) for name in _assigned(m)]
-    found += [(m.group(1), m.group(2)) for m in QUOTED.finditer(alternative)]
-    change: dict[str, Any] = {}
-    for name, text in found:
-        if name in Request.model_fields and name not in NOT_A_CHANGE and name not in change:
-            try:
-                value = convert(name, text.rstrip("."))
-            except (ValueError, TypeError):
-                continue
-            follows = bool(FOLLOWS.get(name, frozenset()) & change.keys())
-            if current.get(name) != value and (name in current or in_effect.get(name) != value or follows):
-                change[name] = value
-    for name in DROP.findall(alternative):  # `pp=4 (drop first_stage_layers)`: a field the file set, cleared
-        if name in Request.model_fields and name not in NOT_A_CHANGE and current.get(name) is not None:
-            change.setdefault(name, None)
-    return change
 
 
 def _assigned(match: re.Match[str]) -> list[str]:
