@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.arithmetic import mesh
+from meshplan.arithmetic.activations import least_rank_tokens
 from meshplan.arithmetic.pipeline_counts import steady_share
 from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
@@ -408,7 +409,7 @@ class StepTimeBounds(SearchPlans):
         bounds = []
         for mbs, (stages, outside, low, m) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
             # the hot loop of seeding: what does not change with the micro-batch read once
-            tokens = -(-(s * mbs) // cp)  # least_rank_tokens' (without its call): padding an engine may add not counted
+            tokens = least_rank_tokens(s, mbs, cp)  # padding an engine may add not counted
             per_stage = tokens * (per_token + outside * exposed if exposed else per_token) / pp
             rest = 1.0 - tokens / ref_tokens  # 1 - the share of b_tok sequences it holds
             if sync:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from meshplan.arithmetic.activations import least_rank_tokens
 from meshplan.search.space import Layout
 
 # Relative: what a group floor gives up for rounding. The floor and the keys it bounds are products and sums of a
@@ -210,8 +211,7 @@ def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[in
         m = global_batch // (mbs * dp)
         if m < 1:
             m = 1
-        tokens = -(-(seq_length * mbs) // cp)  # (least_rank_tokens', without its call: padding an engine may add not
-        # counted)
+        tokens = least_rank_tokens(seq_length, mbs, cp)  # padding an engine may add not counted
         outside = 0.0 if outsides is None else outsides[index]
         work = INF
         for b_tok, per_token, exposed in rates:
