@@ -721,9 +721,7 @@ class SearchPlans(HostCounts, OverlapChoice):
                 continue
             low = lows[index]
             if low is None:
-                zero = zeros[index]
-                low = lows[index] = layout_floor(self.job, own, zero, self.presets[zero], memo=self.floor_parts,
-                                                 reserved=self.reserved_floors)
+                low = self.stage_low(own, index, lows)
             if low <= budget and self.ranks_bytes(lay, zeros[index]) <= budget:
                 return False
         return True
@@ -738,10 +736,16 @@ class SearchPlans(HostCounts, OverlapChoice):
             return True
         low = lows[index]
         if low is None:
-            zero = self.zeros[index]
-            low = lows[index] = layout_floor(self.job, own, zero, self.presets[zero], memo=self.floor_parts,
-                                             reserved=self.reserved_floors)
+            low = self.stage_low(own, index, lows)
         return low > self.budget
+
+    def stage_low(self, own: Layout, index: int, lows: list[float | None]) -> float:
+        """The layout floor of `own` at the ZeRO stage zeros[index], worked out and kept in its stage_floors entry's
+        `lows` (where stage_over and layout_over find it not yet asked)."""
+        zero = self.zeros[index]
+        low = lows[index] = layout_floor(self.job, own, zero, self.presets[zero], memo=self.floor_parts,
+                                         reserved=self.reserved_floors)
+        return low
 
     def stage_floors(self, own: Layout) -> tuple[list[float], list[float | None]]:
         """The own_memory layout's entry of Caches.stage_floors: its model states' bound per ZeRO stage and its layout
