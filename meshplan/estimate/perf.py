@@ -324,8 +324,24 @@ def stage_work(job: Job, plan: Plan) -> StageWork:
 RECOMPUTE_FIELDS = ("recompute", "recompute_layers", "recompute_method", "recompute_modules", "selective_ac_option")
 """The plan fields that reach a single stage's StageInputs only through their `recompute` (recompute_of) and the
 plan layer_sums reads them from: stage_work's plans that differ only in these share the rest (_one_stage_inputs)."""
-_KEPT = tuple(name for name in Plan.model_fields if name not in RECOMPUTE_FIELDS)
-_BUT_RECOMPUTE, _LISTS_AT = itemgetter(*_KEPT), tuple(k for k, name in enumerate(_KEPT) if name in PLAN_LIST_FIELDS)
+
+
+def plan_values_but(unread: frozenset[str] | tuple[str, ...]) -> Callable[[Plan], tuple]:
+    """A memo key's values of a plan: its fields but `unread`, in Plan's order, a list field as a tuple (hashable);
+    _one_stage_inputs' and kept_head's."""
+    kept = tuple(name for name in Plan.model_fields if name not in unread)
+    get, lists_at = itemgetter(*kept), tuple(k for k, name in enumerate(kept) if name in PLAN_LIST_FIELDS)
+
+    def values(plan: Plan) -> tuple:
+        fields = get(plan.__dict__)
+        if any(isinstance(fields[k], list) for k in lists_at):  # a list field set: its values, as a tuple
+            fields = tuple(tuple(v) if isinstance(v, list) else v for v in fields)
+        return fields
+
+    return values
+
+
+_BUT_RECOMPUTE = plan_values_but(RECOMPUTE_FIELDS)
 
 
 def _one_stage_inputs(job: Job, plan: Plan) -> tuple[int, StageInputs, list[int], list[bool]]:
@@ -333,9 +349,7 @@ def _one_stage_inputs(job: Job, plan: Plan) -> tuple[int, StageInputs, list[int]
     scope once per job (by identity, kept alive by the entry) and plan fields but RECOMPUTE_FIELDS, the inputs of
     another recompute with that plan and its Recompute in place (the search's references at each recompute). Its
     inputs without once_per_step (stage_inputs)."""
-    memo, fields = scope_memo("one_stage_inputs"), _BUT_RECOMPUTE(plan.__dict__)
-    if any(isinstance(fields[k], list) for k in _LISTS_AT):  # a list field set: its values, as a tuple
-        fields = tuple(tuple(v) if isinstance(v, list) else v for v in fields)
+    memo, fields = scope_memo("one_stage_inputs"), _BUT_RECOMPUTE(plan)
     hit = memo.get((id(job), fields)) if memo is not None else None
     if hit is not None:
         _, m, inputs, layers, kinds = hit
@@ -641,9 +655,7 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext, once_per_step: bool = 
 HEAD_UNREAD = frozenset({"dp", "ep", "etp", "moe_token_dispatcher", "moe_a2a_overlap", *RECOMPUTE_FIELDS})
 """Plan fields head_seconds and head_with_mtp never read (tests/test_head_memo.py holds it): kept_head's key leaves
 them out."""
-_HEAD_KEPT = tuple(name for name in Plan.model_fields if name not in HEAD_UNREAD)
-_HEAD_VALUES, _HEAD_LISTS_AT = itemgetter(*_HEAD_KEPT), tuple(k for k, name in enumerate(_HEAD_KEPT)
-                                                              if name in PLAN_LIST_FIELDS)
+_HEAD_VALUES = plan_values_but(HEAD_UNREAD)
 
 
 def kept_head(job: Job, plan: Plan, ctx: LayerContext, pipeline: Stages) -> float:
@@ -653,10 +665,7 @@ def kept_head(job: Job, plan: Plan, ctx: LayerContext, pipeline: Stages) -> floa
     memo = scope_memo("heads")
     if memo is None:
         return head_with_mtp(head_seconds(job, plan, ctx), ctx.arch, ctx, pipeline)
-    fields = _HEAD_VALUES(plan.__dict__)
-    if any(isinstance(fields[k], list) for k in _HEAD_LISTS_AT):  # a list field set: its values, as a tuple
-        fields = tuple(tuple(v) if isinstance(v, list) else v for v in fields)
-    key = (job_family(job), id(ctx.cal), fields)
+    key = (job_family(job), id(ctx.cal), _HEAD_VALUES(plan))
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = (job, ctx.cal, head_with_mtp(head_seconds(job, plan, ctx), ctx.arch, ctx, pipeline))
